@@ -1,0 +1,82 @@
+"""Per-request context: the tenant and what was degraded, carried by context variables."""
+
+from __future__ import annotations
+
+import re
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from ._errors import InvalidInput
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "RequestScope",
+    "current_scope",
+    "current_tenant",
+    "degraded",
+    "validate_tenant_id",
+]
+
+DEFAULT_TENANT = "default"
+MAX_TENANT_ID_LEN = 64
+_TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
+
+
+@dataclass(slots=True)
+class RequestScope:
+    """One request's mutable record, created by ``tenant(...)``: which fallbacks served it."""
+
+    tenant: str
+    fallbacks: list[str] = field(default_factory=list)
+
+
+_scope: ContextVar[RequestScope | None] = ContextVar("ragguard_request", default=None)
+_loose_fallbacks: ContextVar[tuple[str, ...]] = ContextVar("ragguard_degraded", default=())
+
+
+def validate_tenant_id(tenant_id: object) -> str:
+    """Return ``tenant_id`` when it is a valid tenant id, else raise InvalidInput (a ValueError).
+
+    Valid: a str of 1 to 64 characters from ``A-Z a-z 0-9 . _ : @ -``, starting with a letter or
+    digit. Bounding ids keeps a flood of junk ids from creating unbounded quota buckets.
+    """
+    if not isinstance(tenant_id, str):
+        raise InvalidInput(f"tenant id must be a str, got {type(tenant_id).__name__}")
+    if _TENANT_RE.fullmatch(tenant_id) is None:
+        shown = tenant_id if len(tenant_id) <= 80 else tenant_id[:77] + "..."
+        raise InvalidInput(
+            f"invalid tenant id {shown!r}: use 1-{MAX_TENANT_ID_LEN} characters from "
+            "A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
+        )
+    return tenant_id
+
+
+def current_scope() -> RequestScope | None:
+    """The request scope opened by the innermost ``tenant(...)`` block, or None."""
+    return _scope.get()
+
+
+def current_tenant() -> str:
+    """The tenant id of the current context, or ``"default"`` outside any ``tenant(...)`` block."""
+    scope = _scope.get()
+    return DEFAULT_TENANT if scope is None else scope.tenant
+
+
+def degraded() -> tuple[str, ...]:
+    """Names of the fallbacks that served calls in the current request, in order; () when none.
+
+    Inside ``tenant(...)`` this covers every guarded call of the request, child tasks included;
+    outside it, the calls made directly in the current context.
+    """
+    scope = _scope.get()
+    if scope is not None:
+        return tuple(scope.fallbacks)
+    return _loose_fallbacks.get()
+
+
+def mark_degraded(fallback: str) -> None:
+    scope = _scope.get()
+    if scope is not None:
+        scope.fallbacks.append(fallback)
+    else:
+        _loose_fallbacks.set((*_loose_fallbacks.get(), fallback))

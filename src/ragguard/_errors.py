@@ -1,0 +1,112 @@
+"""The errors ragguard raises.
+
+Every rejection ragguard makes on a caller's behalf derives from one root::
+
+    RagguardError
+     +-- BreakerOpen                  fast-failed: the stage's breaker is open, no fallback left
+     |    +-- EmbeddingUnavailable     the embedding breaker (slow calls, timeouts)
+     |    +-- VectorStoreUnavailable   the vector-store breaker (connection-class errors)
+     |    +-- RerankOutOfMemory        the rerank breaker (out-of-memory)
+     +-- QuotaExceeded                 the tenant is over its concurrency or rate quota
+     +-- DeadlineExceeded              the request's time budget is spent
+     +-- InvalidInput (ValueError)     the caller's mistake: bad tenant id, bad option
+     |    +-- ConfigError              a policy value out of range, named by field
+     |    +-- CorruptPayload           a compressed message that does not decode
+
+A cancelled call is not an error of ragguard's: it releases what it holds and re-raises the
+cancellation. The exception that caused a rejection, where there is one, stays reachable as
+``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BreakerOpen",
+    "ConfigError",
+    "CorruptPayload",
+    "DeadlineExceeded",
+    "EmbeddingUnavailable",
+    "InvalidInput",
+    "QuotaExceeded",
+    "RagguardError",
+    "RerankOutOfMemory",
+    "VectorStoreUnavailable",
+]
+
+
+class RagguardError(Exception):
+    """Root of every error ragguard raises."""
+
+
+class BreakerOpen(RagguardError):
+    """The breaker named ``breaker`` rejected the call without running it.
+
+    ``retry_after_s`` is the true time left, in seconds, until the breaker lets a trial call
+    through (0.0 while half-open with every trial permit taken, or forced open: None).
+    """
+
+    def __init__(self, breaker: str, retry_after_s: float | None, *, state: str = "open") -> None:
+        self.breaker = breaker
+        self.retry_after_s = retry_after_s
+        self.state = state
+        after = "" if retry_after_s is None else f"; retry after {retry_after_s:.3f}s"
+        super().__init__(f"circuit breaker {breaker!r} is {state}{after}")
+
+
+class EmbeddingUnavailable(BreakerOpen):
+    """The embedding breaker is open (embedding calls were slow or timed out)."""
+
+
+class VectorStoreUnavailable(BreakerOpen):
+    """The vector-store breaker is open (the store refused or dropped connections)."""
+
+
+class RerankOutOfMemory(BreakerOpen):
+    """The rerank breaker is open (the reranker ran out of memory repeatedly)."""
+
+
+class QuotaExceeded(RagguardError):
+    """Tenant ``tenant`` is over its quota.
+
+    ``reason`` is ``"concurrency"``, ``"rate"`` or ``"deadline"`` (the wait would outlast the
+    request's deadline); ``retry_after_s`` is an honest estimate, in seconds, of when a retry
+    could be admitted.
+    """
+
+    def __init__(self, tenant: str, retry_after_s: float, reason: str) -> None:
+        self.tenant = tenant
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+        super().__init__(
+            f"tenant {tenant!r} is over its {reason} quota; retry after {retry_after_s:.3f}s"
+        )
+
+
+class DeadlineExceeded(RagguardError):
+    """The request's time budget was spent before or during stage ``stage``.
+
+    ``budget_s`` is the budget the stage was given, in seconds (None when it was already spent
+    on arrival).
+    """
+
+    def __init__(self, stage: str, budget_s: float | None = None, detail: str = "") -> None:
+        self.stage = stage
+        self.budget_s = budget_s
+        msg = f"deadline exceeded in stage {stage!r}"
+        if budget_s is not None:
+            msg += f" after a budget of {budget_s:.3f}s"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+class InvalidInput(RagguardError, ValueError):
+    """The caller gave a value ragguard cannot use (also a ``ValueError``)."""
+
+
+class ConfigError(InvalidInput):
+    """A policy or option value is out of range; the message names the field."""
+
+
+class CorruptPayload(InvalidInput):
+    """A compressed message is not valid, is truncated, or declares too large a size."""

@@ -1,0 +1,242 @@
+"""Events: what ragguard saw, handed to listeners after the guarded call has moved on.
+
+Every event is a frozen dataclass. A listener is any callable taking one event; an ``async def``
+listener runs as its own task. Listeners never run inside the guarded call: events are queued and
+delivered on the next loop iteration (asyncio ``call_soon``, trio ``run_sync_soon``), so a listener
+that raises or is slow cannot break or delay the call that produced the event. A listener that
+raises is logged once and kept.
+
+When nobody listens, producers check :attr:`EventBus.active` first and build no event at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import sys
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = [
+    "BreakerTransition",
+    "CallOutcome",
+    "CallRejected",
+    "Event",
+    "EventBus",
+    "FallbackServed",
+    "Listener",
+    "QuotaRejected",
+    "RetryBudgetExhausted",
+    "RetryScheduled",
+    "bus",
+]
+
+log = logging.getLogger("ragguard.events")
+
+
+class Event(Protocol):
+    """Marker protocol: every ragguard event is a frozen dataclass."""
+
+
+class Listener(Protocol):
+    def __call__(self, event: Any, /) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerTransition:
+    """Breaker ``breaker`` moved from ``old`` to ``new`` (BreakerState values) at clock time ``at``."""
+
+    breaker: str
+    old: str
+    new: str
+    at: float
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """A call through breaker ``breaker`` ended.
+
+    ``outcome`` is one of ``success``, ``failure``, ``slow_success``, ``slow_failure``,
+    ``ignored`` (an error the classifier does not count) or ``cancelled``; ``duration_s`` in seconds.
+    """
+
+    breaker: str
+    outcome: str
+    duration_s: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallRejected:
+    """Breaker ``breaker`` rejected a call while ``state``; ``retry_after_s`` as in BreakerOpen."""
+
+    breaker: str
+    state: str
+    retry_after_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackServed:
+    """Stage ``stage`` answered from fallback ``fallback`` because of ``cause`` (an error class name)."""
+
+    stage: str
+    fallback: str
+    tenant: str
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRejected:
+    """Tenant ``tenant`` was refused for ``reason`` (concurrency, rate, deadline)."""
+
+    tenant: str
+    reason: str
+    retry_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RetryScheduled:
+    """Stage ``stage`` will retry: attempt ``attempt`` (2 = first retry) after ``wait_s`` seconds."""
+
+    stage: str
+    attempt: int
+    wait_s: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudgetExhausted:
+    """Stage ``stage`` wanted to retry but its retry budget was spent."""
+
+    stage: str
+    tenant: str
+
+
+class EventBus:
+    """Delivers events to listeners outside the producing call.
+
+    ``parent`` buses also receive every event (a breaker's bus forwards to the global :data:`bus`).
+    """
+
+    __slots__ = ("_listeners", "_parent", "_pending", "_scheduled", "_warned")
+
+    def __init__(self, parent: EventBus | None = None) -> None:
+        self._listeners: list[Callable[[Any], Any]] = []
+        self._parent = parent
+        self._pending: deque[tuple[EventBus, Any]] = deque()
+        self._scheduled = False
+        self._warned: set[int] = set()
+
+    @property
+    def active(self) -> bool:
+        """True when this bus or a parent has a listener (producers check before building events)."""
+        if self._listeners:
+            return True
+        parent = self._parent
+        while parent is not None:
+            if parent._listeners:
+                return True
+            parent = parent._parent
+        return False
+
+    def subscribe(self, listener: Callable[[Any], Any]) -> Callable[[], None]:
+        """Add ``listener``; returns a function that removes it again."""
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {listener!r}")
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            try:
+                self._listeners.remove(listener)
+            except ValueError:
+                pass
+
+        return unsubscribe
+
+    def emit(self, event: Any) -> None:
+        """Queue ``event`` for this bus's listeners and its parents'; never raises."""
+        b: EventBus | None = self
+        root = self
+        while b is not None:
+            if b._listeners:
+                root._pending.append((b, event))
+            b = b._parent
+        if root._pending and not root._scheduled:
+            root._schedule()
+
+    def _schedule(self) -> None:
+        loop = asyncio._get_running_loop()
+        if loop is not None:
+            self._scheduled = True
+            loop.call_soon(self._drain)
+            return
+        if "trio" in sys.modules:
+            import trio
+
+            try:
+                token = trio.lowlevel.current_trio_token()
+            except RuntimeError:
+                pass
+            else:
+                self._scheduled = True
+                token.run_sync_soon(self._drain)
+                return
+        self._drain()
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        pending = self._pending
+        while pending:
+            target, event = pending.popleft()
+            for listener in tuple(target._listeners):
+                self._deliver(listener, event)
+
+    def _deliver(self, listener: Callable[[Any], Any], event: Any) -> None:
+        try:
+            result = listener(event)
+            if inspect.isawaitable(result):
+                _spawn(result)
+        except Exception:
+            key = id(listener)
+            if key not in self._warned:
+                self._warned.add(key)
+                log.exception("ragguard event listener %r raised; it is kept, further errors are silent",
+                              listener)
+
+
+_tasks: set[asyncio.Task[Any]] = set()
+
+
+def _spawn(awaitable: Any) -> None:
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        task = loop.create_task(_guarded(awaitable))
+        _tasks.add(task)
+        task.add_done_callback(_tasks.discard)
+        return
+    if "trio" in sys.modules:
+        import trio
+
+        try:
+            trio.lowlevel.spawn_system_task(_guarded, awaitable)
+            return
+        except RuntimeError:
+            pass
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
+
+
+async def _guarded(awaitable: Any) -> None:
+    try:
+        await awaitable
+    except Exception:
+        log.exception("ragguard async event listener raised")
+
+
+bus = EventBus()
+"""The global bus: metrics exporters, monitors and ``ragguard doctor`` subscribe here."""
