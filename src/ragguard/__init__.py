@@ -1,4 +1,9 @@
-"""ragguard: resilience middleware for retrieval-augmented generation pipelines."""
+"""ragguard: resilience middleware for retrieval-augmented generation pipelines.
+
+One flat public namespace; everything else lives in private modules or the sub-packages
+(``ragguard.breakers``, ``ragguard.quotas``, ``ragguard.fallbacks``, ``ragguard.chaos``,
+``ragguard.grpc``, ``ragguard.buffers``, ``ragguard.monitors``, ``ragguard.metrics``).
+"""
 
 from ._clock import FakeClock
 from ._context import current_tenant, degraded
@@ -14,24 +19,48 @@ from ._errors import (
     RerankOutOfMemory,
     VectorStoreUnavailable,
 )
+from .breakers import (
+    BreakerState,
+    CircuitBreaker,
+    EmbeddingTimeoutBreaker,
+    RerankOOMBreaker,
+    VectorStoreUnavailableBreaker,
+)
 from .deadline import deadline, remaining
+from .guard import Guard, configure, default_guard, guard, tenant
+from .policy import BreakerPolicy, Policy, RetryPolicy, StagePolicy, TenantQuota
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BreakerOpen",
+    "BreakerPolicy",
+    "BreakerState",
+    "CircuitBreaker",
     "ConfigError",
     "CorruptPayload",
     "DeadlineExceeded",
+    "EmbeddingTimeoutBreaker",
     "EmbeddingUnavailable",
     "FakeClock",
+    "Guard",
     "InvalidInput",
+    "Policy",
     "QuotaExceeded",
     "RagguardError",
+    "RerankOOMBreaker",
     "RerankOutOfMemory",
+    "RetryPolicy",
+    "StagePolicy",
+    "TenantQuota",
     "VectorStoreUnavailable",
+    "VectorStoreUnavailableBreaker",
+    "configure",
     "current_tenant",
     "deadline",
+    "default_guard",
     "degraded",
+    "guard",
     "remaining",
+    "tenant",
 ]

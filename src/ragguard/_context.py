@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 
 from ._errors import InvalidInput
 
@@ -22,12 +21,17 @@ MAX_TENANT_ID_LEN = 64
 _TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
 
 
-@dataclass(slots=True)
 class RequestScope:
     """One request's mutable record, created by ``tenant(...)``: which fallbacks served it."""
 
-    tenant: str
-    fallbacks: list[str] = field(default_factory=list)
+    __slots__ = ("fallbacks", "tenant")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.fallbacks: list[str] | None = None  # allocated by the first fallback only
+
+    def __repr__(self) -> str:
+        return f"RequestScope(tenant={self.tenant!r}, fallbacks={self.fallbacks!r})"
 
 
 _scope: ContextVar[RequestScope | None] = ContextVar("ragguard_request", default=None)
@@ -70,13 +74,15 @@ def degraded() -> tuple[str, ...]:
     """
     scope = _scope.get()
     if scope is not None:
-        return tuple(scope.fallbacks)
+        return tuple(scope.fallbacks or ())
     return _loose_fallbacks.get()
 
 
 def mark_degraded(fallback: str) -> None:
     scope = _scope.get()
     if scope is not None:
+        if scope.fallbacks is None:
+            scope.fallbacks = []
         scope.fallbacks.append(fallback)
     else:
         _loose_fallbacks.set((*_loose_fallbacks.get(), fallback))

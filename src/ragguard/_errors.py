@@ -46,11 +46,21 @@ class BreakerOpen(RagguardError):
     """
 
     def __init__(self, breaker: str, retry_after_s: float | None, *, state: str = "open") -> None:
+        # No super().__init__ and no message formatting here: a rejection while open must cost
+        # well under a microsecond; the message is built by __str__ when someone reads it.
         self.breaker = breaker
         self.retry_after_s = retry_after_s
         self.state = state
-        after = "" if retry_after_s is None else f"; retry after {retry_after_s:.3f}s"
-        super().__init__(f"circuit breaker {breaker!r} is {state}{after}")
+
+    def __str__(self) -> str:
+        after = "" if self.retry_after_s is None else f"; retry after {self.retry_after_s:.3f}s"
+        return f"circuit breaker {self.breaker!r} is {self.state}{after}"
+
+
+def _rebuild_breaker_open(
+    cls: type[BreakerOpen], breaker: str, retry_after_s: float | None, state: str
+) -> BreakerOpen:
+    return cls(breaker, retry_after_s, state=state)
 
 
 class EmbeddingUnavailable(BreakerOpen):

@@ -1,0 +1,40 @@
+"""Circuit breakers: the state machine, sliding windows, classifiers and the typed breakers.
+
+::
+
+    breaker = VectorStoreUnavailableBreaker(clock=clock)
+    hits = await breaker.call(store.search, vec, k=20)     # raises VectorStoreUnavailable when open
+
+A plain :class:`CircuitBreaker` takes resilience4j's options in snake_case with units; the three
+typed breakers preset them for a RAG pipeline's embedding, vector-store and rerank stages.
+"""
+
+from ._aiobreaker import AiobreakerBreaker, AiobreakerListenerAdapter, from_aiobreaker
+from ._breaker import BreakerCallOutcome, BreakerMetrics, CircuitBreaker, Classifier
+from ._classify import counts_by_default, is_connection_error, is_out_of_memory, is_timeout
+from ._state import BreakerState
+from ._typed import (
+    BreakerOptions,
+    EmbeddingTimeoutBreaker,
+    RerankOOMBreaker,
+    VectorStoreUnavailableBreaker,
+)
+
+__all__ = [
+    "AiobreakerBreaker",
+    "AiobreakerListenerAdapter",
+    "BreakerCallOutcome",
+    "BreakerMetrics",
+    "BreakerOptions",
+    "BreakerState",
+    "CircuitBreaker",
+    "Classifier",
+    "EmbeddingTimeoutBreaker",
+    "RerankOOMBreaker",
+    "VectorStoreUnavailableBreaker",
+    "counts_by_default",
+    "from_aiobreaker",
+    "is_connection_error",
+    "is_out_of_memory",
+    "is_timeout",
+]

@@ -1,0 +1,21 @@
+"""Pooled byte buffers and the Snappy codec that compresses straight into them.
+
+>>> from ragguard.buffers import BufferPool, SnappyCodec
+>>> codec = SnappyCodec(pool=BufferPool())
+>>> with codec.compressed(b"hits " * 100) as block:
+...     codec.decompress(block) == b"hits " * 100
+True
+"""
+
+from ._codec import DEFAULT_MAX_MESSAGE_BYTES, SnappyCodec
+from ._pool import BufferPool, DoubleRelease, Lease, PoolStats, default_pool
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "BufferPool",
+    "DoubleRelease",
+    "Lease",
+    "PoolStats",
+    "SnappyCodec",
+    "default_pool",
+]

@@ -1,0 +1,48 @@
+"""gRPC (grpc.aio) integration: guarded servers, context-propagating clients, Snappy messages.
+
+Server::
+
+    server = grpc.aio.server(interceptors=[GuardServerInterceptor(), SnappyServerInterceptor()])
+
+Client::
+
+    channel = grpc.aio.insecure_channel(target, interceptors=[GuardClientInterceptor()])
+    channel = snappy_channel(channel)          # optional: ask for Snappy responses
+"""
+
+from ._client import GuardClientInterceptor
+from ._compression import (
+    ACCEPT_ENCODING_KEY,
+    ENCODING_KEY,
+    SnappyServerInterceptor,
+    SnappyWire,
+    snappy_channel,
+)
+from ._errors import (
+    RemoteCallError,
+    RemoteDeadlineExceeded,
+    RemoteQuotaExceeded,
+    RemoteUnavailable,
+    remote_error,
+)
+from ._server import TENANT_KEY, GuardServerInterceptor, client_budget
+from ._status import RETRY_AFTER_KEY, status_for
+
+__all__ = [
+    "ACCEPT_ENCODING_KEY",
+    "ENCODING_KEY",
+    "RETRY_AFTER_KEY",
+    "TENANT_KEY",
+    "GuardClientInterceptor",
+    "GuardServerInterceptor",
+    "RemoteCallError",
+    "RemoteDeadlineExceeded",
+    "RemoteQuotaExceeded",
+    "RemoteUnavailable",
+    "SnappyServerInterceptor",
+    "SnappyWire",
+    "client_budget",
+    "remote_error",
+    "snappy_channel",
+    "status_for",
+]

@@ -1,0 +1,3 @@
+"""Monitors (placeholder while building)."""
+from ._stall import StallDetector
+MonitoredBlockingConnectionPool = None

@@ -1,0 +1,570 @@
+"""The circuit breaker state machine, after resilience4j's CircuitBreaker and Polly v8's.
+
+::
+
+    CLOSED --(failure rate, slow-call rate or consecutive failures over threshold,
+              once the window holds minimum_calls)--> OPEN
+    OPEN --(open duration elapsed; checked lazily on the next acquire)--> HALF_OPEN
+    HALF_OPEN --(all half_open_permits trials done, rates under threshold)--> CLOSED
+    HALF_OPEN --(all trials done, a rate at or over threshold)--> OPEN (open duration grows)
+    any --force_open()--> FORCED_OPEN,  any --disable()--> DISABLED,  any --reset()--> CLOSED
+
+Concurrency: the breaker is used from one event loop thread. Every state change is synchronous
+code between two awaits, so it is atomic under asyncio and trio without a lock.
+
+Tokens: :meth:`CircuitBreaker.acquire` returns the breaker's epoch, a counter bumped on every
+state change. A result whose token is not the current epoch (the call started before a trip,
+a reset, or in an earlier half-open round) is reported as an event but changes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal, ParamSpec, TypeVar
+
+from .. import events
+from .._errors import BreakerOpen, ConfigError
+from ._classify import counts_by_default
+from ._state import BreakerState
+from ._window import FAILED, SLOW, CountWindow, TimeWindow
+
+__all__ = ["BreakerCallOutcome", "BreakerMetrics", "CircuitBreaker", "Classifier"]
+
+log = logging.getLogger("ragguard.breakers")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Classifier = Callable[[BaseException], bool]
+
+_CLOSED = BreakerState.CLOSED
+_OPEN = BreakerState.OPEN
+_HALF_OPEN = BreakerState.HALF_OPEN
+_FORCED_OPEN = BreakerState.FORCED_OPEN
+_DISABLED = BreakerState.DISABLED
+
+_OUTCOMES = ("success", "failure", "slow_success", "slow_failure")
+
+_MAX_WINDOW_CALLS = 1_000_000
+_MAX_WINDOW_SECONDS = 86_400
+_MAX_PERMITS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerCallOutcome(events.CallOutcome):
+    """A :class:`ragguard.events.CallOutcome` that also carries the exception (None on success)."""
+
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerMetrics:
+    """A snapshot of a breaker's window, read with :meth:`CircuitBreaker.metrics`.
+
+    Rates are percentages in [0, 100], or -1.0 while the window holds fewer than
+    ``minimum_calls`` calls (as resilience4j reports them). ``retry_after_s`` is the time left
+    open in seconds (None unless open).
+    """
+
+    state: BreakerState
+    calls: int
+    failed_calls: int
+    slow_calls: int
+    failure_rate: float
+    slow_call_rate: float
+    consecutive_failures: int
+    trial_permits_left: int
+    trial_calls_done: int
+    retry_after_s: float | None
+
+
+def _seconds(option: str, value: object, *, allow_zero: bool = False) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{option} must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    low_ok = seconds >= 0 if allow_zero else seconds > 0
+    if not low_ok or not math.isfinite(seconds):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{option} must be finite and {bound} seconds, got {value!r}")
+    return seconds
+
+
+def _percent(option: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 100:
+        raise ConfigError(f"{option} must be a percentage in (0, 100], got {value!r}")
+    return float(value)
+
+
+def _count(option: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{option} must be an int in [{low}, {high}], got {value!r}")
+    return value
+
+
+class CircuitBreaker:
+    """A circuit breaker with sliding-window failure and slow-call rates.
+
+    Options (keyword-only; names after resilience4j's, in seconds and percent):
+
+    ``failure_rate_threshold`` (percent, (0, 100], default 50): trip when at least this share
+    of the calls in the window failed (resilience4j ``failureRateThreshold``).
+    ``slow_call_rate_threshold`` (percent, (0, 100], default 100): trip when at least this
+    share of the calls took longer than ``slow_call_duration_s`` (resilience4j's slow-call rate,
+    ``slowCallRateThreshold``); slow successes and slow failures both count.
+    ``slow_call_duration_s`` (seconds, > 0, default 60): a call lasting longer is slow.
+    ``consecutive_failures_threshold`` (int >= 1 or None = off, default None): trip after this
+    many failures in a row (a success resets the run; ignored errors do not).
+    ``minimum_calls`` (int >= 1, default 100; at most ``window_size`` for a count window): no
+    rule trips before the window holds this many calls (``minimumNumberOfCalls``).
+    ``window_type`` (``"count"`` or ``"time"``, default count) and ``window_size`` (default 100):
+    the last ``window_size`` calls (1..1,000,000), or the calls of the last ``window_size``
+    seconds of the clock (1..86,400) in one-second buckets.
+    ``half_open_permits`` (int 1..100,000, default 10): trial calls admitted while half-open;
+    further callers are rejected at once (``permittedNumberOfCallsInHalfOpenState``). When all
+    trials are done, their failure and slow-call rates against the same thresholds decide:
+    closed (window cleared) or open again.
+    ``open_for_s`` (seconds, > 0, default 60): how long the breaker stays open after a trip
+    (``waitDurationInOpenState``). Each reopening from half-open multiplies it by
+    ``open_backoff_multiplier`` (>= 1, default 1: constant), capped at ``open_max_s`` (>=
+    ``open_for_s`` or None: no cap); closing resets it. ``open_jitter`` (in [0, 1), default 0)
+    spreads each open duration uniformly by up to that fraction either way (never above the
+    cap), drawn from ``rng`` (a ``random.Random``; seed it in tests).
+    ``classifier`` (``exc -> bool``, default :func:`counts_by_default`): True when an error counts
+    as a failure; other errors pass through uncounted and give a half-open permit back.
+    ``slow_classifier`` (``exc -> bool`` or None): errors that count as slow whatever their
+    duration (a timed-out call was slow; the embedding breaker passes ``is_timeout``).
+    ``clock`` (callable returning monotonic seconds, default ``time.monotonic``).
+    ``error_class`` (a :class:`ragguard.BreakerOpen` subclass): raised on rejection, with
+    ``retry_after_s`` the true time left open (0.0 while half-open with every permit taken,
+    None while forced open).
+
+    Cancellation (``asyncio.CancelledError``, trio's ``Cancelled``, any ``BaseException``) is
+    never recorded: the call's half-open permit is given back and the cancellation re-raised.
+
+    Raises :class:`ragguard.ConfigError` naming the option when a value is out of range.
+    """
+
+    __slots__ = (
+        "_classifier",
+        "_consecutive",
+        "_consecutive_threshold",
+        "_epoch",
+        "_error_class",
+        "_failure_threshold",
+        "_jitter",
+        "_min_calls",
+        "_multiplier",
+        "_open_base_s",
+        "_open_for_s",
+        "_open_max_s",
+        "_open_until",
+        "_permits",
+        "_permits_total",
+        "_rng",
+        "_slow_classifier",
+        "_slow_s",
+        "_slow_threshold",
+        "_state",
+        "_trial_calls",
+        "_trial_failures",
+        "_trial_slow",
+        "_window",
+        "bus",
+        "clock",
+        "name",
+        "window_size",
+        "window_type",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        failure_rate_threshold: float = 50.0,
+        slow_call_rate_threshold: float = 100.0,
+        slow_call_duration_s: float | timedelta = 60.0,
+        consecutive_failures_threshold: int | None = None,
+        minimum_calls: int = 100,
+        window_type: Literal["count", "time"] = "count",
+        window_size: int = 100,
+        half_open_permits: int = 10,
+        open_for_s: float | timedelta = 60.0,
+        open_backoff_multiplier: float = 1.0,
+        open_max_s: float | timedelta | None = None,
+        open_jitter: float = 0.0,
+        rng: random.Random | None = None,
+        classifier: Classifier | None = None,
+        slow_classifier: Classifier | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        error_class: type[BreakerOpen] = BreakerOpen,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"name must be a non-empty str, got {name!r}")
+        self.name = name
+        self._failure_threshold = _percent("failure_rate_threshold", failure_rate_threshold)
+        self._slow_threshold = _percent("slow_call_rate_threshold", slow_call_rate_threshold)
+        self._slow_s = _seconds("slow_call_duration_s", slow_call_duration_s)
+        if consecutive_failures_threshold is not None:
+            _count("consecutive_failures_threshold", consecutive_failures_threshold, 1, _MAX_WINDOW_CALLS)
+        self._consecutive_threshold = consecutive_failures_threshold
+        if window_type == "count":
+            size = _count("window_size", window_size, 1, _MAX_WINDOW_CALLS)
+            self._window: CountWindow | TimeWindow = CountWindow(size)
+            self._min_calls = _count("minimum_calls (count window: at most window_size)",
+                                     minimum_calls, 1, size)
+        elif window_type == "time":
+            size = _count("window_size (seconds)", window_size, 1, _MAX_WINDOW_SECONDS)
+            self._window = TimeWindow(size)
+            self._min_calls = _count("minimum_calls", minimum_calls, 1, _MAX_WINDOW_CALLS)
+        else:
+            raise ConfigError(f"window_type must be 'count' or 'time', got {window_type!r}")
+        self.window_type = window_type
+        self.window_size = size
+        self._permits_total = _count("half_open_permits", half_open_permits, 1, _MAX_PERMITS)
+        self._open_for_s = _seconds("open_for_s", open_for_s)
+        if (
+            isinstance(open_backoff_multiplier, bool)
+            or not isinstance(open_backoff_multiplier, (int, float))
+            or not 1.0 <= open_backoff_multiplier < math.inf
+        ):
+            raise ConfigError(
+                f"open_backoff_multiplier must be a finite number >= 1, got {open_backoff_multiplier!r}"
+            )
+        self._multiplier = float(open_backoff_multiplier)
+        if open_max_s is None:
+            self._open_max_s = math.inf
+        else:
+            self._open_max_s = _seconds("open_max_s", open_max_s)
+            if self._open_max_s < self._open_for_s:
+                raise ConfigError(
+                    f"open_max_s must be >= open_for_s ({self._open_for_s}), got {open_max_s!r}"
+                )
+        if isinstance(open_jitter, bool) or not isinstance(open_jitter, (int, float)) or not (
+            0.0 <= open_jitter < 1.0
+        ):
+            raise ConfigError(f"open_jitter must be a fraction in [0, 1), got {open_jitter!r}")
+        self._jitter = float(open_jitter)
+        if rng is not None and not callable(getattr(rng, "random", None)):
+            raise ConfigError(f"rng must be a random.Random, got {rng!r}")
+        self._rng = rng if rng is not None else random.Random()
+        for option, fn in (("classifier", classifier), ("slow_classifier", slow_classifier)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{option} must be a callable exc -> bool, got {fn!r}")
+        self._classifier: Classifier = classifier if classifier is not None else counts_by_default
+        self._slow_classifier = slow_classifier
+        if not callable(clock):
+            raise ConfigError(f"clock must be a callable returning monotonic seconds, got {clock!r}")
+        self.clock = clock
+        if not (isinstance(error_class, type) and issubclass(error_class, BreakerOpen)):
+            raise ConfigError(f"error_class must be a subclass of ragguard.BreakerOpen, got {error_class!r}")
+        self._error_class = error_class
+        self.bus = events.EventBus(parent=events.bus)
+
+        self._state = _CLOSED
+        self._epoch = 0
+        self._consecutive = 0
+        self._open_until = 0.0
+        self._open_base_s = 0.0
+        self._permits = 0
+        self._trial_calls = self._trial_failures = self._trial_slow = 0
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> BreakerState:
+        """The current state. An open breaker whose time is up still reads OPEN until the next
+        :meth:`acquire` half-opens it (resilience4j's default, no timer task)."""
+        return self._state
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """Seconds left open (>= 0) while open; None in any other state."""
+        if self._state is not _OPEN:
+            return None
+        return max(0.0, self._open_until - self.clock())
+
+    def metrics(self) -> BreakerMetrics:
+        """A :class:`BreakerMetrics` snapshot at the current clock time."""
+        window = self._window
+        window.expire(self.clock())
+        calls = window.calls
+        enough = calls >= self._min_calls
+        half_open = self._state is _HALF_OPEN
+        return BreakerMetrics(
+            state=self._state,
+            calls=calls,
+            failed_calls=window.failures,
+            slow_calls=window.slow,
+            failure_rate=window.failures * 100.0 / calls if enough else -1.0,
+            slow_call_rate=window.slow * 100.0 / calls if enough else -1.0,
+            consecutive_failures=self._consecutive,
+            trial_permits_left=self._permits if half_open else 0,
+            trial_calls_done=self._trial_calls if half_open else 0,
+            retry_after_s=self.retry_after_s,
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} {self._state.value}>"
+
+    # -- operators -------------------------------------------------------------------------
+
+    def force_open(self) -> None:
+        """Hold the breaker open: every call is rejected (``retry_after_s`` None) until :meth:`reset`."""
+        self._to(_FORCED_OPEN, self.clock(), "forced open")
+
+    def disable(self) -> None:
+        """Switch the breaker off: every call runs, nothing is recorded, until :meth:`reset`."""
+        self._to(_DISABLED, self.clock(), "disabled")
+
+    def reset(self) -> None:
+        """Close the breaker with an empty window and the open duration back at ``open_for_s``."""
+        self._to(_CLOSED, self.clock(), "reset")
+
+    def add_listener(self, listener: Any) -> Callable[[], None]:
+        """Subscribe ``listener`` to this breaker's events; returns an unsubscribe function.
+
+        ``listener`` is a callable taking one event (BreakerTransition, CallOutcome,
+        CallRejected), or an ``aiobreaker.CircuitBreakerListener`` (wrapped in an
+        :class:`AiobreakerListenerAdapter`). Events are delivered after the call has moved on;
+        a listener that raises is logged and kept.
+        """
+        if not callable(listener) and callable(getattr(listener, "state_change", None)):
+            from ._aiobreaker import AiobreakerListenerAdapter
+
+            listener = AiobreakerListenerAdapter(listener, self)
+        return self.bus.subscribe(listener)
+
+    # -- the low-level protocol used by @guard ---------------------------------------------
+
+    def acquire(self) -> int:
+        """Ask to run one call; returns a token for :meth:`on_result` or :meth:`release`.
+
+        Raises ``error_class`` (a :class:`ragguard.BreakerOpen`) when open, forced open, or
+        half-open with every trial permit taken. Every token must be handed back exactly once.
+        """
+        state = self._state
+        if state is _CLOSED:
+            return self._epoch
+        now = self.clock()
+        if state is _OPEN and now < self._open_until:
+            left = self._open_until - now
+            if self.bus.active:
+                self.bus.emit(events.CallRejected(self.name, "open", left))
+            raise self._error_class(self.name, left)
+        return self._admit(now)
+
+    def on_result(
+        self, token: int, duration_s: float, exc: BaseException | None, now: float | None = None
+    ) -> None:
+        """Record the end of a call admitted with ``token``.
+
+        ``duration_s``: how long the call ran, in seconds. ``exc``: the ``Exception`` it raised,
+        or None on success (pass cancellations to :meth:`release` instead). ``now``: the clock
+        time the call ended, when the caller already read it (else the clock is read).
+        """
+        if now is None:
+            now = self.clock()
+        if exc is None:
+            self._success(token, duration_s, now)
+        elif isinstance(exc, Exception):
+            self._error(token, duration_s, exc, now)
+        else:
+            self.release(token)
+
+    def release(self, token: int) -> None:
+        """Give back ``token`` without recording an outcome (the call was cancelled or never ran)."""
+        if token == self._epoch and self._state is _HALF_OPEN:
+            self._permits += 1
+
+    # -- calling ---------------------------------------------------------------------------
+
+    async def call(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``await fn(*args, **kwargs)`` through the breaker and return its result.
+
+        Raises ``error_class`` without calling ``fn`` when the breaker rejects the call;
+        otherwise whatever ``fn`` raises, unchanged (the call that trips the breaker still
+        raises its own error).
+        """
+        clock = self.clock
+        start = clock()
+        state = self._state
+        if state is _CLOSED:
+            token = self._epoch
+        elif state is _OPEN and start < self._open_until:
+            # Inlined rejection: one frame less in the traceback keeps it under a microsecond.
+            left = self._open_until - start
+            if self.bus.active:
+                self.bus.emit(events.CallRejected(self.name, "open", left))
+            raise self._error_class(self.name, left)
+        elif state is _DISABLED:
+            return await fn(*args, **kwargs)
+        else:
+            token = self._admit(start)
+        try:
+            result = await fn(*args, **kwargs)
+        except Exception as exc:
+            now = clock()
+            self._error(token, now - start, exc, now)
+            raise
+        except BaseException:
+            self.release(token)
+            if self.bus.active:
+                self.bus.emit(BreakerCallOutcome(self.name, "cancelled", clock() - start))
+            raise
+        now = clock()
+        self._success(token, now - start, now)
+        return result
+
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        """Use the breaker as a decorator of an ``async def`` function."""
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigError(f"@{type(self).__name__} decorates async def functions, got {fn!r}")
+
+        @functools.wraps(fn)
+        async def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
+            return await self.call(fn, *args, **kwargs)
+
+        return guarded
+
+    # -- the state machine -----------------------------------------------------------------
+
+    def _admit(self, now: float) -> int:
+        state = self._state
+        if state is _OPEN:
+            if now < self._open_until:
+                self._reject(state, self._open_until - now)
+            self._to(_HALF_OPEN, now, "open duration elapsed")
+            state = _HALF_OPEN
+        if state is _HALF_OPEN:
+            if self._permits > 0:
+                self._permits -= 1
+                return self._epoch
+            self._reject(state, 0.0)
+        if state is _FORCED_OPEN:
+            self._reject(state, None)
+        return self._epoch  # closed or disabled
+
+    def _reject(self, state: BreakerState, retry_after_s: float | None) -> None:
+        if self.bus.active:
+            self.bus.emit(events.CallRejected(self.name, state.value, retry_after_s))
+        raise self._error_class(self.name, retry_after_s, state=state.value)
+
+    def _success(self, token: int, duration_s: float, now: float) -> None:
+        code = SLOW if duration_s > self._slow_s else 0
+        current = token == self._epoch
+        state = self._state
+        if current and state is _DISABLED:
+            return
+        if self.bus.active:  # the outcome goes out before any transition it causes
+            self.bus.emit(BreakerCallOutcome(self.name, _OUTCOMES[code], duration_s))
+        if not current:
+            return
+        if state is _CLOSED:
+            window = self._window
+            window.record(code, now)
+            self._consecutive = 0
+            calls = window.calls
+            if calls >= self._min_calls and (
+                window.failures * 100.0 >= self._failure_threshold * calls
+                or window.slow * 100.0 >= self._slow_threshold * calls
+            ):
+                self._check(now)
+        elif state is _HALF_OPEN:
+            self._trial(code, now)
+
+    def _error(self, token: int, duration_s: float, exc: Exception, now: float) -> None:
+        current = token == self._epoch
+        state = self._state
+        if current and state is _DISABLED:
+            return
+        try:
+            counted = bool(self._classifier(exc))
+            slow = duration_s > self._slow_s or (
+                counted and self._slow_classifier is not None and bool(self._slow_classifier(exc))
+            )
+        except Exception:
+            log.exception("classifier of breaker %r raised on %r; the error is not counted", self.name, exc)
+            counted = slow = False
+        code = (FAILED | SLOW if slow else FAILED) if counted else -1
+        if self.bus.active:
+            outcome = _OUTCOMES[code] if counted else "ignored"
+            self.bus.emit(BreakerCallOutcome(self.name, outcome, duration_s, type(exc).__name__, exc))
+        if not current:
+            return
+        if not counted:
+            if state is _HALF_OPEN:
+                self._permits += 1
+        elif state is _CLOSED:
+            self._window.record(code, now)
+            self._consecutive += 1
+            self._check(now)
+        elif state is _HALF_OPEN:
+            self._trial(code, now)
+
+    def _check(self, now: float) -> None:
+        window = self._window
+        calls = window.calls
+        if calls < self._min_calls:
+            return
+        if window.failures * 100.0 >= self._failure_threshold * calls:
+            reason = f"failure rate {window.failures * 100.0 / calls:.1f}% >= {self._failure_threshold}%"
+        elif window.slow * 100.0 >= self._slow_threshold * calls:
+            reason = f"slow-call rate {window.slow * 100.0 / calls:.1f}% >= {self._slow_threshold}%"
+        elif self._consecutive_threshold is not None and self._consecutive >= self._consecutive_threshold:
+            reason = f"{self._consecutive} consecutive failures"
+        else:
+            return
+        self._to(_OPEN, now, reason)
+
+    def _trial(self, code: int, now: float) -> None:
+        self._trial_calls += 1
+        self._trial_failures += code & FAILED
+        self._trial_slow += code >> 1
+        done = self._trial_calls
+        if done < self._permits_total:
+            return
+        if self._trial_failures * 100.0 >= self._failure_threshold * done:
+            self._to(_OPEN, now, f"{self._trial_failures} of {done} trial calls failed")
+        elif self._trial_slow * 100.0 >= self._slow_threshold * done:
+            self._to(_OPEN, now, f"{self._trial_slow} of {done} trial calls were slow")
+        else:
+            self._to(_CLOSED, now, f"{done} trial calls passed")
+
+    def _open_duration(self) -> float:
+        if self._open_base_s == 0.0:
+            base = min(self._open_for_s, self._open_max_s)
+        else:
+            base = min(self._open_base_s * self._multiplier, self._open_max_s)
+        self._open_base_s = base
+        if self._jitter:
+            spread = self._jitter * (2.0 * self._rng.random() - 1.0)
+            return min(base * (1.0 + spread), self._open_max_s)
+        return base
+
+    def _to(self, new: BreakerState, now: float, reason: str) -> None:
+        old = self._state
+        self._state = new
+        self._epoch += 1
+        if new is _OPEN:
+            if old is not _HALF_OPEN:
+                self._open_base_s = 0.0
+            self._open_until = now + self._open_duration()
+        elif new is _HALF_OPEN:
+            self._permits = self._permits_total
+            self._trial_calls = self._trial_failures = self._trial_slow = 0
+        elif new is _CLOSED:
+            self._window.clear()
+            self._consecutive = 0
+            self._open_base_s = 0.0
+        if self.bus.active:
+            self.bus.emit(events.BreakerTransition(self.name, old.value, new.value, now, reason))

@@ -1,0 +1,123 @@
+"""Sliding windows of call outcomes (after resilience4j's count- and time-based windows).
+
+Both keep running totals, so recording a call and reading the rates are O(1):
+
+* :class:`CountWindow` remembers the outcome codes of the last ``size`` calls in a ring buffer;
+  recording a call evicts the oldest one from the totals.
+* :class:`TimeWindow` keeps one bucket per second for the last ``size`` seconds. Moving into a
+  new second clears the buckets that fell out of the window (each bucket is cleared at most once
+  per second of clock time, so the cost is amortised O(1) per call).
+
+An outcome code is ``FAILED | SLOW`` bits: 0 success, 1 failure, 2 slow success, 3 slow failure.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["FAILED", "SLOW", "CountWindow", "TimeWindow"]
+
+FAILED = 1
+SLOW = 2
+
+
+class CountWindow:
+    """The outcomes of the last ``size`` recorded calls (``size`` >= 1)."""
+
+    __slots__ = ("_codes", "_pos", "_size", "calls", "failures", "slow")
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._codes = bytearray(size)
+        self._pos = 0
+        self.calls = 0
+        self.failures = 0
+        self.slow = 0
+
+    def record(self, code: int, now: float) -> None:
+        """Add one call's outcome ``code``; ``now`` is unused (same signature as TimeWindow)."""
+        pos = self._pos
+        if self.calls == self._size:
+            old = self._codes[pos]
+            self.failures -= old & FAILED
+            self.slow -= old >> 1
+        else:
+            self.calls += 1
+        self._codes[pos] = code
+        self.failures += code & FAILED
+        self.slow += code >> 1
+        pos += 1
+        self._pos = 0 if pos == self._size else pos
+
+    def expire(self, now: float) -> None:
+        """Nothing expires by time in a count window."""
+
+    def clear(self) -> None:
+        self._codes[:] = bytes(self._size)
+        self._pos = self.calls = self.failures = self.slow = 0
+
+
+_NEVER = -(1 << 62)
+
+
+class TimeWindow:
+    """The outcomes recorded in the last ``size`` whole seconds of the clock (``size`` >= 1).
+
+    A call recorded at clock time ``t`` lands in bucket ``floor(t)``; the window at time ``now``
+    holds the buckets ``floor(now) - size + 1 .. floor(now)``.
+    """
+
+    __slots__ = ("_bcalls", "_bfailures", "_bslow", "_head", "_size", "calls", "failures", "slow")
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._bcalls = [0] * size
+        self._bfailures = [0] * size
+        self._bslow = [0] * size
+        self._head = _NEVER
+        self.calls = 0
+        self.failures = 0
+        self.slow = 0
+
+    def record(self, code: int, now: float) -> None:
+        """Add one call's outcome ``code`` at clock time ``now`` (seconds)."""
+        sec = math.floor(now)
+        if sec > self._head:
+            self._advance(sec)
+        i = self._head % self._size
+        self._bcalls[i] += 1
+        self.calls += 1
+        if code:
+            f = code & FAILED
+            s = code >> 1
+            self._bfailures[i] += f
+            self._bslow[i] += s
+            self.failures += f
+            self.slow += s
+
+    def expire(self, now: float) -> None:
+        """Drop the buckets older than the window at clock time ``now``."""
+        sec = math.floor(now)
+        if sec > self._head:
+            self._advance(sec)
+
+    def _advance(self, sec: int) -> None:
+        size = self._size
+        if sec - self._head >= size:
+            self.clear()
+        else:
+            calls, failures, slow = self._bcalls, self._bfailures, self._bslow
+            for s in range(self._head + 1, sec + 1):
+                i = s % size
+                self.calls -= calls[i]
+                self.failures -= failures[i]
+                self.slow -= slow[i]
+                calls[i] = failures[i] = slow[i] = 0
+        self._head = sec
+
+    def clear(self) -> None:
+        size = self._size
+        self._bcalls[:] = [0] * size
+        self._bfailures[:] = [0] * size
+        self._bslow[:] = [0] * size
+        self.calls = self.failures = self.slow = 0

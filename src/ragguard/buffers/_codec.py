@@ -1,0 +1,185 @@
+"""Snappy (python-snappy's raw block format) compressing straight into pooled buffers.
+
+The engine is cramjam's ``snappy.compress_raw_into`` / ``decompress_raw_into``, the same one
+python-snappy 0.7 uses, so :meth:`SnappyCodec.compress` output equals ``snappy.compress``.
+
+Decompression never trusts the input: the block's declared length (a varint at its start) is
+checked before any buffer is taken. It must not exceed ``max_message_bytes`` nor what the block
+could possibly expand to: a snappy element of 3 bytes yields at most 64 bytes, so no valid block
+expands beyond ``22 * len(block)``. A few bytes claiming 4 GiB are refused without allocating.
+Garbage, truncated blocks and framed streams raise :class:`~ragguard.CorruptPayload`; the one
+block that decodes to empty output is ``b"\\x00"``, the encoding of empty input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cramjam
+
+from .._errors import ConfigError, CorruptPayload, InvalidInput
+from ._pool import BufferPool, Lease, default_pool
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_EXPANSION", "SnappyCodec", "byte_view"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's default maximum receive size
+MAX_EXPANSION = 22  # ceil(64 / 3): the best ratio any snappy element reaches
+
+_snappy: Any = cramjam.snappy
+_DecompressionError: type[Exception] = cramjam.DecompressionError
+_EMPTY_BLOCK = b"\x00"
+
+
+def byte_view(data: object) -> memoryview:
+    """``data`` (any C-contiguous buffer: bytes, bytearray, memoryview, numpy array) as flat bytes.
+
+    Raises :class:`~ragguard.InvalidInput` for non-buffers (str included) and strided views.
+    """
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidInput(f"expected a bytes-like object, got {type(data).__name__}") from None
+    if view.format == "B" and view.ndim == 1:
+        return view
+    if not view.c_contiguous:
+        raise InvalidInput("expected a C-contiguous buffer, got a strided view")
+    return view.cast("B")
+
+
+class SnappyCodec:
+    """Snappy raw-block compression into leased buffers; stateless, safe to share.
+
+    ``max_message_bytes``: the largest decompressed message accepted, in bytes (default 4 MiB).
+    ``pool``: where buffers come from (default: the process-wide pool).
+
+    Inputs may be bytes, bytearray, memoryview or any C-contiguous buffer; all give identical
+    results. Raises :class:`~ragguard.ConfigError` for a bad option.
+    """
+
+    __slots__ = ("max_message_bytes", "pool")
+
+    def __init__(
+        self, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, pool: BufferPool | None = None
+    ) -> None:
+        if not isinstance(max_message_bytes, int) or max_message_bytes < 1:
+            raise ConfigError(f"SnappyCodec.max_message_bytes must be an int >= 1, got {max_message_bytes!r}")
+        if pool is not None and not isinstance(pool, BufferPool):
+            raise ConfigError(f"SnappyCodec.pool must be a BufferPool, got {type(pool).__name__}")
+        self.max_message_bytes = max_message_bytes
+        self.pool = pool if pool is not None else default_pool()
+
+    @staticmethod
+    def max_compressed_length(size: int) -> int:
+        """The largest block that ``size`` input bytes can compress to (snappy's bound)."""
+        return 32 + size + size // 6
+
+    def decompressed_length(self, block: object) -> int:
+        """The length a block declares, in bytes, once checked against the limits above.
+
+        Raises :class:`~ragguard.CorruptPayload` for an empty or malformed header, a length
+        above ``max_message_bytes``, or one the block is too short to produce.
+        """
+        return self._checked_length(byte_view(block))
+
+    def compress_into(self, data: object, out: object) -> int:
+        """Compress ``data`` into the writable buffer ``out``; returns the block length in bytes.
+
+        ``out`` needs :meth:`max_compressed_length` bytes; raises InvalidInput when smaller.
+        """
+        src, dst = byte_view(data), _writable(out)
+        need = self.max_compressed_length(len(src))
+        if len(dst) < need:
+            raise InvalidInput(f"compress_into: output holds {len(dst)} bytes, needs {need}")
+        return int(_snappy.compress_raw_into(src, dst))
+
+    def decompress_into(self, block: object, out: object) -> int:
+        """Decompress ``block`` into the writable buffer ``out``; returns the length in bytes.
+
+        ``out`` needs :meth:`decompressed_length` bytes (InvalidInput when smaller); raises
+        :class:`~ragguard.CorruptPayload` when the block is not valid.
+        """
+        src, dst = byte_view(block), _writable(out)
+        size = self._checked_length(src)
+        if len(dst) < size:
+            raise InvalidInput(f"decompress_into: output holds {len(dst)} bytes, needs {size}")
+        return self._decode(src, dst[:size], size)
+
+    def compressed(self, data: object) -> Lease:
+        """Compress ``data`` into a pooled buffer; the lease's view is exactly the block.
+
+        Release the lease (or use it as a context manager) when the block has been sent.
+        """
+        src = byte_view(data)
+        lease = self.pool.lease(self.max_compressed_length(len(src)))
+        try:
+            n = int(_snappy.compress_raw_into(src, lease.view))
+        except BaseException:
+            lease.release()
+            raise
+        lease._shrink(n)
+        return lease
+
+    def decompressed(self, block: object) -> Lease:
+        """Decompress ``block`` into a pooled buffer; the lease's view is exactly the message.
+
+        Raises :class:`~ragguard.CorruptPayload` (before taking any buffer when the declared
+        length is refused).
+        """
+        src = byte_view(block)
+        size = self._checked_length(src)
+        lease = self.pool.lease(size)
+        try:
+            self._decode(src, lease.view, size)
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
+    def compress(self, data: object) -> bytes:
+        """The snappy block of ``data`` as bytes (identical to ``snappy.compress(data)``)."""
+        with self.compressed(data) as block:
+            return bytes(block)
+
+    def decompress(self, block: object) -> bytes:
+        """The message in ``block`` as bytes; raises :class:`~ragguard.CorruptPayload`."""
+        with self.decompressed(block) as message:
+            return bytes(message)
+
+    def _checked_length(self, src: memoryview) -> int:
+        if not src:
+            raise CorruptPayload("snappy block is empty (the empty message encodes as b'\\x00')")
+        try:
+            size = int(_snappy.decompress_raw_len(src))
+        except _DecompressionError as exc:
+            raise CorruptPayload(f"snappy block has a malformed length header: {exc}") from exc
+        if size > self.max_message_bytes:
+            raise CorruptPayload(
+                f"snappy block declares {size} bytes, above max_message_bytes={self.max_message_bytes}"
+            )
+        if size > MAX_EXPANSION * len(src):
+            raise CorruptPayload(
+                f"snappy block of {len(src)} bytes declares {size} bytes, more than it can encode"
+            )
+        if size == 0 and src != _EMPTY_BLOCK:
+            raise CorruptPayload("snappy block declares 0 bytes but carries data")
+        return size
+
+    @staticmethod
+    def _decode(src: memoryview, dst: memoryview, size: int) -> int:
+        try:
+            n = int(_snappy.decompress_raw_into(src, dst))
+        except _DecompressionError as exc:
+            raise CorruptPayload(f"snappy block does not decode: {exc}") from exc
+        if n != size:
+            raise CorruptPayload(f"snappy block declares {size} bytes but decodes to {n}")
+        return n
+
+    def __repr__(self) -> str:
+        return f"SnappyCodec(max_message_bytes={self.max_message_bytes})"
+
+
+def _writable(out: object) -> memoryview:
+    view = byte_view(out)
+    if view.readonly:
+        raise InvalidInput("expected a writable buffer (bytearray, writable memoryview)")
+    return view

@@ -1,0 +1,69 @@
+"""The ``ragguard`` command: ``ragguard demo``, ``ragguard doctor``, ``ragguard version``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="ragguard: resilience middleware for RAG pipelines.",
+)
+
+
+@app.command()
+def demo(
+    duration: Annotated[float | None, typer.Option(help="Seconds of load per run (guarded and unguarded).")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Concurrent client requests in flight.")] = None,
+    scenario: Annotated[Path | None, typer.Option(help="Chaos scenario YAML (default: the built-in one).")] = None,
+    redis: Annotated[str | None, typer.Option("--redis", help="Redis URL to share breaker and quota state.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A short run, under 30 s.")] = False,
+    out: Annotated[Path, typer.Option(help="Folder for the JSON report and the PNG chart.")] = Path("ragguard-report"),
+    seed: Annotated[int, typer.Option(help="Seed of the load and of the chaos faults.")] = 7,
+) -> None:
+    """Run a real RAG service under chaos twice, unguarded and guarded, and compare them."""
+    try:
+        from .demo import cli_main
+    except ImportError as exc:  # the demo's optional dependencies are missing
+        typer.echo(f"the demo needs its extras: pip install 'ragguard[demo]' ({exc})", err=True)
+        raise typer.Exit(2) from exc
+    code = cli_main(
+        duration_s=duration, concurrency=concurrency, scenario=scenario, redis_url=redis,
+        quick=quick, out_dir=out, seed=seed,
+    )
+    raise typer.Exit(code)
+
+
+@app.command()
+def doctor(
+    events: Annotated[Path | None, typer.Option(help="A JSON-lines event log written by the monitors.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
+) -> None:
+    """Read recent monitor events and explain what they mean (loop stalls, pool exhaustion, leaks)."""
+    from .monitors import doctor_main
+
+    argv: list[str] = []
+    if events is not None:
+        argv += ["--events", str(events)]
+    if json_output:
+        argv.append("--json")
+    raise typer.Exit(doctor_main(argv))
+
+
+@app.command()
+def version() -> None:
+    """Print ragguard's version."""
+    from . import __version__
+
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

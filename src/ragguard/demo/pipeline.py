@@ -1,0 +1,134 @@
+"""The retrieval pipeline: embed the query, search the vector store, rerank the candidates.
+
+:class:`BackendClients` calls the embedding and vector-store services over gRPC.
+:class:`UnguardedPipeline` is what a service looks like without ragguard: plain calls with plain
+timeouts, any failure fails the request. The guarded version is in :mod:`ragguard.demo.guarded`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio.to_thread
+import numpy as np
+import numpy.typing as npt
+
+import grpc
+
+from . import _wire
+from .backends import BackendAddresses
+from .corpus import Passage
+from .rerank import Reranker
+
+__all__ = [
+    "BackendClients",
+    "Hit",
+    "Pipeline",
+    "PipelineSettings",
+    "Retrieval",
+    "UnguardedPipeline",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One returned passage (index ``pid`` in the corpus) with its ``score``."""
+
+    pid: int
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Retrieval:
+    """A pipeline's answer: the top passages, best first, and the fallbacks that served it."""
+
+    hits: tuple[Hit, ...]
+    fallbacks: tuple[str, ...] = ()
+
+
+class Pipeline(Protocol):
+    async def retrieve(self, query: str) -> Retrieval: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    """``candidates`` passages are searched and reranked down to ``top_k``; timeouts in seconds
+    are the plain per-call timeouts of the unguarded pipeline."""
+
+    top_k: int = 5
+    candidates: int = 20
+    embed_timeout_s: float = 10.0
+    search_timeout_s: float = 10.0
+
+
+class BackendClients:
+    """gRPC clients of the embedding and vector-store services (one channel each)."""
+
+    def __init__(
+        self,
+        addresses: BackendAddresses,
+        *,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> None:
+        opts = _wire.CHANNEL_OPTIONS
+        self._embed_channel = grpc.aio.insecure_channel(
+            addresses.embedding, options=opts, interceptors=list(interceptors) or None
+        )
+        self._vector_channel = grpc.aio.insecure_channel(
+            addresses.vector_store, options=opts, interceptors=list(interceptors) or None
+        )
+        self._embed = _wire.unary(self._embed_channel, _wire.EMBEDDING, "Embed")
+        self._search = _wire.unary(self._vector_channel, _wire.VECTOR_STORE, "Search")
+
+    async def embed(self, texts: list[str], *, timeout_s: float | None) -> npt.NDArray[np.float32]:
+        """Vectors (len(texts), 256). Raises grpc.aio.AioRpcError (DEADLINE_EXCEEDED, UNAVAILABLE...)."""
+        reply = await self._embed({"texts": texts}, timeout=timeout_s)
+        return _wire.decode_vectors(reply["vectors"])
+
+    async def search(
+        self, vector: npt.NDArray[np.float32], k: int, *, timeout_s: float | None
+    ) -> list[Hit]:
+        """The ``k`` nearest passages by inner product. Raises grpc.aio.AioRpcError."""
+        reply = await self._search(
+            {"vector": _wire.encode_vectors(vector.reshape(1, -1)), "k": k}, timeout=timeout_s
+        )
+        return [Hit(int(i), float(s)) for i, s in zip(reply["ids"], reply["scores"], strict=True)]
+
+    async def close(self) -> None:
+        await self._embed_channel.close()
+        await self._vector_channel.close()
+
+
+async def rerank_hits(
+    reranker: Reranker, passages: Sequence[Passage], query: str, hits: Sequence[Hit], top_k: int
+) -> tuple[Hit, ...]:
+    """Rerank ``hits`` in a worker thread (CPU-bound); raises RerankOutOfMemoryError."""
+    pids = [h.pid for h in hits]
+    texts = [passages[p].text for p in pids]
+    scored = await anyio.to_thread.run_sync(reranker.rerank, query, pids, texts, top_k)
+    return tuple(Hit(s.pid, s.score) for s in scored)
+
+
+class UnguardedPipeline:
+    """embed -> search -> rerank with plain timeouts; the first failure fails the request."""
+
+    def __init__(
+        self,
+        clients: BackendClients,
+        reranker: Reranker,
+        passages: Sequence[Passage],
+        settings: PipelineSettings | None = None,
+    ) -> None:
+        self._clients = clients
+        self._reranker = reranker
+        self._passages = passages
+        self._settings = settings or PipelineSettings()
+
+    async def retrieve(self, query: str) -> Retrieval:
+        s = self._settings
+        vector = (await self._clients.embed([query], timeout_s=s.embed_timeout_s))[0]
+        hits = await self._clients.search(vector, s.candidates, timeout_s=s.search_timeout_s)
+        top = await rerank_hits(self._reranker, self._passages, query, hits, s.top_k)
+        return Retrieval(hits=top)

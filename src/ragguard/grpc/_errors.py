@@ -1,0 +1,102 @@
+"""Errors the client interceptor raises for failed calls, shaped for the typed breakers.
+
+Each is a :class:`grpc.aio.AioRpcError` (``code()``, ``details()``, ``trailing_metadata()`` work,
+and ``except grpc.aio.AioRpcError`` still catches it) and also a class the breakers classify::
+
+    grpc.aio.AioRpcError
+     +-- RemoteCallError
+          +-- RemoteUnavailable        (ConnectionError)  UNAVAILABLE: connection class
+          +-- RemoteDeadlineExceeded   (TimeoutError)     DEADLINE_EXCEEDED: timeout class
+          +-- RemoteQuotaExceeded      (ragguard.QuotaExceeded)  RESOURCE_EXHAUSTED
+
+RESOURCE_EXHAUSTED is a :class:`~ragguard.QuotaExceeded`, not a connection error: the server is
+up and throttling this tenant, so no breaker should open for every tenant because of it (an
+"out of memory" detail is still classified as out-of-memory by the rerank breaker, by its
+message). A ragguard server re-raising it maps it back to RESOURCE_EXHAUSTED with the same
+``retry-after``, so the pushback reaches the original caller. The original AioRpcError is the
+``__cause__``.
+"""
+
+from __future__ import annotations
+
+from grpc.aio import AioRpcError, Metadata
+
+import grpc
+
+from .._errors import QuotaExceeded
+from ._status import RETRY_AFTER_KEY, parse_retry_after
+
+__all__ = [
+    "RemoteCallError",
+    "RemoteDeadlineExceeded",
+    "RemoteQuotaExceeded",
+    "RemoteUnavailable",
+    "remote_error",
+]
+
+
+class RemoteCallError(AioRpcError):
+    """A gRPC call failed with a status ragguard classifies; see the subclasses."""
+
+    def __init__(self, err: AioRpcError) -> None:
+        # Fill AioRpcError's fields directly: its __init__ chains to the next base's __init__
+        # (OSError's, QuotaExceeded's), which take different arguments.
+        Exception.__init__(self, err.details())
+        self._code = err.code()
+        self._details = err.details()
+        self._initial_metadata = err.initial_metadata()
+        self._trailing_metadata = err.trailing_metadata()
+        self._debug_error_string = err.debug_error_string()
+
+    def __str__(self) -> str:
+        return AioRpcError.__str__(self)
+
+
+class RemoteUnavailable(RemoteCallError, ConnectionError):
+    """UNAVAILABLE: the server could not be reached or refused the call (a ConnectionError)."""
+
+
+class RemoteDeadlineExceeded(RemoteCallError, TimeoutError):
+    """DEADLINE_EXCEEDED: the call outlived its timeout (a TimeoutError)."""
+
+
+class RemoteQuotaExceeded(RemoteCallError, QuotaExceeded):
+    """RESOURCE_EXHAUSTED: the server throttled tenant ``tenant`` (a ragguard QuotaExceeded).
+
+    ``retry_after_s`` is the server's ``retry-after`` trailing value in seconds, 0.0 when it sent
+    none; ``reason`` is ``"remote"``.
+    """
+
+    def __init__(self, err: AioRpcError, tenant: str) -> None:
+        super().__init__(err)
+        self.tenant = tenant
+        self.reason = "remote"
+        self.retry_after_s = _retry_after(err.trailing_metadata())
+
+
+_BY_CODE: dict[grpc.StatusCode, type[RemoteCallError]] = {
+    grpc.StatusCode.UNAVAILABLE: RemoteUnavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: RemoteDeadlineExceeded,
+}
+
+
+def remote_error(err: AioRpcError, tenant: str) -> RemoteCallError | None:
+    """The classified error for ``err`` (tenant ``tenant`` made the call), or None to keep ``err``."""
+    if isinstance(err, RemoteCallError):
+        return None
+    code = err.code()
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return RemoteQuotaExceeded(err, tenant)
+    cls = _BY_CODE.get(code)
+    return None if cls is None else cls(err)
+
+
+def _retry_after(metadata: Metadata | None) -> float:
+    if not metadata:
+        return 0.0
+    for key, value in metadata:
+        if key == RETRY_AFTER_KEY:
+            seconds = parse_retry_after(value)
+            if seconds is not None:
+                return seconds
+    return 0.0

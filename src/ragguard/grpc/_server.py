@@ -1,0 +1,144 @@
+"""The grpc.aio server interceptor: tenant, deadline and quota in, mapped statuses out."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from grpc import aio
+
+from .._context import DEFAULT_TENANT
+from .._errors import ConfigError, InvalidInput
+from ..deadline import deadline
+from ._handlers import Behavior, first_value, rebuild
+from ._status import status_for
+
+if TYPE_CHECKING:
+    from ..guard import Guard
+
+__all__ = ["NO_DEADLINE_ABOVE_S", "TENANT_KEY", "GuardServerInterceptor"]
+
+TENANT_KEY = "x-tenant-id"
+NO_DEADLINE_ABOVE_S = 10 * 365 * 24 * 3600.0
+"""A client deadline further away than this (seconds) is treated as no deadline at all."""
+
+_METADATA_KEY = re.compile(r"[0-9a-z_.-]+")
+
+
+def client_budget(context: aio.ServicerContext[Any, Any]) -> float | None:
+    """The client's deadline as seconds left (>= 0), or None when the client set none.
+
+    grpc.aio reports "no deadline" as None; an absurdly far deadline (some clients send
+    "infinity" as a date centuries away) is None too, so it is never forwarded downstream.
+    """
+    left = context.time_remaining()
+    if left is None or left > NO_DEADLINE_ABOVE_S:
+        return None
+    return max(0.0, float(left))
+
+
+class GuardServerInterceptor(aio.ServerInterceptor):
+    """Run every RPC inside a ragguard tenant block with the client's deadline.
+
+    Per call, before the handler runs:
+
+    - the tenant id comes from metadata ``tenant_key`` (default ``x-tenant-id``); without it the
+      call runs as the default tenant; a malformed id fails with INVALID_ARGUMENT;
+    - the client's deadline (``context.time_remaining()``) becomes the ragguard deadline, or no
+      deadline when the client set none;
+    - the tenant's quota admits the call (``guard.tenant(id)``; the default registry when
+      ``guard`` is None); over quota fails with RESOURCE_EXHAUSTED and ``retry-after``.
+
+    Errors leaving the handler are mapped by :func:`ragguard.grpc.status_for` (BreakerOpen to
+    UNAVAILABLE, QuotaExceeded to RESOURCE_EXHAUSTED, DeadlineExceeded to DEADLINE_EXCEEDED,
+    InvalidInput to INVALID_ARGUMENT); a status the handler set itself (``context.abort``) is
+    kept; other errors are left to gRPC. Messages a streaming handler sent before failing reach
+    the client, then the status. Async handlers of all four kinds are guarded (streaming ones as
+    async generators or with ``context.write()``); sync handlers pass through unguarded.
+    Raises :class:`~ragguard.ConfigError` for an invalid ``tenant_key``.
+    """
+
+    def __init__(self, *, guard: Guard | None = None, tenant_key: str = TENANT_KEY) -> None:
+        if (
+            not isinstance(tenant_key, str)
+            or not _METADATA_KEY.fullmatch(tenant_key)
+            or tenant_key.endswith("-bin")
+        ):
+            raise ConfigError(
+                f"tenant_key must be a lowercase ASCII metadata key (not '-bin'), got {tenant_key!r}"
+            )
+        self._guard = guard
+        self.tenant_key = tenant_key
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        raw = first_value(handler_call_details.invocation_metadata, self.tenant_key)  # type: ignore[attr-defined]
+
+        def wrap(behavior: Behavior, request_streaming: bool, response_streaming: bool) -> Behavior:
+            return self._wrap(behavior, raw)
+
+        return rebuild(handler, wrap=wrap)
+
+    def _wrap(self, behavior: Behavior, raw_tenant: str | bytes | None) -> Behavior:
+        scope = self._scope
+        if inspect.isasyncgenfunction(behavior):
+
+            async def guarded_stream(
+                request: Any, context: aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
+                async with scope(context, raw_tenant), aclosing(behavior(request, context)) as responses:
+                    async for response in responses:
+                        yield response
+
+            return guarded_stream
+        if inspect.iscoroutinefunction(behavior):
+
+            async def guarded(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+                async with scope(context, raw_tenant):
+                    return await behavior(request, context)
+
+            return guarded
+        return behavior
+
+    @asynccontextmanager
+    async def _scope(
+        self, context: aio.ServicerContext[Any, Any], raw_tenant: str | bytes | None
+    ) -> AsyncIterator[None]:
+        try:
+            tenant_id = _tenant_id(raw_tenant)
+            registry = self._guard if self._guard is not None else _default_guard()
+            with deadline(client_budget(context)):
+                async with registry.tenant(tenant_id):
+                    yield
+        except aio.AbortError:
+            raise  # the handler set its own status
+        except Exception as exc:
+            status = status_for(exc)
+            if status is None:
+                raise
+            code, details, trailing = status
+            await context.abort(code, details, trailing_metadata=trailing)
+
+
+def _tenant_id(raw: str | bytes | None) -> str:
+    if raw is None:
+        return DEFAULT_TENANT
+    if isinstance(raw, bytes):
+        raise InvalidInput("tenant id metadata must be text, not binary")
+    return raw
+
+
+def _default_guard() -> Guard:
+    from ..guard import default_guard
+
+    return default_guard()

@@ -1,0 +1,68 @@
+"""The monitors' events, emitted on :data:`ragguard.events.bus` beside the guard's own.
+
+Times (``started_at``, ``at``, ``acquired_at``) are :func:`time.monotonic` seconds unless the
+producer was given another ``clock``; durations are seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ConnectionLeak", "LoopStall", "PoolExhausted"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopStall:
+    """The event loop ran no I/O or timers for ``duration_s`` seconds, ending at ``at``.
+
+    ``frame`` names the blocking code as ``"file:line in function"`` (the innermost frame of the
+    application seen most often while the stall was in progress; ``""`` when no sample landed);
+    ``stack`` holds up to 12 frames of that sample, innermost first, in the same form.
+    ``samples`` is how many stack samples the watchdog took during the stall.
+    """
+
+    duration_s: float
+    started_at: float
+    at: float
+    frame: str
+    filename: str
+    lineno: int
+    function: str
+    stack: tuple[str, ...] = ()
+    samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolExhausted:
+    """Redis pool ``pool`` ran short.
+
+    ``reason`` is ``"headroom"`` (fewer than a third of ``max_connections`` still free),
+    ``"slow_acquire"`` (a caller waited ``wait_s`` seconds, from ``started_at`` to ``at``, longer
+    than the threshold), ``"timeout"`` (a blocking pool gave up on a caller) or
+    ``"too_many_connections"`` (a non-blocking pool refused one).
+    """
+
+    pool: str
+    reason: str
+    in_use: int
+    idle: int
+    max_connections: int
+    waiting: int
+    wait_s: float
+    started_at: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLeak:
+    """A connection of pool ``pool`` has been held ``held_s`` seconds (since ``acquired_at``).
+
+    ``stack`` is where it was acquired, innermost frame first, as ``"file:line in function"``;
+    empty unless the pool was created with ``track_leaks=True``.
+    """
+
+    pool: str
+    held_s: float
+    acquired_at: float
+    at: float
+    stack: tuple[str, ...] = ()

@@ -1,0 +1,286 @@
+"""Configuration: one :class:`Policy` describes every stage and every tenant.
+
+Build it in Python, or load it from a YAML or TOML file (:meth:`Policy.from_file`) or from
+environment variables (:meth:`Policy.from_env`, nested with ``__``)::
+
+    RAGGUARD_STAGES__EMBEDDING__TIMEOUT_S=2.5
+    RAGGUARD_TENANTS__ACME__MAX_CONCURRENCY=8
+
+A value out of range raises :class:`~ragguard.ConfigError` naming the field and the allowed range.
+Options mirror resilience4j's names in snake_case with units (``open_for_s`` is resilience4j's
+``waitDurationInOpenState``, ``minimum_calls`` its ``minimumNumberOfCalls``...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ._errors import ConfigError
+
+__all__ = [
+    "STANDARD_STAGES",
+    "BreakerPolicy",
+    "Policy",
+    "RetryPolicy",
+    "StagePolicy",
+    "TenantQuota",
+]
+
+BreakerKind = Literal["embedding_timeout", "vector_store_unavailable", "rerank_oom", "generic", "none"]
+RetryOn = Literal["connection", "timeout", "out_of_memory", "any"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class TenantQuota(_Model):
+    """A tenant's share of the service; None means unlimited.
+
+    - ``max_concurrency``: requests in flight at once (a bulkhead per tenant), >= 1.
+    - ``rate_per_s``: admitted requests per second (GCRA, i.e. a token bucket), > 0.
+    - ``burst``: requests admitted back to back above the rate, >= 1 (default: ceil(rate_per_s)).
+    - ``max_wait_s``: how long a request may queue, first come first served, for a slot or a token
+      before :class:`~ragguard.QuotaExceeded` (seconds, >= 0; also cut to the request's deadline).
+    - ``timeout_s``: the tenant's time budget per request, applied as a deadline (seconds, > 0).
+    """
+
+    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
+    rate_per_s: float | None = Field(default=None, gt=0, le=1e9)
+    burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    max_wait_s: float = Field(default=0.0, ge=0, le=3600)
+    timeout_s: float | None = Field(default=None, gt=0, le=86_400)
+
+    @property
+    def unlimited(self) -> bool:
+        return self.max_concurrency is None and self.rate_per_s is None and self.timeout_s is None
+
+
+class BreakerPolicy(_Model):
+    """Which breaker guards a stage and its options; None keeps the kind's default.
+
+    ``kind`` is one of ``embedding_timeout``, ``vector_store_unavailable``, ``rerank_oom``,
+    ``generic`` (counts every error) or ``none`` (no breaker). Percentages are 0-100.
+    """
+
+    kind: BreakerKind = "generic"
+    failure_rate_threshold: float | None = Field(default=None, gt=0, le=100)
+    slow_call_rate_threshold: float | None = Field(default=None, gt=0, le=100)
+    slow_call_duration_s: float | None = Field(default=None, gt=0)
+    consecutive_failures_threshold: int | None = Field(default=None, ge=1)
+    minimum_calls: int | None = Field(default=None, ge=1)
+    window_type: Literal["count", "time"] | None = None
+    window_size: int | None = Field(default=None, ge=1, le=1_000_000)
+    half_open_permits: int | None = Field(default=None, ge=1)
+    open_for_s: float | None = Field(default=None, gt=0)
+    open_backoff_multiplier: float | None = Field(default=None, ge=1)
+    open_max_s: float | None = Field(default=None, gt=0)
+    open_jitter: float | None = Field(default=None, ge=0, le=1)
+
+    def options(self) -> dict[str, Any]:
+        """The options that were set, as keyword arguments for the breaker's constructor."""
+        return {k: v for k, v in self.model_dump(exclude={"kind"}).items() if v is not None}
+
+
+class RetryPolicy(_Model):
+    """Retries of one stage (run by tenacity), cut to the request's deadline.
+
+    - ``attempts``: total attempts including the first (1 = no retry), 1-20.
+    - backoff: exponential from ``initial_backoff_s`` times ``multiplier`` per retry, capped at
+      ``max_backoff_s``, plus uniform jitter up to ``jitter_s`` (seconds).
+    - ``retry_on``: error classes that are retried: ``connection``, ``timeout``, ``out_of_memory``,
+      ``any`` (every error the stage's breaker counts). Never cancellation, BreakerOpen,
+      QuotaExceeded or DeadlineExceeded.
+    - retry budget, after Envoy and Finagle: retries may add at most ``budget_ratio`` of the
+      stage's calls over the last ``budget_window_s`` seconds (Envoy's default 20%), plus
+      ``budget_min_per_s`` retries per second so a quiet stage can still retry.
+    """
+
+    attempts: int = Field(default=1, ge=1, le=20)
+    initial_backoff_s: float = Field(default=0.05, ge=0, le=60)
+    max_backoff_s: float = Field(default=1.0, ge=0, le=300)
+    multiplier: float = Field(default=2.0, ge=1, le=10)
+    jitter_s: float = Field(default=0.02, ge=0, le=60)
+    retry_on: tuple[RetryOn, ...] = ("connection", "timeout")
+    budget_ratio: float = Field(default=0.2, ge=0, le=1)
+    budget_min_per_s: float = Field(default=10.0, ge=0)
+    budget_window_s: float = Field(default=10.0, gt=0, le=3600)
+
+
+class StagePolicy(_Model):
+    """How one stage is guarded.
+
+    - ``timeout_s``: per-attempt timeout in seconds (None: only the deadline bounds it).
+    - ``min_attempt_s``: no attempt starts with less budget than this (seconds); a call with less
+      left raises DeadlineExceeded at once instead of starting work it cannot finish.
+    - ``breaker``: the breaker kind and options; ``retry``: the retry policy.
+    - ``fallback_on``: which failures the stage's fallback serves: ``breaker`` (the breaker's own
+      failure kinds and BreakerOpen, the default) or ``any`` (every Exception but cancellation).
+    - embedding cache: ``cache_size`` entries, ``cache_ttl_s`` seconds.
+    - rerank: ``rerank_min_batch`` is the floor the batch is halved down to.
+    """
+
+    timeout_s: float | None = Field(default=None, gt=0, le=86_400)
+    min_attempt_s: float = Field(default=0.0, ge=0, le=3600)
+    breaker: BreakerPolicy = BreakerPolicy()
+    retry: RetryPolicy = RetryPolicy()
+    fallback_on: Literal["breaker", "any"] = "breaker"
+    cache_size: int = Field(default=10_000, ge=0, le=10_000_000)
+    cache_ttl_s: float = Field(default=3600.0, gt=0)
+    rerank_min_batch: int = Field(default=4, ge=1)
+
+
+def _standard_stages() -> dict[str, StagePolicy]:
+    return {
+        "embedding": StagePolicy(
+            timeout_s=5.0,
+            breaker=BreakerPolicy(kind="embedding_timeout"),
+            retry=RetryPolicy(attempts=2, retry_on=("connection",)),
+        ),
+        "vector_store": StagePolicy(
+            timeout_s=2.0,
+            breaker=BreakerPolicy(kind="vector_store_unavailable"),
+            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout")),
+        ),
+        "rerank": StagePolicy(
+            timeout_s=None,
+            breaker=BreakerPolicy(kind="rerank_oom"),
+            retry=RetryPolicy(attempts=1, retry_on=()),
+        ),
+    }
+
+
+STANDARD_STAGES = ("embedding", "vector_store", "rerank")
+
+
+class Policy(_Model):
+    """Every stage's and every tenant's settings.
+
+    - ``stages``: stage name -> StagePolicy. The standard stages ``embedding``, ``vector_store`` and
+      ``rerank`` are always present with their typed breakers; for those, the fields you set
+      override the standard values and the rest keep them. Stages not listed use ``default_stage``.
+    - ``tenants``: tenant id -> TenantQuota; tenants not listed get ``default_quota`` each.
+    """
+
+    stages: dict[str, StagePolicy] = Field(default_factory=_standard_stages)
+    default_stage: StagePolicy = StagePolicy(breaker=BreakerPolicy(kind="generic"))
+    tenants: dict[str, TenantQuota] = Field(default_factory=dict)
+    default_quota: TenantQuota = TenantQuota()
+
+    @model_validator(mode="after")
+    def _fill_standard(self) -> Policy:
+        # A standard stage given by the user keeps the standard values of the fields it leaves
+        # unset: setting only ``timeout_s`` must not drop the typed breaker.
+        stages = _standard_stages()
+        for name, given in self.stages.items():
+            base = stages.get(name)
+            if base is None:
+                stages[name] = given
+            else:
+                stages[name] = base.model_copy(
+                    update={f: getattr(given, f) for f in given.model_fields_set}
+                )
+        object.__setattr__(self, "stages", stages)
+        from ._context import validate_tenant_id
+
+        for tenant_id in self.tenants:
+            validate_tenant_id(tenant_id)
+        return self
+
+    def stage(self, name: str) -> StagePolicy:
+        """The policy of stage ``name`` (``default_stage`` when not listed)."""
+        return self.stages.get(name, self.default_stage)
+
+    def quota(self, tenant_id: str) -> TenantQuota:
+        """The quota of ``tenant_id`` (``default_quota`` when not listed)."""
+        return self.tenants.get(tenant_id, self.default_quota)
+
+    # -- loading ----------------------------------------------------------------------------
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any], *, source: str = "policy") -> Policy:
+        """Validate a mapping; raises ConfigError naming each bad field and its allowed range."""
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, source)) from None
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Policy:
+        """Load a ``.yaml``/``.yml``, ``.toml`` or ``.json`` file; raises ConfigError when invalid."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read policy file {p}: {exc.strerror}") from exc
+        try:
+            if p.suffix in (".yaml", ".yml"):
+                data = yaml.safe_load(text) or {}
+            elif p.suffix == ".toml":
+                data = tomllib.loads(text)
+            elif p.suffix == ".json":
+                data = json.loads(text)
+            else:
+                raise ConfigError(f"policy file {p}: use .yaml, .yml, .toml or .json, not {p.suffix!r}")
+        except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"policy file {p} is not valid {p.suffix[1:].upper()}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"policy file {p}: the top level must be a mapping")
+        return cls.parse(data, source=str(p))
+
+    @classmethod
+    def from_env(cls, prefix: str = "RAGGUARD_", environ: Mapping[str, str] | None = None) -> Policy:
+        """Build a policy from environment variables ``{prefix}FIELD__SUBFIELD=value``.
+
+        Values are parsed as JSON where they parse (numbers, lists), else kept as strings; names are
+        case-insensitive. Read through pydantic-settings' nested-delimiter convention.
+        """
+        from pydantic_settings import BaseSettings, SettingsConfigDict
+
+        class _EnvPolicy(BaseSettings):
+            model_config = SettingsConfigDict(
+                env_prefix=prefix, env_nested_delimiter="__", case_sensitive=False, extra="ignore"
+            )
+            stages: dict[str, dict[str, Any]] = {}
+            default_stage: dict[str, Any] = {}
+            tenants: dict[str, dict[str, Any]] = {}
+            default_quota: dict[str, Any] = {}
+
+        env = os.environ if environ is None else environ
+        try:
+            loaded = _EnvPolicy(_env_file=None, **{}) if environ is None else _from_mapping(_EnvPolicy, env)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, "environment")) from None
+        data = {k: v for k, v in loaded.model_dump().items() if v}
+        return cls.parse(data, source=f"environment ({prefix}*)")
+
+
+def _from_mapping(settings_cls: Any, env: Mapping[str, str]) -> Any:
+    old = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        return settings_cls(_env_file=None)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: {exc.error_count()} invalid value(s)"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        got = err.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {loc}: {err['msg']}{shown}")
+    return "\n".join(lines)

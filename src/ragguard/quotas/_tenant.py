@@ -1,0 +1,85 @@
+"""``async with tenant("acme"):`` admits one request of a tenant and scopes it."""
+
+from __future__ import annotations
+
+from contextvars import Token
+from types import TracebackType
+
+from typing import Any
+
+from .._context import RequestScope, _scope, validate_tenant_id
+from ..deadline import _deadline, _monotonic
+from ..policy import TenantQuota
+from ._local import WAIT, QuotaBackend
+
+__all__ = ["TenantContext"]
+
+_valid: dict[str, str] = {}
+
+
+def _checked(tenant_id: object) -> str:
+    if isinstance(tenant_id, str):
+        hit = _valid.get(tenant_id)
+        if hit is not None:
+            return hit
+    checked = validate_tenant_id(tenant_id)
+    if len(_valid) < 4096:
+        _valid[checked] = checked
+    return checked
+
+
+class TenantContext:
+    """One request of one tenant: quota admitted on entry, released on exit, error or cancellation.
+
+    Entering raises :class:`~ragguard.QuotaExceeded` when the tenant is over quota; inside, the
+    tenant's ``timeout_s`` is the deadline (or the caller's, if shorter), guarded calls are
+    attributed to the tenant, and :func:`ragguard.degraded` reports the fallbacks that served it.
+    A bad tenant id raises :class:`~ragguard.InvalidInput` (a ValueError) at construction.
+    """
+
+    __slots__ = ("_backend", "_deadline_token", "_lease", "_quota", "_token", "scope", "tenant_id")
+
+    def __init__(self, tenant_id: str, backend: QuotaBackend, quota: TenantQuota) -> None:
+        self.tenant_id = _checked(tenant_id)
+        self._backend = backend
+        self._quota = quota
+        self._lease: Any = None
+        self._token: Token[RequestScope | None] | None = None
+        self._deadline_token: Token[float | None] | None = None
+        self.scope: RequestScope | None = None
+
+    async def __aenter__(self) -> RequestScope:
+        if self._token is not None:
+            raise RuntimeError("tenant(...) is not reentrant; create one per request")
+        backend = self._backend
+        lease = backend.admit_now(self.tenant_id)
+        if lease is WAIT:
+            lease = await backend.acquire(self.tenant_id)
+        self._lease = lease
+        timeout_s = self._quota.timeout_s
+        if timeout_s is not None:
+            at = _monotonic() + timeout_s
+            outer = _deadline.get()
+            if outer is None or at < outer:
+                self._deadline_token = _deadline.set(at)
+        self.scope = RequestScope(self.tenant_id)
+        self._token = _scope.set(self.scope)
+        return self.scope
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        token, self._token = self._token, None
+        try:
+            if token is not None:
+                _scope.reset(token)
+            dl_token, self._deadline_token = self._deadline_token, None
+            if dl_token is not None:
+                _deadline.reset(dl_token)
+        finally:
+            lease, self._lease = self._lease, None
+            if lease is not None:
+                self._backend.release(lease)

@@ -1,0 +1,163 @@
+"""SnappyCodec: python-snappy compatibility, hostile input, buffer kinds, pooled leases."""
+
+from __future__ import annotations
+
+import pytest
+import snappy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ragguard import ConfigError, CorruptPayload, InvalidInput
+from ragguard.buffers import BufferPool, SnappyCodec
+
+pytestmark = pytest.mark.timeout(60)
+
+PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+compressible = st.lists(st.sampled_from([b"hit", b" score", b"\x00", b"{}", b"chunk"]), max_size=400).map(
+    b"".join
+)
+payloads = st.one_of(st.binary(max_size=5000), compressible)
+
+
+def as_kind(data: bytes, kind: str) -> object:
+    return {"bytes": data, "bytearray": bytearray(data), "memoryview": memoryview(data)}[kind]
+
+
+@PROPS
+@given(payloads)
+def test_roundtrip_and_python_snappy_compatibility(data: bytes) -> None:
+    codec = SnappyCodec(pool=BufferPool())
+    block = codec.compress(data)
+    assert block == snappy.compress(data)
+    assert codec.decompress(block) == data
+    assert snappy.decompress(block) == data
+
+
+@PROPS
+@given(payloads, st.sampled_from(["bytearray", "memoryview"]))
+def test_bytes_bytearray_memoryview_give_identical_results(data: bytes, kind: str) -> None:
+    codec = SnappyCodec()
+    block = codec.compress(data)
+    assert codec.compress(as_kind(data, kind)) == block
+    assert codec.decompress(as_kind(block, kind)) == codec.decompress(block)
+
+
+@PROPS
+@given(st.binary(min_size=1, max_size=300))
+def test_garbage_never_crashes_and_never_decodes_to_empty(junk: bytes) -> None:
+    codec = SnappyCodec(max_message_bytes=1 << 20)
+    try:
+        out = codec.decompress(junk)
+    except CorruptPayload:
+        return
+    assert out or junk == b"\x00"
+    assert snappy.compress(out) is not None  # decoded output is a real message
+    assert len(out) <= 22 * len(junk)
+
+
+@PROPS
+@given(payloads.filter(lambda d: len(d) > 0), st.data())
+def test_truncated_block_raises_corrupt_payload(data: bytes, draw: st.DataObject) -> None:
+    codec = SnappyCodec()
+    block = codec.compress(data)
+    cut = draw.draw(st.integers(min_value=0, max_value=len(block) - 1))
+    with pytest.raises(CorruptPayload):
+        codec.decompress(block[:cut])
+
+
+def test_framed_stream_fed_to_raw_decoder_raises_corrupt_payload() -> None:
+    framed = snappy.StreamCompressor().compress(b"framed payload " * 100)
+    with pytest.raises(CorruptPayload):
+        SnappyCodec().decompress(framed)
+
+
+def test_huge_declared_length_is_refused_before_allocating() -> None:
+    pool = BufferPool()
+    codec = SnappyCodec(pool=pool)
+    four_gib_claim = b"\xff\xff\xff\xff\x0f" + b"\x00" * 4
+    with pytest.raises(CorruptPayload, match="max_message_bytes"):
+        codec.decompress(four_gib_claim)
+    assert pool.stats().misses == 0  # no buffer was taken at all
+
+
+def test_declared_length_beyond_possible_expansion_is_refused_before_allocating() -> None:
+    pool = BufferPool()
+    codec = SnappyCodec(pool=pool, max_message_bytes=1 << 30)
+    claim = b"\x80\x80\x40" + b"\x00" * 5  # declares 1 MiB from 8 bytes
+    with pytest.raises(CorruptPayload, match="more than it can encode"):
+        codec.decompress(claim)
+    assert pool.stats().misses == 0
+
+
+def test_message_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
+    codec = SnappyCodec(max_message_bytes=10_000)
+    assert codec.decompress(snappy.compress(b"a" * 10_000)) == b"a" * 10_000
+    with pytest.raises(CorruptPayload):
+        codec.decompress(snappy.compress(b"a" * 10_001))
+
+
+def test_empty_message_and_empty_block() -> None:
+    codec = SnappyCodec()
+    assert codec.compress(b"") == b"\x00"
+    assert codec.decompress(b"\x00") == b""
+    with pytest.raises(CorruptPayload):
+        codec.decompress(b"")
+    with pytest.raises(CorruptPayload):
+        codec.decompress(b"\x00junk")
+
+
+def test_leases_return_to_the_pool_also_on_corrupt_input() -> None:
+    pool = BufferPool()
+    codec = SnappyCodec(pool=pool)
+    block = codec.compress(b"x" * 3000)
+    with codec.decompressed(block) as message:
+        assert bytes(message) == b"x" * 3000
+    with pytest.raises(CorruptPayload):
+        codec.decompress(block[:-2] + b"\xff\xff")
+    with codec.compressed(b"y" * 3000) as out:
+        assert snappy.decompress(bytes(out)) == b"y" * 3000
+    assert pool.stats().in_use == 0
+    assert pool.stats().hits >= 1
+
+
+def test_into_variants_write_into_caller_buffers() -> None:
+    codec = SnappyCodec()
+    data = b"embedding " * 500
+    out = bytearray(codec.max_compressed_length(len(data)))
+    n = codec.compress_into(data, out)
+    assert bytes(out[:n]) == snappy.compress(data)
+    dst = bytearray(len(data) + 10)
+    assert codec.decompress_into(memoryview(out)[:n], dst) == len(data)
+    assert bytes(dst[: len(data)]) == data
+    with pytest.raises(InvalidInput):
+        codec.compress_into(data, bytearray(10))
+    with pytest.raises(InvalidInput):
+        codec.decompress_into(bytes(out[:n]), bytearray(5))
+    with pytest.raises(InvalidInput):
+        codec.compress_into(data, bytes(len(data) * 2))  # read-only output
+
+
+def test_numpy_float32_embeddings_roundtrip() -> None:
+    np = pytest.importorskip("numpy")
+    emb = np.random.default_rng(7).standard_normal((32, 768)).astype(np.float32)
+    codec = SnappyCodec()
+    block = codec.compress(emb)
+    assert block == snappy.compress(emb.tobytes())
+    back = np.frombuffer(codec.decompress(block), dtype=np.float32).reshape(32, 768)
+    assert np.array_equal(back, emb)
+    with pytest.raises(InvalidInput):
+        codec.compress(emb[:, ::2])  # strided view
+
+
+@pytest.mark.parametrize("bad", ["text", 12, None])
+def test_non_buffers_raise_invalid_input(bad: object) -> None:
+    with pytest.raises(InvalidInput):
+        SnappyCodec().compress(bad)
+
+
+def test_bad_options_raise_config_error() -> None:
+    with pytest.raises(ConfigError):
+        SnappyCodec(max_message_bytes=0)
+    with pytest.raises(ConfigError):
+        SnappyCodec(pool="not a pool")  # type: ignore[arg-type]

@@ -1,0 +1,121 @@
+"""The guarded pipeline against real backends under real faults."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from ragguard import Guard, TenantQuota
+from ragguard.demo.backends import BackendFaults, BackendServers, ControlClient
+from ragguard.demo.corpus import Passage
+from ragguard.demo.guarded import GuardedPipeline, demo_policy
+from ragguard.demo.keyword import KeywordIndex
+from ragguard.demo.pipeline import BackendClients, UnguardedPipeline
+from ragguard.demo.rerank import Reranker
+from ragguard.demo.service import RetrievalClient, RetrievalServer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+QUERY = "When does the finally clause of a try statement run?"
+
+
+@dataclass
+class Guarded:
+    pipeline: GuardedPipeline
+    plain: UnguardedPipeline
+    control: ControlClient
+    reranker: Reranker
+    guard: Guard
+
+
+@pytest.fixture(scope="module")
+def keyword(demo_passages: list[Passage]) -> KeywordIndex:
+    return KeywordIndex(demo_passages)
+
+
+@pytest.fixture
+async def guarded(
+    demo_backends: BackendServers, demo_reranker: Reranker, demo_passages: list[Passage], keyword: KeywordIndex
+) -> AsyncIterator[Guarded]:
+    assert demo_backends.addresses is not None
+    clients = BackendClients(demo_backends.addresses)
+    guard = Guard(
+        demo_policy(open_for_s=30.0, greedy={"greedy": TenantQuota(max_concurrency=1, timeout_s=2.0)}),
+        rng=random.Random(5),
+    )
+    pipeline = GuardedPipeline(clients, demo_reranker, demo_passages, keyword, guard)
+    control = ControlClient(demo_backends.addresses.control)
+    try:
+        yield Guarded(pipeline, UnguardedPipeline(clients, demo_reranker, demo_passages), control,
+                      demo_reranker, guard)
+    finally:
+        await control.close()
+        await clients.close()
+
+
+async def test_healthy_guarded_answers_like_unguarded(guarded: Guarded) -> None:
+    got = await guarded.pipeline.retrieve(QUERY)
+    want = await guarded.plain.retrieve(QUERY)
+    assert got.fallbacks == ()
+    assert [h.pid for h in got.hits] == [h.pid for h in want.hits]
+
+
+async def test_vector_store_down_is_served_by_keyword_search(
+    guarded: Guarded, demo_passages: list[Passage]
+) -> None:
+    await guarded.control.set_faults(BackendFaults(vector_down=True))
+    results = [await guarded.pipeline.retrieve(QUERY) for _ in range(8)]
+    assert all("keyword_search" in r.fallbacks for r in results)
+    assert all(any("try" in demo_passages[h.pid].topics for h in r.hits) for r in results)
+    assert guarded.guard.breaker("vector_store").state.value == "open"
+    t0 = time.perf_counter()
+    await guarded.pipeline.retrieve(QUERY)
+    assert time.perf_counter() - t0 < 0.25, "an open breaker answers without waiting on the dead store"
+
+
+async def test_slow_embedding_is_served_from_the_cache(guarded: Guarded) -> None:
+    await guarded.pipeline.retrieve(QUERY)  # fills the embedding cache
+    await guarded.control.set_faults(BackendFaults(embed_latency_s=3.5, embed_latency_share=1.0))
+    t0 = time.perf_counter()
+    cached = await guarded.pipeline.retrieve(QUERY)
+    assert time.perf_counter() - t0 < 1.5
+    assert cached.fallbacks == ("embedding_cache",)
+    fresh = await guarded.pipeline.retrieve("What does the pass statement do?")
+    assert fresh.fallbacks == ("keyword_search",) and len(fresh.hits) == 5
+
+
+async def test_rerank_oom_shrinks_the_batch_then_skips_rerank(guarded: Guarded, demo_passages: list[Passage]) -> None:
+    texts = [p.text for p in demo_passages[:20]]
+    guarded.reranker.set_budget(guarded.reranker.batch_bytes(texts) // 3)
+    shrunk = await guarded.pipeline.retrieve(QUERY)
+    assert "smaller_batch" in shrunk.fallbacks and len(shrunk.hits) == 5
+    guarded.reranker.set_budget(1)
+    skipped = await guarded.pipeline.retrieve(QUERY)
+    assert "skip_rerank" in skipped.fallbacks and len(skipped.hits) == 5
+
+
+async def test_the_greedy_tenant_is_shed_and_the_others_are_not(
+    guarded: Guarded, demo_passages: list[Passage]
+) -> None:
+    server = RetrievalServer(guarded.pipeline, demo_passages, capacity=32, admit=guarded.guard.tenant)
+    client = RetrievalClient(await server.start())
+    await guarded.control.set_faults(BackendFaults(embed_latency_s=0.2, embed_latency_share=1.0))
+    try:
+        greedy = await asyncio.gather(
+            *(client.retrieve("greedy", f"{QUERY} {i}", timeout_s=5) for i in range(4)), return_exceptions=True
+        )
+        polite = await asyncio.gather(
+            *(client.retrieve("polite", f"{QUERY} {i}", timeout_s=5) for i in range(4)), return_exceptions=True
+        )
+    finally:
+        await client.close()
+        await server.stop()
+    shed = [r for r in greedy if isinstance(r, grpc.aio.AioRpcError)]
+    assert shed and all(r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for r in shed)
+    assert all(isinstance(r, dict) for r in polite), polite
