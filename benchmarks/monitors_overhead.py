@@ -17,7 +17,6 @@ import asyncio
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable
 
 from ragguard import events
 from ragguard.monitors import MonitoredBlockingConnectionPool, StallDetector
@@ -51,7 +50,7 @@ def _cpu_chunk() -> int:
     return sum(i * i for i in range(300))
 
 
-async def _busy_workload(tasks: int = 200, steps: int = 150) -> None:
+async def _busy_workload(tasks: int, steps: int = 100) -> None:
     async def worker() -> None:
         for _ in range(steps):
             _cpu_chunk()
@@ -60,37 +59,36 @@ async def _busy_workload(tasks: int = 200, steps: int = 150) -> None:
     await asyncio.gather(*(worker() for _ in range(tasks)))
 
 
-async def _timed(fn: Callable[[], Awaitable[None]], monitored: bool) -> tuple[float, float]:
-    detector = StallDetector(threshold_s=1.0).start() if monitored else None
-    # threshold 1 s: this workload's iterations are long by design; count only the machinery's cost
+async def _run_busy(tasks: int, steps: int, detector_on: bool) -> tuple[float, float, int]:
+    """(wall s, watchdog CPU s, stalls) of one busy run."""
+    detector = StallDetector().start() if detector_on else None
     thread = detector._thread if detector else None
     w0 = _thread_cpu_s(thread)
     t0 = time.perf_counter()
     try:
-        await fn()
-        return time.perf_counter() - t0, _thread_cpu_s(thread) - w0
+        await _busy_workload(tasks, steps)
+        return time.perf_counter() - t0, _thread_cpu_s(thread) - w0, detector.stalls if detector else 0
     finally:
         if detector:
             detector.stop()
 
 
 async def _busy(rounds: int) -> None:
-    base, mon, mon_default, wd = [], [], [], []
-    for _ in range(rounds):
-        base.append((await _timed(_busy_workload, False))[0])
-        t, w = await _timed(_busy_workload, True)
-        mon.append(t)
-        wd.append(w)
-        detector = StallDetector().start()
-        t0 = time.perf_counter()
-        await _busy_workload()
-        mon_default.append(time.perf_counter() - t0)
-        detector.stop()
-    b, m, md = statistics.median(base), statistics.median(mon), statistics.median(mon_default)
-    print(f"busy loop   baseline {b * 1000:8.1f} ms | detector(threshold 1 s) {m * 1000:8.1f} ms "
-          f"ratio {m / b:.3f} | detector(defaults) {md * 1000:8.1f} ms ratio {md / b:.3f}")
-    print(f"            watchdog thread CPU per run {statistics.median(wd) * 1000:.2f} ms "
-          f"({statistics.median(wd) / m * 100:.2f}% of the run)")
+    # 40 tasks: loop iterations of ~1 ms, a healthy busy service; 400 tasks: ~10 ms, a stalling one
+    for tasks, steps, label in ((40, 800, "healthy"), (400, 80, "stalling")):
+        base, mon, wd, stalls = [], [], [], []
+        for _ in range(rounds):  # interleaved, so drift on a shared machine hits both alike
+            base.append((await _run_busy(tasks, steps, False))[0])
+            t, w, n = await _run_busy(tasks, steps, True)
+            mon.append(t)
+            wd.append(w)
+            stalls.append(n)
+        b, m = statistics.median(base), statistics.median(mon)
+        print(
+            f"busy loop   {label:8s} ({tasks} tasks) baseline {b * 1000:7.1f} ms | with detector "
+            f"{m * 1000:7.1f} ms | ratio {m / b:.3f} | watchdog CPU {statistics.median(wd) / m * 100:.2f}% "
+            f"of the run | stalls reported per run {statistics.median(stalls):.0f}"
+        )
 
 
 async def _pool(rounds: int, n: int = 3000) -> None:
@@ -108,10 +106,16 @@ async def _pool(rounds: int, n: int = 3000) -> None:
         print(f"redis pool  skipped ({exc})")
         return
     try:
-        plain = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool(
-            host=server.host, port=server.port, max_connections=8))
-        monitored = aioredis.Redis(connection_pool=MonitoredBlockingConnectionPool(
-            host=server.host, port=server.port, max_connections=8, pool_name="bench"))
+        plain = aioredis.Redis(
+            connection_pool=aioredis.BlockingConnectionPool(
+                host=server.host, port=server.port, max_connections=8
+            )
+        )
+        monitored = aioredis.Redis(
+            connection_pool=MonitoredBlockingConnectionPool(
+                host=server.host, port=server.port, max_connections=8, pool_name="bench"
+            )
+        )
 
         async def run(client: aioredis.Redis) -> float:
             async def one() -> None:
@@ -126,8 +130,10 @@ async def _pool(rounds: int, n: int = 3000) -> None:
         await run(monitored)
         p = statistics.median([await run(plain) for _ in range(rounds)])
         m = statistics.median([await run(monitored) for _ in range(rounds)])
-        print(f"redis pool  plain {p / n * 1e6:7.1f} us/PING | monitored {m / n * 1e6:7.1f} us/PING "
-              f"| ratio {m / p:.3f}")
+        print(
+            f"redis pool  plain {p / n * 1e6:7.1f} us/PING | monitored {m / n * 1e6:7.1f} us/PING "
+            f"| ratio {m / p:.3f}"
+        )
         await plain.aclose()
         await monitored.aclose()
     finally:
@@ -139,11 +145,13 @@ async def main(idle_s: float, rounds: int) -> None:
     try:
         base_cpu, _ = await _idle(idle_s, False)
         mon_cpu, wd_cpu = await _idle(idle_s, True)
-        print(f"idle loop   baseline {base_cpu * 100:.3f}% of a core | with detector (defaults: "
-              f"threshold 5 ms, heartbeat 5 ms) {mon_cpu * 100:.3f}% | cost "
-              f"{(mon_cpu - base_cpu) * 100:.3f}% of a core (watchdog thread alone {wd_cpu * 100:.3f}%)")
+        print(
+            f"idle loop   baseline {base_cpu * 100:.3f}% of a core | with detector (defaults: "
+            f"threshold 5 ms, heartbeat 20 ms) {mon_cpu * 100:.3f}% | cost "
+            f"{(mon_cpu - base_cpu) * 100:.3f}% of a core (watchdog thread alone {wd_cpu * 100:.3f}%)"
+        )
         await _busy(rounds)
-        # await _pool(rounds)
+        await _pool(rounds)
     finally:
         unsubscribe()
 

@@ -15,6 +15,7 @@ import asyncio
 import inspect
 import logging
 import sys
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,38 +123,42 @@ class EventBus:
     ``parent`` buses also receive every event (a breaker's bus forwards to the global :data:`bus`).
     """
 
-    __slots__ = ("_listeners", "_parent", "_pending", "_scheduled", "_warned")
+    __slots__ = ("__weakref__", "_children", "_listeners", "_parent", "_pending", "_scheduled", "_warned",
+                 "active")
 
     def __init__(self, parent: EventBus | None = None) -> None:
         self._listeners: list[Callable[[Any], Any]] = []
         self._parent = parent
+        self._children: weakref.WeakSet[EventBus] = weakref.WeakSet()
         self._pending: deque[tuple[EventBus, Any]] = deque()
         self._scheduled = False
         self._warned: set[int] = set()
+        self.active = False
+        """True when this bus or a parent has a listener: producers check it before building events.
+        A plain attribute, kept current on (un)subscribe, because it is read on every guarded call."""
+        if parent is not None:
+            parent._children.add(self)
+            self.active = parent.active
 
-    @property
-    def active(self) -> bool:
-        """True when this bus or a parent has a listener (producers check before building events)."""
-        if self._listeners:
-            return True
+    def _refresh(self) -> None:
         parent = self._parent
-        while parent is not None:
-            if parent._listeners:
-                return True
-            parent = parent._parent
-        return False
+        self.active = bool(self._listeners) or (parent is not None and parent.active)
+        for child in list(self._children):
+            child._refresh()
 
     def subscribe(self, listener: Callable[[Any], Any]) -> Callable[[], None]:
         """Add ``listener``; returns a function that removes it again."""
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {listener!r}")
         self._listeners.append(listener)
+        self._refresh()
 
         def unsubscribe() -> None:
             try:
                 self._listeners.remove(listener)
             except ValueError:
                 pass
+            self._refresh()
 
         return unsubscribe
 

@@ -47,6 +47,7 @@ from .events import FallbackServed, RetryBudgetExhausted, RetryScheduled, bus
 from .fallbacks import BatchShrinker, EmbeddingCache
 from .policy import Policy, StagePolicy
 from .quotas import WAIT, LocalQuotas, QuotaBackend, TenantContext
+from .quotas._tenant import _checked
 from .retry import RetryBudget, deadline_aware_retrying
 
 __all__ = ["Guard", "Stage", "configure", "default_guard", "guard", "tenant"]
@@ -71,7 +72,7 @@ _RETRY_CLASSIFIERS: dict[str, Callable[[BaseException], bool]] = {
 class _Bound:
     """One decorated function: its stage name and the options given to ``@guard``."""
 
-    __slots__ = ("batch_arg", "breaker", "fallback", "fallback_name", "fn", "stage", "texts_arg")
+    __slots__ = ("batch_arg", "breaker", "fallback", "fallback_name", "fn", "stage", "texts_arg", "texts_name")
 
     def __init__(
         self,
@@ -89,6 +90,18 @@ class _Bound:
         self.breaker = breaker
         self.texts_arg = texts_arg
         self.batch_arg = batch_arg
+        # the name of the first parameter, so texts passed by keyword are found too
+        self.texts_name = _first_param(fn) if texts_arg is None else None
+
+
+def _first_param(fn: Callable[..., Any]) -> str | None:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if params and params[0].kind in (params[0].POSITIONAL_OR_KEYWORD, params[0].KEYWORD_ONLY):
+        return params[0].name
+    return None
 
 
 def _arg(args: tuple[Any, ...], kwargs: Mapping[str, Any], which: int | str) -> Any:
@@ -152,8 +165,8 @@ class Stage:
 
     def retryable(self, exc: BaseException) -> bool:
         """True when ``exc`` may be retried: classified retryable and not a ragguard rejection."""
-        if isinstance(exc, RagguardError):
-            return False
+        if isinstance(exc, RagguardError) or not isinstance(exc, Exception):
+            return False  # tenacity hands cancellations to the predicate too: never retry them
         return any(c(exc) for c in self._retry_classifiers)
 
     def fallback_applies(self, exc: BaseException) -> bool:
@@ -178,7 +191,7 @@ class Stage:
         at = _deadline.get()
         if at is not None:
             left = at - _monotonic()
-            if left <= self._min_left:
+            if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
                 raise DeadlineExceeded(self.name, None if left <= 0 else left, "no budget left for an attempt")
             if timeout is None or left < timeout:
                 timeout = left
@@ -262,7 +275,8 @@ class Stage:
 
         retrying = deadline_aware_retrying(
             self.retry_policy,
-            retryable=self._retry_allowed,
+            retryable=self.retryable,
+            budget=self._spend_retry,
             min_attempt_s=self.min_attempt_s,
             rng=guard.rng,
             sleep=guard.sleep,
@@ -275,9 +289,9 @@ class Stage:
                 return await self.attempt(fn, args, kwargs)
         raise AssertionError("unreachable")  # pragma: no cover - reraise=True always raises
 
-    def _retry_allowed(self, exc: BaseException) -> bool:
-        if not self.retryable(exc):
-            return False
+    def _spend_retry(self) -> bool:
+        # Consulted by tenacity only after the attempt and deadline checks allowed a retry, so
+        # the budget is charged for retries that really happen, never for a call's last attempt.
         assert self.budget is not None
         if self.budget.try_spend():
             return True
@@ -326,6 +340,8 @@ class Stage:
 
     def _texts(self, bound: _Bound, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Sequence[str] | None:
         value = _arg(args, kwargs, bound.texts_arg if bound.texts_arg is not None else 0)
+        if value is None and bound.texts_name is not None:
+            value = kwargs.get(bound.texts_name)
         if isinstance(value, str):
             return (value,)
         if isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
@@ -412,7 +428,8 @@ class Stage:
         try:
             breaker = self.breaker
             try:
-                if _deadline.get() is not None and (remaining() or 0.0) <= self._min_left:
+                left = remaining()
+                if left is not None and (left <= 0.0 or left < self._min_left):
                     raise DeadlineExceeded(self.name, None, "no budget left to open the stream")
                 token = breaker.acquire() if breaker is not None else None
             except Exception as exc:
@@ -519,6 +536,14 @@ class Guard:
     ) -> None:
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a ragguard.Policy, got {type(policy).__name__}")
+        if not callable(clock):
+            raise ConfigError(f"clock must be a callable returning monotonic seconds, got {clock!r}")
+        if sleep is not None and not callable(sleep):
+            raise ConfigError(f"sleep must be an async function of seconds, got {sleep!r}")
+        if rng is not None and not (callable(getattr(rng, "random", None)) and callable(getattr(rng, "uniform", None))):
+            raise ConfigError(f"rng must be a random.Random, got {rng!r}")
+        if quotas is not None and not all(callable(getattr(quotas, m, None)) for m in ("admit_now", "acquire", "release")):
+            raise ConfigError(f"quotas must be a QuotaBackend (admit_now, acquire, release), got {quotas!r}")
         self.policy = policy if policy is not None else Policy()
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
@@ -546,6 +571,7 @@ class Guard:
 
     def tenant(self, tenant_id: str) -> TenantContext:
         """``async with guard.tenant("acme"):`` admits one request of the tenant (see :func:`tenant`)."""
+        tenant_id = _checked(tenant_id)  # before the policy lookup, which a bad id must not reach
         return TenantContext(tenant_id, self.quotas, self.policy.quota(tenant_id))
 
     def guard(self, stage: str, **options: Any) -> Callable[[Callable[P, Any]], Callable[P, Any]]:
@@ -661,8 +687,9 @@ def _decorator(stage: str, registry: Callable[[], Guard], options: Mapping[str, 
 
             stream.__ragguard_stage__ = stage  # type: ignore[attr-defined]
             return stream
-        if not inspect.iscoroutinefunction(fn) and not callable(getattr(fn, "__call__", None)):
-            raise ConfigError(f"guard({stage!r}) needs an async function")
+        if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))):
+            # every callable has __call__: test that it is async, else a sync function slips through
+            raise ConfigError(f"guard({stage!r}) needs an async def function or async generator, got {fn!r}")
 
         @functools.wraps(fn)
         async def call(*args: Any, **kwargs: Any) -> Any:

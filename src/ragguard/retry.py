@@ -97,18 +97,38 @@ class _CutWait(tenacity.wait.wait_base):
         return wait
 
 
+class _BudgetStop(tenacity.stop.stop_base):
+    """Stop when the retry budget refuses the retry; checked last, so only retries that would
+    otherwise happen are charged to the budget."""
+
+    def __init__(self, spend: Callable[[], bool]) -> None:
+        self.spend = spend
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return not self.spend()
+
+
 def deadline_aware_retrying(
     policy: RetryPolicy,
     *,
     retryable: Callable[[BaseException], bool],
+    budget: Callable[[], bool] | None = None,
     min_attempt_s: float,
     rng: random.Random,
     sleep: Callable[[float], Awaitable[Any]],
     before_sleep: Callable[[tenacity.RetryCallState], Any] | None = None,
 ) -> tenacity.AsyncRetrying:
-    """A fresh tenacity ``AsyncRetrying`` for one call (retry state is never shared by callers)."""
+    """A fresh tenacity ``AsyncRetrying`` for one call (retry state is never shared by callers).
+
+    ``retryable(exc)`` says whether an error may be retried; ``budget()`` takes one retry from a
+    retry budget (False: refused). The stop conditions run in order and short-circuit, so the
+    budget is asked only when the attempt count and the deadline both allow the retry.
+    """
+    stop = tenacity.stop_after_attempt(policy.attempts) | _DeadlineStop(min_attempt_s)
+    if budget is not None:
+        stop = stop | _BudgetStop(budget)
     return tenacity.AsyncRetrying(
-        stop=tenacity.stop_after_attempt(policy.attempts) | _DeadlineStop(min_attempt_s),
+        stop=stop,
         wait=_CutWait(policy, min_attempt_s, rng),
         retry=tenacity.retry_if_exception(retryable),
         sleep=sleep,

@@ -161,3 +161,27 @@ def test_bad_options_raise_config_error() -> None:
         SnappyCodec(max_message_bytes=0)
     with pytest.raises(ConfigError):
         SnappyCodec(pool="not a pool")  # type: ignore[arg-type]
+
+
+def test_leased_codec_makes_no_payload_sized_allocation_in_steady_state() -> None:
+    import tracemalloc
+
+    data = b"retrieval augmented generation tenant quota breaker " * 600  # ~31 KB
+    codec = SnappyCodec(pool=BufferPool())
+
+    def step() -> None:
+        with codec.compressed(data) as block, codec.decompressed(block) as message:
+            assert len(message) == len(data)
+
+    for _ in range(20):
+        step()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        for _ in range(200):
+            step()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - base < len(data) // 8

@@ -7,7 +7,6 @@ import errno
 import socket
 import time
 
-import grpc
 import pytest
 import redis
 import redis.asyncio as aredis
@@ -15,6 +14,7 @@ from chaos_helpers import echo_stub, grpc_channel, grpc_echo_server
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+import grpc
 from ragguard.chaos import FaultProxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]

@@ -6,10 +6,10 @@ import threading
 import time
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 
+import grpc
 from ragguard.demo import _wire
 from ragguard.demo.backends import BackendFaults, BackendProcess, BackendServers, ControlClient
 from ragguard.demo.corpus import Passage
@@ -45,7 +45,8 @@ async def test_embedding_runs_in_a_worker_thread(demo_embedder: Embedder, demo_i
 
     import random
 
-    servers = BackendServers(Recording(demo_embedder.model, threading.Lock()), demo_index, rng=random.Random(1))
+    recording = Recording(demo_embedder.model, threading.Lock())
+    servers = BackendServers(recording, demo_index, rng=random.Random(1))
     addresses = await servers.start()
     clients = BackendClients(addresses)
     try:
@@ -140,4 +141,4 @@ async def test_backends_in_a_child_process() -> None:
     finally:
         await clients.close()
         await process.stop()
-    assert process._process is None
+    assert not process.running

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pydoc_data.topics
+
 import pytest
 
 from ragguard import InvalidInput
@@ -29,7 +30,9 @@ def test_split_is_deterministic_and_honours_max_chars() -> None:
     assert len(small) > len(load_passages())
 
 
-@pytest.mark.parametrize("kwargs", [{"max_chars": 10}, {"min_chars": -1}, {"max_chars": 300, "min_chars": 300}])
+@pytest.mark.parametrize(
+    "kwargs", [{"max_chars": 10}, {"min_chars": -1}, {"max_chars": 300, "min_chars": 300}]
+)
 def test_bad_split_options_raise(kwargs: dict[str, int]) -> None:
     with pytest.raises(InvalidInput):
         load_passages(**kwargs)

@@ -8,9 +8,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import grpc
 import pytest
 
+import grpc
 from ragguard import Guard, TenantQuota
 from ragguard.demo.backends import BackendFaults, BackendServers, ControlClient
 from ragguard.demo.corpus import Passage
@@ -41,7 +41,10 @@ def keyword(demo_passages: list[Passage]) -> KeywordIndex:
 
 @pytest.fixture
 async def guarded(
-    demo_backends: BackendServers, demo_reranker: Reranker, demo_passages: list[Passage], keyword: KeywordIndex
+    demo_backends: BackendServers,
+    demo_reranker: Reranker,
+    demo_passages: list[Passage],
+    keyword: KeywordIndex,
 ) -> AsyncIterator[Guarded]:
     assert demo_backends.addresses is not None
     clients = BackendClients(demo_backends.addresses)
@@ -90,7 +93,9 @@ async def test_slow_embedding_is_served_from_the_cache(guarded: Guarded) -> None
     assert fresh.fallbacks == ("keyword_search",) and len(fresh.hits) == 5
 
 
-async def test_rerank_oom_shrinks_the_batch_then_skips_rerank(guarded: Guarded, demo_passages: list[Passage]) -> None:
+async def test_rerank_oom_shrinks_the_batch_then_skips_rerank(
+    guarded: Guarded, demo_passages: list[Passage]
+) -> None:
     texts = [p.text for p in demo_passages[:20]]
     guarded.reranker.set_budget(guarded.reranker.batch_bytes(texts) // 3)
     shrunk = await guarded.pipeline.retrieve(QUERY)
@@ -108,10 +113,12 @@ async def test_the_greedy_tenant_is_shed_and_the_others_are_not(
     await guarded.control.set_faults(BackendFaults(embed_latency_s=0.2, embed_latency_share=1.0))
     try:
         greedy = await asyncio.gather(
-            *(client.retrieve("greedy", f"{QUERY} {i}", timeout_s=5) for i in range(4)), return_exceptions=True
+            *(client.retrieve("greedy", f"{QUERY} {i}", timeout_s=5) for i in range(4)),
+            return_exceptions=True,
         )
         polite = await asyncio.gather(
-            *(client.retrieve("polite", f"{QUERY} {i}", timeout_s=5) for i in range(4)), return_exceptions=True
+            *(client.retrieve("polite", f"{QUERY} {i}", timeout_s=5) for i in range(4)),
+            return_exceptions=True,
         )
     finally:
         await client.close()

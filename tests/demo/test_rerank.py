@@ -25,7 +25,9 @@ def test_rerank_moves_the_answer_to_the_top(demo_reranker: Reranker, demo_passag
     assert set(question.topics) & set(demo_passages[top[0].pid].topics)
 
 
-def test_a_batch_over_the_budget_is_out_of_memory(demo_reranker: Reranker, demo_passages: list[Passage]) -> None:
+def test_a_batch_over_the_budget_is_out_of_memory(
+    demo_reranker: Reranker, demo_passages: list[Passage]
+) -> None:
     cands = demo_passages[:20]
     texts = [p.text for p in cands]
     needed = demo_reranker.batch_bytes(texts)

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import grpc
 import pytest
 
+import grpc
 from ragguard.demo.backends import BackendFaults, BackendServers, ControlClient
 from ragguard.demo.corpus import Passage, load_questions
 from ragguard.demo.pipeline import BackendClients, PipelineSettings, UnguardedPipeline

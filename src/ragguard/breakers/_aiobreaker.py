@@ -44,14 +44,23 @@ def _hook(listener: Any, hook: str, *args: Any) -> None:
         log.exception("aiobreaker listener %r raised in %s; ignored", listener, hook)
 
 
-def _quiet(fn: Callable[..., Any], *args: Any) -> None:
-    """Run an aiobreaker state method: its CircuitBreakerError on a trip is expected, and the
-    exceptions of its listeners (called inline by aiobreaker) must not reach the caller."""
+def _move(cb: Any, target: str) -> None:
+    """Move aiobreaker's ``cb`` to state ``target`` ("OPEN", "HALF_OPEN", "CLOSED").
+
+    The storage is written first, then aiobreaker's cached state is synced, which runs its
+    listeners inline: one that raises is logged and cannot stop the transition (aiobreaker's own
+    ``open()`` assigns the cached state first and loses the transition when a listener raises).
+    """
+    storage = cb._state_storage
+    if target == "OPEN":
+        storage.opened_at = _utcnow()
+    elif target == "CLOSED":
+        storage.reset_counter()
+    storage.state = type(cb.current_state)[target]
     try:
-        fn(*args)
-    except Exception as exc:
-        if type(exc).__name__ != "CircuitBreakerError":
-            log.exception("aiobreaker raised in %s; ignored", getattr(fn, "__name__", fn))
+        cb.state  # noqa: B018 (the getter syncs the cached state and notifies listeners)
+    except Exception:
+        log.exception("an aiobreaker listener of %r raised in state_change; ignored", cb.name)
 
 
 class AiobreakerListenerAdapter:
@@ -130,15 +139,14 @@ class AiobreakerBreaker:
 
     def acquire(self) -> int:
         """Admit a call (returns a token) or raise ``error_class`` while aiobreaker's timeout runs."""
-        cb = self._cb
-        old = BreakerState(cb.state.state.name.lower())  # syncs aiobreaker's cached state
+        old = self.state
         if old is BreakerState.OPEN:
             left = self._left_s()
             if left > 0:
                 if self.bus.active:
                     self.bus.emit(events.CallRejected(self.name, old.value, left))
                 raise self._error_class(self.name, left, state=old.value)
-            _quiet(cb.half_open)
+            _move(self._cb, "HALF_OPEN")
             self._transition(old, "timeout elapsed")
         return 0
 
@@ -149,19 +157,22 @@ class AiobreakerBreaker:
         if exc is not None and not isinstance(exc, Exception):
             return
         cb = self._cb
-        state = cb.state
-        old = BreakerState(state.state.name.lower())
+        old = self.state
         if exc is None or not cb.is_system_error(exc):
             cb._state_storage.reset_counter()
-            _quiet(state.on_success)
             for listener in cb.listeners:
                 _hook(listener, "success", cb)
+            if old is BreakerState.HALF_OPEN:
+                _move(cb, "CLOSED")
             outcome = "success" if exc is None else "ignored"
         else:
             cb._state_storage.increment_counter()
             for listener in cb.listeners:
                 _hook(listener, "failure", cb, exc)
-            _quiet(state.on_failure, exc)
+            if old is BreakerState.HALF_OPEN or (
+                old is BreakerState.CLOSED and cb.fail_counter >= cb.fail_max
+            ):
+                _move(cb, "OPEN")
             outcome = "failure"
         if self.bus.active:
             error = None if exc is None else type(exc).__name__

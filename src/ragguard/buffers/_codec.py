@@ -18,7 +18,7 @@ from typing import Any
 import cramjam
 
 from .._errors import ConfigError, CorruptPayload, InvalidInput
-from ._pool import BufferPool, Lease, default_pool
+from ._pool import BufferPool, Lease, default_pool, zero
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_EXPANSION", "SnappyCodec", "byte_view"]
 
@@ -110,14 +110,22 @@ class SnappyCodec:
         Release the lease (or use it as a context manager) when the block has been sent.
         """
         src = byte_view(data)
-        lease = self.pool.lease(self.max_compressed_length(len(src)))
+        pool = self.pool
+        bound = self.max_compressed_length(len(src))
+        buffer = pool._take(bound, None)
         try:
-            n = int(_snappy.compress_raw_into(src, lease.view))
+            n = int(_snappy.compress_raw_into(src, buffer.view[:bound]))
         except BaseException:
-            lease.release()
+            buffer.written = max(buffer.written, bound)
+            pool._give_back(buffer, True)
             raise
-        lease._shrink(n)
-        return lease
+        # The encoder may leave scratch bytes past the block, and an earlier lease may have
+        # written further: clear both, so nothing but this block is visible in the buffer.
+        end = max(buffer.written, bound)
+        if end > n:
+            zero(buffer.view, n, end)
+        buffer.written = n
+        return Lease(pool, buffer, n, n)
 
     def decompressed(self, block: object) -> Lease:
         """Decompress ``block`` into a pooled buffer; the lease's view is exactly the message.
@@ -127,13 +135,15 @@ class SnappyCodec:
         """
         src = byte_view(block)
         size = self._checked_length(src)
-        lease = self.pool.lease(size)
+        pool = self.pool
+        buffer = pool._take(size, size)
         try:
-            self._decode(src, lease.view, size)
+            self._decode(src, buffer.data, size)
         except BaseException:
-            lease.release()
+            buffer.written = max(buffer.written, size)  # a failed decode may have written
+            pool._give_back(buffer, True)
             raise
-        return lease
+        return Lease(pool, buffer, size, size)
 
     def compress(self, data: object) -> bytes:
         """The snappy block of ``data`` as bytes (identical to ``snappy.compress(data)``)."""
@@ -165,7 +175,7 @@ class SnappyCodec:
         return size
 
     @staticmethod
-    def _decode(src: memoryview, dst: memoryview, size: int) -> int:
+    def _decode(src: memoryview, dst: memoryview | bytearray, size: int) -> int:
         try:
             n = int(_snappy.decompress_raw_into(src, dst))
         except _DecompressionError as exc:

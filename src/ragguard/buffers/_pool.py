@@ -47,10 +47,11 @@ class PoolStats:
 
 
 class _Buffer:
-    __slots__ = ("data", "written")
+    __slots__ = ("data", "view", "written")
 
     def __init__(self, capacity: int) -> None:
         self.data = bytearray(capacity)
+        self.view = memoryview(self.data)  # leases slice this; never released, never exported
         self.written = 0  # high-water mark: bytes past it are known to be zero
 
 
@@ -65,12 +66,12 @@ class Lease:
 
     __slots__ = ("_buffer", "_pool", "_touched", "_view", "size")
 
-    def __init__(self, pool: BufferPool, buffer: _Buffer, size: int) -> None:
+    def __init__(self, pool: BufferPool, buffer: _Buffer, size: int, touched: int) -> None:
         self._pool = pool
         self._buffer: _Buffer | None = buffer
         self.size = size
-        self._touched = size  # how far the holder may have written, even after _shrink
-        self._view: memoryview | None = memoryview(buffer.data)[:size]
+        self._touched = touched  # how far the holder may have written (a codec may write past size)
+        self._view: memoryview | None = buffer.view[:size]
 
     @property
     def view(self) -> memoryview:
@@ -100,21 +101,18 @@ class Lease:
         try:
             view.release()
         except BufferError:
-            # Something still exports this view (memoryview(view), a ctypes array...): the
+            # Something still exports this view (e.g. a PickleBuffer of it): the
             # buffer could be written through it later, so it must never serve another lease.
             reusable = False
-        buffer.written = max(buffer.written, self._touched)
+        if self._touched > buffer.written:
+            buffer.written = self._touched
         self._pool._give_back(buffer, reusable)
 
-    def _shrink(self, size: int) -> None:
-        """Cut the view to its first ``size`` bytes (a codec that wrote fewer than it leased)."""
-        old = self.view
-        self._view = old[:size]
-        self.size = size
-        old.release()
-
     def __enter__(self) -> memoryview:
-        return self.view
+        view = self._view
+        if view is None:
+            raise DoubleRelease("this lease was already released")
+        return view
 
     def __exit__(
         self,
@@ -173,13 +171,19 @@ class BufferPool:
 
         Raises :class:`~ragguard.InvalidInput` for a negative or non-int size.
         """
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        if type(size) is not int or size < 0:
             raise InvalidInput(f"BufferPool.lease: size must be an int >= 0, got {size!r}")
-        capacity = self.size_class(size)
+        return Lease(self, self._take(size, 0 if zeroed else size), size, size)
+
+    def _take(self, size: int, keep: int | None) -> _Buffer:
+        """An idle or new buffer of at least ``size`` bytes, zeroed from ``keep`` to its mark
+        (``keep=None``: not zeroed; the caller zeroes what it leaves past its length)."""
+        capacity = self.min_size if size <= self.min_size else 1 << (size - 1).bit_length()
+        buffer = None
         with self._lock:
             free = self._free.get(capacity)
-            buffer = free.pop() if free else None
-            if buffer is not None:
+            if free:
+                buffer = free.pop()
                 self._hits += 1
                 self._buffers_held -= 1
                 self._bytes_held -= capacity
@@ -188,10 +192,12 @@ class BufferPool:
             self._in_use += 1
             self._in_use_bytes += capacity
         if buffer is None:
-            buffer = _Buffer(capacity)
-        else:
-            _scrub(buffer, 0 if zeroed else size)
-        return Lease(self, buffer, size)
+            return _Buffer(capacity)
+        if keep is not None:
+            if buffer.written > keep:
+                zero(buffer.view, keep, buffer.written)
+            buffer.written = keep
+        return buffer
 
     def stats(self) -> PoolStats:
         """A consistent snapshot of the counters."""
@@ -239,15 +245,16 @@ class BufferPool:
 _ZEROS = memoryview(bytes(64 * 1024))
 
 
-def _scrub(buffer: _Buffer, keep: int) -> None:
-    """Zero ``buffer`` from ``keep`` up to its high-water mark, then lower the mark to ``keep``."""
-    start, end = keep, buffer.written
-    data = buffer.data
-    while start < end:  # slices of one shared zero block: no allocation per scrub
+def zero(view: memoryview, start: int, end: int) -> None:
+    """Zero ``view[start:end]``.
+
+    Assigning through a memoryview copies straight from one shared zero block; assigning to a
+    bytearray slice would first copy the source into a new bytearray (an allocation per call).
+    """
+    while start < end:
         n = min(end - start, len(_ZEROS))
-        data[start : start + n] = _ZEROS[:n]
+        view[start : start + n] = _ZEROS[:n]
         start += n
-    buffer.written = keep
 
 
 _default_pool: BufferPool | None = None

@@ -26,6 +26,15 @@ from ._faults import (
 )
 from ._proxy import FaultProxy, ProxyStats
 from ._redis_server import RedisServer, RedisServerUnavailable
+from ._scenario import (
+    Phase,
+    Scenario,
+    ScenarioError,
+    ScenarioRunner,
+    default_scenario,
+    load_scenario,
+    parse_scenario,
+)
 
 __all__ = [
     "BlockLoop",
@@ -42,13 +51,20 @@ __all__ = [
     "HoldConnections",
     "Latency",
     "PartialResults",
+    "Phase",
     "ProxyStats",
     "RedisServer",
     "RedisServerUnavailable",
+    "Scenario",
+    "ScenarioError",
+    "ScenarioRunner",
     "Schedule",
     "StaleResults",
     "Timeout",
     "batch_size",
     "corrupt_bytes",
+    "default_scenario",
+    "load_scenario",
     "make_error",
+    "parse_scenario",
 ]

@@ -207,7 +207,7 @@ class Chaos:
         firing: list[FaultHandle] = []
         watching: list[Fault] = []
         for h in matching:
-            if h.fault.fires(self.rng):
+            if h.fault.fires(self.rng, call):
                 firing.append(h)
             elif type(h.fault).observe is not Fault.observe:
                 watching.append(h.fault)

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import copy
 import errno
+import functools
 import math
 import os
 import random
@@ -49,6 +50,7 @@ __all__ = [
     "StaleResults",
     "Timeout",
     "batch_size",
+    "call_batch_size",
     "corrupt_bytes",
     "make_error",
 ]
@@ -83,6 +85,17 @@ def batch_size(n: int) -> Any:
         yield
     finally:
         _batch_size.reset(token)
+
+
+def call_batch_size(call: Call | None) -> int | None:
+    """The batch size of a guarded call: the enclosing ``batch_size(n)``, else the length of the
+    longest list or tuple argument of ``call`` when it is a ``functools.partial`` (as ``@guard``
+    passes it), else None."""
+    size = _batch_size.get()
+    if size is not None or not isinstance(call, functools.partial):
+        return size
+    lengths = [len(a) for a in (*call.args, *call.keywords.values()) if isinstance(a, list | tuple)]
+    return max(lengths) if lengths else None
 
 
 def _check_rate(name: str, value: float) -> float:
@@ -157,8 +170,9 @@ class Fault:
     """Base of every fault: the ``enabled`` switch, ``injection_rate`` and ``schedule``.
 
     ``injection_rate`` in [0, 1] is the share of matching calls the fault hits; the draw uses
-    ``rng`` when given, else the injector's. ``min_batch`` restricts it to calls made inside
-    ``batch_size(n)`` with ``n >= min_batch``. Raises ConfigError for an out-of-range value.
+    ``rng`` when given, else the injector's. ``min_batch`` restricts it to calls whose batch
+    (see :func:`call_batch_size`) holds at least ``min_batch`` items. Raises ConfigError for an
+    out-of-range value.
     """
 
     kind: ClassVar[str] = "fault"
@@ -180,14 +194,14 @@ class Fault:
         self.rng = rng
         self.min_batch = min_batch
 
-    def fires(self, rng: random.Random) -> bool:
+    def fires(self, rng: random.Random, call: Call | None = None) -> bool:
         """Decide for one call: enabled, inside the schedule, big enough a batch, and the dice."""
         if not self.enabled:
             return False
         if self.schedule is not None and not self.schedule.active():
             return False
         if self.min_batch is not None:
-            size = _batch_size.get()
+            size = call_batch_size(call)
             if size is None or size < self.min_batch:
                 return False
         rate = self.injection_rate
@@ -312,8 +326,9 @@ def make_error(kind: str, stage: str = "stage") -> BaseException:
             code, details = grpc.StatusCode.UNAVAILABLE, "chaos: failed to connect to all addresses"
         else:
             code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
-        return aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details=details,
-                               debug_error_string=f"chaos fault at stage {stage!r}")
+        err: BaseException = aio.AioRpcError(code, aio.Metadata(), aio.Metadata(), details=details,
+                                             debug_error_string=f"chaos fault at stage {stage!r}")
+        return err
     if kind == "timeout":
         return TimeoutError(f"chaos: {stage} timed out")
     if kind == "memory":
@@ -361,7 +376,8 @@ class Error(Fault):
         if isinstance(exc, BaseException):
             return copy.copy(exc)
         if isinstance(exc, type):
-            return exc(f"chaos: fault injected at stage {stage!r}")
+            built: BaseException = exc(f"chaos: fault injected at stage {stage!r}")
+            return built
         made = exc()
         if not isinstance(made, BaseException):
             raise TypeError(f"Error: the factory returned {made!r}, not an exception")

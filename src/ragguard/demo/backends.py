@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import math
-import multiprocessing
-import multiprocessing.connection
 import random
+import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -29,6 +30,7 @@ import anyio.to_thread
 import grpc
 
 from .._errors import InvalidInput
+from ..grpc import SnappyServerInterceptor
 from . import _wire
 from .corpus import Passage, load_passages
 from .embedder import Embedder, load_embedder
@@ -143,7 +145,8 @@ class BackendServers:
         return self.addresses
 
     async def _serve(self, handler: grpc.GenericRpcHandler, port: int) -> tuple[grpc.aio.Server, int]:
-        server = grpc.aio.server()
+        # Snappy responses for the callers that ask (the guarded pipeline); plain for the others.
+        server = grpc.aio.server(interceptors=[SnappyServerInterceptor()])
         server.add_generic_rpc_handlers((handler,))
         bound = server.add_insecure_port(f"{self._host}:{port}")
         if bound == 0:
@@ -214,10 +217,10 @@ class BackendServers:
 
 async def start_in_loop(*, seed: int, embedder: Embedder | None = None) -> BackendServers:
     """Load the model (unless given), index the corpus and start the servers in this loop."""
-    embedder = embedder or await anyio.to_thread.run_sync(load_embedder)
+    model = embedder if embedder is not None else await anyio.to_thread.run_sync(load_embedder)
     passages = load_passages()
-    index = await anyio.to_thread.run_sync(build_index, embedder, passages)
-    servers = BackendServers(embedder, index, rng=random.Random(seed))
+    index = await anyio.to_thread.run_sync(build_index, model, passages)
+    servers = BackendServers(model, index, rng=random.Random(seed))
     await servers.start()
     return servers
 
@@ -245,68 +248,98 @@ class ControlClient:
         await self._channel.close()
 
 
-def _child_main(conn: multiprocessing.connection.Connection, seed: int) -> None:
-    async def serve() -> None:
-        servers = await start_in_loop(seed=seed)
-        conn.send(asdict(servers.addresses) if servers.addresses else None)
-        await servers.wait_stopped()
+def _quiet_logging() -> None:
+    """The child's own logs: wordllama configures root logging at INFO on import, which would
+    print faiss's loader chatter; keep warnings and errors only."""
+    logging.basicConfig(level=logging.WARNING)
 
-    try:
-        asyncio.run(serve())
-    except Exception as exc:  # report start-up failures to the parent instead of a silent exit
-        with contextlib.suppress(OSError, ValueError):
-            conn.send({"error": repr(exc)})
-        raise
+
+async def _serve_child(seed: int) -> None:
+    servers = await start_in_loop(seed=seed)
+    assert servers.addresses is not None
+    sys.stdout.write(json.dumps(asdict(servers.addresses)) + "\n")
+    sys.stdout.flush()
+    await servers.wait_stopped()
+
+
+def child_main(argv: list[str] | None = None) -> None:
+    """Entry point of the backends' child process: ``python -m ragguard.demo._child --seed N``.
+
+    Prints the addresses as one JSON line on stdout once serving; exits after Control/Shutdown.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m ragguard.demo._child")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    _quiet_logging()
+    asyncio.run(_serve_child(args.seed))
 
 
 class BackendProcess:
-    """The backends in a child process (``spawn``): :meth:`start` returns their addresses."""
+    """The backends in a child process (``python -m ragguard.demo._child``): :meth:`start`
+    returns their addresses, :meth:`stop` shuts them down (and kills the process if it lingers)."""
 
     def __init__(self, *, seed: int, start_timeout_s: float = 60.0) -> None:
         self._seed = seed
         self._timeout = start_timeout_s
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._process: asyncio.subprocess.Process | None = None
+        self._stderr: bytearray = bytearray()
+        self._drain: asyncio.Task[None] | None = None
         self.addresses: BackendAddresses | None = None
 
     async def start(self) -> BackendAddresses:
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(target=_child_main, args=(child, self._seed), daemon=True,
-                                    name="ragguard-demo-backends")
-        self._process.start()
-        child.close()
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ragguard.demo._child", "--seed", str(self._seed),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        assert self._process.stdout is not None and self._process.stderr is not None
+        self._drain = asyncio.create_task(self._keep_stderr(self._process.stderr))
         try:
-            ready = await anyio.to_thread.run_sync(parent.poll, self._timeout)
-            if not ready:
-                raise TimeoutError(f"demo backends did not start within {self._timeout}s")
-            message = parent.recv()
+            async with asyncio.timeout(self._timeout):
+                line = await self._process.stdout.readline()
         except BaseException:
-            self.kill()
+            await self.kill()
             raise
-        finally:
-            parent.close()
-        if not isinstance(message, dict) or "error" in message:
-            self.kill()
-            raise RuntimeError(f"demo backends failed to start: {message}")
-        self.addresses = BackendAddresses(**message)
+        try:
+            self.addresses = BackendAddresses(**json.loads(line))
+        except (ValueError, TypeError):
+            await self.kill()
+            tail = bytes(self._stderr[-2000:]).decode(errors="replace")
+            raise RuntimeError(f"demo backends failed to start: {tail or 'no output'}") from None
         return self.addresses
+
+    async def _keep_stderr(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(4096):
+            self._stderr += chunk
+            del self._stderr[:-8192]
 
     async def stop(self) -> None:
         if self._process is None:
             return
-        if self.addresses is not None:
+        if self.addresses is not None and self._process.returncode is None:
             control = ControlClient(self.addresses.control)
             try:
                 await control.shutdown()
             finally:
                 await control.close()
-        process = self._process
-        await anyio.to_thread.run_sync(process.join, 5.0)
-        self.kill()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await self._process.wait()
+        await self.kill()
 
-    def kill(self) -> None:
+    async def kill(self) -> None:
         process, self._process = self._process, None
-        if process is not None and process.is_alive():
-            process.kill()
-            process.join(5.0)
+        if process is not None:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
 

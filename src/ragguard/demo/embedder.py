@@ -29,9 +29,7 @@ def packaged_files() -> tuple[Path, Path]:
 
     Raises FileNotFoundError naming the missing file when the wheel lacks one.
     """
-    import wordllama
-
-    root = Path(wordllama.__file__).parent
+    root = Path(_import_wordllama().__file__).parent
     tokenizer = root / "tokenizers" / f"{_CONFIG}_tokenizer_config.json"
     weights = root / "weights" / f"{_CONFIG}_{DIM}.safetensors"
     for path in (tokenizer, weights):
@@ -79,10 +77,28 @@ class Embedder:
         return out
 
 
+def _import_wordllama() -> Any:
+    """Import wordllama without its import-time ``logging.basicConfig(level=INFO)``, which would
+    otherwise add a root handler and print every library's INFO logs in the host program."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    import wordllama
+
+    if not handlers:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+        root.setLevel(level)
+    return wordllama
+
+
 def load_embedder() -> Embedder:
     """Load the 256-dim ``l2_supercat`` WordLlama model from the wheel's own files (no network)."""
     from safetensors import safe_open
-    from wordllama import WordLlama, WordLlamaInference
+
+    wordllama = _import_wordllama()
+    WordLlama, WordLlamaInference = wordllama.WordLlama, wordllama.WordLlamaInference
 
     tokenizer_path, weights_path = packaged_files()
     # hf_model_id=None: a missing file raises instead of falling back to the Hugging Face hub.

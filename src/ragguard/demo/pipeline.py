@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio.to_thread
 import numpy as np
@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 import grpc
 
+from ..grpc import snappy_channel
 from . import _wire
 from .backends import BackendAddresses
 from .corpus import Passage
@@ -64,13 +65,18 @@ class PipelineSettings:
 
 
 class BackendClients:
-    """gRPC clients of the embedding and vector-store services (one channel each)."""
+    """gRPC clients of the embedding and vector-store services (one channel each).
+
+    ``interceptors`` go on both channels (the guarded pipeline passes ragguard's
+    :class:`~ragguard.grpc.GuardClientInterceptor`); ``snappy=True`` asks for Snappy responses.
+    """
 
     def __init__(
         self,
         addresses: BackendAddresses,
         *,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        snappy: bool = False,
     ) -> None:
         opts = _wire.CHANNEL_OPTIONS
         self._embed_channel = grpc.aio.insecure_channel(
@@ -79,8 +85,10 @@ class BackendClients:
         self._vector_channel = grpc.aio.insecure_channel(
             addresses.vector_store, options=opts, interceptors=list(interceptors) or None
         )
-        self._embed = _wire.unary(self._embed_channel, _wire.EMBEDDING, "Embed")
-        self._search = _wire.unary(self._vector_channel, _wire.VECTOR_STORE, "Search")
+        embed_target: Any = snappy_channel(self._embed_channel) if snappy else self._embed_channel
+        vector_target: Any = snappy_channel(self._vector_channel) if snappy else self._vector_channel
+        self._embed = _wire.unary(embed_target, _wire.EMBEDDING, "Embed")
+        self._search = _wire.unary(vector_target, _wire.VECTOR_STORE, "Search")
 
     async def embed(self, texts: list[str], *, timeout_s: float | None) -> npt.NDArray[np.float32]:
         """Vectors (len(texts), 256). Raises grpc.aio.AioRpcError (DEADLINE_EXCEEDED, UNAVAILABLE...)."""

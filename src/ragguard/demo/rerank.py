@@ -150,4 +150,5 @@ class Reranker:
 
 def _normalise(m: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     norms = np.linalg.norm(m, axis=1, keepdims=True)
-    return (m / np.maximum(norms, 1e-12)).astype(np.float32)
+    out: npt.NDArray[np.float32] = (m / np.maximum(norms, 1e-12)).astype(np.float32)
+    return out

@@ -1,10 +1,11 @@
 """The RAG retrieval service: a grpc.aio server with one RPC, and its client.
 
 ``Retrieval/Retrieve``: ``{"tenant": str, "query": str}`` -> ``{"hits": [{"pid", "score", "topics",
-"title"}], "fallbacks": [str]}``. The tenant also travels in the ``x-tenant`` metadata key.
+"title"}], "fallbacks": [str]}``. The tenant also travels in the ``x-tenant-id`` metadata key, where
+ragguard's :class:`~ragguard.grpc.GuardServerInterceptor` reads it.
 
 Errors become gRPC statuses: a bad request INVALID_ARGUMENT, a quota rejection RESOURCE_EXHAUSTED
-(with ``retry-after-s`` trailing metadata), a spent deadline DEADLINE_EXCEEDED, an open breaker or an
+(with ``retry-after`` trailing metadata), a spent deadline DEADLINE_EXCEEDED, an open breaker or an
 unreachable dependency UNAVAILABLE, anything else INTERNAL. The server's ``capacity`` caps the RPCs in
 flight (gRPC rejects the excess with RESOURCE_EXHAUSTED), like any real service's limit.
 """
@@ -20,6 +21,7 @@ import grpc
 
 from .._context import validate_tenant_id
 from .._errors import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded
+from ..grpc import TENANT_KEY, snappy_channel, status_for
 from . import _wire
 from .corpus import Passage
 from .pipeline import Pipeline
@@ -99,8 +101,9 @@ class RetrievalServer:
         except InvalidInput:
             raise
         except Exception as exc:
-            if isinstance(exc, QuotaExceeded):
-                context.set_trailing_metadata((("retry-after-s", f"{exc.retry_after_s:.3f}"),))
+            mapped = status_for(exc)
+            if mapped is not None:
+                await context.abort(mapped[0], mapped[1], trailing_metadata=mapped[2])
             await context.abort(status_of(exc), f"{type(exc).__name__}: {exc}")
             raise  # unreachable: abort raises
         return {
@@ -119,27 +122,29 @@ class RetrievalServer:
 
 class RetrievalClient:
     """A caller of the retrieval service. :meth:`retrieve` returns the decoded reply or raises
-    grpc.aio.AioRpcError."""
+    grpc.aio.AioRpcError. ``snappy=True`` asks for Snappy-compressed responses (the server must run
+    :class:`~ragguard.grpc.SnappyServerInterceptor`)."""
 
     def __init__(
         self,
         address: str,
         *,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
-        compression: grpc.Compression | None = None,
+        snappy: bool = False,
     ) -> None:
         self._channel = grpc.aio.insecure_channel(
-            address, options=_wire.CHANNEL_OPTIONS, interceptors=list(interceptors) or None,
-            compression=compression,
+            address, options=_wire.CHANNEL_OPTIONS, interceptors=list(interceptors) or None
         )
-        self._call = _wire.unary(self._channel, _wire.RETRIEVAL, "Retrieve")
+        target: Any = snappy_channel(self._channel) if snappy else self._channel
+        self._call = _wire.unary(target, _wire.RETRIEVAL, "Retrieve")
 
     async def retrieve(self, tenant: str, query: str, *, timeout_s: float | None) -> dict[str, Any]:
-        return await self._call(
+        reply: dict[str, Any] = await self._call(
             {"tenant": tenant, "query": query},
             timeout=timeout_s,
-            metadata=((TENANT_METADATA_KEY, tenant),),
+            metadata=((TENANT_KEY, tenant),),
         )
+        return reply
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -32,10 +32,11 @@ class BatchShrinker:
         return n if self.limit is None or n <= self.limit else self.limit
 
     def shrink(self, tried: int) -> int | None:
-        """After an OOM on ``tried`` candidates: the next batch size, or None below the floor."""
-        nxt = tried // 2
-        self.limit = max(self.floor, nxt)
-        return nxt if nxt >= self.floor else None
+        """After an OOM on ``tried`` candidates: the next batch size (half, but never below the
+        floor), or None when ``tried`` was already at or below the floor."""
+        nxt = max(tried // 2, self.floor)
+        self.limit = nxt if self.limit is None else min(self.limit, nxt)
+        return nxt if nxt < tried else None
 
     def succeeded(self, tried: int) -> None:
         """After a success on ``tried`` candidates: grow the limit back by one (additive increase)."""

@@ -6,11 +6,11 @@ Server::
 
 Client::
 
-    channel = grpc.aio.insecure_channel(target, interceptors=[GuardClientInterceptor()])
+    channel = grpc.aio.insecure_channel(target, interceptors=client_interceptors())
     channel = snappy_channel(channel)          # optional: ask for Snappy responses
 """
 
-from ._client import GuardClientInterceptor
+from ._client import client_interceptors
 from ._compression import (
     ACCEPT_ENCODING_KEY,
     ENCODING_KEY,
@@ -33,7 +33,6 @@ __all__ = [
     "ENCODING_KEY",
     "RETRY_AFTER_KEY",
     "TENANT_KEY",
-    "GuardClientInterceptor",
     "GuardServerInterceptor",
     "RemoteCallError",
     "RemoteDeadlineExceeded",
@@ -42,6 +41,7 @@ __all__ = [
     "SnappyServerInterceptor",
     "SnappyWire",
     "client_budget",
+    "client_interceptors",
     "remote_error",
     "snappy_channel",
     "status_for",

@@ -15,31 +15,38 @@ from ..deadline import remaining
 from ._errors import remote_error
 from ._server import _METADATA_KEY, TENANT_KEY
 
-__all__ = ["GuardClientInterceptor"]
+__all__ = ["client_interceptors"]
 
 
-class GuardClientInterceptor(
-    aio.UnaryUnaryClientInterceptor,
-    aio.UnaryStreamClientInterceptor,
-    aio.StreamUnaryClientInterceptor,
-    aio.StreamStreamClientInterceptor,
-):
-    """Carry the ragguard request context on every outgoing call of a grpc.aio channel.
+def client_interceptors(*, tenant_key: str = TENANT_KEY) -> list[aio.ClientInterceptor]:
+    """The ragguard interceptors for a grpc.aio channel, one per RPC kind.
 
     - The current tenant (:func:`ragguard.current_tenant`) goes out as metadata ``tenant_key``
       (default ``x-tenant-id``), unless it is the default tenant or the call already sets it.
     - The remaining deadline (:func:`ragguard.remaining`) becomes the call's ``timeout``, or
-      shortens the timeout the caller gave; never lengthens it.
+      shortens the timeout the caller gave; it never lengthens it.
     - Failures come back classified: UNAVAILABLE as :class:`RemoteUnavailable` (a
       ConnectionError), DEADLINE_EXCEEDED as :class:`RemoteDeadlineExceeded` (a TimeoutError),
       RESOURCE_EXHAUSTED as :class:`RemoteQuotaExceeded` (a ragguard QuotaExceeded); each is
       still an ``AioRpcError`` with the original as ``__cause__``. Other statuses pass unchanged.
 
-    Usage: ``grpc.aio.insecure_channel(target, interceptors=[GuardClientInterceptor()])``.
+    Usage: ``grpc.aio.insecure_channel(target, interceptors=client_interceptors())``. (A channel
+    files each interceptor object under one RPC kind only, hence four objects.)
     Raises :class:`~ragguard.ConfigError` for an invalid ``tenant_key``.
     """
+    core = _Outgoing(tenant_key)
+    return [
+        _UnaryUnary(core),
+        _UnaryStream(core),
+        _StreamUnary(core),
+        _StreamStream(core),
+    ]
 
-    def __init__(self, *, tenant_key: str = TENANT_KEY) -> None:
+
+class _Outgoing:
+    __slots__ = ("tenant_key",)
+
+    def __init__(self, tenant_key: str) -> None:
         if (
             not isinstance(tenant_key, str)
             or not _METADATA_KEY.fullmatch(tenant_key)
@@ -50,7 +57,7 @@ class GuardClientInterceptor(
             )
         self.tenant_key = tenant_key
 
-    def _outgoing(self, details: ClientCallDetails) -> tuple[ClientCallDetails, str]:
+    def __call__(self, details: ClientCallDetails) -> tuple[ClientCallDetails, str]:
         tenant = current_tenant()
         metadata = details.metadata
         if tenant != DEFAULT_TENANT and not _has_key(metadata, self.tenant_key):
@@ -66,38 +73,49 @@ class GuardClientInterceptor(
             tenant,
         )
 
+
+Continuation = Callable[..., Awaitable[Any]]
+
+
+class _UnaryUnary(aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    def __init__(self, outgoing: _Outgoing) -> None:
+        self._outgoing = outgoing
+
     async def intercept_unary_unary(
-        self,
-        continuation: Callable[..., Awaitable[Any]],
-        client_call_details: ClientCallDetails,
-        request: Any,
+        self, continuation: Continuation, client_call_details: ClientCallDetails, request: Any
     ) -> Any:
         details, tenant = self._outgoing(client_call_details)
         return _ClassifiedUnaryCall(await continuation(details, request), tenant)
 
+
+class _StreamUnary(aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    def __init__(self, outgoing: _Outgoing) -> None:
+        self._outgoing = outgoing
+
     async def intercept_stream_unary(
-        self,
-        continuation: Callable[..., Awaitable[Any]],
-        client_call_details: ClientCallDetails,
-        request_iterator: Any,
+        self, continuation: Continuation, client_call_details: ClientCallDetails, request_iterator: Any
     ) -> Any:
         details, tenant = self._outgoing(client_call_details)
         return _ClassifiedUnaryCall(await continuation(details, request_iterator), tenant)
 
+
+class _UnaryStream(aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    def __init__(self, outgoing: _Outgoing) -> None:
+        self._outgoing = outgoing
+
     async def intercept_unary_stream(
-        self,
-        continuation: Callable[..., Awaitable[Any]],
-        client_call_details: ClientCallDetails,
-        request: Any,
+        self, continuation: Continuation, client_call_details: ClientCallDetails, request: Any
     ) -> Any:
         details, tenant = self._outgoing(client_call_details)
         return _classified_stream(await continuation(details, request), tenant)
 
+
+class _StreamStream(aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    def __init__(self, outgoing: _Outgoing) -> None:
+        self._outgoing = outgoing
+
     async def intercept_stream_stream(
-        self,
-        continuation: Callable[..., Awaitable[Any]],
-        client_call_details: ClientCallDetails,
-        request_iterator: Any,
+        self, continuation: Continuation, client_call_details: ClientCallDetails, request_iterator: Any
     ) -> Any:
         details, tenant = self._outgoing(client_call_details)
         return _classified_stream(await continuation(details, request_iterator), tenant)

@@ -165,7 +165,7 @@ def _lists_snappy(value: str | bytes | None) -> bool:
     return any(part.strip().lower() == SNAPPY for part in value.split(","))
 
 
-class SnappyServerInterceptor(aio.ServerInterceptor):
+class SnappyServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """Serve marked (and, above ``wire.min_bytes``, snappy-compressed) responses to the calls
     whose metadata asks for them; accept marked requests from calls that say they send them.
 
@@ -186,7 +186,7 @@ class SnappyServerInterceptor(aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        metadata = handler_call_details.invocation_metadata  # type: ignore[attr-defined]
+        metadata = handler_call_details.invocation_metadata
         accepts = _lists_snappy(first_value(metadata, ACCEPT_ENCODING_KEY))
         marked = _lists_snappy(first_value(metadata, ENCODING_KEY))
         if not accepts and not marked:

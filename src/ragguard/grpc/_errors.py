@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-class RemoteCallError(AioRpcError):
+class RemoteCallError(AioRpcError):  # type: ignore[misc]
     """A gRPC call failed with a status ragguard classifies; see the subclasses."""
 
     def __init__(self, err: AioRpcError) -> None:
@@ -49,7 +49,8 @@ class RemoteCallError(AioRpcError):
         self._debug_error_string = err.debug_error_string()
 
     def __str__(self) -> str:
-        return AioRpcError.__str__(self)
+        text: str = AioRpcError.__str__(self)
+        return text
 
 
 class RemoteUnavailable(RemoteCallError, ConnectionError):

@@ -33,7 +33,7 @@ def rebuild(
         behavior, make = handler.unary_unary, grpc.unary_unary_rpc_method_handler
     if wrap is not None:
         behavior = wrap(behavior, req_stream, resp_stream)
-    return make(  # type: ignore[no-any-return, operator]
+    return make(
         behavior,
         request_deserializer=(
             handler.request_deserializer if request_deserializer is _KEEP else request_deserializer

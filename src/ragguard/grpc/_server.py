@@ -41,7 +41,7 @@ def client_budget(context: aio.ServicerContext[Any, Any]) -> float | None:
     return max(0.0, float(left))
 
 
-class GuardServerInterceptor(aio.ServerInterceptor):
+class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """Run every RPC inside a ragguard tenant block with the client's deadline.
 
     Per call, before the handler runs:
@@ -82,7 +82,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        raw = first_value(handler_call_details.invocation_metadata, self.tenant_key)  # type: ignore[attr-defined]
+        raw = first_value(handler_call_details.invocation_metadata, self.tenant_key)
 
         def wrap(behavior: Behavior, request_streaming: bool, response_streaming: bool) -> Behavior:
             return self._wrap(behavior, raw)

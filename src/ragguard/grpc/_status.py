@@ -46,6 +46,7 @@ def parse_retry_after(value: object) -> float | None:
 
 def status_for(exc: BaseException) -> Status | None:
     """The (code, details, trailing metadata) that ``exc`` maps to, or None to leave it to gRPC."""
+    after: tuple[tuple[str, str], ...]
     if isinstance(exc, QuotaExceeded):
         after = ((RETRY_AFTER_KEY, format_retry_after(exc.retry_after_s)),)
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), after

@@ -1,3 +1,46 @@
-"""Monitors (placeholder while building)."""
+"""Monitors: an event-loop stall detector, a Redis pool monitor, and a diagnosis that correlates them.
+
+Quick start, inside the service's running loop::
+
+    from ragguard import monitors
+
+    monitors.record_events("ragguard-events.jsonl")       # keep recent events for diagnose()/doctor
+    detector = monitors.StallDetector().start()            # LoopStall events, 5 ms threshold
+    pool = monitors.MonitoredBlockingConnectionPool.from_url(url, max_connections=20, leak_after_s=30)
+    ...
+    print(monitors.diagnose().to_text())   # or, from a shell: ragguard doctor --events ragguard-events.jsonl
+"""
+
+from ._diagnose import DEFAULT_EVENTS_FILE, Diagnosis, Finding, diagnose, doctor_main
+from ._events import ConnectionLeak, LoopStall, PoolExhausted
+from ._pool import (
+    DEFAULT_WAIT_BUCKETS_S,
+    MonitoredBlockingConnectionPool,
+    MonitoredConnectionPool,
+    PoolStats,
+    monitored_pools,
+)
+from ._record import DEFAULT_KINDS, EventRecorder, default_recorder, load_records, record_events
 from ._stall import StallDetector
-MonitoredBlockingConnectionPool = None
+
+__all__ = [
+    "DEFAULT_EVENTS_FILE",
+    "DEFAULT_KINDS",
+    "DEFAULT_WAIT_BUCKETS_S",
+    "ConnectionLeak",
+    "Diagnosis",
+    "EventRecorder",
+    "Finding",
+    "LoopStall",
+    "MonitoredBlockingConnectionPool",
+    "MonitoredConnectionPool",
+    "PoolExhausted",
+    "PoolStats",
+    "StallDetector",
+    "default_recorder",
+    "diagnose",
+    "doctor_main",
+    "load_records",
+    "monitored_pools",
+    "record_events",
+]

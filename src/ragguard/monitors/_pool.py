@@ -2,8 +2,9 @@
 
 :class:`MonitoredConnectionPool` and :class:`MonitoredBlockingConnectionPool` are drop-in
 subclasses of ``redis.asyncio.ConnectionPool`` / ``BlockingConnectionPool``. They override only
-the public pool methods (``get_connection``, ``release``, ``make_connection``, ``reset``) and
-keep their own books; redis-py's private attributes are neither read nor patched.
+the public pool methods (``get_connection``, ``release``, ``make_connection``, ``reset``, and
+plus ``ensure_connection``, which redis-py calls once it has reserved a connection for a caller)
+and keep their own books; redis-py's private attributes are neither read nor patched.
 
 "Free" connections, the headroom the exhaustion rule watches, are the pool's idle connections
 plus those it may still open: ``max_connections - in_use``. A lazily filled pool with nothing
@@ -16,6 +17,7 @@ import asyncio
 import sys
 import weakref
 from bisect import bisect_left
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -37,16 +39,30 @@ __all__ = [
 ]
 
 DEFAULT_WAIT_BUCKETS_S: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 _SLOW_EVENT_GAP_S = 0.1  # at most ten slow-acquire events a second per pool
 _MAX_STACK = 16
 _POOLS: weakref.WeakSet[_PoolMonitor] = weakref.WeakSet()
 
 
-def monitored_pools() -> list[MonitoredConnectionPool]:
+def monitored_pools() -> list[MonitoredConnectionPool | MonitoredBlockingConnectionPool]:
     """The monitored pools alive in this process (the Prometheus exporter reads their gauges)."""
-    return [p for p in list(_POOLS) if isinstance(p, MonitoredConnectionPool)]
+    kinds = (MonitoredConnectionPool, MonitoredBlockingConnectionPool)
+    return [p for p in list(_POOLS) if isinstance(p, kinds)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +88,17 @@ class PoolStats:
 
 
 @dataclass(slots=True)
+class _Acquire:
+    """One caller's acquire in progress (carried from get_connection to ensure_connection)."""
+
+    started: float
+    reserved: bool = False
+
+
+_ACQUIRE: ContextVar[_Acquire | None] = ContextVar("ragguard_pool_acquire", default=None)
+
+
+@dataclass(slots=True)
 class _Held:
     since: float
     stack: tuple[str, ...]
@@ -82,7 +109,12 @@ class _PoolMonitor:
     """The bookkeeping shared by both monitored pools (a mixin placed before redis-py's class)."""
 
     _RG_OPTIONS: ClassVar[tuple[str, ...]] = (
-        "pool_name", "wait_threshold_s", "leak_after_s", "track_leaks", "clock", "bus",
+        "pool_name",
+        "wait_threshold_s",
+        "leak_after_s",
+        "track_leaks",
+        "clock",
+        "bus",
         "wait_buckets_s",
     )
     max_connections: int
@@ -138,26 +170,40 @@ class _PoolMonitor:
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         clock = self._rg_clock
-        started = clock()
+        acquire = _Acquire(clock())
+        token = _ACQUIRE.set(acquire)
         self._rg_waiting += 1
         try:
             connection = await super().get_connection(*args, **kwargs)  # type: ignore[misc]
         except MaxConnectionsError:
-            self._rg_waiting -= 1
             self._rg_too_many += 1
-            self._rg_exhausted("too_many_connections", started, clock())
+            self._rg_exhausted("too_many_connections", acquire.started, clock())
             raise
         except RedisConnectionError as exc:
-            self._rg_waiting -= 1
-            if isinstance(exc.__cause__, TimeoutError | asyncio.TimeoutError):
+            if not acquire.reserved and isinstance(exc.__cause__, TimeoutError | asyncio.TimeoutError):
                 self._rg_timeouts += 1
-                self._rg_exhausted("timeout", started, clock())
+                self._rg_exhausted("timeout", acquire.started, clock())
             raise
-        except BaseException:
+        finally:
+            _ACQUIRE.reset(token)
+            if not acquire.reserved:
+                self._rg_waiting -= 1
+        if self.leak_after_s is not None and clock() >= self._rg_next_leak_check:
+            self.check_leaks()
+        return connection
+
+    async def ensure_connection(self, connection: Any) -> None:
+        # redis-py calls this once the pool has reserved ``connection`` for the caller: the wait
+        # is over and the connection is in use, even if connecting it still takes a while.
+        acquire = _ACQUIRE.get(None)
+        if acquire is not None and not acquire.reserved:
+            acquire.reserved = True
             self._rg_waiting -= 1
-            raise
-        self._rg_waiting -= 1
-        now = clock()
+            self._rg_reserved(connection, acquire.started)
+        await super().ensure_connection(connection)  # type: ignore[misc]
+
+    def _rg_reserved(self, connection: Any, started: float) -> None:
+        now = self._rg_clock()
         wait = now - started
         self._rg_counts[bisect_left(self._rg_bounds, wait)] += 1
         self._rg_wait_sum += wait
@@ -168,16 +214,14 @@ class _PoolMonitor:
         if not self._rg_low and self._rg_headroom() * 3 < self.max_connections:
             self._rg_low = True
             self._rg_exhausted("headroom", now, now)
-        if self.leak_after_s is not None and now >= self._rg_next_leak_check:
-            self.check_leaks()
-        return connection
 
     async def release(self, connection: Any) -> None:
         try:
             await super().release(connection)  # type: ignore[misc]
         finally:
             self._rg_held.pop(connection, None)
-            if self._rg_low and self._rg_headroom() * 3 >= self.max_connections:
+            # one event per episode: it ends when a third is free again and nobody waits
+            if self._rg_low and not self._rg_waiting and self._rg_headroom() * 3 >= self.max_connections:
                 self._rg_low = False
 
     def make_connection(self) -> Any:
@@ -196,7 +240,7 @@ class _PoolMonitor:
 
     @property
     def in_use(self) -> int:
-        """Connections handed out and not yet released."""
+        """Connections reserved for callers (connecting or handed out) and not yet released."""
         return len(self._rg_held)
 
     @property
@@ -206,7 +250,7 @@ class _PoolMonitor:
 
     @property
     def waiting(self) -> int:
-        """Callers inside ``get_connection`` (waiting for a free connection, or for it to connect)."""
+        """Callers inside ``get_connection`` still waiting for the pool to reserve them a connection."""
         return self._rg_waiting
 
     def stats(self) -> PoolStats:
@@ -303,8 +347,13 @@ class MonitoredConnectionPool(_PoolMonitor, ConnectionPool):
     ) -> None:
         ConnectionPool.__init__(self, *args, **kwargs)
         self._rg_init(
-            pool_name=pool_name, wait_threshold_s=wait_threshold_s, leak_after_s=leak_after_s,
-            track_leaks=track_leaks, clock=clock, bus=bus, wait_buckets_s=wait_buckets_s,
+            pool_name=pool_name,
+            wait_threshold_s=wait_threshold_s,
+            leak_after_s=leak_after_s,
+            track_leaks=track_leaks,
+            clock=clock,
+            bus=bus,
+            wait_buckets_s=wait_buckets_s,
         )
 
 
@@ -330,8 +379,13 @@ class MonitoredBlockingConnectionPool(_PoolMonitor, BlockingConnectionPool):
     ) -> None:
         BlockingConnectionPool.__init__(self, *args, **kwargs)
         self._rg_init(
-            pool_name=pool_name, wait_threshold_s=wait_threshold_s, leak_after_s=leak_after_s,
-            track_leaks=track_leaks, clock=clock, bus=bus, wait_buckets_s=wait_buckets_s,
+            pool_name=pool_name,
+            wait_threshold_s=wait_threshold_s,
+            leak_after_s=leak_after_s,
+            track_leaks=track_leaks,
+            clock=clock,
+            bus=bus,
+            wait_buckets_s=wait_buckets_s,
         )
 
 

@@ -1,0 +1,162 @@
+"""The load: several tenants sending the labelled questions at Poisson arrival times.
+
+The arrival plan is drawn once from a seeded ``random.Random`` and replayed against both runs,
+so the guarded and the unguarded service see exactly the same requests at the same offsets.
+Requests are sent open-loop (a slow service does not slow the senders down); at most
+``max_in_flight`` are outstanding, and a request that has to wait for a slot counts that wait in
+its latency (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from .._errors import InvalidInput
+from ..grpc import RETRY_AFTER_KEY
+from .corpus import Question
+from .service import RetrievalClient
+
+__all__ = ["Arrival", "RequestRecord", "TenantLoad", "classify", "plan_arrivals", "run_load"]
+
+OUTCOMES = ("ok", "quota", "overloaded", "unavailable", "deadline", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLoad:
+    """Tenant ``name`` sends ``rate_per_s`` requests per second on average."""
+
+    name: str
+    rate_per_s: float
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.rate_per_s > 0 and math.isfinite(self.rate_per_s)):
+            raise InvalidInput(f"tenant {self.name!r}: rate_per_s must be > 0, got {self.rate_per_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A planned request: ``at_s`` seconds after the run starts, ``question`` an index."""
+
+    at_s: float
+    tenant: str
+    question: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What happened to one request. ``latency_s`` runs from its planned send time to its answer;
+    ``hit`` (answered requests only) tells whether a top-5 passage carries one of the question's
+    topics; ``outcome`` is one of ``ok``, ``quota`` (shed by the tenant's quota), ``overloaded``
+    (the server's capacity was full), ``unavailable``, ``deadline`` or ``error``."""
+
+    at_s: float
+    tenant: str
+    question: int
+    latency_s: float
+    outcome: str
+    fallbacks: tuple[str, ...] = ()
+    hit: bool | None = None
+    detail: str = ""
+
+
+def plan_arrivals(
+    tenants: Sequence[TenantLoad], duration_s: float, n_questions: int, rng: random.Random
+) -> list[Arrival]:
+    """Poisson arrivals of every tenant over ``duration_s`` seconds, sorted by time."""
+    if not duration_s > 0:
+        raise InvalidInput(f"duration_s must be > 0, got {duration_s}")
+    if n_questions < 1:
+        raise InvalidInput("need at least one question")
+    out: list[Arrival] = []
+    for t in tenants:
+        at = rng.expovariate(t.rate_per_s)
+        while at < duration_s:
+            out.append(Arrival(at, t.name, rng.randrange(n_questions)))
+            at += rng.expovariate(t.rate_per_s)
+    out.sort(key=lambda a: a.at_s)
+    return out
+
+
+def classify(exc: grpc.aio.AioRpcError) -> str:
+    """The outcome name of a failed call (see :class:`RequestRecord`)."""
+    code = exc.code()
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        trailing = exc.trailing_metadata() or ()
+        if any(key == RETRY_AFTER_KEY for key, _ in trailing):
+            return "quota"
+        return "overloaded"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return "unavailable"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "deadline"
+    return "error"
+
+
+async def _one(
+    client: RetrievalClient,
+    arrival: Arrival,
+    question: Question,
+    planned: float,
+    slots: asyncio.Semaphore,
+    timeout_s: float,
+) -> RequestRecord:
+    async with slots:
+        try:
+            reply = await client.retrieve(arrival.tenant, question.text, timeout_s=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            latency = time.monotonic() - planned
+            detail = (exc.details() or "")[:200]
+            return RequestRecord(arrival.at_s, arrival.tenant, arrival.question, latency, classify(exc),
+                                 detail=detail)
+    latency = time.monotonic() - planned
+    wanted = set(question.topics)
+    hit = any(wanted.intersection(h["topics"]) for h in reply["hits"][:5])
+    return RequestRecord(arrival.at_s, arrival.tenant, arrival.question, latency, "ok",
+                         fallbacks=tuple(reply["fallbacks"]), hit=hit)
+
+
+async def run_load(
+    clients: Mapping[str, RetrievalClient],
+    arrivals: Sequence[Arrival],
+    questions: Sequence[Question],
+    *,
+    timeout_s: float,
+    max_in_flight: int,
+    start: float | None = None,
+    on_done: Callable[[RequestRecord], None] | None = None,
+) -> list[RequestRecord]:
+    """Send every arrival at ``start + at_s`` (``time.monotonic`` seconds; default now) through its
+    tenant's client, each with a ``timeout_s`` gRPC deadline; returns the records in arrival order
+    once every request has ended. ``on_done`` is called as each request ends (progress bars)."""
+    if max_in_flight < 1:
+        raise InvalidInput(f"max_in_flight must be >= 1, got {max_in_flight}")
+    missing = {a.tenant for a in arrivals} - set(clients)
+    if missing:
+        raise InvalidInput(f"no client for tenants {sorted(missing)}")
+    t0 = time.monotonic() if start is None else start
+    slots = asyncio.Semaphore(max_in_flight)
+    tasks: list[asyncio.Task[RequestRecord]] = []
+    try:
+        for arrival in arrivals:
+            planned = t0 + arrival.at_s
+            delay = planned - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(
+                _one(clients[arrival.tenant], arrival, questions[arrival.question], planned, slots, timeout_s)
+            )
+            if on_done is not None:
+                task.add_done_callback(lambda t: t.cancelled() or t.exception() or on_done(t.result()))
+            tasks.append(task)
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()

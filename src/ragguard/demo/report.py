@@ -1,0 +1,260 @@
+"""Statistics of a demo run, the side-by-side table, the JSON report and the PNG chart."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .loadgen import OUTCOMES, RequestRecord
+
+__all__ = ["DemoReport", "RunResult", "Transition", "summarize"]
+
+_BAND_COLOURS = {"open": "#d62728", "forced_open": "#8c564b", "half_open": "#ff7f0e"}
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """Breaker ``breaker`` went from ``old`` to ``new`` at ``at_s`` seconds into the run."""
+
+    at_s: float
+    breaker: str
+    old: str
+    new: str
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything recorded during one run (``mode`` is ``unguarded`` or ``guarded``)."""
+
+    mode: str
+    duration_s: float
+    records: list[RequestRecord]
+    phases: list[tuple[str, float, float]]
+    transitions: list[Transition] = field(default_factory=list)
+    stalls: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(values), q)) if values else None
+
+
+def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[str, Any]:
+    """The figures of one run (latencies in milliseconds, rates 0..1, goodput in requests/s)."""
+    recs = run.records
+    ok = [r for r in recs if r.outcome == "ok"]
+    polite = [r for r in recs if r.tenant not in greedy]
+    polite_ok = [r for r in polite if r.outcome == "ok"]
+    ok_ms = [r.latency_s * 1000 for r in ok]
+    all_ms = [r.latency_s * 1000 for r in recs]
+    served: Counter[str] = Counter(f for r in ok for f in dict.fromkeys(r.fallbacks))
+    tenants = sorted({r.tenant for r in recs})
+    quota = {t: sum(1 for r in recs if r.tenant == t and r.outcome == "quota") for t in tenants}
+    sent = {t: sum(1 for r in recs if r.tenant == t) for t in tenants}
+    per_tenant_ok = {t: sum(1 for r in recs if r.tenant == t and r.outcome == "ok") for t in tenants}
+    transitions: Counter[str] = Counter(f"{t.breaker}: {t.old}->{t.new}" for t in run.transitions)
+    return {
+        "mode": run.mode,
+        "requests": len(recs),
+        "answered": len(ok),
+        "success_rate": len(ok) / len(recs) if recs else 0.0,
+        "success_rate_well_behaved": len(polite_ok) / len(polite) if polite else 0.0,
+        "goodput_per_s": sum(1 for r in ok if r.latency_s <= slo_s) / run.duration_s,
+        "slo_ms": slo_s * 1000,
+        "latency_ms": {"p50": _pct(ok_ms, 50), "p95": _pct(ok_ms, 95), "p99": _pct(ok_ms, 99)},
+        "latency_all_requests_ms": {
+            "p50": _pct(all_ms, 50), "p95": _pct(all_ms, 95), "p99": _pct(all_ms, 99)
+        },
+        "outcomes": {o: sum(1 for r in recs if r.outcome == o) for o in OUTCOMES},
+        "fallback_share": {name: n / len(ok) for name, n in sorted(served.items())} if ok else {},
+        "breaker_transitions": len(run.transitions),
+        "breaker_transitions_by_kind": dict(sorted(transitions.items())),
+        "quota_rejections": quota,
+        "requests_by_tenant": sent,
+        "answered_by_tenant": per_tenant_ok,
+        "recall_at_5_answered": (sum(1 for r in ok if r.hit) / len(ok)) if ok else None,
+        "recall_at_5_all_requests": (sum(1 for r in ok if r.hit) / len(recs)) if recs else None,
+        "loop_stalls": len(run.stalls),
+        "max_loop_stall_ms": max((s["duration_s"] * 1000 for s in run.stalls), default=0.0),
+        "wall_s": run.wall_s,
+    }
+
+
+@dataclass(slots=True)
+class DemoReport:
+    """The outcome of ``ragguard demo``: both runs, their summaries and the healthy baseline."""
+
+    options: dict[str, Any]
+    baseline_recall_at_5: float
+    questions: int
+    passages: int
+    timings_s: dict[str, float]
+    runs: dict[str, RunResult]
+    summaries: dict[str, dict[str, Any]]
+    greedy: list[str]
+    json_path: Path | None = None
+    chart_path: Path | None = None
+
+    def to_dict(self, *, with_requests: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "options": self.options,
+            "corpus": {"passages": self.passages, "questions": self.questions},
+            "baseline_recall_at_5": self.baseline_recall_at_5,
+            "timings_s": self.timings_s,
+            "greedy_tenants": self.greedy,
+            "summary": self.summaries,
+            "phases": {m: r.phases for m, r in self.runs.items()},
+            "breaker_transitions": {m: [asdict(t) for t in r.transitions] for m, r in self.runs.items()},
+            "loop_stalls": {m: r.stalls for m, r in self.runs.items()},
+        }
+        if with_requests:
+            out["requests"] = {m: [asdict(x) for x in r.records] for m, r in self.runs.items()}
+        return out
+
+    def write_json(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, default=str))
+        self.json_path = path
+        return path
+
+    # -- the table ----------------------------------------------------------------------------
+
+    def table(self) -> Any:
+        """A rich Table comparing the runs side by side."""
+        from rich.table import Table
+
+        modes = [m for m in ("unguarded", "guarded") if m in self.summaries]
+        table = Table(
+            title="ragguard demo: the same load and chaos, unguarded vs guarded", title_justify="left"
+        )
+        table.add_column("metric")
+        for m in modes:
+            table.add_column(m, justify="right")
+        s = [self.summaries[m] for m in modes]
+
+        def row(name: str, values: list[str]) -> None:
+            table.add_row(name, *values)
+
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v:,.0f} ms"
+
+        def pct(v: float | None) -> str:
+            return "-" if v is None else f"{100 * v:.1f} %"
+
+        row("requests", [str(x["requests"]) for x in s])
+        row("success rate (all tenants)", [pct(x["success_rate"]) for x in s])
+        row("success rate (well-behaved tenants)", [pct(x["success_rate_well_behaved"]) for x in s])
+        row(f"goodput (answered within {s[0]['slo_ms']:.0f} ms)", [f"{x['goodput_per_s']:.1f} /s" for x in s])
+        for q in ("p50", "p95", "p99"):
+            row(f"latency {q.upper()} (answered)", [ms(x["latency_ms"][q]) for x in s])
+        row("latency P99 (all requests, failures too)", [ms(x["latency_all_requests_ms"]["p99"]) for x in s])
+        for outcome in OUTCOMES[1:]:
+            row(f"failed: {outcome}", [str(x["outcomes"][outcome]) for x in s])
+        names = sorted({n for x in s for n in x["fallback_share"]})
+        for name in names:
+            row(f"served by fallback: {name}", [pct(x["fallback_share"].get(name, 0.0)) for x in s])
+        row("breaker transitions", [str(x["breaker_transitions"]) for x in s])
+        for tenant in sorted({t for x in s for t in x["quota_rejections"]}):
+            label = f"quota rejections: {tenant}" + (" (greedy)" if tenant in self.greedy else "")
+            row(label, [f"{x['quota_rejections'].get(tenant, 0)} / {x['requests_by_tenant'].get(tenant, 0)}"
+                        for x in s])
+        row("recall@5 of answered requests", [pct(x["recall_at_5_answered"]) for x in s])
+        row("recall@5 healthy baseline", [pct(self.baseline_recall_at_5)] * len(s))
+        row("event-loop stalls (>20 ms)",
+            [f"{x['loop_stalls']} (max {x['max_loop_stall_ms']:.0f} ms)" for x in s])
+        return table
+
+    # -- the chart ----------------------------------------------------------------------------
+
+    def write_chart(self, path: Path) -> Path:
+        """Latency of every request over time, one panel per run with the scenario's phases
+        shaded, and under them a strip with each breaker's open / half-open stretches."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+        import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+
+        modes = [m for m in ("unguarded", "guarded") if m in self.runs]
+        breakers = sorted({t.breaker for r in self.runs.values() for t in r.transitions})
+        ratios = [3.0] * len(modes) + [0.35 + 0.3 * max(1, len(breakers))]
+        fig, axes = plt.subplots(len(ratios), 1, figsize=(11, 2.9 * len(modes) + 1.6), sharex=True,
+                                 gridspec_kw={"height_ratios": ratios})
+        for ax, mode in zip(axes[:-1], modes, strict=True):
+            run = self.runs[mode]
+            _phases(ax, run.phases, labels=True)
+            groups = (
+                ([r for r in run.records if r.outcome == "ok"], {"s": 5, "color": "#1f77b4", "marker": "o"}),
+                ([r for r in run.records if r.outcome == "quota"], {"s": 8, "color": "0.55", "marker": "v"}),
+                ([r for r in run.records if r.outcome not in ("ok", "quota")],
+                 {"s": 10, "color": "#d62728", "marker": "x", "linewidths": 0.7}),
+            )
+            for recs, style in groups:
+                ax.scatter([r.at_s for r in recs], [max(r.latency_s, 1e-4) * 1000 for r in recs], zorder=3,
+                           **style)
+            summary = self.summaries[mode]
+            ax.set_yscale("log")
+            ax.set_ylabel("latency (ms)")
+            ax.set_title(
+                f"{mode}: success {100 * summary['success_rate']:.1f} %, P99 answered "
+                f"{summary['latency_ms']['p99'] or 0:,.0f} ms, P99 all requests "
+                f"{summary['latency_all_requests_ms']['p99'] or 0:,.0f} ms",
+                loc="left", fontsize=9, pad=14,
+            )
+        strip = axes[-1]
+        guarded = self.runs.get("guarded")
+        if guarded is not None:
+            _phases(strip, guarded.phases, labels=False)
+            for i, name in enumerate(breakers):
+                _breaker_row(strip, guarded, name, i)
+        strip.set_yticks(range(len(breakers)), [f"breaker {b}" for b in breakers], fontsize=8)
+        strip.set_ylim(-0.6, max(1, len(breakers)) - 0.4)
+        strip.invert_yaxis()
+        strip.set_title("guarded run: breaker states", loc="left", fontsize=9)
+        strip.set_xlim(0, max(r.duration_s for r in self.runs.values()))
+        strip.set_xlabel("seconds into the run")
+        handles = [
+            Line2D([], [], ls="", marker="o", color="#1f77b4", label="answered"),
+            Line2D([], [], ls="", marker="v", color="0.55", label="shed by tenant quota"),
+            Line2D([], [], ls="", marker="x", color="#d62728", label="failed"),
+            Patch(color=_BAND_COLOURS["open"], alpha=0.6, label="breaker open"),
+            Patch(color=_BAND_COLOURS["half_open"], alpha=0.6, label="breaker half-open"),
+        ]
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.035, 1, 1))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        self.chart_path = path
+        return path
+
+
+def _phases(ax: Any, phases: Sequence[tuple[str, float, float]], *, labels: bool) -> None:
+    for i, (name, start, end) in enumerate(phases):
+        if i % 2:
+            ax.axvspan(start, end, color="0.93", zorder=0)
+        if labels:
+            ax.text((start + end) / 2, 1.01, name, transform=ax.get_xaxis_transform(), ha="center",
+                    va="bottom", fontsize=7)
+
+
+def _breaker_row(ax: Any, run: RunResult, name: str, row: int) -> None:
+    """Row ``row`` of the strip: breaker ``name``, coloured while open or half-open."""
+    state, since = "closed", 0.0
+    for t in sorted((t for t in run.transitions if t.breaker == name), key=lambda t: t.at_s):
+        _span(ax, state, since, t.at_s, row)
+        state, since = t.new, t.at_s
+    _span(ax, state, since, run.duration_s, row)
+
+
+def _span(ax: Any, state: str, start: float, end: float, row: int) -> None:
+    colour = _BAND_COLOURS.get(state)
+    if colour is not None and end > start:
+        ax.barh(row, end - start, left=start, height=0.7, color=colour, alpha=0.6, lw=0, zorder=2)

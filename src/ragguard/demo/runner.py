@@ -1,0 +1,464 @@
+"""``ragguard demo``: run the same load and chaos against the unguarded and the guarded service.
+
+Start-up loads the model twice in parallel (the backends' child process and this process, for
+rerank), checks recall@5 of the healthy service on every labelled question, then runs the load
+twice. Each run gets fresh servers, a fresh ragguard registry (breakers, quotas, embedding cache)
+and the same arrival plan; the scenario driver puts each phase's faults in force on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+
+from .._errors import ConfigError
+from ..events import BreakerTransition, bus
+from ..guard import Guard
+from ..policy import TenantQuota
+from .backends import BackendAddresses, BackendFaults, BackendProcess, ControlClient, start_in_loop
+from .corpus import Passage, Question, load_passages, load_questions
+from .embedder import Embedder, load_embedder
+from .guarded import GuardedPipeline, demo_policy
+from .keyword import KeywordIndex
+from .loadgen import Arrival, RequestRecord, TenantLoad, plan_arrivals, run_load
+from .pipeline import BackendClients, PipelineSettings, UnguardedPipeline
+from .report import DemoReport, RunResult, Transition, summarize
+from .rerank import Reranker
+from .scenario import Scenario, load_scenario
+from .service import RetrievalClient, RetrievalServer
+
+__all__ = ["DemoOptions", "cli_main", "run_demo", "run_demo_async"]
+
+FULL_DURATION_S = 40.0
+QUICK_DURATION_S = 9.0
+HEALTHY_RERANK_BUDGET = 64 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """Options of a demo run.
+
+    - ``duration_s``: seconds of load per run (each of the two runs); None: 40, or 9 with ``quick``.
+    - ``concurrency``: the load generator's cap on requests in flight (>= 1).
+    - ``capacity``: RPCs the retrieval service serves at once; gRPC refuses the excess (>= 1).
+    - ``scenario``: a scenario YAML file (None: the built-in default).
+    - ``redis_url``: share quota state through Redis (several demo replicas).
+    - ``out_dir``: folder for ``report.json`` and ``latency.png`` (None: write nothing).
+    - ``seed``: seeds the arrival plan, the questions drawn and the faults' draws.
+    - ``tenants`` well-behaved tenants at ``rate_per_s`` each, plus ``greedy_tenant`` at
+      ``greedy_factor`` times that rate.
+    - ``client_timeout_s``: every request's gRPC deadline; ``slo_s``: goodput counts answers
+      within it.
+    - ``backends_in_process``: run the backends in this event loop instead of a child process.
+    - ``progress``: draw progress bars and the table on the console.
+    """
+
+    duration_s: float | None = None
+    concurrency: int = 64
+    capacity: int = 16
+    scenario: Path | None = None
+    redis_url: str | None = None
+    quick: bool = False
+    out_dir: Path | None = Path("ragguard-report")
+    seed: int = 7
+    tenants: tuple[str, ...] = ("acme", "globex", "initech", "umbrella")
+    rate_per_s: float = 2.5
+    greedy_tenant: str = "hoarder"
+    greedy_factor: float = 10.0
+    client_timeout_s: float = 5.0
+    slo_s: float = 1.0
+    backends_in_process: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        d = self.duration_s
+        if d is not None and not (isinstance(d, int | float) and math.isfinite(d) and 1.0 <= d <= 3600):
+            raise ConfigError(f"duration_s must be between 1 and 3600 seconds, got {self.duration_s}")
+        for name in ("concurrency", "capacity"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
+                raise ConfigError(f"{name} must be an int in 1..10000, got {value!r}")
+        for name in ("rate_per_s", "greedy_factor", "client_timeout_s", "slo_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
+        if not self.tenants:
+            raise ConfigError("tenants must name at least one well-behaved tenant")
+        if self.greedy_tenant in self.tenants:
+            raise ConfigError(f"greedy_tenant {self.greedy_tenant!r} is also listed in tenants")
+        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
+
+    @property
+    def run_duration_s(self) -> float:
+        if self.duration_s is not None:
+            return float(self.duration_s)
+        return QUICK_DURATION_S if self.quick else FULL_DURATION_S
+
+    def loads(self) -> list[TenantLoad]:
+        return [TenantLoad(t, self.rate_per_s) for t in self.tenants] + [
+            TenantLoad(self.greedy_tenant, self.rate_per_s * self.greedy_factor, greedy=True)
+        ]
+
+
+@dataclass(slots=True)
+class _Shared:
+    """What both runs use: corpus, model, indexes and the backends."""
+
+    passages: list[Passage]
+    questions: list[Question]
+    embedder: Embedder
+    reranker: Reranker
+    keyword: KeywordIndex
+    addresses: BackendAddresses
+    control: ControlClient
+    stop_backends: Callable[[], Awaitable[None]]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def run_demo(options: DemoOptions | None = None) -> DemoReport:
+    """Run the demo (blocking; starts its own event loop). Returns the report; writes
+    ``report.json`` and ``latency.png`` to ``options.out_dir`` unless it is None."""
+    return asyncio.run(run_demo_async(options or DemoOptions()))
+
+
+async def run_demo_async(options: DemoOptions) -> DemoReport:
+    """The demo inside a running asyncio loop (see :func:`run_demo`)."""
+    started = time.monotonic()
+    scenario = load_scenario(options.scenario)
+    quotas = _redis_quotas(options.redis_url)
+    shared = await _start(options)
+    console = _console(options)
+    try:
+        baseline = await _baseline_recall(shared, options)
+        duration = options.run_duration_s
+        rng = random.Random(options.seed)
+        arrivals = plan_arrivals(options.loads(), duration, len(shared.questions), rng)
+        runs: dict[str, RunResult] = {}
+        for mode in ("unguarded", "guarded"):
+            await shared.control.heal()
+            shared.reranker.set_budget(HEALTHY_RERANK_BUDGET)
+            t0 = time.monotonic()
+            runs[mode] = await _run(mode, shared, options, scenario, arrivals, quotas, console)
+            shared.timings[f"{mode}_run"] = time.monotonic() - t0
+    finally:
+        await shared.stop_backends()
+    shared.timings["total"] = time.monotonic() - started
+    greedy = [options.greedy_tenant]
+    report = DemoReport(
+        options=_options_dict(options, duration, scenario),
+        baseline_recall_at_5=baseline,
+        questions=len(shared.questions),
+        passages=len(shared.passages),
+        timings_s={k: round(v, 3) for k, v in shared.timings.items()},
+        runs=runs,
+        summaries={m: summarize(r, greedy=greedy, slo_s=options.slo_s) for m, r in runs.items()},
+        greedy=greedy,
+    )
+    if options.out_dir is not None:
+        report.write_json(options.out_dir / "report.json")
+        await anyio.to_thread.run_sync(report.write_chart, options.out_dir / "latency.png")
+    if console is not None:
+        console.print(report.table())
+        if report.json_path is not None:
+            console.print(f"report: {report.json_path}   chart: {report.chart_path}")
+        t = shared.timings
+        console.print(
+            f"model load {t['model_load']:.1f} s, start-up {t['startup']:.1f} s, total {t['total']:.1f} s"
+        )
+    return report
+
+
+def cli_main(
+    *,
+    duration_s: float | None = None,
+    concurrency: int | None = None,
+    scenario: Path | None = None,
+    redis_url: str | None = None,
+    quick: bool = False,
+    out_dir: Path | None = Path("ragguard-report"),
+    seed: int = 7,
+) -> int:
+    """What ``ragguard demo`` calls: runs the demo, prints the table; returns the exit code
+    (0 done, 2 bad option)."""
+    from rich.console import Console
+
+    try:
+        options = DemoOptions(
+            duration_s=duration_s,
+            concurrency=64 if concurrency is None else concurrency,
+            scenario=scenario,
+            redis_url=redis_url,
+            quick=quick,
+            out_dir=out_dir,
+            seed=seed,
+        )
+        run_demo(options)
+    except ConfigError as exc:
+        Console(stderr=True).print(f"[red]ragguard demo: {exc}[/red]")
+        return 2
+    return 0
+
+
+# -- start-up -------------------------------------------------------------------------------------
+
+
+async def _start(options: DemoOptions) -> _Shared:
+    t0 = time.monotonic()
+    process: BackendProcess | None = None
+    in_loop: Any = None
+    if options.backends_in_process:
+        embedder = await anyio.to_thread.run_sync(load_embedder)
+        model_s = time.monotonic() - t0
+        in_loop = await start_in_loop(seed=options.seed, embedder=embedder)
+        addresses = in_loop.addresses
+    else:
+        process = BackendProcess(seed=options.seed)
+        starting = asyncio.create_task(process.start())
+        try:
+            embedder = await anyio.to_thread.run_sync(load_embedder)
+            model_s = time.monotonic() - t0
+            addresses = await starting
+        except BaseException:
+            starting.cancel()
+            await process.kill()
+            raise
+    passages = load_passages()
+    reranker = Reranker(embedder, memory_budget_bytes=HEALTHY_RERANK_BUDGET)
+    await anyio.to_thread.run_sync(reranker.warm, [p.text for p in passages])
+    keyword = await anyio.to_thread.run_sync(KeywordIndex, passages)
+    control = ControlClient(addresses.control)
+
+    async def stop() -> None:
+        await control.close()
+        if process is not None:
+            await process.stop()
+        if in_loop is not None:
+            await in_loop.stop()
+
+    return _Shared(
+        passages=passages,
+        questions=load_questions(),
+        embedder=embedder,
+        reranker=reranker,
+        keyword=keyword,
+        addresses=addresses,
+        control=control,
+        stop_backends=stop,
+        timings={"model_load": model_s, "startup": time.monotonic() - t0},
+    )
+
+
+async def _baseline_recall(shared: _Shared, options: DemoOptions) -> float:
+    """recall@5 of the healthy unguarded service over every labelled question, asked once each."""
+    t0 = time.monotonic()
+    clients = BackendClients(shared.addresses)
+    server = RetrievalServer(UnguardedPipeline(clients, shared.reranker, shared.passages), shared.passages,
+                             capacity=options.capacity)
+    client = RetrievalClient(await server.start())
+    try:
+        arrivals = [Arrival(0.0, options.tenants[0], i) for i in range(len(shared.questions))]
+        records = await run_load({options.tenants[0]: client}, arrivals, shared.questions,
+                                 timeout_s=options.client_timeout_s, max_in_flight=8)
+    finally:
+        await client.close()
+        await server.stop(None)
+        await clients.close()
+    shared.timings["baseline"] = time.monotonic() - t0
+    return sum(1 for r in records if r.hit) / len(records)
+
+
+def _redis_quotas(url: str | None) -> Any:
+    if url is None:
+        return None
+    from .. import quotas
+
+    backend = getattr(quotas, "RedisQuotas", None)
+    if backend is None:
+        raise ConfigError("--redis: this ragguard build has no Redis quota backend yet")
+    return backend
+
+
+# -- one run --------------------------------------------------------------------------------------
+
+
+async def _run(
+    mode: str,
+    shared: _Shared,
+    options: DemoOptions,
+    scenario: Scenario,
+    arrivals: Sequence[Arrival],
+    quotas: Any,
+    console: Any,
+) -> RunResult:
+    duration = options.run_duration_s
+    transitions: list[Transition] = []
+    stalls: list[dict[str, Any]] = []
+    if mode == "guarded":
+        server, closers = _guarded_service(shared, options, duration, quotas)
+    else:
+        server, closers = _unguarded_service(shared, options)
+    address = await server.start()
+    snappy = mode == "guarded"
+    load_clients = {t.name: RetrievalClient(address, snappy=snappy) for t in options.loads()}
+    start = time.monotonic() + 0.2
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, BreakerTransition):
+            transitions.append(Transition(round(event.at - start, 4), event.breaker, event.old, event.new))
+        elif type(event).__name__ == "LoopStall":
+            stalls.append({"at_s": round(event.at - start, 3), "duration_s": round(event.duration_s, 4),
+                           "frame": event.frame})
+
+    unsubscribe = bus.subscribe(on_event)
+    detector = _stall_detector()
+    progress, tick = _progress(console, mode, duration, len(arrivals))
+    driver = asyncio.create_task(_drive(scenario, duration, start, shared))
+    wall0 = time.monotonic()
+    try:
+        if progress is not None:
+            progress.start()
+        ticker = asyncio.create_task(_tick(tick, start, duration)) if tick is not None else None
+        records = await run_load(
+            load_clients, arrivals, shared.questions, timeout_s=options.client_timeout_s,
+            max_in_flight=options.concurrency, start=start,
+            on_done=(lambda r: tick(None, r)) if tick is not None else None,
+        )
+        await driver
+        if ticker is not None:
+            ticker.cancel()
+    finally:
+        driver.cancel()
+        if progress is not None:
+            progress.stop()
+        if detector is not None:
+            detector.stop()
+        for c in load_clients.values():
+            await c.close()
+        await server.stop(None)
+        for close in closers:
+            await close()
+        await asyncio.sleep(0)  # let queued events reach the listener
+        unsubscribe()
+    phases = [(p.name, round(a, 3), round(b, 3)) for p, a, b in scenario.spans(duration)]
+    return RunResult(mode=mode, duration_s=duration, records=records, phases=phases, transitions=transitions,
+                     stalls=stalls, wall_s=time.monotonic() - wall0)
+
+
+Closer = Callable[[], Awaitable[None]]
+
+
+def _unguarded_service(shared: _Shared, options: DemoOptions) -> tuple[RetrievalServer, list[Closer]]:
+    clients = BackendClients(shared.addresses)
+    pipeline = UnguardedPipeline(clients, shared.reranker, shared.passages, PipelineSettings())
+    return RetrievalServer(pipeline, shared.passages, capacity=options.capacity), [clients.close]
+
+
+def _guarded_service(
+    shared: _Shared, options: DemoOptions, duration: float, quotas: Any
+) -> tuple[RetrievalServer, list[Closer]]:
+    from ..grpc import GuardServerInterceptor, SnappyServerInterceptor, client_interceptors
+
+    greedy_rate = options.rate_per_s * options.greedy_factor
+    policy = demo_policy(
+        open_for_s=max(1.0, duration / 20),
+        tenant_timeout_s=2.0,
+        greedy={
+            options.greedy_tenant: TenantQuota(
+                max_concurrency=4, rate_per_s=greedy_rate * 0.6, burst=max(1, math.ceil(greedy_rate * 0.2)),
+                max_wait_s=0.05, timeout_s=2.0,
+            )
+        },
+    )
+    kwargs: dict[str, Any] = {"rng": random.Random(options.seed)}
+    if quotas is not None:
+        kwargs["quotas"] = quotas(options.redis_url, policy.quota)
+    guard = Guard(policy, **kwargs)
+    clients = BackendClients(shared.addresses, interceptors=client_interceptors(), snappy=True)
+    pipeline = GuardedPipeline(clients, shared.reranker, shared.passages, shared.keyword, guard)
+    server = RetrievalServer(
+        pipeline, shared.passages, capacity=options.capacity,
+        interceptors=[GuardServerInterceptor(guard=guard), SnappyServerInterceptor()],
+    )
+    return server, [clients.close]
+
+
+async def _drive(scenario: Scenario, duration: float, start: float, shared: _Shared) -> None:
+    """Put each phase's faults in force at its start time; heal at the end."""
+    try:
+        for phase, begin, _end in scenario.spans(duration):
+            delay = start + begin - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await shared.control.set_faults(phase.backend_faults())
+            shared.reranker.set_budget(phase.rerank_budget_bytes(HEALTHY_RERANK_BUDGET))
+    finally:
+        shared.reranker.set_budget(HEALTHY_RERANK_BUDGET)
+        await asyncio.shield(shared.control.set_faults(BackendFaults()))
+
+
+def _stall_detector() -> Any:
+    try:
+        from ..monitors import StallDetector
+    except ImportError:  # pragma: no cover - monitors not built yet
+        return None
+    return StallDetector(threshold_s=0.02).start()
+
+
+# -- console --------------------------------------------------------------------------------------
+
+
+def _console(options: DemoOptions) -> Any:
+    if not options.progress:
+        return None
+    from rich.console import Console
+
+    return Console()
+
+
+def _progress(console: Any, mode: str, duration: float, total: int) -> tuple[Any, Any]:
+    if console is None:
+        return None, None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn(f"[bold]{mode:>9}[/bold]"), BarColumn(), TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(), console=console, transient=False,
+    )
+    task = progress.add_task(mode, total=duration, status="")
+    counts = {"done": 0, "ok": 0}
+
+    def tick(elapsed: float | None, record: RequestRecord | None = None) -> None:
+        if record is not None:
+            counts["done"] += 1
+            counts["ok"] += record.outcome == "ok"
+        status = f"{counts['done']}/{total} requests, {counts['ok']} answered"
+        if elapsed is None:
+            progress.update(task, status=status)
+        else:
+            progress.update(task, completed=min(elapsed, duration), status=status)
+
+    return progress, tick
+
+
+async def _tick(tick: Callable[[float | None], None], start: float, duration: float) -> None:
+    while True:
+        tick(max(0.0, time.monotonic() - start))
+        await asyncio.sleep(0.25)
+
+
+def _options_dict(options: DemoOptions, duration: float, scenario: Scenario) -> dict[str, Any]:
+    out = asdict(replace(options, duration_s=duration))
+    out["scenario"] = str(options.scenario) if options.scenario else f"built-in:{scenario.name}"
+    out["out_dir"] = None if options.out_dir is None else str(options.out_dir)
+    out["tenants"] = list(options.tenants)
+    out["redis_url"] = None if options.redis_url is None else "(set)"
+    return out

@@ -1,0 +1,169 @@
+"""ragguard's own guarded use of Redis: a timeout per command and a small breaker of its own.
+
+Every Redis command the shared breaker and the shared quotas send goes through a
+:class:`RedisLink`. When ``failures_to_degrade`` commands in a row fail or outlast ``timeout_s``,
+the link's breaker opens: the component switches to local state, logs one warning and emits
+:class:`SharedStateDegraded`. While degraded, no user call touches Redis; a probe task sends a
+``PING`` every ``probe_every_s`` seconds (the link breaker's single half-open trial) and, on the
+first answer, the link emits :class:`SharedStateRestored` and the component goes back to Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .. import events
+from .._clock import Clock, monotonic
+from .._errors import BreakerOpen, ConfigError
+from ..breakers import BreakerState, CircuitBreaker
+from ._events import SharedStateDegraded, SharedStateRestored
+
+__all__ = ["RedisLink", "SharedStateUnavailable"]
+
+log = logging.getLogger("ragguard.distributed")
+
+T = TypeVar("T")
+
+
+class SharedStateUnavailable(Exception):
+    """Internal: Redis could not serve ragguard's bookkeeping; the caller falls back to local state.
+
+    Never reaches a user: every component catches it.
+    """
+
+
+def _counts_everything(exc: BaseException) -> bool:
+    return True
+
+
+def _positive(option: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{option} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class RedisLink:
+    """One component's guarded access to a ``redis.asyncio.Redis`` client.
+
+    ``component`` names it in logs and events. ``timeout_s`` (seconds, > 0) bounds each command;
+    ``failures_to_degrade`` (int >= 1) failed commands in a row switch to local state;
+    ``probe_every_s`` (seconds, > 0) spaces the PINGs that detect Redis coming back. ``clock``
+    (monotonic seconds) drives the link's breaker. Raises ConfigError for an out-of-range option.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        component: str,
+        *,
+        timeout_s: float = 0.25,
+        failures_to_degrade: int = 2,
+        probe_every_s: float = 1.0,
+        clock: Clock = monotonic,
+    ) -> None:
+        if redis is None or not callable(getattr(redis, "register_script", None)):
+            raise ConfigError(f"redis must be a redis.asyncio.Redis client, got {type(redis).__name__}")
+        if isinstance(failures_to_degrade, bool) or not isinstance(failures_to_degrade, int) or not (
+            1 <= failures_to_degrade <= 1000
+        ):
+            raise ConfigError(f"failures_to_degrade must be an int in [1, 1000], got {failures_to_degrade!r}")
+        self.redis = redis
+        self.component = component
+        self.timeout_s = _positive("redis_timeout_s", timeout_s)
+        self.probe_every_s = _positive("probe_every_s", probe_every_s)
+        self._clock = clock
+        self._breaker = CircuitBreaker(
+            f"ragguard-redis:{component}",
+            failure_rate_threshold=100.0,
+            minimum_calls=failures_to_degrade,
+            window_size=failures_to_degrade,
+            half_open_permits=1,
+            open_for_s=self.probe_every_s,
+            classifier=_counts_everything,
+            clock=clock,
+        )
+        self._breaker.bus = events.EventBus()  # its own events are not the application's metrics
+        self.degraded = False
+        """True while the component runs on local state (read it freely: a plain attribute)."""
+        self._degraded_at = 0.0
+        self._probe: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run ``await fn()`` (one Redis command or script) within ``timeout_s``.
+
+        Raises :class:`SharedStateUnavailable` (with the cause chained) when the link is degraded,
+        the command fails, or it outlasts the timeout. Cancellation passes through uncounted.
+        """
+        breaker = self._breaker
+        try:
+            token = breaker.acquire()
+        except BreakerOpen as exc:
+            raise SharedStateUnavailable(self.component) from exc
+        clock = self._clock
+        start = clock()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                result = await fn()
+        except Exception as exc:
+            breaker.on_result(token, clock() - start, exc)
+            self._observe(exc)
+            raise SharedStateUnavailable(f"{self.component}: {type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            breaker.release(token)
+            raise
+        breaker.on_result(token, clock() - start, None)
+        if self.degraded:
+            self._observe(None)
+        return result
+
+    def _observe(self, exc: Exception | None) -> None:
+        if self._breaker.state is BreakerState.CLOSED:
+            if self.degraded:
+                self._restore()
+        elif not self.degraded:
+            self._degrade(exc)
+
+    def _degrade(self, exc: Exception | None) -> None:
+        self.degraded = True
+        self._degraded_at = self._clock()
+        reason = "unknown" if exc is None else (
+            type(exc).__name__ if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+        )
+        log.warning("ragguard %s: Redis unreachable (%s); using local state until it answers again",
+                    self.component, reason)
+        if events.bus.active:
+            events.bus.emit(SharedStateDegraded(self.component, reason))
+        if not self._closed and (self._probe is None or self._probe.done()):
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_back())
+
+    def _restore(self) -> None:
+        self.degraded = False
+        down_s = max(0.0, self._clock() - self._degraded_at)
+        log.info("ragguard %s: Redis answers again after %.1fs; back on shared state", self.component, down_s)
+        if events.bus.active:
+            events.bus.emit(SharedStateRestored(self.component, down_s))
+
+    async def _probe_until_back(self) -> None:
+        ping = self.redis.ping
+        while self.degraded and not self._closed:
+            left = self._breaker.retry_after_s
+            await asyncio.sleep(self.probe_every_s if left is None else max(left, 0.01))
+            try:
+                await self.call(ping)
+            except SharedStateUnavailable:
+                continue
+
+    async def aclose(self) -> None:
+        """Stop the probe task (the Redis client belongs to the caller and stays open)."""
+        self._closed = True
+        probe, self._probe = self._probe, None
+        if probe is not None and not probe.done():
+            probe.cancel()
+            try:
+                await probe
+            except asyncio.CancelledError:
+                pass

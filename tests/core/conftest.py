@@ -1,0 +1,67 @@
+"""Fixtures of the core tests: every async test runs on asyncio and on trio."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import importlib
+import sys
+
+import anyio
+import pytest
+
+import ragguard
+from ragguard import _inject
+from ragguard.events import bus
+
+from core_helpers import Recorder
+
+deadline_mod = importlib.import_module("ragguard.deadline")
+
+# ``ragguard.deadline`` and ``ragguard.guard`` are the public callables; reach the modules directly.
+guard_mod = importlib.import_module("ragguard.guard")
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_registry() -> Iterator[None]:
+    """Each test gets the default registry and chaos hook as they were before it."""
+    saved = guard_mod._default
+    listeners = list(bus._listeners)
+    try:
+        yield
+    finally:
+        guard_mod._default = saved
+        _inject.uninstall()
+        bus._listeners[:] = listeners
+
+
+@pytest.fixture
+def deadline_clock(monkeypatch: pytest.MonkeyPatch) -> ragguard.FakeClock:
+    """A FakeClock that drives every deadline (``deadline``, ``remaining``, the guard's checks).
+
+    Attempt timeouts still run on the event loop's real clock, so tests using this clock must not
+    rely on a timeout firing.
+    """
+    clock = ragguard.FakeClock(1000.0)
+    real = deadline_mod._monotonic
+    for name, module in list(sys.modules.items()):
+        if name.startswith("ragguard") and getattr(module, "_monotonic", None) is real:
+            monkeypatch.setattr(module, "_monotonic", clock)
+    return clock
+
+
+@pytest.fixture
+def events() -> Iterator[Recorder]:
+    rec = Recorder()
+    unsubscribe = bus.subscribe(rec)
+    try:
+        yield rec
+    finally:
+        unsubscribe()
+

@@ -1,0 +1,591 @@
+"""The ``@guard`` composition: fallbacks, the typed fallbacks, streams, registries, hooks."""
+
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import ragguard
+from ragguard import (
+    BreakerOpen,
+    BreakerPolicy,
+    BreakerState,
+    ConfigError,
+    DeadlineExceeded,
+    Guard,
+    Policy,
+    QuotaExceeded,
+    StagePolicy,
+    TenantQuota,
+    VectorStoreUnavailable,
+    deadline,
+    degraded,
+)
+from ragguard import _inject
+from ragguard.events import FallbackServed
+
+from core_helpers import Recorder
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
+
+
+def _trip_on_first(**extra: Any) -> BreakerPolicy:
+    return BreakerPolicy(kind="generic", minimum_calls=1, failure_rate_threshold=100, open_for_s=60, **extra)
+
+
+# -- fallbacks ----------------------------------------------------------------------------------
+
+
+async def test_fallback_serves_breaker_failures_and_open_breaker_not_value_error(events: Recorder) -> None:
+    clock = ragguard.FakeClock()
+    g = Guard(Policy(), clock=clock)
+    served: list[tuple[str, int]] = []
+    behaviour: list[BaseException | None] = []
+
+    async def keyword_search(query: str, k: int) -> list[str]:
+        served.append((query, k))
+        return [f"bm25:{query}"]
+
+    @g.guard("vector_store", fallback=keyword_search)
+    async def search(query: str, k: int) -> list[str]:
+        exc = behaviour.pop(0)
+        if exc is not None:
+            raise exc
+        return [f"vec:{query}"]
+
+    behaviour[:] = [None]
+    assert await search("q", 3) == ["vec:q"]
+    assert degraded() == ()
+
+    behaviour[:] = [ConnectionRefusedError("down"), ConnectionRefusedError("down")]  # retried once
+    assert await search("q", 3) == ["bm25:q"]
+    assert served == [("q", 3)]
+    assert degraded() == ("keyword_search",)
+
+    behaviour[:] = [ValueError("bad k")]
+    with pytest.raises(ValueError, match="bad k"):
+        await search("q", -1)
+    assert len(served) == 1
+
+    g.breaker("vector_store").force_open()
+    behaviour[:] = []  # the search is not called while the breaker is open
+    assert await search("q2", 5) == ["bm25:q2"]
+    await events.settle()
+    fallbacks = events.of(FallbackServed)
+    assert [(e.stage, e.fallback, e.tenant, e.cause) for e in fallbacks] == [
+        ("vector_store", "keyword_search", "default", "ConnectionRefusedError"),
+        ("vector_store", "keyword_search", "default", "VectorStoreUnavailable"),
+    ]
+
+
+async def test_without_fallback_an_open_breaker_raises_its_typed_error() -> None:
+    g = Guard()
+
+    @g.guard("vector_store")
+    async def search() -> None:
+        raise AssertionError("not called while open")
+
+    g.breaker("vector_store").force_open()
+    with pytest.raises(VectorStoreUnavailable) as info:
+        await search()
+    assert isinstance(info.value, BreakerOpen)
+
+
+async def test_quota_exceeded_is_not_served_by_the_fallback() -> None:
+    g = Guard(Policy(default_quota=TenantQuota(max_concurrency=1)))
+    gate = anyio.Event()
+
+    async def fallback() -> str:
+        return "fallback"
+
+    @g.guard("vector_store", fallback=fallback)
+    async def search() -> str:
+        await gate.wait()
+        return "real"
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(search)
+        for _ in range(100):
+            if g.quotas.in_flight("default"):
+                break
+            await anyio.sleep(0)
+        with pytest.raises(QuotaExceeded):
+            await search()
+        gate.set()
+
+
+async def test_degraded_covers_child_tasks_of_a_tenant_request() -> None:
+    g = Guard()
+
+    async def cached() -> str:
+        return "stale"
+
+    @g.guard("vector_store", fallback=cached)
+    async def search() -> str:
+        raise ConnectionResetError()
+
+    async with g.tenant("acme"):
+        assert degraded() == ()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(search)
+        assert degraded() == ("cached",)
+    assert degraded() == ()
+
+
+# -- the embedding cache -------------------------------------------------------------------------
+
+
+def _embedding_guard(clock: ragguard.FakeClock, **stage: Any) -> Guard:
+    policy = Policy(stages={"embedding": StagePolicy(**stage)} if stage else {})
+    return Guard(policy, clock=clock)
+
+
+async def test_embedding_cache_is_filled_on_success_and_served_on_failure() -> None:
+    clock = ragguard.FakeClock()
+    g = _embedding_guard(clock)
+    fail = [False]
+
+    @g.guard("embedding")
+    async def embed(texts: list[str]) -> np.ndarray:
+        if fail[0]:
+            raise TimeoutError("embedding service timed out")
+        return np.array([[len(t), i, 1.0] for i, t in enumerate(texts)], dtype=np.float32)
+
+    first = await embed(["Hello   World", "Foo", "bar"])
+    fail[0] = True
+    got = await embed([" hello world", "FOO\t"])  # keys are normalised: case and white space
+    assert isinstance(got, np.ndarray) and got.shape == (2, 3) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, first[:2])
+    assert degraded() == ("embedding_cache",)
+    with pytest.raises(TimeoutError):  # one text never seen: no partial answer
+        await embed(["foo", "never seen"])
+
+
+async def test_embedding_cache_entries_expire(events: Recorder) -> None:
+    clock = ragguard.FakeClock()
+    g = _embedding_guard(clock, cache_ttl_s=10.0)
+    fail = [False]
+
+    @g.guard("embedding")
+    async def embed(texts: list[str]) -> list[list[float]]:
+        if fail[0]:
+            raise TimeoutError()
+        return [[float(len(t))] for t in texts]
+
+    await embed(["a", "bb"])
+    fail[0] = True
+    clock.advance(9.9)
+    assert await embed(["bb", "a"]) == [[2.0], [1.0]]  # list results come back as lists
+    clock.advance(0.2)
+    with pytest.raises(TimeoutError):
+        await embed(["a"])
+
+
+async def test_embedding_cache_with_texts_passed_by_keyword() -> None:
+    clock = ragguard.FakeClock()
+    g = _embedding_guard(clock)
+    fail = [False]
+
+    @g.guard("embedding")
+    async def embed(texts: list[str], *, model: str = "m") -> np.ndarray:
+        if fail[0]:
+            raise TimeoutError()
+        return np.ones((len(texts), 4), dtype=np.float32)
+
+    await embed(texts=["x", "y"])
+    fail[0] = True
+    got = await embed(texts=["x", "y"])
+    assert got.shape == (2, 4)
+
+
+async def test_embedding_cache_then_user_fallback_then_error() -> None:
+    clock = ragguard.FakeClock()
+    g = _embedding_guard(clock)
+
+    async def zeros(texts: list[str]) -> np.ndarray:
+        return np.zeros((len(texts), 2), dtype=np.float32)
+
+    @g.guard("embedding", fallback=zeros)
+    async def embed(texts: list[str]) -> np.ndarray:
+        raise TimeoutError()
+
+    got = await embed(["new"])
+    assert got.shape == (1, 2) and not got.any()
+    assert degraded() == ("zeros",)
+
+
+async def test_embedding_errors_the_breaker_does_not_count_pass_through() -> None:
+    clock = ragguard.FakeClock()
+    g = _embedding_guard(clock)
+
+    @g.guard("embedding")
+    async def embed(texts: list[str]) -> list[list[float]]:
+        if texts == ["boom"]:
+            raise ValueError("input too long")
+        return [[1.0] for _ in texts]
+
+    await embed(["boom2"])
+    with pytest.raises(ValueError):
+        await embed(["boom"])
+
+
+# -- rerank: smaller batch, then skip --------------------------------------------------------------
+
+
+class Reranker:
+    """Reverses the hits it gets; runs out of memory above ``capacity`` hits."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.sizes: list[int] = []
+
+    async def __call__(self, query: str, hits: list[int]) -> list[int]:
+        self.sizes.append(len(hits))
+        if len(hits) > self.capacity:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return list(reversed(hits))
+
+
+async def test_rerank_oom_halves_the_batch_and_remembers_the_limit(events: Recorder) -> None:
+    g = Guard(clock=ragguard.FakeClock())
+    model = Reranker(capacity=6)
+    rerank = g.guard("rerank")(model)
+    hits = list(range(20))
+
+    got = await rerank("q", hits)
+    assert model.sizes == [20, 10, 5]
+    assert got == [4, 3, 2, 1, 0, *range(5, 20)]  # the reranked head, the rest in retrieval order
+    assert degraded() == ("smaller_batch",)
+    assert g.breaker("rerank").state is BreakerState.CLOSED  # two OOMs in a row, then a success
+
+    model.sizes.clear()
+    for _ in range(3):  # additive increase: 6 (fits), 7 (OOM, back to the floor), ...
+        await rerank("q", hits)
+    assert model.sizes[0] == 6
+    assert model.sizes[1] == 7
+    await events.settle()
+    assert all(e.fallback == "smaller_batch" for e in events.of(FallbackServed))
+
+
+async def test_rerank_tries_the_floor_before_skipping() -> None:
+    g = Guard(Policy(stages={"rerank": StagePolicy(rerank_min_batch=4)}), clock=ragguard.FakeClock())
+    model = Reranker(capacity=4)
+    rerank = g.guard("rerank")(model)
+    got = await rerank("q", list(range(7)))
+    assert model.sizes == [7, 4]  # half of 7 is below the floor: the floor itself is still tried
+    assert got == [3, 2, 1, 0, 4, 5, 6]
+
+
+async def test_rerank_always_oom_skips_rerank_in_retrieval_order() -> None:
+    g = Guard(clock=ragguard.FakeClock())
+    model = Reranker(capacity=0)
+    rerank = g.guard("rerank")(model)
+    hits = [9, 3, 7, 1, 5, 8, 2, 6, 4, 0, 11, 10, 12, 13, 14, 15]
+    got = await rerank("q", hits)
+    assert got == hits and got is not hits
+    assert degraded()[-1] == "skip_rerank"
+    assert g.breaker("rerank").state is BreakerState.OPEN  # three OOMs in a row
+    model.sizes.clear()
+    assert await rerank("q", hits) == hits  # open: not even tried
+    assert model.sizes == []
+
+
+async def test_rerank_errors_other_than_oom_pass_through() -> None:
+    g = Guard(clock=ragguard.FakeClock())
+
+    @g.guard("rerank")
+    async def rerank(query: str, hits: list[int]) -> list[int]:
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        await rerank("q", [1, 2, 3])
+
+
+# -- streams ------------------------------------------------------------------------------------
+
+
+async def test_a_stream_holds_its_slot_until_it_closes() -> None:
+    g = Guard(Policy(default_quota=TenantQuota(max_concurrency=1)))
+
+    @g.guard("tokens")
+    async def tokens(n: int) -> Any:
+        for i in range(n):
+            yield i
+            await anyio.sleep(0)
+
+    @g.guard("other")
+    async def other() -> str:
+        return "ok"
+
+    async with aclosing(tokens(5)) as stream:
+        assert await stream.__anext__() == 0
+        assert g.quotas.in_flight("default") == 1
+        with pytest.raises(QuotaExceeded):
+            await other()
+    assert g.quotas.in_flight("default") == 0
+    assert await other() == "ok"
+    assert [i async for i in tokens(3)] == [0, 1, 2]
+    assert g.quotas.in_flight("default") == 0
+
+
+async def test_the_deadline_covers_the_whole_stream() -> None:
+    g = Guard(Policy(stages={"tokens": StagePolicy(timeout_s=1.0, breaker=_trip_on_first())}))
+
+    @g.guard("tokens")
+    async def tokens() -> Any:
+        for i in range(100):
+            await anyio.sleep(0.02)
+            yield i
+
+    got: list[int] = []
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        async with deadline(0.12):
+            async with aclosing(tokens()) as stream:
+                async for item in stream:
+                    got.append(item)
+    assert time.monotonic() - started < 0.6
+    assert 2 <= len(got) <= 6  # each item is quick; the whole stream ran out of time
+    assert g.breaker("tokens").state is BreakerState.CLOSED
+    assert g.breaker("tokens").metrics().calls == 0
+
+
+async def test_an_error_mid_stream_counts_against_the_breaker() -> None:
+    g = Guard(Policy(stages={"tokens": StagePolicy(breaker=_trip_on_first())}))
+
+    async def fallback() -> Any:
+        yield "fallback"
+
+    @g.guard("tokens", fallback=fallback)
+    async def tokens() -> Any:
+        yield 1
+        raise ConnectionResetError("peer went away")
+
+    got = []
+    with pytest.raises(ConnectionResetError):
+        async with aclosing(tokens()) as stream:
+            async for item in stream:
+                got.append(item)
+    assert got == [1]  # no fallback once items were yielded
+    assert g.breaker("tokens").state is BreakerState.OPEN
+    assert [i async for i in tokens()] == ["fallback"]  # open: the fallback stream serves
+    assert degraded() == ("fallback",)
+
+
+async def test_a_failing_stream_before_any_item_is_served_by_the_fallback() -> None:
+    g = Guard(Policy(stages={"tokens": StagePolicy(breaker=_trip_on_first())}))
+
+    def fallback() -> list[str]:
+        return ["a", "b"]
+
+    @g.guard("tokens", fallback=fallback)
+    async def tokens() -> Any:
+        raise ConnectionRefusedError()
+        yield  # pragma: no cover
+
+    assert [i async for i in tokens()] == ["a", "b"]
+    assert g.breaker("tokens").metrics().failed_calls == 1
+
+
+async def test_early_close_releases_without_a_verdict() -> None:
+    clock = ragguard.FakeClock()
+    policy = Policy(stages={"tokens": StagePolicy(breaker=_trip_on_first(half_open_permits=1))})
+    g = Guard(policy, clock=clock)
+    closed = []
+
+    @g.guard("tokens")
+    async def tokens() -> Any:
+        try:
+            for i in range(10):
+                yield i
+        finally:
+            closed.append(True)
+
+    breaker = g.breaker("tokens")
+    async with aclosing(tokens()) as stream:
+        await stream.__anext__()
+    assert closed == [True]
+    assert breaker.metrics().calls == 0  # neither success nor failure
+
+    breaker.force_open()
+    breaker.reset()
+    # half-open with one permit: a consumer that closes early must give the permit back
+    breaker._to(BreakerState.OPEN, clock(), "test")  # noqa: SLF001 - open it the regular way
+    clock.advance(61)
+    async with aclosing(tokens()) as stream:
+        await stream.__anext__()
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert [i async for i in tokens()] == list(range(10))  # the permit came back for this trial
+    assert breaker.state is BreakerState.CLOSED
+
+
+# -- registries and configuration ---------------------------------------------------------------
+
+
+async def test_configure_with_a_policy_a_mapping_and_files(tmp_path: Path) -> None:
+    @ragguard.guard("search")
+    async def slow() -> None:
+        await anyio.sleep(10)
+
+    yaml_file = tmp_path / "policy.yaml"
+    yaml_file.write_text("stages:\n  search:\n    timeout_s: 0.03\n    breaker: {kind: none}\n")
+    toml_file = tmp_path / "policy.toml"
+    toml_file.write_text("[stages.search]\ntimeout_s = 0.03\n[stages.search.breaker]\nkind = 'none'\n")
+    sources: list[Any] = [
+        Policy(stages={"search": StagePolicy(timeout_s=0.03, breaker=BreakerPolicy(kind="none"))}),
+        {"stages": {"search": {"timeout_s": 0.03, "breaker": {"kind": "none"}}}},
+        yaml_file,
+        str(toml_file),
+    ]
+    for source in sources:
+        g = ragguard.configure(source)
+        assert ragguard.default_guard() is g
+        assert g.stage("search").timeout_s == 0.03
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await slow()  # decorated before configure(): follows the new default registry
+        assert time.monotonic() - started < 1.0
+        assert g.breaker("search") is None
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ({"stages": {"search": {"timeout_s": -1}}}, ["stages.search.timeout_s", "greater than 0"]),
+        ({"default_quota": {"max_concurrency": 0}}, ["default_quota.max_concurrency", "greater than or equal to 1"]),
+        ({"stages": {"x": {"breaker": {"failure_rate_threshold": 150}}}},
+         ["stages.x.breaker.failure_rate_threshold", "less than or equal to 100"]),
+        ({"stages": {"x": {"timeout": 1}}}, ["stages.x.timeout"]),
+        (42, ["Policy"]),
+    ],
+)
+async def test_configure_rejects_bad_policies_naming_the_field(source: Any, names: list[str]) -> None:
+    before = ragguard.default_guard()
+    with pytest.raises(ConfigError) as info:
+        ragguard.configure(source)
+    for name in names:
+        assert name in str(info.value)
+    assert ragguard.default_guard() is before  # a bad policy leaves the registry alone
+
+
+async def test_guard_instances_are_independent() -> None:
+    a = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=1)}))
+    b = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=1)}))
+
+    async def work() -> str:
+        return "ok"
+
+    on_a, on_b = a.guard("vector_store")(work), b.guard("vector_store")(work)
+    a.breaker("vector_store").force_open()
+    with pytest.raises(VectorStoreUnavailable):
+        await on_a()
+    assert await on_b() == "ok"
+    assert a.breaker("vector_store") is not b.breaker("vector_store")
+    async with a.tenant("acme"), b.tenant("acme"):  # separate quotas: both admitted
+        assert a.quotas.in_flight("acme") == b.quotas.in_flight("acme") == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "names"),
+    [
+        ({"fallbak": lambda: None}, ["fallbak"]),
+        ({"fallback": 3}, ["fallback"]),
+        ({"breaker": "tight"}, ["breaker"]),
+    ],
+)
+async def test_bad_guard_options_raise_config_error_naming_them(options: dict[str, Any], names: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        Guard().guard("s", **options)
+    for name in names:
+        assert name in str(info.value)
+
+
+async def test_guard_rejects_bad_stage_names_and_sync_functions() -> None:
+    for bad in ("", None, 3):
+        with pytest.raises(ConfigError):
+            Guard().guard(bad)  # type: ignore[arg-type]
+
+    def sync(x: int) -> int:
+        return x
+
+    with pytest.raises(ConfigError, match="async"):
+        Guard().guard("s")(sync)
+
+
+@pytest.mark.parametrize(
+    ("options", "name"),
+    [({"clock": 5}, "clock"), ({"sleep": "soon"}, "sleep"), ({"rng": 7}, "rng"), ({"quotas": object()}, "quotas")],
+)
+async def test_bad_guard_constructor_options_raise_config_error(options: dict[str, Any], name: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Guard(Policy(), **options)
+
+
+async def test_guard_rejects_a_policy_of_the_wrong_type() -> None:
+    with pytest.raises(ConfigError, match="Policy"):
+        Guard({"stages": {}})  # type: ignore[arg-type]
+
+
+# -- events and the chaos hook -------------------------------------------------------------------
+
+
+async def test_a_listener_that_raises_never_breaks_the_call(events: Recorder) -> None:
+    g = Guard()
+
+    def bad_listener(event: Any) -> None:
+        raise RuntimeError("listener bug")
+
+    async def bad_async_listener(event: Any) -> None:
+        raise RuntimeError("async listener bug")
+
+    ragguard.events.bus.subscribe(bad_listener)
+    ragguard.events.bus.subscribe(bad_async_listener)
+    g.breaker("vector_store").bus.subscribe(bad_listener)
+
+    async def fallback(fail: bool) -> str:
+        return "fallback"
+
+    @g.guard("vector_store", fallback=fallback)
+    async def search(fail: bool) -> str:
+        if fail:
+            raise ConnectionRefusedError()
+        return "ok"
+
+    for _ in range(3):
+        assert await search(False) == "ok"
+        assert await search(True) == "fallback"
+        await events.settle()
+    assert len(events.of(FallbackServed)) == 3  # the good listener still gets every event
+
+
+async def test_the_chaos_injector_sees_stage_and_tenant() -> None:
+    g = Guard(Policy(stages={"search": StagePolicy(breaker=_trip_on_first())}))
+    seen: list[tuple[str, str]] = []
+
+    async def injector(stage: str, tenant: str, call: Any) -> Any:
+        seen.append((stage, tenant))
+        if tenant == "victim":
+            raise ConnectionResetError("injected")
+        return await call()
+
+    @g.guard("search")
+    async def search(q: str) -> str:
+        return f"hit:{q}"
+
+    _inject.install(injector)
+    assert await search("a") == "hit:a"
+    async with g.tenant("acme"):
+        assert await search("b") == "hit:b"
+    async with g.tenant("victim"):
+        with pytest.raises(ConnectionResetError):
+            await search("c")
+    assert seen == [("search", "default"), ("search", "acme"), ("search", "victim")]
+    assert g.breaker("search").metrics().failed_calls == 1  # injected faults count like real ones
+    _inject.uninstall(injector)
+    assert _inject.active is None

@@ -1,0 +1,432 @@
+"""Per-tenant quotas: FIFO bulkhead, GCRA rate, bounded waits, honest retry-after, releases."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+import ragguard
+from ragguard import (
+    BreakerPolicy,
+    BreakerState,
+    ConfigError,
+    DeadlineExceeded,
+    Guard,
+    InvalidInput,
+    Policy,
+    QuotaExceeded,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+    current_tenant,
+    deadline,
+    remaining,
+)
+from ragguard.events import QuotaRejected
+from ragguard.quotas import LocalQuotas
+
+from core_helpers import Recorder, no_sleep
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+def _guard(clock: Any = None, max_tenants: int | None = None, **quotas: TenantQuota) -> Guard:
+    policy = Policy(tenants=quotas)
+    options: dict[str, Any] = {}
+    if clock is not None:
+        options["clock"] = clock
+    if max_tenants is not None:
+        options["quotas"] = LocalQuotas(policy.quota, clock=clock or time.monotonic, max_tenants=max_tenants)
+    return Guard(policy, **options)
+
+
+async def _until(predicate: Any, what: str) -> None:
+    for _ in range(10_000):
+        if predicate():
+            return
+        await anyio.sleep(0)
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+# -- concurrency: FIFO, bounded waits -------------------------------------------------------------
+
+
+async def test_waiters_are_admitted_first_come_first_served() -> None:
+    g = _guard(acme=TenantQuota(max_concurrency=1, max_wait_s=10))
+    admitted: list[int] = []
+    release = anyio.Event()
+
+    async def holder() -> None:
+        async with g.tenant("acme"):
+            await release.wait()
+
+    async def request(i: int) -> None:
+        async with g.tenant("acme"):
+            admitted.append(i)
+            await anyio.sleep(0)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(holder)
+        await _until(lambda: g.quotas.in_flight("acme") == 1, "the holder is in")
+        for i in range(10):
+            tg.start_soon(request, i)
+            await _until(lambda i=i: g.quotas.waiting("acme") == i + 1, f"waiter {i} queued")
+        release.set()
+        # a newcomer arriving while others wait must queue behind them, not take a freed slot
+        await anyio.sleep(0)
+        tg.start_soon(request, 99)
+    assert admitted == [*range(10), 99]
+    assert g.quotas.in_flight("acme") == 0 and g.quotas.waiting("acme") == 0
+
+
+async def test_max_wait_s_bounds_the_wait(events: Recorder) -> None:
+    g = _guard(acme=TenantQuota(max_concurrency=1, max_wait_s=0.05))
+    async with g.tenant("acme"):
+        started = time.monotonic()
+        with pytest.raises(QuotaExceeded) as info:
+            async with g.tenant("acme"):
+                pass
+        waited = time.monotonic() - started
+    assert 0.04 <= waited < 1.0
+    assert info.value.tenant == "acme" and info.value.reason == "concurrency"
+    assert info.value.retry_after_s > 0
+    assert g.quotas.in_flight("acme") == 0 and g.quotas.waiting("acme") == 0
+    await events.settle()
+    assert [(e.tenant, e.reason) for e in events.of(QuotaRejected)] == [("acme", "concurrency")]
+
+
+async def test_zero_max_wait_rejects_at_once() -> None:
+    g = _guard(acme=TenantQuota(max_concurrency=2))
+    async with g.tenant("acme"), g.tenant("acme"):
+        started = time.monotonic()
+        with pytest.raises(QuotaExceeded) as info:
+            async with g.tenant("acme"):
+                pass
+        assert time.monotonic() - started < 0.05
+    assert info.value.reason == "concurrency"
+
+
+async def test_the_deadline_bounds_the_wait() -> None:
+    g = _guard(acme=TenantQuota(max_concurrency=1, max_wait_s=30))
+    async with g.tenant("acme"):
+        started = time.monotonic()
+        with pytest.raises(QuotaExceeded) as info:
+            async with deadline(0.05), g.tenant("acme"):
+                pass
+        assert time.monotonic() - started < 1.0
+    assert info.value.reason == "deadline"
+    assert g.quotas.waiting("acme") == 0
+
+
+async def test_a_waiter_admitted_in_time_gets_the_slot() -> None:
+    g = _guard(acme=TenantQuota(max_concurrency=1, max_wait_s=5))
+    order = []
+
+    async def holder() -> None:
+        async with g.tenant("acme"):
+            order.append("holder in")
+            await anyio.sleep(0.02)
+        order.append("holder out")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(holder)
+        await _until(lambda: g.quotas.in_flight("acme") == 1, "holder in")
+        async with g.tenant("acme"):
+            order.append("waiter in")
+    assert order == ["holder in", "holder out", "waiter in"]
+
+
+# -- rate: GCRA with an honest retry_after_s ------------------------------------------------------
+
+
+async def test_rate_retry_after_is_exactly_when_a_token_is_due() -> None:
+    clock = ragguard.FakeClock()
+    g = _guard(clock=clock, acme=TenantQuota(rate_per_s=4, burst=2))
+    async with g.tenant("acme"), g.tenant("acme"):  # the burst
+        pass
+    with pytest.raises(QuotaExceeded) as info:
+        async with g.tenant("acme"):
+            pass
+    assert info.value.reason == "rate" and info.value.tenant == "acme"
+    assert info.value.retry_after_s == pytest.approx(0.25)
+    clock.advance(0.1)
+    with pytest.raises(QuotaExceeded) as info:
+        async with g.tenant("acme"):
+            pass
+    assert info.value.retry_after_s == pytest.approx(0.15)  # a refusal spends nothing
+    clock.advance(info.value.retry_after_s)
+    async with g.tenant("acme"):  # admitted exactly when promised
+        pass
+    with pytest.raises(QuotaExceeded) as info:
+        async with g.tenant("acme"):
+            pass
+    assert info.value.retry_after_s == pytest.approx(0.25)
+
+
+async def test_rate_is_respected_over_a_simulated_period() -> None:
+    clock = ragguard.FakeClock()
+    rate, burst = 5.0, 5
+    g = _guard(clock=clock, acme=TenantQuota(rate_per_s=rate, burst=burst))
+    admitted: list[float] = []
+    promises: list[tuple[float, float]] = []
+    for _ in range(1000):  # one request every 10 ms for 10 s
+        try:
+            async with g.tenant("acme"):
+                admitted.append(clock())
+        except QuotaExceeded as exc:
+            promises.append((clock(), clock() + exc.retry_after_s))
+        clock.advance(0.01)
+    assert rate * 10 <= len(admitted) <= rate * 10 + burst
+    for start in (t / 10 for t in range(0, 91)):
+        in_window = sum(1 for t in admitted if start <= t < start + 1.0)
+        assert in_window <= rate + burst
+    for start in (t / 10 for t in range(10, 91)):  # after the first burst, the rate itself
+        assert sum(1 for t in admitted if start <= t < start + 1.0) <= rate + 1
+    # every refusal's retry_after_s was honest: the next admission came exactly then (to the 10 ms
+    # step of this simulation), never earlier
+    checked = 0
+    for refused_at, promise in promises:
+        later = [a for a in admitted if a >= refused_at]
+        if later:
+            assert promise - 1e-9 <= later[0] <= promise + 0.01 + 1e-9
+            checked += 1
+    assert checked > 900
+
+
+async def test_rate_and_concurrency_together() -> None:
+    clock = ragguard.FakeClock()
+    g = _guard(clock=clock, acme=TenantQuota(rate_per_s=1000, max_concurrency=1))
+    async with g.tenant("acme"):
+        with pytest.raises(QuotaExceeded) as info:
+            async with g.tenant("acme"):
+                pass
+        assert info.value.reason == "concurrency"
+    # the refused request gave its rate token back: the other 999 of the burst fit at once
+    for _ in range(999):
+        async with g.tenant("acme"):
+            pass
+    with pytest.raises(QuotaExceeded) as info:
+        async with g.tenant("acme"):
+            pass
+    assert info.value.reason == "rate"
+
+
+# -- releases -----------------------------------------------------------------------------------
+
+
+async def test_slot_released_on_success_error_and_cancellation() -> None:
+    g = _guard(acme=TenantQuota(max_concurrency=1, max_wait_s=1))
+    async with g.tenant("acme"):
+        assert g.quotas.in_flight("acme") == 1
+    assert g.quotas.in_flight("acme") == 0
+    with pytest.raises(KeyError):
+        async with g.tenant("acme"):
+            raise KeyError("user error")
+    assert g.quotas.in_flight("acme") == 0
+    with anyio.move_on_after(0.01):
+        async with g.tenant("acme"):
+            await anyio.sleep(10)
+    assert g.quotas.in_flight("acme") == 0
+
+    # a waiter cancelled while queued leaves no trace, and the next one is served
+    async def hold(ev: anyio.Event) -> None:
+        async with g.tenant("acme"):
+            await ev.wait()
+
+    ev = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold, ev)
+        await _until(lambda: g.quotas.in_flight("acme") == 1, "held")
+        with anyio.move_on_after(0.01):
+            async with g.tenant("acme"):
+                raise AssertionError("must not be admitted")
+        assert g.quotas.waiting("acme") == 0
+        ev.set()
+    async with g.tenant("acme"):
+        pass
+    assert g.quotas.in_flight("acme") == 0
+
+
+async def test_ten_thousand_randomly_cancelled_calls_leave_nothing_held() -> None:
+    rng = random.Random(20240611)
+    quota = TenantQuota(max_concurrency=8, max_wait_s=5)
+    never_trips = BreakerPolicy(kind="generic", failure_rate_threshold=100, minimum_calls=1000, window_size=1000)
+    stage = StagePolicy(timeout_s=5, breaker=never_trips,
+                        retry=RetryPolicy(attempts=2, retry_on=("connection",), jitter_s=0))
+    policy = Policy(tenants={"acme": quota}, default_quota=TenantQuota(max_concurrency=4, max_wait_s=5),
+                    stages={"s": stage})
+    g = Guard(policy, sleep=no_sleep, rng=random.Random(1))
+    inside = {"acme": 0, "default": 0}
+    peak = {"acme": 0, "default": 0}
+    outcomes = {"ok": 0, "cancelled": 0, "error": 0}
+
+    @g.guard("s")
+    async def work(steps: int, fail: bool) -> None:
+        who = current_tenant()
+        inside[who] += 1
+        peak[who] = max(peak[who], inside[who])
+        try:
+            for _ in range(steps):
+                await anyio.sleep(0)
+            if fail:
+                raise ConnectionError("flaky")
+        finally:
+            inside[who] -= 1
+
+    async def one(scope: anyio.CancelScope, in_tenant: bool, steps: int, fail: bool) -> None:
+        with scope:
+            try:
+                if in_tenant:
+                    async with g.tenant("acme"):
+                        await work(steps, fail)
+                else:
+                    await work(steps, fail)  # per-call quota of the default tenant
+                outcomes["ok"] += 1
+            except ConnectionError:
+                outcomes["error"] += 1
+        if scope.cancelled_caught:
+            outcomes["cancelled"] += 1
+
+    started = time.monotonic()
+    for _ in range(20):
+        plan: list[tuple[anyio.CancelScope, int | None]] = []
+        async with anyio.create_task_group() as tg:
+            for _ in range(500):
+                scope = anyio.CancelScope()
+                cancel_at = rng.randrange(0, 40) if rng.random() < 0.7 else None
+                plan.append((scope, cancel_at))
+                tg.start_soon(one, scope, rng.random() < 0.8, rng.randrange(0, 6), rng.random() < 0.2)
+            for step in range(40):
+                for scope, at in plan:
+                    if at == step:
+                        scope.cancel()
+                await anyio.sleep(0)
+    assert time.monotonic() - started < 10.0
+    assert sum(outcomes.values()) == 10_000
+    assert outcomes["cancelled"] > 2000 and outcomes["ok"] > 1000  # the plan really cut calls short
+    assert peak["acme"] <= 8 and peak["default"] <= 4
+    for tenant in ("acme", "default"):
+        assert g.quotas.in_flight(tenant) == 0
+        assert g.quotas.waiting(tenant) == 0
+        assert not g.quotas._buckets[tenant].waiters  # no abandoned waiter left queued
+    assert g.breaker("s").state is BreakerState.CLOSED
+    # and the quota still admits its full concurrency
+    async with g.tenant("acme"), g.tenant("acme"), g.tenant("acme"), g.tenant("acme"), \
+            g.tenant("acme"), g.tenant("acme"), g.tenant("acme"), g.tenant("acme"):
+        assert g.quotas.in_flight("acme") == 8
+
+
+# -- tenant ids -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", "a" * 65, "has space", "semi;colon", "-leading-dash", "ünïcode", "new\nline", "a/b",
+     123, None, b"acme", ["acme"]],
+)
+async def test_bad_tenant_ids_raise_value_error_and_create_no_bucket(bad: object) -> None:
+    g = _guard(default=TenantQuota(max_concurrency=1))
+    g.quotas._buckets.clear()
+    with pytest.raises(ValueError) as info:
+        async with g.tenant(bad):  # type: ignore[arg-type]
+            pass
+    assert isinstance(info.value, InvalidInput)
+    assert "tenant id" in str(info.value)
+    assert g.quotas._buckets == {}
+    with pytest.raises(ValueError):
+        ragguard.tenant(bad)  # type: ignore[arg-type]
+
+
+async def test_valid_tenant_ids_are_accepted() -> None:
+    g = _guard(default=TenantQuota(max_concurrency=1))
+    for tid in ("a", "A" * 64, "acme.eu-1", "user@example.org", "org:team_7"):
+        async with g.tenant(tid):
+            assert current_tenant() == tid
+    assert current_tenant() == "default"
+
+
+async def test_bad_tenant_id_in_a_policy_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        Policy.parse({"tenants": {"bad id": {"max_concurrency": 1}}})
+
+
+async def test_a_flood_of_tenant_ids_keeps_buckets_bounded() -> None:
+    clock = ragguard.FakeClock()
+    policy = Policy(default_quota=TenantQuota(max_concurrency=2, rate_per_s=100))
+    quotas = LocalQuotas(policy.quota, clock=clock, max_tenants=50)
+    g = Guard(policy, clock=clock, quotas=quotas)
+    for i in range(2000):
+        async with g.tenant(f"tenant-{i}"):
+            pass
+        clock.advance(0.05)  # each tenant's rate token is spent by the time the next arrives
+        assert len(quotas._buckets) <= 50
+    # a busy tenant is never evicted
+    async with g.tenant("busy"):
+        for i in range(200):
+            async with g.tenant(f"other-{i}"):
+                pass
+            clock.advance(0.05)
+        assert quotas.in_flight("busy") == 1
+
+
+# -- tenant context -------------------------------------------------------------------------------
+
+
+async def test_tenant_timeout_becomes_the_deadline(deadline_clock: ragguard.FakeClock) -> None:
+    g = _guard(acme=TenantQuota(timeout_s=0.5), slow=TenantQuota(timeout_s=30))
+    assert remaining() is None
+    async with g.tenant("acme"):
+        assert remaining() == pytest.approx(0.5)
+        assert current_tenant() == "acme"
+    assert remaining() is None and current_tenant() == "default"
+    async with deadline(0.2), g.tenant("slow"):
+        assert remaining() == pytest.approx(0.2)  # the caller's shorter deadline wins
+
+
+async def test_tenant_deadline_bounds_guarded_calls() -> None:
+    g = Guard(Policy(tenants={"acme": TenantQuota(timeout_s=0.05)}))
+
+    @g.guard("search")
+    async def search() -> None:
+        await anyio.sleep(10)
+
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        async with g.tenant("acme"):
+            await search()
+    assert time.monotonic() - started < 1.0
+
+
+async def test_calls_inside_a_tenant_block_take_no_second_slot() -> None:
+    g = Guard(Policy(default_quota=TenantQuota(max_concurrency=1)))
+
+    @g.guard("s")
+    async def work() -> str:
+        return current_tenant()
+
+    async with g.tenant("acme"):  # acme gets its own default quota of 1
+        assert await work() == "acme"
+        assert await work() == "acme"
+    assert await work() == "default"  # outside: the default tenant's per-call slot
+    assert g.quotas.in_flight("default") == 0
+
+
+async def test_per_call_quota_outside_a_tenant_block() -> None:
+    g = Guard(Policy(default_quota=TenantQuota(max_concurrency=1)))
+    gate = anyio.Event()
+
+    @g.guard("s")
+    async def work() -> None:
+        await gate.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(work)
+        await _until(lambda: g.quotas.in_flight("default") == 1, "first call in")
+        with pytest.raises(QuotaExceeded):
+            await work()
+        gate.set()
+    assert g.quotas.in_flight("default") == 0

@@ -1,0 +1,68 @@
+"""One replica of the multi-process quota accuracy test (run as a script by test_quota_accuracy).
+
+Usage: python _quota_worker.py PORT START_AT DURATION_S CALLERS SEED
+Prints one JSON line: admission times (wall clock), the peak in-flight count seen through a
+Redis-side counter, rejections by reason, and whether this replica ever left shared state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from typing import Any
+
+import redis.asyncio as aredis
+
+from ragguard import QuotaExceeded, TenantQuota, events
+from ragguard.distributed import RedisQuotas, SharedStateDegraded
+
+TENANT = "acme"
+QUOTA = TenantQuota(max_concurrency=10, rate_per_s=100.0, burst=5)
+IN_FLIGHT = "test:in_flight"
+
+
+async def main(port: int, start_at: float, duration_s: float, callers: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    degraded: list[Any] = []
+    events.bus.subscribe(lambda e: degraded.append(e) if isinstance(e, SharedStateDegraded) else None)
+    pool = aredis.BlockingConnectionPool(host="127.0.0.1", port=port, max_connections=64, timeout=5.0,
+                                         socket_timeout=5.0)
+    client = aredis.Redis(connection_pool=pool)
+    quotas = RedisQuotas(lambda t: QUOTA, client, redis_timeout_s=2.0, rng=random.Random(seed + 1))
+    admitted: list[float] = []
+    rejected = {"rate": 0, "concurrency": 0}
+    peak = 0
+    end = start_at + duration_s
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+
+    async def caller(crng: random.Random) -> None:
+        nonlocal peak
+        while time.time() < end:
+            try:
+                lease = await quotas.acquire(TENANT)
+            except QuotaExceeded as exc:
+                rejected[exc.reason] += 1
+                await asyncio.sleep(crng.uniform(0.1, 0.4))
+                continue
+            admitted.append(time.time())
+            try:
+                peak = max(peak, int(await client.incr(IN_FLIGHT)))
+                # mostly short calls, some long ones: the bulkhead fills now and then
+                await asyncio.sleep(0.25 if crng.random() < 0.1 else 0.02)
+                await client.decr(IN_FLIGHT)
+            finally:
+                quotas.release(lease)
+
+    await asyncio.gather(*(caller(random.Random(rng.random())) for _ in range(callers)))
+    await quotas.aclose()
+    await client.aclose()
+    return {"admitted": admitted, "peak": peak, "rejected": rejected, "degraded": len(degraded)}
+
+
+if __name__ == "__main__":
+    port, start_at, duration_s, callers, seed = sys.argv[1:6]
+    result = asyncio.run(main(int(port), float(start_at), float(duration_s), int(callers), int(seed)))
+    print(json.dumps(result))

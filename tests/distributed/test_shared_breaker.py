@@ -1,0 +1,322 @@
+"""SharedCircuitBreaker against a real redis-server: several replicas (instances) share one state."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from ragguard import BreakerOpen, BreakerState, CircuitBreaker, ConfigError, FakeClock, Guard
+from ragguard.distributed import SharedCircuitBreaker, breaker_keys
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
+
+
+def replica(client: Any, clock: Any, name: str = "search", **options: Any) -> SharedCircuitBreaker:
+    shared = {k: options.pop(k) for k in list(options) if k in {"trial_lease_s", "staleness_s",
+                                                                  "flush_interval_s", "batch_size"}}
+    options.setdefault("minimum_calls", 4)
+    options.setdefault("window_size", 4)
+    options.setdefault("half_open_permits", 2)
+    options.setdefault("open_for_s", 5.0)
+    return SharedCircuitBreaker(CircuitBreaker(name, **options), client, clock=clock, **shared)
+
+
+def fail(b: SharedCircuitBreaker, n: int) -> None:
+    for _ in range(n):
+        b.on_result(b.acquire(), 0.01, ConnectionRefusedError("down"))
+
+
+def succeed(b: SharedCircuitBreaker, n: int) -> None:
+    for _ in range(n):
+        b.on_result(b.acquire(), 0.01, None)
+
+
+async def test_a_trip_on_one_replica_opens_every_replica(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock).start()
+    b = await replica(client, fake_clock).start()
+    try:
+        assert a.shared and b.shared and a.state is CLOSED
+        succeed(a, 2)
+        fail(b, 2)  # 2 of 4 calls failed across the replicas: 50% >= 50%
+        await a.refresh()
+        assert a.state is CLOSED  # a's outcomes alone: 0 of 2 failed, under minimum_calls
+        await b.refresh()
+        assert b.state is OPEN
+        await a.refresh()
+        assert a.state is OPEN
+        fake_clock.advance(1.0)
+        with pytest.raises(BreakerOpen) as info:
+            a.acquire()
+        assert info.value.retry_after_s == pytest.approx(4.0)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_replicas_see_a_trip_within_the_staleness_bound(client: Any) -> None:
+    a = await replica(client, time.time, staleness_s=1.0).start()
+    b = await replica(client, time.time, staleness_s=1.0).start()
+    try:
+        fail(a, 4)
+        await a.refresh()
+        tripped = time.monotonic()
+        assert a.state is OPEN
+        while b.state is not OPEN and time.monotonic() - tripped < 3.0:
+            await asyncio.sleep(0.01)
+        assert b.state is OPEN
+        assert time.monotonic() - tripped <= 1.0
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_outcomes_are_batched_not_sent_per_call(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock, minimum_calls=100, window_size=100).start()
+    try:
+        succeed(a, 30)
+        state_key, window_key, _ = a.keys
+        assert await client.llen(window_key) == 0  # nothing sent yet: the happy path did no I/O
+        await a.refresh()
+        assert await client.llen(window_key) == 30
+        assert int(await client.hget(state_key, "calls")) == 30
+    finally:
+        await a.aclose()
+
+
+async def test_a_joining_replica_writes_nothing(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock).start()
+    assert await client.keys("*") == []  # a fresh breaker on an empty Redis writes nothing either
+    fail(a, 4)
+    await a.refresh()
+    before = {k: await client.hgetall(k) for k in (a.keys[0],)}
+    window_before = await client.lrange(a.keys[1], 0, -1)
+    ttl_before = await client.pttl(a.keys[0])
+    joined = await replica(client, fake_clock).start()
+    try:
+        await joined.refresh()
+        assert joined.state is OPEN
+        assert {k: await client.hgetall(k) for k in (a.keys[0],)} == before
+        assert await client.lrange(a.keys[1], 0, -1) == window_before
+        assert await client.pttl(a.keys[0]) <= ttl_before  # not refreshed: nothing was written
+    finally:
+        await a.aclose()
+        await joined.aclose()
+
+
+async def test_keys_carry_one_hash_tag_and_expire(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock, name="rerank").start()
+    try:
+        fail(a, 4)
+        await a.refresh()
+        keys = sorted(k.decode() for k in await client.keys("*"))
+        assert keys and all(k.startswith("{ragguard:breaker:rerank}:") for k in keys)
+        assert set(keys) <= set(breaker_keys("rerank"))
+        for k in keys:
+            ttl_ms = await client.pttl(k)
+            assert 3600_000 < ttl_ms <= 3600_000 + 5_000  # key_ttl_s plus the time left open
+    finally:
+        await a.aclose()
+
+
+async def test_half_open_trials_across_replicas_are_bounded(client: Any, fake_clock: FakeClock) -> None:
+    replicas = [await replica(client, fake_clock, half_open_permits=2).start() for _ in range(3)]
+    try:
+        fail(replicas[0], 4)
+        await replicas[0].refresh()
+        fake_clock.advance(5.0)
+        granted, rejected = [], 0
+        for r in replicas:
+            await r.refresh()
+            for _ in range(3):
+                try:
+                    granted.append((r, await r.acquire_async()))
+                except BreakerOpen as exc:
+                    assert exc.state == "half_open"
+                    rejected += 1
+        assert len(granted) == 2 and rejected == 7
+        for r, token in granted:
+            r.on_result(token, 0.01, None)
+            await r.refresh()
+        for r in replicas:
+            await r.refresh()
+            assert r.state is CLOSED
+    finally:
+        for r in replicas:
+            await r.aclose()
+
+
+async def test_failed_trials_reopen_with_backoff(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock, half_open_permits=1, open_backoff_multiplier=2.0).start()
+    try:
+        fail(a, 4)
+        await a.refresh()
+        fake_clock.advance(5.0)
+        token = await a.acquire_async()
+        assert a.state is HALF_OPEN
+        a.on_result(token, 0.01, ConnectionRefusedError("still down"))
+        await a.refresh()
+        assert a.state is OPEN
+        assert a.retry_after_s == pytest.approx(10.0)
+    finally:
+        await a.aclose()
+
+
+async def test_a_dead_replicas_trial_permit_comes_back(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock, half_open_permits=1, trial_lease_s=3.0).start()
+    b = await replica(client, fake_clock, half_open_permits=1, trial_lease_s=3.0).start()
+    try:
+        fail(a, 4)
+        await a.refresh()
+        fake_clock.advance(5.0)
+        await a.acquire_async()  # a takes the only permit, then "dies" without reporting
+        await b.refresh()
+        with pytest.raises(BreakerOpen):
+            await b.acquire_async()
+        fake_clock.advance(3.1)
+        token = await b.acquire_async()
+        b.on_result(token, 0.01, None)
+        await b.refresh()
+        assert b.state is CLOSED
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_sync_acquire_uses_a_permit_fetched_in_the_background(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock, half_open_permits=1, staleness_s=1.0).start()
+    try:
+        fail(a, 4)
+        await a.refresh()
+        fake_clock.advance(5.0)
+        with pytest.raises(BreakerOpen) as info:
+            a.acquire()  # cannot wait on Redis: asks the background task for a permit
+        assert info.value.state == "half_open" and info.value.retry_after_s == 0.0
+        await a.refresh()
+        token = a.acquire()
+        a.on_result(token, 0.01, None)
+        await a.refresh()
+        assert a.state is CLOSED
+    finally:
+        await a.aclose()
+
+
+async def test_an_unused_prefetched_permit_is_given_back(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock, half_open_permits=1).start()
+    b = await replica(client, fake_clock, half_open_permits=1).start()
+    try:
+        fail(a, 4)
+        await a.refresh()
+        fake_clock.advance(5.0)
+        with pytest.raises(BreakerOpen):
+            a.acquire()
+        await a.refresh()  # a now holds the only permit, unused
+        await b.refresh()
+        with pytest.raises(BreakerOpen):
+            await b.acquire_async()
+        fake_clock.advance(1.5)  # more than staleness_s: a gives it back
+        await a.refresh()
+        assert await b.acquire_async() is not None
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_time_window_trips_and_forgets_old_seconds(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock, window_type="time", window_size=10, minimum_calls=4).start()
+    try:
+        fail(a, 3)
+        await a.refresh()
+        fake_clock.advance(11.0)  # those 3 failures leave the window
+        fail(a, 1)
+        succeed(a, 3)
+        await a.refresh()
+        assert a.state is CLOSED
+        fail(a, 2)  # 3 of 6 in the window
+        await a.refresh()
+        assert a.state is OPEN
+    finally:
+        await a.aclose()
+
+
+async def test_uncounted_errors_and_stale_tokens_change_nothing(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock).start()
+    b = await replica(client, fake_clock).start()
+    try:
+        stale = a.acquire()
+        for _ in range(6):
+            a.on_result(a.acquire(), 0.01, ValueError("caller's bad input"))
+        await a.refresh()
+        assert await client.llen(a.keys[1]) == 0
+        fail(b, 4)
+        await b.refresh()
+        await b.reset()  # closed again, new epoch
+        await a.refresh()
+        a.on_result(stale, 0.01, ConnectionRefusedError("from before the reset"))
+        await a.refresh()
+        assert a.state is CLOSED and await client.llen(a.keys[1]) == 0
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_operators_apply_to_every_replica(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock).start()
+    b = await replica(client, fake_clock).start()
+    try:
+        await a.force_open()
+        await b.refresh()
+        with pytest.raises(BreakerOpen) as info:
+            b.acquire()
+        assert info.value.state == "forced_open" and info.value.retry_after_s is None
+        await a.disable()
+        await b.refresh()
+        b.on_result(b.acquire(), 0.01, ConnectionRefusedError("not recorded"))
+        await a.reset()
+        await b.refresh()
+        assert b.state is CLOSED
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_guard_stage_trips_through_the_shared_breaker(client: Any) -> None:
+    g = Guard()
+    shared = await replica(client, time.time, name="store").start()
+    g.stage("store", breaker=shared)
+
+    @g.guard("store")
+    async def search() -> str:
+        raise ConnectionRefusedError("store down")
+
+    try:
+        for _ in range(4):
+            with pytest.raises(ConnectionRefusedError):
+                await search()
+        await shared.refresh()
+        assert shared.state is OPEN
+        with pytest.raises(BreakerOpen):
+            await search()
+    finally:
+        await shared.aclose()
+
+
+def test_options_are_validated(fake_clock: FakeClock) -> None:
+    class _Client:
+        def register_script(self, src: str) -> Any:
+            return None
+
+    with pytest.raises(ConfigError, match="staleness_s"):
+        SharedCircuitBreaker(CircuitBreaker("x"), _Client(), staleness_s=0.2, flush_interval_s=0.1)
+    with pytest.raises(ConfigError, match="braces"):
+        SharedCircuitBreaker(CircuitBreaker("a{b}"), _Client())
+    with pytest.raises(ConfigError, match="batch_size"):
+        SharedCircuitBreaker(CircuitBreaker("x"), _Client(), batch_size=0)
+    with pytest.raises(ConfigError, match="breaker"):
+        SharedCircuitBreaker(object(), _Client())  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="redis"):
+        SharedCircuitBreaker(CircuitBreaker("x"), object())

@@ -1,0 +1,156 @@
+"""The Prometheus exporter: events in, a real registry scraped as text out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from ragguard import ConfigError, events
+from ragguard.metrics import PrometheusExporter, StageCompleted, otel_span
+from ragguard.monitors import MonitoredBlockingConnectionPool, StallDetector
+
+pytestmark = pytest.mark.anyio
+
+
+def samples(exporter: PrometheusExporter) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = exporter.scrape().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(exporter: PrometheusExporter, name: str, **labels: str) -> float:
+    return samples(exporter)[(name, frozenset(labels.items()))]
+
+
+async def _deliver() -> None:
+    for _ in range(2):
+        await asyncio.sleep(0)
+
+
+async def test_every_guard_event_becomes_a_metric() -> None:
+    bus = events.EventBus()
+    exporter = PrometheusExporter(bus=bus).start()
+    bus.emit(StageCompleted("embed", "acme", "success", 0.3))
+    bus.emit(StageCompleted("embed", "acme", "fallback", 0.9, fallback="cache"))
+    bus.emit(events.CallOutcome("embedding", "slow_success", 1.5))
+    bus.emit(events.CallRejected("embedding", "open", 3.0))
+    bus.emit(events.BreakerTransition("embedding", "closed", "open", 10.0, "slow-call rate"))
+    bus.emit(events.FallbackServed("embed", "cache", "acme", "EmbeddingUnavailable"))
+    bus.emit(events.QuotaRejected("acme", "rate", 0.5))
+    bus.emit(events.RetryScheduled("search", 2, 0.1, "ConnectionError"))
+    bus.emit(events.RetryBudgetExhausted("search", "acme"))
+    await _deliver()
+
+    assert (
+        value(
+            exporter, "ragguard_stage_duration_seconds_count", stage="embed", tenant="acme", outcome="success"
+        )
+        == 1
+    )
+    assert value(exporter, "ragguard_stage_duration_seconds_bucket", stage="embed", tenant="acme",
+                 outcome="fallback", le="0.8") == 0  # fmt: skip
+    assert value(exporter, "ragguard_stage_duration_seconds_bucket", stage="embed", tenant="acme",
+                 outcome="fallback", le="1.0") == 1  # fmt: skip
+    assert (
+        value(exporter, "ragguard_call_duration_seconds_sum", breaker="embedding", outcome="slow_success")
+        == 1.5
+    )
+    assert value(exporter, "ragguard_calls_rejected_total", breaker="embedding", state="open") == 1
+    assert value(exporter, "ragguard_breaker_state", breaker="embedding", state="open") == 1
+    assert value(exporter, "ragguard_breaker_state", breaker="embedding", state="closed") == 0
+    assert value(exporter, "ragguard_breaker_transitions_total", breaker="embedding", from_state="closed",
+                 to_state="open") == 1  # fmt: skip
+    assert (
+        value(exporter, "ragguard_fallbacks_served_total", stage="embed", fallback="cache", tenant="acme")
+        == 1
+    )
+    assert value(exporter, "ragguard_quota_rejections_total", tenant="acme", reason="rate") == 1
+    assert value(exporter, "ragguard_retries_total", stage="search") == 1
+    assert value(exporter, "ragguard_retry_budget_exhausted_total", stage="search", tenant="acme") == 1
+    exporter.close()
+    bus.emit(events.QuotaRejected("acme", "rate", 0.5))
+    await _deliver()
+    assert value(exporter, "ragguard_quota_rejections_total", tenant="acme", reason="rate") == 1
+
+
+async def test_subclassed_events_are_recognised() -> None:
+    breakers = pytest.importorskip("ragguard.breakers._breaker")
+    bus = events.EventBus()
+    exporter = PrometheusExporter(bus=bus).start()
+    bus.emit(breakers.BreakerCallOutcome("rerank", "failure", 0.2, "MemoryError", None))
+    await _deliver()
+    assert value(exporter, "ragguard_call_duration_seconds_count", breaker="rerank", outcome="failure") == 1
+
+
+async def test_tenant_labels_are_capped() -> None:
+    bus = events.EventBus()
+    exporter = PrometheusExporter(bus=bus, max_tenants=3).start()
+    for i in range(50):
+        bus.emit(events.QuotaRejected(f"tenant-{i}", "concurrency", 0.1))
+    await _deliver()
+    tenants = {dict(labels)["tenant"]: v for (name, labels), v in samples(exporter).items()
+               if name == "ragguard_quota_rejections_total"}  # fmt: skip
+    assert tenants == {"tenant-0": 1, "tenant-1": 1, "tenant-2": 1, "other": 47}
+
+
+async def test_loop_stalls_and_pool_gauges_from_real_components(redis_server: Any) -> None:
+    bus = events.EventBus()
+    exporter = PrometheusExporter(bus=bus).start()
+    pool = MonitoredBlockingConnectionPool(
+        host=redis_server.host, port=redis_server.port, max_connections=4, pool_name="vectors", bus=bus
+    )
+    client = aioredis.Redis(connection_pool=pool)
+    await asyncio.gather(*(client.ping() for _ in range(3)))
+    held = await pool.get_connection()
+    async with StallDetector(bus=bus):
+        await asyncio.sleep(0.05)
+        time.sleep(0.1)
+        await _deliver()
+    assert value(exporter, "ragguard_loop_stalls_total") == 1
+    assert value(exporter, "ragguard_loop_stall_duration_seconds_count") == 1
+    assert value(exporter, "ragguard_redis_pool_connections", pool="vectors", state="in_use") == 1
+    assert value(exporter, "ragguard_redis_pool_connections", pool="vectors", state="idle") == 2
+    assert value(exporter, "ragguard_redis_pool_max_connections", pool="vectors") == 4
+    assert value(exporter, "ragguard_redis_pool_waiting", pool="vectors") == 0
+    assert value(exporter, "ragguard_redis_pool_acquire_wait_seconds_count", pool="vectors") == 4
+    assert value(exporter, "ragguard_redis_pool_acquire_timeouts_total", pool="vectors") == 0
+    await pool.release(held)
+    await client.aclose()
+
+
+async def test_dedicated_registry_by_default_or_the_callers() -> None:
+    mine = CollectorRegistry()
+    a = PrometheusExporter(registry=mine, pools=False)
+    b = PrometheusExporter(pools=False)
+    assert a.registry is mine and b.registry is not mine
+    with pytest.raises(ConfigError):
+        PrometheusExporter(max_tenants=0)
+    with pytest.raises(ConfigError):
+        PrometheusExporter(latency_buckets_s=(1.0, 0.5))
+
+
+async def test_otel_span_feeds_stage_metrics() -> None:
+    bus = events.EventBus()
+    exporter = PrometheusExporter(bus=bus, pools=False).start()
+    with pytest.raises(ValueError), otel_span("rerank", "acme", bus=bus):
+        raise ValueError("boom")
+    with otel_span("rerank", "acme", breaker_state="closed", bus=bus):
+        await asyncio.sleep(0.01)
+    await _deliver()
+    assert (
+        value(
+            exporter, "ragguard_stage_duration_seconds_count", stage="rerank", tenant="acme", outcome="error"
+        )
+        == 1
+    )
+    assert value(exporter, "ragguard_stage_duration_seconds_sum", stage="rerank", tenant="acme",
+                 outcome="success") >= 0.01  # fmt: skip

@@ -1,0 +1,136 @@
+"""The stall detector on a real loop: asyncio with debug off and on, and uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from monitors_helpers import LOOPS, Collected, run_on
+
+from ragguard import ConfigError
+from ragguard.monitors import LoopStall, StallDetector
+
+
+def _block_200ms() -> None:
+    time.sleep(0.2)
+
+
+def _cb_10ms() -> None:
+    time.sleep(0.01)
+
+
+async def _settle() -> None:
+    for _ in range(3):  # let the bus deliver (call_soon) after the stall ends
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", LOOPS)
+def test_one_200ms_sleep_is_one_stall_naming_the_blocking_frame(kind: str, collected: Collected) -> None:
+    async def main() -> StallDetector:
+        async with StallDetector(bus=collected.bus) as detector:
+            await asyncio.sleep(0.06)
+            _block_200ms()
+            await _settle()
+        return detector
+
+    detector = run_on(kind, main)
+    stalls = collected.of(LoopStall)
+    assert len(stalls) == 1, stalls
+    (stall,) = stalls
+    assert 0.17 <= stall.duration_s <= 0.26
+    assert stall.function == "_block_200ms"
+    assert stall.filename == __file__
+    assert stall.lineno == _block_200ms.__code__.co_firstlineno + 1
+    assert stall.frame == f"{__file__}:{stall.lineno} in _block_200ms"
+    assert stall.samples >= 5
+    assert stall.at - stall.started_at == pytest.approx(stall.duration_s)
+    assert detector.stalls == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", LOOPS)
+def test_ten_10ms_callbacks_in_one_iteration_are_one_stall(kind: str, collected: Collected) -> None:
+    async def main() -> None:
+        async with StallDetector(bus=collected.bus):
+            await asyncio.sleep(0.06)
+            loop = asyncio.get_running_loop()
+            for _ in range(10):
+                loop.call_soon(_cb_10ms)
+            await asyncio.sleep(0)  # the ten run back to back in the next iteration
+            await _settle()
+
+    run_on(kind, main)
+    stalls = collected.of(LoopStall)
+    assert len(stalls) == 1, stalls
+    assert 0.075 <= stalls[0].duration_s <= 0.14
+    assert stalls[0].function == "_cb_10ms"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", LOOPS)
+def test_idle_loop_waiting_on_io_reports_nothing(kind: str, collected: Collected) -> None:
+    async def main() -> StallDetector:
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        try:
+            async with StallDetector(bus=collected.bus) as detector:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(reader.read(1), timeout=1.5)  # nothing ever arrives
+                writer.close()
+                await _settle()
+            return detector
+        finally:
+            listener.close()
+
+    detector = run_on(kind, main)
+    assert collected.of(LoopStall) == []
+    assert detector.stalls == 0
+    if kind != "uvloop":  # an idle asyncio loop is seen in its selector: never woken by a probe
+        assert detector.probes <= 2
+
+
+def test_options_are_validated() -> None:
+    for bad in (
+        {"threshold_s": 0},
+        {"threshold_s": -1.0},
+        {"check_interval_s": float("nan")},
+        {"sample_interval_s": float("inf")},
+        {"threshold_s": True},
+    ):
+        with pytest.raises(ConfigError):
+            StallDetector(**bad)  # type: ignore[arg-type]
+
+
+def test_start_needs_a_running_loop_and_only_once() -> None:
+    with pytest.raises(RuntimeError):
+        StallDetector().start()
+
+    async def main() -> None:
+        detector = StallDetector().start()
+        with pytest.raises(RuntimeError):
+            detector.start()
+        detector.stop()
+        detector.stop()  # idempotent
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_no_listener_counts_but_builds_no_event() -> None:
+    async def main() -> StallDetector:
+        from ragguard import events
+
+        quiet = events.EventBus()
+        async with StallDetector(bus=quiet) as detector:
+            await asyncio.sleep(0.05)
+            time.sleep(0.05)
+            await _settle()
+        return detector
+
+    detector = asyncio.run(main())
+    assert detector.stalls == 1
+    assert detector.max_lag_s >= 0.03
