@@ -81,24 +81,31 @@ def payloads() -> dict[str, bytes]:
     }
 
 
-def per_call_s(fn: Callable[[], object], budget_s: float) -> float:
-    """Best-of-5 mean seconds per call; each round runs for about budget_s / 5."""
-    fn()
+def _calls_per_round(fn: Callable[[], object], round_s: float) -> int:
     n = 1
-    while True:  # calibrate: calls per round (bounded: doubles until the round is long enough)
+    while True:  # doubles until a round lasts round_s (bounded by 2**20 calls)
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        dt = time.perf_counter() - t0
-        if dt >= budget_s / 10 or n >= 1 << 20:
-            break
+        if time.perf_counter() - t0 >= round_s or n >= 1 << 20:
+            return n
         n *= 2
-    best = dt / n
-    for _ in range(4):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n)
+
+
+def per_call_s(*fns: Callable[[], object], budget_s: float) -> list[float]:
+    """Best mean seconds per call of each of ``fns``, measured in interleaved rounds.
+
+    Interleaving matters on a shared machine: a load spike then hits every contender of the
+    same row, not just the one that happened to be running, so the ratios stay honest.
+    """
+    sizes = [_calls_per_round(fn, budget_s / 12) for fn in fns]
+    best = [float("inf")] * len(fns)
+    for _ in range(5):
+        for i, (fn, n) in enumerate(zip(fns, sizes, strict=True)):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best[i] = min(best[i], (time.perf_counter() - t0) / n)
     return best
 
 
@@ -146,15 +153,21 @@ def throughput(budget_s: float) -> None:
         def fresh_decompress(block: bytes = block, n: int = n) -> None:
             raw.decompress_raw_into(block, bytearray(n))
 
-        c_bare = per_call_s(lambda data=data, out=out: raw.compress_raw_into(data, out), budget_s)
-        c_pool = per_call_s(pooled_compress, budget_s)
-        c_snappy = per_call_s(lambda data=data: snappy.compress(data), budget_s)
-        c_zlib = per_call_s(lambda data=data: zlib.compress(data, 6), budget_s)
-        d_bare = per_call_s(lambda block=block, dst=dst: raw.decompress_raw_into(block, dst), budget_s)
-        d_pool = per_call_s(pooled_decompress, budget_s)
-        d_fresh = per_call_s(fresh_decompress, budget_s)
-        d_snappy = per_call_s(lambda block=block: snappy.decompress(block), budget_s)
-        d_zlib = per_call_s(lambda zblock=zblock: zlib.decompress(zblock), budget_s)
+        c_bare, c_pool, c_snappy, c_zlib = per_call_s(
+            lambda data=data, out=out: raw.compress_raw_into(data, out),
+            pooled_compress,
+            lambda data=data: snappy.compress(data),
+            lambda data=data: zlib.compress(data, 6),
+            budget_s=budget_s * 4,
+        )
+        d_bare, d_pool, d_fresh, d_snappy, d_zlib = per_call_s(
+            lambda block=block, dst=dst: raw.decompress_raw_into(block, dst),
+            pooled_decompress,
+            fresh_decompress,
+            lambda block=block: snappy.decompress(block),
+            lambda zblock=zblock: zlib.decompress(zblock),
+            budget_s=budget_s * 5,
+        )
 
         def mbs(sec: float, n: int = n) -> str:
             return f"{n / sec / 1e6:,.0f}"

@@ -29,7 +29,8 @@ import anyio
 
 from . import _inject
 from ._clock import Clock, monotonic
-from ._context import DEFAULT_TENANT, _scope, current_tenant, mark_degraded
+from . import metrics as _metrics
+from ._context import DEFAULT_TENANT, _scope, current_tenant, degraded, mark_degraded
 from ._errors import BreakerOpen, ConfigError, DeadlineExceeded, QuotaExceeded, RagguardError
 from ._timeouts import AttemptTimeout, _wheel_for, call_with_timeout
 from .breakers import (
@@ -337,6 +338,18 @@ class Stage:
         finally:
             if lease is not None:
                 guard.quotas.release(lease)
+
+    async def run_observed(self, bound: _Bound, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """:meth:`run` inside an OpenTelemetry span and a StageCompleted event (when observed)."""
+        breaker = self.breaker
+        state = "" if breaker is None else str(getattr(breaker, "state", ""))
+        with _metrics.otel_span(self.name, current_tenant(), breaker_state=state) as span:
+            before = len(degraded())
+            result = await self.run(bound, args, kwargs)
+            served = degraded()
+            if len(served) > before:
+                span.set_fallback(served[-1])
+            return result
 
     def _texts(self, bound: _Bound, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Sequence[str] | None:
         value = _arg(args, kwargs, bound.texts_arg if bound.texts_arg is not None else 0)
@@ -693,6 +706,8 @@ def _decorator(stage: str, registry: Callable[[], Guard], options: Mapping[str, 
 
         @functools.wraps(fn)
         async def call(*args: Any, **kwargs: Any) -> Any:
+            if bus.active or _metrics._tracer is not None:
+                return await resolve().run_observed(bound, args, kwargs)
             return await resolve().run(bound, args, kwargs)
 
         call.__ragguard_stage__ = stage  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -40,6 +40,9 @@ RetryOn = Literal["connection", "timeout", "out_of_memory", "any"]
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+_M = TypeVar("_M", bound=_Model)
 
 
 class TenantQuota(_Model):
@@ -161,6 +164,19 @@ def _standard_stages() -> dict[str, StagePolicy]:
 STANDARD_STAGES = ("embedding", "vector_store", "rerank")
 
 
+def _overlay(base: _M, given: _M) -> _M:
+    """``base`` with the fields ``given`` set explicitly, nested models merged the same way (so
+    ``breaker: {open_for_s: 10}`` keeps the standard breaker kind)."""
+    update: dict[str, Any] = {}
+    for name in given.model_fields_set:
+        value = getattr(given, name)
+        current = getattr(base, name)
+        if isinstance(value, _Model) and type(value) is type(current):
+            value = _overlay(current, value)
+        update[name] = value
+    return base.model_copy(update=update)
+
+
 class Policy(_Model):
     """Every stage's and every tenant's settings.
 
@@ -185,9 +201,7 @@ class Policy(_Model):
             if base is None:
                 stages[name] = given
             else:
-                stages[name] = base.model_copy(
-                    update={f: getattr(given, f) for f in given.model_fields_set}
-                )
+                stages[name] = _overlay(base, given)
         object.__setattr__(self, "stages", stages)
         from ._context import validate_tenant_id
 

@@ -536,7 +536,8 @@ async def test_guard_rejects_a_policy_of_the_wrong_type() -> None:
 
 
 async def test_a_listener_that_raises_never_breaks_the_call(events: Recorder) -> None:
-    g = Guard()
+    patient = BreakerPolicy(kind="vector_store_unavailable", minimum_calls=100, window_size=100)
+    g = Guard(Policy(stages={"vector_store": StagePolicy(breaker=patient)}))
 
     def bad_listener(event: Any) -> None:
         raise RuntimeError("listener bug")

@@ -20,7 +20,7 @@ from ragguard import QuotaExceeded, TenantQuota, events
 from ragguard.distributed import RedisQuotas, SharedStateDegraded
 
 TENANT = "acme"
-QUOTA = TenantQuota(max_concurrency=10, rate_per_s=100.0, burst=5)
+QUOTA = TenantQuota(max_concurrency=10, rate_per_s=50.0, burst=5)
 IN_FLIGHT = "test:in_flight"
 
 
@@ -45,13 +45,13 @@ async def main(port: int, start_at: float, duration_s: float, callers: int, seed
                 lease = await quotas.acquire(TENANT)
             except QuotaExceeded as exc:
                 rejected[exc.reason] += 1
-                await asyncio.sleep(crng.uniform(0.1, 0.4))
+                await asyncio.sleep(crng.uniform(0.2, 0.8))
                 continue
             admitted.append(time.time())
             try:
                 peak = max(peak, int(await client.incr(IN_FLIGHT)))
                 # mostly short calls, some long ones: the bulkhead fills now and then
-                await asyncio.sleep(0.25 if crng.random() < 0.1 else 0.02)
+                await asyncio.sleep(0.5 if crng.random() < 0.1 else 0.05)
                 await client.decr(IN_FLIGHT)
             finally:
                 quotas.release(lease)
