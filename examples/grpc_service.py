@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-import ragguard
 from grpc import aio
+
+import ragguard
 from ragguard.grpc import (
     GuardServerInterceptor,
     RemoteQuotaExceeded,

@@ -70,7 +70,7 @@ def degraded() -> tuple[str, ...]:
     """Names of the fallbacks that served calls in the current request, in order; () when none.
 
     Inside ``tenant(...)`` this covers every guarded call of the request, child tasks included;
-    outside it, the calls made directly in the current context.
+    outside it, the calls made directly in the current context, each fallback named once.
     """
     scope = _scope.get()
     if scope is not None:
@@ -85,4 +85,8 @@ def mark_degraded(fallback: str) -> None:
             scope.fallbacks = []
         scope.fallbacks.append(fallback)
     else:
-        _loose_fallbacks.set((*_loose_fallbacks.get(), fallback))
+        # No request scope bounds this context (a long-lived task): keep each name once, so the
+        # tuple cannot grow with every call (it would cost memory and O(n) per fallback served).
+        loose = _loose_fallbacks.get()
+        if fallback not in loose:
+            _loose_fallbacks.set((*loose, fallback))

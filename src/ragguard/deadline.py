@@ -36,7 +36,7 @@ def current_deadline() -> float | None:
     return _deadline.get()
 
 
-class deadline:  # noqa: N801 - used like a function: ``async with deadline(0.8):``
+class deadline:
     """Give the enclosed block at most ``seconds`` (a float >= 0, or None for no limit).
 
     Usable as ``with`` and ``async with``. A nested deadline never extends an outer one; None
@@ -48,6 +48,8 @@ class deadline:  # noqa: N801 - used like a function: ``async with deadline(0.8)
 
     def __init__(self, seconds: float | None) -> None:
         if seconds is not None:
+            if isinstance(seconds, (str, bytes, bool)):  # float() would take "2" and True
+                raise ConfigError(f"deadline: seconds must be a number or None, got {seconds!r}")
             try:
                 seconds = float(seconds)
             except (TypeError, ValueError):

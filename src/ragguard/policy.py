@@ -215,7 +215,10 @@ class Policy(_Model):
 
     def quota(self, tenant_id: str) -> TenantQuota:
         """The quota of ``tenant_id`` (``default_quota`` when not listed)."""
-        return self.tenants.get(tenant_id, self.default_quota)
+        try:
+            return self.tenants.get(tenant_id, self.default_quota)
+        except TypeError:  # an unhashable id: not a tenant; the tenant context rejects it by name
+            return self.default_quota
 
     # -- loading ----------------------------------------------------------------------------
 

@@ -7,13 +7,13 @@ import errno
 import socket
 from collections.abc import Iterator
 
+import grpc
 import pytest
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-import grpc
 from ragguard import DeadlineExceeded, InvalidInput
 from ragguard.breakers import counts_by_default, is_connection_error, is_out_of_memory, is_timeout
 

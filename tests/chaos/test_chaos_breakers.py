@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import grpc
 import pytest
 import redis
 import redis.asyncio as aredis
@@ -12,7 +13,6 @@ from chaos_helpers import echo_stub, grpc_channel, grpc_echo_server
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-import grpc
 from ragguard import EmbeddingUnavailable, RerankOutOfMemory, VectorStoreUnavailable
 from ragguard.breakers import (
     BreakerState,

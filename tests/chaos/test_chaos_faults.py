@@ -10,11 +10,11 @@ import statistics
 import time
 
 import cramjam
+import grpc
 import pytest
 import redis
 import redis.asyncio as aredis
 
-import grpc
 from ragguard import ConfigError, FakeClock, _inject
 from ragguard.breakers import is_connection_error, is_out_of_memory, is_timeout
 from ragguard.chaos import (

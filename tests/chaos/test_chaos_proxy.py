@@ -7,6 +7,7 @@ import errno
 import socket
 import time
 
+import grpc
 import pytest
 import redis
 import redis.asyncio as aredis
@@ -14,7 +15,6 @@ from chaos_helpers import echo_stub, grpc_channel, grpc_echo_server
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-import grpc
 from ragguard.chaos import FaultProxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]

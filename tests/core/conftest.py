@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import importlib
 import sys
+from collections.abc import Iterator
 
-import anyio
 import pytest
+from core_helpers import Recorder
 
 import ragguard
 from ragguard import _inject
 from ragguard.events import bus
-
-from core_helpers import Recorder
 
 deadline_mod = importlib.import_module("ragguard.deadline")
 
@@ -64,4 +60,3 @@ def events() -> Iterator[Recorder]:
         yield rec
     finally:
         unsubscribe()
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -27,8 +28,13 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
 
 def _guard(**stage: object) -> Guard:
     """A registry with one stage ``s`` whose generic breaker opens on its first counted failure."""
-    breaker = BreakerPolicy(kind="generic", minimum_calls=1, consecutive_failures_threshold=1,
-                            failure_rate_threshold=100, open_for_s=600)
+    breaker = BreakerPolicy(
+        kind="generic",
+        minimum_calls=1,
+        consecutive_failures_threshold=1,
+        failure_rate_threshold=100,
+        open_for_s=600,
+    )
     return Guard(Policy(stages={"s": StagePolicy(breaker=breaker, **stage)}))  # type: ignore[arg-type]
 
 
@@ -58,7 +64,9 @@ def test_nesting_only_shortens(deadline_clock: ragguard.FakeClock) -> None:
 
 
 @pytest.mark.parametrize("keep", [None, math.inf])
-def test_none_and_infinity_keep_the_outer_deadline(deadline_clock: ragguard.FakeClock, keep: float | None) -> None:
+def test_none_and_infinity_keep_the_outer_deadline(
+    deadline_clock: ragguard.FakeClock, keep: float | None
+) -> None:
     with deadline(2.0):
         with deadline(keep):
             assert remaining() == pytest.approx(2.0)
@@ -75,7 +83,7 @@ async def test_async_form_and_sync_form_agree(deadline_clock: ragguard.FakeClock
     assert remaining() is None
 
 
-@pytest.mark.parametrize("bad", [-0.001, -5, math.nan, "soon", object(), [1.0]])
+@pytest.mark.parametrize("bad", [-0.001, -5, math.nan, "soon", "1.5", True, object(), [1.0]])
 def test_bad_values_raise_config_error(bad: object) -> None:
     with pytest.raises(ConfigError) as info:
         deadline(bad)  # type: ignore[arg-type]
@@ -97,7 +105,7 @@ def test_remaining_is_monotone_and_never_negative(deadline_clock: ragguard.FakeC
             seen.append(remaining())
             deadline_clock.advance(0.05)
     assert all(a is not None for a in seen)
-    assert all(b <= a for a, b in zip(seen, seen[1:], strict=False))  # type: ignore[operator]
+    assert all(b <= a for a, b in itertools.pairwise(seen))  # type: ignore[operator]
     assert seen[0] == pytest.approx(1.0)
     assert seen[-1] == 0.0  # spent: clamped at zero, never negative
 
@@ -108,7 +116,7 @@ async def test_remaining_is_monotone_on_the_real_clock() -> None:
         for _ in range(200):
             seen.append(remaining())
             await anyio.sleep(0)
-    assert all(b <= a for a, b in zip(seen, seen[1:], strict=False))  # type: ignore[operator]
+    assert all(b <= a for a, b in itertools.pairwise(seen))  # type: ignore[operator]
     assert 0.0 < seen[-1] <= 5.0  # type: ignore[operator]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from core_helpers import Recorder
 
 import ragguard
 from ragguard import (
@@ -24,13 +25,11 @@ from ragguard import (
     StagePolicy,
     TenantQuota,
     VectorStoreUnavailable,
+    _inject,
     deadline,
     degraded,
 )
-from ragguard import _inject
 from ragguard.events import FallbackServed
-
-from core_helpers import Recorder
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
 
@@ -416,7 +415,7 @@ async def test_early_close_releases_without_a_verdict() -> None:
     breaker.force_open()
     breaker.reset()
     # half-open with one permit: a consumer that closes early must give the permit back
-    breaker._to(BreakerState.OPEN, clock(), "test")  # noqa: SLF001 - open it the regular way
+    breaker._to(BreakerState.OPEN, clock(), "test")
     clock.advance(61)
     async with aclosing(tokens()) as stream:
         await stream.__anext__()
@@ -458,9 +457,14 @@ async def test_configure_with_a_policy_a_mapping_and_files(tmp_path: Path) -> No
     ("source", "names"),
     [
         ({"stages": {"search": {"timeout_s": -1}}}, ["stages.search.timeout_s", "greater than 0"]),
-        ({"default_quota": {"max_concurrency": 0}}, ["default_quota.max_concurrency", "greater than or equal to 1"]),
-        ({"stages": {"x": {"breaker": {"failure_rate_threshold": 150}}}},
-         ["stages.x.breaker.failure_rate_threshold", "less than or equal to 100"]),
+        (
+            {"default_quota": {"max_concurrency": 0}},
+            ["default_quota.max_concurrency", "greater than or equal to 1"],
+        ),
+        (
+            {"stages": {"x": {"breaker": {"failure_rate_threshold": 150}}}},
+            ["stages.x.breaker.failure_rate_threshold", "less than or equal to 100"],
+        ),
         ({"stages": {"x": {"timeout": 1}}}, ["stages.x.timeout"]),
         (42, ["Policy"]),
     ],
@@ -499,7 +503,9 @@ async def test_guard_instances_are_independent() -> None:
         ({"breaker": "tight"}, ["breaker"]),
     ],
 )
-async def test_bad_guard_options_raise_config_error_naming_them(options: dict[str, Any], names: list[str]) -> None:
+async def test_bad_guard_options_raise_config_error_naming_them(
+    options: dict[str, Any], names: list[str]
+) -> None:
     with pytest.raises(ConfigError) as info:
         Guard().guard("s", **options)
     for name in names:
@@ -520,7 +526,12 @@ async def test_guard_rejects_bad_stage_names_and_sync_functions() -> None:
 
 @pytest.mark.parametrize(
     ("options", "name"),
-    [({"clock": 5}, "clock"), ({"sleep": "soon"}, "sleep"), ({"rng": 7}, "rng"), ({"quotas": object()}, "quotas")],
+    [
+        ({"clock": 5}, "clock"),
+        ({"sleep": "soon"}, "sleep"),
+        ({"rng": 7}, "rng"),
+        ({"quotas": object()}, "quotas"),
+    ],
 )
 async def test_bad_guard_constructor_options_raise_config_error(options: dict[str, Any], name: str) -> None:
     with pytest.raises(ConfigError, match=name):
@@ -590,3 +601,84 @@ async def test_the_chaos_injector_sees_stage_and_tenant() -> None:
     assert g.breaker("search").metrics().failed_calls == 1  # injected faults count like real ones
     _inject.uninstall(injector)
     assert _inject.active is None
+
+
+async def test_a_cancelled_consumer_releases_the_stream_slot_and_permit() -> None:
+    clock = ragguard.FakeClock()
+    policy = Policy(
+        default_quota=TenantQuota(max_concurrency=1),
+        stages={"tokens": StagePolicy(breaker=_trip_on_first(half_open_permits=1))},
+    )
+    g = Guard(policy, clock=clock)
+    breaker = g.breaker("tokens")
+    breaker._to(BreakerState.OPEN, clock(), "test")
+    clock.advance(61)
+
+    @g.guard("tokens")
+    async def tokens(pause: float) -> Any:
+        yield 0
+        await anyio.sleep(pause)
+        yield 1
+
+    with anyio.move_on_after(0.05) as scope:
+        async with aclosing(tokens(10)) as stream:
+            async for _ in stream:
+                pass
+    assert scope.cancelled_caught
+    assert g.quotas.in_flight("default") == 0
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert [i async for i in tokens(0)] == [0, 1]  # the trial permit was given back
+    assert breaker.state is BreakerState.CLOSED
+
+
+async def test_a_cancelled_rate_wait_gives_its_token_back() -> None:
+    clock = ragguard.FakeClock()
+    g = Guard(Policy(tenants={"acme": TenantQuota(rate_per_s=20, burst=1, max_wait_s=1)}), clock=clock)
+    async with g.tenant("acme"):
+        pass
+    with pytest.raises(QuotaExceeded) as before:
+        async with deadline(0.01), g.tenant("acme"):  # the wait (50 ms) would outlast the deadline
+            pass
+    with anyio.move_on_after(0.01) as scope:  # waits for its token, then gives up
+        async with g.tenant("acme"):
+            raise AssertionError("not admitted in time")
+    assert scope.cancelled_caught
+    with pytest.raises(QuotaExceeded) as after:
+        async with deadline(0.01), g.tenant("acme"):
+            pass
+    assert after.value.reason == "deadline"
+    assert after.value.retry_after_s == pytest.approx(before.value.retry_after_s)  # nothing spent
+
+
+async def test_rerank_finds_the_batch_by_keyword() -> None:
+    g = Guard(clock=ragguard.FakeClock())
+    sizes: list[int] = []
+
+    @g.guard("rerank")
+    async def rerank(query: str, hits: list[int]) -> list[int]:
+        sizes.append(len(hits))
+        if len(hits) > 8:
+            raise MemoryError()
+        return sorted(hits)
+
+    got = await rerank(query="q", hits=[5, 4, 3, 2, 1, 0, 9, 8, 7, 6, 15, 14, 13, 12, 11, 10])
+    assert sizes == [16, 8]
+    assert got == [0, 1, 2, 3, 4, 5, 8, 9, 7, 6, 15, 14, 13, 12, 11, 10]
+
+
+async def test_fallbacks_outside_a_request_do_not_accumulate() -> None:
+    g = Guard()
+
+    async def keyword(q: int) -> int:
+        return -q
+
+    @g.guard("vector_store", fallback=keyword)
+    async def search(q: int) -> int:
+        raise AssertionError("breaker is open")
+
+    g.breaker("vector_store").force_open()
+    started = time.monotonic()
+    for i in range(20_000):
+        assert await search(i) == -i
+    assert time.monotonic() - started < 5.0
+    assert degraded() == ("keyword",)  # named once, not once per call: no unbounded growth

@@ -73,14 +73,22 @@ def test_policies_are_frozen() -> None:
 @pytest.mark.parametrize(
     ("data", "field", "allowed"),
     [
-        ({"stages": {"x": {"retry": {"attempts": 50}}}}, "stages.x.retry.attempts", "less than or equal to 20"),
+        (
+            {"stages": {"x": {"retry": {"attempts": 50}}}},
+            "stages.x.retry.attempts",
+            "less than or equal to 20",
+        ),
         ({"stages": {"x": {"min_attempt_s": -1}}}, "stages.x.min_attempt_s", "greater than or equal to 0"),
         ({"tenants": {"acme": {"rate_per_s": 0}}}, "tenants.acme.rate_per_s", "greater than 0"),
         ({"tenants": {"acme": {"burst": 0}}}, "tenants.acme.burst", "greater than or equal to 1"),
         ({"default_quota": {"max_wait_s": 7200}}, "default_quota.max_wait_s", "less than or equal to 3600"),
         ({"stages": {"x": {"breaker": {"kind": "magic"}}}}, "stages.x.breaker.kind", "generic"),
         ({"stages": {"x": {"retry": {"retry_on": ["weather"]}}}}, "stages.x.retry.retry_on", "connection"),
-        ({"stages": {"x": {"breaker": {"open_jitter": 2}}}}, "stages.x.breaker.open_jitter", "less than or equal to 1"),
+        (
+            {"stages": {"x": {"breaker": {"open_jitter": 2}}}},
+            "stages.x.breaker.open_jitter",
+            "less than or equal to 1",
+        ),
     ],
 )
 def test_errors_name_the_field_and_the_allowed_range(data: dict, field: str, allowed: str) -> None:
@@ -98,10 +106,14 @@ def test_from_file_yaml_toml_json(tmp_path: Path) -> None:
     (tmp_path / "p.yaml").write_text(
         "stages:\n  vector_store:\n    timeout_s: 0.5\ntenants:\n  acme:\n    max_concurrency: 3\n"
     )
-    (tmp_path / "p.toml").write_text("[stages.vector_store]\ntimeout_s = 0.5\n[tenants.acme]\nmax_concurrency = 3\n")
-    (tmp_path / "p.json").write_text(json.dumps(
-        {"stages": {"vector_store": {"timeout_s": 0.5}}, "tenants": {"acme": {"max_concurrency": 3}}}
-    ))
+    (tmp_path / "p.toml").write_text(
+        "[stages.vector_store]\ntimeout_s = 0.5\n[tenants.acme]\nmax_concurrency = 3\n"
+    )
+    (tmp_path / "p.json").write_text(
+        json.dumps(
+            {"stages": {"vector_store": {"timeout_s": 0.5}}, "tenants": {"acme": {"max_concurrency": 3}}}
+        )
+    )
     for name in ("p.yaml", "p.toml", "p.json"):
         p = Policy.from_file(tmp_path / name)
         assert p.stage("vector_store").timeout_s == 0.5
@@ -116,21 +128,23 @@ def test_from_file_errors_name_the_file_and_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         Policy.from_file(bad)
     msg = str(info.value)
-    assert "bad.yaml" in msg and "stages.embedding.retry.attempts" in msg and "greater than or equal to 1" in msg
+    assert (
+        "bad.yaml" in msg and "stages.embedding.retry.attempts" in msg and "greater than or equal to 1" in msg
+    )
 
     broken = tmp_path / "broken.toml"
     broken.write_text("[stages\n")
-    with pytest.raises(ConfigError, match="broken.toml"):
+    with pytest.raises(ConfigError, match=r"broken\.toml"):
         Policy.from_file(broken)
     top = tmp_path / "list.yaml"
     top.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         Policy.from_file(top)
-    with pytest.raises(ConfigError, match="missing.yaml"):
+    with pytest.raises(ConfigError, match=r"missing\.yaml"):
         Policy.from_file(tmp_path / "missing.yaml")
     other = tmp_path / "policy.ini"
     other.write_text("[x]\n")
-    with pytest.raises(ConfigError, match=".ini"):
+    with pytest.raises(ConfigError, match=r"\.ini"):
         Policy.from_file(other)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
+from core_helpers import Recorder, no_sleep
 
 import ragguard
 from ragguard import (
@@ -28,8 +29,6 @@ from ragguard import (
 )
 from ragguard.events import QuotaRejected
 from ragguard.quotas import LocalQuotas
-
-from core_helpers import Recorder, no_sleep
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -254,11 +253,17 @@ async def test_slot_released_on_success_error_and_cancellation() -> None:
 async def test_ten_thousand_randomly_cancelled_calls_leave_nothing_held() -> None:
     rng = random.Random(20240611)
     quota = TenantQuota(max_concurrency=8, max_wait_s=5)
-    never_trips = BreakerPolicy(kind="generic", failure_rate_threshold=100, minimum_calls=1000, window_size=1000)
-    stage = StagePolicy(timeout_s=5, breaker=never_trips,
-                        retry=RetryPolicy(attempts=2, retry_on=("connection",), jitter_s=0))
-    policy = Policy(tenants={"acme": quota}, default_quota=TenantQuota(max_concurrency=4, max_wait_s=5),
-                    stages={"s": stage})
+    never_trips = BreakerPolicy(
+        kind="generic", failure_rate_threshold=100, minimum_calls=1000, window_size=1000
+    )
+    stage = StagePolicy(
+        timeout_s=5, breaker=never_trips, retry=RetryPolicy(attempts=2, retry_on=("connection",), jitter_s=0)
+    )
+    policy = Policy(
+        tenants={"acme": quota},
+        default_quota=TenantQuota(max_concurrency=4, max_wait_s=5),
+        stages={"s": stage},
+    )
     g = Guard(policy, sleep=no_sleep, rng=random.Random(1))
     inside = {"acme": 0, "default": 0}
     peak = {"acme": 0, "default": 0}
@@ -315,8 +320,16 @@ async def test_ten_thousand_randomly_cancelled_calls_leave_nothing_held() -> Non
         assert not g.quotas._buckets[tenant].waiters  # no abandoned waiter left queued
     assert g.breaker("s").state is BreakerState.CLOSED
     # and the quota still admits its full concurrency
-    async with g.tenant("acme"), g.tenant("acme"), g.tenant("acme"), g.tenant("acme"), \
-            g.tenant("acme"), g.tenant("acme"), g.tenant("acme"), g.tenant("acme"):
+    async with (
+        g.tenant("acme"),
+        g.tenant("acme"),
+        g.tenant("acme"),
+        g.tenant("acme"),
+        g.tenant("acme"),
+        g.tenant("acme"),
+        g.tenant("acme"),
+        g.tenant("acme"),
+    ):
         assert g.quotas.in_flight("acme") == 8
 
 
@@ -325,8 +338,20 @@ async def test_ten_thousand_randomly_cancelled_calls_leave_nothing_held() -> Non
 
 @pytest.mark.parametrize(
     "bad",
-    ["", "a" * 65, "has space", "semi;colon", "-leading-dash", "ünïcode", "new\nline", "a/b",
-     123, None, b"acme", ["acme"]],
+    [
+        "",
+        "a" * 65,
+        "has space",
+        "semi;colon",
+        "-leading-dash",
+        "ünïcode",
+        "new\nline",
+        "a/b",
+        123,
+        None,
+        b"acme",
+        ["acme"],
+    ],
 )
 async def test_bad_tenant_ids_raise_value_error_and_create_no_bucket(bad: object) -> None:
     g = _guard(default=TenantQuota(max_concurrency=1))
@@ -430,3 +455,22 @@ async def test_per_call_quota_outside_a_tenant_block() -> None:
             await work()
         gate.set()
     assert g.quotas.in_flight("default") == 0
+
+
+async def test_waiters_that_give_up_do_not_pile_up_behind_a_stuck_slot() -> None:
+    g = _guard(acme=TenantQuota(max_concurrency=1, max_wait_s=0.001))
+    async with g.tenant("acme"):  # holds the only slot for the whole test
+        for _ in range(300):
+            with pytest.raises(QuotaExceeded):
+                async with g.tenant("acme"):
+                    pass
+        for _ in range(300):
+            with anyio.move_on_after(0):
+                async with g.tenant("acme"):
+                    pass
+        assert len(g.quotas._buckets["acme"].waiters) <= 1  # not one object per refused request
+        with pytest.raises(QuotaExceeded) as info:
+            async with g.tenant("acme"):
+                pass
+        assert info.value.retry_after_s < 1.0  # the estimate does not count long-gone waiters
+    assert g.quotas.in_flight("acme") == 0

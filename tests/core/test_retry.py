@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import pytest
 import tenacity
+from core_helpers import Recorder, SleepLog, no_sleep
 
 import ragguard
 from ragguard import (
@@ -24,8 +25,6 @@ from ragguard import (
     deadline,
 )
 from ragguard.events import RetryBudgetExhausted, RetryScheduled
-
-from core_helpers import Recorder, SleepLog, no_sleep
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -147,8 +146,14 @@ async def test_no_retry_after_the_breaker_opens() -> None:
 
 async def test_backoff_sleeps_are_injected_and_exponential() -> None:
     sleep = SleepLog()
-    g = _guard(attempts=4, retry_on=("connection",), sleep=sleep,
-               initial_backoff_s=0.1, multiplier=2.0, max_backoff_s=0.3)
+    g = _guard(
+        attempts=4,
+        retry_on=("connection",),
+        sleep=sleep,
+        initial_backoff_s=0.1,
+        multiplier=2.0,
+        max_backoff_s=0.3,
+    )
     flaky = Flaky(ConnectionError(), ConnectionError(), ConnectionError())
     started = time.monotonic()
     assert await g.guard("s")(flaky)() == "ok"
@@ -161,9 +166,18 @@ async def test_jitter_comes_from_the_guards_rng() -> None:
     for _ in range(2):
         sleep = SleepLog()
         g = Guard(
-            Policy(stages={"s": StagePolicy(breaker=BreakerPolicy(kind="none"), retry=RetryPolicy(
-                attempts=3, retry_on=("connection",), initial_backoff_s=0.1, jitter_s=0.05))}),
-            sleep=sleep, rng=__import__("random").Random(7),
+            Policy(
+                stages={
+                    "s": StagePolicy(
+                        breaker=BreakerPolicy(kind="none"),
+                        retry=RetryPolicy(
+                            attempts=3, retry_on=("connection",), initial_backoff_s=0.1, jitter_s=0.05
+                        ),
+                    )
+                }
+            ),
+            sleep=sleep,
+            rng=__import__("random").Random(7),
         )
         await g.guard("s")(Flaky(ConnectionError(), ConnectionError()))()
         waits.append(sleep.waits)
@@ -174,8 +188,15 @@ async def test_jitter_comes_from_the_guards_rng() -> None:
 
 async def test_backoff_is_cut_to_the_deadline(deadline_clock: ragguard.FakeClock) -> None:
     sleep = SleepLog(deadline_clock)
-    g = _guard(attempts=4, retry_on=("connection",), sleep=sleep, min_attempt_s=0.125,
-               initial_backoff_s=0.25, multiplier=2.0, max_backoff_s=10.0)
+    g = _guard(
+        attempts=4,
+        retry_on=("connection",),
+        sleep=sleep,
+        min_attempt_s=0.125,
+        initial_backoff_s=0.25,
+        multiplier=2.0,
+        max_backoff_s=10.0,
+    )
     starts: list[float] = []
 
     @g.guard("s")
@@ -194,8 +215,7 @@ async def test_backoff_is_cut_to_the_deadline(deadline_clock: ragguard.FakeClock
 
 async def test_no_retry_when_less_than_min_attempt_is_left(deadline_clock: ragguard.FakeClock) -> None:
     sleep = SleepLog(deadline_clock)
-    g = _guard(attempts=5, retry_on=("connection",), sleep=sleep, min_attempt_s=0.5,
-               initial_backoff_s=0.1)
+    g = _guard(attempts=5, retry_on=("connection",), sleep=sleep, min_attempt_s=0.5, initial_backoff_s=0.1)
     calls = []
 
     @g.guard("s")
@@ -222,7 +242,8 @@ async def test_no_retry_starts_after_the_deadline_unlike_stop_after_delay() -> N
         async for attempt in tenacity.AsyncRetrying(
             stop=tenacity.stop_after_delay(budget) | tenacity.stop_after_attempt(4),
             wait=tenacity.wait_exponential(multiplier=0.15, exp_base=2.0, max=5.0),
-            sleep=anyio.sleep, reraise=True,
+            sleep=anyio.sleep,
+            reraise=True,
         ):
             with attempt:
                 t_starts.append(time.monotonic() - t0)
@@ -277,8 +298,14 @@ async def test_fifty_concurrent_callers_each_see_attempts_1_2_3(events: Recorder
 
 async def test_retry_budget_stops_a_retry_storm(events: Recorder) -> None:
     clock = ragguard.FakeClock()
-    g = _guard(attempts=3, retry_on=("connection",), clock=clock,
-               budget_ratio=0.2, budget_min_per_s=0.0, budget_window_s=10.0)
+    g = _guard(
+        attempts=3,
+        retry_on=("connection",),
+        clock=clock,
+        budget_ratio=0.2,
+        budget_min_per_s=0.0,
+        budget_window_s=10.0,
+    )
     flaky = Flaky()
 
     @g.guard("s")
@@ -302,8 +329,14 @@ async def test_retry_budget_stops_a_retry_storm(events: Recorder) -> None:
 async def test_retry_budget_is_spent_only_on_retries_that_happen(events: Recorder) -> None:
     # ratio 0: only the floor of 1 retry/s over a 10 s window, i.e. 10 retries in total
     clock = ragguard.FakeClock()
-    g = _guard(attempts=2, retry_on=("connection",), clock=clock,
-               budget_ratio=0.0, budget_min_per_s=1.0, budget_window_s=10.0)
+    g = _guard(
+        attempts=2,
+        retry_on=("connection",),
+        clock=clock,
+        budget_ratio=0.0,
+        budget_min_per_s=1.0,
+        budget_window_s=10.0,
+    )
     flaky = Flaky()
 
     @g.guard("s")
@@ -326,8 +359,14 @@ async def test_retry_budget_is_spent_only_on_retries_that_happen(events: Recorde
 
 async def test_the_budget_refills_as_the_window_moves() -> None:
     clock = ragguard.FakeClock()
-    g = _guard(attempts=2, retry_on=("connection",), clock=clock,
-               budget_ratio=0.0, budget_min_per_s=0.5, budget_window_s=2.0)
+    g = _guard(
+        attempts=2,
+        retry_on=("connection",),
+        clock=clock,
+        budget_ratio=0.0,
+        budget_min_per_s=0.5,
+        budget_window_s=2.0,
+    )
     flaky = Flaky()
 
     @g.guard("s")

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
-import grpc
+from ragguard import InvalidInput
+from ragguard.chaos import FaultProxy
 from ragguard.demo import _wire
-from ragguard.demo.backends import BackendFaults, BackendProcess, BackendServers, ControlClient
+from ragguard.demo.backends import BackendProcess, BackendServers, ControlClient, parse_fault_specs
 from ragguard.demo.corpus import Passage
 from ragguard.demo.embedder import Embedder
 from ragguard.demo.pipeline import BackendClients
@@ -75,7 +79,7 @@ async def test_latency_fault_makes_calls_time_out(demo_backends: BackendServers)
     control = ControlClient(demo_backends.addresses.control)
     clients = BackendClients(demo_backends.addresses)
     try:
-        await control.set_faults(BackendFaults(embed_latency_s=0.4, embed_latency_share=1.0))
+        assert await control.set_faults([{"kind": "latency", "stage": "embedding", "seconds": 0.4}]) == 1
         t0 = time.perf_counter()
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await clients.embed(["q"], timeout_s=0.15)
@@ -91,42 +95,76 @@ async def test_latency_fault_makes_calls_time_out(demo_backends: BackendServers)
         await control.close()
 
 
-async def test_vector_store_down_refuses_then_comes_back(demo_backends: BackendServers) -> None:
+async def test_error_fault_ends_the_call_with_its_status(demo_backends: BackendServers) -> None:
     assert demo_backends.addresses is not None
     control = ControlClient(demo_backends.addresses.control)
     clients = BackendClients(demo_backends.addresses)
     vec = np.ones(256, dtype=np.float32) / 16.0
     try:
-        assert await clients.search(vec, 3, timeout_s=5)
-        await control.set_faults(BackendFaults(vector_down=True))
+        await control.set_faults([{"kind": "error", "stage": "vector_store", "error": "connection_refused"}])
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await clients.search(vec, 3, timeout_s=2)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert len(await clients.embed(["the embedding stage is untouched"], timeout_s=2)) == 1
         await control.heal()
-        for _ in range(40):  # the channel reconnects within its 0.5 s max backoff
-            try:
-                assert await clients.search(vec, 3, timeout_s=2)
-                break
-            except grpc.aio.AioRpcError:
-                import asyncio
-
-                await asyncio.sleep(0.1)
-        else:
-            pytest.fail("vector store did not come back")
+        assert await clients.search(vec, 3, timeout_s=2)
     finally:
         await clients.close()
         await control.close()
 
 
-def test_fault_values_are_validated() -> None:
-    from ragguard import InvalidInput
+async def test_vector_store_behind_a_stopped_proxy_refuses_then_comes_back(
+    demo_backends: BackendServers,
+) -> None:
+    assert demo_backends.addresses is not None
+    port = int(demo_backends.addresses.vector_store.rsplit(":", 1)[1])
+    vec = np.ones(256, dtype=np.float32) / 16.0
+    async with FaultProxy(port) as proxy:
+        addresses = replace(demo_backends.addresses, vector_store=proxy.target)
+        clients = BackendClients(addresses)
+        try:
+            assert await clients.search(vec, 3, timeout_s=5)
+            proxy.stop()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await clients.search(vec, 3, timeout_s=2)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            proxy.heal()
+            for _ in range(40):  # the channel reconnects within its 0.5 s max backoff
+                try:
+                    assert await clients.search(vec, 3, timeout_s=2)
+                    break
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.1)
+            else:
+                pytest.fail("vector store did not come back")
+        finally:
+            await clients.close()
 
+
+@pytest.mark.parametrize(
+    "specs",
+    [
+        "not a list",
+        [{"kind": "latency", "stage": "embedding"}],
+        [{"kind": "proxy", "target": "vector_store", "action": "stop"}],
+        [{"kind": "error", "stage": "rerank", "error": "memory"}],
+        [{"kind": "latency", "seconds": 1.0}],
+    ],
+)
+def test_bad_fault_specs_are_refused(specs: object) -> None:
     with pytest.raises(InvalidInput):
-        BackendFaults(embed_latency_share=1.5)
-    with pytest.raises(InvalidInput):
-        BackendFaults(embed_latency_s=-1)
-    with pytest.raises(InvalidInput):
-        BackendFaults.from_dict({"bogus": 1})
+        parse_fault_specs(specs)
+
+
+async def test_bad_fault_specs_over_grpc_are_invalid_argument(demo_backends: BackendServers) -> None:
+    assert demo_backends.addresses is not None
+    control = ControlClient(demo_backends.addresses.control)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await control.set_faults([{"kind": "nonsense"}])
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        await control.close()
 
 
 @pytest.mark.timeout(60)

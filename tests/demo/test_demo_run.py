@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ragguard import ConfigError
+from ragguard.chaos import load_scenario
 from ragguard.demo import DemoOptions, run_demo_async
-from ragguard.demo.scenario import load_scenario
 
 pytestmark = [pytest.mark.anyio]
 
@@ -18,11 +18,20 @@ pytestmark = [pytest.mark.anyio]
 TINY_SCENARIO = """
 name: tiny
 phases:
-  - {name: warm-up, start: 0.0}
-  - {name: slow embeddings, start: 0.2, embedding: {latency_s: 1.0, share: 0.5}}
-  - {name: vector store down, start: 0.45, vector_store: {down: true}}
-  - {name: rerank OOM, start: 0.65, rerank: {memory_budget_mib: 2}}
-  - {name: recovery, start: 0.85}
+  - {name: warm-up, start: 0.0, end: 0.2}
+  - name: slow embeddings
+    start: 0.2
+    end: 0.45
+    faults: [{kind: latency, stage: embedding, rate: 0.5, seconds: 1.0}]
+  - name: vector store down
+    start: 0.45
+    end: 0.65
+    faults: [{kind: proxy, target: vector_store, action: stop}]
+  - name: rerank OOM
+    start: 0.65
+    end: 0.85
+    faults: [{kind: error, stage: rerank, error: cuda_oom, min_batch: 16}]
+  - {name: recovery, start: 0.85, end: 1.0}
 """
 
 
@@ -40,7 +49,7 @@ async def test_tiny_demo_run(tmp_path: Path) -> None:
     assert unguarded["requests"] == guarded["requests"] > 50, "both runs replay the same arrivals"
     assert guarded["success_rate"] > unguarded["success_rate"]
     assert guarded["success_rate_well_behaved"] > unguarded["success_rate_well_behaved"]
-    assert guarded["latency_all_requests_ms"]["p99"] < unguarded["latency_all_requests_ms"]["p99"]
+    assert guarded["latency_ms"]["p99"] < unguarded["latency_ms"]["p99"]
     # Only the greedy tenant is shed; the unguarded service has no quotas at all.
     assert sum(unguarded["quota_rejections"].values()) == 0
     assert all(n == 0 for t, n in guarded["quota_rejections"].items() if t != options.greedy_tenant)
@@ -70,14 +79,32 @@ def test_options_are_validated() -> None:
     assert DemoOptions(quick=True).run_duration_s < DemoOptions().run_duration_s
 
 
-def test_bad_scenarios_are_config_errors(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\nphases:\n  - {name: a, start: 0.5}\n")
-    with pytest.raises(ConfigError, match="first phase"):
-        load_scenario(bad)
-    bad.write_text("name: x\nphases:\n  - {name: a, start: 0.0, embedding: {share: 2}}\n")
-    with pytest.raises(ConfigError, match="share"):
-        load_scenario(bad)
-    with pytest.raises(ConfigError):
-        load_scenario(tmp_path / "missing.yaml")
-    assert load_scenario().phases[0].healthy
+@pytest.mark.parametrize(
+    ("faults", "message"),
+    [
+        ("[{kind: latency, stage: search, seconds: 1.0}]", "unknown stage"),
+        ("[{kind: latency, seconds: 1.0}]", "name a stage"),
+        ("[{kind: latency, stage: embedding, tenant: acme, seconds: 1.0}]", "every tenant"),
+        ("[{kind: proxy, target: redis, action: stop}]", "proxies for"),
+        ("[{kind: latency, stage: rerank, seconds: 1.0}]", "out-of-memory"),
+    ],
+)
+def test_faults_the_demo_cannot_apply_are_config_errors(tmp_path: Path, faults: str, message: str) -> None:
+    from ragguard.demo.faults import ChaosPlan
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"name: x\nphases:\n  - {{name: a, start: 0.0, end: 1.0, faults: {faults}}}\n")
+    with pytest.raises(ConfigError, match=message):
+        ChaosPlan(load_scenario(path))
+
+
+def test_the_default_scenario_becomes_a_timeline() -> None:
+    from ragguard.chaos import default_scenario
+    from ragguard.demo.faults import ChaosPlan
+
+    timeline = ChaosPlan(default_scenario()).timeline(40.0)
+    assert timeline[0] == (0.0, timeline[0][1]) and not timeline[0][1].backend
+    assert any(state.backend for _, state in timeline)
+    assert any("vector_store" in state.proxies for _, state in timeline)
+    assert any(state.rerank_oom for _, state in timeline)
+    assert [t for t, _ in timeline] == sorted(t for t, _ in timeline)

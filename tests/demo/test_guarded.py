@@ -8,17 +8,19 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import grpc
 import pytest
 
-import grpc
 from ragguard import Guard, TenantQuota
-from ragguard.demo.backends import BackendFaults, BackendServers, ControlClient
+from ragguard.demo.backends import BackendServers, ControlClient
 from ragguard.demo.corpus import Passage
 from ragguard.demo.guarded import GuardedPipeline, demo_policy
 from ragguard.demo.keyword import KeywordIndex
 from ragguard.demo.pipeline import BackendClients, UnguardedPipeline
 from ragguard.demo.rerank import Reranker
 from ragguard.demo.service import RetrievalClient, RetrievalServer
+
+REFUSED = {"kind": "error", "stage": "vector_store", "error": "connection_refused"}
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -72,7 +74,7 @@ async def test_healthy_guarded_answers_like_unguarded(guarded: Guarded) -> None:
 async def test_vector_store_down_is_served_by_keyword_search(
     guarded: Guarded, demo_passages: list[Passage]
 ) -> None:
-    await guarded.control.set_faults(BackendFaults(vector_down=True))
+    await guarded.control.set_faults([REFUSED])
     results = [await guarded.pipeline.retrieve(QUERY) for _ in range(8)]
     assert all("keyword_search" in r.fallbacks for r in results)
     assert all(any("try" in demo_passages[h.pid].topics for h in r.hits) for r in results)
@@ -84,7 +86,7 @@ async def test_vector_store_down_is_served_by_keyword_search(
 
 async def test_slow_embedding_is_served_from_the_cache(guarded: Guarded) -> None:
     await guarded.pipeline.retrieve(QUERY)  # fills the embedding cache
-    await guarded.control.set_faults(BackendFaults(embed_latency_s=3.5, embed_latency_share=1.0))
+    await guarded.control.set_faults([{"kind": "latency", "stage": "embedding", "seconds": 3.5}])
     t0 = time.perf_counter()
     cached = await guarded.pipeline.retrieve(QUERY)
     assert time.perf_counter() - t0 < 1.5
@@ -110,7 +112,7 @@ async def test_the_greedy_tenant_is_shed_and_the_others_are_not(
 ) -> None:
     server = RetrievalServer(guarded.pipeline, demo_passages, capacity=32, admit=guarded.guard.tenant)
     client = RetrievalClient(await server.start())
-    await guarded.control.set_faults(BackendFaults(embed_latency_s=0.2, embed_latency_share=1.0))
+    await guarded.control.set_faults([{"kind": "latency", "stage": "embedding", "seconds": 0.2}])
     try:
         greedy = await asyncio.gather(
             *(client.retrieve("greedy", f"{QUERY} {i}", timeout_s=5) for i in range(4)),
@@ -126,3 +128,35 @@ async def test_the_greedy_tenant_is_shed_and_the_others_are_not(
     shed = [r for r in greedy if isinstance(r, grpc.aio.AioRpcError)]
     assert shed and all(r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for r in shed)
     assert all(isinstance(r, dict) for r in polite), polite
+
+
+async def test_with_redis_quotas_and_breakers_live_in_redis(
+    redis_server: object, demo_backends: BackendServers, demo_reranker: Reranker,
+    demo_passages: list[Passage], keyword: KeywordIndex,
+) -> None:
+    import redis.asyncio as aredis
+
+    from ragguard.demo.runner import REDIS_PREFIX, _redis_client, _shared_guard
+
+    assert demo_backends.addresses is not None
+    client = _redis_client(redis_server.url)  # type: ignore[attr-defined]
+    policy = demo_policy(greedy={"greedy": TenantQuota(max_concurrency=2, rate_per_s=5.0, timeout_s=2.0)})
+    guard, closers = _shared_guard(policy, client, random.Random(3))
+    clients = BackendClients(demo_backends.addresses)
+    pipeline = GuardedPipeline(clients, demo_reranker, demo_passages, keyword, guard)
+    try:
+        async with guard.tenant("greedy"):
+            got = await pipeline.retrieve(QUERY)
+        assert len(got.hits) == 5 and got.fallbacks == ()
+        assert type(guard.breaker("vector_store")).__name__ == "SharedCircuitBreaker"
+    finally:
+        for close in closers:
+            await close()
+        await clients.close()
+    probe = aredis.Redis.from_url(redis_server.url)  # type: ignore[attr-defined]
+    try:
+        keys = {k.decode() for k in await probe.keys(f"{{{REDIS_PREFIX}:*")}
+    finally:
+        await probe.aclose()
+        await client.aclose()
+    assert any(k.startswith(f"{{{REDIS_PREFIX}:quota:greedy}}") for k in keys), keys

@@ -6,14 +6,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import grpc
 import pytest
 
-import grpc
-from ragguard.demo.backends import BackendFaults, BackendServers, ControlClient
+from ragguard.demo.backends import BackendServers, ControlClient
 from ragguard.demo.corpus import Passage, load_questions
 from ragguard.demo.pipeline import BackendClients, PipelineSettings, UnguardedPipeline
 from ragguard.demo.rerank import Reranker
 from ragguard.demo.service import RetrievalClient, RetrievalServer
+
+REFUSED = {"kind": "error", "stage": "vector_store", "error": "connection_refused"}
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -68,7 +70,7 @@ async def test_bad_requests_are_invalid_argument(stack: Stack, tenant: str, quer
 
 
 async def test_unguarded_fails_while_the_vector_store_is_down(stack: Stack) -> None:
-    await stack.control.set_faults(BackendFaults(vector_down=True))
+    await stack.control.set_faults([REFUSED])
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stack.client.retrieve("acme", "what does yield do", timeout_s=5)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -83,7 +85,7 @@ async def test_unguarded_fails_when_rerank_runs_out_of_memory(stack: Stack) -> N
 
 
 async def test_slow_embeddings_fill_the_capacity_and_requests_are_refused(stack: Stack) -> None:
-    await stack.control.set_faults(BackendFaults(embed_latency_s=0.5, embed_latency_share=1.0))
+    await stack.control.set_faults([{"kind": "latency", "stage": "embedding", "seconds": 0.5}])
     results = await asyncio.gather(
         *(stack.client.retrieve("acme", f"question {i}", timeout_s=5) for i in range(5)),
         return_exceptions=True,

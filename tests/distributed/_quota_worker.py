@@ -51,7 +51,7 @@ async def main(port: int, start_at: float, duration_s: float, callers: int, seed
             try:
                 peak = max(peak, int(await client.incr(IN_FLIGHT)))
                 # mostly short calls, some long ones: the bulkhead fills now and then
-                await asyncio.sleep(0.5 if crng.random() < 0.1 else 0.05)
+                await asyncio.sleep(0.5 if crng.random() < 0.15 else 0.05)
                 await client.decr(IN_FLIGHT)
             finally:
                 quotas.release(lease)

@@ -17,13 +17,13 @@ import redis
 from ragguard.distributed import quota_keys
 
 WORKER = Path(__file__).with_name("_quota_worker.py")
-PROCESSES, CALLERS, DURATION_S = 4, 200, 5.0
+PROCESSES, CALLERS, DURATION_S = 4, 200, 4.0
 MAX_CONCURRENCY, RATE_PER_S, BURST = 10, 50.0, 5
 
 
 @pytest.mark.timeout(90)
 def test_four_processes_hold_one_tenant_to_its_quota(redis_server: Any) -> None:
-    start_at = time.time() + 3.0  # every process imported and connected before the run starts
+    start_at = time.time() + 2.5  # every process imported and connected before the run starts
     procs = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(redis_server.port), repr(start_at), str(DURATION_S),

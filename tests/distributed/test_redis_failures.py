@@ -28,7 +28,8 @@ FALLBACK_WITHIN_S = 1.5  # flush 0.1 s + 2 failed commands (each <= redis_timeou
 RESTORE_WITHIN_S = 3.0   # probe_every_s 0.3 s + reconnect + one flush + slack
 
 
-async def until(cond: Callable[[], bool], limit_s: float, step: Callable[[], Awaitable[Any]] | None = None) -> float:
+async def until(cond: Callable[[], bool], limit_s: float,
+                step: Callable[[], Awaitable[Any]] | None = None) -> float:
     """Seconds until ``cond()`` held (polling every 10 ms, running ``step`` each time), or inf."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit_s:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from typing import Any
 
@@ -80,9 +81,9 @@ async def test_outcomes_are_batched_not_sent_per_call(client: Any, fake_clock: F
     try:
         succeed(a, 30)
         state_key, window_key, _ = a.keys
-        assert await client.llen(window_key) == 0  # nothing sent yet: the happy path did no I/O
+        assert await client.strlen(window_key) == 0  # nothing sent yet: the happy path did no I/O
         await a.refresh()
-        assert await client.llen(window_key) == 30
+        assert await client.strlen(window_key) == 30
         assert int(await client.hget(state_key, "calls")) == 30
     finally:
         await a.aclose()
@@ -94,14 +95,14 @@ async def test_a_joining_replica_writes_nothing(client: Any, fake_clock: FakeClo
     fail(a, 4)
     await a.refresh()
     before = {k: await client.hgetall(k) for k in (a.keys[0],)}
-    window_before = await client.lrange(a.keys[1], 0, -1)
+    window_before = await client.get(a.keys[1])
     ttl_before = await client.pttl(a.keys[0])
     joined = await replica(client, fake_clock).start()
     try:
         await joined.refresh()
         assert joined.state is OPEN
         assert {k: await client.hgetall(k) for k in (a.keys[0],)} == before
-        assert await client.lrange(a.keys[1], 0, -1) == window_before
+        assert await client.get(a.keys[1]) == window_before
         assert await client.pttl(a.keys[0]) <= ttl_before  # not refreshed: nothing was written
     finally:
         await a.aclose()
@@ -187,7 +188,8 @@ async def test_a_dead_replicas_trial_permit_comes_back(client: Any, fake_clock: 
         await b.aclose()
 
 
-async def test_sync_acquire_uses_a_permit_fetched_in_the_background(client: Any, fake_clock: FakeClock) -> None:
+async def test_sync_acquire_uses_a_permit_fetched_in_the_background(client: Any,
+                                                                   fake_clock: FakeClock) -> None:
     a = await replica(client, fake_clock, half_open_permits=1, staleness_s=1.0).start()
     try:
         fail(a, 4)
@@ -251,14 +253,14 @@ async def test_uncounted_errors_and_stale_tokens_change_nothing(client: Any, fak
         for _ in range(6):
             a.on_result(a.acquire(), 0.01, ValueError("caller's bad input"))
         await a.refresh()
-        assert await client.llen(a.keys[1]) == 0
+        assert await client.strlen(a.keys[1]) == 0
         fail(b, 4)
         await b.refresh()
         await b.reset()  # closed again, new epoch
         await a.refresh()
         a.on_result(stale, 0.01, ConnectionRefusedError("from before the reset"))
         await a.refresh()
-        assert a.state is CLOSED and await client.llen(a.keys[1]) == 0
+        assert a.state is CLOSED and await client.strlen(a.keys[1]) == 0
     finally:
         await a.aclose()
         await b.aclose()
@@ -320,3 +322,41 @@ def test_options_are_validated(fake_clock: FakeClock) -> None:
         SharedCircuitBreaker(object(), _Client())  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="redis"):
         SharedCircuitBreaker(CircuitBreaker("x"), object())
+
+
+@pytest.mark.parametrize("window_type", ["count", "time"])
+async def test_the_shared_window_matches_the_in_memory_breaker(client: Any, fake_clock: FakeClock,
+                                                               window_type: str) -> None:
+    """The Lua state machine and the in-memory one, fed the same seeded outcomes, agree after
+    every flush: state, calls, failures, slow calls and the run of consecutive failures."""
+    opts: dict[str, Any] = dict(window_type=window_type, window_size=10, minimum_calls=5,
+                                failure_rate_threshold=60.0, slow_call_rate_threshold=80.0,
+                                slow_call_duration_s=1.0, consecutive_failures_threshold=4)
+    ref = CircuitBreaker("reference", clock=fake_clock, **opts)
+    b = await SharedCircuitBreaker(CircuitBreaker("mirror", **opts), client, clock=fake_clock,
+                                   batch_size=10_000).start()
+    rng = random.Random(7)
+    trips = 0
+    try:
+        for _ in range(40):
+            for _ in range(rng.randint(1, 25)):
+                duration = rng.choice((0.1, 2.0))
+                exc = ConnectionRefusedError("down") if rng.random() < 0.35 else None
+                b.on_result(b.acquire(), duration, exc)
+                if ref.state is CLOSED:
+                    ref.on_result(ref.acquire(), duration, exc)
+            await b.refresh()
+            assert b.state is ref.state
+            if ref.state is OPEN:
+                trips += 1
+                ref.reset()
+                await b.reset()
+                continue
+            m = ref.metrics()
+            h = await client.hgetall(b.keys[0])
+            got = tuple(int(h[f]) for f in (b"calls", b"failures", b"slow", b"consecutive"))
+            assert got == (m.calls, m.failed_calls, m.slow_calls, m.consecutive_failures)
+            fake_clock.advance(rng.choice((0.0, 0.4, 3.0)))
+        assert trips >= 3  # every rule got exercised across the run
+    finally:
+        await b.aclose()

@@ -9,8 +9,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
-import ragguard
 from grpc import aio
+
+import ragguard
 from ragguard import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded
 
 SERVICE = "ragguard.test.Svc"

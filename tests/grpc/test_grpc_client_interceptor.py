@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import socket
 
+import grpc
 import pytest
+from grpc import aio
 from grpc_helpers import Behaviors, call_kind, collect_until_error, method, serving
 
-import grpc
 import ragguard
-from grpc import aio
 from ragguard import FakeClock, Policy, QuotaExceeded
 from ragguard.breakers import (
     BreakerState,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 
+import grpc
 import pytest
+from grpc import aio
 from grpc_helpers import Behaviors, call_kind, collect_until_error, method, requests_of, serving
 
-import grpc
 import ragguard
-from grpc import aio
 from ragguard import ConfigError, FakeClock, Policy, TenantQuota
 from ragguard.grpc import GuardServerInterceptor
 

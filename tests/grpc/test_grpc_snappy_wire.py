@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import random
 
+import grpc
 import pytest
 import snappy
+from grpc import aio
 from grpc_helpers import Behaviors, call_kind, method, serving
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import grpc
-from grpc import aio
 from ragguard import ConfigError, CorruptPayload
 from ragguard.buffers import BufferPool, SnappyCodec
 from ragguard.grpc import (

@@ -10,10 +10,9 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc
 import numpy as np
 import numpy.typing as npt
-
-import grpc
 
 from .._errors import InvalidInput
 

@@ -4,9 +4,12 @@
   worker thread so the loop never waits on the CPU)
 * ``VectorStore/Search`` ``{"vector": <float32 (1, 256)>, "k": int}`` -> ``{"ids": [int], "scores": [float]}``
   (faiss ``IndexFlatIP`` over the corpus passages)
-* ``Control/SetFaults`` ``{"embed_latency_s", "embed_latency_share", "vector_latency_s",
-  "vector_latency_share", "vector_down"}`` -> the faults now in force. ``vector_down`` stops the
-  vector-store server (callers get connection refused); clearing it starts it again on the same port.
+* ``Control/SetFaults`` ``{"faults": [spec, ...]}``: the chaos faults now in force, as fault specs
+  of a :mod:`ragguard.chaos` scenario (``{kind: latency, stage: embedding, rate: 0.25, seconds: 3.5}``,
+  ``{kind: error, stage: vector_store, error: connection_refused}``...). They act inside the
+  servers through a :class:`ragguard.chaos.Chaos` injector on stages ``embedding`` and
+  ``vector_store``: a latency fault really delays the reply, an error fault really ends the call
+  with the matching gRPC status. ``[]`` heals.
 * ``Control/Shutdown`` stops everything.
 
 :class:`BackendServers` runs them in the current event loop (tests); :class:`BackendProcess` runs
@@ -19,67 +22,61 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import random
 import sys
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import anyio.to_thread
-
 import grpc
 
 from .._errors import InvalidInput
-from ..grpc import SnappyServerInterceptor
+from ..breakers import is_out_of_memory
+from ..chaos import Chaos, FaultHandle, Phase
+from ..grpc import TENANT_KEY, SnappyServerInterceptor
 from . import _wire
 from .corpus import Passage, load_passages
 from .embedder import Embedder, load_embedder
 
 __all__ = [
+    "BACKEND_STAGES",
     "BackendAddresses",
-    "BackendFaults",
     "BackendProcess",
     "BackendServers",
     "ControlClient",
     "build_index",
+    "parse_fault_specs",
     "start_in_loop",
 ]
 
+BACKEND_STAGES = ("embedding", "vector_store")
 MAX_TEXTS = 64
 MAX_TEXT_CHARS = 8192
 MAX_K = 100
+MAX_FAULTS = 50
 
 
-@dataclass(frozen=True, slots=True)
-class BackendFaults:
-    """Faults the backends inject into their own calls.
+def parse_fault_specs(specs: Any) -> list[Any]:
+    """Validate a list of :mod:`ragguard.chaos` fault specs (dicts) for the backends' stages.
 
-    A share (0..1) of embedding / vector-store calls is delayed by the given seconds;
-    ``vector_down`` keeps the vector-store server stopped.
+    Raises :class:`~ragguard.InvalidInput` naming the problem: not a list, an invalid spec, a
+    proxy fault (those act on a :class:`~ragguard.chaos.FaultProxy`, not inside a server), or a
+    stage that is not a backend's.
     """
-
-    embed_latency_s: float = 0.0
-    embed_latency_share: float = 0.0
-    vector_latency_s: float = 0.0
-    vector_latency_share: float = 0.0
-    vector_down: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("embed_latency_s", "vector_latency_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or math.isnan(value) or not 0 <= value <= 600:
-                raise InvalidInput(f"BackendFaults.{name} must be in [0, 600] seconds, got {value!r}")
-        for name in ("embed_latency_share", "vector_latency_share"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or math.isnan(value) or not 0 <= value <= 1:
-                raise InvalidInput(f"BackendFaults.{name} must be in [0, 1], got {value!r}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BackendFaults:
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise InvalidInput(f"unknown fault fields {sorted(unknown)}")
-        return cls(**data)
+    if not isinstance(specs, list) or len(specs) > MAX_FAULTS:
+        raise InvalidInput(f"faults must be a list of at most {MAX_FAULTS} fault specs")
+    try:
+        parsed = Phase.model_validate({"name": "control", "start": 0.0, "end": 1.0, "faults": specs}).faults
+    except Exception as exc:  # pydantic's ValidationError, reported as the caller's mistake
+        raise InvalidInput(f"invalid fault spec: {exc}") from None
+    for spec in parsed:
+        if spec.kind == "proxy":
+            raise InvalidInput("proxy faults act on a FaultProxy in front of a backend, not in the server")
+        stages = [spec.stage] if isinstance(spec.stage, str) else spec.stage
+        if stages is None or not set(stages) <= set(BACKEND_STAGES):
+            raise InvalidInput(f"a backend fault needs stage in {BACKEND_STAGES}, got {spec.stage!r}")
+    return parsed
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +100,24 @@ def build_index(embedder: Embedder, passages: list[Passage]) -> Any:
     return index
 
 
+def _fault_status(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status a server ends a call with when ``exc`` (a chaos fault) hit it."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code: grpc.StatusCode = exc.code()
+        return code
+    if isinstance(exc, ConnectionError):
+        return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, TimeoutError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if is_out_of_memory(exc):
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.UNKNOWN
+
+
 class BackendServers:
     """The embedding, vector-store and control servers in the running event loop.
 
-    ``rng`` (seeded) decides which calls a latency fault hits. Use :meth:`start` then :meth:`stop`.
+    ``rng`` (seeded) decides which calls a fault hits. Use :meth:`start` then :meth:`stop`.
     """
 
     def __init__(
@@ -116,70 +127,69 @@ class BackendServers:
             raise InvalidInput(f"the demo backends listen on loopback only, got {host!r}")
         self._embedder = embedder
         self._index = index
-        self._rng = rng
         self._host = host
-        self.faults = BackendFaults()
-        self._embedding: grpc.aio.Server | None = None
-        self._vector: grpc.aio.Server | None = None
-        self._control: grpc.aio.Server | None = None
-        self._vector_port = 0
-        self._lock = asyncio.Lock()
+        self.chaos = Chaos(rng=rng)
+        self._handles: list[FaultHandle] = []
+        self._servers: list[grpc.aio.Server] = []
         self._stopped = asyncio.Event()
         self.addresses: BackendAddresses | None = None
 
     async def start(self) -> BackendAddresses:
-        self._embedding, embed_port = await self._serve(
-            _wire.handler(_wire.EMBEDDING, {"Embed": self._embed}), 0
-        )
-        self._vector, self._vector_port = await self._serve(
-            _wire.handler(_wire.VECTOR_STORE, {"Search": self._search}), 0
-        )
-        self._control, control_port = await self._serve(
-            _wire.handler(_wire.CONTROL, {"SetFaults": self._set_faults, "Shutdown": self._shutdown}), 0
+        embed_port = await self._serve(_wire.handler(_wire.EMBEDDING, {"Embed": self._embed}))
+        vector_port = await self._serve(_wire.handler(_wire.VECTOR_STORE, {"Search": self._search}))
+        control_port = await self._serve(
+            _wire.handler(_wire.CONTROL, {"SetFaults": self._set_faults, "Shutdown": self._shutdown})
         )
         self.addresses = BackendAddresses(
             embedding=f"{self._host}:{embed_port}",
-            vector_store=f"{self._host}:{self._vector_port}",
+            vector_store=f"{self._host}:{vector_port}",
             control=f"{self._host}:{control_port}",
         )
         return self.addresses
 
-    async def _serve(self, handler: grpc.GenericRpcHandler, port: int) -> tuple[grpc.aio.Server, int]:
+    async def _serve(self, handler: grpc.GenericRpcHandler) -> int:
         # Snappy responses for the callers that ask (the guarded pipeline); plain for the others.
         server = grpc.aio.server(interceptors=[SnappyServerInterceptor()])
         server.add_generic_rpc_handlers((handler,))
-        bound = server.add_insecure_port(f"{self._host}:{port}")
-        if bound == 0:
-            raise OSError(f"could not bind {self._host}:{port}")
+        port: int = server.add_insecure_port(f"{self._host}:0")
+        if port == 0:
+            raise OSError(f"could not bind {self._host}")
         await server.start()
-        return server, bound
+        self._servers.append(server)
+        return port
 
-    async def apply(self, faults: BackendFaults) -> None:
-        """Put ``faults`` in force: stop or restart the vector store as needed."""
-        async with self._lock:
-            was_down = self.faults.vector_down
-            self.faults = faults
-            if faults.vector_down and not was_down and self._vector is not None:
-                server, self._vector = self._vector, None
-                await server.stop(grace=None)
-            elif not faults.vector_down and was_down and self._vector is None:
-                self._vector, _ = await self._serve(
-                    _wire.handler(_wire.VECTOR_STORE, {"Search": self._search}), self._vector_port
-                )
+    def set_faults(self, specs: Any) -> None:
+        """Replace the faults in force with ``specs`` (see :func:`parse_fault_specs`)."""
+        parsed = parse_fault_specs(specs)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = [self.chaos.inject(s.build(), stage=s.stage, tenant=s.tenant) for s in parsed]
 
     async def stop(self) -> None:
-        for server in (self._embedding, self._vector, self._control):
-            if server is not None:
-                await server.stop(grace=None)
-        self._embedding = self._vector = self._control = None
+        servers, self._servers = self._servers, []
+        for server in servers:
+            await server.stop(grace=None)
         self._stopped.set()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-    async def _maybe_delay(self, seconds: float, share: float) -> None:
-        if seconds > 0 and share > 0 and self._rng.random() < share:
-            await asyncio.sleep(seconds)
+    async def _faulted(
+        self, stage: str, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        """Run ``call`` through the faults of ``stage``; a fault's error ends the RPC with its status."""
+        tenant = "default"
+        for key, value in context.invocation_metadata() or ():
+            if key == TENANT_KEY and isinstance(value, str):
+                tenant = value
+        try:
+            result: dict[str, Any] = await self.chaos(stage, tenant, call)
+        except InvalidInput:
+            raise
+        except Exception as exc:
+            await context.abort(_fault_status(exc), f"{type(exc).__name__}: {exc}")
+            raise  # unreachable: abort raises
+        return result
 
     async def _embed(self, request: dict[str, Any], context: grpc.aio.ServicerContext) -> dict[str, Any]:
         texts = request.get("texts")
@@ -187,10 +197,12 @@ class BackendServers:
             raise InvalidInput(f"texts must be a list of 1..{MAX_TEXTS} strings")
         if not all(isinstance(t, str) and len(t) <= MAX_TEXT_CHARS for t in texts):
             raise InvalidInput(f"each text must be a str of at most {MAX_TEXT_CHARS} characters")
-        f = self.faults
-        await self._maybe_delay(f.embed_latency_s, f.embed_latency_share)
-        vectors = await anyio.to_thread.run_sync(self._embedder.embed, texts)
-        return {"vectors": _wire.encode_vectors(vectors)}
+
+        async def embed() -> dict[str, Any]:
+            vectors = await anyio.to_thread.run_sync(self._embedder.embed, texts)
+            return {"vectors": _wire.encode_vectors(vectors)}
+
+        return await self._faulted("embedding", context, embed)
 
     async def _search(self, request: dict[str, Any], context: grpc.aio.ServicerContext) -> dict[str, Any]:
         vector = _wire.decode_vectors(request.get("vector"))
@@ -199,15 +211,17 @@ class BackendServers:
             raise InvalidInput(f"k must be an int in 1..{MAX_K}, got {k!r}")
         if vector.shape != (1, self._index.d):
             raise InvalidInput(f"vector must have shape (1, {self._index.d}), got {vector.shape}")
-        f = self.faults
-        await self._maybe_delay(f.vector_latency_s, f.vector_latency_share)
-        scores, ids = await anyio.to_thread.run_sync(self._index.search, vector, k)
-        keep = ids[0] >= 0
-        return {"ids": ids[0][keep].tolist(), "scores": scores[0][keep].tolist()}
+
+        async def search() -> dict[str, Any]:
+            scores, ids = await anyio.to_thread.run_sync(self._index.search, vector, k)
+            keep = ids[0] >= 0
+            return {"ids": ids[0][keep].tolist(), "scores": scores[0][keep].tolist()}
+
+        return await self._faulted("vector_store", context, search)
 
     async def _set_faults(self, request: dict[str, Any], context: grpc.aio.ServicerContext) -> dict[str, Any]:
-        await self.apply(BackendFaults.from_dict(request))
-        return asdict(self.faults)
+        self.set_faults(request.get("faults"))
+        return {"faults": len(self._handles)}
 
     async def _shutdown(self, request: dict[str, Any], context: grpc.aio.ServicerContext) -> dict[str, Any]:
         # Reply first, stop after: stopping the control server inside its own call would cut it.
@@ -233,12 +247,15 @@ class ControlClient:
         self._set = _wire.unary(self._channel, _wire.CONTROL, "SetFaults")
         self._shutdown = _wire.unary(self._channel, _wire.CONTROL, "Shutdown")
 
-    async def set_faults(self, faults: BackendFaults, *, timeout_s: float = 5.0) -> BackendFaults:
-        reply = await self._set(asdict(faults), timeout=timeout_s)
-        return BackendFaults.from_dict(reply)
+    async def set_faults(self, specs: list[dict[str, Any]], *, timeout_s: float = 5.0) -> int:
+        """Put the fault ``specs`` in force (replacing the previous ones); returns their number.
+
+        Raises grpc.aio.AioRpcError (INVALID_ARGUMENT for a bad spec)."""
+        reply = await self._set({"faults": specs}, timeout=timeout_s)
+        return int(reply["faults"])
 
     async def heal(self) -> None:
-        await self.set_faults(replace(BackendFaults()))
+        await self.set_faults([])
 
     async def shutdown(self, *, timeout_s: float = 5.0) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):

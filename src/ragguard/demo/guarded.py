@@ -12,17 +12,17 @@ When the embedding fails with nothing cached, the request goes straight to keywo
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio.to_thread
+import grpc
 import numpy as np
 import numpy.typing as npt
 
-import grpc
-
-from .._context import degraded
+from .._context import current_scope, degraded
 from .._errors import BreakerOpen
 from ..deadline import remaining
 from ..guard import Guard
@@ -116,6 +116,13 @@ class GuardedPipeline:
         return [Hit(s.pid, s.score) for s in scored]
 
     async def retrieve(self, query: str) -> Retrieval:
+        if current_scope() is None:
+            # Outside a tenant(...) block degraded() keeps each fallback name once for the whole
+            # context; a child task (a copy of this context) makes it report this request alone.
+            return await asyncio.create_task(self._retrieve(query))
+        return await self._retrieve(query)
+
+    async def _retrieve(self, query: str) -> Retrieval:
         s = self._settings
         seen = len(degraded())
         extra: tuple[str, ...] = ()

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio.to_thread
+import grpc
 import numpy as np
 import numpy.typing as npt
-
-import grpc
 
 from ..grpc import snappy_channel
 from . import _wire

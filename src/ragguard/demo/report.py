@@ -15,6 +15,7 @@ from .loadgen import OUTCOMES, RequestRecord
 
 __all__ = ["DemoReport", "RunResult", "Transition", "summarize"]
 
+_STAGE_ORDER = {"embedding": 0, "vector_store": 1, "rerank": 2}
 _BAND_COLOURS = {"open": "#d62728", "forced_open": "#8c564b", "half_open": "#ff7f0e"}
 
 
@@ -39,6 +40,7 @@ class RunResult:
     transitions: list[Transition] = field(default_factory=list)
     stalls: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
+    breakers: list[str] = field(default_factory=list)
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -67,10 +69,10 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
         "success_rate_well_behaved": len(polite_ok) / len(polite) if polite else 0.0,
         "goodput_per_s": sum(1 for r in ok if r.latency_s <= slo_s) / run.duration_s,
         "slo_ms": slo_s * 1000,
-        "latency_ms": {"p50": _pct(ok_ms, 50), "p95": _pct(ok_ms, 95), "p99": _pct(ok_ms, 99)},
-        "latency_all_requests_ms": {
-            "p50": _pct(all_ms, 50), "p95": _pct(all_ms, 95), "p99": _pct(all_ms, 99)
-        },
+        # Every request, answered or failed: what a caller waited for. A request that fails
+        # after 3.5 s cost its caller 3.5 s, so failures are not left out of the tail.
+        "latency_ms": {"p50": _pct(all_ms, 50), "p95": _pct(all_ms, 95), "p99": _pct(all_ms, 99)},
+        "latency_answered_ms": {"p50": _pct(ok_ms, 50), "p95": _pct(ok_ms, 95), "p99": _pct(ok_ms, 99)},
         "outcomes": {o: sum(1 for r in recs if r.outcome == o) for o in OUTCOMES},
         "fallback_share": {name: n / len(ok) for name, n in sorted(served.items())} if ok else {},
         "breaker_transitions": len(run.transitions),
@@ -152,8 +154,8 @@ class DemoReport:
         row("success rate (well-behaved tenants)", [pct(x["success_rate_well_behaved"]) for x in s])
         row(f"goodput (answered within {s[0]['slo_ms']:.0f} ms)", [f"{x['goodput_per_s']:.1f} /s" for x in s])
         for q in ("p50", "p95", "p99"):
-            row(f"latency {q.upper()} (answered)", [ms(x["latency_ms"][q]) for x in s])
-        row("latency P99 (all requests, failures too)", [ms(x["latency_all_requests_ms"]["p99"]) for x in s])
+            row(f"latency {q.upper()} (every request)", [ms(x["latency_ms"][q]) for x in s])
+        row("latency P99 (answered requests only)", [ms(x["latency_answered_ms"]["p99"]) for x in s])
         for outcome in OUTCOMES[1:]:
             row(f"failed: {outcome}", [str(x["outcomes"][outcome]) for x in s])
         names = sorted({n for x in s for n in x["fallback_share"]})
@@ -183,7 +185,9 @@ class DemoReport:
         from matplotlib.patches import Patch
 
         modes = [m for m in ("unguarded", "guarded") if m in self.runs]
-        breakers = sorted({t.breaker for r in self.runs.values() for t in r.transitions})
+        names = {t.breaker for r in self.runs.values() for t in r.transitions}
+        names |= {b for r in self.runs.values() for b in r.breakers}
+        breakers = sorted(names, key=lambda b: (_STAGE_ORDER.get(b, len(_STAGE_ORDER)), b))
         ratios = [3.0] * len(modes) + [0.35 + 0.3 * max(1, len(breakers))]
         fig, axes = plt.subplots(len(ratios), 1, figsize=(11, 2.9 * len(modes) + 1.6), sharex=True,
                                  gridspec_kw={"height_ratios": ratios})
@@ -203,9 +207,9 @@ class DemoReport:
             ax.set_yscale("log")
             ax.set_ylabel("latency (ms)")
             ax.set_title(
-                f"{mode}: success {100 * summary['success_rate']:.1f} %, P99 answered "
-                f"{summary['latency_ms']['p99'] or 0:,.0f} ms, P99 all requests "
-                f"{summary['latency_all_requests_ms']['p99'] or 0:,.0f} ms",
+                f"{mode}: success {100 * summary['success_rate']:.1f} %, P99 "
+                f"{summary['latency_ms']['p99'] or 0:,.0f} ms (answered only: "
+                f"{summary['latency_answered_ms']['p99'] or 0:,.0f} ms)",
                 loc="left", fontsize=9, pad=14,
             )
         strip = axes[-1]

@@ -20,19 +20,20 @@ from typing import Any
 import anyio.to_thread
 
 from .._errors import ConfigError
+from ..chaos import FaultProxy, Scenario, default_scenario, load_scenario
 from ..events import BreakerTransition, bus
 from ..guard import Guard
-from ..policy import TenantQuota
-from .backends import BackendAddresses, BackendFaults, BackendProcess, ControlClient, start_in_loop
+from ..policy import Policy, TenantQuota
+from .backends import BackendAddresses, BackendProcess, ControlClient, start_in_loop
 from .corpus import Passage, Question, load_passages, load_questions
 from .embedder import Embedder, load_embedder
+from .faults import ChaosPlan, FaultApplier, drive, oom_budget
 from .guarded import GuardedPipeline, demo_policy
 from .keyword import KeywordIndex
 from .loadgen import Arrival, RequestRecord, TenantLoad, plan_arrivals, run_load
 from .pipeline import BackendClients, PipelineSettings, UnguardedPipeline
 from .report import DemoReport, RunResult, Transition, summarize
 from .rerank import Reranker
-from .scenario import Scenario, load_scenario
 from .service import RetrievalClient, RetrievalServer
 
 __all__ = ["DemoOptions", "cli_main", "run_demo", "run_demo_async"]
@@ -40,6 +41,7 @@ __all__ = ["DemoOptions", "cli_main", "run_demo", "run_demo_async"]
 FULL_DURATION_S = 40.0
 QUICK_DURATION_S = 9.0
 HEALTHY_RERANK_BUDGET = 64 * 2**20
+REDIS_PREFIX = "ragguard-demo"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +51,10 @@ class DemoOptions:
     - ``duration_s``: seconds of load per run (each of the two runs); None: 40, or 9 with ``quick``.
     - ``concurrency``: the load generator's cap on requests in flight (>= 1).
     - ``capacity``: RPCs the retrieval service serves at once; gRPC refuses the excess (>= 1).
-    - ``scenario``: a scenario YAML file (None: the built-in default).
-    - ``redis_url``: share quota state through Redis (several demo replicas).
+    - ``scenario``: a :mod:`ragguard.chaos` scenario YAML file (None: the toolkit's default,
+      ``ragguard/chaos/scenarios/default.yaml``); its phases are stretched over ``duration_s``.
+    - ``redis_url``: keep the guarded run's tenant quotas and breakers in this Redis, shared by
+      every demo replica pointed at it (keys under ``{ragguard-demo:...}``).
     - ``out_dir``: folder for ``report.json`` and ``latency.png`` (None: write nothing).
     - ``seed``: seeds the arrival plan, the questions drawn and the faults' draws.
     - ``tenants`` well-behaved tenants at ``rate_per_s`` each, plus ``greedy_tenant`` at
@@ -120,6 +124,7 @@ class _Shared:
     keyword: KeywordIndex
     addresses: BackendAddresses
     control: ControlClient
+    applier: FaultApplier
     stop_backends: Callable[[], Awaitable[None]]
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -133,8 +138,9 @@ def run_demo(options: DemoOptions | None = None) -> DemoReport:
 async def run_demo_async(options: DemoOptions) -> DemoReport:
     """The demo inside a running asyncio loop (see :func:`run_demo`)."""
     started = time.monotonic()
-    scenario = load_scenario(options.scenario)
-    quotas = _redis_quotas(options.redis_url)
+    scenario = _scenario(options.scenario)
+    plan = ChaosPlan(scenario)
+    redis = _redis_client(options.redis_url)
     shared = await _start(options)
     console = _console(options)
     try:
@@ -144,13 +150,14 @@ async def run_demo_async(options: DemoOptions) -> DemoReport:
         arrivals = plan_arrivals(options.loads(), duration, len(shared.questions), rng)
         runs: dict[str, RunResult] = {}
         for mode in ("unguarded", "guarded"):
-            await shared.control.heal()
-            shared.reranker.set_budget(HEALTHY_RERANK_BUDGET)
+            await shared.applier.heal()
             t0 = time.monotonic()
-            runs[mode] = await _run(mode, shared, options, scenario, arrivals, quotas, console)
+            runs[mode] = await _run(mode, shared, options, plan, arrivals, redis, console)
             shared.timings[f"{mode}_run"] = time.monotonic() - t0
     finally:
         await shared.stop_backends()
+        if redis is not None:
+            await redis.aclose()
     shared.timings["total"] = time.monotonic() - started
     greedy = [options.greedy_tenant]
     report = DemoReport(
@@ -211,6 +218,15 @@ def cli_main(
 # -- start-up -------------------------------------------------------------------------------------
 
 
+def _scenario(path: Path | None) -> Scenario:
+    if path is None:
+        return default_scenario()
+    try:
+        return load_scenario(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot read scenario {path}: {exc.strerror or exc}") from None
+
+
 async def _start(options: DemoOptions) -> _Shared:
     t0 = time.monotonic()
     process: BackendProcess | None = None
@@ -236,8 +252,27 @@ async def _start(options: DemoOptions) -> _Shared:
     await anyio.to_thread.run_sync(reranker.warm, [p.text for p in passages])
     keyword = await anyio.to_thread.run_sync(KeywordIndex, passages)
     control = ControlClient(addresses.control)
+    # The retrieval service reaches each backend through a fault proxy (for the scenario's
+    # network faults: stop, refuse, reset, latency...).
+    proxies = {
+        "embedding": await FaultProxy(_port(addresses.embedding)).open(),
+        "vector_store": await FaultProxy(_port(addresses.vector_store)).open(),
+    }
+    budgets: dict[tuple[int, float], int] = {}
+    texts = [p.text for p in passages]
+
+    def budget_for(min_batch: int, rate: float) -> int:
+        key = (min_batch, rate)
+        if key not in budgets:
+            budgets[key] = oom_budget(reranker, texts, min_batch, rate, rng=random.Random(options.seed))
+        return budgets[key]
+
+    applier = FaultApplier(control, proxies, reranker, healthy_budget=HEALTHY_RERANK_BUDGET,
+                           budget_for=budget_for)
 
     async def stop() -> None:
+        for proxy in proxies.values():
+            await proxy.aclose()
         await control.close()
         if process is not None:
             await process.stop()
@@ -250,8 +285,13 @@ async def _start(options: DemoOptions) -> _Shared:
         embedder=embedder,
         reranker=reranker,
         keyword=keyword,
-        addresses=addresses,
+        addresses=BackendAddresses(
+            embedding=proxies["embedding"].target,
+            vector_store=proxies["vector_store"].target,
+            control=addresses.control,
+        ),
         control=control,
+        applier=applier,
         stop_backends=stop,
         timings={"model_load": model_s, "startup": time.monotonic() - t0},
     )
@@ -276,15 +316,22 @@ async def _baseline_recall(shared: _Shared, options: DemoOptions) -> float:
     return sum(1 for r in records if r.hit) / len(records)
 
 
-def _redis_quotas(url: str | None) -> Any:
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def _redis_client(url: str | None) -> Any:
+    """A redis.asyncio client for ``--redis``: short timeouts and no retries of its own (ragguard
+    falls back to local state when Redis is slow or down)."""
     if url is None:
         return None
-    from .. import quotas
+    import redis.asyncio as aredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 
-    backend = getattr(quotas, "RedisQuotas", None)
-    if backend is None:
-        raise ConfigError("--redis: this ragguard build has no Redis quota backend yet")
-    return backend
+    return aredis.Redis.from_url(
+        url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0), max_connections=64
+    )
 
 
 # -- one run --------------------------------------------------------------------------------------
@@ -294,16 +341,18 @@ async def _run(
     mode: str,
     shared: _Shared,
     options: DemoOptions,
-    scenario: Scenario,
+    plan: ChaosPlan,
     arrivals: Sequence[Arrival],
-    quotas: Any,
+    redis: Any,
     console: Any,
 ) -> RunResult:
     duration = options.run_duration_s
     transitions: list[Transition] = []
     stalls: list[dict[str, Any]] = []
+    breakers: list[str] = []
     if mode == "guarded":
-        server, closers = _guarded_service(shared, options, duration, quotas)
+        server, closers = _guarded_service(shared, options, duration, redis)
+        breakers = ["embedding", "vector_store", "rerank"]
     else:
         server, closers = _unguarded_service(shared, options)
     address = await server.start()
@@ -321,7 +370,7 @@ async def _run(
     unsubscribe = bus.subscribe(on_event)
     detector = _stall_detector()
     progress, tick = _progress(console, mode, duration, len(arrivals))
-    driver = asyncio.create_task(_drive(scenario, duration, start, shared))
+    driver = asyncio.create_task(drive(plan, shared.applier, duration_s=duration, start=start))
     wall0 = time.monotonic()
     try:
         if progress is not None:
@@ -348,9 +397,9 @@ async def _run(
             await close()
         await asyncio.sleep(0)  # let queued events reach the listener
         unsubscribe()
-    phases = [(p.name, round(a, 3), round(b, 3)) for p, a, b in scenario.spans(duration)]
+    phases = [(name, round(a, 3), round(b, 3)) for name, a, b in plan.spans(duration)]
     return RunResult(mode=mode, duration_s=duration, records=records, phases=phases, transitions=transitions,
-                     stalls=stalls, wall_s=time.monotonic() - wall0)
+                     stalls=stalls, wall_s=time.monotonic() - wall0, breakers=breakers)
 
 
 Closer = Callable[[], Awaitable[None]]
@@ -363,7 +412,7 @@ def _unguarded_service(shared: _Shared, options: DemoOptions) -> tuple[Retrieval
 
 
 def _guarded_service(
-    shared: _Shared, options: DemoOptions, duration: float, quotas: Any
+    shared: _Shared, options: DemoOptions, duration: float, redis: Any
 ) -> tuple[RetrievalServer, list[Closer]]:
     from ..grpc import GuardServerInterceptor, SnappyServerInterceptor, client_interceptors
 
@@ -378,31 +427,41 @@ def _guarded_service(
             )
         },
     )
-    kwargs: dict[str, Any] = {"rng": random.Random(options.seed)}
-    if quotas is not None:
-        kwargs["quotas"] = quotas(options.redis_url, policy.quota)
-    guard = Guard(policy, **kwargs)
+    rng = random.Random(options.seed)
+    closers: list[Closer] = []
+    if redis is None:
+        guard = Guard(policy, rng=rng)
+    else:
+        guard, closers = _shared_guard(policy, redis, rng)
     clients = BackendClients(shared.addresses, interceptors=client_interceptors(), snappy=True)
     pipeline = GuardedPipeline(clients, shared.reranker, shared.passages, shared.keyword, guard)
     server = RetrievalServer(
         pipeline, shared.passages, capacity=options.capacity,
         interceptors=[GuardServerInterceptor(guard=guard), SnappyServerInterceptor()],
     )
-    return server, [clients.close]
+    return server, [clients.close, *closers]
 
 
-async def _drive(scenario: Scenario, duration: float, start: float, shared: _Shared) -> None:
-    """Put each phase's faults in force at its start time; heal at the end."""
-    try:
-        for phase, begin, _end in scenario.spans(duration):
-            delay = start + begin - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await shared.control.set_faults(phase.backend_faults())
-            shared.reranker.set_budget(phase.rerank_budget_bytes(HEALTHY_RERANK_BUDGET))
-    finally:
-        shared.reranker.set_budget(HEALTHY_RERANK_BUDGET)
-        await asyncio.shield(shared.control.set_faults(BackendFaults()))
+def _shared_guard(policy: Policy, redis: Any, rng: random.Random) -> tuple[Guard, list[Closer]]:
+    """A Guard whose quotas and three breakers live in Redis (``--redis``), shared by every demo
+    replica using the same server."""
+    from ..breakers import EmbeddingTimeoutBreaker, RerankOOMBreaker, VectorStoreUnavailableBreaker
+    from ..distributed import RedisQuotas, SharedCircuitBreaker
+
+    quotas = RedisQuotas(policy.quota, redis, key_prefix=REDIS_PREFIX)
+    guard = Guard(policy, rng=rng, quotas=quotas)
+    closers: list[Closer] = [quotas.aclose]
+    kinds: tuple[tuple[str, Any], ...] = (
+        ("embedding", EmbeddingTimeoutBreaker),
+        ("vector_store", VectorStoreUnavailableBreaker),
+        ("rerank", RerankOOMBreaker),
+    )
+    for stage, kind in kinds:
+        local = kind(stage, rng=rng, **policy.stage(stage).breaker.options())
+        shared = SharedCircuitBreaker(local, redis, key_prefix=REDIS_PREFIX)
+        guard.stage(stage, breaker=shared)
+        closers.append(shared.aclose)
+    return guard, closers
 
 
 def _stall_detector() -> Any:
@@ -457,7 +516,7 @@ async def _tick(tick: Callable[[float | None], None], start: float, duration: fl
 
 def _options_dict(options: DemoOptions, duration: float, scenario: Scenario) -> dict[str, Any]:
     out = asdict(replace(options, duration_s=duration))
-    out["scenario"] = str(options.scenario) if options.scenario else f"built-in:{scenario.name}"
+    out["scenario"] = str(options.scenario) if options.scenario else f"ragguard.chaos: {scenario.name}"
     out["out_dir"] = None if options.out_dir is None else str(options.out_dir)
     out["tenants"] = list(options.tenants)
     out["redis_url"] = None if options.redis_url is None else "(set)"

@@ -128,7 +128,7 @@ class SharedCircuitBreaker:
     ``staleness_s`` (default 1.0): the local copy of the shared state is at most this old while
     Redis answers; must be >= ``flush_interval_s + redis_timeout_s``.
     ``flush_interval_s`` (default 0.1): how often outcomes are sent and the state read.
-    ``batch_size`` (1..10,000, default 64): a batch this full is sent at once.
+    ``batch_size`` (1..10,000, default 1024): a batch this full is sent at once.
     ``trial_lease_s`` (default 10): a half-open trial permit returns to the pool this long after it
     was granted if its result never arrives (the replica died); keep it above the call timeout.
     ``key_ttl_s`` (default 3600): the keys expire this long after the last write (plus the time
@@ -151,7 +151,7 @@ class SharedCircuitBreaker:
         key_prefix: str = "ragguard",
         staleness_s: float = 1.0,
         flush_interval_s: float = 0.1,
-        batch_size: int = 64,
+        batch_size: int = 1024,
         trial_lease_s: float = 10.0,
         key_ttl_s: float = 3600.0,
         redis_timeout_s: float = 0.25,
@@ -251,6 +251,11 @@ class SharedCircuitBreaker:
             return None
         return max(0.0, self._open_until - self.clock())
 
+    def add_listener(self, listener: Any) -> Callable[[], None]:
+        """Subscribe ``listener`` to this breaker's events (shared transitions, rejections,
+        outcomes, and the wrapped breaker's own while on local state); returns an unsubscribe."""
+        return self.wrapped.add_listener(listener)
+
     def __repr__(self) -> str:
         where = "local" if self._local else "shared"
         return f"<SharedCircuitBreaker {self.name!r} {self.state.value} ({where})>"
@@ -300,13 +305,11 @@ class SharedCircuitBreaker:
         ``duration_s`` in seconds; ``exc`` the ``Exception`` raised or None. Never waits: the
         outcome joins the batch the background task sends.
         """
-        if token.__class__ is int:
-            assert isinstance(token, int)
-            if token < 0:
-                self.wrapped.on_result(-1 - token, duration_s, exc, now)
-                return
-            if token != self._epoch:
-                return  # started before a shared transition: the old epoch's result counts nowhere
+        if type(token) is int:
+            if token != self._epoch:  # the epoch is >= 0: local tokens (< 0) never match
+                if token < 0:
+                    self.wrapped.on_result(-1 - token, duration_s, exc, now)
+                return  # else it started before a shared transition: the old epoch is over
             if exc is None:
                 code = _SLOW if duration_s > self._slow_s else 0
             else:
@@ -330,8 +333,7 @@ class SharedCircuitBreaker:
 
     def release(self, token: Token) -> None:
         """Give back ``token`` without recording an outcome (cancelled, or never ran)."""
-        if token.__class__ is int:
-            assert isinstance(token, int)
+        if type(token) is int:
             if token < 0:
                 self.wrapped.release(-1 - token)
         elif isinstance(token, _Trial):

@@ -2,10 +2,11 @@
 
 Breaker keys (one hash tag per breaker, so all of them land in one Redis Cluster slot)::
 
-    {<prefix>:breaker:<name>}:state    HASH  state epoch open_until open_base consecutive reason
-                                             calls failures slow head trial_calls trial_failures trial_slow
-    {<prefix>:breaker:<name>}:window   LIST of outcome codes (count window) or
-                                       HASH c<i> f<i> s<i> per one-second bucket i (time window)
+    {<prefix>:breaker:<name>}:state    HASH  state epoch open_until open_base consecutive reason calls
+                                             failures slow pos head trial_calls trial_failures trial_slow
+    {<prefix>:breaker:<name>}:window   STRING ring of one byte per outcome code, next write at pos
+                                       (count window), or HASH c<i> f<i> s<i> per one-second
+                                       bucket i (time window)
     {<prefix>:breaker:<name>}:trials   ZSET  half-open trial lease id -> expiry (clock seconds)
 
 The breaker scripts mirror ``ragguard.breakers.CircuitBreaker`` (the same window arithmetic and
@@ -54,13 +55,13 @@ local spread = tonumber(ARGV[13])
 local function fmt(x) return string.format('%.17g', x) end
 
 local f = redis.call('HMGET', S, 'state', 'epoch', 'open_until', 'open_base', 'consecutive', 'reason',
-  'calls', 'failures', 'slow', 'head', 'trial_calls', 'trial_failures', 'trial_slow')
+  'calls', 'failures', 'slow', 'head', 'trial_calls', 'trial_failures', 'trial_slow', 'pos')
 local st = {
   state = f[1] or 'closed', epoch = tonumber(f[2]) or 0, open_until = tonumber(f[3]) or 0,
   open_base = tonumber(f[4]) or 0, consecutive = tonumber(f[5]) or 0, reason = f[6] or '',
   calls = tonumber(f[7]) or 0, failures = tonumber(f[8]) or 0, slow = tonumber(f[9]) or 0,
   head = tonumber(f[10]) or -1, trial_calls = tonumber(f[11]) or 0,
-  trial_failures = tonumber(f[12]) or 0, trial_slow = tonumber(f[13]) or 0,
+  trial_failures = tonumber(f[12]) or 0, trial_slow = tonumber(f[13]) or 0, pos = tonumber(f[14]) or 0,
 }
 local dirty = false
 
@@ -82,28 +83,26 @@ local function advance(sec)
   st.head = sec
 end
 
-local function record(code)
-  local failed, slow = code % 2, math.floor(code / 2)
-  if wtype == 'count' then
-    redis.call('RPUSH', W, code)
-    if st.calls >= wsize then
-      local old = tonumber(redis.call('LPOP', W))
-      st.failures = st.failures - old % 2
-      st.slow = st.slow - math.floor(old / 2)
-    else
-      st.calls = st.calls + 1
-    end
-  else
-    local sec = math.floor(now)
-    advance(sec)
-    local i = sec % wsize
-    redis.call('HINCRBY', W, 'c' .. i, 1)
-    if failed == 1 then redis.call('HINCRBY', W, 'f' .. i, 1) end
-    if slow == 1 then redis.call('HINCRBY', W, 's' .. i, 1) end
-    st.calls = st.calls + 1
+-- The count window is a ring of bytes in one string: a batch costs a few GETRANGE/SETRANGE
+-- calls whatever its size, and the per-code arithmetic runs in Lua.
+local function ring_read(pos, m)
+  local first = math.min(m, wsize - pos)
+  local s = redis.call('GETRANGE', W, pos, pos + first - 1)
+  if #s < first then s = s .. string.rep('\0', first - #s) end
+  if first < m then
+    local rest = redis.call('GETRANGE', W, 0, m - first - 1)
+    if #rest < m - first then rest = rest .. string.rep('\0', m - first - #rest) end
+    s = s .. rest
   end
-  st.failures = st.failures + failed
-  st.slow = st.slow + slow
+  return s
+end
+
+local function ring_write(pos, data)
+  local m = #data
+  if m == 0 then return end
+  local first = math.min(m, wsize - pos)
+  redis.call('SETRANGE', W, pos, string.sub(data, 1, first))
+  if first < m then redis.call('SETRANGE', W, 0, string.sub(data, first + 1)) end
 end
 
 local function to_state(new, reason)
@@ -125,7 +124,7 @@ local function to_state(new, reason)
     st.trial_calls, st.trial_failures, st.trial_slow = 0, 0, 0
   elseif new == 'closed' then
     redis.call('DEL', W)
-    st.calls, st.failures, st.slow, st.consecutive, st.open_base = 0, 0, 0, 0, 0
+    st.calls, st.failures, st.slow, st.consecutive, st.open_base, st.pos = 0, 0, 0, 0, 0, 0
   end
   dirty = true
 end
@@ -148,7 +147,7 @@ local function save()
   if not dirty then return end
   redis.call('HSET', S, 'state', st.state, 'epoch', st.epoch, 'open_until', fmt(st.open_until),
     'open_base', fmt(st.open_base), 'consecutive', st.consecutive, 'reason', st.reason,
-    'calls', st.calls, 'failures', st.failures, 'slow', st.slow, 'head', st.head,
+    'calls', st.calls, 'failures', st.failures, 'slow', st.slow, 'head', st.head, 'pos', st.pos,
     'trial_calls', st.trial_calls, 'trial_failures', st.trial_failures, 'trial_slow', st.trial_slow)
   local ttl = ttl_ms
   if st.state == 'open' then
@@ -167,14 +166,53 @@ end
 
 BREAKER_REPORT = _BREAKER_PRELUDE + r"""
 -- ARGV[14]: the epoch the outcomes were recorded in; ARGV[15]: one byte per outcome code.
+-- Codes are applied in order and the rules checked after each, as the in-memory breaker does;
+-- the codes after a trip are dropped (the window they belonged to is over).
 local expected, codes = tonumber(ARGV[14]), ARGV[15]
-if #codes > 0 and st.state == 'closed' and st.epoch == expected then
-  for k = 1, #codes do
-    local code = string.byte(codes, k)
-    record(code)
-    if code % 2 == 1 then st.consecutive = st.consecutive + 1 else st.consecutive = 0 end
-    dirty = true
-    if check() then break end
+local k = #codes
+if k > 0 and st.state == 'closed' and st.epoch == expected then
+  dirty = true
+  local sec = math.floor(now)
+  local tc, tf, ts = 0, 0, 0
+  if wtype ~= 'count' then advance(sec) end
+  local i, tripped = 1, false
+  while i <= k and not tripped do
+    local m = math.min(wsize, k - i + 1)
+    local old = nil
+    if wtype == 'count' then old = ring_read(st.pos, m) end
+    local n = 0
+    for j = 1, m do
+      local code = string.byte(codes, i + j - 1)
+      local failed, slow = code % 2, math.floor(code / 2)
+      if wtype == 'count' then
+        if st.calls >= wsize then
+          local o = string.byte(old, j)
+          st.failures = st.failures - o % 2
+          st.slow = st.slow - math.floor(o / 2)
+        else
+          st.calls = st.calls + 1
+        end
+      else
+        st.calls = st.calls + 1
+        tc, tf, ts = tc + 1, tf + failed, ts + slow
+      end
+      st.failures = st.failures + failed
+      st.slow = st.slow + slow
+      if failed == 1 then st.consecutive = st.consecutive + 1 else st.consecutive = 0 end
+      n = j
+      if check() then tripped = true break end
+    end
+    if wtype == 'count' then
+      ring_write(st.pos, string.sub(codes, i, i + n - 1))
+      st.pos = (st.pos + n) % wsize
+    end
+    i = i + n
+  end
+  if tc > 0 then
+    local b = sec % wsize
+    redis.call('HINCRBY', W, 'c' .. b, tc)
+    if tf > 0 then redis.call('HINCRBY', W, 'f' .. b, tf) end
+    if ts > 0 then redis.call('HINCRBY', W, 's' .. b, ts) end
   end
 end
 save()

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 
-from grpc.aio import AioRpcError, ClientCallDetails, Metadata
-
 from grpc import aio
+from grpc.aio import AioRpcError, ClientCallDetails, Metadata
 
 from .._context import DEFAULT_TENANT, current_tenant
 from .._errors import ConfigError

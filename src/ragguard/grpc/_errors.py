@@ -19,9 +19,8 @@ message). A ragguard server re-raising it maps it back to RESOURCE_EXHAUSTED wit
 
 from __future__ import annotations
 
-from grpc.aio import AioRpcError, Metadata
-
 import grpc
+from grpc.aio import AioRpcError, Metadata
 
 from .._errors import QuotaExceeded
 from ._status import RETRY_AFTER_KEY, parse_retry_after

@@ -117,7 +117,7 @@ class LocalQuotas:
 
     # -- admission ------------------------------------------------------------------------
 
-    def admit_now(self, tenant: str) -> Lease | None | Any:
+    def admit_now(self, tenant: str) -> Lease | Any | None:
         """Admit one request of ``tenant`` if that needs no waiting: a Lease, None for an unlimited
         tenant, or :data:`WAIT` (then ``await acquire(tenant)`` queues or refuses it)."""
         quota = self._quota_for(tenant)
@@ -250,12 +250,22 @@ class LocalQuotas:
             if waiter.granted:
                 self._pass_on(bucket)
             else:
-                waiter.event.set()  # marks it abandoned; release() skips it
+                self._abandon(bucket, waiter)
             raise
         if waiter.granted:
             return
-        waiter.event.set()
+        self._abandon(bucket, waiter)
         raise self._reject(bucket.tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency")
+
+    @staticmethod
+    def _abandon(bucket: _Bucket, waiter: _Waiter) -> None:
+        # Leave the queue now rather than as a marked entry skipped by the next release: behind a
+        # slot held for long, every refused request would otherwise stay queued until then.
+        waiter.event.set()
+        try:
+            bucket.waiters.remove(waiter)
+        except ValueError:  # pragma: no cover - already popped
+            pass
 
     def _pass_on(self, bucket: _Bucket) -> None:
         waiters = bucket.waiters

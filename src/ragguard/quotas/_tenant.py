@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from contextvars import Token
 from types import TracebackType
-
 from typing import Any
 
 from .._context import RequestScope, _scope, validate_tenant_id
