@@ -157,6 +157,7 @@ class Stage:
             else None
         )
         self.shrinker = BatchShrinker(floor=policy.rerank_min_batch) if kind == "rerank_oom" else None
+        self._acquire_async: Callable[[], Awaitable[Any]] | None = getattr(self.breaker, "acquire_async", None)
 
     # -- classification ---------------------------------------------------------------------
 
@@ -181,13 +182,24 @@ class Stage:
             return True
         if self.breaker is None:
             return not isinstance(exc, (ValueError, TypeError))
-        return self._counts(exc)
+        # the dependency failed: what its breaker counts, and any unreachable or timed-out call
+        # (an embedding service that refuses connections is served from the cache too)
+        return self._counts(exc) or is_connection_error(exc) or is_timeout(exc)
 
     # -- one attempt --------------------------------------------------------------------------
 
-    async def attempt(self, fn: Callable[..., Awaitable[R]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    async def attempt(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        oom_recoverable: bool = False,
+    ) -> R:
         """One attempt through the breaker and the attempt timeout; raises what the call raised,
-        BreakerOpen, or DeadlineExceeded (when the deadline, not the stage timeout, cut it)."""
+        BreakerOpen, or DeadlineExceeded (when the deadline, not the stage timeout, cut it).
+
+        ``oom_recoverable``: an out-of-memory error is not counted by the breaker (the rerank stage
+        will retry on a smaller batch; only an OOM at the floor says the reranker is unwell)."""
         timeout = self.timeout_s
         by_deadline = False
         at = _deadline.get()
@@ -199,10 +211,18 @@ class Stage:
                 timeout = left
                 by_deadline = True
         breaker = self.breaker
-        token = breaker.acquire() if breaker is not None else None
+        token = None
+        if breaker is not None:
+            try:
+                token = breaker.acquire()
+            except BreakerOpen as exc:
+                # a shared breaker (ragguard.distributed) hands out half-open trial permits through
+                # Redis: ask it for one rather than rejecting the first caller of the half-open state
+                if self._acquire_async is None or exc.state != "half_open":
+                    raise
+                token = await self._acquire_async()
         clock = self._clock
         started = clock()
-        entry = None
         try:
             inj = _inject.active
             if inj is None:
@@ -213,13 +233,16 @@ class Stage:
                 result = await aw
             else:
                 # the timer wheel of _timeouts, inlined: one coroutine frame less per call
-                loop = asyncio._get_running_loop()
-                task = asyncio.current_task(loop) if loop is not None else None
+                try:
+                    task = asyncio.current_task()
+                except RuntimeError:  # no asyncio loop: trio
+                    task = None
                 if task is None:
                     result = await call_with_timeout(aw, timeout)
                 else:
-                    wheel = _wheel_for(loop)  # type: ignore[arg-type]
-                    entry = wheel.register(task, loop.time() + timeout)  # type: ignore[union-attr]
+                    loop = task.get_loop()
+                    wheel = _wheel_for(loop)
+                    entry = wheel.register(task, loop.time() + timeout)
                     try:
                         result = await aw
                     except asyncio.CancelledError:
@@ -238,8 +261,11 @@ class Stage:
             raise
         except Exception as exc:
             if breaker is not None:
-                now = clock()
-                breaker.on_result(token, now - started, exc, now)
+                if oom_recoverable and is_out_of_memory(exc):
+                    breaker.release(token)
+                else:
+                    now = clock()
+                    breaker.on_result(token, now - started, exc, now)
             raise
         except BaseException:
             if breaker is not None:
@@ -250,14 +276,20 @@ class Stage:
             breaker.on_result(token, now - started, None, now)
         return result
 
-    async def protected(self, fn: Callable[..., Awaitable[R]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    async def protected(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        oom_recoverable: bool = False,
+    ) -> R:
         """Attempts with retries (deadline, retry, breaker and timeout layers)."""
         budget = self.budget
         if budget is None:
-            return await self.attempt(fn, args, kwargs)
+            return await self.attempt(fn, args, kwargs, oom_recoverable)
         budget.on_call(self._clock())
         try:
-            return await self.attempt(fn, args, kwargs)
+            return await self.attempt(fn, args, kwargs, oom_recoverable)
         except Exception as exc:
             if not self.retryable(exc):
                 raise
@@ -411,7 +443,9 @@ class Stage:
             else:
                 call_args, call_kwargs = args, {**kwargs, where: hits[:size]}
             try:
-                result = await self.protected(bound.fn, call_args, call_kwargs)
+                result = await self.protected(
+                    bound.fn, call_args, call_kwargs, oom_recoverable=size > shrinker.floor
+                )
             except Exception as exc:
                 if not isinstance(exc, BreakerOpen) and is_out_of_memory(exc) and size > 1:
                     nxt = shrinker.shrink(size)

@@ -257,40 +257,39 @@ class Policy(_Model):
 
     @classmethod
     def from_env(cls, prefix: str = "RAGGUARD_", environ: Mapping[str, str] | None = None) -> Policy:
-        """Build a policy from environment variables ``{prefix}FIELD__SUBFIELD=value``.
+        """Build a policy from environment variables ``{prefix}FIELD__KEY__SUBFIELD=value``.
 
-        Values are parsed as JSON where they parse (numbers, lists), else kept as strings; names are
-        case-insensitive. Read through pydantic-settings' nested-delimiter convention.
+        ``RAGGUARD_STAGES__EMBEDDING__TIMEOUT_S=2.5`` sets ``stages.embedding.timeout_s``;
+        ``RAGGUARD_TENANTS__ACME__MAX_CONCURRENCY=8`` the quota of tenant ``acme``. Names are
+        case-insensitive and read in lower case (a tenant id with capitals needs a policy file).
+        Values are parsed as JSON where they parse (numbers, booleans, lists), else kept as
+        strings. ``environ`` defaults to :data:`os.environ` and is only read. Raises ConfigError
+        naming the variable or the field.
         """
-        from pydantic_settings import BaseSettings, SettingsConfigDict
-
-        class _EnvPolicy(BaseSettings):
-            model_config = SettingsConfigDict(
-                env_prefix=prefix, env_nested_delimiter="__", case_sensitive=False, extra="ignore"
-            )
-            stages: dict[str, dict[str, Any]] = {}
-            default_stage: dict[str, Any] = {}
-            tenants: dict[str, dict[str, Any]] = {}
-            default_quota: dict[str, Any] = {}
-
         env = os.environ if environ is None else environ
-        try:
-            loaded = _EnvPolicy(_env_file=None, **{}) if environ is None else _from_mapping(_EnvPolicy, env)
-        except ValidationError as exc:
-            raise ConfigError(_describe(exc, "environment")) from None
-        data = {k: v for k, v in loaded.model_dump().items() if v}
+        top = set(cls.model_fields)
+        data: dict[str, Any] = {}
+        wanted = prefix.upper()
+        for name, raw in env.items():
+            if not name.upper().startswith(wanted):
+                continue
+            path = [part.lower() for part in name[len(prefix):].split("__")]
+            if path[0] not in top or any(not part for part in path):
+                raise ConfigError(
+                    f"environment variable {name}: {path[0]!r} is not a policy field; "
+                    f"use {prefix}<{'|'.join(sorted(f.upper() for f in top))}>__..."
+                )
+            node = data
+            for part in path[:-1]:
+                child = node.setdefault(part, {})
+                if not isinstance(child, dict):
+                    raise ConfigError(f"environment variable {name}: {part!r} is set both as a value and a group")
+                node = child
+            try:
+                node[path[-1]] = json.loads(raw)
+            except ValueError:
+                node[path[-1]] = raw
         return cls.parse(data, source=f"environment ({prefix}*)")
-
-
-def _from_mapping(settings_cls: Any, env: Mapping[str, str]) -> Any:
-    old = dict(os.environ)
-    try:
-        os.environ.clear()
-        os.environ.update(env)
-        return settings_cls(_env_file=None)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
 
 
 def _describe(exc: ValidationError, source: str) -> str:

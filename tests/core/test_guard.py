@@ -286,13 +286,28 @@ async def test_rerank_always_oom_skips_rerank_in_retrieval_order() -> None:
     model = Reranker(capacity=0)
     rerank = g.guard("rerank")(model)
     hits = [9, 3, 7, 1, 5, 8, 2, 6, 4, 0, 11, 10, 12, 13, 14, 15]
-    got = await rerank("q", hits)
-    assert got == hits and got is not hits
-    assert degraded()[-1] == "skip_rerank"
-    assert g.breaker("rerank").state is BreakerState.OPEN  # three OOMs in a row
+    for request in range(3):
+        got = await rerank("q", hits)
+        assert got == hits and got is not hits
+        assert degraded()[-1] == "skip_rerank"
+        # only an OOM at the floor counts: 16 and 8 were too big, 4 says the reranker is unwell
+        expected = BreakerState.OPEN if request == 2 else BreakerState.CLOSED
+        assert g.breaker("rerank").state is expected
     model.sizes.clear()
     assert await rerank("q", hits) == hits  # open: not even tried
     assert model.sizes == []
+
+
+async def test_oom_on_batches_above_the_floor_does_not_open_the_breaker() -> None:
+    g = Guard(clock=ragguard.FakeClock())
+    model = Reranker(capacity=4)
+    rerank = g.guard("rerank")(model)
+    for _ in range(5):
+        model.sizes.clear()
+        got = await rerank("q", list(range(32)))
+        assert len(got) == 32
+    assert g.breaker("rerank").state is BreakerState.CLOSED
+    assert model.sizes[0] <= 8  # the remembered limit keeps later calls small
 
 
 async def test_rerank_errors_other_than_oom_pass_through() -> None:

@@ -76,6 +76,9 @@ class _Bucket:
     def idle(self, now: float) -> bool:
         return self.in_flight == 0 and not self.waiters and self.tat <= now
 
+    def unused(self) -> bool:
+        return self.in_flight == 0 and not self.waiters
+
 
 class LocalQuotas:
     """Per-tenant concurrency and rate quotas held in this process.
@@ -210,10 +213,21 @@ class LocalQuotas:
             old.quota = quota
             return old
         if len(self._buckets) >= self._max_tenants:
-            for key in [k for k, b in self._buckets.items() if b.idle(now)]:
-                del self._buckets[key]
+            self._evict(now)
         bucket = self._buckets[tenant] = _Bucket(tenant, quota, now)
         return bucket
+
+    def _evict(self, now: float) -> None:
+        """Forget tenants down to 90% of ``max_tenants``, oldest first: idle ones, then those whose
+        only state is a future rate token (they may burst once more: the price of a bounded map).
+        Tenants with requests in flight or queued are kept. Amortised O(1) per new tenant."""
+        target = int(self._max_tenants * 0.9)
+        buckets = self._buckets
+        for fully_idle in (True, False):
+            for key in [k for k, b in buckets.items() if (b.idle(now) if fully_idle else b.unused())]:
+                if len(buckets) <= target:
+                    return
+                del buckets[key]
 
     def _reserve(
         self, bucket: _Bucket, quota: TenantQuota, now: float, wait_budget: float, by_deadline: bool
