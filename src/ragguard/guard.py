@@ -130,6 +130,11 @@ class Stage:
             self.breaker = _BREAKER_KINDS[kind](
                 name, clock=guard.clock, rng=guard.rng, **policy.breaker.options()
             )
+            if guard.redis is not None:
+                from .distributed import SharedCircuitBreaker
+
+                self.breaker = SharedCircuitBreaker(self.breaker, guard.redis, key_prefix=guard.redis_prefix)
+                guard._closers.append(self.breaker.aclose)
         self.timeout_s = policy.timeout_s
         self.min_attempt_s = policy.min_attempt_s
         self._min_left = max(policy.min_attempt_s, 0.0)
@@ -570,7 +575,13 @@ class Guard:
 
     ``clock`` (monotonic seconds) drives breakers, quotas and retry budgets; ``rng`` seeds breaker
     and retry jitter; ``sleep`` (an async function of seconds) performs retry backoff; ``quotas``
-    replaces the in-memory quota backend (e.g. the Redis one for many replicas).
+    replaces the in-memory quota backend.
+
+    ``redis`` (a ``redis.asyncio.Redis`` client) shares state across replicas: tenant quotas become
+    :class:`ragguard.distributed.RedisQuotas` and every breaker the policy builds is wrapped in a
+    :class:`ragguard.distributed.SharedCircuitBreaker`, under keys starting with ``redis_prefix``.
+    Give the client short timeouts and no retries of its own (see docs/distributed.md); call
+    ``await guard.aclose()`` at shutdown.
     """
 
     def __init__(
@@ -581,6 +592,8 @@ class Guard:
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         quotas: QuotaBackend | None = None,
+        redis: Any = None,
+        redis_prefix: str = "ragguard",
     ) -> None:
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a ragguard.Policy, got {type(policy).__name__}")
@@ -603,6 +616,17 @@ class Guard:
             self.policy.default_quota.max_concurrency is None and self.policy.default_quota.rate_per_s is None
         )
         self._stages: dict[str, Stage] = {}
+        self._closers: list[Callable[[], Awaitable[Any]]] = []
+        self.redis = redis
+        self.redis_prefix = redis_prefix
+        if redis is not None:
+            if not callable(getattr(redis, "evalsha", None)):
+                raise ConfigError(f"redis must be a redis.asyncio client, got {type(redis).__name__}")
+            if quotas is None:
+                from .distributed import RedisQuotas
+
+                self.quotas = RedisQuotas(self.policy.quota, redis, key_prefix=redis_prefix)
+                self._closers.append(self.quotas.aclose)
 
     def stage(self, name: str, *, breaker: Any = None) -> Stage:
         """The runtime of stage ``name``, created on first use (``breaker`` overrides its breaker)."""
@@ -614,6 +638,12 @@ class Guard:
         elif breaker is not None and st.breaker is not breaker and getattr(st.breaker, "wrapped", None) is not breaker:
             raise ConfigError(f"stage {name!r} already has a breaker; give one breaker per stage")
         return st
+
+    async def aclose(self) -> None:
+        """Stop the background work of shared (Redis) breakers and quotas; a no-op otherwise."""
+        closers, self._closers = self._closers, []
+        for close in closers:
+            await close()
 
     def breaker(self, stage: str) -> Any:
         """The breaker guarding ``stage`` (None when the stage has none)."""

@@ -445,23 +445,10 @@ def _guarded_service(
 def _shared_guard(policy: Policy, redis: Any, rng: random.Random) -> tuple[Guard, list[Closer]]:
     """A Guard whose quotas and three breakers live in Redis (``--redis``), shared by every demo
     replica using the same server."""
-    from ..breakers import EmbeddingTimeoutBreaker, RerankOOMBreaker, VectorStoreUnavailableBreaker
-    from ..distributed import RedisQuotas, SharedCircuitBreaker
-
-    quotas = RedisQuotas(policy.quota, redis, key_prefix=REDIS_PREFIX)
-    guard = Guard(policy, rng=rng, quotas=quotas)
-    closers: list[Closer] = [quotas.aclose]
-    kinds: tuple[tuple[str, Any], ...] = (
-        ("embedding", EmbeddingTimeoutBreaker),
-        ("vector_store", VectorStoreUnavailableBreaker),
-        ("rerank", RerankOOMBreaker),
-    )
-    for stage, kind in kinds:
-        local = kind(stage, rng=rng, **policy.stage(stage).breaker.options())
-        shared = SharedCircuitBreaker(local, redis, key_prefix=REDIS_PREFIX)
-        guard.stage(stage, breaker=shared)
-        closers.append(shared.aclose)
-    return guard, closers
+    guard = Guard(policy, rng=rng, redis=redis, redis_prefix=REDIS_PREFIX)
+    for stage in ("embedding", "vector_store", "rerank"):
+        guard.stage(stage)  # build (and share) the three typed breakers up front
+    return guard, [guard.aclose]
 
 
 def _stall_detector() -> Any:
