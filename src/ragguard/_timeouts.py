@@ -5,7 +5,7 @@ whole guarded call should cost). Most guarded calls finish long before their tim
 ragguard keeps one timer wheel per event loop instead, after the hashed timing wheels of Varghese and
 Lauck (1987): a call registers its expiry in a 1 ms bucket (a dict insert), unregisters on exit (a
 delete), and a single loop timer, armed for the earliest live bucket, cancels the tasks whose bucket
-expired. Timeouts fire at most one bucket width (1 ms) late. On trio, a native CancelScope is cheap
+expired (see :class:`Wheel`). Timeouts fire at most one bucket width (1 ms) late. On trio, a native CancelScope is cheap
 and is used directly.
 """
 
@@ -13,88 +13,90 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import math
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["AttemptTimeout", "call_with_timeout"]
+__all__ = ["AttemptTimeout", "Wheel", "call_with_timeout", "wheel_for"]
 
 
 class AttemptTimeout(TimeoutError):
     """An attempt ran past its timeout (a TimeoutError, so breakers classify it as one)."""
 
-_RESOLUTION_S = 0.001
+_TICKS_PER_S = 1000  # bucket width: 1 ms
 
 
-class _Entry:
-    __slots__ = ("expired", "task", "tick")
+class Wheel:
+    """The attempt timers of one event loop.
 
-    def __init__(self, task: asyncio.Task[Any], tick: int) -> None:
-        self.task = task
-        self.tick = tick
-        self.expired = False
+    ``buckets`` maps a tick (``int(expiry_s * 1000) + 1``) to the attempts expiring in it, as
+    ``{attempt number: task}``. An attempt adds itself to its bucket and removes itself when it
+    ends: two dict operations, no allocation but the entry. Buckets are created at most once per
+    millisecond and stay until their tick is due or they are found empty when the timer is re-armed,
+    so back-to-back calls do not create and drop a bucket each. One loop timer is armed for the
+    earliest bucket; when it fires it cancels the tasks of the due buckets (their attempt numbers go
+    into ``expired``, so the attempt can tell its own timeout from a foreign cancellation) and is
+    re-armed for the next non-empty bucket: in steady traffic about one wake-up per timeout period.
+    """
 
-
-class _Wheel:
-    __slots__ = ("_armed_tick", "_buckets", "_handle", "_heap", "_loop")
+    __slots__ = ("_armed_tick", "_handle", "_heap", "_loop", "buckets", "expired", "now")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._buckets: dict[int, dict[_Entry, None]] = {}
+        self.buckets: dict[int, dict[int, asyncio.Task[Any]]] = {}
+        self.expired: set[int] = set()
         self._heap: list[int] = []
         self._handle: asyncio.TimerHandle | None = None
         self._armed_tick = math.inf
+        # asyncio's own loops tell time with time.monotonic; reading it directly skips a method frame
+        self.now: Callable[[], float] = (
+            time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
+        )
 
-    def register(self, task: asyncio.Task[Any], expires_at: float) -> _Entry:
-        tick = math.ceil(expires_at / _RESOLUTION_S)
-        entry = _Entry(task, tick)
-        bucket = self._buckets.get(tick)
-        if bucket is None:
-            bucket = self._buckets[tick] = {}
-            heapq.heappush(self._heap, tick)
-            if tick < self._armed_tick:
-                self._arm(tick)
-        bucket[entry] = None
-        return entry
-
-    def unregister(self, entry: _Entry) -> None:
-        bucket = self._buckets.get(entry.tick)
-        if bucket is not None:
-            bucket.pop(entry, None)
-            if not bucket:
-                del self._buckets[entry.tick]
+    def add_bucket(self, tick: int) -> dict[int, asyncio.Task[Any]]:
+        bucket: dict[int, asyncio.Task[Any]] = {}
+        self.buckets[tick] = bucket
+        heapq.heappush(self._heap, tick)
+        if tick < self._armed_tick:
+            self._arm(tick)
+        return bucket
 
     def _arm(self, tick: int) -> None:
         if self._handle is not None:
             self._handle.cancel()
         self._armed_tick = tick
-        self._handle = self._loop.call_at(tick * _RESOLUTION_S, self._fire)
+        self._handle = self._loop.call_at(tick / _TICKS_PER_S, self._fire)
 
     def _fire(self) -> None:
         self._handle = None
         self._armed_tick = math.inf
-        now_tick = math.floor(self._loop.time() / _RESOLUTION_S)
-        heap, buckets = self._heap, self._buckets
+        now_tick = int(self._loop.time() * _TICKS_PER_S)
+        heap, buckets = self._heap, self.buckets
         while heap and heap[0] <= now_tick:
             bucket = buckets.pop(heapq.heappop(heap), None)
             if bucket:
-                for entry in bucket:
-                    entry.expired = True
-                    entry.task.cancel()
-        while heap and heap[0] not in buckets:
-            heapq.heappop(heap)
+                for number, task in list(bucket.items()):
+                    self.expired.add(number)
+                    task.cancel()
+        while heap and not buckets.get(heap[0]):
+            buckets.pop(heapq.heappop(heap), None)
         if heap:
             self._arm(heap[0])
 
 
+_numbers = itertools.count()
+next_number: Callable[[], int] = _numbers.__next__
 _last_loop: asyncio.AbstractEventLoop | None = None
-_last_wheel: _Wheel | None = None
-_wheels: dict[int, tuple[asyncio.AbstractEventLoop, _Wheel]] = {}
+_last_wheel: Wheel | None = None
+_wheels: dict[int, tuple[asyncio.AbstractEventLoop, Wheel]] = {}
 
 
-def _wheel_for(loop: asyncio.AbstractEventLoop) -> _Wheel:
+def wheel_for(loop: asyncio.AbstractEventLoop) -> Wheel:
+    """The timer wheel of ``loop`` (created on first use)."""
     global _last_loop, _last_wheel
     if loop is _last_loop and _last_wheel is not None:
         return _last_wheel
@@ -104,7 +106,7 @@ def _wheel_for(loop: asyncio.AbstractEventLoop) -> _Wheel:
             for key, (old, _) in list(_wheels.items()):
                 if old.is_closed():
                     del _wheels[key]
-        found = (loop, _Wheel(loop))
+        found = (loop, Wheel(loop))
         _wheels[id(loop)] = found
     _last_loop, _last_wheel = loop, found[1]
     return found[1]
@@ -128,16 +130,23 @@ async def call_with_timeout(awaitable: Awaitable[T], timeout_s: float | None) ->
                 return await awaitable
         except TimeoutError:
             raise AttemptTimeout(f"attempt timed out after {timeout_s:.3f}s") from None
-    wheel = _wheel_for(loop)
-    entry = wheel.register(task, loop.time() + timeout_s)
+    wheel = wheel_for(loop)
+    tick = int((wheel.now() + timeout_s) * _TICKS_PER_S) + 1
+    bucket = wheel.buckets.get(tick)
+    if bucket is None:
+        bucket = wheel.add_bucket(tick)
+    number = next_number()
+    bucket[number] = task
     try:
         return await awaitable
     except asyncio.CancelledError:
-        if entry.expired and task.uncancel() == 0:
-            raise AttemptTimeout(f"attempt timed out after {timeout_s:.3f}s") from None
+        if number in wheel.expired:
+            wheel.expired.discard(number)
+            if task.uncancel() == 0:
+                raise AttemptTimeout(f"attempt timed out after {timeout_s:.3f}s") from None
         raise
     finally:
-        wheel.unregister(entry)
+        bucket.pop(number, None)
 
 
 async def _trio_timeout(awaitable: Awaitable[T], timeout_s: float) -> T:

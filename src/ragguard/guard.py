@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import inspect
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -32,7 +33,7 @@ from . import metrics as _metrics
 from ._clock import Clock, monotonic
 from ._context import DEFAULT_TENANT, _scope, current_tenant, degraded, mark_degraded
 from ._errors import BreakerOpen, ConfigError, DeadlineExceeded, QuotaExceeded, RagguardError
-from ._timeouts import AttemptTimeout, _wheel_for, call_with_timeout
+from ._timeouts import _TICKS_PER_S, AttemptTimeout, call_with_timeout, next_number, wheel_for
 from .breakers import (
     CircuitBreaker,
     EmbeddingTimeoutBreaker,
@@ -51,6 +52,12 @@ from .quotas import WAIT, LocalQuotas, QuotaBackend, TenantContext
 from .retry import RetryBudget, deadline_aware_retrying
 
 __all__ = ["Guard", "Stage", "configure", "default_guard", "guard", "tenant"]
+
+_get_running_loop = asyncio._get_running_loop
+if sys.version_info >= (3, 12):
+    _task_of: Callable[[Any], Any] = asyncio.current_task  # C-accelerated from 3.12
+else:  # pragma: no cover - 3.11's current_task is Python code around this dict
+    _task_of = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -208,8 +215,9 @@ class Stage:
         timeout = self.timeout_s
         by_deadline = False
         at = _deadline.get()
+        now = _monotonic()
         if at is not None:
-            left = at - _monotonic()
+            left = at - now
             if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
                 raise DeadlineExceeded(self.name, None if left <= 0 else left, "no budget left for an attempt")
             if timeout is None or left < timeout:
@@ -227,7 +235,7 @@ class Stage:
                     raise
                 token = await self._acquire_async()
         clock = self._clock
-        started = clock()
+        started = now if clock is _monotonic else clock()
         try:
             inj = _inject.active
             if inj is None:
@@ -238,24 +246,28 @@ class Stage:
                 result = await aw
             else:
                 # the timer wheel of _timeouts, inlined: one coroutine frame less per call
-                try:
-                    task = asyncio.current_task()
-                except RuntimeError:  # no asyncio loop: trio
-                    task = None
-                if task is None:
+                loop = _get_running_loop()
+                task = _task_of(loop) if loop is not None else None
+                if task is None:  # trio, or outside a task
                     result = await call_with_timeout(aw, timeout)
                 else:
-                    loop = task.get_loop()
-                    wheel = _wheel_for(loop)
-                    entry = wheel.register(task, loop.time() + timeout)
+                    wheel = wheel_for(loop)  # type: ignore[arg-type]
+                    tick = int(((now if wheel.now is _monotonic else wheel.now()) + timeout) * _TICKS_PER_S) + 1
+                    bucket = wheel.buckets.get(tick)
+                    if bucket is None:
+                        bucket = wheel.add_bucket(tick)
+                    number = next_number()
+                    bucket[number] = task
                     try:
                         result = await aw
                     except asyncio.CancelledError:
-                        if entry.expired and task.uncancel() == 0:
-                            raise AttemptTimeout(f"attempt timed out after {timeout:.3f}s") from None
+                        if number in wheel.expired:
+                            wheel.expired.discard(number)
+                            if task.uncancel() == 0:
+                                raise AttemptTimeout(f"attempt timed out after {timeout:.3f}s") from None
                         raise
                     finally:
-                        wheel.unregister(entry)
+                        bucket.pop(number, None)
         except AttemptTimeout as exc:
             if by_deadline:
                 if breaker is not None:
@@ -751,6 +763,7 @@ def _decorator(stage: str, registry: Callable[[], Guard], options: Mapping[str, 
         cache: list[Any] = [None, None]  # (guard, stage) of the last call
 
         def resolve() -> Stage:
+            # the registry is looked up per call: configure() may replace the default one
             g = registry()
             if cache[0] is g:
                 return cast(Stage, cache[1])
@@ -773,9 +786,10 @@ def _decorator(stage: str, registry: Callable[[], Guard], options: Mapping[str, 
 
         @functools.wraps(fn)
         async def call(*args: Any, **kwargs: Any) -> Any:
+            st = cache[1] if cache[0] is registry() else resolve()
             if bus.active or _metrics._tracer is not None:
-                return await resolve().run_observed(bound, args, kwargs)
-            return await resolve().run(bound, args, kwargs)
+                return await st.run_observed(bound, args, kwargs)
+            return await st.run(bound, args, kwargs)
 
         call.__ragguard_stage__ = stage  # type: ignore[attr-defined]
         return call

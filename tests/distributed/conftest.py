@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from distributed_helpers import make_client
 
 from ragguard import events
 
@@ -17,13 +16,6 @@ from ragguard import events
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def make_client(host: str, port: int, **kw: Any) -> aredis.Redis:
-    """A client as docs/distributed.md recommends: short socket timeouts, no retries of its own."""
-    kw.setdefault("socket_timeout", 0.5)
-    kw.setdefault("socket_connect_timeout", 0.5)
-    return aredis.Redis(host=host, port=port, retry=Retry(NoBackoff(), 0), **kw)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from conftest import make_client
+from distributed_helpers import make_client
 
 from ragguard import BreakerState, CircuitBreaker, QuotaExceeded, TenantQuota
 from ragguard.distributed import (

@@ -63,15 +63,25 @@ class _Waiter:
 
 
 class _Bucket:
-    __slots__ = ("hold_ewma_s", "in_flight", "quota", "tat", "tenant", "waiters")
+    __slots__ = ("burst_s", "hold_ewma_s", "in_flight", "interval_s", "limit", "quota", "tat", "tenant",
+                 "waiters")
 
     def __init__(self, tenant: str, quota: TenantQuota, now: float) -> None:
         self.tenant = tenant
-        self.quota = quota
         self.in_flight = 0
         self.waiters: deque[_Waiter] = deque()
         self.tat = now
         self.hold_ewma_s = 0.0
+        self.adopt(quota)
+
+    def adopt(self, quota: TenantQuota) -> None:
+        """Take ``quota``'s limits (precomputed for the admission fast path)."""
+        self.quota = quota
+        self.limit = quota.max_concurrency
+        rate = quota.rate_per_s
+        self.interval_s = 0.0 if rate is None else 1.0 / rate
+        burst = quota.burst if quota.burst is not None else (1 if rate is None else max(1, math.ceil(rate)))
+        self.burst_s = burst * self.interval_s
 
     def idle(self, now: float) -> bool:
         return self.in_flight == 0 and not self.waiters and self.tat <= now
@@ -83,7 +93,8 @@ class _Bucket:
 class LocalQuotas:
     """Per-tenant concurrency and rate quotas held in this process.
 
-    ``quota_for(tenant)`` gives each tenant's :class:`~ragguard.TenantQuota`; ``clock`` returns
+    ``quota_for(tenant)`` gives each tenant's :class:`~ragguard.TenantQuota` (read when a tenant is
+    first seen and again whenever a request has to queue, so a changed quota applies from then on); ``clock`` returns
     monotonic seconds (rates are computed on it; queueing waits use the event loop's real time).
     Idle tenants are forgotten once more than ``max_tenants`` are tracked, so a flood of tenant ids
     cannot grow memory without bound.
@@ -123,22 +134,20 @@ class LocalQuotas:
     def admit_now(self, tenant: str) -> Lease | Any | None:
         """Admit one request of ``tenant`` if that needs no waiting: a Lease, None for an unlimited
         tenant, or :data:`WAIT` (then ``await acquire(tenant)`` queues or refuses it)."""
-        quota = self._quota_for(tenant)
-        limit = quota.max_concurrency
-        if limit is None and quota.rate_per_s is None:
-            return None
         bucket = self._buckets.get(tenant)
-        if bucket is None or bucket.quota is not quota:
-            return WAIT
+        if bucket is None:
+            quota = self._quota_for(tenant)
+            if quota.max_concurrency is None and quota.rate_per_s is None:
+                return None
+            return WAIT  # the first request of a tenant creates its bucket in acquire()
+        limit = bucket.limit
         if limit is not None and (bucket.in_flight >= limit or bucket.waiters):
             return WAIT
         now = self._clock()
-        rate = quota.rate_per_s
-        if rate is not None:
-            interval = 1.0 / rate
-            burst = quota.burst if quota.burst is not None else max(1, math.ceil(rate))
+        interval = bucket.interval_s
+        if interval:
             tat = (bucket.tat if bucket.tat > now else now) + interval
-            if tat - now - burst * interval > 1e-9:
+            if tat - now - bucket.burst_s > 1e-9:
                 return WAIT
             bucket.tat = tat
         if limit is not None:
@@ -191,7 +200,7 @@ class LocalQuotas:
             return
         lease._released = True
         bucket = lease.bucket
-        if bucket.quota.max_concurrency is None:
+        if bucket.limit is None:
             return
         held = self._clock() - lease.started
         bucket.hold_ewma_s = held if bucket.hold_ewma_s == 0.0 else 0.8 * bucket.hold_ewma_s + 0.2 * held
@@ -210,7 +219,7 @@ class LocalQuotas:
         old = self._buckets.get(tenant)
         if old is not None:
             # the policy changed: keep the live counts, adopt the new limits
-            old.quota = quota
+            old.adopt(quota)
             return old
         if len(self._buckets) >= self._max_tenants:
             self._evict(now)

@@ -27,33 +27,39 @@ def _checked(tenant_id: object) -> str:
     return checked
 
 
-class TenantContext:
+class TenantContext(RequestScope):
     """One request of one tenant: quota admitted on entry, released on exit, error or cancellation.
 
     Entering raises :class:`~ragguard.QuotaExceeded` when the tenant is over quota; inside, the
     tenant's ``timeout_s`` is the deadline (or the caller's, if shorter), guarded calls are
     attributed to the tenant, and :func:`ragguard.degraded` reports the fallbacks that served it.
-    A bad tenant id raises :class:`~ragguard.InvalidInput` (a ValueError) at construction.
+    A bad tenant id raises :class:`~ragguard.InvalidInput` (a ValueError) at construction. The
+    context is itself the request's scope (``async with tenant("acme") as scope``).
     """
 
-    __slots__ = ("_backend", "_deadline_token", "_lease", "_quota", "_token", "scope", "tenant_id")
+    __slots__ = ("_backend", "_deadline_token", "_lease", "_quota", "_token")
 
     def __init__(self, tenant_id: str, backend: QuotaBackend, quota: TenantQuota) -> None:
-        self.tenant_id = _checked(tenant_id)
+        hit = _valid.get(tenant_id) if type(tenant_id) is str else None
+        self.tenant = hit if hit is not None else _checked(tenant_id)
+        self.fallbacks = None
         self._backend = backend
         self._quota = quota
         self._lease: Any = None
         self._token: Token[RequestScope | None] | None = None
         self._deadline_token: Token[float | None] | None = None
-        self.scope: RequestScope | None = None
 
-    async def __aenter__(self) -> RequestScope:
+    @property
+    def tenant_id(self) -> str:
+        return self.tenant
+
+    async def __aenter__(self) -> TenantContext:
         if self._token is not None:
             raise RuntimeError("tenant(...) is not reentrant; create one per request")
         backend = self._backend
-        lease = backend.admit_now(self.tenant_id)
+        lease = backend.admit_now(self.tenant)
         if lease is WAIT:
-            lease = await backend.acquire(self.tenant_id)
+            lease = await backend.acquire(self.tenant)
         self._lease = lease
         timeout_s = self._quota.timeout_s
         if timeout_s is not None:
@@ -61,9 +67,8 @@ class TenantContext:
             outer = _deadline.get()
             if outer is None or at < outer:
                 self._deadline_token = _deadline.set(at)
-        self.scope = RequestScope(self.tenant_id)
-        self._token = _scope.set(self.scope)
-        return self.scope
+        self._token = _scope.set(self)
+        return self
 
     async def __aexit__(
         self,
