@@ -150,7 +150,7 @@ async def main(calls: int, rounds: int) -> int:
 
     ours_reject = await run("ragguard rejection while open", rejected)
 
-    g, full = full_stack_guard()
+    _, full = full_stack_guard()
     ours_full = await run("ragguard full stack", full)
 
     unsubscribe = bus.subscribe(lambda event: None)
@@ -181,11 +181,21 @@ async def main(calls: int, rounds: int) -> int:
 
     checks = [
         ("full stack <= 5 us median", ours_full <= 5000, f"{ours_full / 1000:.2f} us"),
-        ("full stack >= 10x faster than interlock-cb pipeline", interlock_full / ours_full >= 10,
-         f"{interlock_full / ours_full:.1f}x"),
-        ("breaker alone no slower than aiobreaker", ours_breaker <= aiob, f"{ours_breaker / aiob:.2f}x aiobreaker"),
-        ("rejection while open < 1 us", ours_reject < 1000,
-         f"{ours_reject:.0f} ns, {ours_reject / floor:.2f}x the floor of raising any exception"),
+        (
+            "full stack >= 10x faster than interlock-cb pipeline",
+            interlock_full / ours_full >= 10,
+            f"{interlock_full / ours_full:.1f}x",
+        ),
+        (
+            "breaker alone no slower than aiobreaker",
+            ours_breaker <= aiob,
+            f"{ours_breaker / aiob:.2f}x aiobreaker",
+        ),
+        (
+            "rejection while open < 1 us",
+            ours_reject < 1000,
+            f"{ours_reject:.0f} ns, {ours_reject / floor:.2f}x the floor of raising any exception",
+        ),
         ("full stack + listener (events delivered)", True, f"{ours_events / 1000:.2f} us"),
     ]
     for name, ok, detail in checks:

@@ -87,9 +87,7 @@ class QuotaExceeded(RagguardError):
         self.tenant = tenant
         self.retry_after_s = retry_after_s
         self.reason = reason
-        super().__init__(
-            f"tenant {tenant!r} is over its {reason} quota; retry after {retry_after_s:.3f}s"
-        )
+        super().__init__(f"tenant {tenant!r} is over its {reason} quota; retry after {retry_after_s:.3f}s")
 
 
 class DeadlineExceeded(RagguardError):

@@ -5,8 +5,8 @@ whole guarded call should cost). Most guarded calls finish long before their tim
 ragguard keeps one timer wheel per event loop instead, after the hashed timing wheels of Varghese and
 Lauck (1987): a call registers its expiry in a 1 ms bucket (a dict insert), unregisters on exit (a
 delete), and a single loop timer, armed for the earliest live bucket, cancels the tasks whose bucket
-expired (see :class:`Wheel`). Timeouts fire at most one bucket width (1 ms) late. On trio, a native CancelScope is cheap
-and is used directly.
+expired (see :class:`Wheel`). Timeouts fire at most one bucket width (1 ms) late. On trio, a
+native CancelScope is cheap and is used directly.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ __all__ = ["AttemptTimeout", "Wheel", "call_with_timeout", "wheel_for"]
 
 class AttemptTimeout(TimeoutError):
     """An attempt ran past its timeout (a TimeoutError, so breakers classify it as one)."""
+
 
 _TICKS_PER_S = 1000  # bucket width: 1 ms
 

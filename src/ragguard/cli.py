@@ -16,12 +16,20 @@ app = typer.Typer(
 
 @app.command()
 def demo(
-    duration: Annotated[float | None, typer.Option(help="Seconds of load per run (guarded and unguarded).")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Seconds of load per run (guarded and unguarded).")
+    ] = None,
     concurrency: Annotated[int | None, typer.Option(help="Concurrent client requests in flight.")] = None,
-    scenario: Annotated[Path | None, typer.Option(help="Chaos scenario YAML (default: the built-in one).")] = None,
-    redis: Annotated[str | None, typer.Option("--redis", help="Redis URL to share breaker and quota state.")] = None,
+    scenario: Annotated[
+        Path | None, typer.Option(help="Chaos scenario YAML (default: the built-in one).")
+    ] = None,
+    redis: Annotated[
+        str | None, typer.Option("--redis", help="Redis URL to share breaker and quota state.")
+    ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="A short run, under 30 s.")] = False,
-    out: Annotated[Path, typer.Option(help="Folder for the JSON report and the PNG chart.")] = Path("ragguard-report"),
+    out: Annotated[Path, typer.Option(help="Folder for the JSON report and the PNG chart.")] = Path(
+        "ragguard-report"
+    ),
     seed: Annotated[int, typer.Option(help="Seed of the load and of the chaos faults.")] = 7,
 ) -> None:
     """Run a real RAG service under chaos twice, unguarded and guarded, and compare them."""
@@ -31,15 +39,22 @@ def demo(
         typer.echo(f"the demo needs its extras: pip install 'ragguard[demo]' ({exc})", err=True)
         raise typer.Exit(2) from exc
     code = cli_main(
-        duration_s=duration, concurrency=concurrency, scenario=scenario, redis_url=redis,
-        quick=quick, out_dir=out, seed=seed,
+        duration_s=duration,
+        concurrency=concurrency,
+        scenario=scenario,
+        redis_url=redis,
+        quick=quick,
+        out_dir=out,
+        seed=seed,
     )
     raise typer.Exit(code)
 
 
 @app.command()
 def doctor(
-    events: Annotated[Path | None, typer.Option(help="A JSON-lines event log written by the monitors.")] = None,
+    events: Annotated[
+        Path | None, typer.Option(help="A JSON-lines event log written by the monitors.")
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
 ) -> None:
     """Read recent monitor events and explain what they mean (loop stalls, pool exhaustion, leaks)."""

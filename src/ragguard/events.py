@@ -123,8 +123,16 @@ class EventBus:
     ``parent`` buses also receive every event (a breaker's bus forwards to the global :data:`bus`).
     """
 
-    __slots__ = ("__weakref__", "_children", "_listeners", "_parent", "_pending", "_scheduled", "_warned",
-                 "active")
+    __slots__ = (
+        "__weakref__",
+        "_children",
+        "_listeners",
+        "_parent",
+        "_pending",
+        "_scheduled",
+        "_warned",
+        "active",
+    )
 
     def __init__(self, parent: EventBus | None = None) -> None:
         self._listeners: list[Callable[[Any], Any]] = []
@@ -209,8 +217,9 @@ class EventBus:
             key = id(listener)
             if key not in self._warned:
                 self._warned.add(key)
-                log.exception("ragguard event listener %r raised; it is kept, further errors are silent",
-                              listener)
+                log.exception(
+                    "ragguard event listener %r raised; it is kept, further errors are silent", listener
+                )
 
 
 _tasks: set[asyncio.Task[Any]] = set()

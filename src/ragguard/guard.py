@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import sys
 import inspect
 import random
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 import anyio
 
@@ -80,7 +80,14 @@ class _Bound:
     """One decorated function: its stage name and the options given to ``@guard``."""
 
     __slots__ = (
-        "batch_arg", "breaker", "fallback", "fallback_name", "fn", "stage", "texts_arg", "texts_name"
+        "batch_arg",
+        "breaker",
+        "fallback",
+        "fallback_name",
+        "fn",
+        "stage",
+        "texts_arg",
+        "texts_name",
     )
 
     def __init__(
@@ -169,13 +176,17 @@ class Stage:
             else None
         )
         self.shrinker = BatchShrinker(floor=policy.rerank_min_batch) if kind == "rerank_oom" else None
-        self._acquire_async: Callable[[], Awaitable[Any]] | None = getattr(self.breaker, "acquire_async", None)
+        self._acquire_async: Callable[[], Awaitable[Any]] | None = getattr(
+            self.breaker, "acquire_async", None
+        )
 
     # -- classification ---------------------------------------------------------------------
 
     def _counts(self, exc: BaseException) -> bool:
         breaker = self.breaker
-        classifier = getattr(breaker, "classifier", None) or getattr(breaker, "_classifier", None) or counts_by_default
+        classifier = (
+            getattr(breaker, "classifier", None) or getattr(breaker, "_classifier", None) or counts_by_default
+        )
         return bool(classifier(exc))
 
     def retryable(self, exc: BaseException) -> bool:
@@ -219,7 +230,9 @@ class Stage:
         if at is not None:
             left = at - now
             if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
-                raise DeadlineExceeded(self.name, None if left <= 0 else left, "no budget left for an attempt")
+                raise DeadlineExceeded(
+                    self.name, None if left <= 0 else left, "no budget left for an attempt"
+                )
             if timeout is None or left < timeout:
                 timeout = left
                 by_deadline = True
@@ -252,7 +265,9 @@ class Stage:
                     result = await call_with_timeout(aw, timeout)
                 else:
                     wheel = wheel_for(loop)  # type: ignore[arg-type]
-                    tick = int(((now if wheel.now is _monotonic else wheel.now()) + timeout) * _TICKS_PER_S) + 1
+                    tick = (
+                        int(((now if wheel.now is _monotonic else wheel.now()) + timeout) * _TICKS_PER_S) + 1
+                    )
                     bucket = wheel.buckets.get(tick)
                     if bucket is None:
                         bucket = wheel.add_bucket(tick)
@@ -321,8 +336,11 @@ class Stage:
         def before_sleep(state: Any) -> None:
             if bus.active:
                 exc = state.outcome.exception() if state.outcome is not None else None
-                bus.emit(RetryScheduled(self.name, state.attempt_number + 1, state.upcoming_sleep,
-                                        type(exc).__name__))
+                bus.emit(
+                    RetryScheduled(
+                        self.name, state.attempt_number + 1, state.upcoming_sleep, type(exc).__name__
+                    )
+                )
 
         retrying = deadline_aware_retrying(
             self.retry_policy,
@@ -411,7 +429,9 @@ class Stage:
             return value
         return None
 
-    async def _serve_fallback(self, bound: _Bound, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def _serve_fallback(
+        self, bound: _Bound, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if self.cache is not None:
             texts = self._texts(bound, args, kwargs)
             if texts is not None:
@@ -434,7 +454,9 @@ class Stage:
 
     # -- rerank: smaller batch, then skip -------------------------------------------------------
 
-    def _batch_position(self, bound: _Bound, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int | str | None:
+    def _batch_position(
+        self, bound: _Bound, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> int | str | None:
         if bound.batch_arg is not None:
             return bound.batch_arg if _arg(args, kwargs, bound.batch_arg) is not None else None
         for i in range(len(args) - 1, -1, -1):
@@ -456,7 +478,7 @@ class Stage:
         size = shrinker.allowed(n)
         while True:
             if isinstance(where, int):
-                call_args, call_kwargs = (*args[:where], hits[:size], *args[where + 1:]), kwargs
+                call_args, call_kwargs = (*args[:where], hits[:size], *args[where + 1 :]), kwargs
             else:
                 call_args, call_kwargs = args, {**kwargs, where: hits[:size]}
             try:
@@ -483,7 +505,9 @@ class Stage:
 
     # -- streams ----------------------------------------------------------------------------------
 
-    async def run_stream(self, bound: _Bound, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+    async def run_stream(
+        self, bound: _Bound, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> AsyncIterator[Any]:
         guard = self._guard
         lease = None
         if guard.per_call_quota and _scope.get() is None:
@@ -524,7 +548,9 @@ class Stage:
                         break
                     except AttemptTimeout as exc:
                         if by_deadline:
-                            raise DeadlineExceeded(self.name, timeout, f"stream cut after {yielded} items") from exc
+                            raise DeadlineExceeded(
+                                self.name, timeout, f"stream cut after {yielded} items"
+                            ) from exc
                         raise
                     yield item
                     yielded += 1
@@ -552,7 +578,9 @@ class Stage:
             if lease is not None:
                 guard.quotas.release(lease)
 
-    async def _fallback_stream(self, bound: _Bound, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+    async def _fallback_stream(
+        self, bound: _Bound, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> AsyncIterator[Any]:
         assert bound.fallback is not None
         self._degraded(cast(str, bound.fallback_name), exc)
         produced = bound.fallback(*args, **kwargs)
@@ -578,7 +606,8 @@ def _adapt_breaker(breaker: Any) -> Any:
 
         return from_aiobreaker(breaker)
     raise ConfigError(
-        f"breaker must be a ragguard CircuitBreaker or an aiobreaker.CircuitBreaker, got {type(breaker).__name__}"
+        "breaker must be a ragguard CircuitBreaker or an aiobreaker.CircuitBreaker, "
+        f"got {type(breaker).__name__}"
     )
 
 
@@ -647,7 +676,11 @@ class Guard:
             if not isinstance(name, str) or not name:
                 raise ConfigError(f"stage name must be a non-empty str, got {name!r}")
             st = self._stages[name] = Stage(self, name, self.policy.stage(name), breaker)
-        elif breaker is not None and st.breaker is not breaker and getattr(st.breaker, "wrapped", None) is not breaker:
+        elif (
+            breaker is not None
+            and st.breaker is not breaker
+            and getattr(st.breaker, "wrapped", None) is not breaker
+        ):
             raise ConfigError(f"stage {name!r} already has a breaker; give one breaker per stage")
         return st
 
@@ -665,9 +698,11 @@ class Guard:
         """``async with guard.tenant("acme"):`` admits one request of the tenant (see :func:`tenant`)."""
         return TenantContext(tenant_id, self.quotas, self.policy.quota(tenant_id))
 
-    def guard(self, stage: str, **options: Any) -> Callable[[Callable[P, Any]], Callable[P, Any]]:
-        """``@g.guard("stage", fallback=...)``: like :func:`ragguard.guard`, bound to this Guard."""
-        return _decorator(stage, lambda: self, options)
+    def guard(self, stage: str, **options: Any) -> GuardDecorator:
+        """``@g.guard("stage", fallback=...)``: like :func:`ragguard.guard`, bound to this Guard.
+
+        Raises ConfigError for an unknown option."""
+        return cast(GuardDecorator, _decorator(stage, lambda: self, options))
 
 
 _default: Guard | None = None
@@ -681,7 +716,9 @@ def default_guard() -> Guard:
     return _default
 
 
-def configure(policy: Policy | Mapping[str, Any] | str | PathLike[str] | None = None, **options: Any) -> Guard:
+def configure(
+    policy: Policy | Mapping[str, Any] | str | PathLike[str] | None = None, **options: Any
+) -> Guard:
     """Replace the default registry: ``policy`` is a Policy, a mapping, or a YAML/TOML/JSON path.
 
     ``options`` (clock, rng, sleep, quotas) go to :class:`Guard`. Breaker states start fresh.
@@ -697,7 +734,9 @@ def configure(policy: Policy | Mapping[str, Any] | str | PathLike[str] | None = 
     elif isinstance(policy, (str, PathLike)):
         resolved = Policy.from_file(Path(policy))
     else:
-        raise ConfigError(f"configure() takes a Policy, a mapping or a file path, not {type(policy).__name__}")
+        raise ConfigError(
+            f"configure() takes a Policy, a mapping or a file path, not {type(policy).__name__}"
+        )
     _default = Guard(resolved, **options)
     return _default
 
@@ -713,17 +752,23 @@ def tenant(tenant_id: str) -> TenantContext:
     return default_guard().tenant(tenant_id)
 
 
-@overload
+class GuardDecorator(Protocol):
+    """What ``guard(...)`` returns: keeps the decorated function's signature (ParamSpec)."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, AsyncIterator[Y]]: ...
+
+
 def guard(
-    stage: str, *, fallback: Callable[..., Any] | None = ..., breaker: Any = ...,
-    texts_arg: int | str | None = ..., batch_arg: int | str | None = ...,
-) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]: ...
-@overload
-def guard(
-    stage: str, *, fallback: Callable[..., Any] | None = ..., breaker: Any = ...,
-    texts_arg: int | str | None = ..., batch_arg: int | str | None = ...,
-) -> Callable[[Callable[P, AsyncIterator[Y]]], Callable[P, AsyncIterator[Y]]]: ...
-def guard(stage: str, **options: Any) -> Any:
+    stage: str,
+    *,
+    fallback: Callable[..., Any] | None = None,
+    breaker: Any = None,
+    texts_arg: int | str | None = None,
+    batch_arg: int | str | None = None,
+) -> GuardDecorator:
     """Guard an async function (or async generator function) as stage ``stage``.
 
     - ``fallback``: called with the same arguments when the stage fails in a way its breaker
@@ -737,7 +782,8 @@ def guard(stage: str, **options: Any) -> Any:
     Raises ConfigError at decoration for a bad option. At call time, raises what the call raised
     when no fallback serves, or BreakerOpen, QuotaExceeded, DeadlineExceeded.
     """
-    return _decorator(stage, default_guard, options)
+    options = {"fallback": fallback, "breaker": breaker, "texts_arg": texts_arg, "batch_arg": batch_arg}
+    return cast(GuardDecorator, _decorator(stage, default_guard, options))
 
 
 _OPTIONS = frozenset({"fallback", "breaker", "texts_arg", "batch_arg"})

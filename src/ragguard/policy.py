@@ -273,7 +273,7 @@ class Policy(_Model):
         for name, raw in env.items():
             if not name.upper().startswith(wanted):
                 continue
-            path = [part.lower() for part in name[len(prefix):].split("__")]
+            path = [part.lower() for part in name[len(prefix) :].split("__")]
             if path[0] not in top or any(not part for part in path):
                 raise ConfigError(
                     f"environment variable {name}: {path[0]!r} is not a policy field; "
@@ -283,7 +283,9 @@ class Policy(_Model):
             for part in path[:-1]:
                 child = node.setdefault(part, {})
                 if not isinstance(child, dict):
-                    raise ConfigError(f"environment variable {name}: {part!r} is set both as a value and a group")
+                    raise ConfigError(
+                        f"environment variable {name}: {part!r} is set both as a value and a group"
+                    )
                 node = child
             try:
                 node[path[-1]] = json.loads(raw)

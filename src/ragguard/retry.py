@@ -23,7 +23,9 @@ class RetryBudget:
 
     __slots__ = ("_buckets", "_clock", "_cur", "_cur_calls", "_cur_retries", "min_per_s", "ratio", "window_s")
 
-    def __init__(self, *, ratio: float, min_per_s: float, window_s: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, *, ratio: float, min_per_s: float, window_s: float, clock: Callable[[], float]
+    ) -> None:
         self.ratio = ratio
         self.min_per_s = min_per_s
         self.window_s = max(1, round(window_s))

@@ -63,8 +63,17 @@ class _Waiter:
 
 
 class _Bucket:
-    __slots__ = ("burst_s", "hold_ewma_s", "in_flight", "interval_s", "limit", "quota", "tat", "tenant",
-                 "waiters")
+    __slots__ = (
+        "burst_s",
+        "hold_ewma_s",
+        "in_flight",
+        "interval_s",
+        "limit",
+        "quota",
+        "tat",
+        "tenant",
+        "waiters",
+    )
 
     def __init__(self, tenant: str, quota: TenantQuota, now: float) -> None:
         self.tenant = tenant
@@ -94,7 +103,8 @@ class LocalQuotas:
     """Per-tenant concurrency and rate quotas held in this process.
 
     ``quota_for(tenant)`` gives each tenant's :class:`~ragguard.TenantQuota` (read when a tenant is
-    first seen and again whenever a request has to queue, so a changed quota applies from then on); ``clock`` returns
+    first seen and again whenever a request has to queue, so a changed quota applies from then on);
+    ``clock`` returns
     monotonic seconds (rates are computed on it; queueing waits use the event loop's real time).
     Idle tenants are forgotten once more than ``max_tenants`` are tracked, so a flood of tenant ids
     cannot grow memory without bound.
@@ -263,7 +273,9 @@ class LocalQuotas:
         self, bucket: _Bucket, quota: TenantQuota, budget: float, by_deadline: bool
     ) -> None:
         if budget <= 0.0:
-            raise self._reject(bucket.tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency")
+            raise self._reject(
+                bucket.tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency"
+            )
         waiter = _Waiter()
         bucket.waiters.append(waiter)
         try:
@@ -278,7 +290,9 @@ class LocalQuotas:
         if waiter.granted:
             return
         self._abandon(bucket, waiter)
-        raise self._reject(bucket.tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency")
+        raise self._reject(
+            bucket.tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency"
+        )
 
     @staticmethod
     def _abandon(bucket: _Bucket, waiter: _Waiter) -> None:

@@ -1,0 +1,40 @@
+"""Checked by mypy --strict in test_typing.py: the public API keeps the signatures it wraps."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import ragguard
+from ragguard import CircuitBreaker, Guard, Policy, TenantQuota, deadline, guard, tenant
+
+
+@guard("embedding")
+async def embed(texts: list[str]) -> list[list[float]]:
+    return [[0.0] for _ in texts]
+
+
+@guard("stream")
+async def tokens(prompt: str) -> AsyncIterator[str]:
+    yield prompt
+
+
+breaker = CircuitBreaker("llm", failure_rate_threshold=50.0, minimum_calls=10)
+
+
+@breaker
+async def generate(prompt: str, *, max_tokens: int = 16) -> str:
+    return prompt[:max_tokens]
+
+
+async def use() -> None:
+    async with tenant("acme"), deadline(0.8):
+        vectors: list[list[float]] = await embed(["hello"])
+        text: str = await generate("hi", max_tokens=4)
+        direct: str = await breaker.call(generate, "hi")
+        async for token in tokens("x"):
+            chunk: str = token
+        left: float | None = ragguard.remaining()
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=2)}))
+    async with g.tenant("acme"):
+        pass
+    del vectors, text, direct, chunk, left
