@@ -18,7 +18,7 @@ from typing import Any
 import cramjam
 
 from .._errors import ConfigError, CorruptPayload, InvalidInput
-from ._pool import BufferPool, Lease, default_pool, zero
+from ._pool import BufferPool, Lease, _give_back_unleased, default_pool, zero
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_EXPANSION", "SnappyCodec", "byte_view"]
 
@@ -26,7 +26,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's default maximum receive si
 MAX_EXPANSION = 22  # ceil(64 / 3): the best ratio any snappy element reaches
 
 _snappy: Any = cramjam.snappy
+_compress_raw_into = _snappy.compress_raw_into
+_decompress_raw_into = _snappy.decompress_raw_into
+_decompress_raw_len = _snappy.decompress_raw_len
 _DecompressionError: type[Exception] = cramjam.DecompressionError
+_ENCODER_SLACK = 16  # bytes past a block's end the encoder may have scribbled on
 _EMPTY_BLOCK = b"\x00"
 
 
@@ -109,23 +113,31 @@ class SnappyCodec:
 
         Release the lease (or use it as a context manager) when the block has been sent.
         """
-        src = byte_view(data)
-        pool = self.pool
-        bound = self.max_compressed_length(len(src))
-        buffer = pool._take(bound, None)
+        src = data if type(data) is bytes else byte_view(data)
+        size = len(src)
+        bound = 32 + size + size // 6  # max_compressed_length, inlined: this is the hot path
+        buffer = self.pool._take(bound)
+        dirty = buffer.written  # earlier payloads end here (<= bound); zero past it
+        # The whole bytearray (>= bound) goes to the encoder: cramjam takes it as it is,
+        # while slicing a memoryview first would cost a Python object per call.
         try:
-            n = int(_snappy.compress_raw_into(src, buffer.view[:bound]))
+            n = _compress_raw_into(src, buffer.data)
         except BaseException:
-            buffer.written = max(buffer.written, bound)
-            pool._give_back(buffer, True)
+            buffer.written = bound  # the encoder may have written anywhere below bound
+            _give_back_unleased(buffer)
             raise
-        # The encoder may leave scratch bytes past the block, and an earlier lease may have
-        # written further: clear both, so nothing but this block is visible in the buffer.
-        end = max(buffer.written, bound)
-        if end > n:
-            zero(buffer.view, n, end)
+        # Past the block the encoder leaves at most the tail of one 16-byte literal copy
+        # (snap's fast path; tests/buffers checks the bound), never past ``bound``; earlier
+        # payloads end at ``dirty``. Zero from the block's end to whichever reaches further,
+        # not the whole buffer.
+        end = n + _ENCODER_SLACK
+        if end > bound:
+            end = bound
+        if dirty > end:
+            end = dirty
+        zero(buffer.view, n, end)
         buffer.written = n
-        return Lease(pool, buffer, n, n)
+        return Lease(buffer, buffer.view[:n])
 
     def decompressed(self, block: object) -> Lease:
         """Decompress ``block`` into a pooled buffer; the lease's view is exactly the message.
@@ -133,17 +145,29 @@ class SnappyCodec:
         Raises :class:`~ragguard.CorruptPayload` (before taking any buffer when the declared
         length is refused).
         """
-        src = byte_view(block)
-        size = self._checked_length(src)
-        pool = self.pool
-        buffer = pool._take(size, size)
+        src = block if type(block) is bytes else byte_view(block)
         try:
-            self._decode(src, buffer.data, size)
-        except BaseException:
-            buffer.written = max(buffer.written, size)  # a failed decode may have written
-            pool._give_back(buffer, True)
+            size = _decompress_raw_len(src)
+        except _DecompressionError:
+            size = -1
+        if not 0 < size <= self.max_message_bytes or size > MAX_EXPANSION * len(src):
+            size = self._checked_length(src)  # raises CorruptPayload naming the problem (b"\x00": 0)
+        buffer = self.pool._take(size)
+        buffer.written = size  # a failed decode too may have written anywhere in the view
+        view = buffer.view[:size]  # the decoder cannot write past an exact-length view
+        try:
+            n = _decompress_raw_into(src, view)
+        except BaseException as exc:
+            view.release()
+            _give_back_unleased(buffer)
+            if isinstance(exc, _DecompressionError):
+                raise CorruptPayload(f"snappy block does not decode: {exc}") from exc
             raise
-        return Lease(pool, buffer, size, size)
+        if n != size:
+            view.release()
+            _give_back_unleased(buffer)
+            raise CorruptPayload(f"snappy block declares {size} bytes but decodes to {n}")
+        return Lease(buffer, view)
 
     def compress(self, data: object) -> bytes:
         """The snappy block of ``data`` as bytes (identical to ``snappy.compress(data)``)."""
@@ -155,11 +179,11 @@ class SnappyCodec:
         with self.decompressed(block) as message:
             return bytes(message)
 
-    def _checked_length(self, src: memoryview) -> int:
+    def _checked_length(self, src: bytes | memoryview) -> int:
         if not src:
             raise CorruptPayload("snappy block is empty (the empty message encodes as b'\\x00')")
         try:
-            size = int(_snappy.decompress_raw_len(src))
+            size = int(_decompress_raw_len(src))
         except _DecompressionError as exc:
             raise CorruptPayload(f"snappy block has a malformed length header: {exc}") from exc
         if size > self.max_message_bytes:

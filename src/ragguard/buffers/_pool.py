@@ -7,9 +7,14 @@ its class's free list unless the pool already holds ``max_buffers`` idle buffers
 idle bytes; then it is dropped for the garbage collector.
 
 A reused buffer never shows an earlier payload past the requested length: each buffer remembers
-how far it has been written (its high-water mark) and the bytes between the new length and that
-mark are zeroed when it is leased again. Bytes inside the requested length may still hold an
-earlier payload (the caller is about to overwrite them); pass ``zeroed=True`` to clear them too.
+how far it has been written (its high-water mark; every byte past it is zero) and only the bytes
+between the new length and that mark are zeroed when it is leased again, never the whole buffer.
+Bytes inside the requested length may still hold an earlier payload (the caller is about to
+overwrite them); pass ``zeroed=True`` to clear them too.
+
+The hot path is one short critical section per lease and one per release (explicit
+acquire/release: a ``with lock`` block costs about twice as much), a size class found by
+``int.bit_length`` in a list, and one cached full-buffer memoryview per buffer that leases slice.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from types import TracebackType
 from .._errors import ConfigError, InvalidInput
 
 __all__ = ["BufferPool", "DoubleRelease", "Lease", "PoolStats", "default_pool"]
+
+_MAX_SHIFT = 62  # no lease above 2**62 bytes (bytearray could not allocate it anyway)
 
 
 class DoubleRelease(RuntimeError):
@@ -46,11 +53,24 @@ class PoolStats:
     dropped: int
 
 
-class _Buffer:
-    __slots__ = ("data", "view", "written")
+class _SizeClass:
+    """One capacity's free list and counters (changed only under the pool's lock)."""
 
-    def __init__(self, capacity: int) -> None:
-        self.data = bytearray(capacity)
+    __slots__ = ("capacity", "free", "leases", "misses", "pool", "releases")
+
+    def __init__(self, pool: BufferPool, capacity: int) -> None:
+        self.pool = pool
+        self.capacity = capacity
+        self.free: list[_Buffer] = []
+        self.leases = self.misses = self.releases = 0
+
+
+class _Buffer:
+    __slots__ = ("data", "home", "view", "written")
+
+    def __init__(self, home: _SizeClass) -> None:
+        self.home = home
+        self.data = bytearray(home.capacity)
         self.view = memoryview(self.data)  # leases slice this; never released, never exported
         self.written = 0  # high-water mark: bytes past it are known to be zero
 
@@ -64,28 +84,29 @@ class Lease:
     lease's bytes. A second :meth:`release` raises :class:`DoubleRelease`.
     """
 
-    __slots__ = ("_buffer", "_pool", "_touched", "_view", "size")
+    __slots__ = ("_buffer", "_view", "size")
 
-    def __init__(self, pool: BufferPool, buffer: _Buffer, size: int, touched: int) -> None:
-        self._pool = pool
+    def __init__(self, buffer: _Buffer, view: memoryview) -> None:
+        # The buffer's high-water mark is already at most len(view): the holder writes only
+        # through the view, so nothing past it can change while it is leased.
         self._buffer: _Buffer | None = buffer
-        self.size = size
-        self._touched = touched  # how far the holder may have written (a codec may write past size)
-        self._view: memoryview | None = buffer.view[:size]
+        self._view: memoryview | None = view
+        self.size = len(view)
 
     @property
     def view(self) -> memoryview:
         """The leased bytes; raises DoubleRelease after release."""
-        if self._view is None:
+        view = self._view
+        if view is None:
             raise DoubleRelease("this lease was already released")
-        return self._view
+        return view
 
     @property
     def capacity(self) -> int:
         """The size class of the underlying buffer, in bytes (>= size)."""
         if self._buffer is None:
             raise DoubleRelease("this lease was already released")
-        return len(self._buffer.data)
+        return self._buffer.home.capacity
 
     @property
     def released(self) -> bool:
@@ -97,16 +118,7 @@ class Lease:
         if buffer is None or view is None:
             raise DoubleRelease("this lease was already released")
         self._buffer = self._view = None
-        reusable = True
-        try:
-            view.release()
-        except BufferError:
-            # Something still exports this view (e.g. a PickleBuffer of it): the
-            # buffer could be written through it later, so it must never serve another lease.
-            reusable = False
-        if self._touched > buffer.written:
-            buffer.written = self._touched
-        self._pool._give_back(buffer, reusable)
+        _give_back_unleased(buffer, _release_view(view))
 
     def __enter__(self) -> memoryview:
         view = self._view
@@ -120,12 +132,48 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._buffer is not None:
-            self.release()
+        buffer, view = self._buffer, self._view
+        if buffer is not None and view is not None:  # released inside the block: nothing to do
+            self._buffer = self._view = None
+            try:  # _release_view inlined: one Python frame less per lease
+                view.release()
+            except BufferError:
+                _give_back_unleased(buffer, False)
+            else:
+                _give_back_unleased(buffer, True)
 
     def __repr__(self) -> str:
-        state = "released" if self._buffer is None else f"capacity={len(self._buffer.data)}"
+        state = "released" if self._buffer is None else f"capacity={self._buffer.home.capacity}"
         return f"<Lease size={self.size} {state}>"
+
+
+def _release_view(view: memoryview) -> bool:
+    """Release a lease's view; False when something still exports it (e.g. a PickleBuffer of
+    it): the buffer could be written through that later, so it must never serve another lease."""
+    try:
+        view.release()
+    except BufferError:
+        return False
+    return True
+
+
+def _give_back_unleased(buffer: _Buffer, reusable: bool = True) -> None:
+    """Return a buffer taken with ``BufferPool._take`` (its high-water mark must cover every
+    byte written into it); kept for reuse unless a limit is reached."""
+    home = buffer.home
+    pool = home.pool
+    capacity = home.capacity
+    pool._lock_acquire()
+    try:
+        home.releases += 1
+        if reusable and pool._held < pool.max_buffers and pool._held_bytes + capacity <= pool.max_bytes:
+            home.free.append(buffer)
+            pool._held += 1
+            pool._held_bytes += capacity
+        else:
+            pool._dropped += 1
+    finally:
+        pool._lock_release()
 
 
 class BufferPool:
@@ -153,12 +201,16 @@ class BufferPool:
         self.min_size = min_size
         self.max_buffers = max_buffers
         self.max_bytes = max_bytes
-        self._min_shift = min_size.bit_length() - 1
-        self._free: dict[int, list[_Buffer]] = {}
-        self._lock = threading.Lock()
-        self._hits = self._misses = self._dropped = 0
-        self._in_use = self._in_use_bytes = 0
-        self._buffers_held = self._bytes_held = 0
+        min_shift = min_size.bit_length() - 1
+        smallest = _SizeClass(self, min_size)
+        # Indexed by (size - 1).bit_length(): the class of capacity 2**index (min_size below).
+        self._classes = [smallest] * (min_shift + 1) + [
+            _SizeClass(self, 1 << shift) for shift in range(min_shift + 1, _MAX_SHIFT + 1)
+        ]
+        lock = threading.Lock()
+        self._lock_acquire = lock.acquire
+        self._lock_release = lock.release
+        self._held = self._held_bytes = self._dropped = 0
 
     def size_class(self, size: int) -> int:
         """The capacity in bytes of the buffer that serves a lease of ``size`` bytes."""
@@ -167,72 +219,72 @@ class BufferPool:
         return 1 << (size - 1).bit_length()
 
     def lease(self, size: int, *, zeroed: bool = False) -> Lease:
-        """Lease ``size`` bytes (an int >= 0); ``zeroed=True`` clears them first.
+        """Lease ``size`` bytes (an int from 0 to 2**62); ``zeroed=True`` clears them first.
 
-        Raises :class:`~ragguard.InvalidInput` for a negative or non-int size.
+        Raises :class:`~ragguard.InvalidInput` for a negative, too large or non-int size.
         """
-        if type(size) is not int or size < 0:
-            raise InvalidInput(f"BufferPool.lease: size must be an int >= 0, got {size!r}")
-        return Lease(self, self._take(size, 0 if zeroed else size), size, size)
+        if type(size) is not int or not 0 <= size <= 1 << _MAX_SHIFT:
+            raise InvalidInput(f"BufferPool.lease: size must be an int in [0, 2**62], got {size!r}")
+        buffer = self._take(size)
+        if zeroed and buffer.written:
+            zero(buffer.view, 0, buffer.written)
+        buffer.written = size
+        return Lease(buffer, buffer.view[:size])
 
-    def _take(self, size: int, keep: int | None) -> _Buffer:
-        """An idle or new buffer of at least ``size`` bytes, zeroed from ``keep`` to its mark
-        (``keep=None``: not zeroed; the caller zeroes what it leaves past its length)."""
-        capacity = self.min_size if size <= self.min_size else 1 << (size - 1).bit_length()
-        buffer = None
-        with self._lock:
-            free = self._free.get(capacity)
+    def _take(self, size: int) -> _Buffer:
+        """An idle or new buffer of at least ``size`` bytes (0 <= size <= 2**62) with every
+        byte past ``size`` zero; its high-water mark stays where earlier payloads end (at most
+        ``size``), and the caller moves it to cover what it lets the holder write."""
+        home = self._classes[(size - 1).bit_length()]
+        free = home.free
+        self._lock_acquire()
+        try:
+            home.leases += 1
             if free:
                 buffer = free.pop()
-                self._hits += 1
-                self._buffers_held -= 1
-                self._bytes_held -= capacity
+                self._held -= 1
+                self._held_bytes -= home.capacity
             else:
-                self._misses += 1
-            self._in_use += 1
-            self._in_use_bytes += capacity
+                home.misses += 1
+                buffer = None
+        finally:
+            self._lock_release()
         if buffer is None:
-            return _Buffer(capacity)
-        if keep is not None:
-            if buffer.written > keep:
-                zero(buffer.view, keep, buffer.written)
-            buffer.written = keep
+            return _Buffer(home)
+        if buffer.written > size:
+            zero(buffer.view, size, buffer.written)
+            buffer.written = size
         return buffer
 
     def stats(self) -> PoolStats:
         """A consistent snapshot of the counters."""
-        with self._lock:
+        self._lock_acquire()
+        try:
+            classes = set(self._classes)
+            leases = sum(c.leases for c in classes)
+            misses = sum(c.misses for c in classes)
+            in_use = [(c.leases - c.releases, c.capacity) for c in classes]
             return PoolStats(
-                hits=self._hits,
-                misses=self._misses,
-                in_use=self._in_use,
-                in_use_bytes=self._in_use_bytes,
-                buffers_held=self._buffers_held,
-                bytes_held=self._bytes_held,
+                hits=leases - misses,
+                misses=misses,
+                in_use=sum(n for n, _ in in_use),
+                in_use_bytes=sum(n * capacity for n, capacity in in_use),
+                buffers_held=self._held,
+                bytes_held=self._held_bytes,
                 dropped=self._dropped,
             )
+        finally:
+            self._lock_release()
 
     def clear(self) -> None:
         """Drop every idle buffer (leases in use are unaffected)."""
-        with self._lock:
-            self._free.clear()
-            self._buffers_held = self._bytes_held = 0
-
-    def _give_back(self, buffer: _Buffer, reusable: bool) -> None:
-        capacity = len(buffer.data)
-        with self._lock:
-            self._in_use -= 1
-            self._in_use_bytes -= capacity
-            if (
-                reusable
-                and self._buffers_held < self.max_buffers
-                and self._bytes_held + capacity <= self.max_bytes
-            ):
-                self._free.setdefault(capacity, []).append(buffer)
-                self._buffers_held += 1
-                self._bytes_held += capacity
-            else:
-                self._dropped += 1
+        self._lock_acquire()
+        try:
+            for home in self._classes:
+                home.free.clear()
+            self._held = self._held_bytes = 0
+        finally:
+            self._lock_release()
 
     def __repr__(self) -> str:
         s = self.stats()
