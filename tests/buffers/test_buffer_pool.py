@@ -186,3 +186,17 @@ def test_threads_never_share_a_buffer() -> None:
     assert s.in_use == 0
     assert s.hits + s.misses == 8000
     assert s.misses <= 8 + s.dropped
+
+
+def test_leases_beyond_the_limits_get_one_off_buffers() -> None:
+    pool = BufferPool(max_buffers=1)
+    first, second = pool.lease(100), pool.lease(100)
+    assert (pool.stats().in_use, pool.stats().in_use_bytes) == (2, 2048)
+    second.release()  # a one-off buffer: dropped, the pool keeps at most one buffer
+    first.release()
+    s = pool.stats()
+    assert (s.buffers_held, s.dropped, s.misses, s.in_use) == (1, 1, 2, 0)
+    with pool.lease(10):
+        assert pool.stats().hits == 1
+    pool.clear()
+    assert (pool.stats().buffers_held, pool.stats().bytes_held, pool.stats().hits) == (0, 0, 1)

@@ -185,3 +185,52 @@ def test_leased_codec_makes_no_payload_sized_allocation_in_steady_state() -> Non
     finally:
         tracemalloc.stop()
     assert peak - base < len(data) // 8
+
+
+def test_encoder_scribbles_at_most_the_codec_slack_past_the_block() -> None:
+    """SnappyCodec zeroes only _ENCODER_SLACK bytes past a compressed block; this checks that
+    cramjam's encoder really writes no further (with two sentinels, so no write can hide)."""
+    import random
+
+    import cramjam
+
+    from ragguard.buffers._codec import _ENCODER_SLACK
+
+    rng = random.Random(5)
+    worst = 0
+    for _ in range(300):
+        n = rng.choice([rng.randrange(64), rng.randrange(4000), rng.randrange(60_000, 70_000)])
+        alphabet = rng.choice([b"ab", b"abcdefgh ", bytes(range(256))])
+        data = bytes(rng.choice(alphabet) for _ in range(n))
+        bound = cramjam.snappy.compress_raw_max_len(data)
+        for fill in (0xAA, 0x55):
+            out = bytearray([fill]) * (bound + 64)
+            end = cramjam.snappy.compress_raw_into(data, out)
+            touched = [i for i in range(end, len(out)) if out[i] != fill]
+            if touched:
+                worst = max(worst, touched[-1] + 1 - end)
+            assert not touched or touched[-1] < bound
+    assert worst <= _ENCODER_SLACK
+
+
+def test_compressed_buffer_holds_nothing_past_the_block() -> None:
+    pool = BufferPool()
+    codec = SnappyCodec(pool=pool)
+    noise = bytes(random_bytes(20_000))  # incompressible: a long block
+    with codec.compressed(noise):
+        pass
+    for data in (b"tenant quota breaker " * 300, b"abcdefghijklmnopq" * 7 + b"x", b"short"):
+        with codec.compressed(data) as block:
+            underlying = block.obj
+            assert isinstance(underlying, bytearray)
+            assert underlying[len(block) :] == bytes(len(underlying) - len(block))
+            assert bytes(block) == snappy.compress(data)
+    with codec.decompressed(codec.compress(b"y" * 100)) as message:
+        underlying = message.obj
+        assert underlying[100:] == bytes(len(underlying) - 100)
+
+
+def random_bytes(n: int) -> bytes:
+    import random
+
+    return random.Random(3).randbytes(n)

@@ -18,7 +18,7 @@ from typing import Any
 import cramjam
 
 from .._errors import ConfigError, CorruptPayload, InvalidInput
-from ._pool import BufferPool, Lease, _give_back_unleased, default_pool, zero
+from ._pool import BufferPool, Lease, _give_back, default_pool, zero
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_EXPANSION", "SnappyCodec", "byte_view"]
 
@@ -31,6 +31,7 @@ _decompress_raw_into = _snappy.decompress_raw_into
 _decompress_raw_len = _snappy.decompress_raw_len
 _DecompressionError: type[Exception] = cramjam.DecompressionError
 _ENCODER_SLACK = 16  # bytes past a block's end the encoder may have scribbled on
+_SLACK_ZEROS = bytearray(_ENCODER_SLACK)  # a bytearray source: no temporary copy on assignment
 _EMPTY_BLOCK = b"\x00"
 
 
@@ -124,18 +125,17 @@ class SnappyCodec:
             n = _compress_raw_into(src, buffer.data)
         except BaseException:
             buffer.written = bound  # the encoder may have written anywhere below bound
-            _give_back_unleased(buffer)
+            _give_back(buffer)
             raise
         # Past the block the encoder leaves at most the tail of one 16-byte literal copy
         # (snap's fast path; tests/buffers checks the bound), never past ``bound``; earlier
         # payloads end at ``dirty``. Zero from the block's end to whichever reaches further,
         # not the whole buffer.
         end = n + _ENCODER_SLACK
-        if end > bound:
-            end = bound
-        if dirty > end:
-            end = dirty
-        zero(buffer.view, n, end)
+        if dirty > end or end > bound:
+            zero(buffer.view, n, max(dirty, min(end, bound)))
+        else:  # the usual case, inlined: same-length slice assignment from a bytearray is a memset
+            buffer.data[n:end] = _SLACK_ZEROS
         buffer.written = n
         return Lease(buffer, buffer.view[:n])
 
@@ -159,13 +159,13 @@ class SnappyCodec:
             n = _decompress_raw_into(src, view)
         except BaseException as exc:
             view.release()
-            _give_back_unleased(buffer)
+            _give_back(buffer)
             if isinstance(exc, _DecompressionError):
                 raise CorruptPayload(f"snappy block does not decode: {exc}") from exc
             raise
         if n != size:
             view.release()
-            _give_back_unleased(buffer)
+            _give_back(buffer)
             raise CorruptPayload(f"snappy block declares {size} bytes but decodes to {n}")
         return Lease(buffer, view)
 

@@ -12,14 +12,17 @@ between the new length and that mark are zeroed when it is leased again, never t
 Bytes inside the requested length may still hold an earlier payload (the caller is about to
 overwrite them); pass ``zeroed=True`` to clear them too.
 
-The hot path is one short critical section per lease and one per release (explicit
-acquire/release: a ``with lock`` block costs about twice as much), a size class found by
-``int.bit_length`` in a list, and one cached full-buffer memoryview per buffer that leases slice.
+Leasing and releasing take no lock: each size class keeps its idle buffers in a
+``collections.deque`` whose ``pop``/``append`` are atomic, and a buffer's counters are changed
+only by the thread that holds it. The lock guards the slow paths (allocation, dropping,
+``clear``, ``stats``). ``max_buffers``/``max_bytes`` therefore bound every buffer the pool owns,
+idle or leased: a lease beyond them gets a one-off buffer that is dropped on release.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -53,26 +56,16 @@ class PoolStats:
     dropped: int
 
 
-class _SizeClass:
-    """One capacity's free list and counters (changed only under the pool's lock)."""
-
-    __slots__ = ("capacity", "free", "leases", "misses", "pool", "releases")
+class _Buffer:
+    __slots__ = ("data", "free", "hits", "pool", "view", "written")
 
     def __init__(self, pool: BufferPool, capacity: int) -> None:
         self.pool = pool
-        self.capacity = capacity
-        self.free: list[_Buffer] = []
-        self.leases = self.misses = self.releases = 0
-
-
-class _Buffer:
-    __slots__ = ("data", "home", "view", "written")
-
-    def __init__(self, home: _SizeClass) -> None:
-        self.home = home
-        self.data = bytearray(home.capacity)
+        self.free: deque[_Buffer] | None = None  # its class's free list; None: one-off buffer
+        self.data = bytearray(capacity)
         self.view = memoryview(self.data)  # leases slice this; never released, never exported
         self.written = 0  # high-water mark: bytes past it are known to be zero
+        self.hits = 0  # leases served after the first; changed only by the holder
 
 
 class Lease:
@@ -106,7 +99,7 @@ class Lease:
         """The size class of the underlying buffer, in bytes (>= size)."""
         if self._buffer is None:
             raise DoubleRelease("this lease was already released")
-        return self._buffer.home.capacity
+        return len(self._buffer.data)
 
     @property
     def released(self) -> bool:
@@ -118,7 +111,7 @@ class Lease:
         if buffer is None or view is None:
             raise DoubleRelease("this lease was already released")
         self._buffer = self._view = None
-        _give_back_unleased(buffer, _release_view(view))
+        _give_back(buffer, _release_view(view))
 
     def __enter__(self) -> memoryview:
         view = self._view
@@ -135,15 +128,19 @@ class Lease:
         buffer, view = self._buffer, self._view
         if buffer is not None and view is not None:  # released inside the block: nothing to do
             self._buffer = self._view = None
-            try:  # _release_view inlined: one Python frame less per lease
+            try:  # _release_view and _give_back inlined: two Python frames less per lease
                 view.release()
             except BufferError:
-                _give_back_unleased(buffer, False)
+                buffer.pool._retire(buffer)
             else:
-                _give_back_unleased(buffer, True)
+                free = buffer.free
+                if free is not None:
+                    free.append(buffer)
+                else:
+                    buffer.pool._retire(buffer)
 
     def __repr__(self) -> str:
-        state = "released" if self._buffer is None else f"capacity={self._buffer.home.capacity}"
+        state = "released" if self._buffer is None else f"capacity={len(self._buffer.data)}"
         return f"<Lease size={self.size} {state}>"
 
 
@@ -157,23 +154,14 @@ def _release_view(view: memoryview) -> bool:
     return True
 
 
-def _give_back_unleased(buffer: _Buffer, reusable: bool = True) -> None:
+def _give_back(buffer: _Buffer, reusable: bool = True) -> None:
     """Return a buffer taken with ``BufferPool._take`` (its high-water mark must cover every
-    byte written into it); kept for reuse unless a limit is reached."""
-    home = buffer.home
-    pool = home.pool
-    capacity = home.capacity
-    pool._lock_acquire()
-    try:
-        home.releases += 1
-        if reusable and pool._held < pool.max_buffers and pool._held_bytes + capacity <= pool.max_bytes:
-            home.free.append(buffer)
-            pool._held += 1
-            pool._held_bytes += capacity
-        else:
-            pool._dropped += 1
-    finally:
-        pool._lock_release()
+    byte written into it): onto its free list, or dropped when one-off or not ``reusable``."""
+    free = buffer.free
+    if reusable and free is not None:
+        free.append(buffer)
+    else:
+        buffer.pool._retire(buffer)
 
 
 class BufferPool:
@@ -202,15 +190,14 @@ class BufferPool:
         self.max_buffers = max_buffers
         self.max_bytes = max_bytes
         min_shift = min_size.bit_length() - 1
-        smallest = _SizeClass(self, min_size)
-        # Indexed by (size - 1).bit_length(): the class of capacity 2**index (min_size below).
-        self._classes = [smallest] * (min_shift + 1) + [
-            _SizeClass(self, 1 << shift) for shift in range(min_shift + 1, _MAX_SHIFT + 1)
-        ]
-        lock = threading.Lock()
-        self._lock_acquire = lock.acquire
-        self._lock_release = lock.release
-        self._held = self._held_bytes = self._dropped = 0
+        smallest: deque[_Buffer] = deque()
+        # Indexed by (size - 1).bit_length(): the free list of capacity max(min_size, 2**index).
+        self._free = [smallest] * (min_shift + 1) + [deque() for _ in range(min_shift + 1, _MAX_SHIFT + 1)]
+        self._lock = threading.Lock()
+        self._owned: set[_Buffer] = set()  # pooled buffers, idle or leased
+        self._owned_bytes = 0
+        self._misses = self._dropped = self._retired_hits = 0
+        self._one_off = self._one_off_bytes = 0  # one-off buffers in use
 
     def size_class(self, size: int) -> int:
         """The capacity in bytes of the buffer that serves a lease of ``size`` bytes."""
@@ -235,56 +222,82 @@ class BufferPool:
         """An idle or new buffer of at least ``size`` bytes (0 <= size <= 2**62) with every
         byte past ``size`` zero; its high-water mark stays where earlier payloads end (at most
         ``size``), and the caller moves it to cover what it lets the holder write."""
-        home = self._classes[(size - 1).bit_length()]
-        free = home.free
-        self._lock_acquire()
+        free = self._free[(size - 1).bit_length()]
         try:
-            home.leases += 1
-            if free:
-                buffer = free.pop()
-                self._held -= 1
-                self._held_bytes -= home.capacity
-            else:
-                home.misses += 1
-                buffer = None
-        finally:
-            self._lock_release()
-        if buffer is None:
-            return _Buffer(home)
+            buffer = free.pop()
+        except IndexError:
+            return self._new_buffer(size, free)
+        buffer.hits += 1
         if buffer.written > size:
             zero(buffer.view, size, buffer.written)
             buffer.written = size
         return buffer
 
+    def _new_buffer(self, size: int, free: deque[_Buffer]) -> _Buffer:
+        capacity = self.size_class(size)
+        buffer = _Buffer(self, capacity)
+        with self._lock:
+            self._misses += 1
+            if len(self._owned) < self.max_buffers and self._owned_bytes + capacity <= self.max_bytes:
+                buffer.free = free
+                self._owned.add(buffer)
+                self._owned_bytes += capacity
+            else:
+                self._one_off += 1
+                self._one_off_bytes += capacity
+        return buffer
+
+    def _retire(self, buffer: _Buffer) -> None:
+        """Drop a returned buffer: one-off, or its view is still exported."""
+        capacity = len(buffer.data)
+        with self._lock:
+            self._dropped += 1
+            if buffer.free is None:
+                self._one_off -= 1
+                self._one_off_bytes -= capacity
+            else:
+                buffer.free = None
+                self._owned.discard(buffer)
+                self._owned_bytes -= capacity
+                self._retired_hits += buffer.hits
+
     def stats(self) -> PoolStats:
-        """A consistent snapshot of the counters."""
-        self._lock_acquire()
-        try:
-            classes = set(self._classes)
-            leases = sum(c.leases for c in classes)
-            misses = sum(c.misses for c in classes)
-            in_use = [(c.leases - c.releases, c.capacity) for c in classes]
+        """A snapshot of the counters: exact while no lease is taken or released meanwhile,
+        otherwise each figure is from some moment during the call."""
+        with self._lock:
+            held = held_bytes = 0
+            for capacity, free in self._free_lists():
+                n = len(free)
+                held += n
+                held_bytes += n * capacity
+            hits = self._retired_hits + sum(b.hits for b in self._owned)
             return PoolStats(
-                hits=leases - misses,
-                misses=misses,
-                in_use=sum(n for n, _ in in_use),
-                in_use_bytes=sum(n * capacity for n, capacity in in_use),
-                buffers_held=self._held,
-                bytes_held=self._held_bytes,
+                hits=hits,
+                misses=self._misses,
+                in_use=len(self._owned) - held + self._one_off,
+                in_use_bytes=self._owned_bytes - held_bytes + self._one_off_bytes,
+                buffers_held=held,
+                bytes_held=held_bytes,
                 dropped=self._dropped,
             )
-        finally:
-            self._lock_release()
 
     def clear(self) -> None:
         """Drop every idle buffer (leases in use are unaffected)."""
-        self._lock_acquire()
-        try:
-            for home in self._classes:
-                home.free.clear()
-            self._held = self._held_bytes = 0
-        finally:
-            self._lock_release()
+        with self._lock:
+            for capacity, free in self._free_lists():
+                while True:
+                    try:
+                        buffer = free.pop()
+                    except IndexError:
+                        break
+                    buffer.free = None
+                    self._owned.discard(buffer)
+                    self._owned_bytes -= capacity
+                    self._retired_hits += buffer.hits
+
+    def _free_lists(self) -> list[tuple[int, deque[_Buffer]]]:
+        min_shift = self.min_size.bit_length() - 1
+        return [(1 << shift, self._free[shift]) for shift in range(min_shift, len(self._free))]
 
     def __repr__(self) -> str:
         s = self.stats()

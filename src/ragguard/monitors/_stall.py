@@ -124,8 +124,8 @@ class StallDetector:
         self._base_ids: frozenset[int] = frozenset()
         self._samples: list[tuple[_Site, ...]] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._answered = threading.Event()
+        self._sent = 0.0  # when the pending probe was posted (time.monotonic); 0.0: none pending
+        self._wake = threading.Lock()  # held while running; released to stop the watchdog at once
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -138,18 +138,21 @@ class StallDetector:
         self._loop_tid = threading.get_ident()
         self._base_frames = _frames_below_loop(sys._getframe(1))
         self._base_ids = frozenset(id(f) for f in self._base_frames)
-        self._stop.clear()
+        self._sent = 0.0
+        self._wake.acquire(blocking=False)
         self._thread = threading.Thread(target=self._watch, name="ragguard-stall-watchdog", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
         """Stop the watchdog thread; safe to call twice."""
-        self._stop.set()
-        self._answered.set()
+        with self._lock:
+            self._sent = 0.0  # an answer still queued on the loop reports nothing
         thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=1.0)
+        if thread is not None:
+            self._wake.release()
+            if thread is not threading.current_thread():
+                thread.join(timeout=1.0)
         self._loop = None
         self._base_frames = ()
         self._base_ids = frozenset()
@@ -166,40 +169,49 @@ class StallDetector:
         self.stop()
 
     # -- the watchdog thread ---------------------------------------------------------------------
+    #
+    # One wake per heartbeat, nothing posted while the loop idles, and the watchdog never blocks on
+    # a probe's answer: a second wake would have to win the GIL back from a busy loop, which costs
+    # more CPU than the wake itself. A probe still pending at the next heartbeat means a stall in
+    # progress; only then does the watchdog wake more often, to sample the stack.
 
     def _watch(self) -> None:
-        stop = self._stop
-        while not stop.wait(self.check_interval_s):
+        wake, interval = self._wake, self.check_interval_s
+        while not wake.acquire(timeout=interval):
             loop = self._loop
             if loop is None or loop.is_closed():
                 return
-            if not loop.is_running():
-                continue
-            first = self._sample()
-            if first is None:
-                continue
-            self._probe(loop, first)
+            sent = self._sent
+            if sent:
+                self._sample_stall(sent)
+            elif loop.is_running():
+                first = self._sample()
+                if first is not None:
+                    self._post_probe(loop, first)
 
-    def _probe(self, loop: asyncio.AbstractEventLoop, first: tuple[_Site, ...]) -> None:
-        """Send a probe and sample the stack until it is answered (one stall at most)."""
+    def _post_probe(self, loop: asyncio.AbstractEventLoop, first: tuple[_Site, ...]) -> None:
         self.probes += 1
         with self._lock:
             self._samples = [first]
-        self._answered.clear()
-        sent = time.monotonic()
+            self._sent = time.monotonic()
         try:
-            loop.call_soon_threadsafe(self._answer, sent)
+            loop.call_soon_threadsafe(self._answer)
         except RuntimeError:  # the loop closed meanwhile
-            return
-        if self._answered.wait(self.threshold_s):
-            return
-        while not self._answered.wait(self.sample_interval_s):
-            if self._stop.is_set():
-                return
+            self._sent = 0.0
+
+    def _sample_stall(self, sent: float) -> None:
+        """Sample the stack every ``sample_interval_s`` until the probe sent at ``sent`` is answered."""
+        wake, interval = self._wake, self.sample_interval_s
+        while True:
             sample = self._sample()
-            if sample is not None:
-                with self._lock:
+            with self._lock:
+                if self._sent != sent:
+                    return
+                if sample is not None:
                     self._samples.append(sample)
+            if wake.acquire(timeout=interval):
+                wake.release()  # stopping: leave the signal to _watch
+                return
 
     def _sample(self) -> tuple[_Site, ...] | None:
         """The loop thread's stack above the loop, innermost first.
@@ -220,11 +232,13 @@ class StallDetector:
 
     # -- the loop side ---------------------------------------------------------------------------
 
-    def _answer(self, sent: float) -> None:
+    def _answer(self) -> None:
         now = time.monotonic()
         with self._lock:
+            sent, self._sent = self._sent, 0.0
             samples, self._samples = self._samples, []
-        self._answered.set()
+        if not sent:  # stopped meanwhile
+            return
         lag = now - sent
         if lag > self.max_lag_s:
             self.max_lag_s = lag
