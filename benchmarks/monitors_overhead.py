@@ -1,13 +1,16 @@
 """Cost of ragguard's monitors, each figure beside an unmonitored baseline from the same run.
 
 1. Idle loop (the common case of an I/O-bound service): CPU seconds per wall second the process
-   burns with the stall detector on, minus the same without it = share of one core it costs.
+   burns with the stall detector on, minus the same without it = share of one core it costs, split
+   into the watchdog thread and the loop thread (its idle heartbeats).
 2. Busy loop (a CPU-heavy asyncio workload of many short tasks): wall time with / without the
-   detector (a ratio; 1.00 = free), and the watchdog thread's own CPU time.
+   detector (a ratio; 1.00 = free), the watchdog thread's CPU and the loop thread's CPU with /
+   without. "from start" includes the detector's first idle-mode heartbeat (it switches to busy
+   mode within 0.25 s); "steady" starts it 0.3 s before the measured run.
 3. Redis pool bookkeeping: PINGs through a monitored pool vs a plain redis-py pool on a local
    redis-server (skipped when redis-server is missing).
 
-Run: .venv/bin/python benchmarks/monitors_overhead.py [--idle-s 3] [--rounds 3]
+Run: .venv/bin/python benchmarks/monitors_overhead.py [--idle-s 3] [--rounds 5] [--loop uvloop]
 """
 
 from __future__ import annotations
@@ -59,15 +62,21 @@ async def _busy_workload(tasks: int, steps: int = 100) -> None:
     await asyncio.gather(*(worker() for _ in range(tasks)))
 
 
-async def _run_busy(tasks: int, steps: int, detector_on: bool) -> tuple[float, float, int]:
-    """(wall s, watchdog CPU s, stalls) of one busy run."""
+async def _run_busy(
+    tasks: int, steps: int, detector_on: bool, warm_s: float
+) -> tuple[float, float, float, int]:
+    """(wall s, watchdog CPU s, loop thread CPU s, stalls) of one busy run."""
     detector = StallDetector().start() if detector_on else None
-    thread = detector._thread if detector else None
-    w0 = _thread_cpu_s(thread)
-    t0 = time.perf_counter()
     try:
+        if warm_s:
+            await _busy_workload(tasks, max(1, int(steps * warm_s / 0.4)))
+        thread = detector._thread if detector else None
+        w0, l0, stalls0 = _thread_cpu_s(thread), time.thread_time(), detector.stalls if detector else 0
+        t0 = time.perf_counter()
         await _busy_workload(tasks, steps)
-        return time.perf_counter() - t0, _thread_cpu_s(thread) - w0, detector.stalls if detector else 0
+        wall = time.perf_counter() - t0
+        stalls = detector.stalls - stalls0 if detector else 0
+        return wall, _thread_cpu_s(thread) - w0, time.thread_time() - l0, stalls
     finally:
         if detector:
             detector.stop()
@@ -76,19 +85,25 @@ async def _run_busy(tasks: int, steps: int, detector_on: bool) -> tuple[float, f
 async def _busy(rounds: int) -> None:
     # 40 tasks: loop iterations of ~1 ms, a healthy busy service; 400 tasks: ~10 ms, a stalling one
     for tasks, steps, label in ((40, 800, "healthy"), (400, 80, "stalling")):
-        base, mon, wd, stalls = [], [], [], []
-        for _ in range(rounds):  # interleaved, so drift on a shared machine hits both alike
-            base.append((await _run_busy(tasks, steps, False))[0])
-            t, w, n = await _run_busy(tasks, steps, True)
-            mon.append(t)
-            wd.append(w)
-            stalls.append(n)
-        b, m = statistics.median(base), statistics.median(mon)
-        print(
-            f"busy loop   {label:8s} ({tasks} tasks) baseline {b * 1000:7.1f} ms | with detector "
-            f"{m * 1000:7.1f} ms | ratio {m / b:.3f} | watchdog CPU {statistics.median(wd) / m * 100:.2f}% "
-            f"of the run | stalls reported per run {statistics.median(stalls):.0f}"
-        )
+        for warm_s, when in ((0.0, "from start"), (0.3, "steady")):
+            base, base_cpu, mon, mon_cpu, wd, stalls = [], [], [], [], [], []
+            for _ in range(rounds):  # interleaved, so drift on a shared machine hits both alike
+                t, _, c, _ = await _run_busy(tasks, steps, False, warm_s)
+                base.append(t)
+                base_cpu.append(c)
+                t, w, c, n = await _run_busy(tasks, steps, True, warm_s)
+                mon.append(t)
+                mon_cpu.append(c)
+                wd.append(w / t)
+                stalls.append(n)
+            b, m = statistics.median(base), statistics.median(mon)
+            print(
+                f"busy loop   {label:8s} ({tasks} tasks, {when:10s}) baseline {b * 1000:6.1f} ms | with "
+                f"detector {m * 1000:6.1f} ms | ratio {m / b:.3f} | watchdog CPU "
+                f"{statistics.median(wd) * 100:.2f}% of a core | loop thread CPU ratio "
+                f"{statistics.median(mon_cpu) / statistics.median(base_cpu):.3f} | stalls per run "
+                f"{statistics.median(stalls):.0f}"
+            )
 
 
 async def _pool(rounds: int, n: int = 3000) -> None:
@@ -148,7 +163,8 @@ async def main(idle_s: float, rounds: int) -> None:
         print(
             f"idle loop   baseline {base_cpu * 100:.3f}% of a core | with detector (defaults: "
             f"threshold 5 ms, heartbeat 20 ms) {mon_cpu * 100:.3f}% | cost "
-            f"{(mon_cpu - base_cpu) * 100:.3f}% of a core (watchdog thread alone {wd_cpu * 100:.3f}%)"
+            f"{(mon_cpu - base_cpu) * 100:.3f}% of a core (watchdog thread {wd_cpu * 100:.3f}%, "
+            f"loop thread {(mon_cpu - base_cpu - wd_cpu) * 100:.3f}%)"
         )
         await _busy(rounds)
         await _pool(rounds)
@@ -159,8 +175,15 @@ async def main(idle_s: float, rounds: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--idle-s", type=float, default=3.0, help="seconds of idle loop to measure")
-    parser.add_argument("--rounds", type=int, default=3, help="repetitions of the timed workloads")
+    parser.add_argument("--rounds", type=int, default=5, help="repetitions of the timed workloads")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio", help="event loop")
     args = parser.parse_args()
     if args.idle_s <= 0 or args.rounds < 1:
         parser.error("--idle-s must be > 0 and --rounds >= 1")
-    asyncio.run(main(args.idle_s, args.rounds))
+    if args.loop == "uvloop":
+        import uvloop
+
+        print("loop: uvloop")
+        uvloop.run(main(args.idle_s, args.rounds))
+    else:
+        asyncio.run(main(args.idle_s, args.rounds))

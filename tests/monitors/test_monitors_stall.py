@@ -134,3 +134,35 @@ def test_no_listener_counts_but_builds_no_event() -> None:
     detector = asyncio.run(main())
     assert detector.stalls == 1
     assert detector.max_lag_s >= 0.03
+
+
+def _spin_60ms() -> None:
+    end = time.perf_counter() + 0.06
+    while time.perf_counter() < end:  # CPU-bound: holds the GIL, unlike time.sleep
+        pass
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", LOOPS)
+def test_cpu_bound_stall_in_a_busy_loop_is_caught_and_named(kind: str, collected: Collected) -> None:
+    async def busy_for(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:  # bounded: short CPU slices, a healthy busy loop
+            sum(range(200))
+            await asyncio.sleep(0)
+
+    async def main() -> StallDetector:
+        async with StallDetector(bus=collected.bus) as detector:
+            workers = [asyncio.create_task(busy_for(0.7)) for _ in range(4)]
+            await asyncio.sleep(0.4)  # busy mode by now (heartbeats every 20 ms, GIL handed over)
+            _spin_60ms()
+            await asyncio.gather(*workers)
+            await _settle()
+        return detector
+
+    detector = run_on(kind, main)
+    named = [s for s in collected.of(LoopStall) if s.function == "_spin_60ms"]
+    assert len(named) == 1, collected.of(LoopStall)
+    assert 0.035 <= named[0].duration_s <= 0.1
+    assert named[0].filename == __file__
+    assert detector.probes <= 3  # busy mode measures with heartbeats, not probes

@@ -1,21 +1,32 @@
-"""Event-loop stall detector: a watchdog thread that looks at the loop and probes it when busy.
+"""Event-loop stall detector: a watchdog thread, and a heartbeat on the loop while it is busy.
 
-Every ``check_interval_s`` (the heartbeat, 20 ms by default) the watchdog thread looks at the
-loop thread's innermost frame (``sys._current_frames()``). A loop waiting in its selector is idle
-and costs nothing more: most heartbeats of an I/O-bound service end there, without waking the
-loop. A loop running code is sent a probe (``call_soon_threadsafe``); the probe runs when the
-loop finishes its current iteration, and its lag is how long the loop went without serving I/O.
-While the probe is pending longer than ``threshold_s`` the watchdog samples the loop's stack
-every ``sample_interval_s``, so the :class:`LoopStall` event names the blocking code (the
-application frame seen most often), not only its length.
+Two modes, chosen at each loop heartbeat from the loop thread's own CPU time since the previous
+one (``time.thread_time``: at least half a core means busy):
 
-Measured from the heartbeat that first saw the loop busy, a reported duration is at most one
-``check_interval_s`` short of the true stall. Every stall longer than ``threshold_s +
-check_interval_s`` is caught; a shorter one only when a heartbeat lands in its first part.
-On uvloop an idle loop waits in C code that shows no Python frame, so idle and "running C code"
-look alike and such heartbeats probe the loop (slightly more cost; a process descheduled for
-longer than ``threshold_s`` can then read as a stall). The detector uses only public asyncio
-calls and a thread, so it behaves the same with asyncio's debug mode on or off, and on uvloop.
+* Idle mode (an I/O-bound service). Every ``check_interval_s`` (20 ms by default) the watchdog
+  thread looks at the loop thread's innermost frame (``sys._current_frames()``). A loop waiting in
+  its selector costs nothing more. A loop running code is sent a probe (``call_soon_threadsafe``)
+  and the watchdog goes back to sleep without waiting for the answer; a probe still pending at the
+  next heartbeat means a stall in progress, and the stack is sampled every ``sample_interval_s``
+  until the probe runs. The probe's lag, from the heartbeat that saw the loop busy, is the stall's
+  duration. The loop itself only beats every 0.25 s, to re-check the mode.
+* Busy mode (a CPU-heavy loop). The loop beats every ``check_interval_s`` (``call_later``) and
+  measures each beat's lateness itself; each beat hands the GIL to the watchdog (wakes it and waits
+  at most 1 ms for it), and the watchdog only samples the stack once a beat is ``threshold_s``
+  overdue. A watchdog waking on its own timer could not win the GIL from a busy loop (released and
+  taken back at every select) and would spin in futile wake-ups, burning a few % of a core.
+
+A stall's event names the application frame seen most often in its samples. A reported duration is
+at most one ``check_interval_s`` short of the true stall; every stall longer than ``threshold_s +
+check_interval_s`` is caught, a shorter one only when a heartbeat falls in its first part. When a
+loop turns busy, busy mode starts at its next heartbeat (within 0.25 s); until then a busy loop
+can keep the watchdog from looking, and costs it a few % of a core. A busy-mode beat that finds
+the loop just gone idle measures the process's wake-up delay (a process descheduled longer than
+``threshold_s`` then reads as a stall). On uvloop an idle loop waits in C code that shows no Python
+frame; the watchdog probes such a loop only when its thread used CPU since the last heartbeat
+(where ``time.pthread_getcpuclockid`` exists, else always), so a C callback blocking without CPU
+and without a Python frame goes unseen there. The detector uses only public asyncio calls and a
+thread, so it behaves the same with asyncio's debug mode on or off, and on uvloop.
 """
 
 from __future__ import annotations
@@ -38,6 +49,9 @@ from ._events import LoopStall
 __all__ = ["StallDetector"]
 
 _MAX_STACK = 12
+_BUSY_CPU_SHARE = 0.5  # a loop thread using this share of a core is busy
+_IDLE_BEAT_S = 0.25  # heartbeat period while the loop is idle: re-checks the mode only
+_HANDOFF_S = 0.001  # longest a busy beat waits for the watchdog to take the GIL
 _Site = tuple[str, int, str]
 
 
@@ -114,19 +128,28 @@ class StallDetector:
         self.stalls = 0
         """Stalls detected so far."""
         self.probes = 0
-        """Probes sent to the loop (heartbeats that found it busy)."""
+        """Probes sent to the loop (idle-mode heartbeats that found it running code)."""
         self.max_lag_s = 0.0
-        """The largest probe lag seen, in seconds."""
+        """The largest heartbeat lag seen, in seconds."""
 
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_tid = 0
-        self._base_frames: tuple[FrameType, ...] = ()
+        self._loop_cpu_clock: int | None = None
         self._base_ids: frozenset[int] = frozenset()
-        self._samples: list[tuple[_Site, ...]] = []
-        self._lock = threading.Lock()
-        self._sent = 0.0  # when the pending probe was posted (time.monotonic); 0.0: none pending
-        self._wake = threading.Lock()  # held while running; released to stop the watchdog at once
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        # Shared between the loop and the watchdog (written under _lock, read as single attributes):
+        self._seq = 0  # heartbeats run on the loop so far; a change ends a stall's sampling
+        self._due = 0.0  # when the pending beat became runnable (time.monotonic); 0.0: none
+        self._probe_sent = 0.0  # when the pending probe was posted; 0.0: none
+        self._busy = False  # busy mode: the loop beats every check_interval_s and hands over
+        self._samples: list[tuple[_Site, ...]] = []
+        self._handoff = threading.Lock()  # held; a busy beat (or stop) releases it to wake the watchdog
+        self._resume = threading.Lock()  # held; the watchdog releases it to let a handing-over beat go on
+        # Loop side only:
+        self._timer: asyncio.TimerHandle | None = None
+        self._beat_at = 0.0
+        self._beat_cpu = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -134,27 +157,33 @@ class StallDetector:
         """Start watching the running loop of the calling thread; returns self."""
         if self._loop is not None:
             raise RuntimeError("StallDetector is already started")
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         self._loop_tid = threading.get_ident()
-        self._base_frames = _frames_below_loop(sys._getframe(1))
-        self._base_ids = frozenset(id(f) for f in self._base_frames)
-        self._sent = 0.0
-        self._wake.acquire(blocking=False)
+        self._loop_cpu_clock = _cpu_clock_of(self._loop_tid)
+        self._base_ids = frozenset(id(f) for f in _frames_below_loop(sys._getframe(1)))
+        self._handoff.acquire(blocking=False)
+        self._resume.acquire(blocking=False)
+        with self._lock:
+            self._probe_sent = 0.0
+            self._busy = False
+            self._samples = []
+            self._schedule(loop, time.monotonic(), time.thread_time(), _IDLE_BEAT_S)
         self._thread = threading.Thread(target=self._watch, name="ragguard-stall-watchdog", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop the watchdog thread; safe to call twice."""
+        """Stop watching; safe to call twice. The watchdog thread exits within a heartbeat."""
         with self._lock:
-            self._sent = 0.0  # an answer still queued on the loop reports nothing
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._wake.release()
-            if thread is not threading.current_thread():
-                thread.join(timeout=1.0)
+            self._due = self._probe_sent = 0.0  # beats and answers still queued report nothing
+            self._busy = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._thread is not None:
+            self._thread = None
+            _release(self._handoff)
         self._loop = None
-        self._base_frames = ()
         self._base_ids = frozenset()
 
     async def __aenter__(self) -> StallDetector:
@@ -168,49 +197,116 @@ class StallDetector:
     ) -> None:
         self.stop()
 
-    # -- the watchdog thread ---------------------------------------------------------------------
+    # -- the loop side ---------------------------------------------------------------------------
     #
-    # One wake per heartbeat, nothing posted while the loop idles, and the watchdog never blocks on
-    # a probe's answer: a second wake would have to win the GIL back from a busy loop, which costs
-    # more CPU than the wake itself. A probe still pending at the next heartbeat means a stall in
-    # progress; only then does the watchdog wake more often, to sample the stack.
+    # A heartbeat chain (call_later) runs on the loop. While the loop is busy (its thread used at
+    # least half of a core since the previous beat) it beats every check_interval_s, measures its
+    # own lateness, and at each beat hands the GIL to the watchdog: it wakes the watchdog and
+    # waits (at most _HANDOFF_S) until the watchdog ran. Without that hand-over a watchdog waking
+    # on its own timer could not win the GIL from a busy loop (released and retaken at every
+    # select) and would spin in futile wake-ups, burning a few % of a core while seeing nothing.
+    # While the loop is idle the chain only beats every _IDLE_BEAT_S to re-check the mode.
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, now: float, cpu: float, interval: float) -> None:
+        self._beat_at, self._beat_cpu = now, cpu
+        self._due = now + interval
+        self._timer = loop.call_later(interval, self._beat, False)
+
+    def _beat(self, probe: bool) -> None:
+        now, cpu = time.monotonic(), time.thread_time()
+        loop = self._loop
+        with self._lock:
+            if loop is None:
+                return  # stopped
+            if self._probe_sent:  # answers the probe, whichever of probe and timer runs first
+                due, reporting, self._probe_sent = self._probe_sent, True, 0.0
+            elif probe:
+                return  # the timer beat answered it already
+            else:
+                due, reporting = self._due, self._busy
+            self._seq += 1
+            samples, self._samples = self._samples, []
+            busy = cpu - self._beat_cpu >= _BUSY_CPU_SHARE * (now - self._beat_at)
+            self._busy = busy
+            if self._timer is not None:
+                self._timer.cancel()
+            self._schedule(loop, now, cpu, self.check_interval_s if busy else _IDLE_BEAT_S)
+        if busy:
+            _release(self._handoff)
+            self._resume.acquire(timeout=_HANDOFF_S)
+        if not reporting:
+            return
+        lag = now - due
+        if lag > self.max_lag_s:
+            self.max_lag_s = lag
+        if lag <= self.threshold_s:
+            return
+        self.stalls += 1
+        if self._bus.active:
+            self._bus.emit(_stall_event(due, now, samples))
+
+    # -- the watchdog thread ---------------------------------------------------------------------
 
     def _watch(self) -> None:
-        wake, interval = self._wake, self.check_interval_s
-        while not wake.acquire(timeout=interval):
+        me = threading.current_thread()
+        handoff, interval, threshold = self._handoff, self.check_interval_s, self.threshold_s
+        cpu_seen = (time.monotonic(), self._loop_cpu())
+        running = True
+        while True:
+            with self._lock:
+                seq, busy, due = self._seq, self._busy and running, self._due
+            wait = max(0.0, due + threshold - time.monotonic()) if busy else interval
+            if handoff.acquire(timeout=wait):
+                if self._thread is not me:
+                    return
+                _release(self._resume)
+                continue
             loop = self._loop
-            if loop is None or loop.is_closed():
+            if self._thread is not me or loop is None or loop.is_closed():
                 return
-            sent = self._sent
-            if sent:
-                self._sample_stall(sent)
-            elif loop.is_running():
-                first = self._sample()
-                if first is not None:
-                    self._post_probe(loop, first)
+            running = loop.is_running()
+            if busy:
+                if self._seq == seq and running:  # the beat is overdue: a stall in progress
+                    self._sample_stall(seq)
+                continue
+            if self._probe_sent:  # the probe posted at the previous heartbeat is still pending
+                self._sample_stall(seq)
+                continue
+            if not running:
+                continue
+            first = self._sample()
+            if first == () and self._loop_cpu_clock is not None:
+                # Only the loop's own frame shows (uvloop): idle in C, or running C code. Probe
+                # only when the loop thread used CPU since the last look.
+                last, cpu_seen = cpu_seen, (time.monotonic(), self._loop_cpu())
+                if cpu_seen[1] - last[1] < _BUSY_CPU_SHARE * (cpu_seen[0] - last[0]):
+                    continue
+            if first is not None:
+                self._post_probe(loop, first)
 
     def _post_probe(self, loop: asyncio.AbstractEventLoop, first: tuple[_Site, ...]) -> None:
         self.probes += 1
         with self._lock:
             self._samples = [first]
-            self._sent = time.monotonic()
+            self._probe_sent = time.monotonic()
         try:
-            loop.call_soon_threadsafe(self._answer)
+            loop.call_soon_threadsafe(self._beat, True)
         except RuntimeError:  # the loop closed meanwhile
-            self._sent = 0.0
+            self._probe_sent = 0.0
 
-    def _sample_stall(self, sent: float) -> None:
-        """Sample the stack every ``sample_interval_s`` until the probe sent at ``sent`` is answered."""
-        wake, interval = self._wake, self.sample_interval_s
+    def _sample_stall(self, seq: int) -> None:
+        """Sample the stack every ``sample_interval_s`` until the loop's next heartbeat (seq + 1)."""
+        me = threading.current_thread()
         while True:
             sample = self._sample()
             with self._lock:
-                if self._sent != sent:
+                if self._seq != seq:
                     return
                 if sample is not None:
                     self._samples.append(sample)
-            if wake.acquire(timeout=interval):
-                wake.release()  # stopping: leave the signal to _watch
+            if self._handoff.acquire(timeout=self.sample_interval_s):
+                if self._thread is me:
+                    _release(self._resume)
                 return
 
     def _sample(self) -> tuple[_Site, ...] | None:
@@ -230,23 +326,31 @@ class StallDetector:
             frame = frame.f_back
         return tuple(out)
 
-    # -- the loop side ---------------------------------------------------------------------------
+    def _loop_cpu(self) -> float:
+        clock = self._loop_cpu_clock
+        if clock is None:
+            return 0.0
+        try:
+            return time.clock_gettime(clock)
+        except OSError:  # the loop thread ended
+            return 0.0
 
-    def _answer(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            sent, self._sent = self._sent, 0.0
-            samples, self._samples = self._samples, []
-        if not sent:  # stopped meanwhile
-            return
-        lag = now - sent
-        if lag > self.max_lag_s:
-            self.max_lag_s = lag
-        if lag <= self.threshold_s:
-            return
-        self.stalls += 1
-        if self._bus.active:
-            self._bus.emit(_stall_event(sent, now, samples))
+
+def _cpu_clock_of(thread_id: int) -> int | None:
+    """The CPU-time clock of a thread, where the platform has one (Linux, most Unixes)."""
+    try:
+        clock = time.pthread_getcpuclockid(thread_id)
+        time.clock_gettime(clock)
+    except (AttributeError, OSError):
+        return None
+    return clock
+
+
+def _release(lock: threading.Lock) -> None:
+    try:
+        lock.release()
+    except RuntimeError:  # already released, and not yet taken back
+        pass
 
 
 def _stall_event(started: float, ended: float, samples: list[tuple[_Site, ...]]) -> LoopStall:
@@ -255,8 +359,10 @@ def _stall_event(started: float, ended: float, samples: list[tuple[_Site, ...]])
         top = Counter(_pick(stack) for stack in busy).most_common(1)[0][0]
         stack = next(s for s in busy if _pick(s) == top)
         frame = _describe(top)
-    else:
+    elif samples:
         top, stack, frame = _OPAQUE, (), _OPAQUE_TEXT
+    else:  # a busy-mode stall that ended before the watchdog's first sample
+        top, stack, frame = _OPAQUE, (), ""
     return LoopStall(
         duration_s=ended - started,
         started_at=started,
