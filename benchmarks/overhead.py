@@ -263,7 +263,7 @@ async def main(calls: int, rounds: int) -> int:
     if shared is not None:
         checks.append(
             (
-                "shared (Redis) stack <= 2x the in-memory one",
+                "shared-breaker stack <= 2x the in-memory one",
                 ours_shared <= 2 * ours_full,
                 f"{ours_shared / ours_full:.2f}x",
             )
