@@ -214,14 +214,10 @@ class LocalQuotas:
             return
         held = self._clock() - lease.started
         bucket.hold_ewma_s = held if bucket.hold_ewma_s == 0.0 else 0.8 * bucket.hold_ewma_s + 0.2 * held
-        waiters = bucket.waiters
-        while waiters:
-            w = waiters.popleft()
-            if not w.event.is_set():
-                w.granted = True
-                w.event.set()
-                return
-        bucket.in_flight -= 1
+        if bucket.waiters:
+            self._pass_on(bucket)
+        else:
+            bucket.in_flight -= 1
 
     # -- internals ------------------------------------------------------------------------
 
@@ -305,6 +301,7 @@ class LocalQuotas:
             pass
 
     def _pass_on(self, bucket: _Bucket) -> None:
+        """Hand the slot being released to the oldest live waiter, else free it."""
         waiters = bucket.waiters
         while waiters:
             w = waiters.popleft()
