@@ -1,6 +1,6 @@
 """A tiny guarded grpc.aio search service and its client, on loopback; runs and exits.
 
-    python examples/grpc_service.py
+    .venv/bin/python examples/grpc_service.py
 
 The server admits each call under the caller's tenant quota, bounds it by the caller's deadline,
 maps ragguard errors to gRPC statuses and sends Snappy-compressed hits to clients that ask.
@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from typing import Any
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # keep gRPC's C core from logging connection teardown
 
 import grpc
 from grpc import aio

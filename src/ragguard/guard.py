@@ -126,6 +126,18 @@ def _arg(args: tuple[Any, ...], kwargs: Mapping[str, Any], which: int | str) -> 
     return kwargs.get(which)
 
 
+def _counting_stage_timeouts(base: Callable[[BaseException], bool]) -> Callable[[BaseException], bool]:
+    """``base`` plus the stage's own attempt timeout: a dependency that did not answer within the
+    stage's ``timeout_s`` is unwell whatever the breaker's kind (a hung vector store must trip the
+    vector-store breaker, not only one that refuses connections)."""
+
+    def counts(exc: BaseException) -> bool:
+        return isinstance(exc, AttemptTimeout) or base(exc)
+
+    counts.__name__ = f"{getattr(base, '__name__', 'classifier')}_or_stage_timeout"
+    return counts
+
+
 class Stage:
     """The shared runtime of one named stage in one :class:`Guard`: its breaker, retry budget and
     typed fallback state. Every function decorated with the same stage name shares it."""
@@ -141,9 +153,12 @@ class Stage:
         elif kind == "none":
             self.breaker = None
         else:
-            self.breaker = _BREAKER_KINDS[kind](
-                name, clock=guard.clock, rng=guard.rng, **policy.breaker.options()
-            )
+            cls = _BREAKER_KINDS[kind]
+            options = policy.breaker.options()
+            base = getattr(cls, "defaults", {}).get("classifier")
+            if base is not None:
+                options["classifier"] = _counting_stage_timeouts(base)
+            self.breaker = cls(name, clock=guard.clock, rng=guard.rng, **options)
             if guard.redis is not None:
                 from .distributed import SharedCircuitBreaker
 

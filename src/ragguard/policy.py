@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +41,24 @@ RetryOn = Literal["connection", "timeout", "out_of_memory", "any"]
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    def __init__(self, **data: Any) -> None:
+        # Built from Python, a bad value raises the same ConfigError (naming the field and the
+        # allowed range) as a bad value in a policy file or the environment. Only the outermost
+        # construction converts: a nested one re-raises pydantic's error so its path is kept.
+        depth = getattr(_nesting, "depth", 0)
+        _nesting.depth = depth + 1
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            if depth:
+                raise
+            raise ConfigError(_describe(exc, type(self).__name__)) from None
+        finally:
+            _nesting.depth = depth
+
+
+_nesting = threading.local()
 
 
 _M = TypeVar("_M", bound=_Model)
@@ -226,7 +245,12 @@ class Policy(_Model):
     def parse(cls, data: Mapping[str, Any], *, source: str = "policy") -> Policy:
         """Validate a mapping; raises ConfigError naming each bad field and its allowed range."""
         try:
-            return cls.model_validate(dict(data))
+            depth = getattr(_nesting, "depth", 0)
+            _nesting.depth = depth + 1
+            try:
+                return cls.model_validate(dict(data))
+            finally:
+                _nesting.depth = depth
         except ValidationError as exc:
             raise ConfigError(_describe(exc, source)) from None
         except ValueError as exc:

@@ -697,3 +697,25 @@ async def test_fallbacks_outside_a_request_do_not_accumulate() -> None:
         assert await search(i) == -i
     assert time.monotonic() - started < 5.0
     assert degraded() == ("keyword",)  # named once, not once per call: no unbounded growth
+
+
+async def test_a_hung_vector_store_trips_its_breaker_through_stage_timeouts() -> None:
+    g = Guard(Policy(stages={"vector_store": StagePolicy(timeout_s=0.02)}))
+    calls = 0
+
+    async def hung(vec: list[float], k: int) -> list[str]:
+        nonlocal calls
+        calls += 1
+        await anyio.sleep(10)
+        return []
+
+    async def keyword(vec: list[float], k: int) -> list[str]:
+        return ["kw"]
+
+    search = g.guard("vector_store", fallback=keyword)(hung)
+    for _ in range(6):
+        assert await search([0.0], 3) == ["kw"]
+    assert g.breaker("vector_store").state is BreakerState.OPEN
+    before = calls
+    assert await search([0.0], 3) == ["kw"]  # open: the hung store is not even called
+    assert calls == before

@@ -200,3 +200,12 @@ def test_retry_policy_defaults_match_envoy_budget() -> None:
     r = RetryPolicy()
     assert r.budget_ratio == 0.2
     assert r.attempts == 1
+
+
+def test_models_built_in_python_raise_config_error_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"timeout_s: Input should be greater than 0 \(got -1\)"):
+        StagePolicy(timeout_s=-1)
+    with pytest.raises(ConfigError, match=r"max_concurrency: Input should be greater than or equal to 1"):
+        TenantQuota(max_concurrency=0)
+    with pytest.raises(ConfigError, match=r"stages\.embedding\.retry\.attempts"):
+        Policy(stages={"embedding": {"retry": {"attempts": 99}}})
