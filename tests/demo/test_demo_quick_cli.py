@@ -29,3 +29,12 @@ def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
           f"guarded recall@5 {recall:.1%} (healthy baseline {report['baseline_recall_at_5']:.1%})")
     assert "recall@5" in proc.stdout
     assert (out / "latency.png").read_bytes().startswith(b"\x89PNG")
+
+    # the run's events are recorded beside the report, and `ragguard doctor` reads them
+    doctor = subprocess.run(
+        [sys.executable, "-m", "ragguard.cli", "doctor", "--events", str(out / "events.jsonl"), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert doctor.returncode in (0, 1), doctor.stderr  # 0 healthy, 1 findings; 2 would be unreadable
+    diagnosis = json.loads(doctor.stdout)
+    assert diagnosis["events"] > guarded["breaker_transitions"] > 0

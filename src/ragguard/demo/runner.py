@@ -143,6 +143,7 @@ async def run_demo_async(options: DemoOptions) -> DemoReport:
     redis = _redis_client(options.redis_url)
     shared = await _start(options)
     console = _console(options)
+    recorder = _record_events(options.out_dir)
     try:
         baseline = await _baseline_recall(shared, options)
         duration = options.run_duration_s
@@ -158,6 +159,9 @@ async def run_demo_async(options: DemoOptions) -> DemoReport:
         await shared.stop_backends()
         if redis is not None:
             await redis.aclose()
+        if recorder is not None:
+            await asyncio.sleep(0)  # let the last queued events reach the recorder
+            recorder.close()
     shared.timings["total"] = time.monotonic() - started
     greedy = [options.greedy_tenant]
     report = DemoReport(
@@ -177,6 +181,9 @@ async def run_demo_async(options: DemoOptions) -> DemoReport:
         console.print(report.table())
         if report.json_path is not None:
             console.print(f"report: {report.json_path}   chart: {report.chart_path}")
+        if recorder is not None and options.out_dir is not None:
+            console.print(f"events: {options.out_dir / 'events.jsonl'}   "
+                          f"(explain them: ragguard doctor --events {options.out_dir / 'events.jsonl'})")
         t = shared.timings
         console.print(
             f"model load {t['model_load']:.1f} s, start-up {t['startup']:.1f} s, total {t['total']:.1f} s"
@@ -449,6 +456,20 @@ def _shared_guard(policy: Policy, redis: Any, rng: random.Random) -> tuple[Guard
     for stage in ("embedding", "vector_store", "rerank"):
         guard.stage(stage)  # build (and share) the three typed breakers up front
     return guard, [guard.aclose]
+
+
+def _record_events(out_dir: Path | None) -> Any:
+    """Record the runs' notable events (breaker transitions, fallbacks, quota rejections, loop
+    stalls) as JSON lines beside the report, for ``ragguard doctor``; None without an out_dir."""
+    if out_dir is None:
+        return None
+    from ..monitors import record_events
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "events.jsonl"
+    for old in (path, path.with_name(path.name + ".1")):
+        old.unlink(missing_ok=True)  # this run's events only
+    return record_events(path)
 
 
 def _stall_detector() -> Any:
