@@ -71,6 +71,47 @@ def test_ten_10ms_callbacks_in_one_iteration_are_one_stall(kind: str, collected:
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", LOOPS)
+def test_probe_queued_between_the_callbacks_does_not_split_the_stall(kind: str, collected: Collected) -> None:
+    # The task step queuing the ten callbacks lets go of the GIL for 27 ms after the first (as
+    # asyncio's debug mode does, stat-ing source files for each handle): under the 50 ms
+    # threshold, yet long enough for the watchdog's 10 ms look to see the loop running code, so its
+    # probe lands in the ready queue between the first callback and the nine others. Answering it
+    # there would cut the stall after the first callback and catch the rest 10 ms late or more.
+    ran: list[tuple[float, float]] = []
+
+    def cb_10ms() -> None:
+        started = time.monotonic()
+        time.sleep(0.01)
+        ran.append((started, time.monotonic()))
+
+    async def main() -> StallDetector:
+        options = {"threshold_s": 0.05, "check_interval_s": 0.01, "sample_interval_s": 0.001}
+        async with StallDetector(bus=collected.bus, **options) as detector:
+            await asyncio.sleep(0.06)
+            loop = asyncio.get_running_loop()
+            loop.call_soon(cb_10ms)
+            time.sleep(0.027)
+            for _ in range(9):
+                loop.call_soon(cb_10ms)
+            await asyncio.sleep(0)
+            await _settle()
+        return detector
+
+    detector = run_on(kind, main)
+    stalls = collected.of(LoopStall)
+    assert len(stalls) == 1, stalls
+    (stall,) = stalls
+    assert len(ran) == 10
+    # The whole blocked stretch: from at most one check interval (+ slack) into the first callback
+    # to the end of the last one.
+    assert stall.started_at <= ran[0][0] + 0.016, (stall, ran[0])
+    assert stall.at >= ran[-1][1], (stall, ran[-1])
+    assert stall.function == "cb_10ms"
+    assert detector.probes >= 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", LOOPS)
 def test_idle_loop_waiting_on_io_reports_nothing(kind: str, collected: Collected) -> None:
     async def main() -> StallDetector:
         listener = socket.create_server(("127.0.0.1", 0))

@@ -8,13 +8,21 @@ one (``time.thread_time``: at least half a core means busy):
   its selector costs nothing more. A loop running code is sent a probe (``call_soon_threadsafe``)
   and the watchdog goes back to sleep without waiting for the answer; a probe still pending at the
   next heartbeat means a stall in progress, and the stack is sampled every ``sample_interval_s``
-  until the probe runs. The probe's lag, from the heartbeat that saw the loop busy, is the stall's
-  duration. The loop itself only beats every 0.25 s, to re-check the mode.
+  until the probe is answered. The probe's lag, from the heartbeat that saw the loop busy, is the
+  stall's duration. The loop itself only beats every 0.25 s, to re-check the mode.
 * Busy mode (a CPU-heavy loop). The loop beats every ``check_interval_s`` (``call_later``) and
   measures each beat's lateness itself; each beat hands the GIL to the watchdog (wakes it and waits
   at most 1 ms for it), and the watchdog only samples the stack once a beat is ``threshold_s``
   overdue. A watchdog waking on its own timer could not win the GIL from a busy loop (released and
   taken back at every select) and would spin in futile wake-ups, burning a few % of a core.
+
+A probe or timer that reaches the loop does not answer at once: it notes the time and re-queues
+the beat (``call_soon``) behind every callback already ready, so a stall ends only when the loop
+is back at its poll (at the beat; at the arrival when both the arrival's lag and the beat's delay
+after it are under ``threshold_s``). Otherwise a probe landing between two callbacks of one
+blocked iteration (the watchdog posts it whenever the loop thread lets go of the GIL, e.g. as
+asyncio's debug mode stats source files for each new handle), or a timer run between two due
+timers, would split one stall in two.
 
 A stall's event names the application frame seen most often in its samples. A reported duration is
 at most one ``check_interval_s`` short of the true stall; every stall longer than ``threshold_s +
@@ -139,7 +147,7 @@ class StallDetector:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         # Shared between the loop and the watchdog (written under _lock, read as single attributes):
-        self._seq = 0  # heartbeats run on the loop so far; a change ends a stall's sampling
+        self._seq = 0  # heartbeats run on the loop (and stops) so far; a change ends a stall's sampling
         self._due = 0.0  # when the pending beat became runnable (time.monotonic); 0.0: none
         self._probe_sent = 0.0  # when the pending probe was posted; 0.0: none
         self._busy = False  # busy mode: the loop beats every check_interval_s and hands over
@@ -175,7 +183,8 @@ class StallDetector:
     def stop(self) -> None:
         """Stop watching; safe to call twice. The watchdog thread exits within a heartbeat."""
         with self._lock:
-            self._due = self._probe_sent = 0.0  # beats and answers still queued report nothing
+            self._due = self._probe_sent = 0.0
+            self._seq += 1  # timers, probes and beats still queued answer nothing
             self._busy = False
         if self._timer is not None:
             self._timer.cancel()
@@ -205,25 +214,43 @@ class StallDetector:
     # waits (at most _HANDOFF_S) until the watchdog ran. Without that hand-over a watchdog waking
     # on its own timer could not win the GIL from a busy loop (released and retaken at every
     # select) and would spin in futile wake-ups, burning a few % of a core while seeing nothing.
-    # While the loop is idle the chain only beats every _IDLE_BEAT_S to re-check the mode.
+    # While the loop is idle the chain only beats every _IDLE_BEAT_S to re-check the mode. Timer
+    # and probe go through _arrive, which queues the beat itself behind every ready callback.
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, now: float, cpu: float, interval: float) -> None:
         self._beat_at, self._beat_cpu = now, cpu
         self._due = now + interval
-        self._timer = loop.call_later(interval, self._beat, False)
+        self._timer = loop.call_later(interval, self._arrive, self._seq)
 
-    def _beat(self, probe: bool) -> None:
+    def _arrive(self, seq: int) -> None:
+        """The timer or a probe reached the loop: queue the beat behind every ready callback.
+
+        Reaching the loop is not the end of a stall: the probe (posted from the watchdog thread)
+        can land in the ready queue between callbacks of one blocked iteration, and the timer can
+        run between two due timers, or before the ready callbacks on uvloop. ``call_soon`` from
+        here runs after all the callbacks already ready, so the beat sees the loop back at its
+        poll. ``seq`` is the beat this arrival answers; the later of timer and probe is ignored.
+        """
+        loop = self._loop
+        if loop is not None and seq == self._seq:
+            loop.call_soon(self._beat, seq, time.monotonic())
+
+    def _beat(self, seq: int, arrived: float) -> None:
         now, cpu = time.monotonic(), time.thread_time()
         loop = self._loop
         with self._lock:
-            if loop is None:
-                return  # stopped
-            if self._probe_sent:  # answers the probe, whichever of probe and timer runs first
+            if loop is None or seq != self._seq:
+                return  # stopped, or the other arrival (timer or probe) already beat
+            if self._probe_sent:  # answers the probe, whichever of probe and timer came first
                 due, reporting, self._probe_sent = self._probe_sent, True, 0.0
-            elif probe:
-                return  # the timer beat answered it already
             else:
                 due, reporting = self._due, self._busy
+            # The stall lasts until now when the arrival was already late (a stall in progress,
+            # maybe mid-iteration) or the loop stayed blocked after it (the arrival ran between
+            # the callbacks of a long iteration). When both are short, the loop was back at its
+            # poll around the arrival: two short iterations never add up to a stall.
+            late = arrived - due > self.threshold_s or now - arrived > self.threshold_s
+            ended = now if late else arrived
             self._seq += 1
             samples, self._samples = self._samples, []
             busy = cpu - self._beat_cpu >= _BUSY_CPU_SHARE * (now - self._beat_at)
@@ -236,14 +263,14 @@ class StallDetector:
             self._resume.acquire(timeout=_HANDOFF_S)
         if not reporting:
             return
-        lag = now - due
+        lag = ended - due
         if lag > self.max_lag_s:
             self.max_lag_s = lag
         if lag <= self.threshold_s:
             return
         self.stalls += 1
         if self._bus.active:
-            self._bus.emit(_stall_event(due, now, samples))
+            self._bus.emit(_stall_event(due, ended, samples))
 
     # -- the watchdog thread ---------------------------------------------------------------------
 
@@ -289,8 +316,9 @@ class StallDetector:
         with self._lock:
             self._samples = [first]
             self._probe_sent = time.monotonic()
+            seq = self._seq
         try:
-            loop.call_soon_threadsafe(self._beat, True)
+            loop.call_soon_threadsafe(self._arrive, seq)
         except RuntimeError:  # the loop closed meanwhile
             self._probe_sent = 0.0
 
