@@ -9,6 +9,7 @@ Every rejection ragguard makes on a caller's behalf derives from one root::
      |    +-- RerankOutOfMemory        the rerank breaker (out-of-memory)
      +-- QuotaExceeded                 the tenant is over its concurrency or rate quota
      +-- DeadlineExceeded              the request's time budget is spent
+     +-- StageTimeout (TimeoutError)   one attempt ran past the stage's own ``timeout_s``
      +-- InvalidInput (ValueError)     the caller's mistake: bad tenant id, bad option
      |    +-- ConfigError              a policy value out of range, named by field
      |    +-- CorruptPayload           a compressed message that does not decode
@@ -30,6 +31,7 @@ __all__ = [
     "QuotaExceeded",
     "RagguardError",
     "RerankOutOfMemory",
+    "StageTimeout",
     "VectorStoreUnavailable",
 ]
 
@@ -106,6 +108,23 @@ class DeadlineExceeded(RagguardError):
         if detail:
             msg += f": {detail}"
         super().__init__(msg)
+
+
+class StageTimeout(RagguardError, TimeoutError):
+    """One attempt of stage ``stage`` ran longer than the stage's ``timeout_s`` (seconds).
+
+    Also a :class:`TimeoutError`, so breakers and retry policies classify it as a timeout: unlike
+    :class:`DeadlineExceeded` (the caller's budget ran out), it says the dependency was slow, and
+    it counts against the stage's breaker and may be retried.
+    """
+
+    def __init__(self, stage: str, timeout_s: float) -> None:
+        self.stage = stage
+        self.timeout_s = timeout_s
+        super().__init__(f"stage {stage!r} timed out after {timeout_s:.3f}s")
+
+    def __reduce__(self) -> tuple[type[StageTimeout], tuple[str, float]]:
+        return (type(self), (self.stage, self.timeout_s))
 
 
 class InvalidInput(RagguardError, ValueError):

@@ -713,6 +713,43 @@ class Guard:
         """The breaker guarding ``stage`` (None when the stage has none)."""
         return self.stage(stage).breaker
 
+    def stage_names(self) -> tuple[str, ...]:
+        """The names of the stages this Guard has built, in the order they were first used."""
+        return tuple(self._stages)
+
+    def breakers(self) -> dict[str, Any]:
+        """Stage name -> its breaker, for every built stage that has one."""
+        return {name: st.breaker for name, st in self._stages.items() if st.breaker is not None}
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready snapshot for health endpoints::
+
+            {"ok": bool, "open": [stage, ...],
+             "stages": {stage: {"breaker": {"name": str, "state": str, "retry_after_s": float | None}
+                                | None}}}
+
+        ``ok`` is False while any breaker is open, forced open or half-open (``open`` names those
+        stages); fallbacks may still be serving them.
+        """
+        stages: dict[str, Any] = {}
+        not_closed: list[str] = []
+        for name, st in self._stages.items():
+            breaker = st.breaker
+            if breaker is None:
+                stages[name] = {"breaker": None}
+                continue
+            state = getattr(breaker.state, "value", str(breaker.state))
+            if state not in ("closed", "disabled"):
+                not_closed.append(name)
+            stages[name] = {
+                "breaker": {
+                    "name": breaker.name,
+                    "state": state,
+                    "retry_after_s": getattr(breaker, "retry_after_s", None),
+                }
+            }
+        return {"ok": not not_closed, "open": not_closed, "stages": stages}
+
     def tenant(self, tenant_id: str) -> TenantContext:
         """``async with guard.tenant("acme"):`` admits one request of the tenant (see :func:`tenant`)."""
         return TenantContext(tenant_id, self.quotas, self.policy.quota(tenant_id))

@@ -125,6 +125,10 @@ class AiobreakerBreaker:
     def state(self) -> BreakerState:
         return BreakerState(self._cb.current_state.name.lower())
 
+    def classifier(self, exc: BaseException) -> bool:
+        """True when aiobreaker counts ``exc`` (its ``is_system_error``, i.e. not excluded)."""
+        return isinstance(exc, Exception) and bool(self._cb.is_system_error(exc))
+
     def _left_s(self) -> float:
         cb = self._cb
         opened_at = cb._state_storage.opened_at

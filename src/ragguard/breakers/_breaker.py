@@ -287,6 +287,11 @@ class CircuitBreaker:
         return self._state
 
     @property
+    def classifier(self) -> Classifier:
+        """The failure classifier: ``classifier(exc)`` is True when ``exc`` counts as a failure."""
+        return self._classifier
+
+    @property
     def retry_after_s(self) -> float | None:
         """Seconds left open (>= 0) while open; None in any other state."""
         if self._state is not _OPEN:
