@@ -1,12 +1,19 @@
-"""Attempt timeouts that cost almost nothing when the call finishes in time.
+"""Attempt timers that cost almost nothing when the call finishes in time.
 
 ``asyncio.timeout`` schedules and cancels one TimerHandle per call (about 4 µs here, more than a
 whole guarded call should cost). Most guarded calls finish long before their timeout, so on asyncio
 ragguard keeps one timer wheel per event loop instead, after the hashed timing wheels of Varghese and
-Lauck (1987): a call registers its expiry in a 1 ms bucket (a dict insert), unregisters on exit (a
-delete), and a single loop timer, armed for the earliest live bucket, cancels the tasks whose bucket
-expired (see :class:`Wheel`). Timeouts fire at most one bucket width (1 ms) late. On trio, a
-native CancelScope is cheap and is used directly.
+Lauck (1987): arming a timer is a dict insert into its 1 ms bucket, disarming a delete, and a single
+loop timer, armed for the earliest live bucket, cancels the tasks whose bucket expired (see
+:class:`Wheel`). Timers fire at most one bucket width (1 ms) late. On trio, a native CancelScope is
+cheap and is used directly.
+
+The API is two calls (the :class:`ragguard._clock.Timers` protocol, which :class:`~ragguard.FakeClock`
+implements too)::
+
+    handle = wheel.arm(task, timeout_s)     # cancel ``task`` in timeout_s seconds
+    ...
+    fired = wheel.disarm(handle)            # True: the timer cancelled the task
 """
 
 from __future__ import annotations
@@ -19,32 +26,38 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from ._compat import current_task, running_loop
+
 T = TypeVar("T")
 
-__all__ = ["AttemptTimeout", "Wheel", "call_with_timeout", "wheel_for"]
+__all__ = ["MAX_TIMEOUT_S", "AttemptTimeout", "Wheel", "call_with_timeout", "wheel_for"]
+
+MAX_TIMEOUT_S = 1e8
+"""Timeouts at or above this many seconds (about three years) arm no timer: they never fire."""
 
 
 class AttemptTimeout(TimeoutError):
-    """An attempt ran past its timeout (a TimeoutError, so breakers classify it as one)."""
+    """Raised by :func:`call_with_timeout` when the awaitable ran past its timeout."""
 
 
 _TICKS_PER_S = 1000  # bucket width: 1 ms
+_SEQ_BITS = 20  # a handle is (tick << 20 | sequence): its bucket is found without a lookup table
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
 
 
 class Wheel:
     """The attempt timers of one event loop.
 
-    ``buckets`` maps a tick (``int(expiry_s * 1000) + 1``) to the attempts expiring in it, as
-    ``{attempt number: task}``. An attempt adds itself to its bucket and removes itself when it
-    ends: two dict operations, no allocation but the entry. Buckets are created at most once per
-    millisecond and stay until their tick is due or they are found empty when the timer is re-armed,
-    so back-to-back calls do not create and drop a bucket each. One loop timer is armed for the
-    earliest bucket; when it fires it cancels the tasks of the due buckets (their attempt numbers go
-    into ``expired``, so the attempt can tell its own timeout from a foreign cancellation) and is
+    ``buckets`` maps a tick (``int(expiry_s * 1000) + 1``) to the timers expiring in it, as
+    ``{handle: task}``; a handle carries its tick in its high bits. Buckets are created at most once
+    per millisecond and stay until their tick is due or they are found empty when the loop timer
+    is re-armed, so back-to-back calls do not create and drop a bucket each. One loop timer is armed
+    for the earliest bucket; when it fires it cancels the tasks of the due buckets (their handles go
+    into ``expired``, so :meth:`disarm` can tell a timeout from a foreign cancellation) and is
     re-armed for the next non-empty bucket: in steady traffic about one wake-up per timeout period.
     """
 
-    __slots__ = ("_armed_tick", "_handle", "_heap", "_loop", "buckets", "expired", "now")
+    __slots__ = ("_armed_tick", "_handle", "_heap", "_loop", "_sequence", "buckets", "expired", "now")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -53,20 +66,47 @@ class Wheel:
         self._heap: list[int] = []
         self._handle: asyncio.TimerHandle | None = None
         self._armed_tick = math.inf
+        self._sequence = itertools.count(1).__next__
         # asyncio's own loops tell time with time.monotonic; reading it directly skips a method frame
         self.now: Callable[[], float] = (
             time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
         )
 
-    def add_bucket(self, tick: int) -> dict[int, asyncio.Task[Any]]:
+    def arm(self, task: asyncio.Task[Any], timeout_s: float) -> int:
+        """Cancel ``task`` in ``timeout_s`` seconds (at most 1 ms late) unless :meth:`disarm`-ed.
+
+        Returns the timer's handle (0 when ``timeout_s`` is at or above :data:`MAX_TIMEOUT_S`:
+        no timer is armed)."""
+        if not timeout_s < MAX_TIMEOUT_S:
+            return 0
+        tick = int((self.now() + timeout_s) * _TICKS_PER_S) + 1
+        bucket = self.buckets.get(tick)
+        if bucket is None:
+            bucket = self._add_bucket(tick)
+        handle = tick << _SEQ_BITS | (self._sequence() & _SEQ_MASK)
+        bucket[handle] = task
+        return handle
+
+    def disarm(self, handle: int) -> bool:
+        """Stop timer ``handle``; True when it had already fired (it cancelled its task)."""
+        bucket = self.buckets.get(handle >> _SEQ_BITS)
+        if bucket is not None and bucket.pop(handle, None) is not None:
+            return False
+        expired = self.expired
+        if handle in expired:
+            expired.discard(handle)
+            return True
+        return False
+
+    def _add_bucket(self, tick: int) -> dict[int, asyncio.Task[Any]]:
         bucket: dict[int, asyncio.Task[Any]] = {}
         self.buckets[tick] = bucket
         heapq.heappush(self._heap, tick)
         if tick < self._armed_tick:
-            self._arm(tick)
+            self._arm_loop_timer(tick)
         return bucket
 
-    def _arm(self, tick: int) -> None:
+    def _arm_loop_timer(self, tick: int) -> None:
         if self._handle is not None:
             self._handle.cancel()
         self._armed_tick = tick
@@ -80,17 +120,15 @@ class Wheel:
         while heap and heap[0] <= now_tick:
             bucket = buckets.pop(heapq.heappop(heap), None)
             if bucket:
-                for number, task in list(bucket.items()):
-                    self.expired.add(number)
+                for handle, task in list(bucket.items()):
+                    self.expired.add(handle)
                     task.cancel()
         while heap and not buckets.get(heap[0]):
             buckets.pop(heapq.heappop(heap), None)
         if heap:
-            self._arm(heap[0])
+            self._arm_loop_timer(heap[0])
 
 
-_numbers = itertools.count()
-next_number: Callable[[], int] = _numbers.__next__
 _last_loop: asyncio.AbstractEventLoop | None = None
 _last_wheel: Wheel | None = None
 _wheels: dict[int, tuple[asyncio.AbstractEventLoop, Wheel]] = {}
@@ -114,17 +152,18 @@ def wheel_for(loop: asyncio.AbstractEventLoop) -> Wheel:
 
 
 async def call_with_timeout(awaitable: Awaitable[T], timeout_s: float | None) -> T:
-    """Await ``awaitable``, raising TimeoutError if it takes longer than ``timeout_s`` seconds.
+    """Await ``awaitable``, raising :class:`AttemptTimeout` (a TimeoutError) if it takes longer
+    than ``timeout_s`` seconds.
 
     None means no timeout. A cancellation that did not come from this timeout propagates unchanged.
     Works under asyncio (and uvloop) and trio.
     """
     if timeout_s is None:
         return await awaitable
-    loop = asyncio._get_running_loop()
+    loop = running_loop()
     if loop is None:
         return await _trio_timeout(awaitable, timeout_s)
-    task = asyncio.current_task(loop)
+    task = current_task(loop)
     if task is None:  # pragma: no cover - awaited outside a task
         try:
             async with asyncio.timeout(timeout_s):
@@ -132,22 +171,16 @@ async def call_with_timeout(awaitable: Awaitable[T], timeout_s: float | None) ->
         except TimeoutError:
             raise AttemptTimeout(f"attempt timed out after {timeout_s:.3f}s") from None
     wheel = wheel_for(loop)
-    tick = int((wheel.now() + timeout_s) * _TICKS_PER_S) + 1
-    bucket = wheel.buckets.get(tick)
-    if bucket is None:
-        bucket = wheel.add_bucket(tick)
-    number = next_number()
-    bucket[number] = task
+    handle = wheel.arm(task, timeout_s)
     try:
-        return await awaitable
+        result = await awaitable
     except asyncio.CancelledError:
-        if number in wheel.expired:
-            wheel.expired.discard(number)
-            if task.uncancel() == 0:
-                raise AttemptTimeout(f"attempt timed out after {timeout_s:.3f}s") from None
+        if wheel.disarm(handle) and task.uncancel() == 0:
+            raise AttemptTimeout(f"attempt timed out after {timeout_s:.3f}s") from None
         raise
-    finally:
-        bucket.pop(number, None)
+    if wheel.disarm(handle):
+        task.uncancel()  # fired as the awaitable finished: its cancellation was never delivered
+    return result
 
 
 async def _trio_timeout(awaitable: Awaitable[T], timeout_s: float) -> T:

@@ -1,76 +1,132 @@
 """Request deadlines that only shrink as a request moves through the pipeline.
 
-A deadline is an absolute point on the :func:`time.monotonic` clock held in a context variable,
-so it follows the request into child tasks. ``deadline(s)`` nests: the inner one can shorten the
-budget, never extend it. Guarded stages read :func:`remaining` and give each attempt
-``min(stage timeout, remaining)``; the block itself is not interrupted by ``deadline`` (only
-guarded calls inside it are bounded), which matches how gRPC deadlines propagate.
+A deadline is a point in time on a clock, held in a context variable, so it follows the request
+into child tasks. ``deadline(s)`` nests: the inner one can shorten the budget, never extend it.
+Guarded stages read :func:`remaining` and give each attempt ``min(stage timeout, remaining)``; the
+block itself is not interrupted by ``deadline`` (only guarded calls inside it are bounded), which
+matches how gRPC deadlines propagate.
+
+The clock is the Guard's (see :mod:`ragguard._clock`): ``deadline(s)`` uses the default registry's
+clock, :meth:`ragguard.Guard.deadline` and :meth:`ragguard.Guard.tenant` their Guard's, so a
+:class:`~ragguard.FakeClock` given to ``configure(clock=...)`` or ``Guard(clock=...)`` drives
+deadlines too. A deadline remembers the clock it was set on, and is always read on that clock.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from contextvars import ContextVar, Token
 from types import TracebackType
 
+from ._clock import Clock
 from ._errors import ConfigError
 
-__all__ = ["current_deadline", "deadline", "remaining"]
+__all__ = ["MAX_DEADLINE_S", "current_deadline", "deadline", "remaining"]
 
-_deadline: ContextVar[float | None] = ContextVar("ragguard_deadline", default=None)
-_monotonic = time.monotonic
+MAX_DEADLINE_S = 10 * 365 * 24 * 3600.0
+"""A budget above this many seconds (ten years), infinity included, sets no deadline at all."""
+
+
+class Expiry:
+    """A deadline: the time ``at`` on ``clock`` (monotonic seconds)."""
+
+    __slots__ = ("at", "clock")
+
+    def __init__(self, at: float, clock: Clock) -> None:
+        self.at = at
+        self.clock = clock
+
+    def left(self) -> float:
+        """Seconds left, negative once passed."""
+        return self.at - self.clock()
+
+    def __repr__(self) -> str:
+        return f"Expiry(at={self.at}, clock={self.clock!r})"
+
+
+_deadline: ContextVar[Expiry | None] = ContextVar("ragguard_deadline", default=None)
 
 
 def remaining() -> float | None:
     """Seconds left in the current deadline (>= 0.0), or None when no deadline is set."""
-    at = _deadline.get()
-    if at is None:
+    expiry = _deadline.get()
+    if expiry is None:
         return None
-    left = at - _monotonic()
+    left = expiry.at - expiry.clock()
     return left if left > 0.0 else 0.0
 
 
 def current_deadline() -> float | None:
-    """The current deadline as an absolute :func:`time.monotonic` value, or None."""
-    return _deadline.get()
+    """The current deadline as an absolute time on the clock that set it (monotonic seconds), or None."""
+    expiry = _deadline.get()
+    return None if expiry is None else expiry.at
+
+
+def narrow(seconds: float, clock: Clock) -> Token[Expiry | None] | None:
+    """Set the deadline to ``seconds`` from now on ``clock`` unless the current one is sooner.
+
+    ``seconds`` must be a finite float >= 0 below :data:`MAX_DEADLINE_S`. Returns the token to
+    reset, or None when the current deadline was kept."""
+    outer = _deadline.get()
+    if outer is not None and outer.left() <= seconds:
+        return None
+    return _deadline.set(Expiry(clock() + seconds, clock))
+
+
+def seconds_of(value: object, what: str = "deadline: seconds") -> float | None:
+    """``value`` as a budget in seconds: None (or a budget above ten years) for no deadline.
+
+    Raises :class:`~ragguard.ConfigError` naming ``what`` for a negative, NaN or non-number value."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, bool)):  # float() would take "2" and True
+        raise ConfigError(f"{what} must be a number or None, got {value!r:.40}")
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a number or None, got {type(value).__name__}") from None
+    except OverflowError:  # an int too large for a float: further away than any deadline
+        if isinstance(value, int) and value > 0:
+            return None
+        raise ConfigError(f"{what} must be >= 0, got a negative number out of float range") from None
+    if math.isnan(seconds) or seconds < 0:
+        raise ConfigError(f"{what} must be >= 0, got {seconds!r}")
+    return None if seconds > MAX_DEADLINE_S else seconds
 
 
 class deadline:
-    """Give the enclosed block at most ``seconds`` (a float >= 0, or None for no limit).
+    """Give the enclosed block at most ``seconds`` (a number >= 0, or None for no limit).
 
-    Usable as ``with`` and ``async with``. A nested deadline never extends an outer one; None
-    keeps the outer deadline unchanged. Raises :class:`~ragguard.ConfigError` (a ValueError)
-    for a negative or NaN value.
+    Usable as ``with`` and ``async with``. A nested deadline never extends an outer one; None, or
+    a budget above ten years (:data:`MAX_DEADLINE_S`), keeps the outer deadline unchanged.
+    ``clock`` (monotonic seconds) defaults to the default registry's clock
+    (``ragguard.configure(clock=...)``). Raises :class:`~ragguard.ConfigError` (a ValueError) for a
+    negative, NaN or non-number value.
     """
 
-    __slots__ = ("_seconds", "_token", "expires_at")
+    __slots__ = ("_clock", "_expiry", "_seconds", "_token")
 
-    def __init__(self, seconds: float | None) -> None:
-        if seconds is not None:
-            if isinstance(seconds, (str, bytes, bool)):  # float() would take "2" and True
-                raise ConfigError(f"deadline: seconds must be a number or None, got {seconds!r}")
-            try:
-                seconds = float(seconds)
-            except (TypeError, ValueError):
-                raise ConfigError(f"deadline: seconds must be a number or None, got {seconds!r}") from None
-            if math.isnan(seconds) or seconds < 0:
-                raise ConfigError(f"deadline: seconds must be >= 0, got {seconds!r}")
-        self._seconds = seconds
-        self._token: Token[float | None] | None = None
-        self.expires_at: float | None = None
+    def __init__(self, seconds: float | None, *, clock: Clock | None = None) -> None:
+        self._seconds = seconds_of(seconds)
+        if clock is not None and not callable(clock):
+            raise ConfigError(f"deadline: clock must be a callable returning seconds, got {clock!r:.40}")
+        self._clock = clock
+        self._token: Token[Expiry | None] | None = None
+        self._expiry: Expiry | None = None
 
     def __enter__(self) -> deadline:
         if self._token is not None:
             raise RuntimeError("deadline(...) is not reentrant; create a new one per block")
-        outer = _deadline.get()
-        at = outer
-        if self._seconds is not None and not math.isinf(self._seconds):
-            mine = _monotonic() + self._seconds
-            if outer is None or mine < outer:
-                at = mine
-        self.expires_at = at
-        self._token = _deadline.set(at)
+        if self._seconds is not None:
+            clock = self._clock
+            if clock is None:
+                from .guard import default_guard
+
+                clock = self._clock = default_guard().clock
+            self._token = narrow(self._seconds, clock)
+        self._expiry = _deadline.get()
+        if self._token is None:
+            self._token = _deadline.set(self._expiry)  # so exit restores exactly what was there
         return self
 
     def __exit__(
@@ -94,8 +150,12 @@ class deadline:
     ) -> None:
         self.__exit__(exc_type, exc, tb)
 
+    @property
+    def expires_at(self) -> float | None:
+        """This block's effective deadline as a time on its clock (None: no deadline)."""
+        return None if self._expiry is None else self._expiry.at
+
     def remaining(self) -> float | None:
-        """Seconds left in this block's effective deadline, or None without one."""
-        if self.expires_at is None:
-            return None
-        return max(0.0, self.expires_at - _monotonic())
+        """Seconds left in this block's effective deadline (>= 0), or None without one."""
+        expiry = self._expiry
+        return None if expiry is None else max(0.0, expiry.left())

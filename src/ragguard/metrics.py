@@ -372,10 +372,18 @@ class StageSpan:
     ``set_outcome(outcome)``. ``span`` is the OpenTelemetry span, or None when tracing is off.
     """
 
-    __slots__ = ("_bus", "breaker_state", "fallback", "outcome", "span", "stage", "started", "tenant")
+    __slots__ = (
+        "_bus", "_clock", "breaker_state", "fallback", "outcome", "span", "stage", "started", "tenant",
+    )
 
     def __init__(
-        self, stage: str, tenant: str, breaker_state: str, span: Any, bus: events.EventBus | None
+        self,
+        stage: str,
+        tenant: str,
+        breaker_state: str,
+        span: Any,
+        bus: events.EventBus | None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stage = stage
         self.tenant = tenant
@@ -384,7 +392,8 @@ class StageSpan:
         self.outcome = ""
         self.span = span
         self._bus = bus
-        self.started = time.monotonic()
+        self._clock = clock
+        self.started = clock()
 
     def set_breaker_state(self, state: str) -> None:
         self.breaker_state = str(state)
@@ -422,7 +431,7 @@ class StageSpan:
         bus = self._bus
         if bus is not None and bus.active:
             bus.emit(
-                StageCompleted(self.stage, self.tenant, self.outcome, time.monotonic() - self.started,
+                StageCompleted(self.stage, self.tenant, self.outcome, self._clock() - self.started,
                                self.fallback, self.breaker_state)
             )  # fmt: skip
 
@@ -452,7 +461,14 @@ class _NoSpan:
 _NO_SPAN = _NoSpan()
 
 
-def otel_span(stage: str, tenant: str, *, breaker_state: str = "", bus: events.EventBus | None = None) -> Any:
+def otel_span(
+    stage: str,
+    tenant: str,
+    *,
+    breaker_state: str = "",
+    bus: events.EventBus | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Any:
     """A context manager around one guarded stage: an OpenTelemetry span and a StageCompleted event.
 
     The span (when :func:`enable_tracing` was called) is named ``ragguard.<stage>`` and carries
@@ -460,7 +476,7 @@ def otel_span(stage: str, tenant: str, *, breaker_state: str = "", bus: events.E
     and ``ragguard.outcome``; an exception is recorded and sets the status to ERROR (a
     cancellation does not). On exit a :class:`StageCompleted` is emitted on ``bus`` (default
     :data:`ragguard.events.bus`) when it has listeners. With neither, it returns a shared no-op.
-    Yields a :class:`StageSpan`.
+    ``clock`` (monotonic seconds) times the stage. Yields a :class:`StageSpan`.
     """
     b = events.bus if bus is None else bus
     tracer = _tracer
@@ -472,4 +488,4 @@ def otel_span(stage: str, tenant: str, *, breaker_state: str = "", bus: events.E
         if breaker_state:
             attributes["ragguard.breaker_state"] = breaker_state
         span = tracer.start_span(f"ragguard.{stage}", attributes=attributes)
-    return StageSpan(stage, tenant, breaker_state, span, b)
+    return StageSpan(stage, tenant, breaker_state, span, b, clock)

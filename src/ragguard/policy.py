@@ -146,8 +146,11 @@ class StagePolicy(_Model):
     - ``breaker``: the breaker kind and options; ``retry``: the retry policy.
     - ``fallback_on``: which failures the stage's fallback serves: ``breaker`` (the breaker's own
       failure kinds and BreakerOpen, the default) or ``any`` (every Exception but cancellation).
-    - embedding cache: ``cache_size`` entries, ``cache_ttl_s`` seconds.
-    - rerank: ``rerank_min_batch`` is the floor the batch is halved down to.
+    - ``preset``: the RAG preset the stage runs (``embedding``, ``vector_store``, ``rerank``, or
+      one registered with :func:`ragguard.rag.register_preset`; None: the generic layers only).
+      The standard stages of the same names have theirs.
+    - embedding cache (``embedding`` preset): ``cache_size`` entries, ``cache_ttl_s`` seconds.
+    - rerank (``rerank`` preset): ``rerank_min_batch`` is the floor the batch is halved down to.
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -158,21 +161,34 @@ class StagePolicy(_Model):
     cache_size: int = Field(default=10_000, ge=0, le=10_000_000)
     cache_ttl_s: float = Field(default=3600.0, gt=0)
     rerank_min_batch: int = Field(default=4, ge=1)
+    preset: str | None = None
+
+    @model_validator(mode="after")
+    def _known_preset(self) -> StagePolicy:
+        if self.preset is not None:
+            from .rag import PRESETS
+
+            if self.preset not in PRESETS:
+                raise ValueError(f"unknown preset {self.preset[:60]!r}; known: {', '.join(sorted(PRESETS))}")
+        return self
 
 
 def _standard_stages() -> dict[str, StagePolicy]:
     return {
         "embedding": StagePolicy(
+            preset="embedding",
             timeout_s=5.0,
             breaker=BreakerPolicy(kind="embedding_timeout"),
             retry=RetryPolicy(attempts=2, retry_on=("connection",)),
         ),
         "vector_store": StagePolicy(
+            preset="vector_store",
             timeout_s=2.0,
             breaker=BreakerPolicy(kind="vector_store_unavailable"),
             retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout")),
         ),
         "rerank": StagePolicy(
+            preset="rerank",
             timeout_s=None,
             breaker=BreakerPolicy(kind="rerank_oom"),
             retry=RetryPolicy(attempts=1, retry_on=()),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -12,8 +11,6 @@ from core_helpers import Recorder
 import ragguard
 from ragguard import _inject
 from ragguard.events import bus
-
-deadline_mod = importlib.import_module("ragguard.deadline")
 
 # ``ragguard.deadline`` and ``ragguard.guard`` are the public callables; reach the modules directly.
 guard_mod = importlib.import_module("ragguard.guard")
@@ -38,17 +35,12 @@ def _isolated_registry() -> Iterator[None]:
 
 
 @pytest.fixture
-def deadline_clock(monkeypatch: pytest.MonkeyPatch) -> ragguard.FakeClock:
-    """A FakeClock that drives every deadline (``deadline``, ``remaining``, the guard's checks).
-
-    Attempt timeouts still run on the event loop's real clock, so tests using this clock must not
-    rely on a timeout firing.
-    """
+def deadline_clock() -> ragguard.FakeClock:
+    """A FakeClock that drives every deadline: the default registry's clock, which ``deadline()``
+    uses (a deadline is read on the clock it was set on, so a Guard with a real clock still sees
+    it). The registry is restored after the test."""
     clock = ragguard.FakeClock(1000.0)
-    real = deadline_mod._monotonic
-    for name, module in list(sys.modules.items()):
-        if name.startswith("ragguard") and getattr(module, "_monotonic", None) is real:
-            monkeypatch.setattr(module, "_monotonic", clock)
+    ragguard.configure(clock=clock)
     return clock
 
 

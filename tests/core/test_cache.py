@@ -1,4 +1,4 @@
-"""The embedding cache and the rerank batch shrinker on their own (pure logic, fake clock)."""
+"""The embedding cache and the rerank batch limit on their own (pure logic, fake clock)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ragguard
-from ragguard.fallbacks import BatchShrinker, EmbeddingCache, normalise_text
+from ragguard.rag import BatchLimiter, EmbeddingCache, normalise_text
 
 
 def test_keys_fold_case_and_white_space() -> None:
@@ -60,8 +60,8 @@ def test_bad_cache_options(kwargs: dict, word: str) -> None:
         EmbeddingCache(**kwargs)
 
 
-def test_shrinker_halves_to_the_floor_then_gives_up() -> None:
-    s = BatchShrinker(floor=4)
+def test_limit_halves_to_the_floor_then_gives_up() -> None:
+    s = BatchLimiter(floor=4, clock=ragguard.FakeClock())
     assert s.allowed(32) == 32
     assert s.shrink(32) == 16
     assert s.shrink(16) == 8
@@ -69,22 +69,46 @@ def test_shrinker_halves_to_the_floor_then_gives_up() -> None:
     assert s.shrink(4) is None
     assert s.allowed(32) == 4
     assert s.shrink(6) == 4  # half of 6 is under the floor: try the floor itself
-    assert BatchShrinker(floor=4).shrink(3) is None  # already below the floor
+    assert BatchLimiter(floor=4, clock=ragguard.FakeClock()).shrink(3) is None  # already below the floor
 
 
-def test_shrinker_grows_back_additively_and_never_up_on_a_failure() -> None:
-    s = BatchShrinker(floor=2)
-    s.shrink(20)
-    assert s.limit == 10
+def test_limit_grows_back_by_a_quarter_only_after_a_run_of_successes() -> None:
+    clock = ragguard.FakeClock()
+    s = BatchLimiter(floor=2, grow_after=3, grow_after_s=60.0, clock=clock)
+    s.shrink(40)
+    assert s.limit == 20
+    s.succeeded(20)
+    s.succeeded(20)
+    assert s.limit == 20  # two successes are not a run of three
+    s.succeeded(5)  # a small batch says nothing about the limit
+    assert s.limit == 20
+    s.succeeded(20)
+    assert s.limit == 25  # a quarter more
+    s.shrink(80)  # an old, larger attempt failing must not raise the limit
+    assert s.limit == 25
+    s.shrink(25)
+    assert s.limit == 12
+
+
+def test_limit_grows_back_after_a_quiet_time_with_a_success() -> None:
+    clock = ragguard.FakeClock()
+    s = BatchLimiter(floor=2, grow_after=100, grow_after_s=30.0, clock=clock)
+    s.shrink(16)
+    clock.advance(29.0)
+    s.succeeded(8)
+    assert s.limit == 8
+    clock.advance(1.0)
+    s.succeeded(8)
+    assert s.limit == 10  # 30 s since the limit last changed, with a success at it
     s.succeeded(10)
-    s.succeeded(11)
-    assert s.limit == 12
-    s.succeeded(3)  # a small batch says nothing about the limit
-    assert s.limit == 12
-    s.shrink(40)  # an old, larger attempt failing must not raise the limit
-    assert s.limit == 12
+    assert s.limit == 10  # the clock starts over from the change
 
 
-def test_bad_floor() -> None:
-    with pytest.raises(ValueError, match="floor"):
-        BatchShrinker(floor=0)
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [({"floor": 0}, "floor"), ({"floor": True}, "floor"), ({"grow_after": 0}, "grow_after"),
+     ({"grow_after_s": 0}, "grow_after_s")],
+)
+def test_bad_limiter_options(kwargs: dict, word: str) -> None:
+    with pytest.raises(ragguard.ConfigError, match=word):
+        BatchLimiter(clock=ragguard.FakeClock(), **kwargs)

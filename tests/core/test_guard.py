@@ -234,51 +234,128 @@ async def test_embedding_errors_the_breaker_does_not_count_pass_through() -> Non
         await embed(["boom"])
 
 
-# -- rerank: smaller batch, then skip --------------------------------------------------------------
+# -- rerank: chunked under a learnt batch limit, then skip -----------------------------------------
+
+
+class Hit:
+    """A retrieved candidate; ``score`` is set by the reranker."""
+
+    def __init__(self, pid: int, score: float = 0.0) -> None:
+        self.pid = pid
+        self.score = score
+
+    def __repr__(self) -> str:
+        return f"Hit({self.pid}, {self.score})"
 
 
 class Reranker:
-    """Reverses the hits it gets; runs out of memory above ``capacity`` hits."""
+    """A pointwise reranker (each candidate scored on its own: closeness to 7), sorted best
+    first; runs out of memory above ``capacity`` candidates. Accepts ints (scored the same way)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.sizes: list[int] = []
 
-    async def __call__(self, query: str, hits: list[int]) -> list[int]:
+    async def __call__(self, query: str, hits: list[Any]) -> list[Any]:
         self.sizes.append(len(hits))
         if len(hits) > self.capacity:
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return list(reversed(hits))
+        if hits and isinstance(hits[0], int):
+            return sorted(hits, key=lambda p: abs(p - 7))
+        return sorted((Hit(h.pid, -abs(h.pid - 7)) for h in hits), key=lambda h: h.score, reverse=True)
 
 
-async def test_rerank_oom_halves_the_batch_and_remembers_the_limit(events: Recorder) -> None:
+def _pids(hits: list[Hit]) -> list[int]:
+    return [h.pid for h in hits]
+
+
+async def test_rerank_oom_scores_every_candidate_in_chunks(events: Recorder) -> None:
     g = Guard(clock=ragguard.FakeClock())
     model = Reranker(capacity=6)
     rerank = g.guard("rerank")(model)
-    hits = list(range(20))
+    hits = [Hit(p) for p in range(20)]
+    one_batch = _pids(await Reranker(capacity=100)("q", hits))
 
     got = await rerank("q", hits)
-    assert model.sizes == [20, 10, 5]
-    assert got == [4, 3, 2, 1, 0, *range(5, 20)]  # the reranked head, the rest in retrieval order
-    assert degraded() == ("smaller_batch",)
-    assert g.breaker("rerank").state is BreakerState.CLOSED  # two OOMs in a row, then a success
+    assert model.sizes == [20, 10, 5, 5, 5, 5]  # 20 and 10 ran out of memory; 4 chunks of 5 fit
+    assert _pids(got) == one_batch  # every candidate scored: the same order as one big batch
+    assert degraded() == ("chunked_rerank",)
+    assert g.breaker("rerank").state is BreakerState.CLOSED  # OOMs above the floor are not counted
 
     model.sizes.clear()
-    for _ in range(3):  # additive increase: 6 (fits), 7 (OOM, back to the floor), ...
-        await rerank("q", hits)
-    assert model.sizes[0] == 6
-    assert model.sizes[1] == 7
+    await rerank("q", hits)
+    assert model.sizes == [5, 5, 5, 5]  # the limit is remembered
     await events.settle()
-    assert all(e.fallback == "smaller_batch" for e in events.of(FallbackServed))
+    assert all(e.fallback == "chunked_rerank" for e in events.of(FallbackServed))
+
+
+async def test_rerank_limit_grows_back_slowly_so_oom_does_not_recur_every_few_requests() -> None:
+    g = Guard(clock=ragguard.FakeClock())
+    model = Reranker(capacity=6)
+    rerank = g.guard("rerank")(model)
+    hits = [Hit(p) for p in range(12)]
+    for _ in range(40):
+        got = await rerank("q", hits)
+        assert len(got) == 12
+    ooms = sum(1 for size in model.sizes if size > 6)
+    assert ooms <= 3  # 12 and 6 fit after the first; growth to 7 waits for a run of 20 successes
 
 
 async def test_rerank_tries_the_floor_before_skipping() -> None:
     g = Guard(Policy(stages={"rerank": StagePolicy(rerank_min_batch=4)}), clock=ragguard.FakeClock())
     model = Reranker(capacity=4)
     rerank = g.guard("rerank")(model)
-    got = await rerank("q", list(range(7)))
-    assert model.sizes == [7, 4]  # half of 7 is below the floor: the floor itself is still tried
-    assert got == [3, 2, 1, 0, 4, 5, 6]
+    hits = [Hit(p) for p in range(7)]
+    got = await rerank("q", hits)
+    assert model.sizes == [7, 4, 3]  # half of 7 is below the floor: the floor itself, then the rest
+    assert _pids(got) == _pids(await Reranker(capacity=100)("q", hits))
+
+
+async def test_rerank_returns_a_top_k_when_the_reranker_keeps_one() -> None:
+    g = Guard(clock=ragguard.FakeClock())
+
+    @g.guard("rerank")
+    async def rerank(query: str, hits: list[Hit], top_k: int = 3) -> list[Hit]:
+        if len(hits) > 5:
+            raise MemoryError()
+        scored = sorted((Hit(h.pid, -abs(h.pid - 7)) for h in hits), key=lambda h: h.score, reverse=True)
+        return scored[:top_k]
+
+    got = await rerank("q", [Hit(p) for p in range(10)])
+    assert _pids(got) == [7, 6, 8]  # the best 3 of all 10, not 3 per chunk
+
+
+async def test_rerank_candidates_are_declared_not_guessed() -> None:
+    g = Guard(clock=ragguard.FakeClock())
+    sizes: list[int] = []
+
+    async def rerank(docs: list[Hit]) -> list[Hit]:
+        sizes.append(len(docs))
+        if len(docs) > 8:
+            raise MemoryError()
+        return sorted((Hit(h.pid, h.pid) for h in docs), key=lambda h: h.score, reverse=True)
+
+    with pytest.raises(ConfigError, match="candidates"):
+        g.guard("rerank")(rerank)  # the default (the second parameter) does not exist here
+    with pytest.raises(ConfigError, match="no such parameter"):
+        g.guard("rerank", candidates="hits")(rerank)
+    guarded = g.guard("rerank", candidates="docs")(rerank)
+    got = await guarded(docs=[Hit(p) for p in range(16)])  # by keyword, found by its declared name
+    assert sizes == [16, 8, 8]
+    assert _pids(got) == list(range(15, -1, -1))
+
+
+async def test_rerank_score_function_for_items_without_a_score() -> None:
+    g = Guard(clock=ragguard.FakeClock())
+
+    @g.guard("rerank", score=lambda pair: pair[1])
+    async def rerank(query: str, pids: list[int]) -> list[tuple[int, float]]:
+        if len(pids) > 4:
+            raise MemoryError()
+        return sorted(((p, float(p % 5)) for p in pids), key=lambda pair: pair[1], reverse=True)
+
+    got = await rerank("q", list(range(8)))
+    assert [s for _, s in got] == sorted((float(p % 5) for p in range(8)), reverse=True)
 
 
 async def test_rerank_always_oom_skips_rerank_in_retrieval_order() -> None:
@@ -663,22 +740,6 @@ async def test_a_cancelled_rate_wait_gives_its_token_back() -> None:
             pass
     assert after.value.reason == "deadline"
     assert after.value.retry_after_s == pytest.approx(before.value.retry_after_s)  # nothing spent
-
-
-async def test_rerank_finds_the_batch_by_keyword() -> None:
-    g = Guard(clock=ragguard.FakeClock())
-    sizes: list[int] = []
-
-    @g.guard("rerank")
-    async def rerank(query: str, hits: list[int]) -> list[int]:
-        sizes.append(len(hits))
-        if len(hits) > 8:
-            raise MemoryError()
-        return sorted(hits)
-
-    got = await rerank(query="q", hits=[5, 4, 3, 2, 1, 0, 9, 8, 7, 6, 15, 14, 13, 12, 11, 10])
-    assert sizes == [16, 8]
-    assert got == [0, 1, 2, 3, 4, 5, 8, 9, 7, 6, 15, 14, 13, 12, 11, 10]
 
 
 async def test_fallbacks_outside_a_request_do_not_accumulate() -> None:

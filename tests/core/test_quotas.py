@@ -402,7 +402,7 @@ async def test_a_flood_of_tenant_ids_keeps_buckets_bounded() -> None:
 
 
 async def test_tenant_timeout_becomes_the_deadline(deadline_clock: ragguard.FakeClock) -> None:
-    g = _guard(acme=TenantQuota(timeout_s=0.5), slow=TenantQuota(timeout_s=30))
+    g = _guard(clock=deadline_clock, acme=TenantQuota(timeout_s=0.5), slow=TenantQuota(timeout_s=30))
     assert remaining() is None
     async with g.tenant("acme"):
         assert remaining() == pytest.approx(0.5)

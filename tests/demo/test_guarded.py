@@ -95,13 +95,13 @@ async def test_slow_embedding_is_served_from_the_cache(guarded: Guarded) -> None
     assert fresh.fallbacks == ("keyword_search",) and len(fresh.hits) == 5
 
 
-async def test_rerank_oom_shrinks_the_batch_then_skips_rerank(
+async def test_rerank_oom_scores_in_chunks_then_skips_rerank(
     guarded: Guarded, demo_passages: list[Passage]
 ) -> None:
     texts = [p.text for p in demo_passages[:20]]
     guarded.reranker.set_budget(guarded.reranker.batch_bytes(texts) // 3)
     shrunk = await guarded.pipeline.retrieve(QUERY)
-    assert "smaller_batch" in shrunk.fallbacks and len(shrunk.hits) == 5
+    assert "chunked_rerank" in shrunk.fallbacks and len(shrunk.hits) == 5
     guarded.reranker.set_budget(1)
     skipped = await guarded.pipeline.retrieve(QUERY)
     assert "skip_rerank" in skipped.fallbacks and len(skipped.hits) == 5

@@ -196,11 +196,18 @@ class Chaos:
 
     # -- the injection point ---------------------------------------------------------------------
 
-    async def __call__(self, stage: str, tenant: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        """Run ``call()`` for ``stage``/``tenant`` through the faults that fire for it."""
+    async def __call__(
+        self, stage: str, tenant: str, call: Callable[[], Awaitable[Any]], *, stream: bool = False
+    ) -> Any:
+        """Run ``call()`` for ``stage``/``tenant`` through the faults that fire for it.
+
+        ``stream=True`` when ``call`` opens a stream (up to its first item): faults that rewrite a
+        result (partial, empty, stale, corrupt) leave it alone."""
         if not self._enabled or not self._handles:
             return await call()
-        matching = [h for h in self._handles if h.matches(stage, tenant)]
+        matching = [
+            h for h in self._handles if h.matches(stage, tenant) and not (stream and h.fault.rewrites_result)
+        ]
         if not matching:
             return await call()
         ctx = FaultContext(stage, tenant, self.rng, self.sleep)

@@ -176,6 +176,8 @@ class Fault:
     """
 
     kind: ClassVar[str] = "fault"
+    rewrites_result: ClassVar[bool] = False
+    """True for faults that change what the call returned (not applied to a stream's opening)."""
 
     def __init__(
         self,
@@ -399,6 +401,7 @@ class PartialResults(Fault):
     """
 
     kind = "partial"
+    rewrites_result = True
 
     def __init__(self, *, keep: float | None = 0.5, max_hits: int | None = None, **options: Any) -> None:
         super().__init__(**options)
@@ -424,6 +427,7 @@ class EmptyResults(Fault):
     """Run the call and return an empty value of the same type ([] / () / b"" / "" / {})."""
 
     kind = "empty"
+    rewrites_result = True
 
     async def wrap(self, call: Call, ctx: FaultContext) -> Any:
         result = await call()
@@ -440,6 +444,7 @@ class StaleResults(Fault):
     """
 
     kind = "stale"
+    rewrites_result = True
     _MISSING: ClassVar[object] = object()
 
     def __init__(self, value: Any = _MISSING, **options: Any) -> None:
@@ -496,6 +501,7 @@ class CorruptPayload(Fault):
     """
 
     kind = "corrupt"
+    rewrites_result = True
 
     def __init__(self, *, flips: int = 1, truncate_to: float | None = None, **options: Any) -> None:
         super().__init__(**options)

@@ -6,8 +6,9 @@ from contextvars import Token
 from types import TracebackType
 from typing import Any
 
+from .._clock import Clock, monotonic
 from .._context import RequestScope, _scope, validate_tenant_id
-from ..deadline import _deadline, _monotonic
+from ..deadline import Expiry, _deadline, narrow
 from ..policy import TenantQuota
 from ._local import WAIT, QuotaBackend
 
@@ -34,20 +35,24 @@ class TenantContext(RequestScope):
     tenant's ``timeout_s`` is the deadline (or the caller's, if shorter), guarded calls are
     attributed to the tenant, and :func:`ragguard.degraded` reports the fallbacks that served it.
     A bad tenant id raises :class:`~ragguard.InvalidInput` (a ValueError) at construction. The
-    context is itself the request's scope (``async with tenant("acme") as scope``).
+    context is itself the request's scope (``async with tenant("acme") as scope``). ``clock``
+    (monotonic seconds) is the one the tenant's deadline is set on (the Guard's).
     """
 
-    __slots__ = ("_backend", "_deadline_token", "_lease", "_quota", "_token")
+    __slots__ = ("_backend", "_clock", "_deadline_token", "_lease", "_quota", "_token")
 
-    def __init__(self, tenant_id: str, backend: QuotaBackend, quota: TenantQuota) -> None:
+    def __init__(
+        self, tenant_id: str, backend: QuotaBackend, quota: TenantQuota, *, clock: Clock = monotonic
+    ) -> None:
         hit = _valid.get(tenant_id) if type(tenant_id) is str else None
         self.tenant = hit if hit is not None else _checked(tenant_id)
         self.fallbacks = None
         self._backend = backend
         self._quota = quota
         self._lease: Any = None
+        self._clock = clock
         self._token: Token[RequestScope | None] | None = None
-        self._deadline_token: Token[float | None] | None = None
+        self._deadline_token: Token[Expiry | None] | None = None
 
     @property
     def tenant_id(self) -> str:
@@ -63,10 +68,7 @@ class TenantContext(RequestScope):
         self._lease = lease
         timeout_s = self._quota.timeout_s
         if timeout_s is not None:
-            at = _monotonic() + timeout_s
-            outer = _deadline.get()
-            if outer is None or at < outer:
-                self._deadline_token = _deadline.set(at)
+            self._deadline_token = narrow(timeout_s, self._clock)
         self._token = _scope.set(self)
         return self
 

@@ -1,0 +1,148 @@
+"""The circuit breaker: a permit before each attempt, the outcome after it.
+
+A gate of attempt scope (a stream holds its permit from opening to its end, and its outcome is
+counted once, however it ends). ``enter`` takes a permit (:class:`~ragguard.BreakerOpen` while the
+breaker rejects); a breaker whose half-open trial permits live elsewhere (the Redis-shared breaker,
+an :class:`~ragguard.breakers.AsyncBreaker`) is asked for one with a round trip, and the attempt's
+time starts after it. ``exit`` reports the outcome: success, or the error for the breaker's own
+classifier to count or ignore; a cancellation, a :class:`~ragguard.DeadlineExceeded` (the caller's
+budget, not the dependency) and an error an outer layer recovers (``Call.recoverable``) give the
+permit back unrecorded.
+
+The breaker is built once per stage (:func:`make_breaker`): the kind the stage's policy names,
+or the one given to ``@guard(breaker=...)``, shared across replicas when the Guard has Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .._clock import Clock
+from .._errors import BreakerOpen, ConfigError, DeadlineExceeded, StageTimeout
+from ..breakers import (
+    AsyncBreaker,
+    Breaker,
+    CircuitBreaker,
+    EmbeddingTimeoutBreaker,
+    RerankOOMBreaker,
+    VectorStoreUnavailableBreaker,
+)
+from ..pipeline import WAIT, Call, Scope
+
+if TYPE_CHECKING:
+    from ._stage import Bound, Stage
+
+__all__ = ["BREAKER_KINDS", "BreakerLayer", "adapt_breaker", "build", "make_breaker"]
+
+BREAKER_KINDS: dict[str, type[CircuitBreaker]] = {
+    "embedding_timeout": EmbeddingTimeoutBreaker,
+    "vector_store_unavailable": VectorStoreUnavailableBreaker,
+    "rerank_oom": RerankOOMBreaker,
+    "generic": CircuitBreaker,
+}
+
+
+class BreakerLayer:
+    """Drives ``breaker`` (any :class:`~ragguard.breakers.Breaker`) around each attempt."""
+
+    scope: ClassVar[Scope] = "attempt"
+    __slots__ = ("_asks_async", "breaker", "clock")
+
+    def __init__(self, breaker: Breaker, clock: Clock) -> None:
+        self.breaker = breaker
+        self.clock = clock
+        self._asks_async = isinstance(breaker, AsyncBreaker)
+
+    def enter(self, call: Call) -> Any:
+        try:
+            token = self.breaker.acquire()
+        except BreakerOpen as exc:
+            # a shared breaker hands out half-open trial permits through Redis: ask it for one
+            # rather than rejecting the first callers of the half-open state
+            if self._asks_async and exc.state == "half_open":
+                return WAIT
+            raise
+        call.started = self.clock()
+        return token
+
+    async def enter_async(self, call: Call) -> Any:
+        token = await self.breaker.acquire_async()  # type: ignore[attr-defined]
+        call.started = self.clock()  # the round trip is not the dependency's time
+        return token
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        breaker = self.breaker
+        if exc is None:
+            now = self.clock()
+            breaker.on_result(token, now - call.started, None, now)
+        elif not isinstance(exc, Exception) or isinstance(exc, DeadlineExceeded):
+            breaker.release(token)
+        else:
+            recoverable = call.recoverable
+            if recoverable is not None and recoverable(exc):
+                breaker.release(token)
+            else:
+                now = self.clock()
+                breaker.on_result(token, now - call.started, exc, now)
+        return None
+
+
+def _counting_stage_timeouts(base: Callable[[BaseException], bool]) -> Callable[[BaseException], bool]:
+    """``base`` plus the stage's own attempt timeout: a dependency that did not answer within the
+    stage's ``timeout_s`` is unwell whatever the breaker's kind (a hung vector store must trip the
+    vector-store breaker, not only one that refuses connections)."""
+
+    def counts(exc: BaseException) -> bool:
+        return isinstance(exc, StageTimeout) or base(exc)
+
+    counts.__name__ = f"{getattr(base, '__name__', 'classifier')}_or_stage_timeout"
+    return counts
+
+
+def adapt_breaker(breaker: object) -> Breaker:
+    """``breaker`` as a :class:`~ragguard.breakers.Breaker`: itself when it is one, an adapter
+    for an ``aiobreaker.CircuitBreaker``; else ConfigError."""
+    if isinstance(breaker, Breaker):
+        return breaker
+    try:
+        import aiobreaker
+    except ImportError:  # pragma: no cover - aiobreaker is a dependency
+        aiobreaker = None
+    if aiobreaker is not None and isinstance(breaker, aiobreaker.CircuitBreaker):
+        from ..breakers import from_aiobreaker
+
+        return from_aiobreaker(breaker)
+    raise ConfigError(
+        "breaker must be a ragguard breaker (acquire, on_result, release, classifier) or an "
+        f"aiobreaker.CircuitBreaker, got {type(breaker).__name__}"
+    )
+
+
+def make_breaker(stage: Stage, given: Breaker | None) -> Breaker | None:
+    """The stage's breaker: ``given``, else the kind its policy names (None for ``none``), shared
+    through Redis when the Guard has a client."""
+    if given is not None:
+        return given
+    kind = stage.policy.breaker.kind
+    if kind == "none":
+        return None
+    cls = BREAKER_KINDS[kind]
+    options = stage.policy.breaker.options()
+    base = getattr(cls, "defaults", {}).get("classifier")
+    if base is not None:
+        options["classifier"] = _counting_stage_timeouts(base)
+    guard = stage.guard
+    local = cls(stage.name, clock=guard.clock, rng=guard.rng, **options)
+    if guard.redis is None:
+        return local
+    from ..distributed import SharedCircuitBreaker
+
+    shared = SharedCircuitBreaker(local, guard.redis, key_prefix=guard.redis_prefix)
+    guard._closers.append(shared.aclose)
+    return shared
+
+
+def build(stage: Stage, bound: Bound) -> BreakerLayer | None:
+    breaker = stage.breaker
+    return None if breaker is None else BreakerLayer(breaker, stage.clock)

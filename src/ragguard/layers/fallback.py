@@ -1,0 +1,131 @@
+"""Fallbacks: when a stage fails in a way that says its dependency is unwell, answer another way.
+
+A recovery holding a chain of fallbacks tried in order: the stage's preset may put its own first
+(the embedding cache) or last (skip rerank), the user's ``fallback=`` (one callable or a sequence)
+sits between. Each is called with the call's arguments; the first that answers serves the call and
+is named in :func:`ragguard.degraded`. One that misses (:class:`FallbackMiss`, e.g. a text not in
+the cache) or raises hands over to the next; when none answers, the original error is raised with a
+note naming what each fallback did.
+
+A fallback serves after an error its stage's breaker counts, an unreachable or timed-out
+dependency, an open breaker or a spent deadline (``fallback_on: breaker``, the default), or after
+any error (``fallback_on: any``); never after a quota rejection (a tenant over its share is not
+served another way) or a cancellation. For a stream, only before its first item (the commit
+point); a fallback of a stream may return an async iterable or an iterable of items.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .._context import current_tenant, mark_degraded
+from .._errors import BreakerOpen, DeadlineExceeded, QuotaExceeded
+from ..breakers import is_connection_error, is_timeout
+from ..events import FallbackServed, bus
+from ..pipeline import Call
+
+if TYPE_CHECKING:
+    from ._stage import Bound, Stage
+
+__all__ = ["Fallback", "FallbackLayer", "FallbackMiss", "UserFallback", "build"]
+
+_MAX_NOTES = 8
+
+
+class FallbackMiss(Exception):
+    """Raised by a fallback that has no answer for this call: the next fallback is tried."""
+
+
+@runtime_checkable
+class Fallback(Protocol):
+    """One way to answer a failed call: ``name`` (reported by :func:`ragguard.degraded`) and
+    ``serve(call, exc)``, which returns the answer or raises (:class:`FallbackMiss` to pass)."""
+
+    name: str
+
+    async def serve(self, call: Call, exc: Exception) -> Any: ...
+
+
+class UserFallback:
+    """A user's fallback callable, called with the call's arguments: an ``async def``, a plain
+    function, or (for a stream) an async generator function or one returning an iterable."""
+
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.name: str = getattr(fn, "__name__", None) or type(fn).__name__
+
+    async def serve(self, call: Call, exc: Exception) -> Any:
+        produced = self.fn(*call.args, **call.kwargs)
+        if inspect.isawaitable(produced):
+            produced = await produced
+        return produced
+
+    def __repr__(self) -> str:
+        return f"UserFallback({self.name})"
+
+
+class FallbackLayer:
+    """Serves stage ``stage``'s failures from ``fallbacks``, in order (see the module docstring)."""
+
+    __slots__ = ("_applies", "fallbacks", "stage")
+
+    def __init__(
+        self, stage: str, fallbacks: Sequence[Fallback], applies: Callable[[BaseException], bool]
+    ) -> None:
+        self.stage = stage
+        self.fallbacks = tuple(fallbacks)
+        self._applies = applies
+
+    async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
+        if not self._applies(exc):
+            raise exc
+        for fallback in self.fallbacks:
+            try:
+                result = await fallback.serve(call, exc)
+            except FallbackMiss:
+                continue
+            except Exception as failed:
+                _note(exc, f"fallback {fallback.name!r} failed too: {type(failed).__name__}: {failed}")
+                continue
+            mark_degraded(fallback.name)
+            if bus.active:
+                bus.emit(FallbackServed(self.stage, fallback.name, current_tenant(), type(exc).__name__))
+            return result
+        raise exc
+
+
+def _note(exc: BaseException, text: str) -> None:
+    notes = getattr(exc, "__notes__", ())
+    if len(notes) < _MAX_NOTES:
+        exc.add_note(text if len(text) <= 300 else text[:297] + "...")
+
+
+def applies_for(
+    counts: Callable[[BaseException], bool] | None, fallback_on: str
+) -> Callable[[BaseException], bool]:
+    """When a stage's fallbacks serve (see the module docstring): ``counts`` is the stage breaker's
+    classifier (None without a breaker: every error but a caller's ValueError/TypeError)."""
+
+    def applies(exc: BaseException) -> bool:
+        if isinstance(exc, QuotaExceeded):
+            return False
+        if isinstance(exc, (BreakerOpen, DeadlineExceeded)) or fallback_on == "any":
+            return True
+        if counts is None:
+            return not isinstance(exc, (ValueError, TypeError))
+        # the dependency failed: what its breaker counts, and any unreachable or timed-out call
+        return bool(counts(exc)) or is_connection_error(exc) or is_timeout(exc)
+
+    return applies
+
+
+def build(stage: Stage, bound: Bound) -> FallbackLayer | None:
+    fallbacks = stage.fallbacks_for(bound)
+    if not fallbacks:
+        return None
+    counts = stage.breaker.classifier if stage.breaker is not None else None
+    return FallbackLayer(stage.name, fallbacks, applies_for(counts, stage.policy.fallback_on))

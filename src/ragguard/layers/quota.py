@@ -1,0 +1,50 @@
+"""The tenant quota of a call made outside any ``tenant(...)`` block.
+
+Inside ``async with tenant("acme")`` (or a front door that opens one) the request was admitted once
+on entry, and its guarded calls pass. A call made outside any request is its own request of the
+default tenant: this gate of call scope admits it against ``default_quota`` (a slot and a rate
+token, waiting first come first served up to ``max_wait_s``; :class:`~ragguard.QuotaExceeded` when
+refused) and releases it when the call (or stream) ends. It is in the chain only when the default
+quota limits anything.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .._context import DEFAULT_TENANT, _scope
+from ..pipeline import Call, Scope
+from ..quotas import QuotaBackend
+
+if TYPE_CHECKING:
+    from ._stage import Bound, Stage
+
+__all__ = ["QuotaLayer", "build"]
+
+
+class QuotaLayer:
+    """Admits calls made outside a request scope as requests of the default tenant."""
+
+    scope: ClassVar[Scope] = "call"
+    __slots__ = ("quotas",)
+
+    def __init__(self, quotas: QuotaBackend) -> None:
+        self.quotas = quotas
+
+    def enter(self, call: Call) -> Any:
+        if _scope.get() is not None:
+            return None  # admitted on entry to the request
+        return self.quotas.admit_now(DEFAULT_TENANT)
+
+    async def enter_async(self, call: Call) -> Any:
+        return await self.quotas.acquire(DEFAULT_TENANT)
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        if token is not None:
+            self.quotas.release(token)
+        return None
+
+
+def build(stage: Stage, bound: Bound) -> QuotaLayer | None:
+    guard = stage.guard
+    return QuotaLayer(guard.quotas) if guard.per_call_quota else None

@@ -1,0 +1,306 @@
+"""Deadline-aware retries (run by tenacity) and the retry budget that stops retry storms.
+
+A recovery: nothing runs until an attempt fails with an error the stage retries (``retry_on``:
+connection, timeout, out of memory, or anything the breaker counts; never a cancellation or a
+rejection by ragguard itself). Then a fresh tenacity ``AsyncRetrying`` drives the retries, built
+from small strategies that compose as tenacity intends:
+
+- stop after ``attempts``, or when the next attempt could not start before the deadline with
+  ``min_attempt_s`` left (the upcoming sleep included), or when the retry budget refuses;
+- wait exponentially with seeded jitter, cut to the deadline, and at least the ``retry_after_s``
+  an error carries (a dependency's ``Retry-After``): a wait that cannot fit the deadline stops;
+- sleep with the Guard's time source (a :class:`~ragguard.FakeClock` in tests).
+
+The retry budget (after Envoy's and Finagle's) lets retries add at most ``budget_ratio`` of the
+stage's calls over ``budget_window_s`` plus ``budget_min_per_s`` per second.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import tenacity
+
+from .._context import current_tenant
+from .._errors import RagguardError, StageTimeout
+from ..breakers import is_connection_error, is_out_of_memory, is_timeout
+from ..deadline import remaining
+from ..events import RetryBudgetExhausted, RetryScheduled, bus
+from ..pipeline import Call, Scope
+from ..policy import RetryPolicy
+
+if TYPE_CHECKING:
+    from ._stage import Bound, Stage
+
+__all__ = ["RetryBudget", "RetryLayer", "build", "deadline_aware_retrying", "make_budget"]
+
+_KINDS: dict[str, Callable[[BaseException], bool]] = {
+    "connection": is_connection_error,
+    "timeout": is_timeout,
+    "out_of_memory": is_out_of_memory,
+}
+
+
+class RetryBudget:
+    """Retries may add at most ``ratio`` of the calls seen in the last ``window_s`` seconds, plus
+    ``min_per_s`` retries per second (after Envoy's retry budget and Finagle's RetryBudget).
+
+    Calls are counted in one-second buckets of the injected ``clock`` (monotonic seconds).
+    """
+
+    __slots__ = ("_buckets", "_clock", "_cur", "_cur_calls", "_cur_retries", "min_per_s", "ratio", "window_s")
+
+    def __init__(
+        self, *, ratio: float, min_per_s: float, window_s: float, clock: Callable[[], float]
+    ) -> None:
+        self.ratio = ratio
+        self.min_per_s = min_per_s
+        self.window_s = max(1, round(window_s))
+        self._clock = clock
+        self._buckets: dict[int, tuple[int, int]] = {}
+        self._cur = -1
+        self._cur_calls = 0
+        self._cur_retries = 0
+
+    def _rotate(self, sec: int) -> None:
+        if self._cur >= 0 and (self._cur_calls or self._cur_retries):
+            self._buckets[self._cur] = (self._cur_calls, self._cur_retries)
+        self._cur, self._cur_calls, self._cur_retries = sec, 0, 0
+        horizon = sec - self.window_s
+        for old in [k for k in self._buckets if k <= horizon]:
+            del self._buckets[old]
+
+    def on_call(self, now: float) -> None:
+        """Count one first attempt made at clock time ``now``."""
+        sec = int(now)
+        if sec != self._cur:
+            self._rotate(sec)
+        self._cur_calls += 1
+
+    def try_spend(self) -> bool:
+        """Take one retry from the budget; False when the budget is spent."""
+        sec = int(self._clock())
+        if sec != self._cur:
+            self._rotate(sec)
+        calls = self._cur_calls + sum(c for c, _ in self._buckets.values())
+        retries = self._cur_retries + sum(r for _, r in self._buckets.values())
+        if retries + 1 > self.ratio * calls + self.min_per_s * self.window_s:
+            return False
+        self._cur_retries += 1
+        return True
+
+
+class _DeadlineStop(tenacity.stop.stop_base):
+    """Stop when the next attempt could not start before the deadline with ``min_attempt_s`` left.
+
+    tenacity's ``stop_after_delay`` is checked against the time already spent, so its last sleep can
+    carry an attempt past the deadline; this one looks at the upcoming sleep as well.
+    """
+
+    def __init__(self, min_attempt_s: float) -> None:
+        self.min_attempt_s = max(min_attempt_s, 0.001)
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        left = remaining()
+        return left is not None and left - retry_state.upcoming_sleep < self.min_attempt_s
+
+
+def retry_after_of(exc: BaseException | None) -> float:
+    """The wait in seconds an error asks for (its ``retry_after_s``: a dependency's Retry-After),
+    0.0 when it asks for none."""
+    after = getattr(exc, "retry_after_s", None)
+    if isinstance(after, (int, float)) and not isinstance(after, bool) and after > 0:
+        return float(after)
+    return 0.0
+
+
+class _CutWait(tenacity.wait.wait_base):
+    """Exponential backoff with seeded jitter, cut so that ``min_attempt_s`` stays for the retry,
+    and never shorter than the failed attempt's ``retry_after_s`` (then the deadline stop decides
+    whether that wait fits)."""
+
+    def __init__(self, policy: RetryPolicy, min_attempt_s: float, rng: random.Random) -> None:
+        self.base = tenacity.wait_exponential(
+            multiplier=policy.initial_backoff_s, exp_base=policy.multiplier, max=policy.max_backoff_s
+        )
+        self.jitter_s = policy.jitter_s
+        self.min_attempt_s = max(min_attempt_s, 0.001)
+        self.rng = rng
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        wait = float(self.base(retry_state))
+        if self.jitter_s:
+            wait += self.rng.uniform(0.0, self.jitter_s)
+        left = remaining()
+        if left is not None:
+            wait = min(wait, max(0.0, left - self.min_attempt_s))
+        outcome = retry_state.outcome
+        if outcome is not None and outcome.failed:
+            wait = max(wait, retry_after_of(outcome.exception()))
+        return wait
+
+
+class _BudgetStop(tenacity.stop.stop_base):
+    """Stop when the retry budget refuses the retry; checked last, so only retries that would
+    otherwise happen are charged to the budget."""
+
+    def __init__(self, spend: Callable[[], bool]) -> None:
+        self.spend = spend
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return not self.spend()
+
+
+def deadline_aware_retrying(
+    policy: RetryPolicy,
+    *,
+    retryable: Callable[[BaseException], bool],
+    budget: Callable[[], bool] | None = None,
+    min_attempt_s: float,
+    rng: random.Random,
+    sleep: Callable[[float], Awaitable[Any]],
+    before_sleep: Callable[[tenacity.RetryCallState], Any] | None = None,
+) -> tenacity.AsyncRetrying:
+    """A fresh tenacity ``AsyncRetrying`` for one call (retry state is never shared by callers).
+
+    ``retryable(exc)`` says whether an error may be retried; ``budget()`` takes one retry from a
+    retry budget (False: refused). The stop conditions run in order and short-circuit, so the
+    budget is asked only when the attempt count and the deadline both allow the retry.
+    """
+    stop = tenacity.stop_after_attempt(policy.attempts) | _DeadlineStop(min_attempt_s)
+    if budget is not None:
+        stop = stop | _BudgetStop(budget)
+    return tenacity.AsyncRetrying(
+        stop=stop,
+        wait=_CutWait(policy, min_attempt_s, rng),
+        retry=tenacity.retry_if_exception(retryable),
+        sleep=sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+
+
+class RetryLayer:
+    """Retries a failed attempt of stage ``stage`` (see the module docstring).
+
+    Also a gate of call scope, so that every call (not only the failing ones) counts towards the
+    retry budget's ratio."""
+
+    scope: ClassVar[Scope] = "call"
+    __slots__ = ("_kinds", "budget", "clock", "min_attempt_s", "policy", "rng", "sleep", "stage")
+
+    def __init__(
+        self,
+        stage: str,
+        policy: RetryPolicy,
+        *,
+        budget: RetryBudget,
+        counts: Callable[[BaseException], bool],
+        min_attempt_s: float,
+        clock: Callable[[], float],
+        rng: random.Random,
+        sleep: Callable[[float], Awaitable[Any]],
+    ) -> None:
+        self.stage = stage
+        self.policy = policy
+        self.budget = budget
+        self.min_attempt_s = min_attempt_s
+        self.clock = clock
+        self.rng = rng
+        self.sleep = sleep
+        kinds = policy.retry_on
+        self._kinds: tuple[Callable[[BaseException], bool], ...] = (
+            (counts,) if "any" in kinds else tuple(_KINDS[k] for k in kinds)
+        )
+
+    def retryable(self, exc: BaseException) -> bool:
+        """True when ``exc`` may be retried: one of the stage's ``retry_on`` kinds, and neither a
+        cancellation nor a rejection by ragguard (a stage timeout is a timeout, and retryable)."""
+        if not isinstance(exc, Exception) or (
+            isinstance(exc, RagguardError) and not isinstance(exc, StageTimeout)
+        ):
+            return False  # tenacity hands cancellations to the predicate too: never retry them
+        return any(kind(exc) for kind in self._kinds)
+
+    def enter(self, call: Call) -> Any:
+        if call.attempt == 1:
+            self.budget.on_call(self.clock())
+        return None
+
+    async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
+        return self.enter(call)
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        return None
+
+    async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
+        if not self.retryable(exc):
+            raise exc
+        pending: list[BaseException] = [exc]
+        stage = self.stage
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            if bus.active:
+                failed = state.outcome.exception() if state.outcome is not None else None
+                bus.emit(
+                    RetryScheduled(
+                        stage, state.attempt_number + 1, state.upcoming_sleep, type(failed).__name__
+                    )
+                )
+
+        retrying = deadline_aware_retrying(
+            self.policy,
+            retryable=self.retryable,
+            budget=self._spend,
+            min_attempt_s=self.min_attempt_s,
+            rng=self.rng,
+            sleep=self.sleep,
+            before_sleep=before_sleep,
+        )
+        async for attempt in retrying:
+            with attempt:
+                if pending:
+                    raise pending.pop()  # replay the first failure so tenacity's backoff starts at it
+                call.attempt += 1
+                return await again()
+        raise AssertionError("unreachable")  # pragma: no cover - reraise=True always raises
+
+    def _spend(self) -> bool:
+        # Consulted by tenacity only after the attempt and deadline checks allowed a retry, so
+        # the budget is charged for retries that really happen, never for a call's last attempt.
+        if self.budget.try_spend():
+            return True
+        if bus.active:
+            bus.emit(RetryBudgetExhausted(self.stage, current_tenant()))
+        return False
+
+
+def make_budget(stage: Stage) -> RetryBudget | None:
+    """The stage's retry budget (shared by every function of the stage), None without retries."""
+    retry = stage.policy.retry
+    if retry.attempts <= 1:
+        return None
+    return RetryBudget(
+        ratio=retry.budget_ratio,
+        min_per_s=retry.budget_min_per_s,
+        window_s=retry.budget_window_s,
+        clock=stage.clock,
+    )
+
+
+def build(stage: Stage, bound: Bound) -> RetryLayer | None:
+    budget = stage.budget
+    if budget is None:
+        return None
+    return RetryLayer(
+        stage.name,
+        stage.policy.retry,
+        budget=budget,
+        counts=stage.counts,
+        min_attempt_s=stage.policy.min_attempt_s,
+        clock=stage.clock,
+        rng=stage.guard.rng,
+        sleep=stage.guard.sleep,
+    )

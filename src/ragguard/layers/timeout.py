@@ -1,0 +1,121 @@
+"""The attempt timeout: each attempt (each item, for a stream) gets min(stage timeout, deadline left).
+
+A gate of item scope. On entry it computes the attempt's budget, refuses to start an attempt with
+less than ``min_attempt_s`` left (:class:`~ragguard.DeadlineExceeded`), and arms a timer for the
+running task: the Guard clock's own timers when it has them (:class:`~ragguard.FakeClock`), else the
+event loop's timer wheel (:mod:`ragguard._timeouts`); on trio a native cancel scope. On exit a
+timer that fired turns the cancellation into :class:`~ragguard.StageTimeout` (the stage's own
+``timeout_s`` ran out: the dependency was slow) or :class:`~ragguard.DeadlineExceeded` (the
+caller's budget ran out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .._clock import Timers, timers_of
+from .._compat import current_task, running_loop
+from .._errors import DeadlineExceeded, StageTimeout
+from .._timeouts import MAX_TIMEOUT_S, AttemptTimeout, wheel_for
+from ..deadline import _deadline
+from ..pipeline import Call, Scope
+
+if TYPE_CHECKING:
+    from ._stage import Bound, Stage
+
+__all__ = ["TimeoutLayer", "build"]
+
+
+class TimeoutLayer:
+    """Bounds each attempt by ``timeout_s`` (None: only the deadline) and the request's deadline."""
+
+    scope: ClassVar[Scope] = "item"
+    __slots__ = ("_min_left", "_timers", "stage", "timeout_s")
+
+    def __init__(
+        self, stage: str, timeout_s: float | None, min_attempt_s: float, timers: Timers | None
+    ) -> None:
+        self.stage = stage
+        self.timeout_s = timeout_s
+        self._min_left = min_attempt_s
+        self._timers = timers
+
+    def enter(self, call: Call) -> Any:
+        timeout = self.timeout_s
+        by_deadline = False
+        expiry = _deadline.get()
+        if expiry is not None:
+            left = expiry.at - expiry.clock()
+            if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
+                detail = (
+                    f"stream cut after {call.items} items" if call.items else "no budget left for an attempt"
+                )
+                raise DeadlineExceeded(self.stage, None if left <= 0.0 else left, detail)
+            if timeout is None or left < timeout:
+                timeout, by_deadline = left, True
+        if timeout is None or timeout >= MAX_TIMEOUT_S:
+            return None
+        call.budget_s, call.by_deadline = timeout, by_deadline
+        loop = running_loop()
+        if loop is None:
+            return _trio_scope(timeout)
+        task = current_task(loop)
+        if task is None:  # pragma: no cover - awaited outside a task: nothing to cancel
+            return None
+        timers = self._timers
+        return (timers if timers is not None else wheel_for(loop)).arm(task, timeout)
+
+    async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
+        return self.enter(call)
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        if token is None:
+            return None
+        if type(token) is not int:
+            return self._exit_trio(call, token, exc)
+        timers = self._timers
+        if timers is None:
+            loop = running_loop()
+            assert loop is not None
+            timers = wheel_for(loop)
+        if not timers.disarm(token):
+            return None
+        # the timer fired: take its cancellation request back; it was a timeout only if the call
+        # ended cancelled and nobody else asked to cancel the task too
+        outside = current_task(running_loop()).uncancel() > 0
+        if isinstance(exc, asyncio.CancelledError) and not outside:
+            return self._timed_out(call)
+        return None
+
+    def _exit_trio(self, call: Call, scope: Any, exc: BaseException | None) -> BaseException | None:
+        scope.__exit__(type(exc) if exc is not None else None, exc, None)
+        if exc is not None and scope.cancelled_caught:
+            return self._timed_out(call)  # the scope caught its own cancellation
+        return None
+
+    def _timed_out(self, call: Call) -> BaseException:
+        budget = call.budget_s if call.budget_s is not None else 0.0
+        error: BaseException
+        if call.by_deadline:
+            detail = f"stream cut after {call.items} items" if call.items else ""
+            error = DeadlineExceeded(self.stage, budget, detail)
+            error.__cause__ = AttemptTimeout(f"attempt timed out after {budget:.3f}s")
+        else:
+            error = StageTimeout(self.stage, budget)
+            error.__suppress_context__ = True  # the cancellation that stopped the call is ours
+        return error
+
+
+def _trio_scope(timeout_s: float) -> Any:
+    import trio
+
+    scope = trio.CancelScope(deadline=trio.current_time() + timeout_s)
+    scope.__enter__()
+    return scope
+
+
+def build(stage: Stage, bound: Bound) -> TimeoutLayer | None:
+    """The stage's timeout layer; every stage has one (a deadline bounds even an untimed stage)."""
+    policy = stage.policy
+    return TimeoutLayer(stage.name, policy.timeout_s, max(policy.min_attempt_s, 0.0), timers_of(stage.clock))

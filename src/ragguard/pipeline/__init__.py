@@ -1,0 +1,11 @@
+"""The layer contract and the drivers that run a stage's chain of layers.
+
+See :mod:`ragguard.pipeline._contract` for the three shapes of a layer (Gate, Recovery, Wrapper)
+and :mod:`ragguard.pipeline._drivers` for how a chain runs a call and a stream. The layers
+themselves live in :mod:`ragguard.layers`, one file each.
+"""
+
+from ._chain import Chain
+from ._contract import WAIT, Call, Gate, Layer, Recovery, Scope, Wrapper
+
+__all__ = ["WAIT", "Call", "Chain", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]

@@ -1,0 +1,35 @@
+"""A compiled chain: the layers of one decorated function of a stage, ready to run."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from ._contract import Call, Gate, Layer
+from ._drivers import Node, compile_chain, run_stream
+
+__all__ = ["Chain"]
+
+
+class Chain:
+    """``layers`` (outermost first), compiled once: :meth:`run` drives a call, :meth:`stream` a
+    stream, through the same layer objects."""
+
+    __slots__ = ("_item_gates", "layers", "root")
+
+    def __init__(self, layers: Sequence[Layer]) -> None:
+        self.layers: tuple[Layer, ...] = tuple(layers)
+        self.root: Node
+        self._item_gates: tuple[Gate, ...]
+        self.root, self._item_gates = compile_chain(self.layers)
+
+    async def run(self, call: Call) -> Any:
+        """Run ``call`` through the chain; returns what the call (or a fallback) returned."""
+        return await self.root.run(call)
+
+    def stream(self, call: Call) -> AsyncIterator[Any]:
+        """Run the stream ``call`` through the chain: an async generator of its items."""
+        return run_stream(self.root, self._item_gates, call)
+
+    def __repr__(self) -> str:
+        return "Chain(" + " > ".join(type(layer).__name__ for layer in self.layers) + ")"

@@ -1,0 +1,139 @@
+"""The layer contract: what one layer of a guarded stage is, in three shapes.
+
+A stage's chain is a list of layers, outermost first, built once per decorated function from the
+stage's policy (see :mod:`ragguard.layers`). A layer takes one of three shapes, chosen by what it
+does to the flow of the call:
+
+- :class:`Gate`: a check before and a record after, run synchronously in the driver's own frame
+  (quota slot, deadline, breaker permit, attempt timer). ``enter`` returns a token, or :data:`WAIT`
+  when admission needs ``await enter_async``; ``exit`` receives the token and the outcome and may
+  replace the error that is raised (the timer turns its cancellation into a timeout).
+- :class:`Recovery`: acts only after a failure (retry, fallback): ``recover`` may run the layers
+  inside it again through ``again``, return something else, or raise.
+- :class:`Wrapper`: runs around every pass through the layers inside it (chaos injection, chunked
+  rerank, the embedding-cache tap): ``around`` calls ``proceed`` zero or more times.
+
+The unary driver and the stream driver (:mod:`ragguard.pipeline._drivers`) run the same layer
+objects. For a stream, a gate's ``scope`` says how long it holds: ``call`` and ``attempt`` gates
+from opening the stream to its end, ``item`` gates around the wait for each item; recoveries act
+only before the first item reaches the caller (the commit point); wrappers with ``streams = True``
+wrap the opening of the stream, up to its first item.
+
+A :class:`Call` is the per-call record every layer reads (the function and its arguments, the
+stage, the attempt number) and a few layers write (documented per field). After Polly v8's
+``ResilienceStrategy`` / ``ResilienceContext``; no code is shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from ..quotas import WAIT
+
+__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+
+Scope = Literal["call", "attempt", "item"]
+
+
+class Call:
+    """One guarded call (or stream) as it moves through a stage's chain.
+
+    - ``stage``: the stage name; ``fn``, ``args``, ``kwargs``: what the innermost layer calls
+      (a wrapper may swap ``args``/``kwargs`` while it runs, as the chunked rerank does);
+    - ``stream``: True for an async-generator stage;
+    - ``attempt``: 1 for the first attempt, raised by the retry layer before each retry;
+    - ``recoverable``: set by an outer layer that recovers some errors itself (the rerank chunker
+      recovers out-of-memory errors above its floor): the breaker gives its permit back instead of
+      counting an error this predicate accepts;
+    - ``started``: the clock time the current attempt was admitted by the breaker;
+    - ``budget_s``, ``by_deadline``: the current attempt's time budget and whether the deadline
+      (rather than the stage timeout) set it (the timeout layer's);
+    - ``items``: items handed to the caller so far (streams).
+    """
+
+    __slots__ = (
+        "args",
+        "attempt",
+        "budget_s",
+        "by_deadline",
+        "fn",
+        "items",
+        "kwargs",
+        "recoverable",
+        "stage",
+        "started",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        stage: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        stream: bool = False,
+    ) -> None:
+        self.stage = stage
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.stream = stream
+        self.attempt = 1
+        self.recoverable: Callable[[BaseException], bool] | None = None
+        self.started = 0.0
+        self.budget_s: float | None = None
+        self.by_deadline = False
+        self.items = 0
+
+    def __repr__(self) -> str:
+        return f"<Call {self.stage!r} attempt={self.attempt} stream={self.stream}>"
+
+
+@runtime_checkable
+class Gate(Protocol):
+    """A synchronous check before the inner layers and a record after them.
+
+    ``enter(call)`` admits the call and returns a token (anything; None is fine), raises a
+    rejection (a :class:`~ragguard.RagguardError`), or returns :data:`WAIT` when admission must
+    wait: the driver then awaits ``enter_async(call)`` for the token. ``exit(call, token, exc)``
+    runs exactly once per successful ``enter``, innermost gate first, with the exception the inner
+    layers raised (None on success, a ``BaseException`` on cancellation); it returns None to let
+    that outcome stand, or an exception to raise in its place.
+    """
+
+    scope: Scope
+
+    def enter(self, call: Call) -> Any: ...
+
+    async def enter_async(self, call: Call) -> Any: ...
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None: ...
+
+
+@runtime_checkable
+class Recovery(Protocol):
+    """Acts after the inner layers failed with ``exc`` (an ``Exception``; never a cancellation).
+
+    ``recover`` returns a result in place of the failed one, or raises (``exc`` itself when it
+    does not apply). ``again()`` runs the inner layers once more and returns their result. For a
+    stream the result is the opened stream (the driver's), and a fallback returns an async
+    iterable of items instead.
+    """
+
+    async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any: ...
+
+
+@runtime_checkable
+class Wrapper(Protocol):
+    """Runs around each pass through the inner layers: ``await proceed()`` runs them once.
+
+    ``streams``: whether the layer also wraps the opening of a stream (up to its first item).
+    """
+
+    streams: ClassVar[bool]
+
+    async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any: ...
+
+
+Layer = Gate | Recovery | Wrapper
