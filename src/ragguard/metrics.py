@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from . import _validate as v
 from . import events
 from ._errors import ConfigError
 
@@ -121,8 +122,7 @@ class PrometheusExporter:
         latency_buckets_s: tuple[float, ...] = DEFAULT_LATENCY_BUCKETS_S,
         pools: bool = True,
     ) -> None:
-        if isinstance(max_tenants, bool) or not isinstance(max_tenants, int) or max_tenants < 1:
-            raise ConfigError(f"PrometheusExporter: max_tenants must be an int >= 1, got {max_tenants!r}")
+        v.count("max_tenants", max_tenants, 1)
         buckets = tuple(float(b) for b in latency_buckets_s)
         if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
             raise ConfigError(

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .. import _validate as v
 from .._errors import ConfigError
 from ._record import Record, default_recorder, load_records, to_record
 
@@ -90,8 +91,7 @@ def diagnose(events: Iterable[Any] | None = None, *, grace_s: float = 1.0) -> Di
     how long after a stall a breaker opening still counts as caused by it. Raises ConfigError for
     a negative ``grace_s`` and RuntimeError when ``events`` is None and no recorder runs.
     """
-    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not 0 <= grace_s < float("inf"):
-        raise ConfigError(f"diagnose: grace_s must be >= 0 seconds, got {grace_s!r}")
+    grace_s = v.seconds("grace_s", grace_s, allow_zero=True)
     if events is None:
         recorder = default_recorder()
         if recorder is None:

@@ -25,6 +25,7 @@ from redis.asyncio import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError
 
+from .. import _validate as v
 from .. import events
 from .._clock import Clock, monotonic
 from .._errors import ConfigError
@@ -137,11 +138,10 @@ class _PoolMonitor:
             pool_name = f"{where}/{kw.get('db', 0)}"
         if not isinstance(pool_name, str) or not pool_name:
             raise ConfigError(f"pool_name must be a non-empty str, got {pool_name!r}")
-        _check_positive("wait_threshold_s", wait_threshold_s)
+        v.seconds("wait_threshold_s", wait_threshold_s)
         if leak_after_s is not None:
-            _check_positive("leak_after_s", leak_after_s)
-        if not callable(clock):
-            raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")
+            v.seconds("leak_after_s", leak_after_s)
+        v.function("clock", clock, "returning seconds")
         buckets = tuple(float(b) for b in wait_buckets_s)
         if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
             raise ConfigError(f"wait_buckets_s must be increasing positive seconds, got {wait_buckets_s!r}")
@@ -403,7 +403,3 @@ def _acquiring_stack() -> tuple[str, ...]:
 
 _SEP = "/" if sys.platform != "win32" else "\\"
 
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")

@@ -18,9 +18,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .. import _validate as v
 from .. import events
 from .._clock import Clock, monotonic
-from .._errors import ConfigError
 
 __all__ = ["DEFAULT_KINDS", "EventRecorder", "default_recorder", "load_records", "record_events", "to_record"]
 
@@ -73,10 +73,8 @@ class EventRecorder:
         clock: Clock = monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        if not isinstance(maxlen, int) or maxlen < 1:
-            raise ConfigError(f"EventRecorder: maxlen must be an int >= 1, got {maxlen!r}")
-        if not isinstance(max_bytes, int) or max_bytes < 1024:
-            raise ConfigError(f"EventRecorder: max_bytes must be an int >= 1024, got {max_bytes!r}")
+        v.count("maxlen", maxlen, 1)
+        v.size("max_bytes", max_bytes, low=1024)
         self.path = None if path is None else Path(path)
         self.kinds = None if kinds is None else frozenset(kinds)
         self.max_bytes = max_bytes

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from .. import _validate as v
 from .._clock import Clock, monotonic
 from .._errors import QuotaExceeded
 from ..deadline import remaining
@@ -117,8 +118,7 @@ class LocalQuotas:
         clock: Clock = monotonic,
         max_tenants: int = 10_000,
     ) -> None:
-        if max_tenants < 1:
-            raise ValueError(f"max_tenants must be >= 1, got {max_tenants}")
+        v.count("max_tenants", max_tenants, 1)
         self._quota_for = quota_for
         self._clock = clock
         self._max_tenants = max_tenants
