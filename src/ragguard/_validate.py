@@ -95,7 +95,7 @@ def seconds(
     ):
         bound = ">= 0" if allow_zero else "> 0"
         if max_s is not None:
-            bound += f" and <= {max_s:g}"
+            bound += f" and <= {max_s:,.0f}" if max_s == int(max_s) else f" and <= {max_s:g}"
         raise _fail(option, f"a finite number of seconds {bound}", value)
     return x
 

@@ -15,6 +15,7 @@ from contextvars import ContextVar, Token
 from types import TracebackType
 
 from ._errors import ConfigError
+from ._validate import shown
 
 __all__ = ["current_deadline", "deadline", "remaining"]
 
@@ -49,13 +50,18 @@ class deadline:
     def __init__(self, seconds: float | None) -> None:
         if seconds is not None:
             if isinstance(seconds, (str, bytes, bool)):  # float() would take "2" and True
-                raise ConfigError(f"deadline: seconds must be a number or None, got {seconds!r}")
+                raise ConfigError(f"deadline: seconds must be a number or None, got {shown(seconds)}")
             try:
                 seconds = float(seconds)
+            except OverflowError:  # an int past any float (10**400)
+                raise ConfigError(
+                    f"deadline: seconds must be a float-sized number or None, got {shown(seconds)}"
+                ) from None
             except (TypeError, ValueError):
-                raise ConfigError(f"deadline: seconds must be a number or None, got {seconds!r}") from None
+                rule = "deadline: seconds must be a number or None"
+                raise ConfigError(f"{rule}, got {shown(seconds)}") from None
             if math.isnan(seconds) or seconds < 0:
-                raise ConfigError(f"deadline: seconds must be >= 0, got {seconds!r}")
+                raise ConfigError(f"deadline: seconds must be >= 0, got {shown(seconds)}")
         self._seconds = seconds
         self._token: Token[float | None] | None = None
         self.expires_at: float | None = None

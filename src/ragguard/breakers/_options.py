@@ -41,9 +41,11 @@ __all__ = [
     "MAX_PERMITS",
     "MAX_WINDOW_CALLS",
     "MAX_WINDOW_SECONDS",
+    "NUMBER_OPTIONS",
     "BreakerConfig",
     "BreakerOptions",
     "Classifier",
+    "check_option",
 ]
 
 Classifier = Callable[[BaseException], bool]
@@ -110,35 +112,22 @@ class BreakerConfig:
 
     def __post_init__(self) -> None:
         put = object.__setattr__
-        for name in ("failure_rate_threshold", "slow_call_rate_threshold"):
-            put(self, name, v.percent(name, getattr(self, name)))
-        put(self, "slow_call_duration_s", _duration("slow_call_duration_s", self.slow_call_duration_s))
-        if self.consecutive_failures_threshold is not None:
-            v.count("consecutive_failures_threshold", self.consecutive_failures_threshold, 1,
-                    MAX_WINDOW_CALLS)  # fmt: skip
-        if self.window_type == "count":
-            size = v.count("window_size", self.window_size, 1, MAX_WINDOW_CALLS, hint="calls")
-            v.count("minimum_calls", self.minimum_calls, 1, size,
-                    hint="at most window_size of a count window")  # fmt: skip
-        elif self.window_type == "time":
+        for name in _RULES:
+            value = getattr(self, name)
+            if value is not None:
+                put(self, name, check_option(name, value))
+        window_type = self.window_type
+        if window_type == "time":
             v.count("window_size", self.window_size, 1, MAX_WINDOW_SECONDS, hint="seconds of a time window")
-            v.count("minimum_calls", self.minimum_calls, 1, MAX_WINDOW_CALLS)
+        elif window_type == "count":
+            v.count("minimum_calls", self.minimum_calls, 1, self.window_size,
+                    hint="at most window_size of a count window")  # fmt: skip
         else:
-            got = v.shown(self.window_type)
+            got = v.shown(window_type)
             raise ConfigError(f"window_type must be 'count' or 'time', got {got}", field="window_type")
-        v.count("half_open_permits", self.half_open_permits, 1, MAX_PERMITS)
-        open_for = _duration("open_for_s", self.open_for_s)
-        put(self, "open_for_s", open_for)
-        multiplier = v.number("open_backoff_multiplier", self.open_backoff_multiplier, low=1.0,
-                              high=MAX_BACKOFF_MULTIPLIER)  # fmt: skip
-        put(self, "open_backoff_multiplier", multiplier)
-        if self.open_max_s is not None:
-            open_max = _duration("open_max_s", self.open_max_s)
-            if open_max < open_for:
-                rule = f"open_max_s must be >= open_for_s ({open_for:g})"
-                raise ConfigError(f"{rule}, got {v.shown(self.open_max_s)}", field="open_max_s")
-            put(self, "open_max_s", open_max)
-        put(self, "open_jitter", v.fraction("open_jitter", self.open_jitter, below_one=True))
+        if self.open_max_s is not None and self.open_max_s < self.open_for_s:
+            rule = f"open_max_s must be >= open_for_s ({self.open_for_s:g})"
+            raise ConfigError(f"{rule}, got {v.shown(self.open_max_s)}", field="open_max_s")
         v.function("classifier", self.classifier, "exc -> bool")
         if self.slow_classifier is not None:
             v.function("slow_classifier", self.slow_classifier, "exc -> bool")
@@ -171,5 +160,37 @@ class BreakerConfig:
 _FIELDS = frozenset(f.name for f in fields(BreakerConfig))
 
 
+def check_option(name: str, value: object) -> Any:
+    """``value`` checked and normalised by the one-value rule of breaker option ``name`` (a
+    number option, not None): the rule :class:`BreakerConfig` applies before its cross-option
+    rules (``minimum_calls`` <= ``window_size`` of a count window, at most a day for a time
+    window, ``open_max_s`` >= ``open_for_s``). Raises ConfigError naming ``name``; KeyError for a
+    name that has no such rule."""
+    return _RULES[name](name, value)
+
+
 def _duration(option: str, value: object) -> float:
     return v.seconds(option, value, max_s=MAX_DURATION_S)
+
+
+def _calls(option: str, value: object) -> int:
+    return v.count(option, value, 1, MAX_WINDOW_CALLS)
+
+
+_RULES: dict[str, Callable[[str, object], Any]] = {
+    "failure_rate_threshold": v.percent,
+    "slow_call_rate_threshold": v.percent,
+    "slow_call_duration_s": _duration,
+    "consecutive_failures_threshold": _calls,
+    "minimum_calls": _calls,
+    "window_size": _calls,
+    "half_open_permits": lambda option, value: v.count(option, value, 1, MAX_PERMITS),
+    "open_for_s": _duration,
+    "open_backoff_multiplier": lambda option, value: v.number(
+        option, value, low=1.0, high=MAX_BACKOFF_MULTIPLIER
+    ),
+    "open_max_s": _duration,
+    "open_jitter": lambda option, value: v.fraction(option, value, below_one=True),
+}
+NUMBER_OPTIONS: tuple[str, ...] = tuple(_RULES)
+"""The breaker options that are numbers, each with a one-value rule (:func:`check_option`)."""
