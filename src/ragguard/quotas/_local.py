@@ -2,18 +2,27 @@
 
 Concurrency is a counting semaphore whose waiters are served strictly first come, first served: a
 released slot is handed to the oldest waiter directly, so a stream of new arrivals cannot overtake
-it. Rate is the Generic Cell Rate Algorithm (ATM Forum TM 4.0; the same arithmetic as a token bucket
-of ``burst`` tokens refilled at ``rate_per_s``): one number per tenant, the theoretical arrival time.
+it, and only while the slots in flight are below the tenant's *current* limit (a lowered limit is
+not over-granted; a raised one wakes as many waiters as it frees). Rate is the Generic Cell Rate
+Algorithm (ATM Forum TM 4.0; the same arithmetic as a token bucket of ``burst`` tokens refilled at
+``rate_per_s``): one number per tenant, the theoretical arrival time.
+
+A refusal's ``retry_after_s`` is an estimate, not a guess: for rate, exactly when the next token is
+due; for concurrency, when the refused caller's turn would come if every call in flight is held
+for the usual time (see :meth:`LocalQuotas._slot_eta`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
+from anyio.lowlevel import checkpoint_if_cancelled
 
 from .. import _validate as v
 from .._clock import Clock, monotonic
@@ -26,15 +35,24 @@ __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]
 
 
 class Lease:
-    """What one admitted request holds: give it back with ``QuotaBackend.release``."""
+    """What one admitted request holds: give it back with ``QuotaBackend.release``.
 
-    __slots__ = ("_released", "bucket", "started")
+    ``started``: when it was admitted (the quotas' clock, seconds); ``slot``: whether it holds a
+    concurrency slot (the tenant had a concurrency limit when it was admitted)."""
 
-    def __init__(self, bucket: _Bucket, started: float) -> None:
+    __slots__ = ("_released", "bucket", "slot", "started")
+
+    def __init__(self, bucket: _Bucket, started: float, slot: bool = False) -> None:
         self.bucket = bucket
         self.started = started
+        self.slot = slot
         self._released = False
+        if slot:
+            bucket.holders[self] = None
 
+
+_UNKNOWN_HOLD_S = 0.01  # the hold time assumed before any call has released a slot
+_ETA_SCAN = 10_000  # at most this many calls in flight are looked at per refusal
 
 WAIT: Any = object()
 """Returned by ``QuotaBackend.admit_now`` when admission needs ``await acquire()``."""
@@ -67,6 +85,7 @@ class _Bucket:
     __slots__ = (
         "burst_s",
         "hold_ewma_s",
+        "holders",
         "in_flight",
         "interval_s",
         "limit",
@@ -79,6 +98,7 @@ class _Bucket:
     def __init__(self, tenant: str, quota: TenantQuota, now: float) -> None:
         self.tenant = tenant
         self.in_flight = 0
+        self.holders: dict[Lease, None] = {}  # leases holding a slot, oldest first
         self.waiters: deque[_Waiter] = deque()
         self.tat = now
         self.hold_ewma_s = 0.0
@@ -162,7 +182,7 @@ class LocalQuotas:
             bucket.tat = tat
         if limit is not None:
             bucket.in_flight += 1
-        return Lease(bucket, now)
+        return Lease(bucket, now, limit is not None)
 
     async def acquire(self, tenant: str) -> Lease | None:
         """Admit one request of ``tenant``, waiting FIFO up to the quota's ``max_wait_s`` (cut to
@@ -202,30 +222,33 @@ class LocalQuotas:
                     if quota.rate_per_s is not None:
                         self._refund(bucket, quota)  # a refused request spends no rate
                     raise
-        return Lease(bucket, self._clock())
+        return Lease(bucket, self._clock(), quota.max_concurrency is not None)
 
     def release(self, lease: Lease | None) -> None:
-        """Give back the slot ``lease`` holds (idempotent: a second release does nothing)."""
+        """Give back the slot ``lease`` holds (idempotent: a second release does nothing).
+
+        The slot goes to the oldest waiter only while the slots in flight are below the tenant's
+        current limit (the quota is read again when someone waits)."""
         if lease is None or lease._released:
             return
         lease._released = True
-        bucket = lease.bucket
-        if bucket.limit is None:
+        if not lease.slot:
             return
+        bucket = lease.bucket
+        bucket.holders.pop(lease, None)
         held = self._clock() - lease.started
         bucket.hold_ewma_s = held if bucket.hold_ewma_s == 0.0 else 0.8 * bucket.hold_ewma_s + 0.2 * held
-        if bucket.waiters:
-            self._pass_on(bucket)
-        else:
-            bucket.in_flight -= 1
+        self._give_back(bucket)
 
     # -- internals ------------------------------------------------------------------------
 
     def _bucket(self, tenant: str, quota: TenantQuota, now: float) -> _Bucket:
         old = self._buckets.get(tenant)
         if old is not None:
-            # the policy changed: keep the live counts, adopt the new limits
+            # the policy changed: keep the live counts, adopt the new limits (a raised
+            # concurrency limit admits as many waiters as it frees, now)
             old.adopt(quota)
+            self._grant(old)
             return old
         if len(self._buckets) >= self._max_tenants:
             self._evict(now)
@@ -274,12 +297,21 @@ class LocalQuotas:
             )
         waiter = _Waiter()
         bucket.waiters.append(waiter)
+        cancels = _cancel_requests()
         try:
             with anyio.move_on_after(budget):
                 await waiter.event.wait()
+            if _cancel_requests() > cancels:
+                # An outside Task.cancel() landed in the loop cycle in which the wait timed out (or
+                # was granted), and the cancel scope took it for its own (anyio before the fix of
+                # agronholm/anyio#1214, which ``anyio>=4.3`` still allows):
+                # the caller was cancelled, so end cancelled, never with a refusal or a slot.
+                raise asyncio.CancelledError("cancelled while waiting for a quota slot")
+            if not waiter.granted:
+                await checkpoint_if_cancelled()  # an enclosing scope was cancelled meanwhile
         except BaseException:
             if waiter.granted:
-                self._pass_on(bucket)
+                self._give_back(bucket)
             else:
                 self._abandon(bucket, waiter)
             raise
@@ -300,26 +332,79 @@ class LocalQuotas:
         except ValueError:  # pragma: no cover - already popped
             pass
 
-    def _pass_on(self, bucket: _Bucket) -> None:
-        """Hand the slot being released to the oldest live waiter, else free it."""
+    def _give_back(self, bucket: _Bucket) -> None:
+        """One slot is given back: free it, and while requests wait, re-read the tenant's quota
+        (so a changed limit applies to this hand-off) and grant what the limit allows."""
+        bucket.in_flight -= 1
+        if not bucket.waiters:
+            return
+        quota = self._quota_for(bucket.tenant)
+        if quota is not bucket.quota:
+            bucket.adopt(quota)
+        self._grant(bucket)
+
+    @staticmethod
+    def _grant(bucket: _Bucket) -> None:
+        """Admit the oldest live waiters while the slots in flight are below the current limit."""
         waiters = bucket.waiters
-        while waiters:
+        limit = bucket.limit
+        while waiters and (limit is None or bucket.in_flight < limit):
             w = waiters.popleft()
             if not w.event.is_set():
                 w.granted = True
                 w.event.set()
-                return
-        bucket.in_flight -= 1
+                bucket.in_flight += 1
 
-    @staticmethod
-    def _slot_eta(bucket: _Bucket, quota: TenantQuota) -> float:
-        assert quota.max_concurrency is not None
-        ahead = len(bucket.waiters) + 1
-        hold = bucket.hold_ewma_s if bucket.hold_ewma_s > 0 else 0.01
-        return max(0.001, hold * ahead / quota.max_concurrency)
+    def _slot_eta(self, bucket: _Bucket, quota: TenantQuota) -> float:
+        """Seconds until a concurrency slot could be the refused caller's (at least 1 ms).
+
+        Each call in flight is expected to hold its slot for the usual hold time ``H`` (a moving
+        average of the holds seen, 10 ms before any), and a call already older than ``H`` to run
+        as long again as it has so far (an overdue call tells nothing better). Slots free at
+        those times, those over a lowered limit for good; each caller queued ahead takes the
+        next free one for ``H``; the refused caller would be next.
+        """
+        now = self._clock()
+        hold = bucket.hold_ewma_s if bucket.hold_ewma_s > 0.0 else _UNKNOWN_HOLD_S
+        limit = quota.max_concurrency if quota.max_concurrency is not None else bucket.in_flight
+        ahead = sum(1 for w in bucket.waiters if not w.event.is_set())
+        need = max(0, bucket.in_flight - limit) + ahead + 1  # slot releases before our turn
+        ends: list[float] = []
+        young = 0
+        for seen, lease in enumerate(bucket.holders):  # oldest first
+            age = now - lease.started
+            if age > hold:
+                ends.append(now + age)  # overdue
+            else:
+                ends.append(lease.started + hold)  # later holders are younger still: done soon
+                young += 1
+                if young >= need:
+                    break
+            if seen >= _ETA_SCAN:
+                break
+        ends.extend([now + hold] * min(need, max(0, bucket.in_flight - len(bucket.holders))))
+        heapq.heapify(ends)
+        for _ in range(max(0, bucket.in_flight - limit)):  # slots over a lowered limit: gone
+            if ends:
+                heapq.heappop(ends)
+        for _ in range(ahead):  # each caller ahead takes the next free slot for ``hold``
+            free_at = heapq.heappop(ends) if ends else now + hold
+            heapq.heappush(ends, max(free_at, now) + hold)
+        eta = (ends[0] if ends else now + hold) - now
+        return max(0.001, eta)
 
     @staticmethod
     def _reject(tenant: str, retry_after_s: float, reason: str) -> QuotaExceeded:
         if bus.active:
             bus.emit(QuotaRejected(tenant, reason, retry_after_s))
         return QuotaExceeded(tenant, retry_after_s, reason)
+
+
+def _cancel_requests() -> int:
+    """How often the running asyncio task was asked to cancel (``Task.cancelling()``); 0 outside
+    an asyncio task (trio cancels through scopes, which ``checkpoint_if_cancelled`` sees)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop in this thread: trio
+        return 0
+    return 0 if task is None else task.cancelling()
