@@ -124,9 +124,11 @@ class LocalQuotas:
     """Per-tenant concurrency and rate quotas held in this process.
 
     ``quota_for(tenant)`` gives each tenant's :class:`~ragguard.TenantQuota` (read when a tenant is
-    first seen and again whenever a request has to queue, so a changed quota applies from then on);
-    ``clock`` returns
-    monotonic seconds (rates are computed on it; queueing waits use the event loop's real time).
+    first seen, whenever a request has to queue, and whenever a slot is given back while requests
+    queue, so a changed quota applies from then on: a raised limit admits the waiters it frees at
+    once, a lowered one is not over-granted by the next hand-off); ``clock`` returns monotonic
+    seconds (rates, hold times and ``retry_after_s`` are computed on it; queueing waits use the
+    event loop's real time). Raises ConfigError for ``max_tenants`` < 1.
     Idle tenants are forgotten once more than ``max_tenants`` are tracked, so a flood of tenant ids
     cannot grow memory without bound.
     """
