@@ -47,8 +47,6 @@ class Lease:
         self.started = started
         self.slot = slot
         self._released = False
-        if slot:
-            bucket.holders[self] = None
 
 
 _UNKNOWN_HOLD_S = 0.01  # the hold time assumed before any call has released a slot
@@ -89,6 +87,7 @@ class _Bucket:
         "in_flight",
         "interval_s",
         "limit",
+        "prune_at",
         "quota",
         "tat",
         "tenant",
@@ -98,7 +97,9 @@ class _Bucket:
     def __init__(self, tenant: str, quota: TenantQuota, now: float) -> None:
         self.tenant = tenant
         self.in_flight = 0
-        self.holders: dict[Lease, None] = {}  # leases holding a slot, oldest first
+        # Leases that took a slot, oldest first; released ones are dropped lazily (see hold()).
+        self.holders: deque[Lease] = deque()
+        self.prune_at = 32
         self.waiters: deque[_Waiter] = deque()
         self.tat = now
         self.hold_ewma_s = 0.0
@@ -112,6 +113,21 @@ class _Bucket:
         self.interval_s = 0.0 if rate is None else 1.0 / rate
         burst = quota.burst if quota.burst is not None else (1 if rate is None else max(1, math.ceil(rate)))
         self.burst_s = burst * self.interval_s
+
+    def hold(self, started: float) -> Lease:
+        """A lease on one of this bucket's slots (``in_flight`` already counts it)."""
+        lease = Lease(self, started, True)
+        holders = self.holders
+        holders.append(lease)
+        if len(holders) > self.prune_at:
+            self.prune()
+        return lease
+
+    def prune(self) -> None:
+        """Drop released leases; next time once ``in_flight + 32`` more were admitted (so the
+        cost is amortised O(1) per admission and the deque stays within twice what is held)."""
+        self.holders = deque(h for h in self.holders if not h._released)
+        self.prune_at = len(self.holders) + self.in_flight + 32
 
     def idle(self, now: float) -> bool:
         return self.in_flight == 0 and not self.waiters and self.tat <= now
@@ -182,9 +198,15 @@ class LocalQuotas:
             if tat - now - bucket.burst_s > 1e-9:
                 return WAIT
             bucket.tat = tat
-        if limit is not None:
+        if limit is not None:  # bucket.hold(now), inlined: this is the hot path
             bucket.in_flight += 1
-        return Lease(bucket, now, limit is not None)
+            lease = Lease(bucket, now, True)
+            holders = bucket.holders
+            holders.append(lease)
+            if len(holders) > bucket.prune_at:
+                bucket.prune()
+            return lease
+        return Lease(bucket, now)
 
     async def acquire(self, tenant: str) -> Lease | None:
         """Admit one request of ``tenant``, waiting FIFO up to the quota's ``max_wait_s`` (cut to
@@ -224,7 +246,9 @@ class LocalQuotas:
                     if quota.rate_per_s is not None:
                         self._refund(bucket, quota)  # a refused request spends no rate
                     raise
-        return Lease(bucket, self._clock(), quota.max_concurrency is not None)
+        if quota.max_concurrency is not None:
+            return bucket.hold(self._clock())
+        return Lease(bucket, self._clock())
 
     def release(self, lease: Lease | None) -> None:
         """Give back the slot ``lease`` holds (idempotent: a second release does nothing).
@@ -237,10 +261,11 @@ class LocalQuotas:
         if not lease.slot:
             return
         bucket = lease.bucket
-        bucket.holders.pop(lease, None)
         held = self._clock() - lease.started
         bucket.hold_ewma_s = held if bucket.hold_ewma_s == 0.0 else 0.8 * bucket.hold_ewma_s + 0.2 * held
-        self._give_back(bucket)
+        bucket.in_flight -= 1
+        if bucket.waiters:
+            self._hand_off(bucket)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -313,7 +338,8 @@ class LocalQuotas:
                 await checkpoint_if_cancelled()  # an enclosing scope was cancelled meanwhile
         except BaseException:
             if waiter.granted:
-                self._give_back(bucket)
+                bucket.in_flight -= 1
+                self._hand_off(bucket)
             else:
                 self._abandon(bucket, waiter)
             raise
@@ -334,12 +360,9 @@ class LocalQuotas:
         except ValueError:  # pragma: no cover - already popped
             pass
 
-    def _give_back(self, bucket: _Bucket) -> None:
-        """One slot is given back: free it, and while requests wait, re-read the tenant's quota
-        (so a changed limit applies to this hand-off) and grant what the limit allows."""
-        bucket.in_flight -= 1
-        if not bucket.waiters:
-            return
+    def _hand_off(self, bucket: _Bucket) -> None:
+        """A slot was given back: re-read the tenant's quota (so a changed limit applies to this
+        hand-off) and grant the waiters what the current limit allows."""
         quota = self._quota_for(bucket.tenant)
         if quota is not bucket.quota:
             bucket.adopt(quota)
@@ -374,6 +397,8 @@ class LocalQuotas:
         ends: list[float] = []
         young = 0
         for seen, lease in enumerate(bucket.holders):  # oldest first
+            if lease._released:
+                continue
             age = now - lease.started
             if age > hold:
                 ends.append(now + age)  # overdue
@@ -384,7 +409,6 @@ class LocalQuotas:
                     break
             if seen >= _ETA_SCAN:
                 break
-        ends.extend([now + hold] * min(need, max(0, bucket.in_flight - len(bucket.holders))))
         heapq.heapify(ends)
         for _ in range(max(0, bucket.in_flight - limit)):  # slots over a lowered limit: gone
             if ends:
