@@ -132,7 +132,15 @@ class InvalidInput(RagguardError, ValueError):
 
 
 class ConfigError(InvalidInput):
-    """A policy or option value is out of range; the message names the field."""
+    """A policy or option value is out of range; the message names the field.
+
+    ``field`` is the option or field path the error is about (``"open_jitter"``,
+    ``"stages.embedding.breaker.open_jitter"``), or None when it is about no single one.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class CorruptPayload(InvalidInput):

@@ -56,11 +56,18 @@ def doctor(
         Path | None, typer.Option(help="A JSON-lines event log written by the monitors.")
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
+    grace_s: Annotated[
+        float,
+        typer.Option("--grace-s", help="Seconds after a loop stall a breaker opening is still blamed on it."),
+    ] = 1.0,
 ) -> None:
-    """Read recent monitor events and explain what they mean (loop stalls, pool exhaustion, leaks)."""
+    """Explain recent events: breaker trips, quota refusals, fallbacks, loop stalls, pool trouble.
+
+    Exit status: 0 nothing found, 1 findings, 2 the file cannot be read or a line of it is not a record.
+    """
     from .monitors import doctor_main
 
-    argv: list[str] = []
+    argv: list[str] = ["--grace-s", repr(grace_s)]
     if events is not None:
         argv += ["--events", str(events)]
     if json_output:

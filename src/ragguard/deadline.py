@@ -20,6 +20,7 @@ from types import TracebackType
 
 from ._clock import Clock
 from ._errors import ConfigError
+from ._validate import shown
 
 __all__ = ["MAX_DEADLINE_S", "current_deadline", "deadline", "remaining"]
 
@@ -76,19 +77,18 @@ def narrow(seconds: float, clock: Clock) -> Token[Expiry | None] | None:
 def seconds_of(value: object, what: str = "deadline: seconds") -> float | None:
     """``value`` as a budget in seconds: None (or a budget above ten years) for no deadline.
 
-    Raises :class:`~ragguard.ConfigError` naming ``what`` for a negative, NaN or non-number value."""
+    Raises :class:`~ragguard.ConfigError` naming ``what`` for a negative, NaN or non-number value,
+    or an int no float can hold."""
     if value is None:
         return None
     if isinstance(value, (str, bytes, bool)):  # float() would take "2" and True
-        raise ConfigError(f"{what} must be a number or None, got {value!r:.40}")
+        raise ConfigError(f"{what} must be a number or None, got {shown(value)}")
     try:
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise ConfigError(f"{what} must be a number or None, got {type(value).__name__}") from None
-    except OverflowError:  # an int too large for a float: further away than any deadline
-        if isinstance(value, int) and value > 0:
-            return None
-        raise ConfigError(f"{what} must be >= 0, got a negative number out of float range") from None
+    except OverflowError:  # an int past any float (10**400): a mistake, not a budget
+        raise ConfigError(f"{what} must be a float-sized number or None, got {shown(value)}") from None
     if math.isnan(seconds) or seconds < 0:
         raise ConfigError(f"{what} must be >= 0, got {seconds!r}")
     return None if seconds > MAX_DEADLINE_S else seconds
@@ -109,7 +109,7 @@ class deadline:
     def __init__(self, seconds: float | None, *, clock: Clock | None = None) -> None:
         self._seconds = seconds_of(seconds)
         if clock is not None and not callable(clock):
-            raise ConfigError(f"deadline: clock must be a callable returning seconds, got {clock!r:.40}")
+            raise ConfigError(f"deadline: clock must be a callable returning seconds, got {shown(clock)}")
         self._clock = clock
         self._token: Token[Expiry | None] | None = None
         self._expiry: Expiry | None = None

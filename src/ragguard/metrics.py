@@ -7,8 +7,10 @@ Prometheus (prometheus-client, a core dependency)::
 
 Metrics live in a dedicated ``CollectorRegistry`` unless one is passed. Names follow Prometheus
 conventions: ``ragguard_`` prefix, ``_seconds`` for durations, ``_total`` for counters, labels
-``stage``, ``tenant``, ``outcome``, ``breaker``, ``fallback``. Tenant labels are capped: the first
-``max_tenants`` tenants seen keep their id, every later one is folded into ``"other"``.
+``stage``, ``tenant``, ``outcome``, ``breaker``, ``fallback``. Tenant, stage and breaker labels are
+capped: the first ``max_tenants`` tenants (``max_stages`` stages, ``max_breakers`` breakers) seen keep
+their name, every later one is folded into ``"other"``, so generated names cannot grow a scrape
+without bound.
 
 OpenTelemetry (the optional ``ragguard[otel]`` extra): :func:`enable_tracing` turns on a span per
 guarded stage opened by :func:`otel_span`; without it, or without opentelemetry-api installed,
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from . import _validate as v
 from . import events
 from ._errors import ConfigError
 
@@ -99,8 +102,10 @@ class PrometheusExporter:
     """Turns every ragguard event on ``bus`` into Prometheus metrics in ``registry``.
 
     ``registry`` default: a new dedicated ``CollectorRegistry``; ``bus`` default
-    :data:`ragguard.events.bus`; ``max_tenants`` (>= 1, default 100) distinct tenant labels
-    before folding into ``"other"``; ``latency_buckets_s`` histogram bounds in seconds;
+    :data:`ragguard.events.bus`; ``max_tenants``, ``max_stages``, ``max_breakers`` (each >= 1,
+    default 100): distinct tenant, stage and breaker labels before the rest fold into ``"other"``
+    (a breaker folded into ``"other"`` has no ``ragguard_breaker_state`` series: one gauge cannot
+    hold the states of many breakers); ``latency_buckets_s`` histogram bounds in seconds;
     ``pools`` also export the gauges and wait histograms of every live
     :class:`ragguard.monitors.MonitoredConnectionPool`. Raises ConfigError for bad options.
 
@@ -118,11 +123,14 @@ class PrometheusExporter:
         registry: CollectorRegistry | None = None,
         bus: events.EventBus | None = None,
         max_tenants: int = 100,
+        max_stages: int = 100,
+        max_breakers: int = 100,
         latency_buckets_s: tuple[float, ...] = DEFAULT_LATENCY_BUCKETS_S,
         pools: bool = True,
     ) -> None:
-        if isinstance(max_tenants, bool) or not isinstance(max_tenants, int) or max_tenants < 1:
-            raise ConfigError(f"PrometheusExporter: max_tenants must be an int >= 1, got {max_tenants!r}")
+        v.count("max_tenants", max_tenants, 1)
+        v.count("max_stages", max_stages, 1)
+        v.count("max_breakers", max_breakers, 1)
         buckets = tuple(float(b) for b in latency_buckets_s)
         if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
             raise ConfigError(
@@ -133,6 +141,8 @@ class PrometheusExporter:
         self.registry: CollectorRegistry = pc.CollectorRegistry() if registry is None else registry
         self._bus = events.bus if bus is None else bus
         self._tenant = _Capped(max_tenants)
+        self._stage_label = _Capped(max_stages)
+        self._breaker = _Capped(max_breakers)
         self._unsubscribe: Callable[[], None] | None = None
         r = self.registry
         self.stage_duration = pc.Histogram(
@@ -250,33 +260,37 @@ class PrometheusExporter:
     # -- one method per event type ---------------------------------------------------------------
 
     def _stage(self, e: StageCompleted) -> None:
-        self.stage_duration.labels(e.stage, self._tenant(e.tenant), e.outcome).observe(e.duration_s)
+        stage = self._stage_label(e.stage)
+        self.stage_duration.labels(stage, self._tenant(e.tenant), e.outcome).observe(e.duration_s)
 
     def _call(self, e: events.CallOutcome) -> None:
-        self.call_duration.labels(e.breaker, e.outcome).observe(e.duration_s)
+        self.call_duration.labels(self._breaker(e.breaker), e.outcome).observe(e.duration_s)
 
     def _rejected(self, e: events.CallRejected) -> None:
-        self.rejected.labels(e.breaker, e.state).inc()
+        self.rejected.labels(self._breaker(e.breaker), e.state).inc()
 
     def _transition(self, e: events.BreakerTransition) -> None:
-        self.transitions.labels(e.breaker, e.old, e.new).inc()
+        breaker = self._breaker(e.breaker)
+        self.transitions.labels(breaker, e.old, e.new).inc()
+        if breaker == OTHER and e.breaker != OTHER:
+            return  # no state gauge for a folded breaker
         for state in {*BREAKER_STATES, e.new}:
-            self.breaker_state.labels(e.breaker, state).set(1.0 if state == e.new else 0.0)
+            self.breaker_state.labels(breaker, state).set(1.0 if state == e.new else 0.0)
 
     def _fallback(self, e: events.FallbackServed) -> None:
-        self.fallbacks.labels(e.stage, e.fallback, self._tenant(e.tenant)).inc()
+        self.fallbacks.labels(self._stage_label(e.stage), e.fallback, self._tenant(e.tenant)).inc()
 
     def _quota(self, e: events.QuotaRejected) -> None:
         self.quota_rejections.labels(self._tenant(e.tenant), e.reason).inc()
 
     def _retry(self, e: events.RetryScheduled) -> None:
-        self.retries.labels(e.stage).inc()
+        self.retries.labels(self._stage_label(e.stage)).inc()
 
     def _budget(self, e: events.RetryBudgetExhausted) -> None:
-        self.retry_budget.labels(e.stage, self._tenant(e.tenant)).inc()
+        self.retry_budget.labels(self._stage_label(e.stage), self._tenant(e.tenant)).inc()
 
     def _fault(self, e: Any) -> None:
-        self.faults.labels(e.stage, e.fault).inc()
+        self.faults.labels(self._stage_label(e.stage), e.fault).inc()
 
     def _stall(self, e: Any) -> None:
         self.stalls.inc()

@@ -6,7 +6,12 @@ environment variables (:meth:`Policy.from_env`, nested with ``__``)::
     RAGGUARD_STAGES__EMBEDDING__TIMEOUT_S=2.5
     RAGGUARD_TENANTS__ACME__MAX_CONCURRENCY=8
 
-A value out of range raises :class:`~ragguard.ConfigError` naming the field and the allowed range.
+A value out of range raises :class:`~ragguard.ConfigError` naming the field path and the allowed
+range, when the policy is built or loaded: breaker options are checked with the breaker's own rules
+(:class:`ragguard.breakers.BreakerConfig`, with the stage's breaker kind's defaults filled in), so a
+policy that loads builds breakers that accept it. Messages are bounded: a refused value is shown in
+at most a few dozen characters, at most :data:`MAX_ERRORS_SHOWN` errors are listed, and a policy
+whose YAML aliases expand past :data:`MAX_POLICY_VALUES` values is refused before validation.
 Options mirror resilience4j's names in snake_case with units (``open_for_s`` is resilience4j's
 ``waitDurationInOpenState``, ``minimum_calls`` its ``minimumNumberOfCalls``...).
 """
@@ -22,11 +27,16 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import _validate
 from ._errors import ConfigError
+from .breakers import EmbeddingTimeoutBreaker, RerankOOMBreaker, VectorStoreUnavailableBreaker
+from .breakers._options import NUMBER_OPTIONS, BreakerConfig, check_option
 
 __all__ = [
+    "MAX_ERRORS_SHOWN",
+    "MAX_POLICY_VALUES",
     "STANDARD_STAGES",
     "BreakerPolicy",
     "Policy",
@@ -34,6 +44,11 @@ __all__ = [
     "StagePolicy",
     "TenantQuota",
 ]
+
+MAX_ERRORS_SHOWN = 20
+"""The most invalid values one ConfigError lists (then ``... and N more``)."""
+MAX_POLICY_VALUES = 1_000_000
+"""The most values (mappings, lists and scalars, counted after YAML aliases expand) a policy holds."""
 
 BreakerKind = Literal["embedding_timeout", "vector_store_unavailable", "rerank_oom", "generic", "none"]
 RetryOn = Literal["connection", "timeout", "out_of_memory", "any"]
@@ -53,7 +68,7 @@ class _Model(BaseModel):
         except ValidationError as exc:
             if depth:
                 raise
-            raise ConfigError(_describe(exc, type(self).__name__)) from None
+            raise _config_error(exc, type(self).__name__) from None
         finally:
             _nesting.depth = depth
 
@@ -90,26 +105,59 @@ class BreakerPolicy(_Model):
     """Which breaker guards a stage and its options; None keeps the kind's default.
 
     ``kind`` is one of ``embedding_timeout``, ``vector_store_unavailable``, ``rerank_oom``,
-    ``generic`` (counts every error) or ``none`` (no breaker). Percentages are 0-100.
+    ``generic`` (counts every error) or ``none`` (no breaker). Each option has the range
+    :class:`ragguard.breakers.BreakerConfig` gives it (percentages in (0, 100], durations in
+    seconds up to a year, ``open_jitter`` in [0, 1), ...); the rules between options
+    (``minimum_calls`` <= ``window_size`` of a count window, a time window of at most a day,
+    ``open_max_s`` >= ``open_for_s``) are checked with the kind's defaults filled in when the
+    :class:`Policy` is built.
     """
 
     kind: BreakerKind = "generic"
-    failure_rate_threshold: float | None = Field(default=None, gt=0, le=100)
-    slow_call_rate_threshold: float | None = Field(default=None, gt=0, le=100)
-    slow_call_duration_s: float | None = Field(default=None, gt=0)
-    consecutive_failures_threshold: int | None = Field(default=None, ge=1)
-    minimum_calls: int | None = Field(default=None, ge=1)
+    failure_rate_threshold: float | None = None
+    slow_call_rate_threshold: float | None = None
+    slow_call_duration_s: float | None = None
+    consecutive_failures_threshold: int | None = None
+    minimum_calls: int | None = None
     window_type: Literal["count", "time"] | None = None
-    window_size: int | None = Field(default=None, ge=1, le=1_000_000)
-    half_open_permits: int | None = Field(default=None, ge=1)
-    open_for_s: float | None = Field(default=None, gt=0)
-    open_backoff_multiplier: float | None = Field(default=None, ge=1)
-    open_max_s: float | None = Field(default=None, gt=0)
-    open_jitter: float | None = Field(default=None, ge=0, le=1)
+    window_size: int | None = None
+    half_open_permits: int | None = None
+    open_for_s: float | None = None
+    open_backoff_multiplier: float | None = None
+    open_max_s: float | None = None
+    open_jitter: float | None = None
+
+    @field_validator(*NUMBER_OPTIONS)
+    @classmethod
+    def _in_range(cls, value: Any, info: Any) -> Any:
+        return None if value is None else check_option(info.field_name, value)
 
     def options(self) -> dict[str, Any]:
         """The options that were set, as keyword arguments for the breaker's constructor."""
         return {k: v for k, v in self.model_dump(exclude={"kind"}).items() if v is not None}
+
+    def config(self) -> BreakerConfig | None:
+        """The options the stage's breaker gets (the kind's defaults, then the options set),
+        validated by the breaker's own rules; None for kind ``none``. Raises ConfigError whose
+        ``field`` names the option."""
+        if self.kind == "none":
+            return None
+        options = self.options()
+        try:
+            return BreakerConfig.of(**{**_KIND_DEFAULTS[self.kind], **options})
+        except ConfigError as exc:
+            if exc.field is None or exc.field in options:
+                raise
+            # the value refused is a default the user never wrote: say so
+            raise ConfigError(f"{exc} (the {self.kind} breaker's default)", field=exc.field) from None
+
+
+_KIND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "embedding_timeout": EmbeddingTimeoutBreaker.defaults,
+    "vector_store_unavailable": VectorStoreUnavailableBreaker.defaults,
+    "rerank_oom": RerankOOMBreaker.defaults,
+    "generic": {},
+}
 
 
 class RetryPolicy(_Model):
@@ -238,6 +286,12 @@ class Policy(_Model):
             else:
                 stages[name] = _overlay(base, given)
         object.__setattr__(self, "stages", stages)
+        checked = [(f"stages.{name}", stage) for name, stage in stages.items()]
+        for where, stage in [*checked, ("default_stage", self.default_stage)]:
+            try:
+                stage.breaker.config()
+            except ConfigError as exc:
+                raise ConfigError(str(exc), field=f"{where}.breaker.{exc.field}") from None
         from ._context import validate_tenant_id
 
         for tenant_id in self.tenants:
@@ -259,7 +313,15 @@ class Policy(_Model):
 
     @classmethod
     def parse(cls, data: Mapping[str, Any], *, source: str = "policy") -> Policy:
-        """Validate a mapping; raises ConfigError naming each bad field and its allowed range."""
+        """Validate a mapping; raises ConfigError naming each bad field and its allowed range.
+
+        A mapping holding more than :data:`MAX_POLICY_VALUES` values (counting each use of a
+        shared value, as YAML aliases expand) is refused before it is validated."""
+        if not _fits(data, MAX_POLICY_VALUES):
+            raise ConfigError(
+                f"{_validate.bounded(source, 200)}: more than {MAX_POLICY_VALUES:,} values once YAML "
+                "aliases are expanded, far more than any policy needs"
+            )
         try:
             depth = getattr(_nesting, "depth", 0)
             _nesting.depth = depth + 1
@@ -268,9 +330,9 @@ class Policy(_Model):
             finally:
                 _nesting.depth = depth
         except ValidationError as exc:
-            raise ConfigError(_describe(exc, source)) from None
+            raise _config_error(exc, source) from None
         except ValueError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+            raise ConfigError(_validate.bounded(f"{source}: {exc}", 500)) from None
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> Policy:
@@ -290,7 +352,8 @@ class Policy(_Model):
             else:
                 raise ConfigError(f"policy file {p}: use .yaml, .yml, .toml or .json, not {p.suffix!r}")
         except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"policy file {p} is not valid {p.suffix[1:].upper()}: {exc}") from exc
+            detail = _validate.bounded(str(exc), 500)
+            raise ConfigError(f"policy file {p} is not valid {p.suffix[1:].upper()}: {detail}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"policy file {p}: the top level must be a mapping")
         return cls.parse(data, source=str(p))
@@ -316,7 +379,8 @@ class Policy(_Model):
             path = [part.lower() for part in name[len(prefix) :].split("__")]
             if path[0] not in top or any(not part for part in path):
                 raise ConfigError(
-                    f"environment variable {name}: {path[0]!r} is not a policy field; "
+                    f"environment variable {_validate.bounded(name)}: {_validate.shown(path[0])} is not a "
+                    "policy field; "
                     f"use {prefix}<{'|'.join(sorted(f.upper() for f in top))}>__..."
                 )
             node = data
@@ -324,7 +388,8 @@ class Policy(_Model):
                 child = node.setdefault(part, {})
                 if not isinstance(child, dict):
                     raise ConfigError(
-                        f"environment variable {name}: {part!r} is set both as a value and a group"
+                        f"environment variable {_validate.bounded(name)}: {_validate.shown(part)} is set "
+                        "both as a value and a group"
                     )
                 node = child
             try:
@@ -334,11 +399,46 @@ class Policy(_Model):
         return cls.parse(data, source=f"environment ({prefix}*)")
 
 
-def _describe(exc: ValidationError, source: str) -> str:
-    lines = [f"{source}: {exc.error_count()} invalid value(s)"]
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        got = err.get("input")
-        shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {loc}: {err['msg']}{shown}")
-    return "\n".join(lines)
+def _fits(data: Any, limit: int) -> bool:
+    """True when ``data`` holds at most ``limit`` values, each use of a shared one counted."""
+    stack, seen = [data], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > limit:
+            return False
+        if isinstance(value, Mapping):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple | set):
+            stack.extend(value)
+    return True
+
+
+def _config_error(exc: ValidationError, source: str) -> ConfigError:
+    errors = exc.errors(include_url=False)
+    lines = [f"{_validate.bounded(source, 200)}: {len(errors)} invalid value(s)"]
+    first: str | None = None
+    for err in errors[:MAX_ERRORS_SHOWN]:
+        path, text = _describe_one(err)
+        first = first if first is not None else path
+        lines.append(_validate.bounded(f"  {path}: {text}", 400))
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"  ... and {len(errors) - MAX_ERRORS_SHOWN} more")
+    return ConfigError("\n".join(lines), field=first)
+
+
+def _describe_one(err: Any) -> tuple[str, str]:
+    """The field path of one pydantic error and what is wrong there, both bounded."""
+    loc = [_validate.bounded(str(part), 40) for part in err["loc"]]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError) and cause.field:
+        # Our own rule (a breaker option): its message starts with the option's name.
+        parts = cause.field.split(".")
+        if not loc or loc[-1] != parts[-1]:
+            loc += parts
+        text, head = str(cause), parts[-1] + " "
+        return ".".join(loc) or "(top level)", text[len(head) :] if text.startswith(head) else text
+    got = err.get("input")
+    shown = "" if isinstance(got, dict) else f" (got {_validate.shown(got)})"
+    return ".".join(loc) or "(top level)", f"{err['msg']}{shown}"

@@ -455,6 +455,9 @@ async def _refuse() -> None:
         ("half_open_permits", 0),
         ("open_for_s", -1),
         ("open_for_s", float("inf")),
+        pytest.param("open_for_s", 10**400, id="open_for_s-10**400"),  # issue 13 item 9: was OverflowError
+        pytest.param("slow_call_duration_s", 10**400, id="slow_call_duration_s-10**400"),
+        pytest.param("open_max_s", 10**400, id="open_max_s-10**400"),
         ("open_backoff_multiplier", 0.5),
         ("open_max_s", 1.0),  # < open_for_s
         ("open_jitter", 1.0),

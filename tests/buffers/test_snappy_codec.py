@@ -163,6 +163,18 @@ def test_bad_options_raise_config_error() -> None:
         SnappyCodec(pool="not a pool")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "bad", [True, False, 1.5, 10**400, "4096"], ids=["True", "False", "1.5", "10**400", "str"]
+)
+def test_a_size_is_an_int_and_never_a_bool(bad: object) -> None:
+    # issue 13 item 10: SnappyCodec(max_message_bytes=True) was accepted as a one-byte limit
+    with pytest.raises(ConfigError) as info:
+        SnappyCodec(max_message_bytes=bad)  # type: ignore[arg-type]
+    assert info.value.field == "max_message_bytes" and len(str(info.value)) < 120
+    with pytest.raises(ConfigError, match="max_bytes"):
+        BufferPool(max_bytes=bad)  # type: ignore[arg-type]
+
+
 def test_leased_codec_makes_no_payload_sized_allocation_in_steady_state() -> None:
     import tracemalloc
 

@@ -91,6 +91,14 @@ def test_bad_values_raise_config_error(bad: object) -> None:
     assert "deadline" in str(info.value)
 
 
+@pytest.mark.parametrize("huge", [10**400, -(10**400), 10**5000], ids=["10**400", "-10**400", "10**5000"])
+def test_an_int_past_any_float_is_a_config_error_not_an_overflow(huge: int) -> None:
+    # issue 13 item 9: deadline(10**400) raised a bare OverflowError from float()
+    with pytest.raises(ConfigError) as info:
+        deadline(huge)
+    assert "deadline" in str(info.value) and len(str(info.value)) < 120
+
+
 def test_a_deadline_object_is_not_reentrant() -> None:
     d = deadline(1.0)
     with d, pytest.raises(RuntimeError), d:

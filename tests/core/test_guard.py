@@ -555,7 +555,7 @@ async def test_configure_with_a_policy_a_mapping_and_files(tmp_path: Path) -> No
         ),
         (
             {"stages": {"x": {"breaker": {"failure_rate_threshold": 150}}}},
-            ["stages.x.breaker.failure_rate_threshold", "less than or equal to 100"],
+            ["stages.x.breaker.failure_rate_threshold", "a percentage in (0, 100]"],
         ),
         ({"stages": {"x": {"timeout": 1}}}, ["stages.x.timeout"]),
         (42, ["Policy"]),

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragguard import (
     BreakerPolicy,
@@ -19,6 +21,7 @@ from ragguard import (
     TenantQuota,
     VectorStoreUnavailableBreaker,
 )
+from ragguard.breakers import CircuitBreaker, RerankOOMBreaker
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -87,7 +90,7 @@ def test_policies_are_frozen() -> None:
         (
             {"stages": {"x": {"breaker": {"open_jitter": 2}}}},
             "stages.x.breaker.open_jitter",
-            "less than or equal to 1",
+            "must be a fraction in [0, 1)",
         ),
     ],
 )
@@ -209,3 +212,130 @@ def test_models_built_in_python_raise_config_error_naming_the_field() -> None:
         TenantQuota(max_concurrency=0)
     with pytest.raises(ConfigError, match=r"stages\.embedding\.retry\.attempts"):
         Policy(stages={"embedding": {"retry": {"attempts": 99}}})
+
+
+# -- breaker options are checked at load, by the breaker's own rules (issue 13 items 7, 8, 9) -------
+
+
+@pytest.mark.parametrize(
+    ("stage", "breaker", "path"),
+    [
+        ("embedding", {"open_jitter": 1}, "stages.embedding.breaker.open_jitter"),
+        ("x", {"window_type": "time", "window_size": 86_401}, "stages.x.breaker.window_size"),
+        ("x", {"open_for_s": 60, "open_max_s": 30}, "stages.x.breaker.open_max_s"),
+        ("rerank", {"open_max_s": 100}, "stages.rerank.breaker.open_max_s"),  # below the kind's 300 s
+        ("x", {"open_for_s": float("inf")}, "stages.x.breaker.open_for_s"),
+        ("x", {"minimum_calls": 10**9, "window_type": "time"}, "stages.x.breaker.minimum_calls"),
+        ("x", {"half_open_permits": 10**9}, "stages.x.breaker.half_open_permits"),
+        ("x", {"consecutive_failures_threshold": 10**9}, "stages.x.breaker.consecutive_failures_threshold"),
+        ("vector_store", {"window_size": 3}, "stages.vector_store.breaker.minimum_calls"),  # kind's 5 > 3
+        ("x", {"open_for_s": 10**400}, "stages.x.breaker.open_for_s"),
+    ],
+)
+def test_breaker_options_the_breaker_refuses_do_not_load(stage: str, breaker: dict, path: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Policy.parse({"stages": {stage: {"breaker": breaker}}})
+    assert info.value.field == path
+    assert f"  {path}: " in str(info.value) and len(str(info.value)) < 300
+
+
+def test_default_stage_breaker_options_are_checked_too() -> None:
+    with pytest.raises(ConfigError) as info:
+        Policy(default_stage=StagePolicy(breaker=BreakerPolicy(window_size=50)))
+    assert info.value.field == "default_stage.breaker.minimum_calls"
+    assert "(the generic breaker's default)" in str(info.value)
+
+
+_INT_OPTIONS = ["minimum_calls", "window_size", "half_open_permits", "consecutive_failures_threshold"]
+_FLOAT_OPTIONS = ["failure_rate_threshold", "slow_call_duration_s", "open_for_s", "open_max_s", "open_jitter",
+                  "open_backoff_multiplier"]  # fmt: skip
+_edges = st.sampled_from([0, 1, 3, 20, 86_400, 86_401, 1_000_000, 1_000_001, 31_536_000, 31_536_001, 10**400])
+_ints = st.one_of(st.integers(-5, 200_000), _edges)
+_floats = st.one_of(_ints, st.floats(allow_nan=True, allow_infinity=True), st.floats(0, 2), st.floats(0, 400))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from(["generic", "embedding_timeout", "vector_store_unavailable", "rerank_oom"]),
+    options=st.fixed_dictionaries(
+        {}, optional={**{k: _ints for k in _INT_OPTIONS}, **{k: _floats for k in _FLOAT_OPTIONS}}
+    ),
+    window_type=st.sampled_from([None, "count", "time"]),
+)
+def test_a_policy_loads_exactly_when_its_stage_breaker_builds(
+    kind: str, options: dict, window_type: str | None
+) -> None:
+    if window_type is not None:
+        options = {**options, "window_type": window_type}
+    try:
+        policy = Policy.parse({"stages": {"s": {"breaker": {"kind": kind, **options}}}})
+    except ConfigError as exc:
+        assert exc.field is not None and exc.field.startswith("stages.s.breaker.")
+        assert max(len(line) for line in str(exc).splitlines()) <= 400
+        loaded = False
+    else:
+        loaded = True
+    breaker_class = {
+        "generic": CircuitBreaker,
+        "embedding_timeout": EmbeddingTimeoutBreaker,
+        "vector_store_unavailable": VectorStoreUnavailableBreaker,
+        "rerank_oom": RerankOOMBreaker,
+    }[kind]
+    try:
+        breaker_class("s", **options)
+    except ConfigError:
+        builds = False
+    else:
+        builds = True
+    assert loaded == builds, (kind, options)
+    if loaded:  # and the guard builds the very breaker the policy describes (the guard wraps the
+        # kind's classifier so that stage timeouts count: compare everything else)
+        built, described = Guard(policy).stage("s").breaker.config, policy.stage("s").breaker.config()
+        assert described is not None
+        drop = {"classifier", "slow_classifier"}
+        assert {k: v for k, v in built.options().items() if k not in drop} == {
+            k: v for k, v in described.options().items() if k not in drop
+        }
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly_with_a_short_message(tmp_path: Path) -> None:
+    levels = ["a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    for prev, name in zip("abcdef", "bcdefg", strict=True):
+        levels.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 9)}]")
+    levels.append("stages: {x: {timeout_s: *g, retry: {retry_on: *f}}}")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(levels) + "\n")
+    assert path.stat().st_size < 400  # a few hundred bytes ...
+    with pytest.raises(ConfigError) as info:
+        Policy.from_file(path)  # ... that expand to 9**7 values
+    assert "aliases" in str(info.value) and len(str(info.value)) < 300
+
+
+def test_every_error_line_is_bounded_and_the_list_is_capped(tmp_path: Path) -> None:
+    huge = list(range(50_000))
+    data = {
+        "stages": {"x" * 10_000: {"timeout_s": huge, "retry": {"retry_on": ["nope"] * 100}}},
+        "tenants": {f"t{i}": {"max_concurrency": -i} for i in range(50)},
+    }
+    with pytest.raises(ConfigError) as info:
+        Policy.parse(data)
+    text = str(info.value)
+    lines = text.splitlines()
+    assert lines[0] == "policy: 151 invalid value(s)"
+    assert lines[-1] == "  ... and 131 more" and len(lines) == 22
+    assert max(len(line) for line in lines) <= 400 and len(text) < 8_000
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"stages": {"x": {"timeout_s": 10**400}}},
+        {"stages": {"x": {"breaker": {"slow_call_duration_s": 10**400}}}},
+        {"tenants": {"acme": {"max_wait_s": 10**5000}}},  # past Python's 4,300-digit repr limit
+        {"default_quota": {"burst": 10**400}},
+    ],
+)
+def test_huge_numbers_are_config_errors(data: dict) -> None:
+    with pytest.raises(ConfigError) as info:
+        Policy.parse(data)
+    assert len(str(info.value)) < 300

@@ -474,3 +474,236 @@ async def test_waiters_that_give_up_do_not_pile_up_behind_a_stuck_slot() -> None
                 pass
         assert info.value.retry_after_s < 1.0  # the estimate does not count long-gone waiters
     assert g.quotas.in_flight("acme") == 0
+
+
+# -- a changed limit applies to hand-offs (issue 13 items 1 and 2) --------------------------------
+
+
+class _Changing:
+    """A tenant quota the test changes while requests hold and wait."""
+
+    def __init__(self, quota: TenantQuota) -> None:
+        self.quota = quota
+
+    def __call__(self, tenant: str) -> TenantQuota:
+        return self.quota
+
+
+async def _hold(q: LocalQuotas, held: list[str], name: str, scopes: dict[str, anyio.CancelScope]) -> None:
+    with anyio.CancelScope() as scope:
+        scopes[name] = scope
+        lease = await q.acquire("acme")
+        try:
+            held.append(name)
+            await anyio.sleep_forever()
+        finally:
+            q.release(lease)
+
+
+async def _queued(q: LocalQuotas, scopes: dict[str, anyio.CancelScope], name: str) -> None:
+    await _until(lambda: name in scopes and q.waiting("acme") == len(scopes), f"{name} queued")
+
+
+async def test_a_release_under_a_lowered_limit_does_not_over_grant() -> None:
+    quota = _Changing(TenantQuota(max_concurrency=2, max_wait_s=10))
+    q = LocalQuotas(quota)
+    a, b = await q.acquire("acme"), await q.acquire("acme")
+    held: list[str] = []
+    scopes: dict[str, anyio.CancelScope] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_hold, q, held, "waiter", scopes)
+        await _until(lambda: q.waiting("acme") == 1, "the waiter queued")
+        quota.quota = TenantQuota(max_concurrency=1, max_wait_s=10)
+        q.release(a)
+        await anyio.sleep(0.01)
+        assert (q.in_flight("acme"), q.waiting("acme"), held) == (1, 1, [])  # was 2 in flight, limit 1
+        q.release(b)
+        await _until(lambda: held == ["waiter"], "the waiter admitted under the new limit")
+        assert q.in_flight("acme") == 1
+        tg.cancel_scope.cancel()
+    assert q.in_flight("acme") == 0 and q.waiting("acme") == 0
+
+
+async def test_a_granted_waiter_cancelled_hands_on_only_below_the_current_limit() -> None:
+    quota = _Changing(TenantQuota(max_concurrency=2, max_wait_s=10))
+    q = LocalQuotas(quota)
+    a, b = await q.acquire("acme"), await q.acquire("acme")
+    held: list[str] = []
+    scopes: dict[str, anyio.CancelScope] = {}
+    async with anyio.create_task_group() as tg:
+        for name in ("first", "second"):
+            tg.start_soon(_hold, q, held, name, scopes)
+            await _queued(q, scopes, name)
+        quota.quota = TenantQuota(max_concurrency=1, max_wait_s=10)
+        q.release(a)  # the slot goes to "first" (in flight 2 -> 2: the new limit is read only now)
+        scopes["first"].cancel()  # ... which is cancelled before it runs: its slot is given back
+        await anyio.sleep(0.01)
+        assert q.in_flight("acme") == 1 and q.waiting("acme") == 1  # "second" waits: 1 >= limit 1
+        assert "second" not in held
+        q.release(b)
+        await _until(lambda: "second" in held, "second admitted once b is released")
+        assert q.in_flight("acme") == 1
+        tg.cancel_scope.cancel()
+    assert q.in_flight("acme") == 0 and q.waiting("acme") == 0
+
+
+async def test_a_raised_limit_wakes_the_waiters_it_frees() -> None:
+    quota = _Changing(TenantQuota(max_concurrency=1, max_wait_s=10))
+    q = LocalQuotas(quota)
+    a = await q.acquire("acme")
+    held: list[str] = []
+    scopes: dict[str, anyio.CancelScope] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_hold, q, held, "queued", scopes)
+        await _until(lambda: q.waiting("acme") == 1, "one request queued")
+        quota.quota = TenantQuota(max_concurrency=3, max_wait_s=10)
+        with anyio.fail_after(2):  # was: both waited out max_wait_s although two slots were free
+            newcomer = await q.acquire("acme")
+            await _until(lambda: held == ["queued"], "the queued request woken by the raise")
+        assert q.in_flight("acme") == 3 and q.waiting("acme") == 0
+        q.release(newcomer)
+        tg.cancel_scope.cancel()
+    q.release(a)
+    assert q.in_flight("acme") == 0
+
+
+async def test_a_raised_limit_is_applied_by_the_next_release_too() -> None:
+    quota = _Changing(TenantQuota(max_concurrency=1, max_wait_s=10))
+    q = LocalQuotas(quota)
+    a = await q.acquire("acme")
+    held: list[str] = []
+    scopes: dict[str, anyio.CancelScope] = {}
+    async with anyio.create_task_group() as tg:
+        for name in ("w1", "w2", "w3"):
+            tg.start_soon(_hold, q, held, name, scopes)
+            await _queued(q, scopes, name)
+        quota.quota = TenantQuota(max_concurrency=2, max_wait_s=10)
+        q.release(a)  # frees one slot under a limit now 2: two waiters go in, first come first served
+        await _until(lambda: len(held) == 2, "two admitted")
+        assert sorted(held) == ["w1", "w2"]  # first come, first served (trio may run them in any order)
+        assert q.in_flight("acme") == 2 and q.waiting("acme") == 1
+        tg.cancel_scope.cancel()
+    assert q.in_flight("acme") == 0 and q.waiting("acme") == 0
+
+
+# -- a wait that times out as the caller is cancelled ends cancelled (issue 13 item 3) --------------
+
+
+async def test_a_wait_timeout_in_the_cycle_of_an_outside_cancel_ends_cancelled(anyio_backend: str) -> None:
+    """The wait's own timeout and an outside cancellation become due in one loop iteration (the
+    loop is blocked past both): the request must end cancelled, not refused, holding nothing."""
+    q = LocalQuotas(lambda t: TenantQuota(max_concurrency=1, max_wait_s=0.02))
+    holder = await q.acquire("acme")
+    outcome: list[str] = []
+
+    async def request() -> None:
+        try:
+            lease = await q.acquire("acme")
+        except QuotaExceeded:
+            outcome.append("refused")
+            return
+        q.release(lease)
+        outcome.append("admitted")
+
+    if anyio_backend == "asyncio":
+        import asyncio
+
+        task = asyncio.create_task(request())
+        await asyncio.sleep(0)  # queued: its 20 ms timeout is armed
+        asyncio.get_running_loop().call_later(0.02, task.cancel)  # a native Task.cancel(), as 20 ms pass
+        time.sleep(0.05)  # both become due in the same iteration
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    else:
+        with anyio.CancelScope(deadline=anyio.current_time() + 0.02) as outside:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(request)
+                await anyio.sleep(0)
+                time.sleep(0.05)
+                await anyio.sleep(0)
+        assert outside.cancelled_caught
+    assert outcome == []
+    assert q.in_flight("acme") == 1 and q.waiting("acme") == 0
+    q.release(holder)
+
+
+# -- honest backpressure: retry_after_s from the ages of the calls in flight (issue 12) ---------------
+
+
+async def _observe_holds(q: LocalQuotas, clock: ragguard.FakeClock, hold_s: float, n: int) -> None:
+    for _ in range(n):
+        lease = await q.acquire("acme")
+        clock.advance(hold_s)
+        q.release(lease)
+
+
+async def test_a_caller_who_waits_as_told_is_admitted_when_the_holders_finish() -> None:
+    clock = ragguard.FakeClock(100.0)
+    q = LocalQuotas(lambda t: TenantQuota(max_concurrency=2), clock=clock)
+    await _observe_holds(q, clock, 0.3, 5)  # calls hold a slot for 300 ms
+    holders = [await q.acquire("acme"), await q.acquire("acme")]  # both start now
+    with pytest.raises(QuotaExceeded) as info:
+        await q.acquire("acme")
+    told = info.value.retry_after_s
+    assert 0.29 <= told <= 0.31  # was 0.15: hold x queue / limit, as if the two were half done
+    clock.advance(told)
+    if clock() >= holders[0].started + 0.3:  # the holders finish as expected
+        for lease in holders:
+            q.release(lease)
+    retry = await q.acquire("acme")  # admitted at once
+    assert retry is not None and q.in_flight("acme") == 1
+
+
+async def test_retry_after_counts_the_ages_of_the_calls_in_flight() -> None:
+    clock = ragguard.FakeClock(100.0)
+    q = LocalQuotas(lambda t: TenantQuota(max_concurrency=2), clock=clock)
+    await _observe_holds(q, clock, 0.3, 5)
+    old = await q.acquire("acme")
+    clock.advance(0.2)
+    young = await q.acquire("acme")
+    with pytest.raises(QuotaExceeded) as info:
+        await q.acquire("acme")
+    assert info.value.retry_after_s == pytest.approx(0.1)  # the older call is due in 100 ms
+    clock.advance(0.1)
+    q.release(old)
+    assert await q.acquire("acme") is not None
+    q.release(young)
+
+
+async def test_retry_after_before_any_release_uses_the_ages_in_flight() -> None:
+    clock = ragguard.FakeClock(100.0)
+    q = LocalQuotas(lambda t: TenantQuota(max_concurrency=1), clock=clock)
+    lease = await q.acquire("acme")
+    clock.advance(0.15)  # nothing has finished yet; this call has run 150 ms
+    with pytest.raises(QuotaExceeded) as info:
+        await q.acquire("acme")
+    assert info.value.retry_after_s == pytest.approx(0.15)  # was 0.01: "10 ms per call"
+    q.release(lease)
+
+
+async def test_retry_after_counts_the_callers_queued_ahead(deadline_clock: ragguard.FakeClock) -> None:
+    clock = ragguard.FakeClock(100.0)
+    q = LocalQuotas(lambda t: TenantQuota(max_concurrency=1, max_wait_s=60), clock=clock)
+    await _observe_holds(q, clock, 0.3, 5)
+    holder = await q.acquire("acme")
+    held: list[Any] = []
+    async with anyio.create_task_group() as tg:
+
+        async def queued() -> None:
+            held.append(await q.acquire("acme"))
+
+        tg.start_soon(queued)
+        await _until(lambda: q.waiting("acme") == 1, "one caller queued")
+        clock.advance(0.1)
+        with pytest.raises(QuotaExceeded) as info:
+            with deadline(0):  # no time to wait: refused with the estimate
+                await q.acquire("acme")
+        told = info.value.retry_after_s
+        assert told == pytest.approx(0.5)  # the holder's 200 ms left, then the queued caller's 300 ms
+        clock.advance(0.2)
+        q.release(holder)  # on time
+        await _until(lambda: len(held) == 1, "the queued caller admitted")
+        clock.advance(0.3)
+        q.release(held[0])  # on time
+    assert clock() == pytest.approx(100.0 + 5 * 0.3 + 0.1 + told)  # the refused caller's retry moment
+    assert await q.acquire("acme") is not None

@@ -104,6 +104,60 @@ async def test_tenant_labels_are_capped() -> None:
     assert tenants == {"tenant-0": 1, "tenant-1": 1, "tenant-2": 1, "other": 47}
 
 
+def _label_values(exporter: PrometheusExporter, metric: str, label: str) -> set[str]:
+    return {dict(labels)[label] for (name, labels), _ in samples(exporter).items() if name == metric}
+
+
+async def test_stage_and_breaker_labels_are_capped_like_tenants() -> None:
+    # issue 13 item 11: 2,000 generated breaker names made a 1.1 MB scrape
+    bus = events.EventBus()
+    exporter = PrometheusExporter(bus=bus, pools=False).start()  # default caps: 100 each
+
+    async def generate(first: int, n: int) -> None:
+        for i in range(first, first + n):
+            name = f"generated-{i:04d}"
+            bus.emit(events.BreakerTransition(name, "closed", "open", float(i), "tripped"))
+            bus.emit(events.CallOutcome(name, "failure", 0.01, "OSError"))
+            bus.emit(events.CallRejected(name, "open", 1.0))
+            bus.emit(StageCompleted(name, "acme", "success", 0.01))
+            bus.emit(events.FallbackServed(name, "cache", "acme", "OSError"))
+            bus.emit(events.RetryScheduled(name, 1, 0.1, "OSError"))
+        await _deliver()
+
+    await generate(0, 2_000)
+    for metric, label in [
+        ("ragguard_breaker_transitions_total", "breaker"),
+        ("ragguard_call_duration_seconds_count", "breaker"),
+        ("ragguard_calls_rejected_total", "breaker"),
+        ("ragguard_stage_duration_seconds_count", "stage"),
+        ("ragguard_fallbacks_served_total", "stage"),
+        ("ragguard_retries_total", "stage"),
+    ]:
+        seen = _label_values(exporter, metric, label)
+        assert len(seen) == 101 and "other" in seen and "generated-0000" in seen, metric
+    states = _label_values(exporter, "ragguard_breaker_state", "breaker")
+    assert len(states) == 100 and "other" not in states  # one gauge cannot hold many breakers' states
+    assert value(exporter, "ragguard_breaker_transitions_total", breaker="other", from_state="closed",
+                 to_state="open") == 1_900  # fmt: skip
+    size = len(exporter.scrape())
+    await generate(2_000, 2_000)  # 2,000 more names: the scrape stays the same size
+    assert len(exporter.scrape()) < size * 1.01
+
+
+async def test_caps_are_options() -> None:
+    bus = events.EventBus()
+    exporter = PrometheusExporter(bus=bus, pools=False, max_stages=2, max_breakers=1).start()
+    for name in ("a", "b", "c"):
+        bus.emit(events.CallRejected(name, "open", 1.0))
+        bus.emit(events.RetryScheduled(name, 1, 0.1, "OSError"))
+    await _deliver()
+    assert _label_values(exporter, "ragguard_calls_rejected_total", "breaker") == {"a", "other"}
+    assert _label_values(exporter, "ragguard_retries_total", "stage") == {"a", "b", "other"}
+    for bad in ({"max_stages": 0}, {"max_breakers": True}):
+        with pytest.raises(ConfigError):
+            PrometheusExporter(pools=False, **bad)
+
+
 async def test_loop_stalls_and_pool_gauges_from_real_components(redis_server: Any) -> None:
     bus = events.EventBus()
     exporter = PrometheusExporter(bus=bus).start()

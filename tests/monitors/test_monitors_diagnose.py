@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from ragguard import ConfigError, events
+from ragguard import BreakerOpen, ConfigError, FakeClock, InvalidInput, events
 from ragguard.monitors import (
     ConnectionLeak,
     EventRecorder,
@@ -67,10 +69,10 @@ def test_breaker_opening_after_a_stall_blames_our_latency_within_grace() -> None
     soon = events.BreakerTransition("vector_store", "closed", "open", 3.6)
     late = events.BreakerTransition("embedding", "closed", "open", 9.0)
     result = diagnose([stall, soon, late], grace_s=1.0)
-    assert _kinds(result) == ["breaker_opened_during_stall"]
+    assert _kinds(result) == ["breaker_opened_during_stall", "breaker_open", "breaker_open"]
     assert "'vector_store' opened while the loop was stalled" in result.findings[0].summary
     assert "the latency was ours" in result.findings[0].summary
-    assert _kinds(diagnose([stall, soon], grace_s=0.1)) == ["loop_stall"]
+    assert _kinds(diagnose([stall, soon], grace_s=0.1)) == ["breaker_open", "loop_stall"]
 
 
 def test_quiet_events_are_healthy_and_bad_grace_is_rejected() -> None:
@@ -101,8 +103,9 @@ def test_event_file_round_trip_and_doctor(tmp_path: Path, capsys: pytest.Capture
 
     asyncio.run(main())
     records = load_records(path)
-    assert [r["type"] for r in records] == ["LoopStall", "PoolExhausted"]
+    assert [r["type"] for r in records] == ["LoopStall", "PoolExhausted", "Tally"]  # the call: counted
     assert records[0]["stack"] == ["app.py:12 in handler", "app.py:40 in main"]
+    assert records[2]["calls"] == {"b": {"success": 1}}
 
     assert doctor_main(["--events", str(path), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
@@ -116,8 +119,12 @@ def test_event_file_round_trip_and_doctor(tmp_path: Path, capsys: pytest.Capture
     assert "cannot read events file" in capsys.readouterr().err
 
     empty = tmp_path / "empty.jsonl"
-    empty.write_text("not json\n")
+    empty.write_text("\n")
     assert doctor_main(["--events", str(empty)]) == 0
+    not_json = tmp_path / "not-json.jsonl"
+    not_json.write_text("not json\n")
+    assert doctor_main(["--events", str(not_json)]) == 2
+    assert "line 1: not a JSON record: 'not json'" in capsys.readouterr().err
 
 
 def test_recorder_ring_is_bounded_and_rotates_the_file(tmp_path: Path) -> None:
@@ -210,3 +217,179 @@ def test_real_breaker_opened_by_our_own_stall() -> None:
     assert "breaker_opened_during_stall" in _kinds(result), result.to_text()
     f = next(f for f in result.findings if f.kind == "breaker_opened_during_stall")
     assert "_hog_the_loop" in f.summary and "'vector_store'" in f.summary
+
+
+# -- malformed input is exit status 2 naming the line (issue 13 item 12) ------------------------------
+
+GOOD = json.dumps({"type": "QuotaRejected", "t": 1.0, "wall": 0.0, "tenant": "a", "reason": "rate",
+                   "retry_after_s": 0.1})  # fmt: skip
+
+
+def _doctor_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ragguard.cli", "doctor", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("third_line", "says"),
+    [
+        (b"\xff\xfe not utf-8\n", "line 3: not UTF-8 (byte 1 of the line is 0xff)"),
+        (
+            b'{"type": "LoopStall", "t": 2.0, "duration_s": 0.5}\n',
+            "line 3: a LoopStall record without its 'started_at'",
+        ),
+        (b'{"type": "QuotaRejected", "t": 2.0, "tenant": "a", "reason": "rate", "retry_after_s": "soon"}\n',
+         "line 3: a QuotaRejected record whose 'retry_after_s' is not a number: 'soon'"),
+        (b"[1, 2]\n", "line 3: not a JSON object but list"),
+        (b'{"t": 2.0}\n', 'line 3: no "type" string'),
+    ],
+    ids=["not-utf8", "missing-field", "wrong-type", "not-an-object", "no-type"],
+)
+def test_a_malformed_line_is_status_2_naming_the_line(tmp_path: Path, third_line: bytes, says: str) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(GOOD.encode() + b"\n\n" + third_line + GOOD.encode() + b"\n")
+    assert doctor_main(["--events", str(path)]) == 2  # the in-process entry point
+    done = _doctor_cli("--events", str(path))  # and the installed command (typer)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr and f"{path}, line 3" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_an_unfinished_last_line_is_being_written_and_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(GOOD.encode() + b"\n" + GOOD.encode()[:20])  # no newline yet
+    assert [r["tenant"] for r in load_records(path)] == ["a"]
+
+
+def test_diagnose_names_a_bad_record_it_is_given() -> None:
+    with pytest.raises(InvalidInput, match="record 1: a BreakerTransition record without its 'new' field"):
+        diagnose([json.loads(GOOD), {"type": "BreakerTransition", "t": 1.0, "breaker": "b", "old": "closed"}])
+
+
+# -- findings that explain breakers, quotas and fallbacks, with a timeline (issue 13 item 13) ---------
+
+DEMO_EVENTS = Path(__file__).parent / "data" / "demo-events.jsonl"
+"""``ragguard demo --quick``'s own event log, every 4th refusal and fallback kept (and every
+breaker transition, and the last tally)."""
+
+
+def test_the_demo_log_is_explained() -> None:
+    result = diagnose(load_records(DEMO_EVENTS))
+    by_kind: dict[str, list[Any]] = {}
+    for f in result.findings:
+        by_kind.setdefault(f.kind, []).append(f)
+    assert set(by_kind) == {"breaker_open", "quota_rejections", "fallbacks_served"}  # was: no finding
+
+    embedding, vector_store = by_kind["breaker_open"]
+    assert (embedding.data["breaker"], vector_store.data["breaker"]) == ("embedding", "vector_store")
+    assert embedding.data["episodes"] == 1 and embedding.data["reopened"] == 1
+    assert not embedding.data["still_open"] and 2.0 < embedding.data["open_s"] < 3.5
+    assert "first at +" in embedding.summary and "slow-call rate" in embedding.summary
+    assert "it refused 66 call(s)" in embedding.summary
+    assert any(d.startswith("+") and "closed -> open" in d for d in embedding.details)
+
+    (hoarder,) = by_kind["quota_rejections"]
+    assert hoarder.data["tenant"] == "hoarder" and hoarder.data["reasons"] == {"rate": 29}
+    assert "faster than its rate_per_s" in hoarder.summary
+
+    shares = {f.data["stage"]: f.data for f in by_kind["fallbacks_served"]}
+    assert set(shares) == {"embedding", "vector_store", "rerank"}
+    kept = [json.loads(line) for line in DEMO_EVENTS.read_text().splitlines()]
+    served = sum(1 for r in kept if r["type"] == "FallbackServed" and r["stage"] == "embedding")
+    assert shares["embedding"]["fallbacks"] == {"embedding_cache": served}
+    assert shares["embedding"]["share"] == pytest.approx(50 / 239)  # from the recorder's tally
+    assert "20.9% of its 239 answers" in next(f.summary for f in by_kind["fallbacks_served"]
+                                              if f.data["stage"] == "embedding")  # fmt: skip
+
+    times = [m.at_s for m in result.timeline]
+    assert times == sorted(times) and times[0] == 0.0
+    whats = [m.what for m in result.timeline]
+    assert "breaker 'embedding' closed -> open: slow-call rate 30.0% >= 30.0%" in whats
+    assert any(w.startswith("tenant 'hoarder' refused") for w in whats)
+    text = result.to_text()
+    assert "timeline (from " in text and "UTC)" in text
+    assert result.to_dict()["timeline"][0]["at_s"] == 0.0 and result.calls == 239 + 216 + 239
+
+
+@pytest.mark.timeout(30)
+def test_a_breaker_stuck_open_is_explained(tmp_path: Path) -> None:
+    breakers = pytest.importorskip("ragguard.breakers")
+    path = tmp_path / "events.jsonl"
+    clock = FakeClock(500.0)
+
+    async def refused() -> None:
+        raise AssertionError("an open breaker must not call its dependency")
+
+    async def main() -> None:
+        recorder = EventRecorder(path=path, clock=clock)
+        with recorder:
+            breaker = breakers.CircuitBreaker("search", minimum_calls=2, window_size=2, open_for_s=3600,
+                                              clock=clock)  # fmt: skip
+            for _ in range(2):
+                with pytest.raises(ConnectionRefusedError):
+                    await breaker.call(_refuse)
+            for _ in range(1_122):
+                clock.advance(0.01)
+                with pytest.raises(BreakerOpen):
+                    await breaker.call(refused)
+            await asyncio.sleep(0)  # the bus delivers on the next iteration
+
+    asyncio.run(main())
+    result = diagnose(load_records(path))
+    (f,) = result.findings  # was: "0 finding(s)"
+    assert f.kind == "breaker_open" and f.severity == "critical"
+    assert f.data["still_open"] and f.data["rejected"] == 1_122
+    assert "breaker 'search' opened 1 time(s)" in f.summary and "failure rate 100.0% >= 50.0%" in f.summary
+    assert "still not closed when the log ends (11.2 s after it opened)" in f.summary
+    assert "it refused 1122 call(s)" in f.summary
+
+
+async def _refuse() -> None:
+    raise ConnectionRefusedError("down")
+
+
+def test_a_stall_in_asyncios_own_dispatch_says_what_it_means() -> None:
+    frame = "/usr/lib/python3.11/asyncio/selector_events.py:231 in _process_events"
+    stall = LoopStall(0.08, 1.0, 1.08, frame, "/usr/lib/python3.11/asyncio/selector_events.py", 231,
+                      "_process_events", (frame,), 4)  # fmt: skip
+    (f,) = diagnose([stall]).findings
+    assert f.kind == "loop_stall" and f.data["asyncio_own"]
+    assert "asyncio's own code, not a callback of yours" in f.summary
+    assert "move that work off the loop" not in f.summary
+    (mine,) = diagnose([_stall(1.0, 1.08)]).findings
+    assert "move that work off the loop" in mine.summary
+
+
+def test_many_tenants_refused_are_ranked_and_capped() -> None:
+    rejections = [
+        events.QuotaRejected(f"t{i:02d}", "concurrency", 0.1) for i in range(30) for _ in range(i + 1)
+    ]
+    result = diagnose(rejections)
+    tenants = [f.data.get("tenant") for f in result.findings]
+    assert tenants[:3] == ["t29", "t28", "t27"] and len(result.findings) == 11
+    assert result.findings[-1].summary == "20 more tenant(s) were refused 210 time(s) in all"
+    assert "had max_concurrency requests in flight" in result.findings[0].summary
+
+
+# -- the documented options exist (issue 13 item 14) ---------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_doctor_cli_takes_grace_s(tmp_path: Path) -> None:
+    helped = _doctor_cli("--help")
+    assert helped.returncode == 0 and "--grace-s" in helped.stdout
+    path = tmp_path / "events.jsonl"
+    stall = {"type": "LoopStall", "t": 3.4, "wall": 0.0, "duration_s": 0.4, "started_at": 3.0, "at": 3.4,
+             "frame": "app.py:1 in f", "filename": "app.py", "lineno": 1, "function": "f"}  # fmt: skip
+    opened = {"type": "BreakerTransition", "t": 3.9, "wall": 0.0, "breaker": "db", "old": "closed",
+              "new": "open", "at": 3.9}  # fmt: skip
+    path.write_text(json.dumps(stall) + "\n" + json.dumps(opened) + "\n")
+    blamed = _doctor_cli("--events", str(path), "--json", "--grace-s", "1.0")
+    kinds = [f["kind"] for f in json.loads(blamed.stdout)["findings"]]
+    assert blamed.returncode == 1 and "breaker_opened_during_stall" in kinds
+    not_blamed = _doctor_cli("--events", str(path), "--json", "--grace-s", "0.1")
+    assert "breaker_opened_during_stall" not in [f["kind"] for f in json.loads(not_blamed.stdout)["findings"]]
+    bad = _doctor_cli("--events", str(path), "--grace-s", "-1")
+    assert bad.returncode == 2 and "grace_s must be" in bad.stderr

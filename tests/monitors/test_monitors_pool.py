@@ -173,6 +173,70 @@ async def test_cancelled_commands_do_not_leak(redis_server: Any, fault_proxy: An
     await client.aclose()
 
 
+# -- a connection the server dropped is reconnected, not used (issue 13 item 5, redis-py #4252) ----
+
+POOLS = [MonitoredConnectionPool, MonitoredBlockingConnectionPool]
+
+
+def _pool(pool_cls: type, host: str, port: int, **options: Any) -> Any:
+    extra = {"timeout": 5} if pool_cls is MonitoredBlockingConnectionPool else {}
+    return pool_cls(host=host, port=port, max_connections=3, **extra, **options)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("health_check_interval", [0, 0.05])
+@pytest.mark.parametrize("pool_cls", POOLS)
+async def test_an_idle_connection_the_server_killed_is_reconnected(
+    redis_server: Any, pool_cls: type, health_check_interval: float
+) -> None:
+    pool = _pool(pool_cls, redis_server.host, redis_server.port, health_check_interval=health_check_interval)
+    client = aioredis.Redis(connection_pool=pool)
+    admin = aioredis.Redis(host=redis_server.host, port=redis_server.port)
+    assert await client.set("k", "v") is True
+    assert pool.idle == 1
+    killed = await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    assert killed == 1
+    await asyncio.sleep(0.2)  # the server's FIN has arrived; the connection idles in the pool
+    assert await client.get("k") == b"v"  # was: ConnectionError("Connection closed by server.")
+    assert (pool.in_use, pool.idle) == (0, 1)
+    await client.aclose()
+    await admin.aclose()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("pool_cls", POOLS)
+async def test_a_failed_health_check_reconnects_instead_of_failing_the_command(
+    redis_server: Any, fault_proxy: Any, pool_cls: type
+) -> None:
+    # A connection reset on the way (no FIN reaches the client, the socket looks fine until
+    # written to): only the health-check PING finds out, and redis-py 8.1 does not retry it.
+    proxy = fault_proxy(redis_server)
+    pool = _pool(pool_cls, proxy.host, proxy.port, health_check_interval=0.05)
+    client = aioredis.Redis(connection_pool=pool)
+    assert await client.set("k", "v") is True
+    proxy.reset(new_connections=False)
+    await asyncio.sleep(0.2)
+    assert await client.get("k") == b"v"  # was: ConnectionError("Error 104 ... reset by peer")
+    assert pool.in_use == 0
+    await client.aclose()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("pool_cls", POOLS)
+async def test_idle_counts_only_connections_with_an_open_socket(redis_server: Any, pool_cls: type) -> None:
+    pool = _pool(pool_cls, redis_server.host, redis_server.port)
+    held = [await pool.get_connection() for _ in range(3)]
+    for connection in held:
+        await pool.release(connection)
+    assert (pool.in_use, pool.idle) == (0, 3)
+    await pool.disconnect()
+    assert (pool.in_use, pool.idle, pool.stats().idle) == (0, 0, 0)  # was 3 with no socket open
+    client = aioredis.Redis(connection_pool=pool)
+    assert await client.ping() is True
+    assert pool.idle == 1
+    await client.aclose()
+
+
 async def test_from_url_and_default_name(redis_server: Any) -> None:
     pool = MonitoredBlockingConnectionPool.from_url(redis_server.url, max_connections=2)
     assert pool.pool_name == f"127.0.0.1:{redis_server.port}/0"

@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .. import events
 from .._errors import BreakerOpen, ConfigError
-from ._breaker import BreakerCallOutcome
+from ._outcome import BreakerCallOutcome
 from ._state import BreakerState
 
 __all__ = ["AiobreakerBreaker", "AiobreakerListenerAdapter", "from_aiobreaker"]

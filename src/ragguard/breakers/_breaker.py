@@ -26,13 +26,15 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, ParamSpec, TypeVar
 
-from .. import events
+from .. import _validate, events
 from .._errors import BreakerOpen, ConfigError
-from ._classify import counts_by_default
+from ._aiobreaker import AiobreakerListenerAdapter
+from ._options import MAX_DURATION_S, BreakerConfig, Classifier
+from ._outcome import OUTCOMES, BreakerCallOutcome, classify_outcome
 from ._state import BreakerState
 from ._window import FAILED, SLOW, CountWindow, TimeWindow
 
@@ -43,26 +45,11 @@ log = logging.getLogger("ragguard.breakers")
 P = ParamSpec("P")
 T = TypeVar("T")
 
-Classifier = Callable[[BaseException], bool]
-
 _CLOSED = BreakerState.CLOSED
 _OPEN = BreakerState.OPEN
 _HALF_OPEN = BreakerState.HALF_OPEN
 _FORCED_OPEN = BreakerState.FORCED_OPEN
 _DISABLED = BreakerState.DISABLED
-
-_OUTCOMES = ("success", "failure", "slow_success", "slow_failure")
-
-_MAX_WINDOW_CALLS = 1_000_000
-_MAX_WINDOW_SECONDS = 86_400
-_MAX_PERMITS = 100_000
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerCallOutcome(events.CallOutcome):
-    """A :class:`ragguard.events.CallOutcome` that also carries the exception (None on success)."""
-
-    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,31 +73,6 @@ class BreakerMetrics:
     retry_after_s: float | None
 
 
-def _seconds(option: str, value: object, *, allow_zero: bool = False) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{option} must be a number of seconds, got {value!r}")
-    seconds = float(value)
-    low_ok = seconds >= 0 if allow_zero else seconds > 0
-    if not low_ok or not math.isfinite(seconds):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{option} must be finite and {bound} seconds, got {value!r}")
-    return seconds
-
-
-def _percent(option: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 100:
-        raise ConfigError(f"{option} must be a percentage in (0, 100], got {value!r}")
-    return float(value)
-
-
-def _count(option: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{option} must be an int in [{low}, {high}], got {value!r}")
-    return value
-
-
 class CircuitBreaker:
     """A circuit breaker with sliding-window failure and slow-call rates.
 
@@ -121,7 +83,7 @@ class CircuitBreaker:
     ``slow_call_rate_threshold`` (percent, (0, 100], default 100): trip when at least this
     share of the calls took longer than ``slow_call_duration_s`` (resilience4j's slow-call rate,
     ``slowCallRateThreshold``); slow successes and slow failures both count.
-    ``slow_call_duration_s`` (seconds, > 0, default 60): a call lasting longer is slow.
+    ``slow_call_duration_s`` (seconds, (0, 1 year], default 60): a call lasting longer is slow.
     ``consecutive_failures_threshold`` (int >= 1 or None = off, default None): trip after this
     many failures in a row (a success resets the run; ignored errors do not).
     ``minimum_calls`` (int >= 1, default 100; at most ``window_size`` for a count window): no
@@ -133,12 +95,12 @@ class CircuitBreaker:
     further callers are rejected at once (``permittedNumberOfCallsInHalfOpenState``). When all
     trials are done, their failure and slow-call rates against the same thresholds decide:
     closed (window cleared) or open again.
-    ``open_for_s`` (seconds, > 0, default 60): how long the breaker stays open after a trip
-    (``waitDurationInOpenState``). Each reopening from half-open multiplies it by
-    ``open_backoff_multiplier`` (>= 1, default 1: constant), capped at ``open_max_s`` (>=
-    ``open_for_s`` or None: no cap); closing resets it. ``open_jitter`` (in [0, 1), default 0)
-    spreads each open duration uniformly by up to that fraction either way (never above the
-    cap), drawn from ``rng`` (a ``random.Random``; seed it in tests).
+    ``open_for_s`` (seconds, (0, 1 year], default 60): how long the breaker stays open after a
+    trip (``waitDurationInOpenState``). Each reopening from half-open multiplies it by
+    ``open_backoff_multiplier`` ([1, 100], default 1: constant), capped at ``open_max_s`` (>=
+    ``open_for_s`` and at most a year, or None: a year); closing resets it. ``open_jitter`` (in
+    [0, 1), default 0) spreads each open duration uniformly by up to that fraction either way
+    (never above the cap), drawn from ``rng`` (a ``random.Random``; seed it in tests).
     ``classifier`` (``exc -> bool``, default :func:`counts_by_default`): True when an error counts
     as a failure; other errors pass through uncounted and give a half-open permit back.
     ``slow_classifier`` (``exc -> bool`` or None): errors that count as slow whatever their
@@ -151,11 +113,14 @@ class CircuitBreaker:
     Cancellation (``asyncio.CancelledError``, trio's ``Cancelled``, any ``BaseException``) is
     never recorded: the call's half-open permit is given back and the cancellation re-raised.
 
-    Raises :class:`ragguard.ConfigError` naming the option when a value is out of range.
+    The options are validated once into a frozen :class:`BreakerConfig`, read-only as
+    :attr:`config`. Raises :class:`ragguard.ConfigError` naming the option (its ``field``) when a
+    value is out of range.
     """
 
     __slots__ = (
         "_classifier",
+        "_config",
         "_consecutive",
         "_consecutive_threshold",
         "_epoch",
@@ -209,65 +174,50 @@ class CircuitBreaker:
         error_class: type[BreakerOpen] = BreakerOpen,
     ) -> None:
         if not isinstance(name, str) or not name:
-            raise ConfigError(f"name must be a non-empty str, got {name!r}")
+            raise ConfigError(f"name must be a non-empty str, got {_validate.shown(name)}", field="name")
         self.name = name
-        self._failure_threshold = _percent("failure_rate_threshold", failure_rate_threshold)
-        self._slow_threshold = _percent("slow_call_rate_threshold", slow_call_rate_threshold)
-        self._slow_s = _seconds("slow_call_duration_s", slow_call_duration_s)
-        if consecutive_failures_threshold is not None:
-            _count("consecutive_failures_threshold", consecutive_failures_threshold, 1, _MAX_WINDOW_CALLS)
-        self._consecutive_threshold = consecutive_failures_threshold
-        if window_type == "count":
-            size = _count("window_size", window_size, 1, _MAX_WINDOW_CALLS)
-            self._window: CountWindow | TimeWindow = CountWindow(size)
-            self._min_calls = _count("minimum_calls (count window: at most window_size)",
-                                     minimum_calls, 1, size)
-        elif window_type == "time":
-            size = _count("window_size (seconds)", window_size, 1, _MAX_WINDOW_SECONDS)
-            self._window = TimeWindow(size)
-            self._min_calls = _count("minimum_calls", minimum_calls, 1, _MAX_WINDOW_CALLS)
-        else:
-            raise ConfigError(f"window_type must be 'count' or 'time', got {window_type!r}")
-        self.window_type = window_type
-        self.window_size = size
-        self._permits_total = _count("half_open_permits", half_open_permits, 1, _MAX_PERMITS)
-        self._open_for_s = _seconds("open_for_s", open_for_s)
-        if (
-            isinstance(open_backoff_multiplier, bool)
-            or not isinstance(open_backoff_multiplier, (int, float))
-            or not 1.0 <= open_backoff_multiplier < math.inf
-        ):
-            raise ConfigError(
-                f"open_backoff_multiplier must be a finite number >= 1, got {open_backoff_multiplier!r}"
-            )
-        self._multiplier = float(open_backoff_multiplier)
-        if open_max_s is None:
-            self._open_max_s = math.inf
-        else:
-            self._open_max_s = _seconds("open_max_s", open_max_s)
-            if self._open_max_s < self._open_for_s:
-                raise ConfigError(
-                    f"open_max_s must be >= open_for_s ({self._open_for_s}), got {open_max_s!r}"
-                )
-        if isinstance(open_jitter, bool) or not isinstance(open_jitter, (int, float)) or not (
-            0.0 <= open_jitter < 1.0
-        ):
-            raise ConfigError(f"open_jitter must be a fraction in [0, 1), got {open_jitter!r}")
-        self._jitter = float(open_jitter)
+        config = BreakerConfig.of(
+            failure_rate_threshold=failure_rate_threshold,
+            slow_call_rate_threshold=slow_call_rate_threshold,
+            slow_call_duration_s=slow_call_duration_s,
+            consecutive_failures_threshold=consecutive_failures_threshold,
+            minimum_calls=minimum_calls,
+            window_type=window_type,
+            window_size=window_size,
+            half_open_permits=half_open_permits,
+            open_for_s=open_for_s,
+            open_backoff_multiplier=open_backoff_multiplier,
+            open_max_s=open_max_s,
+            open_jitter=open_jitter,
+            classifier=classifier,
+            slow_classifier=slow_classifier,
+            error_class=error_class,
+        )
         if rng is not None and not callable(getattr(rng, "random", None)):
-            raise ConfigError(f"rng must be a random.Random, got {rng!r}")
+            raise ConfigError(f"rng must be a random.Random, got {_validate.shown(rng)}", field="rng")
+        _validate.function("clock", clock, "returning monotonic seconds")
+        self._config = config
+        # The hot path reads these copies of the config's values (a slot read is cheaper than a
+        # read through the frozen config).
+        self._failure_threshold = config.failure_rate_threshold
+        self._slow_threshold = config.slow_call_rate_threshold
+        self._slow_s = config.slow_call_duration_s
+        self._consecutive_threshold = config.consecutive_failures_threshold
+        self._min_calls = config.minimum_calls
+        self.window_type = config.window_type
+        self.window_size = config.window_size
+        window = CountWindow if config.window_type == "count" else TimeWindow
+        self._window: CountWindow | TimeWindow = window(config.window_size)
+        self._permits_total = config.half_open_permits
+        self._open_for_s = config.open_for_s
+        self._multiplier = config.open_backoff_multiplier
+        self._open_max_s = math.inf if config.open_max_s is None else config.open_max_s
+        self._jitter = config.open_jitter
         self._rng = rng if rng is not None else random.Random()
-        for option, fn in (("classifier", classifier), ("slow_classifier", slow_classifier)):
-            if fn is not None and not callable(fn):
-                raise ConfigError(f"{option} must be a callable exc -> bool, got {fn!r}")
-        self._classifier: Classifier = classifier if classifier is not None else counts_by_default
-        self._slow_classifier = slow_classifier
-        if not callable(clock):
-            raise ConfigError(f"clock must be a callable returning monotonic seconds, got {clock!r}")
+        self._classifier: Classifier = config.classifier
+        self._slow_classifier = config.slow_classifier
         self.clock = clock
-        if not (isinstance(error_class, type) and issubclass(error_class, BreakerOpen)):
-            raise ConfigError(f"error_class must be a subclass of ragguard.BreakerOpen, got {error_class!r}")
-        self._error_class = error_class
+        self._error_class = config.error_class
         self.bus = events.EventBus(parent=events.bus)
 
         self._state = _CLOSED
@@ -285,6 +235,16 @@ class CircuitBreaker:
         """The current state. An open breaker whose time is up still reads OPEN until the next
         :meth:`acquire` half-opens it (resilience4j's default, no timer task)."""
         return self._state
+
+    @property
+    def config(self) -> BreakerConfig:
+        """The breaker's validated options (frozen; build a new breaker to change them)."""
+        return self._config
+
+    @property
+    def rng(self) -> random.Random:
+        """The random source of the open-duration jitter."""
+        return self._rng
 
     @property
     def classifier(self) -> Classifier:
@@ -344,8 +304,6 @@ class CircuitBreaker:
         a listener that raises is logged and kept.
         """
         if not callable(listener) and callable(getattr(listener, "state_change", None)):
-            from ._aiobreaker import AiobreakerListenerAdapter
-
             listener = AiobreakerListenerAdapter(listener, self)
         return self.bus.subscribe(listener)
 
@@ -471,7 +429,7 @@ class CircuitBreaker:
         if current and state is _DISABLED:
             return
         if self.bus.active:  # the outcome goes out before any transition it causes
-            self.bus.emit(BreakerCallOutcome(self.name, _OUTCOMES[code], duration_s))
+            self.bus.emit(BreakerCallOutcome(self.name, OUTCOMES[code], duration_s))
         if not current:
             return
         if state is _CLOSED:
@@ -492,17 +450,10 @@ class CircuitBreaker:
         state = self._state
         if current and state is _DISABLED:
             return
-        try:
-            counted = bool(self._classifier(exc))
-            slow = duration_s > self._slow_s or (
-                counted and self._slow_classifier is not None and bool(self._slow_classifier(exc))
-            )
-        except Exception:
-            log.exception("classifier of breaker %r raised on %r; the error is not counted", self.name, exc)
-            counted = slow = False
-        code = (FAILED | SLOW if slow else FAILED) if counted else -1
+        code = classify_outcome(self._config, exc, duration_s, breaker=self.name)
+        counted = code >= 0
         if self.bus.active:
-            outcome = _OUTCOMES[code] if counted else "ignored"
+            outcome = OUTCOMES[code] if counted else "ignored"
             self.bus.emit(BreakerCallOutcome(self.name, outcome, duration_s, type(exc).__name__, exc))
         if not current:
             return
@@ -548,8 +499,8 @@ class CircuitBreaker:
     def _open_duration(self) -> float:
         if self._open_base_s == 0.0:
             base = min(self._open_for_s, self._open_max_s)
-        else:
-            base = min(self._open_base_s * self._multiplier, self._open_max_s)
+        else:  # never past a year, so repeated reopenings cannot overflow the open-until time
+            base = min(self._open_base_s * self._multiplier, self._open_max_s, MAX_DURATION_S)
         self._open_base_s = base
         if self._jitter:
             spread = self._jitter * (2.0 * self._rng.random() - 1.0)

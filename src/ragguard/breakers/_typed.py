@@ -11,22 +11,15 @@ Every option of :class:`CircuitBreaker` can be overridden by keyword.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import EmbeddingUnavailable, RerankOutOfMemory, VectorStoreUnavailable
 from ._breaker import CircuitBreaker
 from ._classify import is_connection_error, is_out_of_memory, is_timeout
+from ._options import BreakerOptions
 
 if TYPE_CHECKING:
-    import random
-    from collections.abc import Callable
-    from datetime import timedelta
-    from typing import Literal
-
     from typing_extensions import Unpack
-
-    from .._errors import BreakerOpen
-    from ._breaker import Classifier
 
 __all__ = [
     "BreakerOptions",
@@ -34,28 +27,6 @@ __all__ = [
     "RerankOOMBreaker",
     "VectorStoreUnavailableBreaker",
 ]
-
-
-class BreakerOptions(TypedDict, total=False):
-    """The keyword options of :class:`CircuitBreaker` (see its docstring for units and ranges)."""
-
-    failure_rate_threshold: float
-    slow_call_rate_threshold: float
-    slow_call_duration_s: float | timedelta
-    consecutive_failures_threshold: int | None
-    minimum_calls: int
-    window_type: Literal["count", "time"]
-    window_size: int
-    half_open_permits: int
-    open_for_s: float | timedelta
-    open_backoff_multiplier: float
-    open_max_s: float | timedelta | None
-    open_jitter: float
-    rng: random.Random | None
-    classifier: Classifier | None
-    slow_classifier: Classifier | None
-    clock: Callable[[], float]
-    error_class: type[BreakerOpen]
 
 
 class _TypedBreaker(CircuitBreaker):

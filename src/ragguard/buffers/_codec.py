@@ -17,6 +17,7 @@ from typing import Any
 
 import cramjam
 
+from .. import _validate as v
 from .._errors import ConfigError, CorruptPayload, InvalidInput
 from ._pool import BufferPool, Lease, _give_back, default_pool, zero
 
@@ -66,8 +67,7 @@ class SnappyCodec:
     def __init__(
         self, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, pool: BufferPool | None = None
     ) -> None:
-        if not isinstance(max_message_bytes, int) or max_message_bytes < 1:
-            raise ConfigError(f"SnappyCodec.max_message_bytes must be an int >= 1, got {max_message_bytes!r}")
+        v.size("max_message_bytes", max_message_bytes)
         if pool is not None and not isinstance(pool, BufferPool):
             raise ConfigError(f"SnappyCodec.pool must be a BufferPool, got {type(pool).__name__}")
         self.max_message_bytes = max_message_bytes

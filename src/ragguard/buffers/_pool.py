@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from types import TracebackType
 
+from .. import _validate as v
 from .._errors import ConfigError, InvalidInput
 
 __all__ = ["BufferPool", "DoubleRelease", "Lease", "PoolStats", "default_pool"]
@@ -180,12 +181,12 @@ class BufferPool:
         max_buffers: int = 65536,
         max_bytes: int = 64 * 1024 * 1024,
     ) -> None:
-        if not isinstance(min_size, int) or min_size < 16 or min_size & (min_size - 1):
-            raise ConfigError(f"BufferPool.min_size must be a power of two >= 16, got {min_size!r}")
-        if not isinstance(max_buffers, int) or max_buffers < 0:
-            raise ConfigError(f"BufferPool.max_buffers must be an int >= 0, got {max_buffers!r}")
-        if not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ConfigError(f"BufferPool.max_bytes must be an int >= 0, got {max_bytes!r}")
+        v.size("min_size", min_size, low=16)
+        if min_size & (min_size - 1):
+            rule = "min_size must be a power of two >= 16"
+            raise ConfigError(f"{rule}, got {v.shown(min_size)}", field="min_size")
+        v.count("max_buffers", max_buffers, 0)
+        v.size("max_bytes", max_bytes, low=0)
         self.min_size = min_size
         self.max_buffers = max_buffers
         self.max_bytes = max_bytes

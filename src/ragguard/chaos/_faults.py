@@ -31,6 +31,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from .. import _validate as v
 from .._clock import Clock, monotonic
 from .._errors import ConfigError
 
@@ -78,8 +79,7 @@ def batch_size(n: int) -> Any:
 
     ``with batch_size(len(docs)): await rerank(query, docs)``. Raises ValueError when ``n`` < 0.
     """
-    if not isinstance(n, int) or n < 0:
-        raise ConfigError(f"batch_size: n must be an int >= 0, got {n!r}")
+    v.count("batch_size n", n, 0)
     token = _batch_size.set(n)
     try:
         yield
@@ -98,17 +98,10 @@ def call_batch_size(call: Call | None) -> int | None:
     return max(lengths) if lengths else None
 
 
-def _check_rate(name: str, value: float) -> float:
-    if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
-
-
 def _check_seconds(name: str, value: float, *, allow_inf: bool = False) -> float:
-    ok = isinstance(value, int | float) and value >= 0 and (allow_inf or math.isfinite(value))
-    if not ok:
-        raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
+    if allow_inf and value == math.inf:
+        return math.inf
+    return v.seconds(name, value, allow_zero=True)
 
 
 class Schedule:
@@ -188,9 +181,9 @@ class Fault:
         rng: random.Random | None = None,
         min_batch: int | None = None,
     ) -> None:
-        self.injection_rate = _check_rate("injection_rate", injection_rate)
-        if min_batch is not None and (not isinstance(min_batch, int) or min_batch < 0):
-            raise ConfigError(f"min_batch must be an int >= 0, got {min_batch!r}")
+        self.injection_rate = v.fraction("injection_rate", injection_rate)
+        if min_batch is not None:
+            v.count("min_batch", min_batch, 0)
         self.enabled = bool(enabled)
         self.schedule = schedule
         self.rng = rng
@@ -406,12 +399,11 @@ class PartialResults(Fault):
     def __init__(self, *, keep: float | None = 0.5, max_hits: int | None = None, **options: Any) -> None:
         super().__init__(**options)
         if max_hits is not None:
-            if not isinstance(max_hits, int) or max_hits < 0:
-                raise ConfigError(f"PartialResults: max_hits must be an int >= 0, got {max_hits!r}")
+            v.count("PartialResults max_hits", max_hits, 0)
             keep = None
         elif keep is None:
             raise ConfigError("PartialResults: give keep or max_hits")
-        self.keep = None if keep is None else _check_rate("PartialResults keep", keep)
+        self.keep = None if keep is None else v.fraction("PartialResults keep", keep)
         self.max_hits = max_hits
 
     async def wrap(self, call: Call, ctx: FaultContext) -> Any:
@@ -480,8 +472,7 @@ def corrupt_bytes(
     ``truncate_to`` is the share of the length kept, in [0, 1) (None: no cut). The original is
     never modified. Raises ConfigError for a negative ``flips`` or a share out of range.
     """
-    if not isinstance(flips, int) or flips < 0:
-        raise ConfigError(f"corrupt_bytes: flips must be an int >= 0, got {flips!r}")
+    v.count("corrupt_bytes flips", flips, 0)
     out = bytearray(data)
     if out:
         for _ in range(flips):
@@ -550,8 +541,7 @@ class HoldConnections(Fault):
         super().__init__(**options)
         if not hasattr(pool, "get_connection") or not hasattr(pool, "release"):
             raise ConfigError("HoldConnections: pool must be a redis.asyncio ConnectionPool")
-        if not isinstance(connections, int) or connections < 1:
-            raise ConfigError(f"HoldConnections: connections must be an int >= 1, got {connections!r}")
+        v.count("HoldConnections connections", connections, 1)
         self.pool = pool
         self.connections = connections
         self.held: list[Any] = []

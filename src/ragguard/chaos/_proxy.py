@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import math
 import socket
 import struct
 import threading
@@ -37,6 +36,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
+
+from .. import _validate as v
 
 __all__ = ["FaultProxy", "ProxyStats"]
 
@@ -105,7 +106,7 @@ class FaultProxy:
     bounds concurrent connections (more are reset). ``connect_timeout_s`` bounds the upstream
     connect; a failed upstream connect resets the client connection.
 
-    Raises ValueError for a port outside 0..65535 or a non-positive limit.
+    Raises ConfigError (a ValueError) for a port outside 0..65535 or a non-positive limit.
     """
 
     host = "127.0.0.1"
@@ -119,14 +120,10 @@ class FaultProxy:
         max_connections: int = 256,
         connect_timeout_s: float = 5.0,
     ) -> None:
-        for name, value in (("upstream_port", upstream_port), ("port", port)):
-            if not isinstance(value, int) or not 0 <= value < 65536 or (name == "upstream_port"
-                                                                        and value == 0):
-                raise ValueError(f"FaultProxy: {name} must be a TCP port, got {value!r}")
-        if max_connections < 1:
-            raise ValueError(f"FaultProxy: max_connections must be >= 1, got {max_connections}")
-        if not connect_timeout_s > 0:
-            raise ValueError(f"FaultProxy: connect_timeout_s must be > 0, got {connect_timeout_s}")
+        v.count("upstream_port", upstream_port, 1, 65535, hint="a TCP port")
+        v.count("port", port, 0, 65535, hint="a TCP port, 0: any free one")
+        v.count("max_connections", max_connections, 1)
+        v.seconds("connect_timeout_s", connect_timeout_s)
         self.upstream = (upstream_host, upstream_port)
         self.port = port
         self.max_connections = max_connections
@@ -260,15 +257,15 @@ class FaultProxy:
 
     def set_latency(self, *, to_server_s: float = 0.0, to_client_s: float = 0.0) -> None:
         """Delay every chunk by ``to_server_s`` towards the server, ``to_client_s`` back (seconds)."""
-        _check_seconds("to_server_s", to_server_s)
-        _check_seconds("to_client_s", to_client_s)
+        v.seconds("to_server_s", to_server_s, allow_zero=True)
+        v.seconds("to_client_s", to_client_s, allow_zero=True)
         self._delay_to_server_s = float(to_server_s)
         self._delay_to_client_s = float(to_client_s)
 
     def set_bandwidth(self, bytes_per_s: float | None) -> None:
         """Cap each direction of each connection at ``bytes_per_s`` (None: no cap)."""
-        if bytes_per_s is not None and not (bytes_per_s > 0 and math.isfinite(bytes_per_s)):
-            raise ValueError(f"FaultProxy: bytes_per_s must be > 0 or None, got {bytes_per_s!r}")
+        if bytes_per_s is not None:
+            v.number("bytes_per_s", bytes_per_s, low=0.0, low_open=True, what="a rate in bytes per second")
         self._bandwidth_bps = None if bytes_per_s is None else float(bytes_per_s)
 
     def reset(self, *, new_connections: bool = True) -> None:
@@ -285,8 +282,7 @@ class FaultProxy:
 
     def close_after(self, n_bytes: int, *, rst: bool = False) -> None:
         """Close each connection once ``n_bytes`` more bytes went to its client (RST with ``rst``)."""
-        if not isinstance(n_bytes, int) or n_bytes < 0:
-            raise ValueError(f"FaultProxy: n_bytes must be an int >= 0, got {n_bytes!r}")
+        v.count("n_bytes", n_bytes, 0)
 
         def apply() -> None:
             self._close_after = n_bytes
@@ -525,9 +521,3 @@ class FaultProxy:
             writer.write(piece)
             await writer.drain()
             await asyncio.sleep(len(piece) / (self._bandwidth_bps or bps))
-
-
-def _check_seconds(name: str, value: float) -> None:
-    if not isinstance(value, int | float) or not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"FaultProxy: {name} must be a finite number of seconds >= 0, got {value!r}")
-

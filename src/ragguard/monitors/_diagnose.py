@@ -1,4 +1,5 @@
-"""What the recent events mean: correlation rules over stalls, pool trouble and breakers.
+"""What the recent events mean: correlation rules over stalls, pool trouble, breakers, quotas and
+fallbacks, and a timeline.
 
 Rules, most telling first:
 
@@ -6,37 +7,62 @@ Rules, most telling first:
                                blocked in X, so connection releases were delayed.
 ``breaker_opened_during_stall`` a breaker opened during a stall or within ``grace_s`` after it:
                                the dependency may be healthy; the latency was ours.
+``breaker_open``               which dependency's breaker opened, why, how often, for how long in
+                               all, whether it was still not closed when the log ends, and how
+                               many calls it refused.
+``quota_rejections``           which tenant was refused, how often, why (rate, concurrency,
+                               deadline) and when; the most refused first.
+``fallbacks_served``           which stage answered from which fallback, how often, what share of
+                               its answers (from the recorder's counts), and the errors behind it.
 ``connection_leak``            a connection held too long, with the stack that acquired it.
 ``pool_exhausted``             pool exhaustion with no stall around it: the pool is too small for
                                this concurrency, or connections leak.
-``loop_stall``                 stalls explained by nothing above, grouped by blocking frame.
+``loop_stall``                 stalls explained by nothing above, grouped by blocking frame; a
+                               stall inside asyncio's own code says what that means.
+
+Every diagnosis also has a timeline: the notable moments in order, in seconds from the first record.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import sys
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._errors import ConfigError
-from ._record import Record, default_recorder, load_records, to_record
+from .. import _validate as v
+from .._errors import InvalidInput
+from ._record import Record, check_record, default_recorder, load_records, to_record
 
-__all__ = ["DEFAULT_EVENTS_FILE", "Diagnosis", "Finding", "diagnose", "doctor_main"]
+__all__ = ["DEFAULT_EVENTS_FILE", "Diagnosis", "Finding", "Moment", "diagnose", "doctor_main"]
 
 DEFAULT_EVENTS_FILE = "ragguard-events.jsonl"
 _SLACK_S = 0.05  # events are stamped by different code paths; tolerate this much skew
 _OPEN_STATES = {"open", "forced_open"}
+_CLOSED_STATES = {"closed", "disabled"}
+_EPISODE_GAP_S = 2.0  # refusals or fallbacks this far apart belong to different episodes
+_MAX_TENANT_FINDINGS = 10
+_MAX_TIMELINE = 60
+_MAX_DETAILS = 12
+
+_QUOTA_WHY = {
+    "rate": "it sent requests faster than its rate_per_s (and burst) allow",
+    "concurrency": "it had max_concurrency requests in flight, and more waited longer than max_wait_s",
+    "deadline": "its requests' deadlines would run out before a slot or a rate token came",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One conclusion: ``kind`` (a rule name), ``severity`` (critical, warning, info), a one-line
-    ``summary``, ``details`` lines (stacks, counts) and the numbers in ``data``."""
+    ``summary``, ``details`` lines (stacks, counts, transitions) and the numbers in ``data``."""
 
     kind: str
     severity: str
@@ -46,12 +72,28 @@ class Finding:
 
 
 @dataclass(frozen=True, slots=True)
+class Moment:
+    """One line of the timeline: ``at_s`` seconds after the first record (None when the record
+    had no time), and ``what`` happened."""
+
+    at_s: float | None
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
 class Diagnosis:
-    """The findings over ``events`` records spanning ``span_s`` seconds."""
+    """The findings over ``events`` records spanning ``span_s`` seconds, and their ``timeline``.
+
+    ``started_wall`` is the Unix time of the first record (None when unknown); ``calls`` counts
+    the guarded stage calls the recorder tallied (0 without a tally).
+    """
 
     findings: tuple[Finding, ...]
     events: int
     span_s: float
+    timeline: tuple[Moment, ...] = ()
+    started_wall: float | None = None
+    calls: int = 0
 
     @property
     def healthy(self) -> bool:
@@ -61,24 +103,34 @@ class Diagnosis:
         return {
             "healthy": self.healthy,
             "events": self.events,
+            "calls": self.calls,
             "span_s": round(self.span_s, 6),
+            "started_wall": self.started_wall,
             "findings": [asdict(f) | {"details": list(f.details)} for f in self.findings],
+            "timeline": [{"at_s": m.at_s, "what": m.what} for m in self.timeline],
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)
 
     def to_text(self) -> str:
+        counted = f", {self.calls} guarded call(s) counted" if self.calls else ""
         head = (
-            f"ragguard doctor: {len(self.findings)} finding(s) in {self.events} event(s) "
+            f"ragguard doctor: {len(self.findings)} finding(s) in {self.events} event(s){counted} "
             f"over {self.span_s:.1f} s"
         )
         if not self.findings:
-            return head + "\nno stalls, pool exhaustion, leaks or stall-driven breaker trips seen."
+            return head + (
+                "\nno stalls, pool exhaustion, leaks, breaker trips, quota refusals or fallbacks seen."
+            )
         lines = [head]
         for f in self.findings:
             lines.append(f"[{f.severity}] {f.summary}")
             lines.extend(f"    {d}" for d in f.details)
+        if self.timeline:
+            since = "" if self.started_wall is None else f" (from {_utc(self.started_wall)})"
+            lines.append(f"timeline{since}:")
+            lines.extend(f"  {_offset(m.at_s)}  {m.what}" for m in self.timeline)
         return "\n".join(lines)
 
 
@@ -88,10 +140,10 @@ def diagnose(events: Iterable[Any] | None = None, *, grace_s: float = 1.0) -> Di
     ``events``: event dataclasses or records (dicts as written by the event file); None reads
     the recorder started by :func:`ragguard.monitors.record_events`. ``grace_s`` (seconds, >= 0):
     how long after a stall a breaker opening still counts as caused by it. Raises ConfigError for
-    a negative ``grace_s`` and RuntimeError when ``events`` is None and no recorder runs.
+    a negative ``grace_s``, :class:`~ragguard.InvalidInput` naming the record for a dict record
+    without a field its type needs, and RuntimeError when ``events`` is None and no recorder runs.
     """
-    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not 0 <= grace_s < float("inf"):
-        raise ConfigError(f"diagnose: grace_s must be >= 0 seconds, got {grace_s!r}")
+    grace_s = v.seconds("grace_s", grace_s, allow_zero=True)
     if events is None:
         recorder = default_recorder()
         if recorder is None:
@@ -99,8 +151,14 @@ def diagnose(events: Iterable[Any] | None = None, *, grace_s: float = 1.0) -> Di
                 "no events to diagnose: pass events, or call ragguard.monitors.record_events() first"
             )
         events = recorder.records()
-    records = [_as_record(e) for e in events]
-    return _Rules(records, float(grace_s)).run()
+    records = []
+    for index, event in enumerate(events):
+        record = _as_record(event)
+        problem = check_record(record)
+        if problem is not None:
+            raise InvalidInput(f"record {index}: {problem}")
+        records.append(record)
+    return _Rules(records, grace_s).run()
 
 
 def _as_record(event: Any) -> Record:
@@ -113,27 +171,133 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
+def _s(seconds: float) -> str:
+    return f"{seconds:.1f} s"
+
+
+def _offset(at_s: float | None) -> str:
+    return "    +? s" if at_s is None else f"{at_s:+8.2f} s"
+
+
+def _utc(wall: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(wall))
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _when(r: Record) -> float | None:
+    """A record's time: its own ``at`` when it has one, else ``t``; None when neither is known."""
+    for key in ("at", "t"):
+        if _finite(r.get(key)):
+            return float(r[key])
+    return None
+
+
+def _counted(counts: Counter[str]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in counts.most_common())
+
+
+_CAUSE_MEANS = {
+    "BreakerOpen": "breaker open",
+    "EmbeddingUnavailable": "breaker open",
+    "VectorStoreUnavailable": "breaker open",
+    "RerankOutOfMemory": "breaker open",
+    "StageTimeout": "stage timeout",
+    "AttemptTimeout": "stage timeout",
+    "DeadlineExceeded": "deadline spent",
+}
+
+
+def _causes(causes: Counter[str]) -> str:
+    """``Counter`` of error class names, each of ragguard's own said in words."""
+    return ", ".join(
+        f"{name} {n}" + (f" ({_CAUSE_MEANS[name]})" if name in _CAUSE_MEANS else "")
+        for name, n in causes.most_common()
+    )
+
+
+def _capped(lines: list[str], limit: int = _MAX_DETAILS) -> tuple[str, ...]:
+    if len(lines) <= limit:
+        return tuple(lines)
+    return (*lines[:limit], f"... and {len(lines) - limit} more")
+
+
+def _episodes(times: list[float]) -> list[tuple[float, float, int]]:
+    """(first, last, count) of runs of times with gaps under ``_EPISODE_GAP_S``."""
+    out: list[tuple[float, float, int]] = []
+    for t in sorted(times):
+        if out and t - out[-1][1] <= _EPISODE_GAP_S:
+            first, _, n = out[-1]
+            out[-1] = (first, t, n + 1)
+        else:
+            out.append((t, t, 1))
+    return out
+
+
+def _is_asyncio_own(stall: Record) -> bool:
+    filename = str(stall.get("filename") or stall.get("frame", ""))
+    return f"{os.sep}asyncio{os.sep}" in filename or "/asyncio/" in filename
+
+
 class _Rules:
     def __init__(self, records: list[Record], grace_s: float) -> None:
-        self.records = records
         self.grace_s = grace_s
         self.by_type: dict[str, list[Record]] = defaultdict(list)
         for r in records:
             self.by_type[r["type"]].append(r)
+        tallies = self.by_type.pop("Tally", [])
+        self.tally = tallies[-1] if tallies else None  # cumulative: the last one written holds all
+        self.records = [r for r in records if r["type"] != "Tally"]
         self.stalls = self.by_type["LoopStall"]
         self.explained: set[int] = set()
+        times = [t for r in records if (t := _when(r)) is not None]  # tallies too: the log lasts till then
+        self.t0 = min(times) if times else None
+        self.span = max(times) - min(times) if times else 0.0
+        self.end = max(times) if times else None
+        self.started_wall: float | None = None
+        for r in self.records:  # the wall time of the first record, from one that has both clocks
+            t = _when(r)
+            if t is not None and self.t0 is not None and _finite(r.get("wall")):
+                self.started_wall = float(r["wall"]) - (t - self.t0)
+                break
+        self.timeline: list[tuple[float | None, str]] = []
+
+    def rel(self, t: float | None) -> float | None:
+        return None if t is None or self.t0 is None else t - self.t0
+
+    def at(self, t: float | None) -> str:
+        at_s = self.rel(t)
+        return "+? s" if at_s is None else f"+{at_s:.1f} s"
+
+    def moment(self, t: float | None, what: str) -> None:
+        self.timeline.append((self.rel(t), what))
 
     def run(self) -> Diagnosis:
         findings = [
             *self._stall_pool(),
             *self._breaker_stall(),
+            *self._breakers(),
+            *self._quotas(),
+            *self._fallbacks(),
             *self._leaks(),
             *self._exhaustion(),
             *self._plain_stalls(),
         ]
-        times = [r["t"] for r in self.records if isinstance(r.get("t"), int | float) and r["t"] == r["t"]]
-        span = max(times) - min(times) if times else 0.0
-        return Diagnosis(tuple(findings), len(self.records), span)
+        self._retry_budget()
+        timeline = sorted(self.timeline, key=lambda m: (m[0] is None, m[0] or 0.0))
+        moments = [Moment(at_s, what) for at_s, what in timeline[:_MAX_TIMELINE]]
+        if len(timeline) > _MAX_TIMELINE:
+            moments.append(Moment(None, f"... and {len(timeline) - _MAX_TIMELINE} more moments"))
+        calls = 0
+        if self.tally is not None:
+            calls = sum(n for counts in self.tally["stages"].values() for n in counts.values() if _finite(n))
+        return Diagnosis(
+            tuple(findings), len(self.records), self.span, tuple(moments), self.started_wall, calls
+        )
+
+    # -- the loop and the pools ----------------------------------------------------------------------
 
     def _overlapping_stall(self, start: float, end: float) -> Record | None:
         for s in self.stalls:
@@ -178,7 +342,9 @@ class _Rules:
         for tr in self.by_type["BreakerTransition"]:
             if tr.get("new") not in _OPEN_STATES:
                 continue
-            at = tr.get("at", tr["t"])
+            at = _when(tr)
+            if at is None:
+                continue
             stall = next(
                 (s for s in self.stalls if s["started_at"] - _SLACK_S <= at <= s["at"] + self.grace_s), None
             )
@@ -197,6 +363,190 @@ class _Rules:
             )
         return out
 
+    # -- breakers, quotas, fallbacks -------------------------------------------------------------------
+
+    def _breakers(self) -> list[Finding]:
+        by_breaker: dict[str, list[Record]] = defaultdict(list)
+        for tr in self.by_type["BreakerTransition"]:
+            by_breaker[tr["breaker"]].append(tr)
+        rejected: dict[str, Any] = dict(self.tally["rejected"]) if self.tally is not None else {}
+        out = []
+        for name in sorted(by_breaker, key=lambda b: min((_when(t) or 0.0) for t in by_breaker[b])):
+            trs = sorted(by_breaker[name], key=lambda r: _when(r) or 0.0)
+            lines = []
+            for tr in trs:
+                reason = f": {tr['reason']}" if tr.get("reason") else ""
+                text = f"breaker {name!r} {tr['old']} -> {tr['new']}{reason}"
+                self.moment(_when(tr), text)
+                lines.append(f"{self.at(_when(tr))} {tr['old']} -> {tr['new']}{reason}")
+            finding = self._breaker_finding(name, trs, lines, rejected.pop(name, 0))
+            if finding is not None:
+                out.append(finding)
+        for name, n in sorted(rejected.items(), key=lambda kv: -kv[1]):
+            if _finite(n) and n > 0:  # open since before the log began
+                out.append(Finding(
+                    "breaker_open", "warning",
+                    f"breaker {name!r} refused {n} call(s) without calling its dependency; it was open "
+                    "before the log began",
+                    (), {"breaker": name, "episodes": 0, "rejected": n},
+                ))  # fmt: skip
+        return out
+
+    def _breaker_finding(
+        self, name: str, trs: list[Record], lines: list[str], refused: Any
+    ) -> Finding | None:
+        episodes: list[dict[str, Any]] = []
+        current: dict[str, Any] | None = None
+        for tr in trs:
+            at = _when(tr)
+            if tr["new"] in _OPEN_STATES:
+                if current is None:
+                    current = {"start": at, "reason": tr.get("reason", ""), "reopened": 0, "end": None}
+                    episodes.append(current)
+                elif tr["old"] == "half_open":
+                    current["reopened"] += 1
+            elif tr["new"] in _CLOSED_STATES and current is not None:
+                current["end"] = at
+                current = None
+        if not episodes:
+            return None
+        end = self.end
+        spans = []
+        for ep in episodes:
+            stop = ep["end"] if ep["end"] is not None else end
+            known = stop is not None and ep["start"] is not None
+            spans.append(max(0.0, stop - ep["start"]) if known else 0.0)
+        total, longest = sum(spans), max(spans)
+        still_open = episodes[-1]["end"] is None
+        reopened = sum(ep["reopened"] for ep in episodes)
+        first = episodes[0]
+        summary = (
+            f"breaker {name!r} opened {len(episodes)} time(s), first at {self.at(first['start'])}"
+            f"{f' ({first_reason})' if (first_reason := first['reason']) else ''}: the dependency was "
+            f"kept out of the call path (open, then trial calls) {_s(total)} in all (longest {_s(longest)})"
+        )
+        if reopened:
+            summary += f", {reopened} trial round(s) failed and reopened it"
+        if still_open:
+            summary += f"; still not closed when the log ends ({_s(spans[-1])} after it opened)"
+        if _finite(refused) and refused:
+            summary += f"; it refused {refused} call(s) without calling the dependency"
+        details = list(lines)
+        calls = self.tally["calls"].get(name) if self.tally is not None else None
+        if isinstance(calls, dict) and calls:
+            ran = sum(n for n in calls.values() if _finite(n))
+            bad = {k: n for k, n in calls.items() if k != "success" and _finite(n) and n}
+            details.append(f"calls it let through: {ran} ({_counted(Counter(bad)) or 'all succeeded'})")
+        causes = Counter(f["cause"] for f in self.by_type["FallbackServed"] if f["stage"] == name)
+        if causes:
+            details.append(f"errors behind the stage's fallbacks: {_causes(causes)}")
+        severity = "critical" if still_open or (self.span and total > self.span / 2) else "warning"
+        return Finding(
+            "breaker_open",
+            severity,
+            summary,
+            _capped(details),
+            {"breaker": name, "episodes": len(episodes), "open_s": total, "longest_s": longest,
+             "still_open": still_open, "reopened": reopened, "rejected": refused if _finite(refused) else 0,
+             "reasons": [ep["reason"] for ep in episodes]},
+        )  # fmt: skip
+
+    def _quotas(self) -> list[Finding]:
+        by_tenant: dict[str, list[Record]] = defaultdict(list)
+        for r in self.by_type["QuotaRejected"]:
+            by_tenant[r["tenant"]].append(r)
+        total = sum(len(rs) for rs in by_tenant.values())
+        ranked = sorted(by_tenant.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        out: list[Finding] = []
+        for tenant, rs in ranked:
+            reasons = Counter(r["reason"] for r in rs)
+            times = [t for r in rs if (t := _when(r)) is not None]
+            episodes = _episodes(times)
+            for first, last, n in episodes:
+                self.moment(first, f"tenant {tenant!r} refused {n} time(s) until {self.at(last)}")
+            if len(out) >= _MAX_TENANT_FINDINGS:
+                continue
+            top = reasons.most_common(1)[0][0]
+            why = _QUOTA_WHY.get(top, f"reason {top!r}")
+            window = f" from {self.at(min(times))} to {self.at(max(times))}" if times else ""
+            share = ""
+            if len(by_tenant) > 1:
+                share = f", {len(rs) * 100 / total:.0f}% of all {total} quota refusals"
+            retry = [r["retry_after_s"] for r in rs if _finite(r["retry_after_s"])]
+            details = []
+            if len(reasons) > 1:
+                details = [f"{reason}: {n} ({_QUOTA_WHY.get(reason, 'see the QuotaRejected events')})"
+                           for reason, n in reasons.most_common()]  # fmt: skip
+            if retry:
+                details.append(f"told to retry after {_ms(statistics.median(retry))} (median)")
+            details.extend(f"{self.at(a)} to {self.at(b)}: {n} refused" for a, b, n in episodes)
+            out.append(Finding(
+                "quota_rejections", "warning",
+                f"tenant {tenant!r} was refused {len(rs)} time(s) ({_counted(reasons)}){window}{share}: "
+                f"{why}",
+                _capped(details),
+                {"tenant": tenant, "count": len(rs), "reasons": dict(reasons), "share": len(rs) / total},
+            ))  # fmt: skip
+        rest = ranked[_MAX_TENANT_FINDINGS:]
+        if rest:
+            n = sum(len(rs) for _, rs in rest)
+            out.append(Finding(
+                "quota_rejections", "warning",
+                f"{len(rest)} more tenant(s) were refused {n} time(s) in all",
+                (), {"tenants": len(rest), "count": n},
+            ))  # fmt: skip
+        return out
+
+    def _fallbacks(self) -> list[Finding]:
+        by_stage: dict[str, list[Record]] = defaultdict(list)
+        for r in self.by_type["FallbackServed"]:
+            by_stage[r["stage"]].append(r)
+        stages = self.tally["stages"] if self.tally is not None else {}
+        out = []
+        for stage, rs in sorted(by_stage.items(), key=lambda kv: -len(kv[1])):
+            used = Counter(r["fallback"] for r in rs)
+            causes = Counter(r["cause"] for r in rs)
+            times = [t for r in rs if (t := _when(r)) is not None]
+            for fallback in used:
+                for first, last, n in _episodes([t for r in rs if r["fallback"] == fallback
+                                                 and (t := _when(r)) is not None]):  # fmt: skip
+                    what = f"stage {stage!r} answered {n} time(s) from {fallback} until {self.at(last)}"
+                    self.moment(first, what)
+            counts = stages.get(stage)
+            share: float | None = None
+            of = ""
+            if isinstance(counts, dict):
+                answered = sum(n for n in counts.values() if _finite(n))
+                degraded = counts.get("fallback", 0)
+                if answered and _finite(degraded):
+                    share = degraded / answered
+                    of = f", {share * 100:.1f}% of its {answered} answers,"
+            window = f" from {self.at(min(times))} to {self.at(max(times))}" if times else ""
+            summary = (
+                f"stage {stage!r} answered {len(rs)} time(s) from a fallback ({_counted(used)}){of}"
+                f"{window}; the errors behind them: {_causes(causes)}"
+            )
+            severity = "info" if share is not None and share < 0.05 else "warning"
+            out.append(Finding(
+                "fallbacks_served", severity, summary, (),
+                {"stage": stage, "count": len(rs), "fallbacks": dict(used), "causes": dict(causes),
+                 "share": share},
+            ))  # fmt: skip
+        return out
+
+    def _retry_budget(self) -> None:
+        by_stage: dict[str, list[float]] = defaultdict(list)
+        for r in self.by_type["RetryBudgetExhausted"]:
+            t = _when(r)
+            if t is not None:
+                by_stage[r["stage"]].append(t)
+        for stage, times in by_stage.items():
+            for first, last, n in _episodes(times):
+                what = f"stage {stage!r}: retry budget spent, {n} retry(ies) refused until {self.at(last)}"
+                self.moment(first, what)
+
+    # -- leaks, exhaustion, stalls -------------------------------------------------------------------------
+
     def _leaks(self) -> list[Finding]:
         out = []
         for leak in self.by_type["ConnectionLeak"]:
@@ -206,6 +556,7 @@ class _Rules:
                 if stack
                 else " (turn on track_leaks=True to see where it was acquired)"
             )
+            self.moment(_when(leak), f"a connection of pool {leak['pool']} held {leak['held_s']:.1f} s")
             out.append(
                 Finding(
                     "connection_leak",
@@ -221,6 +572,8 @@ class _Rules:
     def _exhaustion(self) -> list[Finding]:
         lone: dict[str, list[Record]] = defaultdict(list)
         for p in self.by_type["PoolExhausted"]:
+            use = f"{p['in_use']}/{p['max_connections']} in use"
+            self.moment(_when(p), f"pool {p['pool']} ran short ({p['reason']}, {use})")
             if self._overlapping_stall(p["started_at"], p["at"]) is None:
                 lone[p["pool"]].append(p)
         out = []
@@ -251,21 +604,41 @@ class _Rules:
     def _plain_stalls(self) -> list[Finding]:
         groups: dict[str, list[Record]] = defaultdict(list)
         for s in self.stalls:
+            self.moment(s["started_at"], f"the loop blocked {_ms(s['duration_s'])} in {s['frame']}")
             if id(s) not in self.explained:
                 groups[s["frame"]].append(s)
         out = []
         for frame, hits in sorted(groups.items(), key=lambda kv: -sum(h["duration_s"] for h in kv[1])):
             total = sum(h["duration_s"] for h in hits)
             worst = max(hits, key=lambda h: h["duration_s"])
+            blocked = (
+                f"the loop was blocked {len(hits)} time(s) in {frame} ({_ms(total)} in all, longest "
+                f"{_ms(worst['duration_s'])})"
+            )
+            if _is_asyncio_own(worst):
+                advice = (
+                    ": that is asyncio's own code, not a callback of yours (_process_events queues the "
+                    "callbacks of the sockets that became ready). The time went to the loop's own work "
+                    "between callbacks: a burst of many ready sockets at once, a garbage-collection pause, "
+                    "or another thread holding the GIL (CPU-bound threads, C extensions that keep it). "
+                    "There is no function of yours to move off the loop: look at thread CPU use, gc pauses "
+                    "(gc.callbacks) and how many connections become ready together"
+                )
+            else:
+                advice = ": move that work off the loop (asyncio.to_thread) or make it async"
             out.append(
                 Finding(
                     "loop_stall",
                     "warning",
-                    f"the loop was blocked {len(hits)} time(s) in {frame} ({_ms(total)} in all, longest "
-                    f"{_ms(worst['duration_s'])}): move that work off the loop "
-                    "(asyncio.to_thread) or make it async",
+                    blocked + advice,
                     tuple(f"at {line}" for line in worst.get("stack", [])[:8]),
-                    {"frame": frame, "count": len(hits), "total_s": total, "max_s": worst["duration_s"]},
+                    {
+                        "frame": frame,
+                        "count": len(hits),
+                        "total_s": total,
+                        "max_s": worst["duration_s"],
+                        "asyncio_own": _is_asyncio_own(worst),
+                    },
                 )
             )
         return out
@@ -276,7 +649,8 @@ def doctor_main(argv: Sequence[str] | None = None) -> int:
 
     The file is the one a service writes with ``ragguard.monitors.record_events(path)``; the
     default is ``$RAGGUARD_EVENTS_FILE`` or ``./ragguard-events.jsonl``. Returns 0 when nothing
-    was found, 1 when there are findings, 2 when the file cannot be read.
+    was found, 1 when there are findings, 2 when the file cannot be read or a line of it is not a
+    record (the message names the line) or an option is out of range.
     """
     parser = argparse.ArgumentParser(prog="ragguard doctor", description="Explain recent ragguard events.")
     parser.add_argument(
@@ -303,7 +677,7 @@ def doctor_main(argv: Sequence[str] | None = None) -> int:
         )
         print("  (a service writes it with ragguard.monitors.record_events(path))", file=sys.stderr)
         return 2
-    except ConfigError as exc:
+    except InvalidInput as exc:  # a malformed line (named), or a bad --grace-s
         print(f"ragguard doctor: {exc}", file=sys.stderr)
         return 2
     print(result.to_json() if args.json else result.to_text())

@@ -8,7 +8,14 @@ and keep their own books; redis-py's private attributes are neither read nor pat
 
 "Free" connections, the headroom the exhaustion rule watches, are the pool's idle connections
 plus those it may still open: ``max_connections - in_use``. A lazily filled pool with nothing
-open yet is therefore not exhausted.
+open yet is therefore not exhausted. ``idle`` counts only connections with an open socket.
+
+A connection the pool hands out is checked first (redis-py #4252 and its neighbours): redis-py 8
+skips its own check for a socket the server closed while maintenance notifications are on (the
+default, "auto"), and its health-check PING is not retried, so an idle connection the server
+killed (``timeout``, a restart, ``CLIENT KILL``) failed the caller's next command with
+``ConnectionError``. The monitored pools reconnect such a connection once, before the command:
+one with unread bytes or at end of file, or whose health check (``health_check_interval``) fails.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from typing import Any, ClassVar
 from redis.asyncio import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .. import _validate as v
 from .. import events
 from .._clock import Clock, monotonic
 from .._errors import ConfigError
@@ -137,11 +146,10 @@ class _PoolMonitor:
             pool_name = f"{where}/{kw.get('db', 0)}"
         if not isinstance(pool_name, str) or not pool_name:
             raise ConfigError(f"pool_name must be a non-empty str, got {pool_name!r}")
-        _check_positive("wait_threshold_s", wait_threshold_s)
+        v.seconds("wait_threshold_s", wait_threshold_s)
         if leak_after_s is not None:
-            _check_positive("leak_after_s", leak_after_s)
-        if not callable(clock):
-            raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")
+            v.seconds("leak_after_s", leak_after_s)
+        v.function("clock", clock, "returning seconds")
         buckets = tuple(float(b) for b in wait_buckets_s)
         if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
             raise ConfigError(f"wait_buckets_s must be increasing positive seconds, got {wait_buckets_s!r}")
@@ -155,7 +163,7 @@ class _PoolMonitor:
         self._rg_counts = [0] * (len(buckets) + 1)
         self._rg_wait_sum = 0.0
         self._rg_held: dict[Any, _Held] = {}
-        self._rg_created = 0
+        self._rg_made: weakref.WeakSet[Any] = weakref.WeakSet()
         self._rg_waiting = 0
         self._rg_timeouts = 0
         self._rg_too_many = 0
@@ -201,6 +209,9 @@ class _PoolMonitor:
             self._rg_waiting -= 1
             self._rg_reserved(connection, acquire.started)
         await super().ensure_connection(connection)  # type: ignore[misc]
+        if not await _usable(connection):
+            await connection.disconnect()
+            await connection.connect()
 
     def _rg_reserved(self, connection: Any, started: float) -> None:
         now = self._rg_clock()
@@ -226,14 +237,14 @@ class _PoolMonitor:
 
     def make_connection(self) -> Any:
         connection = super().make_connection()  # type: ignore[misc]
-        self._rg_created += 1
+        self._rg_made.add(connection)
         return connection
 
     def reset(self) -> None:
         super().reset()  # type: ignore[misc]
         if hasattr(self, "_rg_held"):
             self._rg_held.clear()
-            self._rg_created = 0
+            self._rg_made = weakref.WeakSet()
             self._rg_low = False
 
     # -- ours ------------------------------------------------------------------------------------
@@ -245,8 +256,9 @@ class _PoolMonitor:
 
     @property
     def idle(self) -> int:
-        """Open connections waiting in the pool."""
-        return max(0, self._rg_created - len(self._rg_held))
+        """Connections waiting in the pool with an open socket (a disconnected one is not idle)."""
+        held = self._rg_held
+        return sum(1 for c in list(self._rg_made) if c not in held and c.is_connected)
 
     @property
     def waiting(self) -> int:
@@ -389,6 +401,20 @@ class MonitoredBlockingConnectionPool(_PoolMonitor, BlockingConnectionPool):
         )
 
 
+async def _usable(connection: Any) -> bool:
+    """False when ``connection`` must not carry a command: unread bytes or end of file on its
+    socket, or a failed health-check PING when its ``health_check_interval`` has passed."""
+    try:
+        if await connection.can_read():
+            return False
+        interval = connection.health_check_interval
+        if interval and asyncio.get_running_loop().time() > connection.next_health_check:
+            await connection.check_health()
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        return False
+    return True
+
+
 def _acquiring_stack() -> tuple[str, ...]:
     """The caller's stack, innermost first, without redis-py's and this module's frames."""
     frame = sys._getframe(2)
@@ -403,7 +429,3 @@ def _acquiring_stack() -> tuple[str, ...]:
 
 _SEP = "/" if sys.platform != "win32" else "\\"
 
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")

@@ -3,6 +3,14 @@
 One record per event: ``{"type": <class name>, "t": <monotonic s>, "wall": <unix s>, ...fields}``.
 ``t`` is the event's own time (``at``) when it has one, else the time it was recorded, so every
 record of one process shares one time base and the diagnosis can overlap intervals.
+
+The frequent events (every stage completion, breaker call and breaker rejection) are counted, not
+kept one by one: a ``Tally`` record holds the counts since the recorder started, written to the
+file at most once a second while they change and when the recorder closes, so the diagnosis can
+say what share of a stage's answers a fallback served::
+
+    {"type": "Tally", "t": ..., "wall": ..., "since": <monotonic s>,
+     "stages": {stage: {outcome: n}}, "calls": {breaker: {outcome: n}}, "rejected": {breaker: n}}
 """
 
 from __future__ import annotations
@@ -18,11 +26,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .. import _validate as v
 from .. import events
 from .._clock import Clock, monotonic
-from .._errors import ConfigError
+from .._errors import InvalidInput
 
-__all__ = ["DEFAULT_KINDS", "EventRecorder", "default_recorder", "load_records", "record_events", "to_record"]
+__all__ = [
+    "DEFAULT_KINDS",
+    "TALLIED_KINDS",
+    "EventRecorder",
+    "check_record",
+    "default_recorder",
+    "load_records",
+    "record_events",
+    "to_record",
+]
 
 DEFAULT_KINDS: frozenset[str] = frozenset(
     {
@@ -37,8 +55,15 @@ DEFAULT_KINDS: frozenset[str] = frozenset(
 )
 """Event types recorded by default: the rare, telling ones (not every CallOutcome)."""
 
+TALLIED_KINDS: frozenset[str] = frozenset({"StageCompleted", "CallOutcome", "CallRejected"})
+"""Event types counted in the ``Tally`` record (one per call: too many to keep one by one)."""
+
+TALLY_EVERY_S = 1.0
+_MAX_TALLY_KEYS = 1000  # stage or breaker names counted apart; later ones are counted as "other"
+
 Record = dict[str, Any]
 _default: EventRecorder | None = None
+_UNSEEN: Any = object()
 
 
 def to_record(event: Any, *, t: float, wall: float) -> Record:
@@ -57,8 +82,9 @@ class EventRecorder:
     """Keeps the last ``maxlen`` events of ``bus`` in memory and, given ``path``, appends them to a file.
 
     ``kinds`` the event class names kept (default :data:`DEFAULT_KINDS`; None keeps all);
-    ``max_bytes`` when the file grows past it, it is renamed to ``<path>.1`` (one generation
-    kept) and a new one started. ``clock`` monotonic seconds. Raises ConfigError for
+    events of :data:`TALLIED_KINDS` are also counted in a ``Tally`` record (see the module
+    docstring). ``max_bytes`` when the file grows past it, it is renamed to ``<path>.1`` (one
+    generation kept) and a new one started. ``clock`` monotonic seconds. Raises ConfigError for
     ``maxlen < 1`` or ``max_bytes < 1024``.
     """
 
@@ -73,10 +99,8 @@ class EventRecorder:
         clock: Clock = monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        if not isinstance(maxlen, int) or maxlen < 1:
-            raise ConfigError(f"EventRecorder: maxlen must be an int >= 1, got {maxlen!r}")
-        if not isinstance(max_bytes, int) or max_bytes < 1024:
-            raise ConfigError(f"EventRecorder: max_bytes must be an int >= 1024, got {max_bytes!r}")
+        v.count("maxlen", maxlen, 1)
+        v.size("max_bytes", max_bytes, low=1024)
         self.path = None if path is None else Path(path)
         self.kinds = None if kinds is None else frozenset(kinds)
         self.max_bytes = max_bytes
@@ -86,6 +110,13 @@ class EventRecorder:
         self._wall = wall
         self._lock = threading.Lock()
         self._unsubscribe: Callable[[], None] | None = None
+        self._since = clock()
+        self._stages: dict[str, dict[str, int]] = {}
+        self._calls: dict[str, dict[str, int]] = {}
+        self._rejected: dict[str, int] = {}
+        self._tally_changed = False
+        self._tally_written = float("-inf")
+        self._tallied: dict[type, Any] = {}
 
     def start(self) -> EventRecorder:
         """Subscribe to the bus; returns self. Starting twice is a no-op."""
@@ -94,10 +125,14 @@ class EventRecorder:
         return self
 
     def close(self) -> None:
-        """Unsubscribe (the records stay readable)."""
+        """Unsubscribe and write the last counts (the records stay readable)."""
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:
             unsubscribe()
+        with self._lock:
+            if self._tally_changed and self.path is not None:
+                self._append(self._tally_record())
+                self._tally_changed = False
 
     def __enter__(self) -> EventRecorder:
         return self.start()
@@ -108,8 +143,18 @@ class EventRecorder:
         self.close()
 
     def record(self, event: Any) -> None:
-        """Keep ``event`` (the bus listener); events of other kinds are ignored."""
-        if self.kinds is not None and type(event).__name__ not in self.kinds:
+        """Keep ``event`` (the bus listener), count it when it is of :data:`TALLIED_KINDS`;
+        events of other kinds are ignored."""
+        kind = type(event)
+        name = kind.__name__
+        tallied = self._tallied.get(kind, _UNSEEN)
+        if tallied is _UNSEEN:  # by class name along the MRO, so BreakerCallOutcome counts as a call
+            tallied = self._tallied[kind] = next(
+                (c.__name__ for c in kind.__mro__ if c.__name__ in TALLIED_KINDS), None
+            )
+        if tallied is not None:
+            self._count(tallied, event)
+        if self.kinds is not None and name not in self.kinds:
             return
         if not dataclasses.is_dataclass(event):
             return
@@ -120,9 +165,42 @@ class EventRecorder:
                 self._append(rec)
 
     def records(self) -> list[Record]:
-        """The kept records, oldest first."""
+        """The kept records, oldest first, then the current ``Tally`` when anything was counted."""
         with self._lock:
-            return list(self._records)
+            out = list(self._records)
+            if self._stages or self._calls or self._rejected:
+                out.append(self._tally_record())
+            return out
+
+    def _count(self, name: str, event: Any) -> None:
+        with self._lock:
+            if name == "CallRejected":
+                key = _key(self._rejected, str(getattr(event, "breaker", "")))
+                self._rejected[key] = self._rejected.get(key, 0) + 1
+            else:
+                table = self._stages if name == "StageCompleted" else self._calls
+                owner = str(getattr(event, "stage" if name == "StageCompleted" else "breaker", ""))
+                counts = table.setdefault(_key(table, owner), {})
+                outcome = str(getattr(event, "outcome", ""))
+                counts[outcome] = counts.get(outcome, 0) + 1
+            self._tally_changed = True
+            if self.path is not None:
+                now = self._clock()
+                if now - self._tally_written >= TALLY_EVERY_S:
+                    self._tally_written = now
+                    self._tally_changed = False
+                    self._append(self._tally_record())
+
+    def _tally_record(self) -> Record:
+        return {
+            "type": "Tally",
+            "t": self._clock(),
+            "wall": self._wall(),
+            "since": self._since,
+            "stages": {k: dict(v) for k, v in self._stages.items()},
+            "calls": {k: dict(v) for k, v in self._calls.items()},
+            "rejected": dict(self._rejected),
+        }
 
     def _append(self, rec: Record) -> None:
         assert self.path is not None
@@ -155,24 +233,85 @@ def default_recorder() -> EventRecorder | None:
     return _default
 
 
+def _key(table: dict[str, Any], name: str) -> str:
+    return name if name in table or len(table) < _MAX_TALLY_KEYS else "other"
+
+
 def load_records(path: str | os.PathLike[str]) -> list[Record]:
     """Records of a JSON-lines event file (and its ``.1`` generation), oldest first.
 
-    Skips lines that are not JSON objects with a ``type``. Raises OSError when ``path`` is missing.
+    Blank lines are skipped, and so is an unfinished last line (no newline yet: the service is
+    writing it). Raises OSError when ``path`` cannot be read, and
+    :class:`~ragguard.InvalidInput` naming the file and line for a line that is not UTF-8, not a
+    JSON object, or a record without a field its type needs (:func:`check_record`).
     """
     p = Path(path)
     out: list[Record] = []
     older = p.with_name(p.name + ".1")
     for f in (older, p) if older.exists() else (p,):
-        out.extend(_parse(f.read_text(encoding="utf-8").splitlines()))
+        out.extend(_parse(f, f.read_bytes()))
     return out
 
 
-def _parse(lines: Iterable[str]) -> Iterator[Record]:
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
+def _parse(source: Path, data: bytes) -> Iterator[Record]:
+    lines = data.split(b"\n")
+    unfinished = len(lines) - 1 if lines[-1] else -1  # index of a last line with no newline
+    for index, raw in enumerate(lines):
+        if not raw.strip():
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("type"), str):
-            yield rec
+        where = f"{v.bounded(str(source), 200)}, line {index + 1}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad = f"byte {exc.start + 1} of the line is {raw[exc.start]:#04x}"
+            raise InvalidInput(f"{where}: not UTF-8 ({bad})") from None
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            if index == unfinished:
+                continue
+            raise InvalidInput(f"{where}: not a JSON record: {v.shown(text)}") from None
+        problem = check_record(rec)
+        if problem is not None:
+            raise InvalidInput(f"{where}: {problem}")
+        yield rec
+
+
+_NUMBER = "number"
+_SCHEMA: dict[str, dict[str, Any]] = {
+    "LoopStall": {"duration_s": _NUMBER, "started_at": _NUMBER, "at": _NUMBER, "frame": str},
+    "PoolExhausted": {"pool": str, "reason": str, "in_use": _NUMBER, "max_connections": _NUMBER,
+                      "waiting": _NUMBER, "wait_s": _NUMBER, "started_at": _NUMBER, "at": _NUMBER},
+    "ConnectionLeak": {"pool": str, "held_s": _NUMBER},
+    "BreakerTransition": {"breaker": str, "old": str, "new": str},
+    "QuotaRejected": {"tenant": str, "reason": str, "retry_after_s": _NUMBER},
+    "FallbackServed": {"stage": str, "fallback": str, "cause": str},
+    "RetryBudgetExhausted": {"stage": str},
+    "Tally": {"since": _NUMBER, "stages": dict, "calls": dict, "rejected": dict},
+}  # fmt: skip
+
+
+def check_record(rec: Any) -> str | None:
+    """What is wrong with record ``rec`` for the diagnosis, or None when nothing is.
+
+    Every record is a JSON object with a string ``type`` and a number ``t``; the types the
+    diagnosis reads also need their fields (a ``LoopStall`` its ``duration_s``, ``started_at``,
+    ``at`` and ``frame``...). Records of other types pass with only ``type`` and ``t``.
+    """
+    if not isinstance(rec, dict):
+        return f"not a JSON object but {type(rec).__name__}"
+    kind = rec.get("type")
+    if not isinstance(kind, str):
+        return 'no "type" string'
+    for name, want in (("t", _NUMBER), *_SCHEMA.get(kind, {}).items()):
+        if name not in rec:
+            return f"a {v.bounded(kind, 40)} record without its {name!r} field"
+        got = rec[name]
+        if want is _NUMBER:
+            ok = isinstance(got, int | float) and not isinstance(got, bool)
+        else:
+            ok = isinstance(got, want)
+        if not ok:
+            what = "a number" if want is _NUMBER else f"a {want.__name__}"
+            return f"a {v.bounded(kind, 40)} record whose {name!r} is not {what}: {v.shown(got)}"
+    return None

@@ -48,10 +48,9 @@ import threading
 import time
 from collections import Counter
 from types import FrameType, TracebackType
-from typing import Any
 
+from .. import _validate as v
 from .. import events
-from .._errors import ConfigError
 from ._events import LoopStall
 
 __all__ = ["StallDetector"]
@@ -127,9 +126,9 @@ class StallDetector:
         sample_interval_s: float | None = None,
         bus: events.EventBus | None = None,
     ) -> None:
-        self.threshold_s = _positive("threshold_s", threshold_s)
-        self.check_interval_s = _positive("check_interval_s", check_interval_s)
-        self.sample_interval_s = _positive(
+        self.threshold_s = v.seconds("threshold_s", threshold_s)
+        self.check_interval_s = v.seconds("check_interval_s", check_interval_s)
+        self.sample_interval_s = v.seconds(
             "sample_interval_s", threshold_s if sample_interval_s is None else sample_interval_s
         )
         self._bus = events.bus if bus is None else bus
@@ -428,8 +427,3 @@ def _frames_below_loop(frame: FrameType | None) -> tuple[FrameType, ...]:
             last = i
     return tuple(chain[last + 1 :])
 
-
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        raise ConfigError(f"StallDetector: {name} must be a positive number of seconds, got {value!r}")
-    return float(value)

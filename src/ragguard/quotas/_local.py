@@ -2,19 +2,29 @@
 
 Concurrency is a counting semaphore whose waiters are served strictly first come, first served: a
 released slot is handed to the oldest waiter directly, so a stream of new arrivals cannot overtake
-it. Rate is the Generic Cell Rate Algorithm (ATM Forum TM 4.0; the same arithmetic as a token bucket
-of ``burst`` tokens refilled at ``rate_per_s``): one number per tenant, the theoretical arrival time.
+it, and only while the slots in flight are below the tenant's *current* limit (a lowered limit is
+not over-granted; a raised one wakes as many waiters as it frees). Rate is the Generic Cell Rate
+Algorithm (ATM Forum TM 4.0; the same arithmetic as a token bucket of ``burst`` tokens refilled at
+``rate_per_s``): one number per tenant, the theoretical arrival time.
+
+A refusal's ``retry_after_s`` is an estimate, not a guess: for rate, exactly when the next token is
+due; for concurrency, when the refused caller's turn would come if every call in flight is held
+for the usual time (see :meth:`LocalQuotas._slot_eta`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
+from anyio.lowlevel import checkpoint_if_cancelled
 
+from .. import _validate as v
 from .._clock import Clock, monotonic
 from .._errors import QuotaExceeded
 from ..deadline import remaining
@@ -25,15 +35,22 @@ __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]
 
 
 class Lease:
-    """What one admitted request holds: give it back with ``QuotaBackend.release``."""
+    """What one admitted request holds: give it back with ``QuotaBackend.release``.
 
-    __slots__ = ("_released", "bucket", "started")
+    ``started``: when it was admitted (the quotas' clock, seconds); ``slot``: whether it holds a
+    concurrency slot (the tenant had a concurrency limit when it was admitted)."""
 
-    def __init__(self, bucket: _Bucket, started: float) -> None:
+    __slots__ = ("_released", "bucket", "slot", "started")
+
+    def __init__(self, bucket: _Bucket, started: float, slot: bool = False) -> None:
         self.bucket = bucket
         self.started = started
+        self.slot = slot
         self._released = False
 
+
+_UNKNOWN_HOLD_S = 0.01  # the hold time assumed before any call has released a slot
+_ETA_SCAN = 10_000  # at most this many calls in flight are looked at per refusal
 
 WAIT: Any = object()
 """Returned by ``QuotaBackend.admit_now`` when admission needs ``await acquire()``."""
@@ -66,9 +83,11 @@ class _Bucket:
     __slots__ = (
         "burst_s",
         "hold_ewma_s",
+        "holders",
         "in_flight",
         "interval_s",
         "limit",
+        "prune_at",
         "quota",
         "tat",
         "tenant",
@@ -78,6 +97,9 @@ class _Bucket:
     def __init__(self, tenant: str, quota: TenantQuota, now: float) -> None:
         self.tenant = tenant
         self.in_flight = 0
+        # Leases that took a slot, oldest first; released ones are dropped lazily (see hold()).
+        self.holders: deque[Lease] = deque()
+        self.prune_at = 32
         self.waiters: deque[_Waiter] = deque()
         self.tat = now
         self.hold_ewma_s = 0.0
@@ -92,6 +114,21 @@ class _Bucket:
         burst = quota.burst if quota.burst is not None else (1 if rate is None else max(1, math.ceil(rate)))
         self.burst_s = burst * self.interval_s
 
+    def hold(self, started: float) -> Lease:
+        """A lease on one of this bucket's slots (``in_flight`` already counts it)."""
+        lease = Lease(self, started, True)
+        holders = self.holders
+        holders.append(lease)
+        if len(holders) > self.prune_at:
+            self.prune()
+        return lease
+
+    def prune(self) -> None:
+        """Drop released leases; next time once ``in_flight + 32`` more were admitted (so the
+        cost is amortised O(1) per admission and the deque stays within twice what is held)."""
+        self.holders = deque(h for h in self.holders if not h._released)
+        self.prune_at = len(self.holders) + self.in_flight + 32
+
     def idle(self, now: float) -> bool:
         return self.in_flight == 0 and not self.waiters and self.tat <= now
 
@@ -103,9 +140,11 @@ class LocalQuotas:
     """Per-tenant concurrency and rate quotas held in this process.
 
     ``quota_for(tenant)`` gives each tenant's :class:`~ragguard.TenantQuota` (read when a tenant is
-    first seen and again whenever a request has to queue, so a changed quota applies from then on);
-    ``clock`` returns
-    monotonic seconds (rates are computed on it; queueing waits use the event loop's real time).
+    first seen, whenever a request has to queue, and whenever a slot is given back while requests
+    queue, so a changed quota applies from then on: a raised limit admits the waiters it frees at
+    once, a lowered one is not over-granted by the next hand-off); ``clock`` returns monotonic
+    seconds (rates, hold times and ``retry_after_s`` are computed on it; queueing waits use the
+    event loop's real time). Raises ConfigError for ``max_tenants`` < 1.
     Idle tenants are forgotten once more than ``max_tenants`` are tracked, so a flood of tenant ids
     cannot grow memory without bound.
     """
@@ -117,8 +156,7 @@ class LocalQuotas:
         clock: Clock = monotonic,
         max_tenants: int = 10_000,
     ) -> None:
-        if max_tenants < 1:
-            raise ValueError(f"max_tenants must be >= 1, got {max_tenants}")
+        v.count("max_tenants", max_tenants, 1)
         self._quota_for = quota_for
         self._clock = clock
         self._max_tenants = max_tenants
@@ -160,8 +198,14 @@ class LocalQuotas:
             if tat - now - bucket.burst_s > 1e-9:
                 return WAIT
             bucket.tat = tat
-        if limit is not None:
+        if limit is not None:  # bucket.hold(now), inlined: this is the hot path
             bucket.in_flight += 1
+            lease = Lease(bucket, now, True)
+            holders = bucket.holders
+            holders.append(lease)
+            if len(holders) > bucket.prune_at:
+                bucket.prune()
+            return lease
         return Lease(bucket, now)
 
     async def acquire(self, tenant: str) -> Lease | None:
@@ -202,30 +246,36 @@ class LocalQuotas:
                     if quota.rate_per_s is not None:
                         self._refund(bucket, quota)  # a refused request spends no rate
                     raise
+        if quota.max_concurrency is not None:
+            return bucket.hold(self._clock())
         return Lease(bucket, self._clock())
 
     def release(self, lease: Lease | None) -> None:
-        """Give back the slot ``lease`` holds (idempotent: a second release does nothing)."""
+        """Give back the slot ``lease`` holds (idempotent: a second release does nothing).
+
+        The slot goes to the oldest waiter only while the slots in flight are below the tenant's
+        current limit (the quota is read again when someone waits)."""
         if lease is None or lease._released:
             return
         lease._released = True
-        bucket = lease.bucket
-        if bucket.limit is None:
+        if not lease.slot:
             return
+        bucket = lease.bucket
         held = self._clock() - lease.started
         bucket.hold_ewma_s = held if bucket.hold_ewma_s == 0.0 else 0.8 * bucket.hold_ewma_s + 0.2 * held
+        bucket.in_flight -= 1
         if bucket.waiters:
-            self._pass_on(bucket)
-        else:
-            bucket.in_flight -= 1
+            self._hand_off(bucket)
 
     # -- internals ------------------------------------------------------------------------
 
     def _bucket(self, tenant: str, quota: TenantQuota, now: float) -> _Bucket:
         old = self._buckets.get(tenant)
         if old is not None:
-            # the policy changed: keep the live counts, adopt the new limits
+            # the policy changed: keep the live counts, adopt the new limits (a raised
+            # concurrency limit admits as many waiters as it frees, now)
             old.adopt(quota)
+            self._grant(old)
             return old
         if len(self._buckets) >= self._max_tenants:
             self._evict(now)
@@ -274,12 +324,22 @@ class LocalQuotas:
             )
         waiter = _Waiter()
         bucket.waiters.append(waiter)
+        cancels = _cancel_requests()
         try:
             with anyio.move_on_after(budget):
                 await waiter.event.wait()
+            if _cancel_requests() > cancels:
+                # An outside Task.cancel() landed in the loop cycle in which the wait timed out (or
+                # was granted), and the cancel scope took it for its own (anyio before the fix of
+                # agronholm/anyio#1214, which ``anyio>=4.3`` still allows):
+                # the caller was cancelled, so end cancelled, never with a refusal or a slot.
+                raise asyncio.CancelledError("cancelled while waiting for a quota slot")
+            if not waiter.granted:
+                await checkpoint_if_cancelled()  # an enclosing scope was cancelled meanwhile
         except BaseException:
             if waiter.granted:
-                self._pass_on(bucket)
+                bucket.in_flight -= 1
+                self._hand_off(bucket)
             else:
                 self._abandon(bucket, waiter)
             raise
@@ -300,26 +360,77 @@ class LocalQuotas:
         except ValueError:  # pragma: no cover - already popped
             pass
 
-    def _pass_on(self, bucket: _Bucket) -> None:
-        """Hand the slot being released to the oldest live waiter, else free it."""
+    def _hand_off(self, bucket: _Bucket) -> None:
+        """A slot was given back: re-read the tenant's quota (so a changed limit applies to this
+        hand-off) and grant the waiters what the current limit allows."""
+        quota = self._quota_for(bucket.tenant)
+        if quota is not bucket.quota:
+            bucket.adopt(quota)
+        self._grant(bucket)
+
+    @staticmethod
+    def _grant(bucket: _Bucket) -> None:
+        """Admit the oldest live waiters while the slots in flight are below the current limit."""
         waiters = bucket.waiters
-        while waiters:
+        limit = bucket.limit
+        while waiters and (limit is None or bucket.in_flight < limit):
             w = waiters.popleft()
             if not w.event.is_set():
                 w.granted = True
                 w.event.set()
-                return
-        bucket.in_flight -= 1
+                bucket.in_flight += 1
 
-    @staticmethod
-    def _slot_eta(bucket: _Bucket, quota: TenantQuota) -> float:
-        assert quota.max_concurrency is not None
-        ahead = len(bucket.waiters) + 1
-        hold = bucket.hold_ewma_s if bucket.hold_ewma_s > 0 else 0.01
-        return max(0.001, hold * ahead / quota.max_concurrency)
+    def _slot_eta(self, bucket: _Bucket, quota: TenantQuota) -> float:
+        """Seconds until a concurrency slot could be the refused caller's (at least 1 ms).
+
+        Each call in flight is expected to hold its slot for the usual hold time ``H`` (a moving
+        average of the holds seen, 10 ms before any), and a call already older than ``H`` to run
+        as long again as it has so far (an overdue call tells nothing better). Slots free at
+        those times, those over a lowered limit for good; each caller queued ahead takes the
+        next free one for ``H``; the refused caller would be next.
+        """
+        now = self._clock()
+        hold = bucket.hold_ewma_s if bucket.hold_ewma_s > 0.0 else _UNKNOWN_HOLD_S
+        limit = quota.max_concurrency if quota.max_concurrency is not None else bucket.in_flight
+        ahead = sum(1 for w in bucket.waiters if not w.event.is_set())
+        need = max(0, bucket.in_flight - limit) + ahead + 1  # slot releases before our turn
+        ends: list[float] = []
+        young = 0
+        for seen, lease in enumerate(bucket.holders):  # oldest first
+            if lease._released:
+                continue
+            age = now - lease.started
+            if age > hold:
+                ends.append(now + age)  # overdue
+            else:
+                ends.append(lease.started + hold)  # later holders are younger still: done soon
+                young += 1
+                if young >= need:
+                    break
+            if seen >= _ETA_SCAN:
+                break
+        heapq.heapify(ends)
+        for _ in range(max(0, bucket.in_flight - limit)):  # slots over a lowered limit: gone
+            if ends:
+                heapq.heappop(ends)
+        for _ in range(ahead):  # each caller ahead takes the next free slot for ``hold``
+            free_at = heapq.heappop(ends) if ends else now + hold
+            heapq.heappush(ends, max(free_at, now) + hold)
+        eta = (ends[0] if ends else now + hold) - now
+        return max(0.001, eta)
 
     @staticmethod
     def _reject(tenant: str, retry_after_s: float, reason: str) -> QuotaExceeded:
         if bus.active:
             bus.emit(QuotaRejected(tenant, reason, retry_after_s))
         return QuotaExceeded(tenant, retry_after_s, reason)
+
+
+def _cancel_requests() -> int:
+    """How often the running asyncio task was asked to cancel (``Task.cancelling()``); 0 outside
+    an asyncio task (trio cancels through scopes, which ``checkpoint_if_cancelled`` sees)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop in this thread: trio
+        return 0
+    return 0 if task is None else task.cancelling()

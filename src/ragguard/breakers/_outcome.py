@@ -1,0 +1,83 @@
+"""What one call's end means to a breaker: :func:`classify_outcome` and the outcome codes.
+
+The in-memory breaker and the Redis-shared one classify with this one function, so a call counts
+the same way whichever breaker records it. A code is the ``FAILED | SLOW`` bits of the sliding
+windows (see ``_window``), or :data:`IGNORED`::
+
+    SUCCESS 0, FAILURE 1, SLOW_SUCCESS 2, SLOW_FAILURE 3, IGNORED -1
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .. import events
+from ._window import FAILED, SLOW
+
+if TYPE_CHECKING:
+    from ._options import BreakerConfig
+
+__all__ = [
+    "FAILURE",
+    "IGNORED",
+    "OUTCOMES",
+    "SLOW_FAILURE",
+    "SLOW_SUCCESS",
+    "SUCCESS",
+    "BreakerCallOutcome",
+    "classify_outcome",
+    "outcome_name",
+]
+
+log = logging.getLogger("ragguard.breakers")
+
+SUCCESS = 0
+FAILURE = FAILED
+SLOW_SUCCESS = SLOW
+SLOW_FAILURE = FAILED | SLOW
+IGNORED = -1
+OUTCOMES = ("success", "failure", "slow_success", "slow_failure")
+"""Outcome names indexed by code (the ``outcome`` of :class:`ragguard.events.CallOutcome`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerCallOutcome(events.CallOutcome):
+    """A :class:`ragguard.events.CallOutcome` that also carries the exception (None on success)."""
+
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+
+def outcome_name(code: int) -> str:
+    """The event name of outcome ``code``: ``success`` ... ``slow_failure``, or ``ignored``."""
+    return "ignored" if code < 0 else OUTCOMES[code]
+
+
+def classify_outcome(
+    config: BreakerConfig, exc: BaseException | None, duration_s: float, *, breaker: str = ""
+) -> int:
+    """The outcome code of a call that ran ``duration_s`` seconds and raised ``exc`` (None: it
+    returned).
+
+    A return is slow when it took longer than ``config.slow_call_duration_s``. An error counts
+    (FAILURE) when ``config.classifier(exc)`` is True, and is then slow when it took too long or
+    ``config.slow_classifier(exc)`` is True (a timeout was slow whatever its measured duration).
+    IGNORED: the classifier said no, ``exc`` is a cancellation (not an ``Exception``), or a
+    classifier raised (logged, naming ``breaker``): a broken classifier never trips a breaker.
+    """
+    if exc is None:
+        return SLOW if duration_s > config.slow_call_duration_s else SUCCESS
+    if not isinstance(exc, Exception):
+        return IGNORED
+    try:
+        if not config.classifier(exc):
+            return IGNORED
+        slow_classifier = config.slow_classifier
+        slow = duration_s > config.slow_call_duration_s or (
+            slow_classifier is not None and bool(slow_classifier(exc))
+        )
+    except Exception:
+        log.exception("classifier of breaker %r raised on %r; the error is not counted", breaker, exc)
+        return IGNORED
+    return SLOW_FAILURE if slow else FAILURE

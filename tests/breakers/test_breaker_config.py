@@ -1,0 +1,168 @@
+"""The breaker's explicit contracts: one frozen, validated config, one outcome classifier, one set
+of option validators, and no import circle inside ``ragguard.breakers``."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+import subprocess
+import sys
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from breaker_helpers import fail
+
+import ragguard
+from ragguard import ConfigError, FakeClock, VectorStoreUnavailable
+from ragguard.breakers import (
+    IGNORED,
+    BreakerConfig,
+    BreakerState,
+    CircuitBreaker,
+    EmbeddingTimeoutBreaker,
+    RerankOOMBreaker,
+    classify_outcome,
+    counts_by_default,
+    is_timeout,
+    outcome_name,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+BREAKERS = pathlib.Path(ragguard.__file__).parent / "breakers"
+
+
+def test_the_breaker_exposes_its_options_as_one_frozen_config(clock: FakeClock) -> None:
+    breaker = CircuitBreaker(
+        "store", minimum_calls=5, window_size=10, open_for_s=timedelta(seconds=12), open_max_s=40,
+        open_backoff_multiplier=2, classifier=None, clock=clock,
+    )  # fmt: skip
+    config = breaker.config
+    assert isinstance(config, BreakerConfig)
+    assert (config.minimum_calls, config.window_size) == (5, 10)
+    assert (config.open_for_s, config.open_max_s) == (12.0, 40.0)
+    assert type(config.open_for_s) is float and type(config.open_backoff_multiplier) is float
+    assert config.classifier is counts_by_default  # None means the default, resolved once
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.open_for_s = 1.0  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        breaker.config = config  # type: ignore[misc]
+    # what the breaker does follows the config it shows
+    for _ in range(5):
+        fail(breaker)
+    assert breaker.state is BreakerState.OPEN and breaker.retry_after_s == 12.0
+
+
+def test_typed_breakers_show_their_presets_in_the_config() -> None:
+    config = EmbeddingTimeoutBreaker().config
+    assert (config.slow_call_duration_s, config.slow_call_rate_threshold) == (3.0, 50.0)
+    assert config.window_size == 20
+    assert config.classifier is is_timeout and config.slow_classifier is is_timeout
+    assert RerankOOMBreaker(open_for_s=30).config.open_for_s == 30.0
+    # a config rebuilds the same breaker: options() are the breaker's keyword options
+    again = CircuitBreaker("again", **EmbeddingTimeoutBreaker().config.options())
+    assert again.config == config
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"open_jitter": 1}, "open_jitter"),
+        ({"open_jitter": True}, "open_jitter"),
+        ({"window_type": "time", "window_size": 86_401}, "window_size"),
+        ({"open_for_s": 60, "open_max_s": 30}, "open_max_s"),
+        ({"open_for_s": float("inf")}, "open_for_s"),
+        ({"open_for_s": 10**400}, "open_for_s"),
+        ({"slow_call_duration_s": 10**400}, "slow_call_duration_s"),
+        ({"open_max_s": timedelta(days=400)}, "open_max_s"),
+        ({"minimum_calls": 10**9, "window_type": "time"}, "minimum_calls"),
+        ({"half_open_permits": 10**9}, "half_open_permits"),
+        ({"consecutive_failures_threshold": 10**9}, "consecutive_failures_threshold"),
+        ({"open_backoff_multiplier": 10**400}, "open_backoff_multiplier"),
+        ({"window_type": "x" * 100_000}, "window_type"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_a_bad_option_is_a_config_error_naming_it_with_a_bounded_message(
+    options: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        BreakerConfig.of(**options)
+    assert info.value.field == field and field in str(info.value)
+    assert len(str(info.value)) < 200
+    if field != "bogus":  # the breaker refuses the same values with the same error
+        with pytest.raises(ConfigError) as again:
+            CircuitBreaker("x", **options)
+        assert again.value.field == field and str(again.value) == str(info.value)
+
+
+def test_classify_outcome_is_the_one_rule_for_every_outcome() -> None:
+    config = BreakerConfig(slow_call_duration_s=1.0, classifier=lambda e: isinstance(e, OSError),
+                           slow_classifier=lambda e: isinstance(e, TimeoutError))  # fmt: skip
+    cases = [
+        (None, 0.5, "success"),
+        (None, 1.5, "slow_success"),
+        (ConnectionRefusedError(), 0.5, "failure"),
+        (ConnectionRefusedError(), 1.5, "slow_failure"),
+        (TimeoutError(), 0.1, "slow_failure"),  # a timeout was slow whatever its measured duration
+        (ValueError(), 5.0, "ignored"),  # the classifier says no: not the dependency's fault
+        (KeyboardInterrupt(), 0.1, "ignored"),  # not an Exception: cancellation-class, never counted
+    ]
+    assert [outcome_name(classify_outcome(config, exc, d)) for exc, d, _ in cases] == [c[2] for c in cases]
+
+
+def test_a_classifier_that_raises_ignores_the_error(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(exc: BaseException) -> bool:
+        raise RuntimeError("bug in the classifier")
+
+    assert classify_outcome(BreakerConfig(classifier=broken), OSError(), 0.0, breaker="db") == IGNORED
+    assert "classifier of breaker 'db' raised" in caplog.text
+
+
+def test_the_breaker_records_what_classify_outcome_says(clock: FakeClock) -> None:
+    breaker = CircuitBreaker("b", minimum_calls=3, window_size=3, slow_call_duration_s=1.0, clock=clock,
+                             classifier=lambda e: isinstance(e, OSError),
+                             error_class=VectorStoreUnavailable)  # fmt: skip
+    fail(breaker, ValueError("bad input"))  # ignored: not recorded
+    fail(breaker, OSError(), duration_s=2.0)  # slow failure
+    fail(breaker, OSError())  # failure
+    m = breaker.metrics()
+    assert (m.state, m.calls, m.failed_calls, m.slow_calls) == (BreakerState.CLOSED, 2, 2, 1)
+
+
+def _imports_within(package: pathlib.Path) -> dict[str, set[str]]:
+    """Module -> the sibling modules it imports (at the top or inside a function)."""
+    graph: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    deps.add(node.module.split(".")[0])
+                else:
+                    deps.update(alias.name for alias in node.names)
+        graph[path.stem] = deps
+    return graph
+
+
+def test_no_import_circle_inside_the_breakers_package() -> None:
+    graph = _imports_within(BREAKERS)
+    assert "_aiobreaker" in graph["_breaker"]  # imported at the top now, no longer inside a method
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        for dep in graph.get(start, ()):
+            if dep == target or (dep not in seen and reaches(dep, target, seen | {dep})):
+                return True
+        return False
+
+    circles = sorted(m for m in graph if reaches(m, m, {m}))
+    assert circles == []
+
+
+def test_each_breaker_module_imports_first_on_its_own() -> None:
+    for module in ("_aiobreaker", "_breaker", "_options", "_outcome", "_typed"):
+        code = f"import ragguard.breakers.{module}"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
