@@ -1,4 +1,7 @@
-"""Fixtures of the ASGI and httpx tests: the client side runs on asyncio; servers run in threads."""
+"""Fixtures of the HTTP tests (ASGI middleware, httpx transport).
+
+The client side runs on asyncio; servers run in threads (see ``http_helpers.running``).
+"""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_helpers import Gate, eventually, rag_app, running, wait_for
+from http_helpers import Gate, eventually, rag_app, running, wait_for
 
 import ragguard
 from ragguard import FakeClock, Policy, TenantQuota

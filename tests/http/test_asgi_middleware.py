@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_helpers import ERRORS, Gate, rag_app, running, wait_for
+from http_helpers import ERRORS, Gate, rag_app, running, wait_for
 
 import ragguard
 from ragguard import ConfigError, FakeClock, Policy, TenantQuota
