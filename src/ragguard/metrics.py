@@ -146,10 +146,10 @@ class PrometheusExporter:
         self.rejected = pc.Counter(
             "ragguard_calls_rejected", "Calls a circuit breaker refused.", ["breaker", "state"], registry=r
         )
-        self.breaker_state = pc.Gauge(
-            "ragguard_breaker_state", "1 for the state each breaker is in, 0 for the others.",
-            ["breaker", "state"], registry=r,
-        )  # fmt: skip
+        # ragguard_breaker_state is read at scrape time (see _BreakerStateCollector), so a breaker's
+        # series exist from its creation, not from its first transition
+        self._last_states: dict[str, str] = {}
+        r.register(_BreakerStateCollector(self._bus, self._last_states))
         self.transitions = pc.Counter(
             "ragguard_breaker_transitions", "Circuit breaker state changes.",
             ["breaker", "from_state", "to_state"], registry=r,
@@ -260,8 +260,7 @@ class PrometheusExporter:
 
     def _transition(self, e: events.BreakerTransition) -> None:
         self.transitions.labels(e.breaker, e.old, e.new).inc()
-        for state in {*BREAKER_STATES, e.new}:
-            self.breaker_state.labels(e.breaker, state).set(1.0 if state == e.new else 0.0)
+        self._last_states[e.breaker] = e.new
 
     def _fallback(self, e: events.FallbackServed) -> None:
         self.fallbacks.labels(e.stage, e.fallback, self._tenant(e.tenant)).inc()
@@ -331,6 +330,47 @@ class _PoolCollector:
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
+
+
+class _BreakerStateCollector:
+    """``ragguard_breaker_state`` at scrape time: every live breaker whose events reach ``bus``
+    (:func:`ragguard.breakers.live_breakers`, the newest of a name winning), and for names no live
+    breaker has, the last transition seen on the bus. Nothing runs on a guarded call."""
+
+    def __init__(self, bus: events.EventBus, last: dict[str, str]) -> None:
+        self._bus = bus
+        self._last = last
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from .breakers import live_breakers
+
+        states = dict(self._last)
+        for breaker in live_breakers():
+            if _reaches(getattr(breaker, "bus", None), self._bus):
+                state = breaker.state
+                states[breaker.name] = str(getattr(state, "value", state))
+        family = GaugeMetricFamily(
+            "ragguard_breaker_state", "1 for the state each breaker is in, 0 for the others.",
+            labels=["breaker", "state"],
+        )  # fmt: skip
+        for name, current in states.items():
+            for state in (*BREAKER_STATES, *(() if current in BREAKER_STATES else (current,))):
+                family.add_metric([name, state], 1.0 if state == current else 0.0)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+def _reaches(bus: Any, target: events.EventBus) -> bool:
+    """True when events emitted on ``bus`` are delivered to ``target`` (it or a parent is)."""
+    while bus is not None:
+        if bus is target:
+            return True
+        bus = getattr(bus, "_parent", None)
+    return False
 
 
 def _le(bound: float) -> str:

@@ -12,6 +12,7 @@ typed breakers preset them for a RAG pipeline's embedding, vector-store and rera
 from ._aiobreaker import AiobreakerBreaker, AiobreakerListenerAdapter, from_aiobreaker
 from ._breaker import BreakerCallOutcome, BreakerMetrics, CircuitBreaker, Classifier
 from ._classify import counts_by_default, is_connection_error, is_out_of_memory, is_timeout
+from ._live import live_breakers, register_breaker
 from ._protocol import AsyncBreaker, Breaker
 from ._state import BreakerState
 from ._typed import (
@@ -40,4 +41,6 @@ __all__ = [
     "is_connection_error",
     "is_out_of_memory",
     "is_timeout",
+    "live_breakers",
+    "register_breaker",
 ]

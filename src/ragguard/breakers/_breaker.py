@@ -33,6 +33,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from .. import events
 from .._errors import BreakerOpen, ConfigError
 from ._classify import counts_by_default
+from ._live import register_breaker
 from ._state import BreakerState
 from ._window import FAILED, SLOW, CountWindow, TimeWindow
 
@@ -155,6 +156,7 @@ class CircuitBreaker:
     """
 
     __slots__ = (
+        "__weakref__",
         "_classifier",
         "_consecutive",
         "_consecutive_threshold",
@@ -277,6 +279,7 @@ class CircuitBreaker:
         self._open_base_s = 0.0
         self._permits = 0
         self._trial_calls = self._trial_failures = self._trial_slow = 0
+        register_breaker(self)
 
     # -- reading ---------------------------------------------------------------------------
 
