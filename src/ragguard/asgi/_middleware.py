@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import deque
@@ -9,6 +10,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import sniffio
 
 from .._context import DEFAULT_TENANT
 from .._errors import ConfigError, InvalidInput
@@ -144,11 +146,13 @@ class _Exchange:
 
     __slots__ = (
         "_cancel",
+        "_cut",
         "_held",
         "_inbox",
         "_mail",
         "_middleware",
         "_receive",
+        "_running",
         "_send",
         "_taken",
         "complete",
@@ -165,9 +169,11 @@ class _Exchange:
         self._send = send
         self._held: list[Message] | None = None  # a 500 start (and body) kept until the app ends
         self._inbox: deque[Message] = deque()
-        self._mail = anyio.Event()
-        self._taken = anyio.Event()
-        self._cancel: anyio.CancelScope | None = None
+        self._mail: anyio.Event | None = None  # made when the app waits for a message
+        self._taken: anyio.Event | None = None  # made when the watcher waits for the app
+        self._cancel: Callable[[], Any] | None = None  # cancels the app when the client leaves
+        self._running = False  # the app (or its admission) is running: a disconnect cancels it
+        self._cut = False  # the app was cancelled because the client left
         self.request: TenantContext | None = None
         self.started = False
         self.complete = False
@@ -178,24 +184,66 @@ class _Exchange:
     # -- the request ------------------------------------------------------------------------
 
     async def run(self, scope: Scope, request: TenantContext, budget: float | None) -> None:
-        middleware = self._middleware
-        watch = middleware.cancel_on_disconnect
+        if not self._middleware.cancel_on_disconnect:
+            failure = await self._serve(scope, request, budget, self._receive)
+        else:
+            task = asyncio.current_task() if _on_asyncio() else None
+            if task is not None:
+                failure = await self._serve_watched_asyncio(scope, request, budget, task)
+            else:
+                failure = await self._serve_watched_anyio(scope, request, budget)
+        await self.finish(failure)
+
+    async def _serve(
+        self, scope: Scope, request: TenantContext, budget: float | None, receive: Receive
+    ) -> Exception | None:
+        try:
+            with deadline(budget):
+                async with request:
+                    self.request = request
+                    await self._middleware.app(scope, receive, self.send)
+        except Exception as exc:
+            return exc
+        finally:
+            self.request = None
+        return None
+
+    async def _serve_watched_asyncio(
+        self, scope: Scope, request: TenantContext, budget: float | None, task: asyncio.Task[Any]
+    ) -> Exception | None:
+        # asyncio without a task group (which costs a loop iteration per request): the watcher
+        # cancels this task, and the cancellation is taken back here (uncancel) when it was ours
+        self._cancel = task.cancel
+        watcher = asyncio.get_running_loop().create_task(self._watch())
+        self._running = True
+        failure: Exception | None = None
+        try:
+            failure = await self._serve(scope, request, budget, self.receive)
+        except asyncio.CancelledError:
+            if not self._cut or task.uncancel() > 0:
+                raise  # not ours, or the server cancels this request too
+            return None
+        finally:
+            self._running = False
+            watcher.cancel()
+        if self._cut:
+            task.uncancel()  # the app swallowed our cancellation
+        return failure
+
+    async def _serve_watched_anyio(
+        self, scope: Scope, request: TenantContext, budget: float | None
+    ) -> Exception | None:
         failure: Exception | None = None
         async with anyio.create_task_group() as tasks:
-            self._cancel = tasks.cancel_scope
-            if watch:
-                tasks.start_soon(self._watch)
+            self._cancel = tasks.cancel_scope.cancel
+            tasks.start_soon(self._watch)
+            self._running = True
             try:
-                with deadline(budget):
-                    async with request:
-                        self.request = request
-                        await middleware.app(scope, self.receive if watch else self._receive, self.send)
-            except Exception as exc:
-                failure = exc
+                failure = await self._serve(scope, request, budget, self.receive)
             finally:
-                self.request = None
-            tasks.cancel_scope.cancel()  # stop watching: the app is done
-        await self.finish(failure)
+                self._running = False
+                tasks.cancel_scope.cancel()  # stop watching: the app is done
+        return failure
 
     async def finish(self, failure: Exception | None) -> None:
         """Answer for the app: forward what it held back, or the response ``failure`` maps to."""
@@ -290,14 +338,20 @@ class _Exchange:
 
     async def receive(self) -> Message:
         while not self._inbox:
-            if self._mail.is_set():  # re-arm only a spent event: concurrent receivers share one
+            if self._mail is None or self._mail.is_set():  # concurrent receivers share one event
                 self._mail = anyio.Event()
             await self._mail.wait()
         message = self._inbox[0]
         if message["type"] != "http.disconnect":  # a disconnect stays: every later receive gets it
             self._inbox.popleft()
-            self._taken.set()
+            if self._taken is not None:
+                self._taken.set()
         return message
+
+    def _deliver(self, message: Message) -> None:
+        self._inbox.append(message)
+        if self._mail is not None:
+            self._mail.set()
 
     async def _watch(self) -> None:
         """Read the server's messages for the app; cancel the app when the client disconnects
@@ -306,12 +360,12 @@ class _Exchange:
         try:
             while True:
                 message = await self._receive()
-                self._inbox.append(message)
-                self._mail.set()
+                self._deliver(message)
                 if message["type"] == "http.disconnect":
                     self.disconnected = True
-                    if not self.complete and self._cancel is not None:
-                        self._cancel.cancel()
+                    if self._running and not self.complete and self._cancel is not None:
+                        self._cut = True
+                        self._cancel()
                     return
                 if message.get("more_body", False):
                     while self._inbox:
@@ -319,8 +373,14 @@ class _Exchange:
                         await self._taken.wait()
         except Exception:  # a server that cannot be read: the app finds out on its own
             log.debug("ragguard.asgi: receive() failed while watching for a disconnect", exc_info=True)
-            self._inbox.append({"type": "http.disconnect"})
-            self._mail.set()
+            self._deliver({"type": "http.disconnect"})
+
+
+def _on_asyncio() -> bool:
+    try:
+        return sniffio.current_async_library() == "asyncio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
 
 
 def _paths(paths: Iterable[str]) -> tuple[str, ...]:
