@@ -2,7 +2,8 @@
 
 One flat public namespace; everything else lives in private modules or the sub-packages
 (``ragguard.breakers``, ``ragguard.quotas``, ``ragguard.fallbacks``, ``ragguard.chaos``,
-``ragguard.grpc``, ``ragguard.buffers``, ``ragguard.monitors``, ``ragguard.metrics``).
+``ragguard.grpc``, ``ragguard.asgi``, ``ragguard.httpx``, ``ragguard.buffers``,
+``ragguard.monitors``, ``ragguard.metrics``).
 """
 
 from ._clock import FakeClock
@@ -17,6 +18,7 @@ from ._errors import (
     QuotaExceeded,
     RagguardError,
     RerankOutOfMemory,
+    StageTimeout,
     VectorStoreUnavailable,
 )
 from .breakers import (
@@ -52,6 +54,7 @@ __all__ = [
     "RerankOutOfMemory",
     "RetryPolicy",
     "StagePolicy",
+    "StageTimeout",
     "TenantQuota",
     "VectorStoreUnavailable",
     "VectorStoreUnavailableBreaker",

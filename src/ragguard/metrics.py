@@ -156,10 +156,10 @@ class PrometheusExporter:
         self.rejected = pc.Counter(
             "ragguard_calls_rejected", "Calls a circuit breaker refused.", ["breaker", "state"], registry=r
         )
-        self.breaker_state = pc.Gauge(
-            "ragguard_breaker_state", "1 for the state each breaker is in, 0 for the others.",
-            ["breaker", "state"], registry=r,
-        )  # fmt: skip
+        # ragguard_breaker_state is read at scrape time (see _BreakerStateCollector), so a breaker's
+        # series exist from its creation, not from its first transition
+        self._last_states: dict[str, str] = {}
+        r.register(_BreakerStateCollector(self._bus, self._last_states, self._breaker))
         self.transitions = pc.Counter(
             "ragguard_breaker_transitions", "Circuit breaker state changes.",
             ["breaker", "from_state", "to_state"], registry=r,
@@ -270,12 +270,8 @@ class PrometheusExporter:
         self.rejected.labels(self._breaker(e.breaker), e.state).inc()
 
     def _transition(self, e: events.BreakerTransition) -> None:
-        breaker = self._breaker(e.breaker)
-        self.transitions.labels(breaker, e.old, e.new).inc()
-        if breaker == OTHER and e.breaker != OTHER:
-            return  # no state gauge for a folded breaker
-        for state in {*BREAKER_STATES, e.new}:
-            self.breaker_state.labels(breaker, state).set(1.0 if state == e.new else 0.0)
+        self.transitions.labels(self._breaker(e.breaker), e.old, e.new).inc()
+        self._last_states[e.breaker] = e.new
 
     def _fallback(self, e: events.FallbackServed) -> None:
         self.fallbacks.labels(self._stage_label(e.stage), e.fallback, self._tenant(e.tenant)).inc()
@@ -345,6 +341,51 @@ class _PoolCollector:
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
+
+
+class _BreakerStateCollector:
+    """``ragguard_breaker_state`` at scrape time: every live breaker whose events reach ``bus``
+    (:func:`ragguard.breakers.live_breakers`, the newest of a name winning), and for names no live
+    breaker has, the last transition seen on the bus. Nothing runs on a guarded call. A breaker whose
+    name the ``label`` cap folds into ``"other"`` has no series (one gauge cannot hold many states)."""
+
+    def __init__(self, bus: events.EventBus, last: dict[str, str], label: Callable[[str], str]) -> None:
+        self._bus = bus
+        self._last = last
+        self._label = label
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from .breakers import live_breakers
+
+        states = dict(self._last)
+        for breaker in live_breakers():
+            if _reaches(getattr(breaker, "bus", None), self._bus):
+                state = breaker.state
+                states[breaker.name] = str(getattr(state, "value", state))
+        family = GaugeMetricFamily(
+            "ragguard_breaker_state", "1 for the state each breaker is in, 0 for the others.",
+            labels=["breaker", "state"],
+        )  # fmt: skip
+        for name, current in states.items():
+            if self._label(name) == OTHER and name != OTHER:
+                continue
+            for state in (*BREAKER_STATES, *(() if current in BREAKER_STATES else (current,))):
+                family.add_metric([name, state], 1.0 if state == current else 0.0)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+def _reaches(bus: Any, target: events.EventBus) -> bool:
+    """True when events emitted on ``bus`` are delivered to ``target`` (it or a parent is)."""
+    while bus is not None:
+        if bus is target:
+            return True
+        bus = getattr(bus, "_parent", None)
+    return False
 
 
 def _le(bound: float) -> str:

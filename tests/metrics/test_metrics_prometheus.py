@@ -210,3 +210,55 @@ async def test_otel_span_feeds_stage_metrics() -> None:
     )
     assert value(exporter, "ragguard_stage_duration_seconds_sum", stage="rerank", tenant="acme",
                  outcome="success") >= 0.01  # fmt: skip
+
+
+# --- breaker state from creation ---------------------------------------------------------------
+
+
+def test_a_breakers_state_series_exist_from_its_creation() -> None:
+    from ragguard import CircuitBreaker, FakeClock
+
+    breaker = CircuitBreaker("visible-from-birth", clock=FakeClock())  # before the exporter, too
+    exporter = PrometheusExporter(registry=CollectorRegistry()).start()
+    try:
+        assert value(exporter, "ragguard_breaker_state", breaker="visible-from-birth", state="closed") == 1
+        assert value(exporter, "ragguard_breaker_state", breaker="visible-from-birth", state="open") == 0
+        breaker.force_open()  # read at scrape time: no event delivery needed
+        forced = value(exporter, "ragguard_breaker_state", breaker="visible-from-birth", state="forced_open")
+        assert forced == 1
+        assert value(exporter, "ragguard_breaker_state", breaker="visible-from-birth", state="closed") == 0
+    finally:
+        exporter.close()
+
+
+def test_a_guards_stage_breakers_are_visible_once_built() -> None:
+    from ragguard import FakeClock, Guard
+
+    guard = Guard(clock=FakeClock())
+    exporter = PrometheusExporter(registry=CollectorRegistry())
+    guard.stage("visible-stage")
+    assert value(exporter, "ragguard_breaker_state", breaker="visible-stage", state="closed") == 1
+    assert guard.status()["stages"]["visible-stage"]["breaker"]["state"] == "closed"
+
+
+def test_an_exporter_on_another_bus_does_not_report_breakers_it_never_hears_from() -> None:
+    from ragguard import CircuitBreaker, FakeClock
+
+    breaker = CircuitBreaker("heard-elsewhere", clock=FakeClock())
+    exporter = PrometheusExporter(registry=CollectorRegistry(), bus=events.EventBus())
+    scraped = samples(exporter)
+    names = {dict(labels).get("breaker") for (name, labels) in scraped if name == "ragguard_breaker_state"}
+    assert "heard-elsewhere" not in names
+    assert breaker.state.value == "closed"
+
+
+def test_a_shared_breaker_speaks_for_the_breaker_it_wraps() -> None:
+    from ragguard import CircuitBreaker, FakeClock
+    from ragguard.breakers import live_breakers
+    from ragguard.distributed import SharedCircuitBreaker
+
+    local = CircuitBreaker("shared-one", clock=FakeClock())
+    client = aioredis.Redis(host="127.0.0.1", port=1)  # never contacted here
+    shared = SharedCircuitBreaker(local, client)
+    alive = live_breakers()
+    assert shared in alive and local not in alive

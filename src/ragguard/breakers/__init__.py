@@ -14,6 +14,7 @@ pipeline's embedding, vector-store and rerank stages.
 from ._aiobreaker import AiobreakerBreaker, AiobreakerListenerAdapter, from_aiobreaker
 from ._breaker import BreakerCallOutcome, BreakerMetrics, CircuitBreaker, Classifier
 from ._classify import counts_by_default, is_connection_error, is_out_of_memory, is_timeout
+from ._live import live_breakers, register_breaker
 from ._options import BreakerConfig
 from ._outcome import IGNORED, OUTCOMES, classify_outcome, outcome_name
 from ._protocol import AsyncBreaker, Breaker
@@ -48,5 +49,7 @@ __all__ = [
     "is_connection_error",
     "is_out_of_memory",
     "is_timeout",
+    "live_breakers",
     "outcome_name",
+    "register_breaker",
 ]

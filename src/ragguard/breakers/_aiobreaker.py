@@ -23,6 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .. import events
 from .._errors import BreakerOpen, ConfigError
+from ._live import register_breaker
 from ._outcome import BreakerCallOutcome
 from ._state import BreakerState
 
@@ -96,7 +97,7 @@ def _utcnow() -> datetime:
 class AiobreakerBreaker:
     """An ``aiobreaker.CircuitBreaker`` behind ragguard's breaker protocol (see module docstring)."""
 
-    __slots__ = ("_cb", "_error_class", "bus", "clock", "name")
+    __slots__ = ("__weakref__", "_cb", "_error_class", "bus", "clock", "name")
 
     def __init__(
         self,
@@ -115,6 +116,7 @@ class AiobreakerBreaker:
         self._error_class = error_class
         self.clock = clock
         self.bus = events.EventBus(parent=events.bus)
+        register_breaker(self)
 
     @property
     def aiobreaker(self) -> Any:

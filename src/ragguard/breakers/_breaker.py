@@ -33,6 +33,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from .. import _validate, events
 from .._errors import BreakerOpen, ConfigError
 from ._aiobreaker import AiobreakerListenerAdapter
+from ._live import register_breaker
 from ._options import MAX_DURATION_S, BreakerConfig, Classifier
 from ._outcome import OUTCOMES, BreakerCallOutcome, classify_outcome
 from ._state import BreakerState
@@ -119,6 +120,7 @@ class CircuitBreaker:
     """
 
     __slots__ = (
+        "__weakref__",
         "_classifier",
         "_config",
         "_consecutive",
@@ -227,6 +229,7 @@ class CircuitBreaker:
         self._open_base_s = 0.0
         self._permits = 0
         self._trial_calls = self._trial_failures = self._trial_slow = 0
+        register_breaker(self)
 
     # -- reading ---------------------------------------------------------------------------
 

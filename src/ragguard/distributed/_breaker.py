@@ -39,7 +39,7 @@ from typing import Any, NoReturn
 from .. import events
 from .._clock import Clock, monotonic
 from .._errors import BreakerOpen, ConfigError
-from ..breakers import BreakerState, CircuitBreaker
+from ..breakers import BreakerState, CircuitBreaker, register_breaker
 from ._link import RedisLink, SharedStateUnavailable
 from ._scripts import BREAKER_REPORT, BREAKER_SET_STATE, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE
 
@@ -229,6 +229,7 @@ class SharedCircuitBreaker:
         self._sync_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        register_breaker(self)
 
     # -- reading ---------------------------------------------------------------------------
 

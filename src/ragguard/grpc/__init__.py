@@ -25,12 +25,14 @@ from ._errors import (
     RemoteUnavailable,
     remote_error,
 )
-from ._server import TENANT_KEY, GuardServerInterceptor, client_budget
-from ._status import RETRY_AFTER_KEY, status_for
+from ._server import EXEMPT_SERVICES, TENANT_KEY, GuardServerInterceptor, client_budget
+from ._status import PUSHBACK_KEY, RETRY_AFTER_KEY, status_for
 
 __all__ = [
     "ACCEPT_ENCODING_KEY",
     "ENCODING_KEY",
+    "EXEMPT_SERVICES",
+    "PUSHBACK_KEY",
     "RETRY_AFTER_KEY",
     "TENANT_KEY",
     "GuardServerInterceptor",

@@ -21,7 +21,9 @@ serializer marks or not, so the choice holds for all four RPC kinds and both str
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -30,7 +32,7 @@ from grpc import aio
 from .._errors import ConfigError, CorruptPayload
 from ..buffers import SnappyCodec
 from ..buffers._codec import byte_view
-from ._handlers import first_value, rebuild
+from ._handlers import Behavior, first_value, rebuild
 
 __all__ = [
     "ACCEPT_ENCODING_KEY",
@@ -165,12 +167,65 @@ def _lists_snappy(value: str | bytes | None) -> bool:
     return any(part.strip().lower() == SNAPPY for part in value.split(","))
 
 
+class _Refused:
+    """A message that did not deserialize, carried past grpc.aio's own deserialization step
+    (which turns a raising deserializer into a silent None on clients and UNKNOWN on servers)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _not_raising(deserialize: Deserializer) -> Deserializer:
+    def wrapped(message: bytes) -> Any:
+        try:
+            return deserialize(message)
+        except Exception as exc:
+            return _Refused(exc)
+
+    return wrapped
+
+
+async def _invalid_argument(context: aio.ServicerContext[Any, Any], error: Exception) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+
+def _answering_corrupt_requests(behavior: Behavior, request_streaming: bool) -> Behavior:
+    """``behavior``, failing the call with INVALID_ARGUMENT when a request did not decode: a unary
+    request arrives as a :class:`_Refused`; a streamed one raises CorruptPayload in the handler."""
+    if inspect.isasyncgenfunction(behavior):
+
+        async def checked_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            if type(request) is _Refused:
+                await _invalid_argument(context, request.error)
+            try:
+                async with aclosing(behavior(request, context)) as responses:
+                    async for response in responses:
+                        yield response
+            except CorruptPayload as exc:
+                await _invalid_argument(context, exc)
+
+        return checked_stream
+
+    async def checked(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        if type(request) is _Refused:
+            await _invalid_argument(context, request.error)
+        try:
+            return await behavior(request, context)
+        except CorruptPayload as exc:
+            await _invalid_argument(context, exc)
+
+    return checked
+
+
 class SnappyServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """Serve marked (and, above ``wire.min_bytes``, snappy-compressed) responses to the calls
     whose metadata asks for them; accept marked requests from calls that say they send them.
 
-    Other calls get their method handler untouched. A request message that does not decode
-    fails the call in gRPC's deserialization step (the client sees INTERNAL or UNKNOWN).
+    Other calls get their method handler untouched. A marked request message that does not
+    decode fails the call with INVALID_ARGUMENT (async handlers; a sync handler's call fails in
+    gRPC's deserialization step with UNKNOWN), and the server goes on serving.
     """
 
     def __init__(self, *, wire: SnappyWire | None = None) -> None:
@@ -192,19 +247,31 @@ class SnappyServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         if not accepts and not marked:
             return handler
         wire = self.wire
-        return rebuild(
-            handler,
-            request_deserializer=(
-                wire.deserializer(handler.request_deserializer) if marked else handler.request_deserializer
-            ),
-            response_serializer=(
-                wire.serializer(handler.response_serializer) if accepts else handler.response_serializer
-            ),
-        )
+        serializer = wire.serializer(handler.response_serializer) if accepts else handler.response_serializer
+        if not marked:
+            return rebuild(handler, response_serializer=serializer)
+        deserializer = wire.deserializer(handler.request_deserializer)
+        behavior = _behavior_of(handler)
+        if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
+            return rebuild(handler, request_deserializer=deserializer, response_serializer=serializer)
+        if not handler.request_streaming:
+            deserializer = _not_raising(deserializer)  # checked by the behavior, before it runs
+
+        def wrap(behavior: Behavior, request_streaming: bool, response_streaming: bool) -> Behavior:
+            return _answering_corrupt_requests(behavior, request_streaming)
+
+        return rebuild(handler, wrap=wrap, request_deserializer=deserializer, response_serializer=serializer)
+
+
+def _behavior_of(handler: grpc.RpcMethodHandler) -> Any:
+    if handler.request_streaming:
+        return handler.stream_stream if handler.response_streaming else handler.stream_unary
+    return handler.unary_stream if handler.response_streaming else handler.unary_unary
 
 
 class _MetadataAdding:
-    """A multi-callable that adds fixed metadata pairs to every call it starts."""
+    """A multi-callable that adds fixed metadata pairs to every call it starts, and whose calls
+    raise for a response message that did not deserialize."""
 
     __slots__ = ("_extra", "_inner")
 
@@ -214,7 +281,42 @@ class _MetadataAdding:
 
     def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
         merged = aio.Metadata(*(metadata or ()), *self._extra)
-        return self._inner(*args, metadata=merged, **kwargs)
+        return _CheckedCall(self._inner(*args, metadata=merged, **kwargs))
+
+
+class _CheckedCall:
+    """A grpc.aio call whose responses are checked: a message the deserializer refused (over the
+    codec's size limit, corrupt, or refused by the inner deserializer) raises its error, after
+    cancelling the call, instead of arriving as grpc.aio's silent None. Everything else is the
+    call's own."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def _checked(self, response: Any) -> Any:
+        if type(response) is _Refused:
+            self._call.cancel()
+            raise response.error
+        return response
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        response = yield from self._call.__await__()
+        return self._checked(response)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._responses()
+
+    async def _responses(self) -> AsyncIterator[Any]:
+        async for response in self._call:
+            yield self._checked(response)
+
+    async def read(self) -> Any:
+        return self._checked(await self._call.read())
+
+    def __getattr__(self, name: str) -> Any:  # write(), done_writing(), code(), cancel()...
+        return getattr(self._call, name)
 
 
 class _SnappyChannel:
@@ -237,7 +339,7 @@ class _SnappyChannel:
         inner = getattr(self._channel, kind)(
             method,
             request_serializer=request_serializer,
-            response_deserializer=self._wire.deserializer(response_deserializer),
+            response_deserializer=_not_raising(self._wire.deserializer(response_deserializer)),
             **kw,
         )
         return _MetadataAdding(inner, self._extra)

@@ -9,6 +9,10 @@ and ``except grpc.aio.AioRpcError`` still catches it) and also a class the break
           +-- RemoteDeadlineExceeded   (TimeoutError)     DEADLINE_EXCEEDED: timeout class
           +-- RemoteQuotaExceeded      (ragguard.QuotaExceeded)  RESOURCE_EXHAUSTED
 
+Each carries ``retry_after_s``: the seconds the server asked the client to wait, read from the
+``retry-after`` trailer, else from ``grpc-retry-pushback-ms`` (None when it sent neither; 0.0 for
+RESOURCE_EXHAUSTED, whose ``retry_after_s`` is always a float).
+
 RESOURCE_EXHAUSTED is a :class:`~ragguard.QuotaExceeded`, not a connection error: the server is
 up and throttling this tenant, so no breaker should open for every tenant because of it (an
 "out of memory" detail is still classified as out-of-memory by the rerank breaker, by its
@@ -20,10 +24,10 @@ message). A ragguard server re-raising it maps it back to RESOURCE_EXHAUSTED wit
 from __future__ import annotations
 
 import grpc
-from grpc.aio import AioRpcError, Metadata
+from grpc.aio import AioRpcError
 
 from .._errors import QuotaExceeded
-from ._status import RETRY_AFTER_KEY, parse_retry_after
+from ._status import retry_after_of
 
 __all__ = [
     "RemoteCallError",
@@ -35,7 +39,12 @@ __all__ = [
 
 
 class RemoteCallError(AioRpcError):  # type: ignore[misc]
-    """A gRPC call failed with a status ragguard classifies; see the subclasses."""
+    """A gRPC call failed with a status ragguard classifies; see the subclasses.
+
+    ``retry_after_s``: seconds the server asked to wait before a retry, or None.
+    """
+
+    retry_after_s: float | None
 
     def __init__(self, err: AioRpcError) -> None:
         # Fill AioRpcError's fields directly: its __init__ chains to the next base's __init__
@@ -46,6 +55,7 @@ class RemoteCallError(AioRpcError):  # type: ignore[misc]
         self._initial_metadata = err.initial_metadata()
         self._trailing_metadata = err.trailing_metadata()
         self._debug_error_string = err.debug_error_string()
+        self.retry_after_s = retry_after_of(self._trailing_metadata)
 
     def __str__(self) -> str:
         text: str = AioRpcError.__str__(self)
@@ -63,15 +73,17 @@ class RemoteDeadlineExceeded(RemoteCallError, TimeoutError):
 class RemoteQuotaExceeded(RemoteCallError, QuotaExceeded):
     """RESOURCE_EXHAUSTED: the server throttled tenant ``tenant`` (a ragguard QuotaExceeded).
 
-    ``retry_after_s`` is the server's ``retry-after`` trailing value in seconds, 0.0 when it sent
-    none; ``reason`` is ``"remote"``.
+    ``retry_after_s`` is the server's ``retry-after`` (else ``grpc-retry-pushback-ms``) in
+    seconds, 0.0 when it sent neither; ``reason`` is ``"remote"``.
     """
+
+    retry_after_s: float
 
     def __init__(self, err: AioRpcError, tenant: str) -> None:
         super().__init__(err)
         self.tenant = tenant
         self.reason = "remote"
-        self.retry_after_s = _retry_after(err.trailing_metadata())
+        self.retry_after_s = retry_after_of(self._trailing_metadata) or 0.0
 
 
 _BY_CODE: dict[grpc.StatusCode, type[RemoteCallError]] = {
@@ -89,14 +101,3 @@ def remote_error(err: AioRpcError, tenant: str) -> RemoteCallError | None:
         return RemoteQuotaExceeded(err, tenant)
     cls = _BY_CODE.get(code)
     return None if cls is None else cls(err)
-
-
-def _retry_after(metadata: Metadata | None) -> float:
-    if not metadata:
-        return 0.0
-    for key, value in metadata:
-        if key == RETRY_AFTER_KEY:
-            seconds = parse_retry_after(value)
-            if seconds is not None:
-                return seconds
-    return 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -13,20 +13,27 @@ from grpc import aio
 
 from .._context import DEFAULT_TENANT
 from .._errors import ConfigError, InvalidInput
-from ..deadline import deadline
 from ._handlers import Behavior, first_value, rebuild
 from ._status import status_for
 
 if TYPE_CHECKING:
     from ..guard import Guard
 
-__all__ = ["NO_DEADLINE_ABOVE_S", "TENANT_KEY", "GuardServerInterceptor"]
+__all__ = ["EXEMPT_SERVICES", "NO_DEADLINE_ABOVE_S", "TENANT_KEY", "GuardServerInterceptor"]
 
 TENANT_KEY = "x-tenant-id"
+EXEMPT_SERVICES: tuple[str, ...] = (
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+)
+"""Services the interceptor leaves alone by default: health checks and server reflection, whose
+long-lived ``Watch`` and reflection streams would otherwise hold tenant slots for ever."""
 NO_DEADLINE_ABOVE_S = 10 * 365 * 24 * 3600.0
 """A client deadline further away than this (seconds) is treated as no deadline at all."""
 
 _METADATA_KEY = re.compile(r"[0-9a-z_.-]+")
+_SERVICE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def client_budget(context: aio.ServicerContext[Any, Any]) -> float | None:
@@ -59,10 +66,24 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     kept; other errors are left to gRPC. Messages a streaming handler sent before failing reach
     the client, then the status. Async handlers of all four kinds are guarded (streaming ones as
     async generators or with ``context.write()``); sync handlers pass through unguarded.
-    Raises :class:`~ragguard.ConfigError` for an invalid ``tenant_key``.
+
+    ``exempt_services``: fully qualified service names (``"grpc.health.v1.Health"``) whose calls
+    pass through with no tenant, deadline or quota; default :data:`EXEMPT_SERVICES` (health
+    checking and server reflection). Raises :class:`~ragguard.ConfigError` for an invalid
+    ``tenant_key`` or ``exempt_services``.
+
+    A cancelled call (the client went away, or its deadline passed) releases its slot at once,
+    streams included: a streaming handler written as an async generator is driven from the call's
+    own task, so it is closed there on cancellation rather than left to the garbage collector.
     """
 
-    def __init__(self, *, guard: Guard | None = None, tenant_key: str = TENANT_KEY) -> None:
+    def __init__(
+        self,
+        *,
+        guard: Guard | None = None,
+        tenant_key: str = TENANT_KEY,
+        exempt_services: Iterable[str] = EXEMPT_SERVICES,
+    ) -> None:
         if (
             not isinstance(tenant_key, str)
             or not _METADATA_KEY.fullmatch(tenant_key)
@@ -73,6 +94,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             )
         self._guard = guard
         self.tenant_key = tenant_key
+        self.exempt_services = _service_names(exempt_services)
 
     async def intercept_service(
         self,
@@ -82,6 +104,10 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
+        if self.exempt_services:
+            name = handler_call_details.method
+            if name[1 : name.rfind("/")] in self.exempt_services:
+                return handler
         raw = first_value(handler_call_details.invocation_metadata, self.tenant_key)
 
         def wrap(behavior: Behavior, request_streaming: bool, response_streaming: bool) -> Behavior:
@@ -92,13 +118,15 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     def _wrap(self, behavior: Behavior, raw_tenant: str | bytes | None) -> Behavior:
         scope = self._scope
         if inspect.isasyncgenfunction(behavior):
+            # Driven with context.write() from the call's task, not handed to grpc.aio as a
+            # generator: grpc.aio abandons a generator parked at `yield` when the call is
+            # cancelled, and Python then closes it from another task, where the tenant and
+            # deadline context cannot be reset and the slot waits for the garbage collector.
 
-            async def guarded_stream(
-                request: Any, context: aio.ServicerContext[Any, Any]
-            ) -> AsyncIterator[Any]:
+            async def guarded_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> None:
                 async with scope(context, raw_tenant), aclosing(behavior(request, context)) as responses:
                     async for response in responses:
-                        yield response
+                        await context.write(response)
 
             return guarded_stream
         if inspect.iscoroutinefunction(behavior):
@@ -117,7 +145,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         try:
             tenant_id = _tenant_id(raw_tenant)
             registry = self._guard if self._guard is not None else _default_guard()
-            with deadline(client_budget(context)):
+            with registry.deadline(client_budget(context)):
                 async with registry.tenant(tenant_id):
                     yield
         except aio.AbortError:
@@ -128,6 +156,20 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
                 raise
             code, details, trailing = status
             await context.abort(code, details, trailing_metadata=trailing)
+
+
+def _service_names(names: Iterable[str]) -> frozenset[str]:
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise ConfigError(f"exempt_services must be a collection of service names, got {names!r}")
+    checked = []
+    for name in names:
+        if not isinstance(name, str) or not _SERVICE_NAME.fullmatch(name):
+            raise ConfigError(
+                f"exempt_services: {name!r} is not a fully qualified service name "
+                "(like 'grpc.health.v1.Health')"
+            )
+        checked.append(name)
+    return frozenset(checked)
 
 
 def _tenant_id(raw: str | bytes | None) -> str:

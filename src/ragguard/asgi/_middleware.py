@@ -1,0 +1,401 @@
+"""The ASGI middleware: tenant, deadline and quota in, mapped statuses out, for any ASGI app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import sniffio
+
+from .._context import DEFAULT_TENANT
+from .._errors import ConfigError, InvalidInput
+from .._http import DEGRADED_HEADER, TENANT_HEADER, TIMEOUT_HEADER, check_field_name, parse_timeout_ms
+from ..deadline import deadline
+from ._status import Headers, http_status_for, json_body
+
+if TYPE_CHECKING:
+    from ..guard import Guard
+    from ..quotas import TenantContext
+
+__all__ = ["ASGIApp", "Message", "RagguardMiddleware", "Receive", "Scope", "Send"]
+
+log = logging.getLogger("ragguard.asgi")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+SSE_ERROR_EVENT = "ragguard-error"
+
+
+class RagguardMiddleware:
+    """Run every HTTP request of an ASGI app inside a ragguard tenant block with its deadline.
+
+    Per request, before the app runs:
+
+    - the tenant id comes from the ``tenant_header`` field (default ``x-tenant-id``); without it
+      the request runs as the default tenant; a malformed id answers 400 with ragguard's message;
+    - the ``timeout_header`` field (default ``x-request-timeout-ms``: the caller's remaining
+      budget in milliseconds) becomes the ragguard deadline; the tenant's ``timeout_s`` may
+      shorten it; a malformed value answers 400;
+    - the tenant's quota admits the request (``guard.tenant(id)``; the default registry, looked
+      up per request, when ``guard`` is None); over quota answers 429.
+
+    Inside the app, :func:`ragguard.current_tenant`, :func:`ragguard.remaining` and
+    :func:`ragguard.degraded` work in endpoints, dependencies and their child tasks.
+
+    Errors leaving the app become responses (:func:`ragguard.asgi.http_status_for`): QuotaExceeded
+    429, BreakerOpen 503, DeadlineExceeded and StageTimeout 504, InvalidInput 400, with
+    ``Retry-After`` (whole seconds, rounded up, at least 1) and ``retry-after-ms`` (exact) when a
+    wait helps. Other errors are left to the app and the server. This holds whether the
+    middleware is added with ``app.add_middleware(RagguardMiddleware)`` or wraps the whole app
+    (then Starlette's error middleware has already sent its 500: it is replaced).
+
+    A response served in part by fallbacks names them in ``degraded_header`` (default
+    ``ragguard-degraded``), as far as they are known when the response starts.
+
+    Streaming responses (SSE, chunked) hold the tenant's slot until the last chunk. When the client
+    disconnects first, the app is cancelled (``cancel_on_disconnect``, default True) and the slot
+    released at once, for plain responses too. An error after the response started cannot change
+    its status: an SSE stream gets one ``event: ragguard-error`` with the JSON body, then every
+    stream is ended cleanly and the error logged (``ragguard.asgi``; with its traceback when the
+    mapping does not know it) rather than re-raised, since servers drop the connection under an
+    app that raises after responding. A response with a declared Content-Length cannot end early:
+    the error is re-raised and the server aborts it.
+
+    ``exempt_paths`` (default ``("/health", "/metrics")``) and everything below them pass through
+    with no tenant, deadline or quota, as do lifespan and websocket scopes.
+    ``ratelimit_fields``: send the draft ``RateLimit`` field on quota 429s (default True).
+    Raises :class:`~ragguard.ConfigError` for invalid options.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        guard: Guard | None = None,
+        tenant_header: str = TENANT_HEADER,
+        timeout_header: str | None = TIMEOUT_HEADER,
+        exempt_paths: Iterable[str] = ("/health", "/metrics"),
+        degraded_header: str | None = DEGRADED_HEADER,
+        ratelimit_fields: bool = True,
+        cancel_on_disconnect: bool = True,
+    ) -> None:
+        if not callable(app):
+            raise ConfigError(f"RagguardMiddleware: app must be an ASGI callable, got {app!r}")
+        if guard is not None and not callable(getattr(guard, "tenant", None)):
+            raise ConfigError(f"RagguardMiddleware: guard must be a ragguard.Guard, got {guard!r}")
+        self.app = app
+        self._guard = guard
+        self.tenant_header = check_field_name("tenant_header", tenant_header)
+        self.timeout_header = (
+            None if timeout_header is None else check_field_name("timeout_header", timeout_header)
+        )
+        self.degraded_header = (
+            None if degraded_header is None else check_field_name("degraded_header", degraded_header)
+        )
+        self._tenant_key = self.tenant_header.encode()
+        self._timeout_key = None if self.timeout_header is None else self.timeout_header.encode()
+        self.exempt_paths = _paths(exempt_paths)
+        self.ratelimit_fields = bool(ratelimit_fields)
+        self.cancel_on_disconnect = bool(cancel_on_disconnect)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._exempt(scope):
+            await self.app(scope, receive, send)
+            return
+        raw_tenant = raw_timeout = None
+        for key, value in scope["headers"]:
+            if key == self._tenant_key:
+                raw_tenant = value
+            elif key == self._timeout_key:
+                raw_timeout = value
+        exchange = _Exchange(self, receive, send)
+        try:
+            tenant_id = DEFAULT_TENANT if raw_tenant is None else raw_tenant.decode("latin-1")
+            budget = None
+            if raw_timeout is not None:
+                budget = parse_timeout_ms(raw_timeout.decode("latin-1"), self.timeout_header or "")
+            registry = self._guard if self._guard is not None else _default_guard()
+            request = registry.tenant(tenant_id)  # a bad id raises InvalidInput here
+            limit = registry.deadline(budget)  # on the Guard's clock
+        except InvalidInput as exc:
+            await exchange.finish(exc)
+            return
+        await exchange.run(scope, request, limit)
+
+    def _exempt(self, scope: Scope) -> bool:
+        if not self.exempt_paths:
+            return False
+        path: str = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :] or "/"
+        return any(path == p or path.startswith(p + "/") for p in self.exempt_paths)
+
+
+class _Exchange:
+    """One request's traffic between the server and the app: what was sent, what is held back,
+    and (with ``cancel_on_disconnect``) the only reader of the server's ``receive``."""
+
+    __slots__ = (
+        "_cancel",
+        "_cut",
+        "_held",
+        "_inbox",
+        "_mail",
+        "_middleware",
+        "_receive",
+        "_running",
+        "_send",
+        "_taken",
+        "complete",
+        "content_length",
+        "disconnected",
+        "event_stream",
+        "request",
+        "started",
+    )
+
+    def __init__(self, middleware: RagguardMiddleware, receive: Receive, send: Send) -> None:
+        self._middleware = middleware
+        self._receive = receive
+        self._send = send
+        self._held: list[Message] | None = None  # a 500 start (and body) kept until the app ends
+        self._inbox: deque[Message] = deque()
+        self._mail: anyio.Event | None = None  # made when the app waits for a message
+        self._taken: anyio.Event | None = None  # made when the watcher waits for the app
+        self._cancel: Callable[[], Any] | None = None  # cancels the app when the client leaves
+        self._running = False  # the app (or its admission) is running: a disconnect cancels it
+        self._cut = False  # the app was cancelled because the client left
+        self.request: TenantContext | None = None
+        self.started = False
+        self.complete = False
+        self.disconnected = False
+        self.event_stream = False
+        self.content_length = False
+
+    # -- the request ------------------------------------------------------------------------
+
+    async def run(self, scope: Scope, request: TenantContext, limit: deadline) -> None:
+        if not self._middleware.cancel_on_disconnect:
+            failure = await self._serve(scope, request, limit, self._receive)
+        else:
+            task = asyncio.current_task() if _on_asyncio() else None
+            if task is not None:
+                failure = await self._serve_watched_asyncio(scope, request, limit, task)
+            else:
+                failure = await self._serve_watched_anyio(scope, request, limit)
+        await self.finish(failure)
+
+    async def _serve(
+        self, scope: Scope, request: TenantContext, limit: deadline, receive: Receive
+    ) -> Exception | None:
+        try:
+            with limit:
+                async with request:
+                    self.request = request
+                    await self._middleware.app(scope, receive, self.send)
+        except Exception as exc:
+            return exc
+        finally:
+            self.request = None
+        return None
+
+    async def _serve_watched_asyncio(
+        self, scope: Scope, request: TenantContext, limit: deadline, task: asyncio.Task[Any]
+    ) -> Exception | None:
+        # asyncio without a task group (which costs a loop iteration per request): the watcher
+        # cancels this task, and the cancellation is taken back here (uncancel) when it was ours
+        self._cancel = task.cancel
+        watcher = asyncio.get_running_loop().create_task(self._watch())
+        self._running = True
+        failure: Exception | None = None
+        try:
+            failure = await self._serve(scope, request, limit, self.receive)
+        except asyncio.CancelledError:
+            if not self._cut or task.uncancel() > 0:
+                raise  # not ours, or the server cancels this request too
+            return None
+        finally:
+            self._running = False
+            watcher.cancel()
+        if self._cut:
+            task.uncancel()  # the app swallowed our cancellation
+        return failure
+
+    async def _serve_watched_anyio(
+        self, scope: Scope, request: TenantContext, limit: deadline
+    ) -> Exception | None:
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tasks:
+            self._cancel = tasks.cancel_scope.cancel
+            tasks.start_soon(self._watch)
+            self._running = True
+            try:
+                failure = await self._serve(scope, request, limit, self.receive)
+            finally:
+                self._running = False
+                tasks.cancel_scope.cancel()  # stop watching: the app is done
+        return failure
+
+    async def finish(self, failure: Exception | None) -> None:
+        """Answer for the app: forward what it held back, or the response ``failure`` maps to."""
+        if failure is None:
+            await self._release_held()
+            return
+        status = http_status_for(failure, ratelimit_fields=self._middleware.ratelimit_fields)
+        if self.disconnected:
+            if status is None:
+                raise failure
+            return  # nobody to tell
+        if not self.started:
+            if status is None:
+                await self._release_held()  # the app's own 500, if it sent one
+                raise failure
+            self._held = None  # a 500 the app's error middleware made of this very error
+            code, headers, body = status
+            payload = json_body(body)
+            headers = [
+                *headers,
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ]
+            await self._send({"type": "http.response.start", "status": code, "headers": headers})
+            await self._send({"type": "http.response.body", "body": payload, "more_body": False})
+            self.started = self.complete = True
+            return
+        if self.content_length and not self.complete:
+            raise failure  # a fixed-length body cannot end early: the server aborts it
+        if not self.complete:
+            if status is not None and self.event_stream:
+                data = json.dumps({"status": status[0], **status[2]})
+                event = f"event: {SSE_ERROR_EVENT}\ndata: {data}\n\n".encode()
+                await self._send({"type": "http.response.body", "body": event, "more_body": True})
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            self.complete = True
+        # Not re-raised: a server closes the connection under an app that raises after
+        # responding, which can cut the response short at the client.
+        if status is None:
+            log.error("error after the response started; the response was ended cleanly", exc_info=failure)
+        else:
+            log.info("ragguard error after the response started: %s", failure)
+
+    # -- what the app sends -----------------------------------------------------------------
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start" and not self.started and self._held is None:
+            if message.get("status") == 500:
+                # Starlette's error middleware answers 500 and then re-raises: hold it until the
+                # app ends, so a ragguard error can still become its proper status
+                self._held = [message]
+                return
+            await self._start(message)
+            return
+        if self._held is not None:
+            self._held.append(message)
+            if message.get("more_body", False):
+                await self._release_held()  # a streamed 500 is the app's own: let it flow
+            return
+        if kind == "http.response.body":
+            if not message.get("more_body", False):
+                self.complete = True  # before sending: the server's receive() wakes on it
+        elif kind in ("http.response.pathsend", "http.response.zerocopysend"):
+            self.complete = True
+        await self._send(message)
+
+    async def _start(self, message: Message) -> None:
+        headers: Headers = list(message.get("headers", ()))
+        for key, value in headers:
+            if key == b"content-type" and value.split(b";")[0].strip().lower() == b"text/event-stream":
+                self.event_stream = True
+            elif key == b"content-length":
+                self.content_length = True
+        degraded_header = self._middleware.degraded_header
+        request = self.request
+        if degraded_header is not None and request is not None and request.fallbacks:
+            names = ", ".join(dict.fromkeys(request.fallbacks))
+            message = {**message, "headers": [*headers, (degraded_header.encode(), names.encode())]}
+        self.started = True
+        await self._send(message)
+
+    async def _release_held(self) -> None:
+        held, self._held = self._held, None
+        if not held or self.disconnected:
+            return
+        await self._start(held[0])
+        for message in held[1:]:
+            await self.send(message)
+
+    # -- what the app receives --------------------------------------------------------------
+
+    async def receive(self) -> Message:
+        while not self._inbox:
+            if self._mail is None or self._mail.is_set():  # concurrent receivers share one event
+                self._mail = anyio.Event()
+            await self._mail.wait()
+        message = self._inbox[0]
+        if message["type"] != "http.disconnect":  # a disconnect stays: every later receive gets it
+            self._inbox.popleft()
+            if self._taken is not None:
+                self._taken.set()
+        return message
+
+    def _deliver(self, message: Message) -> None:
+        self._inbox.append(message)
+        if self._mail is not None:
+            self._mail.set()
+
+    async def _watch(self) -> None:
+        """Read the server's messages for the app; cancel the app when the client disconnects
+        before the response is complete. The body is read no faster than the app takes it;
+        once it is complete, the only message left to wait for is the disconnect."""
+        try:
+            while True:
+                message = await self._receive()
+                self._deliver(message)
+                if message["type"] == "http.disconnect":
+                    self.disconnected = True
+                    if self._running and not self.complete and self._cancel is not None:
+                        self._cut = True
+                        self._cancel()
+                    return
+                if message.get("more_body", False):
+                    while self._inbox:
+                        self._taken = anyio.Event()
+                        await self._taken.wait()
+        except Exception:  # a server that cannot be read: the app finds out on its own
+            log.debug("ragguard.asgi: receive() failed while watching for a disconnect", exc_info=True)
+            self._deliver({"type": "http.disconnect"})
+
+
+def _on_asyncio() -> bool:
+    try:
+        return sniffio.current_async_library() == "asyncio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+
+
+def _paths(paths: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, Iterable):
+        raise ConfigError(f"exempt_paths must be a collection of paths, got {paths!r}")
+    checked = []
+    for path in paths:
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ConfigError(f"exempt_paths: {path!r} is not a path starting with '/'")
+        checked.append(path.rstrip("/") or "/")
+    return tuple(checked)
+
+
+def _default_guard() -> Guard:
+    from ..guard import default_guard
+
+    return default_guard()

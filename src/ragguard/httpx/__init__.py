@@ -1,0 +1,33 @@
+"""httpx integration: the client side of an HTTP dependency (an embedding or LLM provider, or
+another ragguard service).
+
+::
+
+    import httpx
+    from ragguard.httpx import GuardTransport
+
+    client = httpx.AsyncClient(transport=GuardTransport())
+
+The transport forwards the tenant and the remaining deadline (the fields
+:class:`ragguard.asgi.RagguardMiddleware` reads), bounds each request by the deadline, and turns
+429 and 503 answers into errors that carry ``retry_after_s`` and that the typed breakers classify.
+Needs httpx (``pip install 'ragguard[http]'``).
+"""
+
+from __future__ import annotations
+
+try:
+    import httpx as _httpx  # noqa: F401 - the real httpx: absolute imports never find this package
+except ImportError as exc:  # pragma: no cover - exercised only without httpx installed
+    raise ImportError("ragguard.httpx needs httpx: pip install 'ragguard[http]'") from exc
+
+from ._errors import RemoteQuotaExceeded, RemoteStatusError, RemoteUnavailable, retry_after_of
+from ._transport import GuardTransport
+
+__all__ = [
+    "GuardTransport",
+    "RemoteQuotaExceeded",
+    "RemoteStatusError",
+    "RemoteUnavailable",
+    "retry_after_of",
+]

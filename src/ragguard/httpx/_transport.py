@@ -1,0 +1,157 @@
+"""The httpx transport: tenant and remaining deadline out, classified statuses in."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import httpx
+
+from .._context import DEFAULT_TENANT, current_tenant
+from .._errors import ConfigError, DeadlineExceeded
+from .._http import TENANT_HEADER, TIMEOUT_HEADER, check_field_name, format_timeout_ms
+from ..deadline import Expiry, _deadline
+from ._errors import RemoteQuotaExceeded, RemoteUnavailable
+
+__all__ = ["GuardTransport"]
+
+_TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+
+
+class GuardTransport(httpx.AsyncBaseTransport):
+    """An async httpx transport that carries ragguard's context to the server and back.
+
+    ::
+
+        client = httpx.AsyncClient(transport=GuardTransport())           # wraps httpx's own
+        client = httpx.AsyncClient(transport=GuardTransport(httpx.AsyncHTTPTransport(retries=1)))
+
+    Per request:
+
+    - the current tenant (:func:`ragguard.current_tenant`) goes out in ``tenant_header`` (default
+      ``x-tenant-id``), unless it is the default tenant or the request sets the field itself;
+    - with a ragguard deadline, what is left of it goes out in ``timeout_header`` (default
+      ``x-request-timeout-ms``, whole milliseconds rounded down; a smaller value the request
+      already carries is kept), each of httpx's connect/read/write/pool timeouts is cut to it,
+      and the whole exchange, response body included, must end by it. When the deadline, not a
+      timeout of the caller's own, cuts the request, :class:`~ragguard.DeadlineExceeded` is
+      raised (the httpx timeout is its ``__context__``): the caller's short budget says nothing
+      of the server, so the breakers do not count it. A request whose deadline is already spent
+      is not sent.
+    - a 429 answer raises :class:`RemoteQuotaExceeded` and a 503 :class:`RemoteUnavailable`, both
+      with ``retry_after_s`` from ``retry-after-ms`` or ``Retry-After`` (see
+      :mod:`ragguard.httpx._errors`); their body is read first, so ``exc.response.text`` works.
+      ``raise_statuses=False`` hands every response back unchanged.
+
+    The field names are the ones :class:`ragguard.asgi.RagguardMiddleware` reads, so two ragguard
+    services chain. ``transport`` default: ``httpx.AsyncHTTPTransport()``. Raises
+    :class:`~ragguard.ConfigError` for invalid options.
+    """
+
+    def __init__(
+        self,
+        transport: httpx.AsyncBaseTransport | None = None,
+        *,
+        tenant_header: str = TENANT_HEADER,
+        timeout_header: str | None = TIMEOUT_HEADER,
+        raise_statuses: bool = True,
+    ) -> None:
+        if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
+            raise ConfigError(
+                f"transport must be an httpx.AsyncBaseTransport, got {type(transport).__name__}"
+            )
+        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self.tenant_header = check_field_name("tenant_header", tenant_header)
+        self.timeout_header = (
+            None if timeout_header is None else check_field_name("timeout_header", timeout_header)
+        )
+        self.raise_statuses = bool(raise_statuses)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        tenant = current_tenant()
+        if tenant != DEFAULT_TENANT and self.tenant_header not in request.headers:
+            request.headers[self.tenant_header] = tenant
+        expiry = _deadline.get()
+        if expiry is None:
+            response = await self._transport.handle_async_request(request)
+        else:
+            response = await self._within(request, expiry)
+        if self.raise_statuses and response.status_code in (429, 503):
+            response.request = request
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+            if response.status_code == 429:
+                raise RemoteQuotaExceeded(response, tenant)
+            raise RemoteUnavailable(response)
+        return response
+
+    async def _within(self, request: httpx.Request, at: Expiry) -> httpx.Response:
+        what = f"http {request.method} {request.url.host}"
+        left = at.left()
+        if left <= 0.0:
+            raise DeadlineExceeded(what, None, "no time left to send the request")
+        if self.timeout_header is not None:
+            sent = request.headers.get(self.timeout_header)
+            mine = format_timeout_ms(left)
+            if sent is None or not sent.isdigit() or int(sent) > int(mine):
+                request.headers[self.timeout_header] = mine
+        timeouts = dict(request.extensions.get("timeout") or {})
+        for key in _TIMEOUT_KEYS:
+            given = timeouts.get(key)
+            timeouts[key] = left if given is None or given > left else given
+        request.extensions["timeout"] = timeouts
+        try:
+            with anyio.fail_after(left):
+                response = await self._transport.handle_async_request(request)
+        except (TimeoutError, httpx.TimeoutException):
+            if _spent(at):
+                raise DeadlineExceeded(what, left) from None  # see _not_a_timeout
+            raise
+        if isinstance(response.stream, httpx.AsyncByteStream):
+            response.stream = _DeadlineStream(response.stream, at, what, left)
+        return response
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+# _not_a_timeout: a DeadlineExceeded raised here keeps the httpx timeout as ``__context__``, not
+# ``__cause__``: the breakers' classifiers follow ``__cause__``, and would count the caller's
+# spent budget as a timeout of the server.
+
+
+def _spent(at: Expiry) -> bool:
+    # timers may fire a hair before the deadline they were set for
+    return at.left() <= 0.001
+
+
+class _DeadlineStream(httpx.AsyncByteStream):
+    """A response body that must arrive by the deadline ``at``."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, at: Expiry, what: str, budget_s: float) -> None:
+        self._inner = inner
+        self._at = at
+        self._what = what
+        self._budget_s = budget_s
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = self._inner.__aiter__()
+        while True:
+            left = self._at.left()
+            if left <= 0.0:
+                raise DeadlineExceeded(self._what, self._budget_s, "response body cut")
+            try:
+                with anyio.fail_after(left):
+                    chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return
+            except (TimeoutError, httpx.TimeoutException):
+                if _spent(self._at):
+                    raise DeadlineExceeded(self._what, self._budget_s, "response body cut") from None
+                raise
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
