@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -59,6 +58,7 @@ class Wheel:
 
     __slots__ = ("_armed_tick", "_handle", "_heap", "_loop", "_sequence", "buckets", "expired", "now")
 
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.buckets: dict[int, dict[int, asyncio.Task[Any]]] = {}
@@ -66,7 +66,7 @@ class Wheel:
         self._heap: list[int] = []
         self._handle: asyncio.TimerHandle | None = None
         self._armed_tick = math.inf
-        self._sequence = itertools.count(1).__next__
+        self._sequence = 0
         # asyncio's own loops tell time with time.monotonic; reading it directly skips a method frame
         self.now: Callable[[], float] = (
             time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
@@ -75,15 +75,14 @@ class Wheel:
     def arm(self, task: asyncio.Task[Any], timeout_s: float) -> int:
         """Cancel ``task`` in ``timeout_s`` seconds (at most 1 ms late) unless :meth:`disarm`-ed.
 
-        Returns the timer's handle (0 when ``timeout_s`` is at or above :data:`MAX_TIMEOUT_S`:
-        no timer is armed)."""
-        if not timeout_s < MAX_TIMEOUT_S:
-            return 0
+        ``timeout_s`` must be below :data:`MAX_TIMEOUT_S` (callers do not arm longer ones).
+        Returns the timer's handle."""
         tick = int((self.now() + timeout_s) * _TICKS_PER_S) + 1
         bucket = self.buckets.get(tick)
         if bucket is None:
             bucket = self._add_bucket(tick)
-        handle = tick << _SEQ_BITS | (self._sequence() & _SEQ_MASK)
+        self._sequence = sequence = (self._sequence + 1) & _SEQ_MASK
+        handle = tick << _SEQ_BITS | sequence
         bucket[handle] = task
         return handle
 
@@ -158,7 +157,7 @@ async def call_with_timeout(awaitable: Awaitable[T], timeout_s: float | None) ->
     None means no timeout. A cancellation that did not come from this timeout propagates unchanged.
     Works under asyncio (and uvloop) and trio.
     """
-    if timeout_s is None:
+    if timeout_s is None or timeout_s >= MAX_TIMEOUT_S:
         return await awaitable
     loop = running_loop()
     if loop is None:

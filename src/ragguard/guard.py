@@ -329,12 +329,13 @@ def guard(
 class _Compiled:
     """A decorated function's chains for one Guard, valid while ``epoch`` is the injection epoch."""
 
-    __slots__ = ("epoch", "guard", "observed", "plain", "stage")
+    __slots__ = ("epoch", "guard", "observed", "plain", "run", "stage")
 
     def __init__(self, guard: Guard | None, stage: Stage | None, plain: Chain | None) -> None:
         self.guard = guard
         self.stage = stage
         self.plain = plain
+        self.run: Callable[..., Awaitable[Any]] | None = None if plain is None else plain.root.run
         self.observed: Chain | None = None
         self.epoch = _inject.epoch
 
@@ -401,8 +402,8 @@ def _decorator(stage: str, registry: Guard | Callable[[], Guard], options: Mappi
         async def guarded(*args: Any, **kwargs: Any) -> Any:
             g = fixed if fixed is not None else get_guard()  # type: ignore[misc]
             c = slot
-            if c.guard is g and c.epoch == _inject.epoch and not (bus.active or _metrics._tracer is not None):
-                return await c.plain.root.run(Call(stage, fn, args, kwargs))  # type: ignore[union-attr]
+            if c.guard is g and c.epoch == _inject.epoch and not bus.active and _metrics._tracer is None:
+                return await c.run(Call(stage, fn, args, kwargs))  # type: ignore[misc]
             return await chain(g).run(Call(stage, fn, args, kwargs))
 
         guarded.__ragguard_stage__ = stage  # type: ignore[attr-defined]

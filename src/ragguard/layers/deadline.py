@@ -25,6 +25,7 @@ class DeadlineLayer:
     """Refuses a call with less than ``min_attempt_s`` seconds (and never with none) left."""
 
     scope: ClassVar[Scope] = "call"
+    exits: ClassVar[bool] = False
     __slots__ = ("_min_left", "stage")
 
     def __init__(self, stage: str, min_attempt_s: float) -> None:

@@ -189,6 +189,7 @@ class RetryLayer:
     retry budget's ratio."""
 
     scope: ClassVar[Scope] = "call"
+    exits: ClassVar[bool] = False
     __slots__ = ("_kinds", "budget", "clock", "min_attempt_s", "policy", "rng", "sleep", "stage")
 
     def __init__(

@@ -31,7 +31,7 @@ class TimeoutLayer:
     """Bounds each attempt by ``timeout_s`` (None: only the deadline) and the request's deadline."""
 
     scope: ClassVar[Scope] = "item"
-    __slots__ = ("_min_left", "_timers", "stage", "timeout_s")
+    __slots__ = ("_loop", "_min_left", "_timers", "_wheel", "stage", "timeout_s")
 
     def __init__(
         self, stage: str, timeout_s: float | None, min_attempt_s: float, timers: Timers | None
@@ -39,7 +39,18 @@ class TimeoutLayer:
         self.stage = stage
         self.timeout_s = timeout_s
         self._min_left = min_attempt_s
-        self._timers = timers
+        self._timers = timers  # the Guard clock's own (a FakeClock's), else the loop's wheel:
+        self._loop: Any = None  # the loop whose wheel ``_wheel`` is (the last one seen)
+        self._wheel: Any = None
+
+    def _timers_of(self, loop: Any) -> Timers:
+        timers = self._timers
+        if timers is not None:
+            return timers
+        if loop is not self._loop:
+            self._wheel = wheel_for(loop)
+            self._loop = loop
+        return self._wheel  # type: ignore[no-any-return]
 
     def enter(self, call: Call) -> Any:
         timeout = self.timeout_s
@@ -56,15 +67,15 @@ class TimeoutLayer:
                 timeout, by_deadline = left, True
         if timeout is None or timeout >= MAX_TIMEOUT_S:
             return None
-        call.budget_s, call.by_deadline = timeout, by_deadline
+        call.budget_s = timeout
+        call.by_deadline = by_deadline
         loop = running_loop()
         if loop is None:
             return _trio_scope(timeout)
-        task = current_task(loop)
+        call.task = task = current_task(loop)
         if task is None:  # pragma: no cover - awaited outside a task: nothing to cancel
             return None
-        timers = self._timers
-        return (timers if timers is not None else wheel_for(loop)).arm(task, timeout)
+        return self._timers_of(loop).arm(task, timeout)
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
@@ -74,16 +85,13 @@ class TimeoutLayer:
             return None
         if type(token) is not int:
             return self._exit_trio(call, token, exc)
-        timers = self._timers
-        if timers is None:
-            loop = running_loop()
-            assert loop is not None
-            timers = wheel_for(loop)
+        # a Guard serves one event loop at a time, so the wheel enter used is ``_wheel``
+        timers = self._timers if self._timers is not None else self._wheel
         if not timers.disarm(token):
             return None
         # the timer fired: take its cancellation request back; it was a timeout only if the call
         # ended cancelled and nobody else asked to cancel the task too
-        outside = current_task(running_loop()).uncancel() > 0
+        outside = call.task.uncancel() > 0
         if isinstance(exc, asyncio.CancelledError) and not outside:
             return self._timed_out(call)
         return None

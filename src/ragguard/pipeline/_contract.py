@@ -49,7 +49,9 @@ class Call:
     - ``started``: the clock time the current attempt was admitted by the breaker;
     - ``budget_s``, ``by_deadline``: the current attempt's time budget and whether the deadline
       (rather than the stage timeout) set it (the timeout layer's);
-    - ``items``: items handed to the caller so far (streams).
+    - ``items``: items handed to the caller so far (streams);
+    - ``task``: the asyncio task running the call, once a layer looked it up (the timeout layer
+      does when it arms a timer), else None.
     """
 
     __slots__ = (
@@ -64,6 +66,7 @@ class Call:
         "stage",
         "started",
         "stream",
+        "task",
     )
 
     def __init__(
@@ -85,6 +88,7 @@ class Call:
         self.budget_s: float | None = None
         self.by_deadline = False
         self.items = 0
+        self.task: Any = None
 
     def __repr__(self) -> str:
         return f"<Call {self.stage!r} attempt={self.attempt} stream={self.stream}>"
@@ -99,7 +103,8 @@ class Gate(Protocol):
     wait: the driver then awaits ``enter_async(call)`` for the token. ``exit(call, token, exc)``
     runs exactly once per successful ``enter``, innermost gate first, with the exception the inner
     layers raised (None on success, a ``BaseException`` on cancellation); it returns None to let
-    that outcome stand, or an exception to raise in its place.
+    that outcome stand, or an exception to raise in its place. A gate whose ``exit`` does nothing
+    may say so with a class attribute ``exits = False``: the drivers then never call it.
     """
 
     scope: Scope

@@ -29,7 +29,7 @@ __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
 class Node:
     """Recoveries, then gates, then a wrapper or the next node or the call (see module docstring)."""
 
-    __slots__ = ("gates", "inner", "recoveries", "stream_gates", "wrapper")
+    __slots__ = ("gates", "inner", "recoveries", "run", "source", "stream_gates", "wrapper")
 
     def __init__(self) -> None:
         self.recoveries: tuple[Recovery, ...] = ()
@@ -37,40 +37,14 @@ class Node:
         self.wrapper: Wrapper | None = None
         self.inner: Node | None = None
         self.stream_gates: tuple[Gate, ...] = ()  # the call/attempt-scope gates, for streams
+        self.source = ""  # the compiled run(), for reading in a debugger
 
     # -- calls ----------------------------------------------------------------------------------
 
-    async def run(self, call: Call, skip: int = 0) -> Any:
-        """Run this node and the ones inside it once; recoveries ``[skip:]`` handle a failure
-        (a recovery calling ``again`` re-runs with itself and those outside it skipped)."""
-        gates = self.gates
-        tokens: list[Any] = []
-        try:
-            try:
-                for gate in gates:
-                    token = gate.enter(call)
-                    if token is WAIT:
-                        token = await gate.enter_async(call)
-                    tokens.append(token)
-                if self.wrapper is not None:
-                    inner = self.inner
-                    proceed = call_fn(call) if inner is None else partial(inner.run, call)
-                    result = await self.wrapper.around(call, proceed)
-                elif self.inner is not None:
-                    result = await self.inner.run(call)
-                elif PY311:
-                    result = await _await_311(call.fn, *call.args, **call.kwargs)
-                else:
-                    result = await call.fn(*call.args, **call.kwargs)
-            except BaseException as exc:
-                _exit_all(call, gates, tokens, exc)
-                raise
-            _exit_all(call, gates, tokens, None)
-            return result
-        except Exception as exc:
-            if len(self.recoveries) <= skip:
-                raise
-            return await self._recover(call, exc, skip)
+    run: Callable[..., Awaitable[Any]]
+    """``await node.run(call, skip=0)``: run this node and the ones inside it once; recoveries
+    ``[skip:]`` handle a failure (a recovery calling ``again`` re-runs with itself and those outside
+    it skipped). Compiled by :func:`_compile_run` once the chain is built."""
 
     async def _recover(self, call: Call, exc: Exception, skip: int) -> Any:
         recoveries = self.recoveries
@@ -153,24 +127,7 @@ def _exit_all(call: Call, gates: Sequence[Gate], tokens: list[Any], exc: BaseExc
 def call_fn(call: Call) -> Callable[[], Awaitable[Any]]:
     """The innermost step of a call: the guarded function with the call's current arguments, as a
     ``functools.partial`` (chaos faults read the arguments' batch size from it)."""
-    if PY311:
-        return partial(_await_311, call.fn, *call.args, **call.kwargs)
     return partial(call.fn, *call.args, **call.kwargs)
-
-
-async def _await_311(fn: Callable[..., Awaitable[Any]], /, *args: Any, **kwargs: Any) -> Any:
-    # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a cancellation
-    # that lands while the awaited call finishes in the same loop iteration (cpython gh-86296).
-    # A cancellation requested during the call and not delivered is re-raised here.
-    loop = running_loop()
-    task = current_task(loop) if loop is not None else None
-    if task is None:
-        return await fn(*args, **kwargs)
-    before = task.cancelling()
-    result = await fn(*args, **kwargs)
-    if task.cancelling() > before:
-        raise asyncio.CancelledError("cancelled while the call was finishing (Python 3.11 wait_for)")
-    return result
 
 
 # -- streams --------------------------------------------------------------------------------------
@@ -304,12 +261,130 @@ def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
         if not shapes:
             raise TypeError(f"{layer!r} is not a Gate, a Recovery or a Wrapper")
     item_gates: list[Gate] = []
+    nodes: list[Node] = []
     n: Node | None = root
     while n is not None:
         n.stream_gates = tuple(g for g in n.gates if g.scope != "item")
         item_gates.extend(g for g in n.gates if g.scope == "item")
+        nodes.append(n)
         n = n.inner
+    for n in reversed(nodes):  # innermost first: a node's run() calls its inner node's
+        _compile_run(n)
     return root, tuple(item_gates)
+
+
+def _compile_run(node: Node) -> None:
+    """Write ``node.run`` for this node's shape, as dataclasses writes ``__init__``.
+
+    Each gate becomes a nested ``try`` around the ones inside it (exactly as ``async with`` would
+    nest them, without a context manager's calls): its ``enter`` before, its ``exit`` after, with
+    the outcome, and a replacement error raised in place of the original. A generic loop over the
+    gates cost three times as much per gate (measured by benchmarks/overhead.py), and a guarded call
+    pays this on every call. For a node with a fallback, two gates and the call it reads::
+
+        async def run(call, skip=0):
+            try:
+                t0 = enter0(call)
+                if t0 is WAIT:
+                    t0 = await enter_async0(call)
+                try:
+                    ... gate 1, the same, around: result = await call.fn(*call.args, **call.kwargs)
+                except BaseException as e0:
+                    r0 = exit0(call, t0, e0)
+                    if r0 is not None:
+                        raise r0
+                    raise
+                r0 = exit0(call, t0, None)
+                if r0 is not None:
+                    raise r0
+                return result
+            except Exception as exc:
+                if len(recoveries) <= skip:
+                    raise
+                return await recover(call, exc, skip)
+    """
+    ns: dict[str, Any] = {
+        "WAIT": WAIT,
+        "partial": partial,
+        "call_fn": call_fn,
+        "running_loop": running_loop,
+        "current_task": current_task,
+        "CancelledError": asyncio.CancelledError,
+        "recoveries": node.recoveries,
+        "recover": node._recover,
+    }
+    lines = ["async def run(call, skip=0):"]
+    depth = 1
+    if node.recoveries:
+        lines.append("    try:")
+        depth = 2
+
+    def put(text: str, extra: int = 0) -> None:
+        lines.append("    " * (depth + extra) + text)
+
+    exits = [getattr(gate, "exits", True) for gate in node.gates]
+    for i, gate in enumerate(node.gates):
+        ns[f"enter{i}"], ns[f"enter_async{i}"], ns[f"exit{i}"] = gate.enter, gate.enter_async, gate.exit
+        put(f"t{i} = enter{i}(call)")
+        put(f"if t{i} is WAIT:")
+        put(f"t{i} = await enter_async{i}(call)", 1)
+        if exits[i]:
+            put("try:")
+            depth += 1
+    if node.wrapper is not None:
+        ns["around"] = node.wrapper.around
+        if node.inner is None:
+            put("result = await around(call, call_fn(call))")
+        else:
+            ns["inner_run"] = node.inner.run
+            put("result = await around(call, partial(inner_run, call))")
+    elif node.inner is not None:
+        ns["inner_run"] = node.inner.run
+        put("result = await inner_run(call)")
+    elif PY311:
+        # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a cancellation
+        # that lands while the awaited call finishes in the same loop iteration (cpython
+        # gh-86296): a cancellation requested during the call and not delivered is raised here.
+        put("task = call.task")
+        put("if task is None:")
+        put("loop = running_loop()", 1)
+        put("task = None if loop is None else current_task(loop)", 1)
+        put("before = 0 if task is None else task.cancelling()")
+        put("result = await call.fn(*call.args, **call.kwargs)")
+        put("if task is not None and task.cancelling() > before:")
+        put('raise CancelledError("cancelled as the call finished (Python 3.11 wait_for)")', 1)
+    else:
+        put("result = await call.fn(*call.args, **call.kwargs)")
+    for i in reversed(range(len(node.gates))):
+        if not exits[i]:
+            continue
+        depth -= 1
+        put(f"except BaseException as e{i}:")
+        put(f"r{i} = exit{i}(call, t{i}, e{i})", 1)
+        put(f"if r{i} is not None:", 1)
+        put(f"raise r{i}", 2)
+        put("raise", 1)
+        put(f"r{i} = exit{i}(call, t{i}, None)")
+        put(f"if r{i} is not None:")
+        put(f"raise r{i}", 1)
+    put("return result")
+    if node.recoveries:
+        lines += [
+            "    except Exception as exc:",
+            "        if len(recoveries) <= skip:",
+            "            raise",
+            "        return await recover(call, exc, skip)",
+        ]
+    node.source = "\n".join(lines)
+    exec(compile(node.source, f"<ragguard chain node: {_describe(node)}>", "exec"), ns)
+    node.run = ns["run"]
+
+
+def _describe(node: Node) -> str:
+    parts = [type(r).__name__ for r in node.recoveries] + [type(g).__name__ for g in node.gates]
+    if node.wrapper is not None:
+        parts.append(type(node.wrapper).__name__)
+    return " > ".join(parts) or "call"
 
 
 def _descend(node: Node) -> Node:
