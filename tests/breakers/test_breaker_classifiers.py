@@ -6,6 +6,7 @@ import asyncio
 import errno
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -206,3 +207,25 @@ def test_callers_errors_are_not_counted() -> None:
         assert not (is_timeout(exc) or is_connection_error(exc) or is_out_of_memory(exc)), exc
     assert not counts_by_default(ValueError("bad")) and not counts_by_default(TypeError("bad"))
     assert counts_by_default(ConnectionResetError()) and counts_by_default(RuntimeError("boom"))
+
+
+@pytest.mark.parametrize(
+    ("classifier", "cause"),
+    [
+        (is_timeout, TimeoutError("cut")),
+        (is_connection_error, ConnectionRefusedError("down")),
+        (is_out_of_memory, MemoryError()),
+        (counts_by_default, RuntimeError("boom")),
+    ],
+)
+def test_a_spent_deadline_is_never_the_dependencys_failure(classifier: Any, cause: Exception) -> None:
+    """A nested stage's DeadlineExceeded, raised from the timeout that cut it, reaching an outer
+    breaker says the caller's budget ran out, not that the dependency is slow or down."""
+    assert classifier(cause) is True  # the cause alone is the dependency's failure
+    try:
+        try:
+            raise cause
+        except Exception as exc:
+            raise DeadlineExceeded("inner", 0.1) from exc
+    except DeadlineExceeded as spent:
+        assert classifier(spent) is False

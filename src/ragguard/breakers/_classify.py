@@ -8,7 +8,8 @@ Optional libraries (torch, onnxruntime, httpx, grpc, aiohttp, redis) are never i
 their errors are recognised by the class names in the exception's MRO, by ``code()`` for gRPC
 errors, and by message for the out-of-memory ``RuntimeError`` s of the ML runtimes. An
 exception raised ``from`` another one (``__cause__``) and an exception group are classified by
-what they carry, a few levels deep.
+what they carry, a few levels deep. A :class:`ragguard.DeadlineExceeded` is never matched, whatever
+it was raised from: the caller's budget ran out, which says nothing about the dependency.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import errno
 import sys
 from collections.abc import Callable
 
-from .._errors import BreakerOpen, QuotaExceeded
+from .._errors import BreakerOpen, DeadlineExceeded, QuotaExceeded
 
 __all__ = ["counts_by_default", "is_connection_error", "is_out_of_memory", "is_timeout"]
 
@@ -118,6 +119,8 @@ def _is_redis(exc: BaseException, name: str) -> bool:
 def _carried(
     exc: BaseException, match: Callable[[BaseException], bool], depth: int = 0
 ) -> bool:
+    if isinstance(exc, DeadlineExceeded):
+        return False  # the caller's budget ran out: whatever it was raised from, not the dependency
     if match(exc):
         return True
     if depth >= _MAX_DEPTH:
@@ -214,7 +217,7 @@ def counts_by_default(exc: BaseException) -> bool:
     """The classifier of a plain :class:`CircuitBreaker`: every error counts except the caller's.
 
     Not counted: ``ValueError`` (``ragguard.InvalidInput`` included) and ``TypeError`` (bad
-    input), and rejections by other ragguard layers (``BreakerOpen``, ``QuotaExceeded``) that never
-    reached the dependency.
+    input), rejections by other ragguard layers (``BreakerOpen``, ``QuotaExceeded``) that never
+    reached the dependency, and ``DeadlineExceeded`` (the caller's budget, not the dependency).
     """
-    return not isinstance(exc, (ValueError, TypeError, BreakerOpen, QuotaExceeded))
+    return not isinstance(exc, (ValueError, TypeError, BreakerOpen, QuotaExceeded, DeadlineExceeded))
