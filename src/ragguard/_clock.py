@@ -10,7 +10,8 @@ breakers, quotas, deadlines, retry budgets and backoff, and its attempt timeouts
   else ``anyio.sleep``);
 - attempt timers: ``arm(task, timeout_s) -> handle`` cancels ``task`` when the time is up,
   ``disarm(handle) -> fired`` (:func:`timers_of`: the clock's own when it has them, else the event
-  loop's timer wheel in :mod:`ragguard._timeouts`).
+  loop's timer wheel in :mod:`ragguard._timeouts`);
+- bounded waits: ``with move_on_after(clock, seconds) as scope:`` (anyio's, on the clock).
 
 :class:`FakeClock` has all three, so a test advances one clock and every wait and timer of the
 Guard follows it, without sleeping.
@@ -24,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-__all__ = ["Clock", "FakeClock", "Timers", "monotonic", "sleep_of", "timers_of"]
+__all__ = ["Clock", "FakeClock", "Timers", "monotonic", "move_on_after", "sleep_of", "timers_of"]
 
 Clock = Callable[[], float]
 monotonic: Clock = time.monotonic
@@ -139,3 +140,52 @@ def timers_of(clock: Clock) -> Timers | None:
     if callable(getattr(clock, "arm", None)) and callable(getattr(clock, "disarm", None)):
         return clock  # type: ignore[return-value]
     return None
+
+
+class _FakeMoveOnAfter:
+    """``anyio.move_on_after`` on a clock with timers (a FakeClock), for one asyncio task."""
+
+    __slots__ = ("_handle", "_seconds", "_task", "_timers", "cancelled_caught")
+
+    def __init__(self, timers: Timers, seconds: float) -> None:
+        self._timers = timers
+        self._seconds = seconds
+        self._task: Any = None
+        self._handle = 0
+        self.cancelled_caught = False
+
+    def __enter__(self) -> _FakeMoveOnAfter:
+        import asyncio
+
+        self._task = asyncio.current_task()
+        self._handle = self._timers.arm(self._task, self._seconds)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        import asyncio
+
+        if not self._timers.disarm(self._handle):
+            return False
+        # the timer fired: its cancellation was ours unless somebody else cancelled the task too
+        if self._task.uncancel() == 0 and isinstance(exc, asyncio.CancelledError):
+            self.cancelled_caught = True
+            return True
+        return False
+
+
+def move_on_after(clock: Clock, seconds: float) -> Any:
+    """``with move_on_after(clock, s) as scope:`` stop waiting after ``s`` seconds of ``clock``
+    (``scope.cancelled_caught`` tells whether the time ran out), like ``anyio.move_on_after``.
+
+    On a clock with timers (a FakeClock) under asyncio, the clock's timers end the wait, so a test
+    advancing the clock times it out; otherwise it is ``anyio.move_on_after`` (the event loop's
+    time)."""
+    timers = timers_of(clock)
+    if timers is not None:
+        from ._compat import running_loop
+
+        if running_loop() is not None:
+            return _FakeMoveOnAfter(timers, seconds)
+    import anyio
+
+    return anyio.move_on_after(seconds)

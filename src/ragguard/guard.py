@@ -96,7 +96,9 @@ class Guard:
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
         self.sleep = sleep if sleep is not None else sleep_of(clock)
-        self.quotas: Any = quotas if quotas is not None else LocalQuotas(self.policy.quota, clock=clock)
+        self.quotas: Any = (
+            quotas if quotas is not None else LocalQuotas(self.policy.quota, clock=clock, sleep=self.sleep)
+        )
         self.per_call_quota = not (
             self.policy.default_quota.max_concurrency is None and self.policy.default_quota.rate_per_s is None
         )

@@ -724,7 +724,7 @@ async def test_a_cancelled_consumer_releases_the_stream_slot_and_permit() -> Non
 
 
 async def test_a_cancelled_rate_wait_gives_its_token_back() -> None:
-    clock = ragguard.FakeClock()
+    clock = ragguard.FakeClock(auto_advance=False)  # the rate wait lasts until the test moves time
     g = Guard(Policy(tenants={"acme": TenantQuota(rate_per_s=20, burst=1, max_wait_s=1)}), clock=clock)
     async with g.tenant("acme"):
         pass

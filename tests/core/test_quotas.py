@@ -707,3 +707,39 @@ async def test_retry_after_counts_the_callers_queued_ahead(deadline_clock: raggu
         q.release(held[0])  # on time
     assert clock() == pytest.approx(100.0 + 5 * 0.3 + 0.1 + told)  # the refused caller's retry moment
     assert await q.acquire("acme") is not None
+
+
+async def test_quota_waits_follow_the_guards_clock(anyio_backend: str) -> None:
+    """One time source: on a FakeClock, a wait for a rate token lets fake time pass, and a wait for a
+    slot ends when the test advances the clock past ``max_wait_s`` (nothing sleeps for real)."""
+    if anyio_backend != "asyncio":
+        pytest.skip("FakeClock timers cancel asyncio tasks; trio has its own MockClock")
+    clock = ragguard.FakeClock()
+    g = _guard(clock=clock, acme=TenantQuota(rate_per_s=2, burst=1, max_wait_s=5),
+               solo=TenantQuota(max_concurrency=1, max_wait_s=3))
+    async with g.tenant("acme"):
+        pass
+    started = time.monotonic()
+    async with g.tenant("acme"):  # the next token is 0.5 s away: the clock's sleep lets it pass
+        assert clock() == pytest.approx(0.5)
+    assert time.monotonic() - started < 0.5
+
+    outcome: list[BaseException | None] = []
+
+    async def queued() -> None:
+        try:
+            async with g.tenant("solo"):
+                outcome.append(None)
+        except QuotaExceeded as exc:
+            outcome.append(exc)
+
+    async with g.tenant("solo"), anyio.create_task_group() as tg:
+        tg.start_soon(queued)
+        await _until(lambda: g.quotas.waiting("solo") == 1, "the second request queues")
+        clock.advance(2.9)
+        await anyio.sleep(0)
+        assert outcome == []  # still within max_wait_s on the fake clock
+        clock.advance(0.2)
+        await _until(lambda: bool(outcome), "the wait times out")
+    assert isinstance(outcome[0], QuotaExceeded) and outcome[0].reason == "concurrency"
+    assert time.monotonic() - started < 2.0  # fake seconds, not real ones

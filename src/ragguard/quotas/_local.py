@@ -18,14 +18,14 @@ import asyncio
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
 from anyio.lowlevel import checkpoint_if_cancelled
 
 from .. import _validate as v
-from .._clock import Clock, monotonic
+from .._clock import Clock, monotonic, move_on_after, sleep_of
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
@@ -143,8 +143,10 @@ class LocalQuotas:
     first seen, whenever a request has to queue, and whenever a slot is given back while requests
     queue, so a changed quota applies from then on: a raised limit admits the waiters it frees at
     once, a lowered one is not over-granted by the next hand-off); ``clock`` returns monotonic
-    seconds (rates, hold times and ``retry_after_s`` are computed on it; queueing waits use the
-    event loop's real time). Raises ConfigError for ``max_tenants`` < 1.
+    seconds: rates, hold times, ``retry_after_s`` and the queueing waits all follow it (a wait for
+    a rate token sleeps with ``sleep``, default the clock's own, see :func:`ragguard._clock.sleep_of`;
+    a wait for a slot is bounded on the clock's timers when it has them, e.g. a FakeClock).
+    Raises ConfigError for ``max_tenants`` < 1.
     Idle tenants are forgotten once more than ``max_tenants`` are tracked, so a flood of tenant ids
     cannot grow memory without bound.
     """
@@ -155,10 +157,12 @@ class LocalQuotas:
         *,
         clock: Clock = monotonic,
         max_tenants: int = 10_000,
+        sleep: Callable[[float], Awaitable[Any]] | None = None,
     ) -> None:
         v.count("max_tenants", max_tenants, 1)
         self._quota_for = quota_for
         self._clock = clock
+        self._sleep = sleep if sleep is not None else sleep_of(clock)
         self._max_tenants = max_tenants
         self._buckets: dict[str, _Bucket] = {}
 
@@ -232,7 +236,7 @@ class LocalQuotas:
             reserved = self._reserve(bucket, quota, now, wait_budget, limited_by_deadline)
             if reserved > 0.0:
                 try:
-                    await anyio.sleep(reserved)
+                    await self._sleep(reserved)
                 except BaseException:
                     self._refund(bucket, quota)
                     raise
@@ -326,7 +330,7 @@ class LocalQuotas:
         bucket.waiters.append(waiter)
         cancels = _cancel_requests()
         try:
-            with anyio.move_on_after(budget):
+            with move_on_after(self._clock, budget):
                 await waiter.event.wait()
             if _cancel_requests() > cancels:
                 # An outside Task.cancel() landed in the loop cycle in which the wait timed out (or
