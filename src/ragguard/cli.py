@@ -10,29 +10,59 @@ import typer
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # Typer's Rich help (0.28 and later) prints a type beside every flag ("--quick <bool>", even
+    # "--help <bool>"); the plain help prints flags as flags and options with their metavar.
+    rich_markup_mode=None,
+    context_settings={"show_default": True},
     help="ragguard: resilience middleware for RAG pipelines.",
 )
 
+EVENTS_FILE = "ragguard-events.jsonl"  # ragguard.monitors.DEFAULT_EVENTS_FILE, without importing it
 
-@app.command()
+
+@app.command(short_help="Run a RAG service under chaos, unguarded vs guarded.")
 def demo(
     duration: Annotated[
-        float | None, typer.Option(help="Seconds of load per run (guarded and unguarded).")
+        float | None,
+        typer.Option(
+            metavar="SECONDS", show_default="40, or 9 with --quick",
+            help="Seconds of load in each of the two runs (unguarded, then guarded).",
+        ),
     ] = None,
-    concurrency: Annotated[int | None, typer.Option(help="Concurrent client requests in flight.")] = None,
+    concurrency: Annotated[
+        int, typer.Option(metavar="N", help="Requests the load generator keeps in flight at most.")
+    ] = 64,
     scenario: Annotated[
-        Path | None, typer.Option(help="Chaos scenario YAML (default: the built-in one).")
+        Path | None,
+        typer.Option(
+            metavar="FILE", show_default="built-in",
+            help="A ragguard.chaos scenario YAML: the faults and when they strike (the built-in one is "
+            "ragguard/chaos/scenarios/default.yaml).",
+        ),
     ] = None,
     redis: Annotated[
-        str | None, typer.Option("--redis", help="Redis URL to share breaker and quota state.")
+        str | None,
+        typer.Option(
+            "--redis", metavar="URL", show_default="none",
+            help="Keep the guarded run's tenant quotas and breakers in this Redis, shared by every "
+            "demo replica pointed at it (none: in memory).",
+        ),
     ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="A short run, under 30 s.")] = False,
-    out: Annotated[Path, typer.Option(help="Folder for the JSON report and the PNG chart.")] = Path(
-        "ragguard-report"
-    ),
-    seed: Annotated[int, typer.Option(help="Seed of the load and of the chaos faults.")] = 7,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", show_default="off", help="A short run: 9 s of load per run, 30 s in all."),
+    ] = False,
+    out: Annotated[
+        Path, typer.Option(metavar="DIR", help="Folder for report.json, latency.png and events.jsonl.")
+    ] = Path("ragguard-report"),
+    seed: Annotated[
+        int, typer.Option(metavar="N", help="Seeds the arrival plan, the questions asked and the faults.")
+    ] = 7,
 ) -> None:
-    """Run a real RAG service under chaos twice, unguarded and guarded, and compare them."""
+    """Run a real RAG service under chaos twice, unguarded and guarded, and compare them.
+
+    Exit status: 0 done, 2 a bad option or scenario.
+    """
     try:
         from .demo import cli_main
     except ImportError as exc:  # the demo's optional dependencies are missing
@@ -50,15 +80,24 @@ def demo(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(short_help="Explain breaker trips, quota refusals, fallbacks, stalls.")
 def doctor(
     events: Annotated[
-        Path | None, typer.Option(help="A JSON-lines event log written by the monitors.")
-    ] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Print the diagnosis as JSON.")] = False,
+        Path,
+        typer.Option(
+            "--events", "-e", metavar="FILE", envvar="RAGGUARD_EVENTS_FILE",
+            help="A JSON-lines event log, as ragguard.monitors.record_events(path) writes it.",
+        ),
+    ] = Path(EVENTS_FILE),
+    json_output: Annotated[
+        bool, typer.Option("--json", show_default="off", help="Print the diagnosis as JSON.")
+    ] = False,
     grace_s: Annotated[
         float,
-        typer.Option("--grace-s", help="Seconds after a loop stall a breaker opening is still blamed on it."),
+        typer.Option(
+            "--grace-s", metavar="SECONDS",
+            help="Seconds after a loop stall a breaker opening is still blamed on it.",
+        ),
     ] = 1.0,
 ) -> None:
     """Explain recent events: breaker trips, quota refusals, fallbacks, loop stalls, pool trouble.
@@ -67,9 +106,7 @@ def doctor(
     """
     from .monitors import doctor_main
 
-    argv: list[str] = ["--grace-s", repr(grace_s)]
-    if events is not None:
-        argv += ["--events", str(events)]
+    argv: list[str] = ["--events", str(events), "--grace-s", repr(grace_s)]
     if json_output:
         argv.append("--json")
     raise typer.Exit(doctor_main(argv))

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from ragguard import Guard, TenantQuota
+from ragguard import BreakerState, Guard, TenantQuota
 from ragguard.demo.backends import BackendServers, ControlClient
 from ragguard.demo.corpus import Passage
 from ragguard.demo.guarded import GuardedPipeline, demo_policy
 from ragguard.demo.keyword import KeywordIndex
-from ragguard.demo.pipeline import BackendClients, UnguardedPipeline
+from ragguard.demo.pipeline import BackendClients, Retrieval, UnguardedPipeline
 from ragguard.demo.rerank import Reranker
 from ragguard.demo.service import RetrievalClient, RetrievalServer
+from ragguard.grpc import GuardServerInterceptor, client_interceptors
 
 REFUSED = {"kind": "error", "stage": "vector_store", "error": "connection_refused"}
 
@@ -35,6 +36,11 @@ class Guarded:
     reranker: Reranker
     guard: Guard
 
+    async def retrieve(self, query: str, tenant: str = "acme") -> Retrieval:
+        """One request, as the service makes it: inside the tenant's block."""
+        async with self.guard.tenant(tenant):
+            return await self.pipeline.retrieve(query)
+
 
 @pytest.fixture(scope="module")
 def keyword(demo_passages: list[Passage]) -> KeywordIndex:
@@ -49,23 +55,25 @@ async def guarded(
     keyword: KeywordIndex,
 ) -> AsyncIterator[Guarded]:
     assert demo_backends.addresses is not None
-    clients = BackendClients(demo_backends.addresses)
+    clients = BackendClients(demo_backends.addresses, interceptors=client_interceptors())
     guard = Guard(
         demo_policy(open_for_s=30.0, greedy={"greedy": TenantQuota(max_concurrency=1, timeout_s=2.0)}),
         rng=random.Random(5),
     )
     pipeline = GuardedPipeline(clients, demo_reranker, demo_passages, keyword, guard)
+    plain_clients = BackendClients(demo_backends.addresses)
+    plain = UnguardedPipeline(plain_clients, demo_reranker, demo_passages)
     control = ControlClient(demo_backends.addresses.control)
     try:
-        yield Guarded(pipeline, UnguardedPipeline(clients, demo_reranker, demo_passages), control,
-                      demo_reranker, guard)
+        yield Guarded(pipeline, plain, control, demo_reranker, guard)
     finally:
         await control.close()
         await clients.close()
+        await plain_clients.close()
 
 
 async def test_healthy_guarded_answers_like_unguarded(guarded: Guarded) -> None:
-    got = await guarded.pipeline.retrieve(QUERY)
+    got = await guarded.retrieve(QUERY)
     want = await guarded.plain.retrieve(QUERY)
     assert got.fallbacks == ()
     assert [h.pid for h in got.hits] == [h.pid for h in want.hits]
@@ -75,42 +83,62 @@ async def test_vector_store_down_is_served_by_keyword_search(
     guarded: Guarded, demo_passages: list[Passage]
 ) -> None:
     await guarded.control.set_faults([REFUSED])
-    results = [await guarded.pipeline.retrieve(QUERY) for _ in range(8)]
+    results = [await guarded.retrieve(QUERY) for _ in range(8)]
     assert all("keyword_search" in r.fallbacks for r in results)
     assert all(any("try" in demo_passages[h.pid].topics for h in r.hits) for r in results)
     assert guarded.guard.breaker("vector_store").state.value == "open"
     t0 = time.perf_counter()
-    await guarded.pipeline.retrieve(QUERY)
+    await guarded.retrieve(QUERY)
     assert time.perf_counter() - t0 < 0.25, "an open breaker answers without waiting on the dead store"
 
 
 async def test_slow_embedding_is_served_from_the_cache(guarded: Guarded) -> None:
-    await guarded.pipeline.retrieve(QUERY)  # fills the embedding cache
+    await guarded.retrieve(QUERY)  # fills the embedding cache
     await guarded.control.set_faults([{"kind": "latency", "stage": "embedding", "seconds": 3.5}])
     t0 = time.perf_counter()
-    cached = await guarded.pipeline.retrieve(QUERY)
+    cached = await guarded.retrieve(QUERY)
     assert time.perf_counter() - t0 < 1.5
     assert cached.fallbacks == ("embedding_cache",)
-    fresh = await guarded.pipeline.retrieve("What does the pass statement do?")
+    fresh = await guarded.retrieve("What does the pass statement do?")
     assert fresh.fallbacks == ("keyword_search",) and len(fresh.hits) == 5
 
 
-async def test_rerank_oom_scores_in_chunks_then_skips_rerank(
+async def test_open_embedding_breaker_cache_first_then_keyword_search(
     guarded: Guarded, demo_passages: list[Passage]
 ) -> None:
+    await guarded.retrieve(QUERY)  # fills the embedding cache
+    guarded.guard.breaker("embedding").force_open()
+    cached = await guarded.retrieve(QUERY)
+    assert cached.fallbacks == ("embedding_cache",)
+    fresh = await guarded.retrieve("What does the pass statement do?")
+    assert fresh.fallbacks == ("keyword_search",), "the cache missed: the retrieval step's fallback serves"
+    assert any("pass" in demo_passages[h.pid].topics for h in fresh.hits)
+    assert guarded.guard.breaker("embedding").state is BreakerState.FORCED_OPEN
+
+
+async def test_rerank_oom_scores_every_candidate_in_chunks_then_skips_rerank(
+    guarded: Guarded, demo_passages: list[Passage]
+) -> None:
+    healthy = await guarded.retrieve(QUERY)
+    assert healthy.fallbacks == ()
     texts = [p.text for p in demo_passages[:20]]
     guarded.reranker.set_budget(guarded.reranker.batch_bytes(texts) // 3)
-    shrunk = await guarded.pipeline.retrieve(QUERY)
-    assert "chunked_rerank" in shrunk.fallbacks and len(shrunk.hits) == 5
+    chunked = await guarded.retrieve(QUERY)
+    assert chunked.fallbacks == ("chunked_rerank",)
+    # a pointwise reranker scored in chunks gives the order of one big batch
+    assert [h.pid for h in chunked.hits] == [h.pid for h in healthy.hits]
+    # out-of-memory errors above the floor were recovered, not counted
+    assert guarded.guard.breaker("rerank").state is BreakerState.CLOSED
     guarded.reranker.set_budget(1)
-    skipped = await guarded.pipeline.retrieve(QUERY)
+    skipped = await guarded.retrieve(QUERY)
     assert "skip_rerank" in skipped.fallbacks and len(skipped.hits) == 5
 
 
 async def test_the_greedy_tenant_is_shed_and_the_others_are_not(
     guarded: Guarded, demo_passages: list[Passage]
 ) -> None:
-    server = RetrievalServer(guarded.pipeline, demo_passages, capacity=32, admit=guarded.guard.tenant)
+    server = RetrievalServer(guarded.pipeline, demo_passages, capacity=32,
+                             interceptors=[GuardServerInterceptor(guard=guarded.guard)])
     client = RetrievalClient(await server.start())
     await guarded.control.set_faults([{"kind": "latency", "stage": "embedding", "seconds": 0.2}])
     try:
@@ -128,6 +156,22 @@ async def test_the_greedy_tenant_is_shed_and_the_others_are_not(
     shed = [r for r in greedy if isinstance(r, grpc.aio.AioRpcError)]
     assert shed and all(r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for r in shed)
     assert all(isinstance(r, dict) for r in polite), polite
+
+
+@pytest.mark.parametrize("tenant", ["bad tenant!", "x" * 65])
+async def test_a_bad_tenant_id_is_invalid_argument(
+    guarded: Guarded, demo_passages: list[Passage], tenant: str
+) -> None:
+    server = RetrievalServer(guarded.pipeline, demo_passages, capacity=4,
+                             interceptors=[GuardServerInterceptor(guard=guarded.guard)])
+    client = RetrievalClient(await server.start())
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await client.retrieve(tenant, QUERY, timeout_s=5)
+    finally:
+        await client.close()
+        await server.stop()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_with_redis_quotas_and_breakers_live_in_redis(

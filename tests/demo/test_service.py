@@ -60,12 +60,10 @@ async def test_retrieve_answers_the_labelled_questions(stack: Stack) -> None:
     assert recall >= 0.8, f"recall@5 of the healthy pipeline is {recall:.2f}"
 
 
-@pytest.mark.parametrize(
-    ("tenant", "query"), [("", "q"), ("bad tenant!", "q"), ("acme", ""), ("acme", "x" * 3000)]
-)
-async def test_bad_requests_are_invalid_argument(stack: Stack, tenant: str, query: str) -> None:
+@pytest.mark.parametrize("query", ["", "  ", "x" * 3000])
+async def test_bad_queries_are_invalid_argument(stack: Stack, query: str) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stack.client.retrieve(tenant, query, timeout_s=5)
+        await stack.client.retrieve("acme", query, timeout_s=5)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import InvalidInput
+from ragguard import InvalidInput
 
 __all__ = [
     "CHANNEL_OPTIONS",

@@ -31,10 +31,11 @@ from typing import Any
 import anyio.to_thread
 import grpc
 
-from .._errors import InvalidInput
-from ..breakers import is_out_of_memory
-from ..chaos import Chaos, FaultHandle, Phase
-from ..grpc import TENANT_KEY, SnappyServerInterceptor
+from ragguard import InvalidInput
+from ragguard.breakers import is_out_of_memory
+from ragguard.chaos import Chaos, FaultHandle, Phase
+from ragguard.grpc import TENANT_KEY, SnappyServerInterceptor
+
 from . import _wire
 from .corpus import Passage, load_passages
 from .embedder import Embedder, load_embedder

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-from .._errors import InvalidInput
+from ragguard import InvalidInput
 
 __all__ = [
     "Passage",

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._errors import ConfigError
-from ..chaos import FaultProxy, Scenario
+from ragguard import ConfigError
+from ragguard.chaos import FaultProxy, Scenario
+
 from .backends import BACKEND_STAGES, ControlClient
 from .rerank import Reranker
 

@@ -1,40 +1,46 @@
-"""The same pipeline, guarded by ragguard.
+"""The demo's retrieval pipeline guarded by ragguard: a file to copy into your own service.
 
-* ``embedding``: typed slow-call breaker, attempt timeout; fallback: the embedding cache that the
-  stage fills on every success (questions repeat, so the cache answers most of them).
-* ``vector_store``: typed connection breaker; fallback: BM25 keyword search over the same passages.
-* ``rerank``: typed out-of-memory breaker; on OOM a smaller batch, then no rerank.
-* requests are admitted per tenant (:meth:`ragguard.Guard.tenant`) with quotas and deadlines.
+Four guarded stages, one :class:`ragguard.Guard` (an independent registry) for all of them::
 
-When the embedding fails with nothing cached, the request goes straight to keyword search (marked
-``keyword_search``): a degraded answer beats none.
+    retrieve(query)
+      candidates(query, k)   "retrieval": embed + vector search as one step; no breaker of its own;
+                             fallback: keyword_search(query, k), BM25 over the same passages
+        embed(texts)         "embedding": slow-call breaker, 0.5 s attempts; its preset answers a
+                             failure from the embedding cache it fills on success (embedding_cache)
+        search(vector, k)    "vector_store": connection breaker, one retry on a refused connection
+      rerank(query, hits)    "rerank": on out-of-memory, every hit is scored in chunks under a
+                             learnt batch limit (chunked_rerank); then skip_rerank
+
+The fallback chain runs inside out. A failed embedding is answered from the cache; when the cache
+misses, the embedding error (or an open breaker's fast failure) leaves ``candidates``, whose own
+fallback answers by keyword search. A failed vector search takes the same way out. A fallback is
+called with the arguments of the stage it serves, which is why the retrieval step exists:
+``(query, k)`` is what keyword search needs, while ``embed`` only has the texts and ``search``
+only the vector.
+
+Call :meth:`GuardedPipeline.retrieve` inside a tenant block (``ragguard.grpc.GuardServerInterceptor``
+opens one per RPC; elsewhere ``async with guard.tenant("acme"):``): the tenant's quota and deadline
+apply, and :func:`ragguard.degraded` then names the fallbacks that served this request alone.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import anyio.to_thread
-import grpc
 import numpy as np
 import numpy.typing as npt
 
-from .._context import current_scope, degraded
-from .._errors import BreakerOpen
-from ..deadline import remaining
-from ..guard import Guard
-from ..policy import BreakerPolicy, Policy, RetryPolicy, StagePolicy, TenantQuota
+import ragguard
+from ragguard import BreakerPolicy, ConfigError, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota
+
 from .corpus import Passage
 from .keyword import KeywordIndex
-from .pipeline import BackendClients, Hit, PipelineSettings, Retrieval
+from .pipeline import BackendClients, Hit, PipelineSettings, Retrieval, rerank_hits
 from .rerank import Reranker
 
 __all__ = ["GuardedPipeline", "demo_policy"]
-
-KEYWORD_FALLBACK = "keyword_search"
 
 
 def demo_policy(
@@ -46,31 +52,33 @@ def demo_policy(
 ) -> Policy:
     """The demo's policy: short attempt timeouts and quick-to-trip breakers that stay open
     ``open_for_s`` seconds (scaled to the run), a ``tenant_timeout_s`` deadline per request, the
-    given tenants' quotas (the greedy one) and ``default_quota`` for everyone else."""
+    given tenants' quotas (the greedy one) and ``default_quota`` for everyone else.
+
+    Raises ConfigError for an ``open_for_s`` that is not a positive number of seconds."""
     if not (open_for_s > 0 and math.isfinite(open_for_s)):
-        raise ValueError(f"open_for_s must be > 0 seconds, got {open_for_s}")
-    common: dict[str, Any] = {"open_for_s": open_for_s, "window_size": 20, "half_open_permits": 3}
+        raise ConfigError(f"open_for_s must be > 0 seconds, got {open_for_s}")
+    trip: dict[str, Any] = {"open_for_s": open_for_s, "window_size": 20, "half_open_permits": 3}
     stages = {
         "embedding": StagePolicy(
             timeout_s=0.5,
             breaker=BreakerPolicy(
                 kind="embedding_timeout", slow_call_duration_s=0.3, slow_call_rate_threshold=30.0,
-                minimum_calls=5, **common,
+                minimum_calls=5, **trip,
             ),
             retry=RetryPolicy(attempts=1),
         ),
         "vector_store": StagePolicy(
             timeout_s=0.5,
-            breaker=BreakerPolicy(kind="vector_store_unavailable", minimum_calls=5, **common),
+            breaker=BreakerPolicy(kind="vector_store_unavailable", minimum_calls=5, **trip),
             retry=RetryPolicy(attempts=2, retry_on=("connection",), initial_backoff_s=0.02),
         ),
+        # embed + search: its two stages have their breakers; this step only adds the fallback
+        "retrieval": StagePolicy(breaker=BreakerPolicy(kind="none")),
         "rerank": StagePolicy(
-            timeout_s=None,
             breaker=BreakerPolicy(
-                kind="rerank_oom", consecutive_failures_threshold=3, minimum_calls=3, **common
+                kind="rerank_oom", consecutive_failures_threshold=3, minimum_calls=3, **trip
             ),
-            retry=RetryPolicy(attempts=1, retry_on=()),
-            rerank_min_batch=4,
+            rerank_min_batch=4,  # the floor of the learnt batch limit: only an OOM there counts
         ),
     }
     base = default_quota or TenantQuota(max_concurrency=8, timeout_s=tenant_timeout_s)
@@ -78,7 +86,11 @@ def demo_policy(
 
 
 class GuardedPipeline:
-    """embed -> search -> rerank, each stage guarded by ``guard`` (an independent registry)."""
+    """embed -> search -> rerank, the same calls as the unguarded pipeline, guarded by ``guard``.
+
+    ``clients`` should carry :func:`ragguard.grpc.client_interceptors` (the tenant and the
+    remaining deadline go out with each backend call; failures come back classified).
+    """
 
     def __init__(
         self,
@@ -95,44 +107,36 @@ class GuardedPipeline:
         self._keyword = keyword
         self._settings = settings or PipelineSettings()
         self.guard = guard
-
-        async def keyword_search(query: str, vector: Any, k: int) -> list[Hit]:
-            return keyword.search(query, k)
-
-        self._embed = guard.guard("embedding", texts_arg=0)(self._embed_remote)
-        self._search = guard.guard("vector_store", fallback=keyword_search)(self._search_remote)
-        self._rerank = guard.guard("rerank", batch_arg=1)(self._rerank_local)
-
-    async def _embed_remote(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        return await self._clients.embed(texts, timeout_s=remaining())
-
-    async def _search_remote(self, query: str, vector: npt.NDArray[np.float32], k: int) -> list[Hit]:
-        return await self._clients.search(vector, k, timeout_s=remaining())
-
-    async def _rerank_local(self, query: str, hits: list[Hit]) -> list[Hit]:
-        pids = [h.pid for h in hits]
-        texts = [self._passages[p].text for p in pids]
-        scored = await anyio.to_thread.run_sync(self._reranker.rerank, query, pids, texts, len(hits))
-        return [Hit(s.pid, s.score) for s in scored]
+        # guard.guard(...) rather than @ragguard.guard on the methods: each pipeline has its own Guard
+        self._embed = guard.guard("embedding", texts="texts")(self._embed_remote)
+        self._search = guard.guard("vector_store")(self._search_remote)
+        self._candidates = guard.guard("retrieval", fallback=self.keyword_search)(self._vector_candidates)
+        self._rerank = guard.guard("rerank", candidates="hits")(self._rerank_local)
 
     async def retrieve(self, query: str) -> Retrieval:
-        if current_scope() is None:
-            # Outside a tenant(...) block degraded() keeps each fallback name once for the whole
-            # context; a child task (a copy of this context) makes it report this request alone.
-            return await asyncio.create_task(self._retrieve(query))
-        return await self._retrieve(query)
+        """The ``top_k`` passages for ``query``, best first, and the fallbacks that served it.
 
-    async def _retrieve(self, query: str) -> Retrieval:
+        Every failure of a dependency is served by a fallback (keyword search, skip rerank), so
+        what is left to raise is a caller's mistake (InvalidInput) or a cancellation."""
         s = self._settings
-        seen = len(degraded())
-        extra: tuple[str, ...] = ()
-        try:
-            vector = (await self._embed([query]))[0]
-        except (BreakerOpen, TimeoutError, ConnectionError, grpc.aio.AioRpcError):
-            hits = self._keyword.search(query, s.candidates)
-            extra = (KEYWORD_FALLBACK,)
-        else:
-            hits = await self._search(query, vector, s.candidates)
-        ranked = await self._rerank(query, list(hits))
-        fallbacks = (*degraded()[seen:], *extra)
-        return Retrieval(hits=tuple(ranked[: s.top_k]), fallbacks=fallbacks)
+        hits = await self._candidates(query, s.candidates)
+        ranked = await self._rerank(query, hits)
+        return Retrieval(hits=tuple(ranked[: s.top_k]), fallbacks=ragguard.degraded())
+
+    def keyword_search(self, query: str, k: int) -> list[Hit]:
+        """The retrieval step's fallback: BM25 over the same passages (about 0.2 ms, inline)."""
+        return self._keyword.search(query, k)
+
+    async def _vector_candidates(self, query: str, k: int) -> list[Hit]:
+        vector = (await self._embed([query]))[0]
+        return await self._search(vector, k)
+
+    async def _embed_remote(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        return await self._clients.embed(texts)
+
+    async def _search_remote(self, vector: npt.NDArray[np.float32], k: int) -> list[Hit]:
+        return await self._clients.search(vector, k)
+
+    async def _rerank_local(self, query: str, hits: list[Hit]) -> list[Hit]:
+        # every hit comes back scored (top_k = all of them): the rerank stage merges chunks by score
+        return list(await rerank_hits(self._reranker, self._passages, query, hits, len(hits)))

@@ -6,7 +6,8 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from .._errors import InvalidInput
+from ragguard import InvalidInput
+
 from .corpus import Passage
 from .pipeline import Hit
 

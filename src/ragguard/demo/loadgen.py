@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from .._errors import InvalidInput
-from ..grpc import RETRY_AFTER_KEY
+from ragguard import InvalidInput
+from ragguard.grpc import RETRY_AFTER_KEY
+
 from .corpus import Question
 from .service import RetrievalClient
 

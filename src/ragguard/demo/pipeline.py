@@ -16,7 +16,8 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from ..grpc import snappy_channel
+from ragguard.grpc import snappy_channel
+
 from . import _wire
 from .backends import BackendAddresses
 from .corpus import Passage
@@ -66,8 +67,8 @@ class PipelineSettings:
 class BackendClients:
     """gRPC clients of the embedding and vector-store services (one channel each).
 
-    ``interceptors`` go on both channels (the guarded pipeline passes ragguard's
-    :class:`~ragguard.grpc.GuardClientInterceptor`); ``snappy=True`` asks for Snappy responses.
+    ``interceptors`` go on both channels (the guarded service passes
+    :func:`ragguard.grpc.client_interceptors`); ``snappy=True`` asks for Snappy responses.
     """
 
     def __init__(
@@ -89,13 +90,15 @@ class BackendClients:
         self._embed = _wire.unary(embed_target, _wire.EMBEDDING, "Embed")
         self._search = _wire.unary(vector_target, _wire.VECTOR_STORE, "Search")
 
-    async def embed(self, texts: list[str], *, timeout_s: float | None) -> npt.NDArray[np.float32]:
-        """Vectors (len(texts), 256). Raises grpc.aio.AioRpcError (DEADLINE_EXCEEDED, UNAVAILABLE...)."""
+    async def embed(self, texts: list[str], *, timeout_s: float | None = None) -> npt.NDArray[np.float32]:
+        """Vectors (len(texts), 256); ``timeout_s`` is the gRPC timeout (None: none, or the ragguard
+        deadline with client_interceptors). Raises grpc.aio.AioRpcError (DEADLINE_EXCEEDED,
+        UNAVAILABLE...)."""
         reply = await self._embed({"texts": texts}, timeout=timeout_s)
         return _wire.decode_vectors(reply["vectors"])
 
     async def search(
-        self, vector: npt.NDArray[np.float32], k: int, *, timeout_s: float | None
+        self, vector: npt.NDArray[np.float32], k: int, *, timeout_s: float | None = None
     ) -> list[Hit]:
         """The ``k`` nearest passages by inner product. Raises grpc.aio.AioRpcError."""
         reply = await self._search(

@@ -41,6 +41,7 @@ class RunResult:
     stalls: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     breakers: list[str] = field(default_factory=list)
+    rerank_floor: int | None = None
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
@@ -61,6 +62,7 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
     sent = {t: sum(1 for r in recs if r.tenant == t) for t in tenants}
     per_tenant_ok = {t: sum(1 for r in recs if r.tenant == t and r.outcome == "ok") for t in tenants}
     transitions: Counter[str] = Counter(f"{t.breaker}: {t.old}->{t.new}" for t in run.transitions)
+    opened = {b: sum(1 for t in run.transitions if t.breaker == b and t.new == "open") for b in run.breakers}
     return {
         "mode": run.mode,
         "requests": len(recs),
@@ -75,8 +77,11 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
         "latency_answered_ms": {"p50": _pct(ok_ms, 50), "p95": _pct(ok_ms, 95), "p99": _pct(ok_ms, 99)},
         "outcomes": {o: sum(1 for r in recs if r.outcome == o) for o in OUTCOMES},
         "fallback_share": {name: n / len(ok) for name, n in sorted(served.items())} if ok else {},
+        "fallback_share_any": (sum(1 for r in ok if r.fallbacks) / len(ok)) if ok else 0.0,
         "breaker_transitions": len(run.transitions),
         "breaker_transitions_by_kind": dict(sorted(transitions.items())),
+        "breaker_opened": opened,
+        "rerank_floor": run.rerank_floor,
         "quota_rejections": quota,
         "requests_by_tenant": sent,
         "answered_by_tenant": per_tenant_ok,
@@ -158,10 +163,15 @@ class DemoReport:
         row("latency P99 (answered requests only)", [ms(x["latency_answered_ms"]["p99"]) for x in s])
         for outcome in OUTCOMES[1:]:
             row(f"failed: {outcome}", [str(x["outcomes"][outcome]) for x in s])
+        row("answered by a fallback (any)", [pct(x["fallback_share_any"]) for x in s])
         names = sorted({n for x in s for n in x["fallback_share"]})
         for name in names:
-            row(f"served by fallback: {name}", [pct(x["fallback_share"].get(name, 0.0)) for x in s])
+            row(f"  served by fallback: {name}", [pct(x["fallback_share"].get(name, 0.0)) for x in s])
         row("breaker transitions", [str(x["breaker_transitions"]) for x in s])
+        breakers = sorted({b for x in s for b in x["breaker_opened"]}, key=_stage_key)
+        for name in breakers:
+            label = f"breaker opened: {name}" + (" (OOM at floor only)" if name == "rerank" else "")
+            row(label, [str(x["breaker_opened"][name]) if name in x["breaker_opened"] else "-" for x in s])
         for tenant in sorted({t for x in s for t in x["quota_rejections"]}):
             label = f"quota rejections: {tenant}" + (" (greedy)" if tenant in self.greedy else "")
             row(label, [f"{x['quota_rejections'].get(tenant, 0)} / {x['requests_by_tenant'].get(tenant, 0)}"
@@ -170,13 +180,29 @@ class DemoReport:
         row("recall@5 healthy baseline", [pct(self.baseline_recall_at_5)] * len(s))
         row("event-loop stalls (>20 ms)",
             [f"{x['loop_stalls']} (max {x['max_loop_stall_ms']:.0f} ms)" for x in s])
+        note = _rerank_note(self.summaries.get("guarded"))
+        if note:
+            table.caption, table.caption_justify = note, "left"
         return table
 
     # -- the chart ----------------------------------------------------------------------------
 
     def write_chart(self, path: Path) -> Path:
-        """Latency of every request over time, one panel per run with the scenario's phases
-        shaded, and under them a strip with each breaker's open / half-open stretches."""
+        """Write :meth:`chart` as a PNG to ``path`` (folders created); returns ``path``."""
+        fig = self.chart()
+        import matplotlib.pyplot as plt
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        self.chart_path = path
+        return path
+
+    def chart(self) -> Any:
+        """A matplotlib Figure: the latency of every request over time, one panel per run on one
+        shared y-range, with the scenario's phases shaded; answers a fallback served are drawn
+        apart from healthy ones. Under the panels, a strip with each breaker's open / half-open
+        stretches. Close it with ``matplotlib.pyplot.close(fig)``."""
         import matplotlib
 
         matplotlib.use("Agg", force=True)
@@ -187,27 +213,25 @@ class DemoReport:
         modes = [m for m in ("unguarded", "guarded") if m in self.runs]
         names = {t.breaker for r in self.runs.values() for t in r.transitions}
         names |= {b for r in self.runs.values() for b in r.breakers}
-        breakers = sorted(names, key=lambda b: (_STAGE_ORDER.get(b, len(_STAGE_ORDER)), b))
+        breakers = sorted(names, key=_stage_key)
         ratios = [3.0] * len(modes) + [0.35 + 0.3 * max(1, len(breakers))]
         fig, axes = plt.subplots(len(ratios), 1, figsize=(11, 2.9 * len(modes) + 1.6), sharex=True,
                                  gridspec_kw={"height_ratios": ratios})
+        latencies = [_ms(r) for run in self.runs.values() for r in run.records]
         for ax, mode in zip(axes[:-1], modes, strict=True):
             run = self.runs[mode]
             _phases(ax, run.phases, labels=True)
-            groups = (
-                ([r for r in run.records if r.outcome == "ok"], {"s": 5, "color": "#1f77b4", "marker": "o"}),
-                ([r for r in run.records if r.outcome == "quota"], {"s": 8, "color": "0.55", "marker": "v"}),
-                ([r for r in run.records if r.outcome not in ("ok", "quota")],
-                 {"s": 10, "color": "#d62728", "marker": "x", "linewidths": 0.7}),
-            )
-            for recs, style in groups:
-                ax.scatter([r.at_s for r in recs], [max(r.latency_s, 1e-4) * 1000 for r in recs], zorder=3,
-                           **style)
+            for outcome, style in _MARKERS.items():
+                recs = [r for r in run.records if _kind(r) == outcome]
+                ax.scatter([r.at_s for r in recs], [_ms(r) for r in recs], zorder=3, **style)
             summary = self.summaries[mode]
             ax.set_yscale("log")
+            if latencies:  # one y-range for both runs, so their heights compare at a glance
+                ax.set_ylim(min(latencies) / 1.5, max(latencies) * 1.5)
             ax.set_ylabel("latency (ms)")
             ax.set_title(
-                f"{mode}: success {100 * summary['success_rate']:.1f} %, P99 "
+                f"{mode}: success {100 * summary['success_rate']:.1f} %, "
+                f"{100 * summary['fallback_share_any']:.0f} % of answers by a fallback, P99 "
                 f"{summary['latency_ms']['p99'] or 0:,.0f} ms (answered only: "
                 f"{summary['latency_answered_ms']['p99'] or 0:,.0f} ms)",
                 loc="left", fontsize=9, pad=14,
@@ -216,28 +240,83 @@ class DemoReport:
         guarded = self.runs.get("guarded")
         if guarded is not None:
             _phases(strip, guarded.phases, labels=False)
+            note = _rerank_note(self.summaries.get("guarded"))
             for i, name in enumerate(breakers):
                 _breaker_row(strip, guarded, name, i)
+                if name == "rerank" and note:
+                    strip.text(0.01, i, _RERANK_STRIP_NOTE.format(floor=guarded.rerank_floor),
+                               transform=strip.get_yaxis_transform(), va="center", fontsize=7, color="0.25")
         strip.set_yticks(range(len(breakers)), [f"breaker {b}" for b in breakers], fontsize=8)
         strip.set_ylim(-0.6, max(1, len(breakers)) - 0.4)
         strip.invert_yaxis()
         strip.set_title("guarded run: breaker states", loc="left", fontsize=9)
         strip.set_xlim(0, max(r.duration_s for r in self.runs.values()))
         strip.set_xlabel("seconds into the run")
-        handles = [
-            Line2D([], [], ls="", marker="o", color="#1f77b4", label="answered"),
-            Line2D([], [], ls="", marker="v", color="0.55", label="shed by tenant quota"),
-            Line2D([], [], ls="", marker="x", color="#d62728", label="failed"),
+        handles: list[Any] = [
+            Line2D([], [], ls="", label=_LABELS[outcome], **_legend_style(style))
+            for outcome, style in _MARKERS.items()
+        ]
+        handles += [
             Patch(color=_BAND_COLOURS["open"], alpha=0.6, label="breaker open"),
             Patch(color=_BAND_COLOURS["half_open"], alpha=0.6, label="breaker half-open"),
         ]
         fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
         fig.tight_layout(rect=(0, 0.035, 1, 1))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        self.chart_path = path
-        return path
+        return fig
+
+
+# How the chart draws each kind of request: healthy answers, answers a fallback served, requests
+# shed by a tenant quota, and failures.
+_MARKERS: dict[str, dict[str, Any]] = {
+    "healthy": {"s": 5, "color": "#1f77b4", "marker": "o"},
+    "fallback": {"s": 9, "edgecolors": "#2ca02c", "marker": "D", "facecolors": "none", "linewidths": 0.6},
+    "quota": {"s": 8, "color": "0.55", "marker": "v"},
+    "failed": {"s": 10, "color": "#d62728", "marker": "x", "linewidths": 0.7},
+}
+_LABELS = {
+    "healthy": "answered",
+    "fallback": "answered by a fallback",
+    "quota": "shed by tenant quota",
+    "failed": "failed",
+}
+_RERANK_STRIP_NOTE = (
+    "closed: an out-of-memory error above the floor batch ({floor}) is recovered by chunking and "
+    "not counted; only one at the floor counts"
+)
+
+
+def _kind(record: RequestRecord) -> str:
+    if record.outcome == "ok":
+        return "fallback" if record.fallbacks else "healthy"
+    return "quota" if record.outcome == "quota" else "failed"
+
+
+def _ms(record: RequestRecord) -> float:
+    return max(record.latency_s, 1e-4) * 1000
+
+
+def _legend_style(style: dict[str, Any]) -> dict[str, Any]:
+    if style.get("facecolors") == "none":
+        return {"marker": style["marker"], "color": style["edgecolors"], "markerfacecolor": "none"}
+    return {"marker": style["marker"], "color": style["color"]}
+
+
+def _stage_key(name: str) -> tuple[int, str]:
+    return _STAGE_ORDER.get(name, len(_STAGE_ORDER)), name
+
+
+def _rerank_note(summary: dict[str, Any] | None) -> str:
+    """Why the rerank breaker stayed closed while chunked rerank served, or "" when it did not."""
+    if not summary or summary["breaker_opened"].get("rerank", 1) or not summary["fallback_share"].get(
+        "chunked_rerank"
+    ):
+        return ""
+    floor = summary.get("rerank_floor") or "the floor"
+    return (
+        f"rerank breaker closed: an out-of-memory error above the floor batch ({floor} candidates) is "
+        "recovered by scoring in smaller chunks (chunked_rerank) and not counted; only one at the "
+        "floor counts."
+    )
 
 
 def _phases(ax: Any, phases: Sequence[tuple[str, float, float]], *, labels: bool) -> None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import InvalidInput
+from ragguard import InvalidInput
+
 from .embedder import Embedder
 
 __all__ = ["RerankOutOfMemoryError", "Reranker", "Scored"]

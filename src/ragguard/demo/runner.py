@@ -19,11 +19,12 @@ from typing import Any
 
 import anyio.to_thread
 
-from .._errors import ConfigError
-from ..chaos import FaultProxy, Scenario, default_scenario, load_scenario
-from ..events import BreakerTransition, bus
-from ..guard import Guard
-from ..policy import Policy, TenantQuota
+from ragguard import ConfigError, Guard, Policy, TenantQuota
+from ragguard.chaos import FaultProxy, Scenario, default_scenario, load_scenario
+from ragguard.events import BreakerTransition, bus
+from ragguard.grpc import GuardServerInterceptor, SnappyServerInterceptor, client_interceptors
+from ragguard.monitors import LoopStall, StallDetector, record_events
+
 from .backends import BackendAddresses, BackendProcess, ControlClient, start_in_loop
 from .corpus import Passage, Question, load_passages, load_questions
 from .embedder import Embedder, load_embedder
@@ -42,6 +43,7 @@ FULL_DURATION_S = 40.0
 QUICK_DURATION_S = 9.0
 HEALTHY_RERANK_BUDGET = 64 * 2**20
 REDIS_PREFIX = "ragguard-demo"
+BREAKERS = ("embedding", "vector_store", "rerank")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +196,7 @@ async def run_demo_async(options: DemoOptions) -> DemoReport:
 def cli_main(
     *,
     duration_s: float | None = None,
-    concurrency: int | None = None,
+    concurrency: int = 64,
     scenario: Path | None = None,
     redis_url: str | None = None,
     quick: bool = False,
@@ -208,7 +210,7 @@ def cli_main(
     try:
         options = DemoOptions(
             duration_s=duration_s,
-            concurrency=64 if concurrency is None else concurrency,
+            concurrency=concurrency,
             scenario=scenario,
             redis_url=redis_url,
             quick=quick,
@@ -357,9 +359,11 @@ async def _run(
     transitions: list[Transition] = []
     stalls: list[dict[str, Any]] = []
     breakers: list[str] = []
+    rerank_floor: int | None = None
     if mode == "guarded":
-        server, closers = _guarded_service(shared, options, duration, redis)
-        breakers = ["embedding", "vector_store", "rerank"]
+        server, closers, guard = _guarded_service(shared, options, duration, redis)
+        breakers = list(BREAKERS)
+        rerank_floor = guard.policy.stage("rerank").rerank_min_batch
     else:
         server, closers = _unguarded_service(shared, options)
     address = await server.start()
@@ -370,7 +374,7 @@ async def _run(
     def on_event(event: Any) -> None:
         if isinstance(event, BreakerTransition):
             transitions.append(Transition(round(event.at - start, 4), event.breaker, event.old, event.new))
-        elif type(event).__name__ == "LoopStall":
+        elif isinstance(event, LoopStall):
             stalls.append({"at_s": round(event.at - start, 3), "duration_s": round(event.duration_s, 4),
                            "frame": event.frame})
 
@@ -395,8 +399,7 @@ async def _run(
         driver.cancel()
         if progress is not None:
             progress.stop()
-        if detector is not None:
-            detector.stop()
+        detector.stop()
         for c in load_clients.values():
             await c.close()
         await server.stop(None)
@@ -406,7 +409,8 @@ async def _run(
         unsubscribe()
     phases = [(name, round(a, 3), round(b, 3)) for name, a, b in plan.spans(duration)]
     return RunResult(mode=mode, duration_s=duration, records=records, phases=phases, transitions=transitions,
-                     stalls=stalls, wall_s=time.monotonic() - wall0, breakers=breakers)
+                     stalls=stalls, wall_s=time.monotonic() - wall0, breakers=breakers,
+                     rerank_floor=rerank_floor)
 
 
 Closer = Callable[[], Awaitable[None]]
@@ -420,9 +424,7 @@ def _unguarded_service(shared: _Shared, options: DemoOptions) -> tuple[Retrieval
 
 def _guarded_service(
     shared: _Shared, options: DemoOptions, duration: float, redis: Any
-) -> tuple[RetrievalServer, list[Closer]]:
-    from ..grpc import GuardServerInterceptor, SnappyServerInterceptor, client_interceptors
-
+) -> tuple[RetrievalServer, list[Closer], Guard]:
     greedy_rate = options.rate_per_s * options.greedy_factor
     policy = demo_policy(
         open_for_s=max(1.0, duration / 20),
@@ -446,15 +448,15 @@ def _guarded_service(
         pipeline, shared.passages, capacity=options.capacity,
         interceptors=[GuardServerInterceptor(guard=guard), SnappyServerInterceptor()],
     )
-    return server, [clients.close, *closers]
+    return server, [clients.close, *closers], guard
 
 
 def _shared_guard(policy: Policy, redis: Any, rng: random.Random) -> tuple[Guard, list[Closer]]:
     """A Guard whose quotas and three breakers live in Redis (``--redis``), shared by every demo
     replica using the same server."""
     guard = Guard(policy, rng=rng, redis=redis, redis_prefix=REDIS_PREFIX)
-    for stage in ("embedding", "vector_store", "rerank"):
-        guard.stage(stage)  # build (and share) the three typed breakers up front
+    for stage in BREAKERS:
+        guard.breaker(stage)  # build (and share) the three typed breakers up front
     return guard, [guard.aclose]
 
 
@@ -463,8 +465,6 @@ def _record_events(out_dir: Path | None) -> Any:
     stalls) as JSON lines beside the report, for ``ragguard doctor``; None without an out_dir."""
     if out_dir is None:
         return None
-    from ..monitors import record_events
-
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "events.jsonl"
     for old in (path, path.with_name(path.name + ".1")):
@@ -472,11 +472,7 @@ def _record_events(out_dir: Path | None) -> Any:
     return record_events(path)
 
 
-def _stall_detector() -> Any:
-    try:
-        from ..monitors import StallDetector
-    except ImportError:  # pragma: no cover - monitors not built yet
-        return None
+def _stall_detector() -> StallDetector:
     return StallDetector(threshold_s=0.02).start()
 
 

@@ -1,59 +1,42 @@
 """The RAG retrieval service: a grpc.aio server with one RPC, and its client.
 
-``Retrieval/Retrieve``: ``{"tenant": str, "query": str}`` -> ``{"hits": [{"pid", "score", "topics",
-"title"}], "fallbacks": [str]}``. The tenant also travels in the ``x-tenant-id`` metadata key, where
-ragguard's :class:`~ragguard.grpc.GuardServerInterceptor` reads it.
+``Retrieval/Retrieve``: ``{"query": str}`` -> ``{"hits": [{"pid", "score", "topics", "title"}],
+"fallbacks": [str]}``. The caller's tenant travels in the ``x-tenant-id`` metadata key
+(:data:`ragguard.grpc.TENANT_KEY`), where :class:`ragguard.grpc.GuardServerInterceptor` reads it.
 
-Errors become gRPC statuses: a bad request INVALID_ARGUMENT, a quota rejection RESOURCE_EXHAUSTED
-(with ``retry-after`` trailing metadata), a spent deadline DEADLINE_EXCEEDED, an open breaker or an
-unreachable dependency UNAVAILABLE, anything else INTERNAL. The server's ``capacity`` caps the RPCs in
-flight (gRPC rejects the excess with RESOURCE_EXHAUSTED), like any real service's limit.
+Errors become gRPC statuses: a query that is not a non-empty str of at most
+:data:`MAX_QUERY_CHARS` characters INVALID_ARGUMENT; ragguard's errors (a quota rejection, an open
+breaker with no fallback left, a spent deadline, a bad tenant id) whatever the interceptor maps
+them to (:func:`ragguard.grpc.status_for`); a dependency's own UNAVAILABLE or DEADLINE_EXCEEDED
+passes through (the unguarded service meets those); anything else is INTERNAL. The server's
+``capacity`` caps the RPCs in flight (gRPC rejects the excess with RESOURCE_EXHAUSTED), like any
+real service's limit.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
-from .._context import validate_tenant_id
-from .._errors import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded
-from ..grpc import TENANT_KEY, snappy_channel, status_for
+from ragguard import InvalidInput, RagguardError
+from ragguard.grpc import TENANT_KEY, snappy_channel
+
 from . import _wire
 from .corpus import Passage
 from .pipeline import Pipeline
 
-__all__ = ["MAX_QUERY_CHARS", "TENANT_METADATA_KEY", "RetrievalClient", "RetrievalServer", "status_of"]
+__all__ = ["MAX_QUERY_CHARS", "RetrievalClient", "RetrievalServer"]
 
 MAX_QUERY_CHARS = 2000
-TENANT_METADATA_KEY = "x-tenant"
-
-Admit = Callable[[str], AbstractAsyncContextManager[Any]]
-
-
-def status_of(exc: BaseException) -> grpc.StatusCode:
-    """The gRPC status a failed request ends with (see the module docstring)."""
-    if isinstance(exc, InvalidInput):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, QuotaExceeded):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if isinstance(exc, DeadlineExceeded | TimeoutError):
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-    if isinstance(exc, BreakerOpen | ConnectionError):
-        return grpc.StatusCode.UNAVAILABLE
-    if isinstance(exc, grpc.aio.AioRpcError):
-        code = exc.code()
-        if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
-            return code
-    return grpc.StatusCode.INTERNAL
+_PASSED_THROUGH = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 
 
 class RetrievalServer:
-    """Serves ``pipeline`` on 127.0.0.1. ``admit(tenant)`` (e.g. ``ragguard.tenant``) wraps each
-    request when given; ``interceptors`` and ``compression`` are passed to ``grpc.aio.server``."""
+    """Serves ``pipeline`` on 127.0.0.1; ``interceptors`` (the guarded service:
+    ``GuardServerInterceptor``) and ``compression`` are passed to ``grpc.aio.server``."""
 
     def __init__(
         self,
@@ -61,7 +44,6 @@ class RetrievalServer:
         passages: Sequence[Passage],
         *,
         capacity: int,
-        admit: Admit | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         compression: grpc.Compression | None = None,
     ) -> None:
@@ -69,7 +51,6 @@ class RetrievalServer:
             raise InvalidInput(f"RetrievalServer: capacity must be >= 1, got {capacity}")
         self._pipeline = pipeline
         self._passages = passages
-        self._admit = admit
         self._server = grpc.aio.server(
             maximum_concurrent_rpcs=capacity,
             interceptors=list(interceptors) or None,
@@ -88,23 +69,19 @@ class RetrievalServer:
         await self._server.stop(grace_s)
 
     async def _retrieve(self, request: dict[str, Any], context: grpc.aio.ServicerContext) -> dict[str, Any]:
-        tenant = validate_tenant_id(request.get("tenant"))
         query = request.get("query")
         if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
             raise InvalidInput(f"query must be a non-empty str of at most {MAX_QUERY_CHARS} characters")
         try:
-            if self._admit is None:
-                result = await self._pipeline.retrieve(query)
-            else:
-                async with self._admit(tenant):
-                    result = await self._pipeline.retrieve(query)
-        except InvalidInput:
-            raise
+            result = await self._pipeline.retrieve(query)
+        except RagguardError:
+            raise  # the GuardServerInterceptor turns these into statuses
+        except grpc.aio.AioRpcError as exc:  # a dependency failed, and nothing served instead
+            code = exc.code() if exc.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
+            await context.abort(code, f"{exc.code().name}: {exc.details()}")
+            raise  # unreachable: abort raises
         except Exception as exc:
-            mapped = status_for(exc)
-            if mapped is not None:
-                await context.abort(mapped[0], mapped[1], trailing_metadata=mapped[2])
-            await context.abort(status_of(exc), f"{type(exc).__name__}: {exc}")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
             raise  # unreachable: abort raises
         return {
             "hits": [
@@ -122,8 +99,8 @@ class RetrievalServer:
 
 class RetrievalClient:
     """A caller of the retrieval service. :meth:`retrieve` returns the decoded reply or raises
-    grpc.aio.AioRpcError. ``snappy=True`` asks for Snappy-compressed responses (the server must run
-    :class:`~ragguard.grpc.SnappyServerInterceptor`)."""
+    grpc.aio.AioRpcError. ``tenant`` goes out as ``x-tenant-id`` metadata. ``snappy=True`` asks for
+    Snappy-compressed responses (the server must run :class:`ragguard.grpc.SnappyServerInterceptor`)."""
 
     def __init__(
         self,
@@ -140,7 +117,7 @@ class RetrievalClient:
 
     async def retrieve(self, tenant: str, query: str, *, timeout_s: float | None) -> dict[str, Any]:
         reply: dict[str, Any] = await self._call(
-            {"tenant": tenant, "query": query},
+            {"query": query},
             timeout=timeout_s,
             metadata=((TENANT_KEY, tenant),),
         )

@@ -1,0 +1,79 @@
+"""The demo is written as a user of ragguard: public names only, and a guarded pipeline to copy."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import ragguard.demo
+
+DEMO = Path(ragguard.demo.__file__).parent
+SOURCES = sorted(DEMO.glob("*.py"))
+# a dotted ragguard path with a private part, outside the demo's own package
+PRIVATE_PATH = re.compile(r"\bragguard(?:\.(?!demo\b)\w+)*\._\w+")
+
+
+def private_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for every import in ``path`` of a private ragguard module or name (the demo's
+    own are allowed), every relative import that leaves the demo package, and every private
+    ragguard path named in the text (``importlib`` strings, ``-m`` arguments...)."""
+    text = path.read_text()
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level > 1:
+                found.append((node.lineno, f"from {'.' * node.level}{node.module or ''} import ..."))
+                continue
+            module = node.module or ""
+            if node.level == 1 or not (module == "ragguard" or module.startswith("ragguard.")):
+                continue
+            if module.startswith("ragguard.demo"):
+                continue
+            parts = module.split(".") + [alias.name for alias in node.names]
+            if any(part.startswith("_") for part in parts):
+                found.append((node.lineno, f"from {module} import {[a.name for a in node.names]}"))
+        elif isinstance(node, ast.Import):
+            found += [
+                (node.lineno, f"import {alias.name}")
+                for alias in node.names
+                if alias.name.startswith("ragguard.")
+                and not alias.name.startswith("ragguard.demo")
+                and any(part.startswith("_") for part in alias.name.split("."))
+            ]
+    found += [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in PRIVATE_PATH.finditer(text)]
+    return sorted(set(found))
+
+
+def test_the_demo_package_is_found() -> None:
+    assert {"guarded.py", "service.py", "runner.py"} <= {p.name for p in SOURCES}
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_the_demo_imports_no_private_ragguard_module(path: Path) -> None:
+    assert private_imports(path) == []
+
+
+def test_the_check_catches_private_imports(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from .._context import degraded\n"
+        "from ragguard._errors import BreakerOpen\n"
+        "from ragguard.grpc._status import status_for\n"
+        "from ragguard import _inject\n"
+        "import ragguard._clock\n"
+        "x = 'ragguard.rag._cache'\n"
+        "from ragguard.grpc import status_for\n"
+        "from ragguard.demo._wire import encode\n"
+        "from . import _wire\n"
+    )
+    assert {line for line, _ in private_imports(bad)} == {1, 2, 3, 4, 5, 6}
+
+
+def test_the_guarded_pipeline_is_a_file_to_copy() -> None:
+    source = (DEMO / "guarded.py").read_text()
+    assert len(source.splitlines()) <= 200
+    assert "from ragguard" in source or "import ragguard" in source
+    assert "except" not in source, "fallbacks are the guard's job, not hand-written except clauses"
