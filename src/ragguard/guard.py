@@ -15,7 +15,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
-from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
 from . import _inject
 from . import metrics as _metrics
@@ -120,8 +120,9 @@ class Guard:
 
     # -- stages -----------------------------------------------------------------------------------
 
-    def stage(self, name: str, *, breaker: Breaker | None = None) -> Stage:
-        """The runtime of stage ``name``, created on first use (``breaker`` overrides its breaker).
+    def stage(self, name: str, *, breaker: Breaker | Literal[False] | None = None) -> Stage:
+        """The runtime of stage ``name``, created on first use (``breaker`` overrides its breaker;
+        False: the stage has none, whatever its policy says).
 
         Raises ConfigError for a bad name, or a second different breaker for one stage."""
         st = self._stages.get(name)
@@ -132,6 +133,9 @@ class Guard:
             if len(self._stages) >= self.max_stages:
                 self._forget_idle_stages()
             st = self._stages[name] = Stage(self, name, policy, preset(policy.preset), breaker)
+        elif breaker is False:
+            if st.breaker is not None:
+                raise ConfigError(f"stage {name!r} has a breaker; breaker=False needs a stage without")
         elif (
             breaker is not None
             and st.breaker is not breaker
@@ -313,7 +317,8 @@ def guard(
       the call and is named in :func:`ragguard.degraded`. For a stream, the fallbacks serve only
       until the first item; they may be async generator functions.
     - ``breaker``: a ragguard breaker or an ``aiobreaker.CircuitBreaker`` for this stage, instead
-      of the one its policy builds.
+      of the one its policy builds; ``False`` for none (a step that composes guarded stages, whose
+      own breakers already count their dependencies' failures).
     - the stage preset's options (see :mod:`ragguard.rag`): ``texts=`` (embedding: where the texts
       are, a position or a name, default 0), ``candidates=`` (rerank: where the candidate list is,
       default 1) and ``score=`` (rerank: a reranked item's score, default its ``score``).
@@ -351,7 +356,7 @@ def _decorator(stage: str, registry: Guard | Callable[[], Guard], options: Mappi
         raise ConfigError(f"guard: unknown option(s) {sorted(unknown)}; allowed: {sorted(known)}")
     fallbacks = _fallbacks(options.get("fallback"))
     breaker = options.get("breaker")
-    if breaker is not None:
+    if breaker is not None and breaker is not False:
         breaker = adapt_breaker(breaker)
     preset_options = {k: v for k, v in options.items() if k not in ("fallback", "breaker") and v is not None}
 
@@ -389,6 +394,9 @@ def _decorator(stage: str, registry: Guard | Callable[[], Guard], options: Mappi
             return cast(Chain, c.plain)
 
         get_guard = cast(Callable[[], Guard], registry) if fixed is None else None
+        compiled(fixed if fixed is not None else get_guard())  # type: ignore[misc]
+        # built at decoration: a bad breaker or preset option fails here, and the stage is listed by
+        # Guard.status() before its first call
 
         if stream:
 

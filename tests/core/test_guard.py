@@ -780,3 +780,28 @@ async def test_a_hung_vector_store_trips_its_breaker_through_stage_timeouts() ->
     before = calls
     assert await search([0.0], 3) == ["kw"]  # open: the hung store is not even called
     assert calls == before
+
+
+async def test_breaker_false_gives_a_composite_step_no_breaker_of_its_own() -> None:
+    """A step that composes guarded stages takes ``breaker=False``: its inner stages' breakers count
+    their dependencies; its own fallback answers when they fail, and nothing counts twice."""
+    g = Guard(Policy(stages={"embedding": StagePolicy(breaker=_trip_on_first(), timeout_s=1.0)}))
+
+    @g.guard("embedding")
+    async def embed(texts: list[str]) -> list[list[float]]:
+        raise ConnectionRefusedError("embedding service down")
+
+    async def keyword_only(query: str) -> list[str]:
+        return [f"bm25:{query}"]
+
+    @g.guard("retrieval", fallback=keyword_only, breaker=False)
+    async def retrieve(query: str) -> list[str]:
+        await embed([query])
+        return [f"vec:{query}"]
+
+    for _ in range(5):
+        assert await retrieve("q") == ["bm25:q"]
+    assert g.breaker("retrieval") is None
+    assert g.breaker("embedding").state is BreakerState.OPEN
+    with pytest.raises(ConfigError, match="breaker=False"):
+        g.guard("embedding", breaker=False)(embed)

@@ -4,7 +4,7 @@ preset contract (:class:`StagePreset`) through which the RAG presets add their l
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .._clock import Clock
 from ..breakers import Breaker, counts_by_default
@@ -48,7 +48,8 @@ class StagePreset(Protocol):
 class Bound:
     """One decorated function: its stage name and the options given to ``@guard``.
 
-    ``fallbacks`` are the user's, in order; ``breaker`` the one given (adapted), or None;
+    ``fallbacks`` are the user's, in order; ``breaker`` the one given (adapted), False for none,
+    or None (the policy's);
     ``options`` the preset keywords as given, resolved per preset on first use (:meth:`resolved`).
     """
 
@@ -61,7 +62,7 @@ class Bound:
         *,
         stream: bool,
         fallbacks: Sequence[Callable[..., Any]] = (),
-        breaker: Breaker | None = None,
+        breaker: Breaker | Literal[False] | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
         self.stage = stage
@@ -91,7 +92,7 @@ class Stage:
         name: str,
         policy: StagePolicy,
         preset: StagePreset | None,
-        breaker: Breaker | None = None,
+        breaker: Breaker | Literal[False] | None = None,
     ) -> None:
         self.guard = guard
         self.name = name

@@ -16,7 +16,7 @@ or the one given to ``@guard(breaker=...)``, shared across replicas when the Gua
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .._clock import Clock
 from .._errors import BreakerOpen, ConfigError, DeadlineExceeded, StageTimeout
@@ -119,9 +119,11 @@ def adapt_breaker(breaker: object) -> Breaker:
     )
 
 
-def make_breaker(stage: Stage, given: Breaker | None) -> Breaker | None:
-    """The stage's breaker: ``given``, else the kind its policy names (None for ``none``), shared
-    through Redis when the Guard has a client."""
+def make_breaker(stage: Stage, given: Breaker | Literal[False] | None) -> Breaker | None:
+    """The stage's breaker: ``given`` (False: none), else the kind its policy names (None for
+    ``none``), shared through Redis when the Guard has a client."""
+    if given is False:
+        return None
     if given is not None:
         return given
     kind = stage.policy.breaker.kind
