@@ -72,8 +72,6 @@ def demo_policy(
             breaker=BreakerPolicy(kind="vector_store_unavailable", minimum_calls=5, **trip),
             retry=RetryPolicy(attempts=2, retry_on=("connection",), initial_backoff_s=0.02),
         ),
-        # embed + search: its two stages have their breakers; this step only adds the fallback
-        "retrieval": StagePolicy(breaker=BreakerPolicy(kind="none")),
         "rerank": StagePolicy(
             breaker=BreakerPolicy(
                 kind="rerank_oom", consecutive_failures_threshold=3, minimum_calls=3, **trip
@@ -110,7 +108,10 @@ class GuardedPipeline:
         # guard.guard(...) rather than @ragguard.guard on the methods: each pipeline has its own Guard
         self._embed = guard.guard("embedding", texts="texts")(self._embed_remote)
         self._search = guard.guard("vector_store")(self._search_remote)
-        self._candidates = guard.guard("retrieval", fallback=self.keyword_search)(self._vector_candidates)
+        # embed + search as one step: its two stages have the breakers; the step adds the fallback
+        self._candidates = guard.guard("retrieval", fallback=self.keyword_search, breaker=False)(
+            self._vector_candidates
+        )
         self._rerank = guard.guard("rerank", candidates="hits")(self._rerank_local)
 
     async def retrieve(self, query: str) -> Retrieval:
