@@ -229,7 +229,7 @@ class Guard:
 
     def tenant(self, tenant_id: str) -> TenantContext:
         """``async with guard.tenant("acme"):`` admits one request of the tenant (see :func:`tenant`)."""
-        return TenantContext(tenant_id, self.quotas, self.policy.quota(tenant_id), clock=self.clock)
+        return TenantContext(tenant_id, self.quotas, self.policy.quota(tenant_id), self.clock)
 
     def deadline(self, seconds: float | None) -> _deadline_block:
         """``async with guard.deadline(0.8):`` a :func:`ragguard.deadline` on this Guard's clock."""
