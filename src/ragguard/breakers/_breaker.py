@@ -341,9 +341,11 @@ class CircuitBreaker:
         if now is None:
             now = self.clock()
         if exc is None:
-            if self._state is _CLOSED and token == self._epoch and not self.bus.active:
+            if self._state is _CLOSED and token == self._epoch:
                 # _success's closed path, inlined: every guarded call that succeeds comes here
                 code = SLOW if duration_s > self._slow_s else 0
+                if self.bus.active:
+                    self.bus.emit(BreakerCallOutcome(self.name, OUTCOMES[code], duration_s))
                 window = self._window
                 window.record(code, now)
                 self._consecutive = 0
