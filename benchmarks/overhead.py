@@ -1,281 +1,165 @@
-"""Happy-path cost of a guarded call, each figure beside its baselines measured in the same run.
+"""Happy-path cost of a guarded call beside the pre-redesign code, peers and floors, in one
+interleaved run; then the same at 1, 100 and 10,000 calls in flight.
 
-    .venv/bin/python benchmarks/overhead.py [--calls 20000] [--rounds 7]
+    .venv/bin/python benchmarks/overhead.py [--ops 2000] [--rounds 25]
 
-Every variant awaits the same trivial coroutine ``calls`` times per round, yielding to the event
-loop every 100 calls as a server would; the figure is the median over rounds of nanoseconds per
-call. Ratios are against a bare ``await`` and against interlock-cb's full pipeline (fallback,
-retry, breaker, bulkhead, timeout), the closest Python peer. Shared machines are noisy: compare
-ratios, not absolute figures.
+CPU time of the event loop's thread per call (``time.thread_time_ns``: time the process was
+descheduled on the shared machine is not counted), median over rounds, contenders interleaved
+round by round (see ``_bench``). "Full stack" is defined in ``_stacks``. The pre-redesign rows run
+commit ba06c64's ``Stage``, extracted at run time (see ``_baseline``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import random
-import statistics
 import sys
-import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-import aiobreaker
-import tenacity
-from interlock.breaker import CircuitBreaker as InterlockBreaker
-from interlock.pipeline import Pipeline
-from rich.console import Console
-from rich.table import Table
-
+import _baseline
+import _bench
+import _stacks
 import ragguard
-from ragguard import _inject
-from ragguard.breakers import CircuitBreaker, VectorStoreUnavailableBreaker
-from ragguard.chaos import Chaos, Latency, RedisServer
+from _bench import Contender, Target
 from ragguard.events import bus
 
 
-async def work(x: int = 1) -> int:
+async def happy_path(ops: int, rounds: int, old: Any) -> list[Target]:
+    _, full = _stacks.full_stack_guard(ragguard)
+    _, full_listened = _stacks.full_stack_guard(ragguard)  # its own Guard: the observed chain
+    listening: list[Callable[[], None]] = []
+
+    def listen() -> None:
+        if not listening:
+            listening.append(bus.subscribe(lambda event: None))
+
+    def quiet() -> None:
+        while listening:
+            listening.pop()()
+
+    async def plain_exception() -> None:
+        raise LookupError("floor")
+
+    async def raise_floor() -> Any:
+        try:
+            await plain_exception()
+        except LookupError:
+            return None
+
+    contenders = [
+        Contender("bare await", "await a coroutine that returns", _stacks.work, setup=quiet),
+        Contender(
+            "floor: raise+catch", "raise a plain exception through a coroutine and catch it", raise_floor,
+            setup=quiet,
+        ),
+        Contender("ragguard, nothing configured", "a stage with no layer configured",
+                  _stacks.nothing_configured(ragguard), setup=quiet),
+        Contender("ragguard full stack", "the full stack (see _stacks)", full, setup=quiet),
+        Contender("ragguard full stack + listener", "the same, one event listener subscribed",
+                  full_listened, setup=listen),
+        Contender("stock libraries, natural", "aiolimiter+Semaphore+2 asyncio.timeout+tenacity per call"
+                  "+aiobreaker", _stacks.natural_stack(), setup=quiet),
+        Contender("stock libraries, lean", "the same, one timer, tenacity only after a failure",
+                  _stacks.lean_stack(), setup=quiet),
+        Contender("interlock-cb pipeline", "its pipeline + aiolimiter + asyncio.timeout deadline",
+                  _stacks.interlock_stack(), setup=quiet),
+    ]
+    if old is not None:
+        _, old_full = _stacks.full_stack_guard(old)
+        contenders[3:3] = [
+            Contender("pre-redesign, nothing configured", "commit ba06c64, a stage with no layer",
+                      _stacks.nothing_configured(old), setup=quiet),
+            Contender("pre-redesign full stack", "commit ba06c64's Stage, the same full stack", old_full,
+                      setup=quiet),
+        ]  # fmt: skip
+    results = await _bench.run_async(contenders, ops=ops, rounds=rounds)
+    quiet()
+    against = ["ragguard full stack"] + (["pre-redesign full stack"] if old is not None else [])
+    _bench.print_table(results, "1. happy path, one call at a time", against=against, unit="call")
+    targets = []
+    if old is not None:
+        targets.append(_bench.ratio_target(
+            results, "full stack vs the pre-redesign full stack (issue 10)", "ragguard full stack",
+            "pre-redesign full stack", 1.10,
+        ))  # fmt: skip
+    targets.append(_bench.ratio_target(
+        results, "full stack + one listener vs the full stack", "ragguard full stack + listener",
+        "ragguard full stack", 1.5,
+    ))  # fmt: skip
+    targets.append(_bench.ratio_target(
+        results, "natural stock stack vs ragguard full stack (faster, at least)", "stock libraries, natural",
+        "ragguard full stack", 1.0, at_least=True,
+    ))  # fmt: skip
+    return targets
+
+
+async def _yielding(x: int = 1) -> int:
+    await asyncio.sleep(0)  # a dependency that answers on the next loop iteration
     return x
 
 
-async def _raiser() -> None:
-    raise ragguard.BreakerOpen("floor", 1.0)
+def _batch(body: Callable[[], Awaitable[Any]], in_flight: int, total: int) -> Callable[[], Awaitable[None]]:
+    per_task = max(1, total // in_flight)
 
-
-async def _refused() -> None:
-    raise ConnectionRefusedError("benchmark: the store is down")
-
-
-async def measure(body: Callable[[], Awaitable[object]], calls: int, rounds: int) -> float:
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter_ns()
-        for i in range(calls):
+    async def worker() -> None:
+        for _ in range(per_task):
             await body()
-            if i % 100 == 99:
-                await asyncio.sleep(0)
-        samples.append((time.perf_counter_ns() - start) / calls)
-    return statistics.median(samples)
+
+    async def batch() -> None:
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+
+    return batch
 
 
-Body = Callable[[], Awaitable[object]]
+async def concurrency(rounds: int, total: int, old: Any) -> list[Target]:
+    limit = 100_000
+    targets = []
+    for in_flight in (1, 100, 10_000):
+        _, ours = _stacks.full_stack_guard(ragguard, _yielding, max_concurrency=limit)
+        contenders = [
+            Contender("bare await", "the dependency alone", _batch(lambda: _yielding(1), in_flight, total)),
+            Contender("ragguard full stack", "", _batch(ours, in_flight, total)),
+            Contender("stock libraries, natural", "",
+                      _batch(_stacks.natural_stack(_yielding, max_concurrency=limit), in_flight, total)),
+            Contender("stock libraries, lean", "",
+                      _batch(_stacks.lean_stack(_yielding, max_concurrency=limit), in_flight, total)),
+        ]  # fmt: skip
+        if old is not None:
+            _, theirs = _stacks.full_stack_guard(old, _yielding, max_concurrency=limit)
+            contenders.insert(2, Contender("pre-redesign full stack", "", _batch(theirs, in_flight, total)))
+        per_task = max(1, total // in_flight)
+        calls = per_task * in_flight
+        results = await _bench.run_async(contenders, ops=1, rounds=rounds, yield_every=0, warmup=1)
+        for name in results.samples:  # one op was a batch: per call
+            results.samples[name] = [ns / calls for ns in results.samples[name]]
+        results.ops = calls
+        _bench.print_table(
+            results, f"2. {in_flight:,} calls in flight (a dependency answering on the next loop turn)",
+            against=["ragguard full stack"], unit="call",
+        )  # fmt: skip
+        if old is not None:
+            targets.append(_bench.ratio_target(
+                results, f"{in_flight:,} in flight: full stack vs pre-redesign", "ragguard full stack",
+                "pre-redesign full stack", 1.10,
+            ))  # fmt: skip
+    return targets
 
 
-async def shared_stacks() -> tuple[Body, Body, Callable[[], Awaitable[None]]] | None:
-    """The full stack with the breaker kept in a real redis-server (outcomes batched, state read from a
-    local copy: calls should not wait on Redis), and with the tenant quota there too (one Redis round
-    trip per request, the price of an exact cross-replica quota). None without a redis-server binary."""
-    try:
-        server = RedisServer()
-        server.start()
-    except Exception as exc:  # no redis-server binary: say so and skip the rows
-        print(f"(no shared-state rows: {exc})")
-        return None
-    import redis.asyncio as aredis
-
-    from ragguard.distributed import SharedCircuitBreaker
-
-    client = aredis.Redis(host=server.host, port=server.port, socket_timeout=0.5)
-    policy = ragguard.Policy(
-        stages={"vector_store": ragguard.StagePolicy(timeout_s=2.0, min_attempt_s=0.01)},
-        tenants={"acme": ragguard.TenantQuota(max_concurrency=64, timeout_s=0.8)},
-    )
-    local_quota = ragguard.Guard(policy)
-    local_quota.stage(
-        "vector_store",
-        breaker=SharedCircuitBreaker(
-            VectorStoreUnavailableBreaker("vector_store"), client, key_prefix="bench"
-        ),
-    )
-    all_shared = ragguard.Guard(policy, redis=client, redis_prefix="bench2")
-
-    def body_of(g: ragguard.Guard) -> Body:
-        search = g.guard("vector_store")(work)
-
-        async def body() -> object:
-            async with g.tenant("acme"):
-                return await search(1)
-
-        return body
-
-    async def close() -> None:
-        await local_quota.breaker("vector_store").aclose()
-        await all_shared.aclose()
-        await client.aclose()
-        server.stop()
-
-    return body_of(local_quota), body_of(all_shared), close
-
-
-def full_stack_guard() -> tuple[ragguard.Guard, Callable[[], Awaitable[object]]]:
-    policy = ragguard.Policy(
-        stages={
-            "vector_store": ragguard.StagePolicy(
-                timeout_s=2.0,
-                min_attempt_s=0.01,
-                breaker=ragguard.BreakerPolicy(kind="vector_store_unavailable"),
-                retry=ragguard.RetryPolicy(attempts=3, retry_on=("connection", "timeout")),
-            )
-        },
-        tenants={"acme": ragguard.TenantQuota(max_concurrency=64, rate_per_s=1e7, timeout_s=0.8)},
-    )
-    g = ragguard.Guard(policy)
-
-    async def keyword_search(x: int = 1) -> int:
-        return -x
-
-    search = g.guard("vector_store", fallback=keyword_search)(work)
-
-    async def body() -> object:
-        async with g.tenant("acme"):
-            return await search(1)
-
-    return g, body
-
-
-async def main(calls: int, rounds: int) -> int:
-    rows: list[tuple[str, float]] = []
-
-    async def run(name: str, body: Callable[[], Awaitable[object]]) -> float:
-        await measure(body, max(calls // 10, 100), 1)  # warm up
-        ns = await measure(body, calls, rounds)
-        rows.append((name, ns))
-        return ns
-
-    bare = await run("bare await", work)
-
-    async def with_timeout() -> object:
-        async with asyncio.timeout(5):
-            return await work()
-
-    await run("asyncio.timeout", with_timeout)
-
-    aio = aiobreaker.CircuitBreaker(fail_max=5)
-    aiob = await run("aiobreaker call_async", lambda: aio.call_async(work))
-
-    async def tenacity_loop() -> object:
-        async for attempt in tenacity.AsyncRetrying(stop=tenacity.stop_after_attempt(3)):
-            with attempt:
-                return await work()
-        return None
-
-    await run("tenacity AsyncRetrying", tenacity_loop)
-
-    ib = InterlockBreaker(name="bench")
-    await run("interlock-cb breaker", lambda: ib.call_async(work))
-    pipeline = (
-        Pipeline.builder()
-        .fallback(lambda exc: -1)
-        .retry(attempts=3)
-        .circuit_breaker(InterlockBreaker(name="bench-pipeline"))
-        .bulkhead(64)
-        .timeout(2.0)
-        .build()
-    )
-    interlock_full = await run("interlock-cb full pipeline", lambda: pipeline.call(work))
-
-    rb = CircuitBreaker("bench")
-    ours_breaker = await run("ragguard breaker.call", lambda: rb.call(work))
-
-    async def raise_floor() -> object:
-        try:
-            await _raiser()
-        except ragguard.BreakerOpen:
-            return None
-        return None
-
-    floor = await run("floor: raise+catch through a coroutine", raise_floor)
-
-    opened = VectorStoreUnavailableBreaker("bench-open", open_for_s=3600)
-    for _ in range(10):
-        try:
-            await opened.call(_refused)
-        except (ConnectionRefusedError, ragguard.BreakerOpen):
-            pass
-    assert opened.state is ragguard.BreakerState.OPEN
-
-    async def rejected() -> object:
-        try:
-            return await opened.call(work)
-        except ragguard.BreakerOpen:
-            return None
-
-    ours_reject = await run("ragguard rejection while open", rejected)
-
-    _, full = full_stack_guard()
-    ours_full = await run("ragguard full stack", full)
-
-    unsubscribe = bus.subscribe(lambda event: None)
-    try:
-        ours_events = await run("ragguard full stack + listener", full)
-    finally:
-        unsubscribe()
-
-    chaos = Chaos(rng=random.Random(0)).install()
-    chaos.inject(Latency(seconds=0.5), stage="some_other_stage")
-    await run("ragguard full stack + chaos on, fault elsewhere", full)
-    chaos.disable()
-    assert _inject.active is None
-    chaos_off = await run("ragguard full stack, chaos installed then disabled", full)
-
-    shared = await shared_stacks()
-    if shared is not None:
-        breaker_shared, all_shared, close = shared
-        try:
-            ours_shared = await run("ragguard full stack, breaker shared in Redis", breaker_shared)
-            await run("ragguard full stack, quota in Redis too (admit+release scripts)", all_shared)
-        finally:
-            await close()
-
-    table = Table(title=f"guarded-call overhead, median of {rounds} rounds x {calls} calls (ns/call)")
-    table.add_column("variant")
-    table.add_column("ns/call", justify="right")
-    table.add_column("x bare await", justify="right")
-    table.add_column("x interlock pipeline", justify="right")
-    for name, ns in rows:
-        table.add_row(name, f"{ns:,.0f}", f"{ns / bare:.1f}", f"{ns / interlock_full:.3f}")
-    console = Console(width=110)
-    console.print(table)
-
-    checks = [
-        ("full stack <= 5 us median", ours_full <= 5000, f"{ours_full / 1000:.2f} us"),
-        (
-            "full stack >= 10x faster than interlock-cb pipeline",
-            interlock_full / ours_full >= 10,
-            f"{interlock_full / ours_full:.1f}x",
-        ),
-        (
-            "breaker alone no slower than aiobreaker",
-            ours_breaker <= aiob,
-            f"{ours_breaker / aiob:.2f}x aiobreaker",
-        ),
-        (
-            "rejection while open < 1 us",
-            ours_reject < 1000,
-            f"{ours_reject:.0f} ns, {ours_reject / floor:.2f}x the floor of raising any exception",
-        ),
-        ("full stack + listener (events delivered)", True, f"{ours_events / 1000:.2f} us"),
-        (
-            "chaos disabled costs nothing measurable",
-            chaos_off <= ours_full * 1.1,
-            f"{chaos_off / ours_full:.2f}x the full stack without chaos",
-        ),
-    ]
-    if shared is not None:
-        checks.append(
-            (
-                "shared-breaker stack <= 2x the in-memory one",
-                ours_shared <= 2 * ours_full,
-                f"{ours_shared / ours_full:.2f}x",
-            )
-        )
-    for name, ok, detail in checks:
-        console.print(f"{'MET ' if ok else 'GAP '} {name}: {detail}")
+async def main(ops: int, rounds: int, total: int) -> int:
+    _bench.header()
+    old, note = _baseline.load()
+    _bench.console.print(note, markup=False)
+    targets = await happy_path(ops, rounds, old)
+    targets += await concurrency(max(5, rounds // 3), total, old)
+    _bench.print_targets(targets)
     return 0
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--ops", type=int, default=2000, help="calls per contender per round")
+    parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--total", type=int, default=20_000, help="calls per batch in the concurrency section")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.calls, args.rounds)))
+    sys.exit(asyncio.run(main(args.ops, args.rounds, args.total)))

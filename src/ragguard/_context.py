@@ -78,6 +78,14 @@ def degraded() -> tuple[str, ...]:
     return _loose_fallbacks.get()
 
 
+def degraded_count() -> int:
+    """``len(degraded())`` without building the tuple (read twice per observed call)."""
+    scope = _scope.get()
+    if scope is not None:
+        return 0 if scope.fallbacks is None else len(scope.fallbacks)
+    return len(_loose_fallbacks.get())
+
+
 def mark_degraded(fallback: str) -> None:
     scope = _scope.get()
     if scope is not None:

@@ -56,7 +56,20 @@ class Wheel:
     re-armed for the next non-empty bucket: in steady traffic about one wake-up per timeout period.
     """
 
-    __slots__ = ("_armed_tick", "_handle", "_heap", "_loop", "_sequence", "buckets", "expired", "now")
+    __slots__ = (
+        "_armed_tick",
+        "_handle",
+        "_heap",
+        "_last_base",
+        "_last_bucket",
+        "_last_hi",
+        "_last_lo",
+        "_loop",
+        "_sequence",
+        "buckets",
+        "expired",
+        "now",
+    )
 
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -67,6 +80,11 @@ class Wheel:
         self._handle: asyncio.TimerHandle | None = None
         self._armed_tick = math.inf
         self._sequence = 0
+        # the bucket the last timer went into, and the times [lo, hi) that land in it: timers armed
+        # microseconds apart share a bucket, and a float comparison is cheaper than int() of a float
+        self._last_lo = self._last_hi = 0.0
+        self._last_base = 0
+        self._last_bucket: dict[int, asyncio.Task[Any]] = {}
         # asyncio's own loops tell time with time.monotonic; reading it directly skips a method frame
         self.now: Callable[[], float] = (
             time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
@@ -77,12 +95,27 @@ class Wheel:
 
         ``timeout_s`` must be below :data:`MAX_TIMEOUT_S` (callers do not arm longer ones).
         Returns the timer's handle."""
-        tick = int((self.now() + timeout_s) * _TICKS_PER_S) + 1
-        bucket = self.buckets.get(tick)
-        if bucket is None:
-            bucket = self._add_bucket(tick)
+        return self.arm_at(task, self.now() + timeout_s)
+
+    def arm_at(self, task: asyncio.Task[Any], when_s: float) -> int:
+        """Cancel ``task`` at time ``when_s`` of :attr:`now` (at most 1 ms late) unless
+        :meth:`disarm`-ed: :meth:`arm` for a caller that has read the clock already."""
+        if self._last_lo <= when_s < self._last_hi:
+            bucket = self._last_bucket
+            base = self._last_base
+        else:
+            tick = int(when_s * _TICKS_PER_S) + 1
+            bucket = self.buckets.get(tick)  # type: ignore[assignment]
+            if bucket is None:
+                bucket = self._add_bucket(tick)
+            # the range is kept strictly inside the tick's, so a time near its edge (where float
+            # rounding could disagree) takes the path above instead: a timer never fires early
+            self._last_lo = (tick - 1) / _TICKS_PER_S + 1e-9
+            self._last_hi = tick / _TICKS_PER_S - 1e-9
+            self._last_bucket = bucket
+            self._last_base = base = tick << _SEQ_BITS
         self._sequence = sequence = (self._sequence + 1) & _SEQ_MASK
-        handle = tick << _SEQ_BITS | sequence
+        handle = base | sequence
         bucket[handle] = task
         return handle
 
@@ -112,6 +145,7 @@ class Wheel:
         self._handle = self._loop.call_at(tick / _TICKS_PER_S, self._fire)
 
     def _fire(self) -> None:
+        self._last_lo = self._last_hi = 0.0  # the cached bucket may be gone after this
         self._handle = None
         self._armed_tick = math.inf
         now_tick = int(self._loop.time() * _TICKS_PER_S)

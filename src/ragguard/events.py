@@ -18,7 +18,7 @@ import sys
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Protocol
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "RetryBudgetExhausted",
     "RetryScheduled",
     "bus",
+    "quick_init",
 ]
 
 log = logging.getLogger("ragguard.events")
@@ -46,6 +47,37 @@ class Listener(Protocol):
     def __call__(self, event: Any, /) -> Any: ...
 
 
+def quick_init(cls: type[Any]) -> type[Any]:
+    """Give a frozen, slotted dataclass an ``__init__`` that stores each field through its slot
+    descriptor: half the cost of the generated one, which calls ``object.__setattr__`` per field.
+    The class stays a frozen dataclass (same fields, defaults, equality, repr, immutability).
+
+    For the events made on every guarded call while someone listens (a stage's completion, a
+    breaker's call outcome): with one listener they were a quarter of the full stack's cost."""
+    names = [f.name for f in fields(cls)]
+    ns: dict[str, Any] = {}
+    params: list[str] = []
+    for f in fields(cls):
+        if f.default is not MISSING:
+            ns[f"_d_{f.name}"] = f.default
+            params.append(f"{f.name}=_d_{f.name}")
+        elif f.default_factory is not MISSING:  # pragma: no cover - events have plain defaults
+            raise TypeError(f"quick_init: {cls.__name__}.{f.name} has a default_factory")
+        else:
+            params.append(f.name)
+    for name in names:
+        for klass in cls.__mro__:  # a field of a base class has its slot on the base
+            if name in vars(klass):
+                ns[f"_s_{name}"] = vars(klass)[name].__set__
+                break
+    body = "".join(f"    _s_{n}(self, {n})\n" for n in names) or "    pass\n"
+    exec(f"def __init__(self, {', '.join(params)}):\n{body}", ns)
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init
+    return cls
+
+
 @dataclass(frozen=True, slots=True)
 class BreakerTransition:
     """Breaker ``breaker`` moved from ``old`` to ``new`` (BreakerState values) at clock time ``at``."""
@@ -57,6 +89,7 @@ class BreakerTransition:
     reason: str = ""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CallOutcome:
     """A call through breaker ``breaker`` ended.
@@ -206,20 +239,28 @@ class EventBus:
         while pending:
             target, event = pending.popleft()
             for listener in tuple(target._listeners):
-                self._deliver(listener, event)
+                try:  # _deliver, inlined for the usual listener: a plain function that returns
+                    result = listener(event)
+                    if result is not None and inspect.isawaitable(result):
+                        _spawn(result)
+                except Exception:
+                    self._failed(listener)
 
     def _deliver(self, listener: Callable[[Any], Any], event: Any) -> None:
         try:
             result = listener(event)
-            if inspect.isawaitable(result):
+            if result is not None and inspect.isawaitable(result):
                 _spawn(result)
         except Exception:
-            key = id(listener)
-            if key not in self._warned:
-                self._warned.add(key)
-                log.exception(
-                    "ragguard event listener %r raised; it is kept, further errors are silent", listener
-                )
+            self._failed(listener)
+
+    def _failed(self, listener: Callable[[Any], Any]) -> None:
+        key = id(listener)
+        if key not in self._warned:
+            self._warned.add(key)
+            log.exception(
+                "ragguard event listener %r raised; it is kept, further errors are silent", listener
+            )
 
 
 _tasks: set[asyncio.Task[Any]] = set()

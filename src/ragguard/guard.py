@@ -233,7 +233,7 @@ class Guard:
 
     def tenant(self, tenant_id: str) -> TenantContext:
         """``async with guard.tenant("acme"):`` admits one request of the tenant (see :func:`tenant`)."""
-        return TenantContext(tenant_id, self.quotas, self.policy.quota(tenant_id), clock=self.clock)
+        return TenantContext(tenant_id, self.quotas, self.policy.quota(tenant_id), self.clock)
 
     def deadline(self, seconds: float | None) -> _deadline_block:
         """``async with guard.deadline(0.8):`` a :func:`ragguard.deadline` on this Guard's clock."""
@@ -412,9 +412,12 @@ def _decorator(stage: str, registry: Guard | Callable[[], Guard], options: Mappi
         async def guarded(*args: Any, **kwargs: Any) -> Any:
             g = fixed if fixed is not None else get_guard()  # type: ignore[misc]
             c = slot
-            if c.guard is g and c.epoch == _inject.epoch and not bus.active and _metrics._tracer is None:
-                return await c.run(Call(stage, fn, args, kwargs))  # type: ignore[misc]
-            return await chain(g).run(Call(stage, fn, args, kwargs))
+            if c.guard is g and c.epoch == _inject.epoch:
+                if not bus.active and _metrics._tracer is None:
+                    return await c.run(Call(stage, fn, args, kwargs))  # type: ignore[misc]
+                if c.observed is not None:  # observed: one driver frame, no Chain.run around it
+                    return await c.observed.root.run(Call(stage, fn, args, kwargs))
+            return await chain(g).root.run(Call(stage, fn, args, kwargs))
 
         guarded.__ragguard_stage__ = stage  # type: ignore[attr-defined]
         return guarded

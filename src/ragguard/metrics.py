@@ -52,6 +52,7 @@ STALL_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 OTHER = "other"
 
 
+@events.quick_init
 @dataclass(frozen=True, slots=True)
 class StageCompleted:
     """Guarded stage ``stage`` ended for ``tenant`` after ``duration_s`` seconds.

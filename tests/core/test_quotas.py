@@ -468,7 +468,7 @@ async def test_waiters_that_give_up_do_not_pile_up_behind_a_stuck_slot() -> None
             with anyio.move_on_after(0):
                 async with g.tenant("acme"):
                     pass
-        assert len(g.quotas._buckets["acme"].waiters) <= 1  # not one object per refused request
+        assert len(g.quotas._buckets["acme"].waiters or ()) <= 1  # not one object per refused request
         with pytest.raises(QuotaExceeded) as info:
             async with g.tenant("acme"):
                 pass

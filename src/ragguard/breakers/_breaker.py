@@ -341,6 +341,21 @@ class CircuitBreaker:
         if now is None:
             now = self.clock()
         if exc is None:
+            if self._state is _CLOSED and token == self._epoch:
+                # _success's closed path, inlined: every guarded call that succeeds comes here
+                code = SLOW if duration_s > self._slow_s else 0
+                if self.bus.active:
+                    self.bus.emit(BreakerCallOutcome(self.name, OUTCOMES[code], duration_s))
+                window = self._window
+                window.record(code, now)
+                self._consecutive = 0
+                calls = window.calls
+                if calls >= self._min_calls and (
+                    window.failures * 100.0 >= self._failure_threshold * calls
+                    or window.slow * 100.0 >= self._slow_threshold * calls
+                ):
+                    self._check(now)
+                return
             self._success(token, duration_s, now)
         elif isinstance(exc, Exception):
             self._error(token, duration_s, exc, now)

@@ -42,6 +42,7 @@ OUTCOMES = ("success", "failure", "slow_success", "slow_failure")
 """Outcome names indexed by code (the ``outcome`` of :class:`ragguard.events.CallOutcome`)."""
 
 
+@events.quick_init
 @dataclass(frozen=True, slots=True)
 class BreakerCallOutcome(events.CallOutcome):
     """A :class:`ragguard.events.CallOutcome` that also carries the exception (None on success)."""

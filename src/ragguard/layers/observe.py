@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import metrics as _metrics
 from .._clock import Clock
-from .._context import current_tenant, degraded
+from .._context import current_tenant, degraded, degraded_count
+from ..breakers import BreakerState
+from ..events import bus
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:
@@ -23,8 +25,8 @@ __all__ = ["ObserveLayer", "build"]
 
 
 class ObserveLayer:
-    """Opens a span when a call of ``stage`` enters; closes it with the outcome and emits
-    StageCompleted when it exits."""
+    """Opens a span when a call of ``stage`` enters (only while tracing: listeners alone need no
+    span object); closes it with the outcome and emits StageCompleted when it exits."""
 
     scope: ClassVar[Scope] = "call"
     __slots__ = ("breaker", "clock", "stage")
@@ -36,21 +38,39 @@ class ObserveLayer:
 
     def enter(self, call: Call) -> Any:
         breaker = self.breaker
-        state = "" if breaker is None else str(getattr(breaker.state, "value", breaker.state))
+        if breaker is None:
+            state = ""
+        else:
+            st = breaker.state
+            state = _STATE_NAMES.get(st) or str(getattr(st, "value", st))
+        if _metrics._tracer is None:
+            # listeners only: no span object, the StageCompleted is made on exit from this token
+            return None, current_tenant(), state, self.clock(), degraded_count()
         span = _metrics.otel_span(self.stage, current_tenant(), breaker_state=state, clock=self.clock)
         span.__enter__()
-        return span, len(degraded())
+        return span, "", state, 0.0, degraded_count()
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        span, before = token
-        served = degraded()
-        if len(served) > before:
-            span.set_fallback(served[-1])
-        span.__exit__(None if exc is None else type(exc), exc, None)
+        span, tenant, state, started, before = token
+        fallback = degraded()[-1] if degraded_count() > before else ""
+        if span is not None:
+            if fallback:
+                span.set_fallback(fallback)
+            span.__exit__(None if exc is None else type(exc), exc, None)
+        elif bus.active:  # what StageSpan.__exit__ emits (see ragguard.metrics.otel_span)
+            if exc is None:
+                outcome = "fallback" if fallback else "success"
+            else:
+                outcome = "error" if isinstance(exc, Exception) else "cancelled"
+            duration_s = self.clock() - started
+            bus.emit(_metrics.StageCompleted(self.stage, tenant, outcome, duration_s, fallback, state))
         return None
+
+
+_STATE_NAMES: dict[Any, str] = {state: state.value for state in BreakerState}
 
 
 def build(stage: Stage, bound: Bound) -> ObserveLayer | None:

@@ -2,8 +2,10 @@
 
 A recovery: nothing runs until an attempt fails with an error the stage retries (``retry_on``:
 connection, timeout, out of memory, or anything the breaker counts; never a cancellation or a
-rejection by ragguard itself). Then a fresh tenacity ``AsyncRetrying`` drives the retries, built
-from small strategies that compose as tenacity intends:
+rejection by ragguard itself). Then the layer's own loop drives the retries with tenacity's
+strategy objects (built once per layer, from small strategies that compose as tenacity intends; a
+caller may pass its own ``stop``, ``wait`` and ``retry``), asking them exactly as tenacity's
+``AsyncRetrying`` would, in the same order, with a fresh ``tenacity.RetryCallState`` per call:
 
 - stop after ``attempts``, or when the next attempt could not start before the deadline with
   ``min_attempt_s`` left (the upcoming sleep included), or when the retry budget refuses;
@@ -13,6 +15,12 @@ from small strategies that compose as tenacity intends:
 
 The retry budget (after Envoy's and Finagle's) lets retries add at most ``budget_ratio`` of the
 stage's calls over ``budget_window_s`` plus ``budget_min_per_s`` per second.
+
+Why not ``AsyncRetrying`` itself: its machinery (an action list rebuilt per attempt, a
+``concurrent.futures`` future with its lock per outcome, statistics in a thread-local dict) was
+three quarters of a failing call's CPU time (benchmarks/failure_path.py): on the failure path,
+exactly when a dependency is down, that is what saturates an event loop. The strategies are the
+part worth keeping, and they are kept.
 """
 
 from __future__ import annotations
@@ -153,6 +161,54 @@ class _BudgetStop(tenacity.stop.stop_base):
         return not self.spend()
 
 
+Strategy = Callable[[tenacity.RetryCallState], Any]
+"""A tenacity strategy: ``stop`` and ``retry`` return a bool, ``wait`` the seconds to sleep."""
+
+
+class _Failed:
+    """A failed attempt's outcome as tenacity strategies read it (``failed``, ``exception()``,
+    ``result()``, ``attempt_number``), without the ``concurrent.futures.Future`` (and its lock)
+    that tenacity allocates for each outcome."""
+
+    __slots__ = ("_exc", "attempt_number")
+    failed = True
+
+    def __init__(self, exc: BaseException, attempt_number: int) -> None:
+        self._exc = exc
+        self.attempt_number = attempt_number
+
+    def exception(self, timeout: float | None = None) -> BaseException:
+        return self._exc
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise self._exc
+
+    def done(self) -> bool:
+        return True
+
+    def cancelled(self) -> bool:
+        return False
+
+
+class _CallState(tenacity.RetryCallState):
+    """tenacity's per-call retry state, its times on the Guard's clock (so ``stop_after_delay``
+    and friends follow a FakeClock), for a call that has just failed its first attempt: it started
+    when the breaker admitted that attempt (``Call.started``), or now without a breaker."""
+
+    def __init__(self, call: Call, clock: Callable[[], float]) -> None:
+        self.start_time = call.started or clock()
+        self.retry_object = None  # type: ignore[assignment]
+        self.fn = call.fn  # type: ignore[assignment]
+        self.args = call.args
+        self.kwargs = call.kwargs
+        self.attempt_number = 1
+        self.outcome = None
+        self.outcome_timestamp = None
+        self.idle_for = 0.0
+        self.next_action = None
+        self.upcoming_sleep = 0.0
+
+
 def deadline_aware_retrying(
     policy: RetryPolicy,
     *,
@@ -163,7 +219,8 @@ def deadline_aware_retrying(
     sleep: Callable[[float], Awaitable[Any]],
     before_sleep: Callable[[tenacity.RetryCallState], Any] | None = None,
 ) -> tenacity.AsyncRetrying:
-    """A fresh tenacity ``AsyncRetrying`` for one call (retry state is never shared by callers).
+    """A fresh tenacity ``AsyncRetrying`` for one call (retry state is never shared by callers),
+    with the same strategies as the retry layer, for code that wants tenacity's own loop.
 
     ``retryable(exc)`` says whether an error may be retried; ``budget()`` takes one retry from a
     retry budget (False: refused). The stop conditions run in order and short-circuit, so the
@@ -190,7 +247,19 @@ class RetryLayer:
 
     scope: ClassVar[Scope] = "call"
     exits: ClassVar[bool] = False
-    __slots__ = ("_kinds", "budget", "clock", "min_attempt_s", "policy", "rng", "sleep", "stage")
+    __slots__ = (
+        "_kinds",
+        "budget",
+        "clock",
+        "min_attempt_s",
+        "policy",
+        "retry",
+        "rng",
+        "sleep",
+        "stage",
+        "stop",
+        "wait",
+    )
 
     def __init__(
         self,
@@ -203,6 +272,9 @@ class RetryLayer:
         clock: Callable[[], float],
         rng: random.Random,
         sleep: Callable[[float], Awaitable[Any]],
+        stop: Strategy | None = None,
+        wait: Strategy | None = None,
+        retry: Strategy | None = None,
     ) -> None:
         self.stage = stage
         self.policy = policy
@@ -215,6 +287,15 @@ class RetryLayer:
         self._kinds: tuple[Callable[[BaseException], bool], ...] = (
             (counts,) if "any" in kinds else tuple(_KINDS[k] for k in kinds)
         )
+        # tenacity strategies hold no per-call state (that is the RetryCallState's), so one set
+        # serves every call; ``stop``/``wait``/``retry`` replace the policy's (any tenacity
+        # strategy, or a callable of a RetryCallState returning bool / seconds / bool)
+        if stop is None:
+            stop = tenacity.stop_after_attempt(policy.attempts) | _DeadlineStop(min_attempt_s)
+            stop = stop | _BudgetStop(self._spend)
+        self.stop: Strategy = stop
+        self.wait: Strategy = wait if wait is not None else _CutWait(policy, min_attempt_s, rng)
+        self.retry: Strategy = retry if retry is not None else tenacity.retry_if_exception(self.retryable)
 
     def retryable(self, exc: BaseException) -> bool:
         """True when ``exc`` may be retried: one of the stage's ``retry_on`` kinds, and neither a
@@ -226,8 +307,12 @@ class RetryLayer:
         return any(kind(exc) for kind in self._kinds)
 
     def enter(self, call: Call) -> Any:
-        if call.attempt == 1:
-            self.budget.on_call(self.clock())
+        if call.attempt == 1:  # budget.on_call(clock()), inlined: every call passes here
+            budget = self.budget
+            sec = int(self.clock())
+            if sec != budget._cur:
+                budget._rotate(sec)
+            budget._cur_calls += 1
         return None
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
@@ -239,34 +324,29 @@ class RetryLayer:
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
         if not self.retryable(exc):
             raise exc
-        pending: list[BaseException] = [exc]
-        stage = self.stage
-
-        def before_sleep(state: tenacity.RetryCallState) -> None:
+        state = _CallState(call, self.clock)
+        stop, wait, retry, clock = self.stop, self.wait, self.retry, self.clock
+        while True:
+            # tenacity's order (BaseRetrying.iter): the outcome, the retry predicate, the wait
+            # (as upcoming_sleep), the stop, then before_sleep with the failed attempt's number
+            state.outcome = _Failed(exc, state.attempt_number)  # type: ignore[assignment]
+            state.outcome_timestamp = clock()
+            if not retry(state):
+                raise exc
+            sleep = float(wait(state))
+            state.upcoming_sleep = sleep
+            if stop(state):
+                raise exc
+            state.idle_for += sleep
             if bus.active:
-                failed = state.outcome.exception() if state.outcome is not None else None
-                bus.emit(
-                    RetryScheduled(
-                        stage, state.attempt_number + 1, state.upcoming_sleep, type(failed).__name__
-                    )
-                )
-
-        retrying = deadline_aware_retrying(
-            self.policy,
-            retryable=self.retryable,
-            budget=self._spend,
-            min_attempt_s=self.min_attempt_s,
-            rng=self.rng,
-            sleep=self.sleep,
-            before_sleep=before_sleep,
-        )
-        async for attempt in retrying:
-            with attempt:
-                if pending:
-                    raise pending.pop()  # replay the first failure so tenacity's backoff starts at it
-                call.attempt += 1
+                bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, type(exc).__name__))
+            state.prepare_for_next_attempt()
+            await self.sleep(sleep)
+            call.attempt += 1
+            try:
                 return await again()
-        raise AssertionError("unreachable")  # pragma: no cover - reraise=True always raises
+            except Exception as failed:  # a cancellation is never retried: it propagates
+                exc = failed
 
     def _spend(self) -> bool:
         # Consulted by tenacity only after the attempt and deadline checks allowed a retry, so

@@ -43,21 +43,21 @@ class TimeoutLayer:
         self._loop: Any = None  # the loop whose wheel ``_wheel`` is (the last one seen)
         self._wheel: Any = None
 
-    def _timers_of(self, loop: Any) -> Timers:
-        timers = self._timers
-        if timers is not None:
-            return timers
-        if loop is not self._loop:
-            self._wheel = wheel_for(loop)
-            self._loop = loop
-        return self._wheel  # type: ignore[no-any-return]
+    def _wheel_of(self, loop: Any) -> Any:
+        self._wheel = wheel = wheel_for(loop)
+        self._loop = loop
+        return wheel
 
     def enter(self, call: Call) -> Any:
         timeout = self.timeout_s
-        by_deadline = False
         expiry = _deadline.get()
-        if expiry is not None:
-            left = expiry.at - expiry.clock()
+        if expiry is None:
+            if timeout is None or timeout >= MAX_TIMEOUT_S:
+                return None
+            by_deadline = False
+        else:
+            now = expiry.clock()
+            left = expiry.at - now
             if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
                 detail = (
                     f"stream cut after {call.items} items" if call.items else "no budget left for an attempt"
@@ -65,17 +65,25 @@ class TimeoutLayer:
                 raise DeadlineExceeded(self.stage, None if left <= 0.0 else left, detail)
             if timeout is None or left < timeout:
                 timeout, by_deadline = left, True
-        if timeout is None or timeout >= MAX_TIMEOUT_S:
-            return None
+            elif timeout >= MAX_TIMEOUT_S:
+                return None
+            else:
+                by_deadline = False
         call.budget_s = timeout
         call.by_deadline = by_deadline
-        loop = running_loop()
+        loop = running_loop()  # the one running-loop lookup of a call (3.11: a getpid() each)
         if loop is None:
             return _trio_scope(timeout)
         call.task = task = current_task(loop)
         if task is None:  # pragma: no cover - awaited outside a task: nothing to cancel
             return None
-        return self._timers_of(loop).arm(task, timeout)
+        timers = self._timers
+        if timers is not None:
+            return timers.arm(task, timeout)
+        wheel = self._wheel if loop is self._loop else self._wheel_of(loop)
+        if expiry is not None and expiry.clock is wheel.now:  # the deadline's clock is the wheel's:
+            return wheel.arm_at(task, now + timeout)  # no second clock read
+        return wheel.arm(task, timeout)
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)

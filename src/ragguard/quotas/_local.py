@@ -79,7 +79,14 @@ class _Waiter:
         self.granted = False
 
 
+_NO_HOLD_S = 0.0  # one shared float: a tenant that never held a slot stores no float of its own
+
+
 class _Bucket:
+    """One tenant's quota state. Kept small, since many tenants sit idle: the holders list and the
+    waiter queue exist only while something is held or queued (an empty deque alone is 600 bytes),
+    and the quota's derived limits are shared by every tenant of the quota."""
+
     __slots__ = (
         "burst_s",
         "hold_ewma_s",
@@ -91,49 +98,71 @@ class _Bucket:
         "quota",
         "tat",
         "tenant",
+        "used",
         "waiters",
     )
 
     def __init__(self, tenant: str, quota: TenantQuota, now: float) -> None:
         self.tenant = tenant
         self.in_flight = 0
-        # Leases that took a slot, oldest first; released ones are dropped lazily (see hold()).
-        self.holders: deque[Lease] = deque()
+        # Leases that took a slot, oldest first; released ones are dropped lazily (see hold()),
+        # and the whole list once nothing is held. None: nothing held.
+        self.holders: list[Lease] | None = None
         self.prune_at = 32
-        self.waiters: deque[_Waiter] = deque()
+        self.waiters: deque[_Waiter] | None = None  # None: nobody queued
         self.tat = now
-        self.hold_ewma_s = 0.0
+        self.hold_ewma_s = _NO_HOLD_S
+        self.used = True  # admitted since the last eviction sweep (see LocalQuotas._evict)
         self.adopt(quota)
 
     def adopt(self, quota: TenantQuota) -> None:
         """Take ``quota``'s limits (precomputed for the admission fast path)."""
         self.quota = quota
-        self.limit = quota.max_concurrency
-        rate = quota.rate_per_s
-        self.interval_s = 0.0 if rate is None else 1.0 / rate
-        burst = quota.burst if quota.burst is not None else (1 if rate is None else max(1, math.ceil(rate)))
-        self.burst_s = burst * self.interval_s
+        self.limit, self.interval_s, self.burst_s = _limits(quota)
 
     def hold(self, started: float) -> Lease:
         """A lease on one of this bucket's slots (``in_flight`` already counts it)."""
         lease = Lease(self, started, True)
         holders = self.holders
-        holders.append(lease)
-        if len(holders) > self.prune_at:
-            self.prune()
+        if holders is None:
+            self.holders = [lease]
+        else:
+            holders.append(lease)
+            if len(holders) > self.prune_at:
+                self.prune()
         return lease
 
     def prune(self) -> None:
         """Drop released leases; next time once ``in_flight + 32`` more were admitted (so the
-        cost is amortised O(1) per admission and the deque stays within twice what is held)."""
-        self.holders = deque(h for h in self.holders if not h._released)
-        self.prune_at = len(self.holders) + self.in_flight + 32
+        cost is amortised O(1) per admission and the list stays within twice what is held)."""
+        holders = [h for h in self.holders or () if not h._released]
+        self.holders = holders or None
+        self.prune_at = len(holders) + self.in_flight + 32
 
     def idle(self, now: float) -> bool:
         return self.in_flight == 0 and not self.waiters and self.tat <= now
 
     def unused(self) -> bool:
         return self.in_flight == 0 and not self.waiters
+
+
+_limits_of: dict[int, tuple[TenantQuota, tuple[int | None, float, float]]] = {}
+
+
+def _limits(quota: TenantQuota) -> tuple[int | None, float, float]:
+    """``(max_concurrency, seconds per token, burst in seconds)`` of ``quota``, computed once per
+    quota object and shared (the floats of 100,000 tenants of one quota are one set of floats)."""
+    got = _limits_of.get(id(quota))
+    if got is not None and got[0] is quota:
+        return got[1]
+    rate = quota.rate_per_s
+    interval_s = 0.0 if rate is None else 1.0 / rate
+    burst = quota.burst if quota.burst is not None else (1 if rate is None else max(1, math.ceil(rate)))
+    limits = (quota.max_concurrency, interval_s, burst * interval_s)
+    if len(_limits_of) >= 1024:  # quota_for may build a quota per call: stay bounded
+        _limits_of.clear()
+    _limits_of[id(quota)] = (quota, limits)
+    return limits
 
 
 class LocalQuotas:
@@ -147,8 +176,10 @@ class LocalQuotas:
     a rate token sleeps with ``sleep``, default the clock's own, see :func:`ragguard._clock.sleep_of`;
     a wait for a slot is bounded on the clock's timers when it has them, e.g. a FakeClock).
     Raises ConfigError for ``max_tenants`` < 1.
-    Idle tenants are forgotten once more than ``max_tenants`` are tracked, so a flood of tenant ids
-    cannot grow memory without bound.
+
+    Idle tenants are forgotten once ``max_tenants`` are tracked, least recently used first, so a
+    flood of tenant ids cannot grow memory without bound (an idle tenant holds about 250 bytes:
+    100,000 of them about 25 MB; ``benchmarks/tenants.py`` measures it).
     """
 
     def __init__(
@@ -156,7 +187,7 @@ class LocalQuotas:
         quota_for: Callable[[str], TenantQuota],
         *,
         clock: Clock = monotonic,
-        max_tenants: int = 10_000,
+        max_tenants: int = 100_000,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
     ) -> None:
         v.count("max_tenants", max_tenants, 1)
@@ -176,7 +207,7 @@ class LocalQuotas:
     def waiting(self, tenant: str) -> int:
         """Requests of ``tenant`` queued for a slot now."""
         b = self._buckets.get(tenant)
-        return 0 if b is None else sum(1 for w in b.waiters if not w.event.is_set())
+        return 0 if b is None or not b.waiters else sum(1 for w in b.waiters if not w.event.is_set())
 
     def total_in_flight(self) -> int:
         return sum(b.in_flight for b in self._buckets.values())
@@ -191,7 +222,9 @@ class LocalQuotas:
             quota = self._quota_for(tenant)
             if quota.max_concurrency is None and quota.rate_per_s is None:
                 return None
-            return WAIT  # the first request of a tenant creates its bucket in acquire()
+            # a tenant seen for the first time (or again after it was forgotten) is admitted here
+            # too: its fresh bucket has a free slot and a token
+            bucket = self._bucket(tenant, quota, self._clock())
         limit = bucket.limit
         if limit is not None and (bucket.in_flight >= limit or bucket.waiters):
             return WAIT
@@ -202,13 +235,17 @@ class LocalQuotas:
             if tat - now - bucket.burst_s > 1e-9:
                 return WAIT
             bucket.tat = tat
+        bucket.used = True
         if limit is not None:  # bucket.hold(now), inlined: this is the hot path
             bucket.in_flight += 1
             lease = Lease(bucket, now, True)
             holders = bucket.holders
-            holders.append(lease)
-            if len(holders) > bucket.prune_at:
-                bucket.prune()
+            if holders is None:
+                bucket.holders = [lease]
+            else:
+                holders.append(lease)
+                if len(holders) > bucket.prune_at:
+                    bucket.prune()
             return lease
         return Lease(bucket, now)
 
@@ -250,6 +287,7 @@ class LocalQuotas:
                     if quota.rate_per_s is not None:
                         self._refund(bucket, quota)  # a refused request spends no rate
                     raise
+        bucket.used = True
         if quota.max_concurrency is not None:
             return bucket.hold(self._clock())
         return Lease(bucket, self._clock())
@@ -270,6 +308,8 @@ class LocalQuotas:
         bucket.in_flight -= 1
         if bucket.waiters:
             self._hand_off(bucket)
+        elif bucket.in_flight == 0:
+            bucket.holders = None  # every lease it held is released: drop the list
 
     # -- internals ------------------------------------------------------------------------
 
@@ -287,16 +327,29 @@ class LocalQuotas:
         return bucket
 
     def _evict(self, now: float) -> None:
-        """Forget tenants down to 90% of ``max_tenants``, oldest first: idle ones, then those whose
-        only state is a future rate token (they may burst once more: the price of a bounded map).
-        Tenants with requests in flight or queued are kept. Amortised O(1) per new tenant."""
+        """Forget tenants down to 90% of ``max_tenants``, least recently used first: idle ones,
+        then those whose only state is a future rate token (they may burst once more: the price
+        of a bounded map). Tenants with requests in flight or queued are kept.
+
+        Least recently used as CLOCK approximates it (the second-chance sweep of page caches): the
+        map is swept in its order; a tenant admitted since the sweep last passed it (``used``) is
+        spared once and moved to the end, one that was not is forgotten. An admission pays one
+        flag store for it, and the sweep amortised O(1) per new tenant."""
         target = int(self._max_tenants * 0.9)
         buckets = self._buckets
         for fully_idle in (True, False):
-            for key in [k for k, b in buckets.items() if (b.idle(now) if fully_idle else b.unused())]:
-                if len(buckets) <= target:
-                    return
-                del buckets[key]
+            for _ in range(2):  # the second pass finds the tenants the first pass spared
+                for key, bucket in list(buckets.items()):
+                    if len(buckets) <= target:
+                        return
+                    if bucket.in_flight or bucket.waiters or (fully_idle and bucket.tat > now):
+                        continue
+                    if bucket.used:
+                        bucket.used = False
+                        del buckets[key]
+                        buckets[key] = bucket  # to the end: swept last next time
+                    else:
+                        del buckets[key]
 
     def _reserve(
         self, bucket: _Bucket, quota: TenantQuota, now: float, wait_budget: float, by_deadline: bool
@@ -327,6 +380,8 @@ class LocalQuotas:
                 bucket.tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency"
             )
         waiter = _Waiter()
+        if bucket.waiters is None:
+            bucket.waiters = deque()
         bucket.waiters.append(waiter)
         cancels = _cancel_requests()
         try:
@@ -359,10 +414,15 @@ class LocalQuotas:
         # Leave the queue now rather than as a marked entry skipped by the next release: behind a
         # slot held for long, every refused request would otherwise stay queued until then.
         waiter.event.set()
+        waiters = bucket.waiters
+        if waiters is None:  # pragma: no cover - already popped, and the queue dropped
+            return
         try:
-            bucket.waiters.remove(waiter)
+            waiters.remove(waiter)
         except ValueError:  # pragma: no cover - already popped
             pass
+        if not waiters:
+            bucket.waiters = None
 
     def _hand_off(self, bucket: _Bucket) -> None:
         """A slot was given back: re-read the tenant's quota (so a changed limit applies to this
@@ -376,6 +436,8 @@ class LocalQuotas:
     def _grant(bucket: _Bucket) -> None:
         """Admit the oldest live waiters while the slots in flight are below the current limit."""
         waiters = bucket.waiters
+        if waiters is None:
+            return
         limit = bucket.limit
         while waiters and (limit is None or bucket.in_flight < limit):
             w = waiters.popleft()
@@ -383,6 +445,8 @@ class LocalQuotas:
                 w.granted = True
                 w.event.set()
                 bucket.in_flight += 1
+        if not waiters:
+            bucket.waiters = None
 
     def _slot_eta(self, bucket: _Bucket, quota: TenantQuota) -> float:
         """Seconds until a concurrency slot could be the refused caller's (at least 1 ms).
@@ -396,11 +460,11 @@ class LocalQuotas:
         now = self._clock()
         hold = bucket.hold_ewma_s if bucket.hold_ewma_s > 0.0 else _UNKNOWN_HOLD_S
         limit = quota.max_concurrency if quota.max_concurrency is not None else bucket.in_flight
-        ahead = sum(1 for w in bucket.waiters if not w.event.is_set())
+        ahead = sum(1 for w in bucket.waiters or () if not w.event.is_set())
         need = max(0, bucket.in_flight - limit) + ahead + 1  # slot releases before our turn
         ends: list[float] = []
         young = 0
-        for seen, lease in enumerate(bucket.holders):  # oldest first
+        for seen, lease in enumerate(bucket.holders or ()):  # oldest first
             if lease._released:
                 continue
             age = now - lease.started

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from contextvars import Token
+from itertools import islice
 from types import TracebackType
 from typing import Any
 
 from .._clock import Clock, monotonic
-from .._context import RequestScope, _scope, validate_tenant_id
-from ..deadline import Expiry, _deadline, narrow
+from .._context import MAX_TENANT_ID_LEN, RequestScope, _scope, validate_tenant_id
+from ..deadline import Expiry, _deadline
 from ..policy import TenantQuota
 from ._local import WAIT, QuotaBackend
 
 __all__ = ["TenantContext"]
 
+_VALID_MAX = 4096
 _valid: dict[str, str] = {}
+"""Tenant ids that passed the check, kept for the next request of the tenant: at most
+``_VALID_MAX``, the oldest half forgotten when full (so a rotation over more tenants than that
+pays the check, about 100 ns for an id of letters and digits, never unbounded memory)."""
 
 
 def _checked(tenant_id: object) -> str:
@@ -22,9 +27,16 @@ def _checked(tenant_id: object) -> str:
         hit = _valid.get(tenant_id)
         if hit is not None:
             return hit
-    checked = validate_tenant_id(tenant_id)
-    if len(_valid) < 4096:
-        _valid[checked] = checked
+        if tenant_id.isalnum() and tenant_id.isascii() and len(tenant_id) <= MAX_TENANT_ID_LEN:
+            checked = tenant_id  # [A-Za-z0-9]{1,64}: valid without the regular expression
+        else:
+            checked = validate_tenant_id(tenant_id)
+    else:
+        checked = validate_tenant_id(tenant_id)  # raises InvalidInput
+    if len(_valid) >= _VALID_MAX:
+        for old in list(islice(_valid, _VALID_MAX // 2)):
+            del _valid[old]
+    _valid[checked] = checked
     return checked
 
 
@@ -42,7 +54,7 @@ class TenantContext(RequestScope):
     __slots__ = ("_backend", "_clock", "_deadline_token", "_lease", "_quota", "_token")
 
     def __init__(
-        self, tenant_id: str, backend: QuotaBackend, quota: TenantQuota, *, clock: Clock = monotonic
+        self, tenant_id: str, backend: QuotaBackend, quota: TenantQuota, clock: Clock = monotonic
     ) -> None:
         hit = _valid.get(tenant_id) if type(tenant_id) is str else None
         self.tenant = hit if hit is not None else _checked(tenant_id)
@@ -67,8 +79,11 @@ class TenantContext(RequestScope):
             lease = await backend.acquire(self.tenant)
         self._lease = lease
         timeout_s = self._quota.timeout_s
-        if timeout_s is not None:
-            self._deadline_token = narrow(timeout_s, self._clock)
+        if timeout_s is not None:  # narrow(timeout_s, clock), inlined: once per request
+            outer = _deadline.get()
+            if outer is None or outer.at - outer.clock() > timeout_s:
+                clock = self._clock
+                self._deadline_token = _deadline.set(Expiry(clock() + timeout_s, clock))
         self._token = _scope.set(self)
         return self
 

@@ -1,0 +1,148 @@
+"""The failure path: a call whose dependency refuses every attempt, 3 attempts, beside a hand-written
+retry loop, the pre-redesign code and the stock libraries, in one interleaved run.
+
+    .venv/bin/python benchmarks/failure_path.py [--ops 300] [--rounds 15]
+
+Every contender makes 3 attempts at a coroutine raising ConnectionRefusedError, with a zero backoff
+(one ``asyncio.sleep(0)`` between attempts), and ends with the error (no fallback); breakers are
+configured so that they never open (they count, they do not reject). CPU time of the loop's thread
+per failed call, median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+import aiobreaker
+import tenacity
+
+import _baseline
+import _bench
+import ragguard
+from _bench import Contender
+
+
+async def refused(x: int = 1) -> int:
+    raise ConnectionRefusedError("the store is down")
+
+
+def _stage(mod: Any, *, full: bool) -> Any:
+    retry = mod.RetryPolicy(
+        attempts=3, retry_on=("connection",), initial_backoff_s=0.0, jitter_s=0.0, budget_min_per_s=1e6
+    )
+    # a one-second time window that needs a million calls before it judges: it counts, never opens
+    never_opens = mod.BreakerPolicy(kind="generic", window_type="time", window_size=1, minimum_calls=1_000_000)
+    stage = mod.StagePolicy(
+        timeout_s=2.0 if full else None,
+        min_attempt_s=0.0,
+        retry=retry,
+        breaker=never_opens if full else mod.BreakerPolicy(kind="none"),
+    )
+    policy = mod.Policy(
+        stages={"s": stage}, tenants={"acme": mod.TenantQuota(max_concurrency=64, rate_per_s=1e7, timeout_s=0.8)}
+    )
+    g = mod.Guard(policy, sleep=asyncio.sleep)
+    call = g.guard("s")(refused)
+
+    async def body() -> None:
+        try:
+            if full:
+                async with g.tenant("acme"):
+                    await call(1)
+            else:
+                await call(1)
+        except ConnectionRefusedError:
+            pass
+
+    return body, None
+
+
+async def hand_loop() -> None:
+    for attempt in range(3):
+        try:
+            await refused(1)
+            return
+        except ConnectionRefusedError:
+            if attempt == 2:
+                return
+            await asyncio.sleep(0)
+
+
+async def tenacity_loop() -> None:
+    try:
+        async for attempt in tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(3), retry=tenacity.retry_if_exception_type(ConnectionError),
+            sleep=asyncio.sleep, reraise=True,
+        ):  # fmt: skip
+            with attempt:
+                await refused(1)
+    except ConnectionRefusedError:
+        pass
+
+
+def natural() -> Any:
+    breaker = aiobreaker.CircuitBreaker(fail_max=10**9)
+    sem = asyncio.Semaphore(64)
+
+    async def body() -> None:
+        try:
+            async with asyncio.timeout(0.8), sem:
+                async for attempt in tenacity.AsyncRetrying(
+                    stop=tenacity.stop_after_attempt(3), retry=tenacity.retry_if_exception_type(ConnectionError),
+                    sleep=asyncio.sleep, reraise=True,
+                ):  # fmt: skip
+                    with attempt:
+                        async with asyncio.timeout(2.0):
+                            await breaker.call_async(refused, 1)
+        except ConnectionRefusedError:
+            pass
+
+    return body
+
+
+async def main(ops: int, rounds: int) -> int:
+    _bench.header()
+    old, note = _baseline.load()
+    _bench.console.print(note, markup=False)
+    retry_only, _ = _stage(ragguard, full=False)
+    full, _ = _stage(ragguard, full=True)
+    contenders = [
+        Contender("hand-written loop", "for attempt in range(3): try/except, sleep(0)", hand_loop),
+        Contender("tenacity AsyncRetrying", "one per call, stop after 3, sleep(0)", tenacity_loop),
+        Contender("ragguard retry stage", "a stage with retries only (3 attempts)", retry_only),
+        Contender("ragguard full stack", "tenant quota+deadline, retry, breaker, 2 s attempt timeout",
+                  full),
+        Contender("stock libraries, natural", "Semaphore+2 asyncio.timeout+tenacity+aiobreaker", natural()),
+    ]  # fmt: skip
+    if old is not None:
+        old_retry, _ = _stage(old, full=False)
+        old_full, _ = _stage(old, full=True)
+        contenders[4:4] = [
+            Contender("pre-redesign retry stage", "commit ba06c64, retries only", old_retry),
+            Contender("pre-redesign full stack", "commit ba06c64, the same full stack", old_full),
+        ]
+    results = await _bench.run_async(contenders, ops=ops, rounds=rounds, yield_every=0)
+    _bench.print_table(results, "failure path: 3 failed attempts per call", against=["hand-written loop"],
+                       unit="failed call")  # fmt: skip
+    targets = [
+        _bench.ratio_target(results, "retry stage vs a hand-written loop", "ragguard retry stage",
+                            "hand-written loop", 2.0),
+        _bench.ratio_target(results, "full stack failing vs a hand-written loop", "ragguard full stack",
+                            "hand-written loop", 2.0),
+    ]  # fmt: skip
+    if old is not None:
+        targets.append(_bench.ratio_target(results, "full stack failing vs pre-redesign (lower is better)",
+                                           "ragguard full stack", "pre-redesign full stack", 1.0))
+    _bench.print_targets(targets)
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=300, help="failed calls per contender per round")
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    sys.exit(asyncio.run(main(args.ops, args.rounds)))

@@ -1,0 +1,67 @@
+"""Regenerate benchmarks/RESULTS.md: run each benchmark (each in its own process, at its default
+size) and record its output, with every MET/GAP line gathered at the top.
+
+    .venv/bin/python benchmarks/run_all.py [--only overhead,tenants] [--out benchmarks/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+BENCHMARKS = [
+    ("overhead", "Happy path beside the pre-redesign code (issue 10), peers and floors; 1, 100, 10,000 in flight."),
+    ("failure_path", "A call failing 3 attempts, beside a hand-written loop, tenacity and the stock stacks."),
+    ("tenants", "1, 1,000 and 100,000 tenants taking turns; bytes per idle tenant."),
+    ("breaker_micro", "The breaker alone, closed and open, beside circuitbreaker, purgatory, aiobreaker, hyx."),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated benchmark names")
+    parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    args = parser.parse_args()
+    chosen = [b for b in BENCHMARKS if not args.only or b[0] in args.only.split(",")]
+    sections: list[str] = []
+    verdicts: list[str] = []
+    env = {**os.environ, "BENCH_WIDTH": "130", "COLUMNS": "130"}
+    for name, what in chosen:
+        print(f"running {name}...", file=sys.stderr, flush=True)
+        done = subprocess.run(
+            [sys.executable, str(HERE / f"{name}.py")], capture_output=True, text=True, env=env, cwd=HERE.parent
+        )
+        output = done.stdout + (f"\n(exit status {done.returncode})\n{done.stderr[-2000:]}" if done.returncode else "")
+        verdicts += [f"{name}: {line.strip()}" for line in output.splitlines() if line.startswith(("MET", "GAP"))]
+        sections.append(f"## `.venv/bin/python benchmarks/{name}.py`\n\n{what}\n\n```\n{output.rstrip()}\n```\n")
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    head = f"""# Benchmark results
+
+Regenerate with one command: `.venv/bin/python benchmarks/run_all.py` (a few minutes on 2 cores).
+Recorded {now} on Python {platform.python_version()}, {os.cpu_count()} shared cores. Every benchmark
+interleaves its contenders round by round (benchmarks/_bench.py), reports the median and min-max of
+CPU time per operation of the loop's thread, and gives ratios as the median of per-round ratios.
+The machine is shared: compare ratios, not absolute figures. `benchmarks/codec.py`,
+`shared_breaker.py`, `monitors_overhead.py` and `http_middleware.py` are run on their own.
+
+## Targets
+
+```
+{chr(10).join(verdicts)}
+```
+
+"""
+    Path(args.out).write_text(head + "\n".join(sections))
+    print("\n".join(verdicts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
