@@ -176,3 +176,37 @@ async def test_an_open_breaker_serves_the_fallback_without_calling_the_model() -
     g.breaker("answer").force_open()
     assert await drive(clock, collect(answer("q"))) == ["from ", "the ", "passages"]
     assert model.calls == 0
+
+
+async def test_a_chaos_latency_on_the_opening_is_part_of_the_wait_for_the_first_item() -> None:
+    # chaos faults hit a stream's opening (its time to first item): the first-item budget covers it
+    from ragguard.chaos import Chaos, Latency
+
+    clock = FakeClock(auto_advance=False)
+    chaos = Chaos(clock=clock, sleep=clock.sleep)
+    g = ragguard.Guard(answer_policy(first_item_s=2.0, idle_s=1.0), clock=clock, chaos=chaos)
+    model = Model(clock)
+    answer = g.guard("answer", fallback=extractive)(stream_of(model))
+    chaos.inject(Latency(30.0), stage="answer")
+    started = clock()
+    assert await drive(clock, served(answer("q"))) == (["from ", "the ", "passages"], ("extractive",))
+    assert 2.0 <= clock() - started <= 2.05  # cut at the budget, not after the injected 30 s
+    assert model.calls == 0  # the latency came before the model was called
+
+
+async def test_the_stage_timeout_bounds_a_chaos_latency_on_any_streams_opening() -> None:
+    from ragguard.chaos import Chaos, Latency
+
+    clock = FakeClock(auto_advance=False)
+    chaos = Chaos(clock=clock, sleep=clock.sleep)
+    policy = Policy(stages={"plain": StagePolicy(timeout_s=1.0, breaker=BreakerPolicy(kind="none"))})
+    g = ragguard.Guard(policy, clock=clock, chaos=chaos)
+
+    @g.guard("plain")
+    async def tokens() -> Any:
+        yield 1
+
+    chaos.inject(Latency(30.0), stage="plain")
+    with pytest.raises(ragguard.StageTimeout) as cut:
+        await drive(clock, collect(tokens()))
+    assert cut.value.items is None and 1.0 <= clock() <= 1.05

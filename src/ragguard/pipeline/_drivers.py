@@ -76,10 +76,10 @@ class Node:
                 inner = self.inner
                 head: Head
                 if self.wrapper is not None and self.wrapper.streams:
-                    proceed = (
-                        _open_fn(call, item_gates) if inner is None else partial(inner.open, call, item_gates)
-                    )
-                    head = await self.wrapper.around(call, proceed)
+                    if inner is None:
+                        head = await _open_wrapped(call, item_gates, self.wrapper)
+                    else:
+                        head = await self.wrapper.around(call, partial(inner.open, call, item_gates))
                 elif inner is not None:
                     head = await inner.open(call, item_gates)
                 else:
@@ -167,6 +167,25 @@ class Head:
 async def _aiter(items: Any) -> AsyncIterator[Any]:
     for item in items:
         yield item
+
+
+async def _open_wrapped(call: Call, item_gates: tuple[Gate, ...], wrapper: Wrapper) -> Head:
+    """Open the stream through the innermost wrapper (chaos), inside the item gates: what the
+    wrapper adds before the stream's first item (an injected latency) is part of the wait for it,
+    so the first-item budget and the attempt timeout bound it as they bound a call."""
+    entered: list[Any] = []
+    try:
+        for gate in item_gates:
+            token = gate.enter(call)
+            if token is WAIT:
+                token = await gate.enter_async(call)
+            entered.append(token)
+        head: Head = await wrapper.around(call, _open_fn(call, ()))
+    except BaseException as exc:
+        _exit_all(call, item_gates, entered, exc)
+        raise
+    _exit_all(call, item_gates, entered, None)
+    return head
 
 
 def _open_fn(call: Call, item_gates: tuple[Gate, ...]) -> Callable[[], Awaitable[Head]]:
