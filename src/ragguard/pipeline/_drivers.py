@@ -137,10 +137,11 @@ def call_fn(call: Call) -> Callable[[], Awaitable[Any]]:
 class Head:
     """An opened stream: the iterator, its first item, and the gate tokens held until it ends.
 
-    ``deliver``: None, or an async function of an item that the stream driver awaits before it
-    hands each item (the first included) to the caller, outside every item gate: a wrapper with
-    ``streams = True`` sets it on the head it returns (the generation preset paces and counts the
-    items of the tenant's token budget there, so its waits are not the dependency's time).
+    ``deliver``: None, or a function the stream driver calls with each item (the first included)
+    before it hands the item to the caller, outside every item gate; it returns None, or an
+    awaitable the driver awaits first. A wrapper with ``streams = True`` sets it on the head it
+    returns (the generation preset counts each item's tokens there and returns the tenant's pacing
+    wait, so the wait is not the dependency's time and an item that needs none costs no coroutine).
     """
 
     __slots__ = ("agen", "deliver", "done", "first", "guarded", "held")
@@ -151,7 +152,7 @@ class Head:
         self.done = done
         self.guarded = guarded  # False for a fallback's stream: its items skip the item gates
         self.held: list[tuple[Sequence[Gate], list[Any]]] = []
-        self.deliver: Callable[[Any], Awaitable[Any]] | None = None
+        self.deliver: Callable[[Any], Awaitable[Any] | None] | None = None
 
     @classmethod
     async def of_fallback(cls, produced: Any) -> Head:
@@ -246,7 +247,9 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
             return
         deliver = head.deliver
         if deliver is not None:
-            await deliver(head.first)
+            pending = deliver(head.first)
+            if pending is not None:
+                await pending
         call.items = 1
         yield head.first
         agen = head.agen
@@ -256,7 +259,9 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
             except StopAsyncIteration:
                 return
             if deliver is not None:
-                await deliver(item)
+                pending = deliver(item)
+                if pending is not None:
+                    await pending
             call.items += 1
             yield item
     except BaseException as exc:

@@ -82,25 +82,27 @@ class StreamRecord:
         self.handle: Any = None
         self.kind: StreamBudget = "first_item"
 
-    async def deliver(self, item: Any) -> None:
-        """Count ``item``'s tokens and wait, if the tenant's pacing says so, before it is handed
-        over (the stream driver's ``Head.deliver``)."""
+    def deliver(self, item: Any) -> Awaitable[None] | None:
+        """Count ``item``'s tokens before it is handed over (the stream driver's ``Head.deliver``):
+        None, or the tenant's pacing wait to await first."""
         meter = self.meter
         n = meter.count(item)
         if type(n) is not int or n < 0:
             n = _token_count(n)
         self.tokens += n
         account = self.account
-        if account is not None and account.interval_s:
-            accounts = meter.accounts
-            wait = accounts.pace(account, n)
-            if wait:
-                try:
-                    await meter.sleep(wait)
-                except BaseException:
-                    accounts.unpace(account, n)  # never handed over: its place goes to the next
-                    raise
-                self.paced_s += wait
+        if account is None or not account.interval_s:
+            return None
+        wait = meter.accounts.pace(account, n)
+        return self._paced(account, n, wait) if wait else None
+
+    async def _paced(self, account: TokenAccount, n: int, wait: float) -> None:
+        try:
+            await self.meter.sleep(wait)
+        except BaseException:
+            self.meter.accounts.unpace(account, n)  # never handed over: its place goes to the next
+            raise
+        self.paced_s += wait
 
 
 def _token_count(n: Any) -> int:
