@@ -87,7 +87,8 @@ class RerankOutOfMemory(BreakerOpen):
 class QuotaExceeded(RagguardError):
     """Tenant ``tenant`` is over its quota.
 
-    ``reason`` is ``"concurrency"``, ``"rate"`` or ``"deadline"`` (the wait would outlast the
+    ``reason`` is ``"concurrency"``, ``"rate"``, ``"tokens"`` (the tenant's token quota, for a
+    stream of the generation stage) or ``"deadline"`` (the wait would outlast the
     request's deadline); ``retry_after_s`` is an honest estimate, in seconds, of when a retry
     could be admitted.
     """
