@@ -162,5 +162,5 @@ async def test_primed_raises_before_the_first_item_and_closes_what_it_read() -> 
     assert [i async for i in await primed(stream(False, 0))] == []
     early = await primed(stream(False, 5))
     assert await anext(early) == 0
-    await early.aclose()  # type: ignore[attr-defined]
+    await early.aclose()
     assert closed == ["True:3", "False:3", "False:0", "False:5"]

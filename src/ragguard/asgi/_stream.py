@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import Any, TypeVar
 
 __all__ = ["primed"]
@@ -10,8 +10,8 @@ __all__ = ["primed"]
 T = TypeVar("T")
 
 
-async def primed(stream: AsyncIterable[T]) -> AsyncIterator[T]:
-    """Await ``stream``'s first item now, then return an async iterator of all its items.
+async def primed(stream: AsyncIterable[T]) -> AsyncGenerator[T, None]:
+    """Await ``stream``'s first item now, then return an async generator of all its items.
 
     An HTTP response commits to its status when it starts: a ``StreamingResponse`` starts before
     it reads its body, so a stream that fails before its first item (a token quota refusal, an
@@ -23,8 +23,8 @@ async def primed(stream: AsyncIterable[T]) -> AsyncIterator[T]:
         items = await primed(answer(question))          # a guarded generation stream
         return StreamingResponse(sse(items), media_type="text/event-stream")
 
-    The iterator returned closes ``stream`` when it ends or is closed; iterate it or close it
-    (``aclose``). Raises what ``stream`` raised before its first item.
+    The generator returned closes ``stream`` when it ends or is closed; iterate it or close it
+    (``aclose``, ``contextlib.aclosing``). Raises what ``stream`` raised before its first item.
     """
     iterator = aiter(stream)
     try:
@@ -37,7 +37,7 @@ async def primed(stream: AsyncIterable[T]) -> AsyncIterator[T]:
     return _rest(iterator, first, empty=False)
 
 
-async def _rest(iterator: AsyncIterator[T], first: Any, *, empty: bool) -> AsyncIterator[T]:
+async def _rest(iterator: AsyncIterator[T], first: Any, *, empty: bool) -> AsyncGenerator[T, None]:
     try:
         if empty:
             return
