@@ -123,3 +123,17 @@ async def test_a_tenant_without_token_limits_gets_no_account() -> None:
         assert await collect(model()) == ["a"]
     assert ragguard.rag.token_accounts(g)._accounts == {}
     assert issubclass(StreamTimeout, ragguard.StageTimeout)
+
+
+def test_stream_timeout_carries_its_fields_through_pickle() -> None:
+    import pickle
+
+    cut = StreamTimeout("generation", "idle", 2.5, 7)
+    cut.add_note("seen by the test")
+    back = pickle.loads(pickle.dumps(cut))
+    assert (back.stage, back.budget, back.timeout_s, back.items) == ("generation", "idle", 2.5, 7)
+    assert str(back) == str(cut)
+    assert str(cut) == "stage 'generation' stream cut: its idle budget of 2.500s ran out after 7 items"
+    assert back.__notes__ == ["seen by the test"]
+    timeout = pickle.loads(pickle.dumps(ragguard.StageTimeout("rerank", 0.8, items=3)))
+    assert (timeout.stage, timeout.timeout_s, timeout.items) == ("rerank", 0.8, 3)
