@@ -245,15 +245,6 @@ class StreamBudgets:
         self._loop: Any = None
         self._wheel: Any = None
 
-    def _timers_of(self, loop: Any) -> Timers:
-        timers = self._timers
-        if timers is not None:
-            return timers
-        if loop is not self._loop:
-            self._wheel = wheel_for(loop)
-            self._loop = loop
-        return self._wheel  # type: ignore[no-any-return]
-
     def enter(self, call: Call) -> Any:
         record = self.records.get(id(call))
         if record is None:  # pragma: no cover - the meter opens every stream of the stage
@@ -287,7 +278,13 @@ class StreamBudgets:
         call.task = task = current_task(loop)
         if task is None:  # pragma: no cover - awaited outside a task: nothing to cancel
             return record
-        record.handle = self._timers_of(loop).arm(task, budget)
+        timers = self._timers
+        if timers is None:  # the loop's wheel (inlined: this runs for every item)
+            if loop is not self._loop:
+                self._wheel = wheel_for(loop)
+                self._loop = loop
+            timers = self._wheel
+        record.handle = timers.arm(task, budget)
         return record
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
