@@ -19,6 +19,7 @@ from ._errors import (
     RagguardError,
     RerankOutOfMemory,
     StageTimeout,
+    StreamTimeout,
     VectorStoreUnavailable,
 )
 from .breakers import (
@@ -30,7 +31,7 @@ from .breakers import (
 )
 from .deadline import deadline, remaining
 from .guard import Guard, configure, default_guard, guard, tenant
-from .policy import BreakerPolicy, Policy, RetryPolicy, StagePolicy, TenantQuota
+from .policy import BreakerPolicy, GenerationPolicy, Policy, RetryPolicy, StagePolicy, TenantQuota
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "EmbeddingTimeoutBreaker",
     "EmbeddingUnavailable",
     "FakeClock",
+    "GenerationPolicy",
     "Guard",
     "InvalidInput",
     "Policy",
@@ -55,6 +57,7 @@ __all__ = [
     "RetryPolicy",
     "StagePolicy",
     "StageTimeout",
+    "StreamTimeout",
     "TenantQuota",
     "VectorStoreUnavailable",
     "VectorStoreUnavailableBreaker",

@@ -10,16 +10,21 @@ Every rejection ragguard makes on a caller's behalf derives from one root::
      +-- QuotaExceeded                 the tenant is over its concurrency or rate quota
      +-- DeadlineExceeded              the request's time budget is spent
      +-- StageTimeout (TimeoutError)   one attempt ran past the stage's own ``timeout_s``
+     |    +-- StreamTimeout            a stream's first-item, idle or total budget ran out
      +-- InvalidInput (ValueError)     the caller's mistake: bad tenant id, bad option
      |    +-- ConfigError              a policy value out of range, named by field
      |    +-- CorruptPayload           a compressed message that does not decode
 
 A cancelled call is not an error of ragguard's: it releases what it holds and re-raises the
 cancellation. The exception that caused a rejection, where there is one, stays reachable as
-``__cause__``.
+``__cause__``. An error that ends a stream after items were handed to the caller (the commit
+point: no fallback or retry any more) says how many: ``items`` on :class:`DeadlineExceeded`,
+:class:`StageTimeout` and :class:`StreamTimeout`, and a note (PEP 678) on any error.
 """
 
 from __future__ import annotations
+
+from typing import Any, Literal
 
 __all__ = [
     "BreakerOpen",
@@ -32,6 +37,8 @@ __all__ = [
     "RagguardError",
     "RerankOutOfMemory",
     "StageTimeout",
+    "StreamBudget",
+    "StreamTimeout",
     "VectorStoreUnavailable",
 ]
 
@@ -80,7 +87,8 @@ class RerankOutOfMemory(BreakerOpen):
 class QuotaExceeded(RagguardError):
     """Tenant ``tenant`` is over its quota.
 
-    ``reason`` is ``"concurrency"``, ``"rate"`` or ``"deadline"`` (the wait would outlast the
+    ``reason`` is ``"concurrency"``, ``"rate"``, ``"tokens"`` (the tenant's token quota, for a
+    stream of the generation stage) or ``"deadline"`` (the wait would outlast the
     request's deadline); ``retry_after_s`` is an honest estimate, in seconds, of when a retry
     could be admitted.
     """
@@ -96,12 +104,16 @@ class DeadlineExceeded(RagguardError):
     """The request's time budget was spent before or during stage ``stage``.
 
     ``budget_s`` is the budget the stage was given, in seconds (None when it was already spent
-    on arrival).
+    on arrival); ``items``: for a stream cut by the deadline, how many items had been handed to
+    the caller (None for a call).
     """
 
-    def __init__(self, stage: str, budget_s: float | None = None, detail: str = "") -> None:
+    def __init__(
+        self, stage: str, budget_s: float | None = None, detail: str = "", *, items: int | None = None
+    ) -> None:
         self.stage = stage
         self.budget_s = budget_s
+        self.items = items
         msg = f"deadline exceeded in stage {stage!r}"
         if budget_s is not None:
             msg += f" after a budget of {budget_s:.3f}s"
@@ -115,16 +127,47 @@ class StageTimeout(RagguardError, TimeoutError):
 
     Also a :class:`TimeoutError`, so breakers and retry policies classify it as a timeout: unlike
     :class:`DeadlineExceeded` (the caller's budget ran out), it says the dependency was slow, and
-    it counts against the stage's breaker and may be retried.
+    it counts against the stage's breaker and may be retried (before a stream's first item only).
+    ``items``: for a stream, how many items had been handed to the caller (None for a call).
     """
 
-    def __init__(self, stage: str, timeout_s: float) -> None:
+    def __init__(self, stage: str, timeout_s: float, *, items: int | None = None) -> None:
         self.stage = stage
         self.timeout_s = timeout_s
+        self.items = items
         super().__init__(f"stage {stage!r} timed out after {timeout_s:.3f}s")
 
-    def __reduce__(self) -> tuple[type[StageTimeout], tuple[str, float]]:
-        return (type(self), (self.stage, self.timeout_s))
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stage, self.timeout_s), self.__dict__)
+
+
+StreamBudget = Literal["first_item", "idle", "total"]
+
+
+class StreamTimeout(StageTimeout):
+    """A stream of stage ``stage`` was cut because its ``budget`` ran out (the generation preset).
+
+    ``budget`` is ``"first_item"`` (the wait for the first item), ``"idle"`` (the wait for a later
+    item) or ``"total"`` (the time spent waiting for items, summed over the stream);
+    ``timeout_s`` the budget's length in seconds; ``items`` how many items had been handed to the
+    caller when it was cut: 0 means a fallback or a retry could still serve the stream, more means
+    it was committed and the error reached the caller. A :class:`StageTimeout`, so a
+    :class:`TimeoutError`: the dependency was slow, and the stage's breaker counts it.
+    """
+
+    def __init__(self, stage: str, budget: StreamBudget, timeout_s: float, items: int) -> None:
+        self.stage = stage
+        self.budget = budget
+        self.timeout_s = timeout_s
+        self.items = items
+        TimeoutError.__init__(
+            self,
+            f"stage {stage!r} stream cut: its {budget} budget of {timeout_s:.3f}s ran out "
+            f"after {items} item{'' if items == 1 else 's'}",
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stage, self.budget, self.timeout_s, self.items), self.__dict__)
 
 
 class InvalidInput(RagguardError, ValueError):

@@ -32,6 +32,8 @@ __all__ = [
     "QuotaRejected",
     "RetryBudgetExhausted",
     "RetryScheduled",
+    "StreamCut",
+    "StreamSettled",
     "bus",
     "quick_init",
 ]
@@ -125,7 +127,7 @@ class FallbackServed:
 
 @dataclass(frozen=True, slots=True)
 class QuotaRejected:
-    """Tenant ``tenant`` was refused for ``reason`` (concurrency, rate, deadline)."""
+    """Tenant ``tenant`` was refused for ``reason`` (concurrency, rate, deadline, tokens)."""
 
     tenant: str
     reason: str
@@ -148,6 +150,34 @@ class RetryBudgetExhausted:
 
     stage: str
     tenant: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCut:
+    """A stream of stage ``stage`` (tenant ``tenant``) was cut when its ``budget`` ran out
+    (``first_item``, ``idle`` or ``total``: the generation preset's), after ``items`` items had
+    been handed to the caller (0: a fallback or retry may still serve it)."""
+
+    stage: str
+    tenant: str
+    budget: str
+    items: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettled:
+    """A stream of a generation stage ended: ``items`` and ``tokens`` (as counted) were handed to
+    tenant ``tenant``; ``reserved`` tokens had been reserved from its token quota before it opened
+    (0 without a quota) and are now settled; ``paced_s`` seconds were spent pacing its items;
+    ``outcome`` is ``ok``, ``error`` or ``cancelled`` (cancelled or closed early)."""
+
+    stage: str
+    tenant: str
+    items: int
+    tokens: int
+    reserved: int
+    paced_s: float
+    outcome: str
 
 
 class EventBus:

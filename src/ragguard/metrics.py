@@ -115,6 +115,8 @@ class PrometheusExporter:
     ``ragguard_breaker_transitions_total``, ``ragguard_fallbacks_served_total``,
     ``ragguard_quota_rejections_total``, ``ragguard_retries_total``,
     ``ragguard_retry_budget_exhausted_total``, ``ragguard_faults_injected_total``,
+    ``ragguard_streams_cut_total``, ``ragguard_stream_tokens_total``,
+    ``ragguard_stream_paced_seconds_total``,
     ``ragguard_loop_stalls_total``, ``ragguard_loop_stall_duration_seconds``, ``ragguard_redis_pool_*``.
     """
 
@@ -183,6 +185,18 @@ class PrometheusExporter:
             ["stage", "fault"],
             registry=r,
         )
+        self.stream_cuts = pc.Counter(
+            "ragguard_streams_cut", "Streams a generation budget cut (first_item, idle, total).",
+            ["stage", "budget"], registry=r,
+        )  # fmt: skip
+        self.stream_tokens = pc.Counter(
+            "ragguard_stream_tokens", "Tokens counted in generation streams, per tenant.",
+            ["stage", "tenant"], registry=r,
+        )  # fmt: skip
+        self.stream_paced = pc.Counter(
+            "ragguard_stream_paced_seconds", "Time generation streams waited for token pacing.",
+            ["stage", "tenant"], registry=r,
+        )  # fmt: skip
         self.stalls = pc.Counter("ragguard_loop_stalls", "Event-loop stalls over the threshold.", registry=r)
         self.stall_duration = pc.Histogram(
             "ragguard_loop_stall_duration_seconds",
@@ -211,6 +225,8 @@ class PrometheusExporter:
             "RetryScheduled": self._retry,
             "RetryBudgetExhausted": self._budget,
             "FaultInjected": self._fault,
+            "StreamCut": self._cut,
+            "StreamSettled": self._settled,
             "LoopStall": self._stall,
             "PoolExhausted": self._pool,
             "ConnectionLeak": self._leak,
@@ -288,6 +304,16 @@ class PrometheusExporter:
 
     def _fault(self, e: Any) -> None:
         self.faults.labels(self._stage_label(e.stage), e.fault).inc()
+
+    def _cut(self, e: events.StreamCut) -> None:
+        self.stream_cuts.labels(self._stage_label(e.stage), e.budget).inc()
+
+    def _settled(self, e: events.StreamSettled) -> None:
+        stage, tenant = self._stage_label(e.stage), self._tenant(e.tenant)
+        if e.tokens:
+            self.stream_tokens.labels(stage, tenant).inc(e.tokens)
+        if e.paced_s:
+            self.stream_paced.labels(stage, tenant).inc(e.paced_s)
 
     def _stall(self, e: Any) -> None:
         self.stalls.inc()

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_POLICY_VALUES",
     "STANDARD_STAGES",
     "BreakerPolicy",
+    "GenerationPolicy",
     "Policy",
     "RetryPolicy",
     "StagePolicy",
@@ -88,6 +89,20 @@ class TenantQuota(_Model):
     - ``max_wait_s``: how long a request may queue, first come first served, for a slot or a token
       before :class:`~ragguard.QuotaExceeded` (seconds, >= 0; also cut to the request's deadline).
     - ``timeout_s``: the tenant's time budget per request, applied as a deadline (seconds, > 0).
+
+    Generated tokens (the streams of stages with the ``generation`` preset; see docs/generation.md):
+
+    - ``tokens_per_s``: the tenant's streams together hand over at most this many tokens per
+      second beyond ``token_burst``; an item over the budget is delayed, never refused (pacing,
+      GCRA over tokens), > 0.
+    - ``token_burst``: tokens handed over back to back above the rate, >= 1 (default:
+      ceil(tokens_per_s)).
+    - ``token_quota``: tokens the tenant may spend per ``token_window_s`` seconds (a bucket of
+      ``token_quota`` tokens refilled at ``token_quota / token_window_s`` per second, GCRA). Each
+      stream reserves its estimate before it opens (waiting up to ``max_wait_s``, else
+      :class:`~ragguard.QuotaExceeded` with reason ``tokens``) and settles with its real count when
+      it ends, however it ends, >= 1.
+    - ``token_window_s``: the quota's window, seconds, > 0 (default 60: tokens per minute).
     """
 
     max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -95,6 +110,10 @@ class TenantQuota(_Model):
     burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
     max_wait_s: float = Field(default=0.0, ge=0, le=3600)
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
+    tokens_per_s: float | None = Field(default=None, gt=0, le=1e9)
+    token_burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    token_window_s: float = Field(default=60.0, gt=0, le=31 * 86_400)
 
     @property
     def unlimited(self) -> bool:
@@ -185,6 +204,30 @@ class RetryPolicy(_Model):
     budget_window_s: float = Field(default=10.0, gt=0, le=3600)
 
 
+class GenerationPolicy(_Model):
+    """The stream budgets of a stage with the ``generation`` preset (seconds; None: no such budget).
+
+    Each budget ends the stream with :class:`~ragguard.StreamTimeout` naming it; before the first
+    item a fallback or a retry may still serve the stream, after it the error reaches the caller.
+
+    - ``first_item_s``: the wait for a stream's first item, per attempt (a reasoning model that
+      thinks before its first token needs a long one), > 0. Default 30.
+    - ``idle_s``: the wait for each later item, > 0. Default 10.
+    - ``total_s``: the time a stream may spend waiting for its items, summed over the stream
+      (retries before the first item included). Pacing waits and the caller's own time between
+      items do not count: the request deadline bounds those (:class:`~ragguard.DeadlineExceeded`),
+      > 0. Default 300.
+    - ``estimate_tokens``: tokens reserved from the tenant's ``token_quota`` before a stream opens
+      and settled with the real count when it ends (``@guard(estimate=...)`` may compute it per
+      call from its arguments), >= 1. Default 256. A reservation is at most the quota itself.
+    """
+
+    first_item_s: float | None = Field(default=30.0, gt=0, le=86_400)
+    idle_s: float | None = Field(default=10.0, gt=0, le=86_400)
+    total_s: float | None = Field(default=300.0, gt=0, le=86_400)
+    estimate_tokens: int = Field(default=256, ge=1, le=1_000_000_000)
+
+
 class StagePolicy(_Model):
     """How one stage is guarded.
 
@@ -194,11 +237,13 @@ class StagePolicy(_Model):
     - ``breaker``: the breaker kind and options; ``retry``: the retry policy.
     - ``fallback_on``: which failures the stage's fallback serves: ``breaker`` (the breaker's own
       failure kinds and BreakerOpen, the default) or ``any`` (every Exception but cancellation).
-    - ``preset``: the RAG preset the stage runs (``embedding``, ``vector_store``, ``rerank``, or
-      one registered with :func:`ragguard.rag.register_preset`; None: the generic layers only).
-      The standard stages of the same names have theirs.
+    - ``preset``: the RAG preset the stage runs (``embedding``, ``vector_store``, ``rerank``,
+      ``generation``, or one registered with :func:`ragguard.rag.register_preset`; None: the
+      generic layers only). The standard stages of the same names have theirs.
     - embedding cache (``embedding`` preset): ``cache_size`` entries, ``cache_ttl_s`` seconds.
     - rerank (``rerank`` preset): ``rerank_min_batch`` is the floor the batch is halved down to.
+    - ``generation`` (``generation`` preset): the stream budgets and the token estimate
+      (:class:`GenerationPolicy`).
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -209,6 +254,7 @@ class StagePolicy(_Model):
     cache_size: int = Field(default=10_000, ge=0, le=10_000_000)
     cache_ttl_s: float = Field(default=3600.0, gt=0)
     rerank_min_batch: int = Field(default=4, ge=1)
+    generation: GenerationPolicy = GenerationPolicy()
     preset: str | None = None
 
     @model_validator(mode="after")
@@ -241,10 +287,16 @@ def _standard_stages() -> dict[str, StagePolicy]:
             breaker=BreakerPolicy(kind="rerank_oom"),
             retry=RetryPolicy(attempts=1, retry_on=()),
         ),
+        "generation": StagePolicy(
+            preset="generation",
+            timeout_s=None,
+            breaker=BreakerPolicy(kind="generic"),
+            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout")),
+        ),
     }
 
 
-STANDARD_STAGES = ("embedding", "vector_store", "rerank")
+STANDARD_STAGES = ("embedding", "vector_store", "rerank", "generation")
 
 
 def _overlay(base: _M, given: _M) -> _M:
@@ -263,9 +315,10 @@ def _overlay(base: _M, given: _M) -> _M:
 class Policy(_Model):
     """Every stage's and every tenant's settings.
 
-    - ``stages``: stage name -> StagePolicy. The standard stages ``embedding``, ``vector_store`` and
-      ``rerank`` are always present with their typed breakers; for those, the fields you set
-      override the standard values and the rest keep them. Stages not listed use ``default_stage``.
+    - ``stages``: stage name -> StagePolicy. The standard stages ``embedding``, ``vector_store``,
+      ``rerank`` and ``generation`` are always present with their presets and breakers; for those,
+      the fields you set override the standard values and the rest keep them. Stages not listed use
+      ``default_stage``.
     - ``tenants``: tenant id -> TenantQuota; tenants not listed get ``default_quota`` each.
     """
 

@@ -262,3 +262,16 @@ def test_a_shared_breaker_speaks_for_the_breaker_it_wraps() -> None:
     shared = SharedCircuitBreaker(local, client)
     alive = live_breakers()
     assert shared in alive and local not in alive
+
+
+async def test_generation_streams_become_metrics() -> None:
+    bus = events.EventBus()
+    exporter = PrometheusExporter(bus=bus).start()
+    bus.emit(events.StreamCut("generation", "acme", "idle", 3))
+    bus.emit(events.StreamCut("generation", "acme", "idle", 7))
+    bus.emit(events.StreamSettled("generation", "greedy", 40, 120, 256, 1.5, "ok"))
+    bus.emit(events.StreamSettled("generation", "greedy", 10, 30, 256, 0.5, "cancelled"))
+    await _deliver()
+    assert value(exporter, "ragguard_streams_cut_total", stage="generation", budget="idle") == 2
+    assert value(exporter, "ragguard_stream_tokens_total", stage="generation", tenant="greedy") == 150
+    assert value(exporter, "ragguard_stream_paced_seconds_total", stage="generation", tenant="greedy") == 2.0

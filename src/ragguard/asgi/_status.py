@@ -14,7 +14,10 @@ anything else               --      left to the application and the server (500)
 ==========================  ======  =============================================================
 
 The body is JSON: ``{"detail": str(error), "error": "<class name>", "retry_after_s": float}``
-(``retry_after_s`` only when there is a wait to tell).
+(``retry_after_s`` only when there is a wait to tell). An error that cut a stream adds ``"items"``
+(how many items the caller had been sent) and, for :class:`~ragguard.StreamTimeout`, ``"budget"``
+(``first_item``, ``idle`` or ``total``); in an SSE stream they reach the client in the
+``ragguard-error`` event.
 
 ``RateLimit`` follows the IETF draft "RateLimit header fields for HTTP"
 (draft-ietf-httpapi-ratelimit-headers, -08 onwards): on a 429 refused by the tenant's concurrency
@@ -30,7 +33,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._errors import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded, StageTimeout
+from .._errors import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded, StageTimeout, StreamTimeout
 from .._http import (
     RETRY_AFTER_HEADER,
     RETRY_AFTER_MS_HEADER,
@@ -86,6 +89,11 @@ def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> Htt
     body: dict[str, Any] = {"detail": str(exc), "error": type(exc).__name__}
     if wait is not None:
         body["retry_after_s"] = round(wait, 6)
+    if isinstance(exc, StreamTimeout):
+        body["budget"] = exc.budget
+    items = getattr(exc, "items", None) if status == 504 else None
+    if isinstance(items, int):
+        body["items"] = items
     return status, headers, body
 
 

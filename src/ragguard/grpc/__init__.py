@@ -26,7 +26,7 @@ from ._errors import (
     remote_error,
 )
 from ._server import EXEMPT_SERVICES, TENANT_KEY, GuardServerInterceptor, client_budget
-from ._status import PUSHBACK_KEY, RETRY_AFTER_KEY, status_for
+from ._status import PUSHBACK_KEY, RETRY_AFTER_KEY, STREAM_BUDGET_KEY, STREAM_ITEMS_KEY, status_for
 
 __all__ = [
     "ACCEPT_ENCODING_KEY",
@@ -34,6 +34,8 @@ __all__ = [
     "EXEMPT_SERVICES",
     "PUSHBACK_KEY",
     "RETRY_AFTER_KEY",
+    "STREAM_BUDGET_KEY",
+    "STREAM_ITEMS_KEY",
     "TENANT_KEY",
     "GuardServerInterceptor",
     "RemoteCallError",

@@ -9,6 +9,9 @@ QuotaExceeded (deadline)    DEADLINE_EXCEEDED   (the wait for a slot or token ou
 BreakerOpen                 UNAVAILABLE         both, when the breaker knows the wait
 DeadlineExceeded            DEADLINE_EXCEEDED
 StageTimeout                DEADLINE_EXCEEDED   (a dependency was slower than its stage allows)
+StreamTimeout               DEADLINE_EXCEEDED   ``ragguard-stream-budget``: ``first_item``,
+                                                ``idle`` or ``total``
+(a stream cut by either)                        ``ragguard-stream-items``: the messages sent
 InvalidInput (ValueError)   INVALID_ARGUMENT    (bad tenant id, bad option, corrupt payload)
 anything else               unchanged           (gRPC reports UNKNOWN)
 ==========================  ==================  ==============================================
@@ -24,11 +27,13 @@ import math
 
 import grpc
 
-from .._errors import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded, StageTimeout
+from .._errors import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded, StageTimeout, StreamTimeout
 
 __all__ = [
     "PUSHBACK_KEY",
     "RETRY_AFTER_KEY",
+    "STREAM_BUDGET_KEY",
+    "STREAM_ITEMS_KEY",
     "Status",
     "format_retry_after",
     "parse_pushback_ms",
@@ -40,6 +45,8 @@ __all__ = [
 
 RETRY_AFTER_KEY = "retry-after"
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
+STREAM_BUDGET_KEY = "ragguard-stream-budget"
+STREAM_ITEMS_KEY = "ragguard-stream-items"
 
 Status = tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]
 
@@ -101,6 +108,16 @@ def retry_after_of(metadata: object) -> float | None:
     return pushback
 
 
+def _stream_trailers(exc: DeadlineExceeded | StageTimeout) -> tuple[tuple[str, str], ...]:
+    """What a timeout that cut a stream says in trailing metadata: its budget and the messages sent."""
+    if exc.items is None:
+        return ()
+    items = (STREAM_ITEMS_KEY, str(exc.items))
+    if isinstance(exc, StreamTimeout):
+        return ((STREAM_BUDGET_KEY, exc.budget), items)
+    return (items,)
+
+
 def status_for(exc: BaseException) -> Status | None:
     """The (code, details, trailing metadata) that ``exc`` maps to, or None to leave it to gRPC."""
     if isinstance(exc, QuotaExceeded):
@@ -110,7 +127,7 @@ def status_for(exc: BaseException) -> Status | None:
     if isinstance(exc, BreakerOpen):
         return grpc.StatusCode.UNAVAILABLE, str(exc), retry_trailers(exc.retry_after_s)
     if isinstance(exc, (DeadlineExceeded, StageTimeout)):
-        return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), ()
+        return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), _stream_trailers(exc)
     if isinstance(exc, InvalidInput):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc), ()
     return None

@@ -56,6 +56,7 @@ _QUOTA_WHY = {
     "rate": "it sent requests faster than its rate_per_s (and burst) allow",
     "concurrency": "it had max_concurrency requests in flight, and more waited longer than max_wait_s",
     "deadline": "its requests' deadlines would run out before a slot or a rate token came",
+    "tokens": "its streams' token estimates did not fit its token_quota (generated tokens per window)",
 }
 
 

@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any
 
 from .._compat import PY311, current_task, running_loop
+from .._errors import DeadlineExceeded, StageTimeout
 from ._contract import WAIT, Call, Gate, Recovery, Wrapper
 
 __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
@@ -75,10 +76,10 @@ class Node:
                 inner = self.inner
                 head: Head
                 if self.wrapper is not None and self.wrapper.streams:
-                    proceed = (
-                        _open_fn(call, item_gates) if inner is None else partial(inner.open, call, item_gates)
-                    )
-                    head = await self.wrapper.around(call, proceed)
+                    if inner is None:
+                        head = await _open_wrapped(call, item_gates, self.wrapper)
+                    else:
+                        head = await self.wrapper.around(call, partial(inner.open, call, item_gates))
                 elif inner is not None:
                     head = await inner.open(call, item_gates)
                 else:
@@ -134,9 +135,16 @@ def call_fn(call: Call) -> Callable[[], Awaitable[Any]]:
 
 
 class Head:
-    """An opened stream: the iterator, its first item, and the gate tokens held until it ends."""
+    """An opened stream: the iterator, its first item, and the gate tokens held until it ends.
 
-    __slots__ = ("agen", "done", "first", "guarded", "held")
+    ``deliver``: None, or a function the stream driver calls with each item (the first included)
+    before it hands the item to the caller, outside every item gate; it returns None, or an
+    awaitable the driver awaits first. A wrapper with ``streams = True`` sets it on the head it
+    returns (the generation preset counts each item's tokens there and returns the tenant's pacing
+    wait, so the wait is not the dependency's time and an item that needs none costs no coroutine).
+    """
+
+    __slots__ = ("agen", "deliver", "done", "first", "guarded", "held")
 
     def __init__(self, agen: Any, first: Any, done: bool, guarded: bool = True) -> None:
         self.agen = agen
@@ -144,6 +152,7 @@ class Head:
         self.done = done
         self.guarded = guarded  # False for a fallback's stream: its items skip the item gates
         self.held: list[tuple[Sequence[Gate], list[Any]]] = []
+        self.deliver: Callable[[Any], Awaitable[Any] | None] | None = None
 
     @classmethod
     async def of_fallback(cls, produced: Any) -> Head:
@@ -159,6 +168,25 @@ class Head:
 async def _aiter(items: Any) -> AsyncIterator[Any]:
     for item in items:
         yield item
+
+
+async def _open_wrapped(call: Call, item_gates: tuple[Gate, ...], wrapper: Wrapper) -> Head:
+    """Open the stream through the innermost wrapper (chaos), inside the item gates: what the
+    wrapper adds before the stream's first item (an injected latency) is part of the wait for it,
+    so the first-item budget and the attempt timeout bound it as they bound a call."""
+    entered: list[Any] = []
+    try:
+        for gate in item_gates:
+            token = gate.enter(call)
+            if token is WAIT:
+                token = await gate.enter_async(call)
+            entered.append(token)
+        head: Head = await wrapper.around(call, _open_fn(call, ()))
+    except BaseException as exc:
+        _exit_all(call, item_gates, entered, exc)
+        raise
+    _exit_all(call, item_gates, entered, None)
+    return head
 
 
 def _open_fn(call: Call, item_gates: tuple[Gate, ...]) -> Callable[[], Awaitable[Head]]:
@@ -206,14 +234,22 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
     """Drive a stream through the chain rooted at ``root`` (an async generator of its items).
 
     Before the first item, recoveries may retry or serve a fallback; after it, an error ends the
-    stream (the commit point). Call- and attempt-scope gates hold until the stream ends, however
-    it ends (exhausted, failed, closed early or cancelled) and exit once with that outcome.
+    stream (the commit point, gRPC's "committed" rule) and says how many items the caller had:
+    ``items`` on ragguard's timeouts and deadline errors, a note on any other error. Call- and
+    attempt-scope gates hold until the stream ends, however it ends (exhausted, failed, closed
+    early or cancelled) and exit once with that outcome. ``call.items`` counts the items handed
+    over; the head's ``deliver`` hook, if any, runs before each is.
     """
     head = await root.open(call, item_gates)
     outcome: BaseException | None = None
     try:
         if head.done:
             return
+        deliver = head.deliver
+        if deliver is not None:
+            pending = deliver(head.first)
+            if pending is not None:
+                await pending
         call.items = 1
         yield head.first
         agen = head.agen
@@ -222,10 +258,16 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
                 item = await (next_item(call, agen, item_gates) if head.guarded else agen.__anext__())
             except StopAsyncIteration:
                 return
+            if deliver is not None:
+                pending = deliver(item)
+                if pending is not None:
+                    await pending
             call.items += 1
             yield item
     except BaseException as exc:
         outcome = exc
+        if call.items and isinstance(exc, Exception):
+            _committed(call, exc)
         raise
     finally:
         try:
@@ -235,6 +277,25 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
             # gates treat as a cancellation: released, nothing recorded
             for gates, tokens in head.held:
                 _exit_all(call, gates, tokens, outcome)
+
+
+_COMMITTED = "ragguard: stream of stage "
+
+
+def _committed(call: Call, exc: Exception) -> None:
+    """``exc`` ends ``call``'s stream after ``call.items`` items reached the caller: record the
+    count on a ragguard timeout or deadline error (its ``items``), or in a note on any other
+    (once: an exception raised again by another stream keeps its first note)."""
+    if isinstance(exc, (DeadlineExceeded, StageTimeout)):
+        if exc.items is None:
+            exc.items = call.items
+        return
+    notes = getattr(exc, "__notes__", ())
+    if len(notes) < 8 and not any(isinstance(n, str) and n.startswith(_COMMITTED) for n in notes):
+        exc.add_note(
+            f"{_COMMITTED}{call.stage!r:.80} failed after {call.items} item(s) had reached the caller "
+            "(committed: no fallback or retry)"
+        )
 
 
 def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:

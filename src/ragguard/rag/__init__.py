@@ -1,14 +1,25 @@
-"""The RAG presets, apart from the generic core: what the embedding, vector-store and rerank
-stages add to their layers (see :mod:`ragguard.rag._presets` for the table).
+"""The RAG presets, apart from the generic core: what the embedding, vector-store, rerank and
+generation stages add to their layers (see :mod:`ragguard.rag._presets` for the table).
 
 ``EmbeddingCache`` is the embedding stage's cache, ``BatchLimiter`` the rerank stage's learnt batch
-limit; :func:`register_preset` adds a preset of your own.
+limit, :func:`token_accounts` a Guard's per-tenant token accounts (the generation stage's pacing and
+token quota), :func:`count_tokens` the default token counter; :func:`register_preset` adds a preset
+of your own.
 """
 
 from ._args import ArgRef
 from ._cache import EmbeddingCache, normalise_text
-from ._presets import PRESETS, EmbeddingPreset, RerankPreset, VectorStorePreset, preset, register_preset
+from ._presets import (
+    PRESETS,
+    EmbeddingPreset,
+    GenerationPreset,
+    RerankPreset,
+    VectorStorePreset,
+    preset,
+    register_preset,
+)
 from ._rerank import BatchLimiter, score_of
+from ._tokens import TokenAccounts, count_tokens, token_accounts
 
 __all__ = [
     "PRESETS",
@@ -16,10 +27,14 @@ __all__ = [
     "BatchLimiter",
     "EmbeddingCache",
     "EmbeddingPreset",
+    "GenerationPreset",
     "RerankPreset",
+    "TokenAccounts",
     "VectorStorePreset",
+    "count_tokens",
     "normalise_text",
     "preset",
     "register_preset",
     "score_of",
+    "token_accounts",
 ]

@@ -12,15 +12,24 @@ stage called ``rerank_v2``). Arguments are declared, never guessed from keyword 
 - ``rerank``: ``candidates=`` (default 1, the parameter after the query) says where the candidate
   list is, ``score=`` (item -> float; default the item's ``score`` attribute or key) how to merge
   chunks. Adds chunked rerank under a learnt batch limit, then ``skip_rerank`` as the last fallback.
+- ``generation``: for async generator functions (a model's answer, streamed). ``tokens=`` (item ->
+  int; default :func:`~ragguard.rag.count_tokens`, characters / 4) counts an item's tokens,
+  ``estimate=`` (an int, or a function of the call's arguments -> int; default the policy's
+  ``generation.estimate_tokens``) what a stream reserves from its tenant's token quota. Adds the
+  stream budgets (first item, idle, total: ``StreamTimeout``) and the tenant's token pacing and
+  quota (see :mod:`ragguard.rag._generation`). A coroutine function of such a stage runs the
+  generic layers only.
 
 :func:`register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the contract).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._clock import timers_of
 from .._errors import ConfigError
 from ..layers import Bound, Stage, StagePreset
 from ..layers.fallback import Fallback
@@ -28,9 +37,19 @@ from ..pipeline import Layer
 from ._args import ArgRef
 from ._cache import EmbeddingCache
 from ._embedding import CacheFallback, CacheTap
+from ._generation import StreamBudgets, StreamRecord, TokenMeter
 from ._rerank import BatchLimiter, ChunkedRerank, SkipRerank, score_of
+from ._tokens import TokenAccounts, count_tokens, token_accounts
 
-__all__ = ["PRESETS", "EmbeddingPreset", "RerankPreset", "VectorStorePreset", "preset", "register_preset"]
+__all__ = [
+    "PRESETS",
+    "EmbeddingPreset",
+    "GenerationPreset",
+    "RerankPreset",
+    "VectorStorePreset",
+    "preset",
+    "register_preset",
+]
 
 
 class EmbeddingPreset:
@@ -117,8 +136,95 @@ class RerankPreset:
         return (*users, SkipRerank(options.candidates))
 
 
+class _GenerationOptions:
+    __slots__ = ("count", "estimate")
+
+    def __init__(self, count: Callable[[Any], int], estimate: Callable[..., Any] | None) -> None:
+        self.count = count
+        self.estimate = estimate
+
+
+class _GenerationState:
+    """What the functions of a generation stage share: the records of their open streams and the
+    Guard's token accounts."""
+
+    __slots__ = ("accounts", "records")
+
+    def __init__(self, accounts: TokenAccounts) -> None:
+        self.accounts = accounts
+        self.records: dict[int, StreamRecord] = {}
+
+
+class GenerationPreset:
+    """``generation``: stream budgets (``first_item_s``, ``idle_s``, ``total_s``) and the tenant's
+    token pacing and quota, for async generator functions (see the module docstring)."""
+
+    name = "generation"
+    streams = True
+    option_names = frozenset({"tokens", "estimate"})
+
+    def resolve(self, fn: Callable[..., Any], given: Mapping[str, Any]) -> _GenerationOptions:
+        count = given.get("tokens")
+        estimate = given.get("estimate")
+        if (count is not None or estimate is not None) and not inspect.isasyncgenfunction(fn):
+            raise ConfigError(
+                "tokens= and estimate= count a stream's tokens: they apply to async generator functions only",
+                field="tokens" if count is not None else "estimate",
+            )
+        if count is not None and not callable(count):
+            raise ConfigError(
+                f"tokens must be a function item -> int (tokens), got {type(count).__name__}", field="tokens"
+            )
+        if isinstance(estimate, int) and not isinstance(estimate, bool):
+            if estimate < 1:
+                raise ConfigError(f"estimate must be >= 1 (tokens), got {estimate}", field="estimate")
+            fixed = estimate
+            estimate = lambda *args, **kwargs: fixed  # noqa: E731 - the call's arguments do not matter
+        elif estimate is not None and not callable(estimate):
+            raise ConfigError(
+                "estimate must be an int (tokens) or a function of the call's arguments -> int, got "
+                f"{type(estimate).__name__}",
+                field="estimate",
+            )
+        return _GenerationOptions(count or count_tokens, estimate)
+
+    def state(self, stage: Stage) -> _GenerationState:
+        return _GenerationState(token_accounts(stage.guard))
+
+    def layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
+        if not bound.stream:
+            return ()
+        options: _GenerationOptions = bound.resolved(self)
+        state: _GenerationState = stage.preset_state
+        policy = stage.policy
+        budgets = StreamBudgets(
+            stage.name,
+            state.records,
+            policy.generation,
+            timeout_s=policy.timeout_s,
+            clock=stage.clock,
+            timers=timers_of(stage.clock),
+        )
+        meter = TokenMeter(
+            stage.name,
+            state.records,
+            state.accounts,
+            count=options.count,
+            estimate=options.estimate,
+            estimate_tokens=policy.generation.estimate_tokens,
+            sleep=stage.guard.sleep,
+        )
+        # the item gate first: with the meter (a gate and a wrapper) after it, both sit in one node
+        # (typed Any: the layers declare ``scope`` as a ClassVar, as every gate of ragguard.layers does)
+        layers: tuple[Any, ...] = (budgets, meter)
+        return layers
+
+    def fallbacks(self, stage: Stage, bound: Bound, users: Sequence[Fallback]) -> Sequence[Fallback]:
+        return tuple(users)
+
+
 PRESETS: dict[str, StagePreset] = {
-    p.name: p for p in (EmbeddingPreset(), VectorStorePreset(), RerankPreset())
+    p.name: p for p in (EmbeddingPreset(), VectorStorePreset(), RerankPreset(), GenerationPreset())
 }
 
 

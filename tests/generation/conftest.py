@@ -1,0 +1,41 @@
+"""Fixtures of the generation-stage tests: asyncio (FakeClock timers need it) unless a test asks."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+
+import pytest
+from gen_helpers import Recorder
+
+from ragguard import _inject
+from ragguard.events import bus
+
+guard_mod = importlib.import_module("ragguard.guard")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_registry() -> Iterator[None]:
+    saved = guard_mod._default
+    listeners = list(bus._listeners)
+    try:
+        yield
+    finally:
+        guard_mod._default = saved
+        _inject.uninstall()
+        bus._listeners[:] = listeners
+
+
+@pytest.fixture
+def events() -> Iterator[Recorder]:
+    rec = Recorder()
+    unsubscribe = bus.subscribe(rec)
+    try:
+        yield rec
+    finally:
+        unsubscribe()
