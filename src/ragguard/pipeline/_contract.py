@@ -17,7 +17,10 @@ The unary driver and the stream driver (:mod:`ragguard.pipeline._drivers`) run t
 objects. For a stream, a gate's ``scope`` says how long it holds: ``call`` and ``attempt`` gates
 from opening the stream to its end, ``item`` gates around the wait for each item; recoveries act
 only before the first item reaches the caller (the commit point); wrappers with ``streams = True``
-wrap the opening of the stream, up to its first item.
+wrap the opening of the stream, up to its first item (the innermost one, chaos, inside the item
+gates, so its latency counts as time to the first item). A wrapper may set the opened stream's
+``Head.deliver`` hook (called with each item before it is handed over; it may return a wait: the
+generation preset's pacing).
 
 A :class:`Call` is the per-call record every layer reads (the function and its arguments, the
 stage, the attempt number) and a few layers write (documented per field). After Polly v8's
@@ -98,7 +101,7 @@ class Gate(Protocol):
     may say so with a class attribute ``exits = False``: the drivers then never call it.
     """
 
-    scope: Scope
+    scope: ClassVar[Scope]
 
     def enter(self, call: Call) -> Any: ...
 
