@@ -237,7 +237,15 @@ class RetryLayer:
         return None
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
-        if not self.retryable(exc):
+        retryable = self.retryable
+        if call.recoverable is not None:
+            # an outer layer recovers some errors itself (the rerank chunker shrinks the batch on
+            # an out-of-memory error): retrying the same attempt first would only repeat the error
+            def retryable(exc: BaseException) -> bool:
+                outer = call.recoverable
+                return self.retryable(exc) and not (outer is not None and outer(exc))
+
+        if not retryable(exc):
             raise exc
         pending: list[BaseException] = [exc]
         stage = self.stage
@@ -253,7 +261,7 @@ class RetryLayer:
 
         retrying = deadline_aware_retrying(
             self.policy,
-            retryable=self.retryable,
+            retryable=retryable,
             budget=self._spend,
             min_attempt_s=self.min_attempt_s,
             rng=self.rng,
