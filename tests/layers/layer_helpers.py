@@ -14,8 +14,9 @@ async def _never(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - a Call
     raise AssertionError("the layer under test must not call the function itself")
 
 
-def make_call(*args: Any, stage: str = "s", fn: Callable[..., Any] = _never, stream: bool = False,
-              **kwargs: Any) -> Call:
+def make_call(
+    *args: Any, stage: str = "s", fn: Callable[..., Any] = _never, stream: bool = False, **kwargs: Any
+) -> Call:
     return Call(stage, fn, args, kwargs, stream)
 
 
@@ -47,8 +48,15 @@ class Script:
         return outcome
 
 
-def stage_of(guard: Guard, name: str, fn: Callable[..., Any] = _never, *, stream: bool = False,
-             fallbacks: tuple[Callable[..., Any], ...] = (), **options: Any) -> tuple[Stage, Bound]:
+def stage_of(
+    guard: Guard,
+    name: str,
+    fn: Callable[..., Any] = _never,
+    *,
+    stream: bool = False,
+    fallbacks: tuple[Callable[..., Any], ...] = (),
+    **options: Any,
+) -> tuple[Stage, Bound]:
     """Guard ``guard``'s stage ``name`` and a Bound for ``fn`` (what a layer's ``build`` takes)."""
     return guard.stage(name), Bound(name, fn, stream=stream, fallbacks=fallbacks, options=options)
 

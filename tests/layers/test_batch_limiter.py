@@ -54,8 +54,13 @@ def test_a_limit_learnt_by_one_call_is_not_raised_by_a_larger_shrink() -> None:
 
 @pytest.mark.parametrize(
     ("options", "field"),
-    [({"floor": 0}, "floor"), ({"floor": True}, "floor"), ({"grow_after": 0}, "grow_after"),
-     ({"grow_after_s": 0}, "grow_after_s"), ({"grow_after_s": float("nan")}, "grow_after_s")],
+    [
+        ({"floor": 0}, "floor"),
+        ({"floor": True}, "floor"),
+        ({"grow_after": 0}, "grow_after"),
+        ({"grow_after_s": 0}, "grow_after_s"),
+        ({"grow_after_s": float("nan")}, "grow_after_s"),
+    ],
 )
 def test_bad_options_are_config_errors_naming_the_field(options: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError, match=field):

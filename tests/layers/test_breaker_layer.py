@@ -28,8 +28,15 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 
 
 def _half_open(clock: FakeClock, permits: int = 1) -> CircuitBreaker:
-    breaker = CircuitBreaker("b", minimum_calls=1, window_size=1, failure_rate_threshold=100,
-                             open_for_s=10, half_open_permits=permits, clock=clock)
+    breaker = CircuitBreaker(
+        "b",
+        minimum_calls=1,
+        window_size=1,
+        failure_rate_threshold=100,
+        open_for_s=10,
+        half_open_permits=permits,
+        clock=clock,
+    )
     breaker.on_result(breaker.acquire(), 0.0, ConnectionRefusedError(), clock())
     assert breaker.state is BreakerState.OPEN
     clock.advance(10)
@@ -38,8 +45,14 @@ def _half_open(clock: FakeClock, permits: int = 1) -> CircuitBreaker:
 
 async def test_a_success_is_recorded_with_its_duration_on_the_clock() -> None:
     clock = FakeClock()
-    breaker = CircuitBreaker("b", minimum_calls=1, window_size=4, slow_call_duration_s=1.0,
-                             slow_call_rate_threshold=100, clock=clock)
+    breaker = CircuitBreaker(
+        "b",
+        minimum_calls=1,
+        window_size=4,
+        slow_call_duration_s=1.0,
+        slow_call_rate_threshold=100,
+        clock=clock,
+    )
     layer = BreakerLayer(breaker, clock)
     call = make_call()
     token = layer.enter(call)

@@ -42,8 +42,11 @@ class Reranker:
             raise self.error
         if len(docs) > self.fits:
             raise MemoryError(f"{len(docs)} do not fit")
-        scored = sorted(({"doc": d["doc"], "score": float(d["doc"])} for d in docs),
-                        key=lambda d: d["score"], reverse=True)
+        scored = sorted(
+            ({"doc": d["doc"], "score": float(d["doc"])} for d in docs),
+            key=lambda d: d["score"],
+            reverse=True,
+        )
         return scored if self.top_k is None else scored[: self.top_k]
 
 

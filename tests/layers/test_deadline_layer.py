@@ -49,8 +49,9 @@ def test_the_layer_has_no_exit_and_is_built_only_where_a_call_can_queue() -> Non
     assert DeadlineLayer.exits is False
     bound = Bound("s", make_call().fn, stream=False)
     assert build(Guard().stage("s"), bound) is None  # the timeout layer's check is the same check
-    queued = Guard(Policy(default_quota=TenantQuota(max_concurrency=2),
-                          stages={"s": StagePolicy(min_attempt_s=0.25)}))
+    queued = Guard(
+        Policy(default_quota=TenantQuota(max_concurrency=2), stages={"s": StagePolicy(min_attempt_s=0.25)})
+    )
     layer = build(queued.stage("s"), bound)
     assert isinstance(layer, DeadlineLayer)
     assert layer._min_left == 0.25

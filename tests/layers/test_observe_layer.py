@@ -33,7 +33,10 @@ async def test_each_outcome_is_reported_once_with_its_duration(events: EventReco
     await events.settle()
     done = events.of(StageCompleted)
     assert [(e.stage, e.outcome, e.fallback) for e in done] == [
-        ("s", "success", ""), ("s", "error", ""), ("s", "cancelled", ""), ("s", "fallback", "keyword"),
+        ("s", "success", ""),
+        ("s", "error", ""),
+        ("s", "cancelled", ""),
+        ("s", "fallback", "keyword"),
     ]
     assert [e.duration_s for e in done] == [0.25, 0.25, 0.25, 0.0]
     assert {e.breaker_state for e in done} == {"closed"}

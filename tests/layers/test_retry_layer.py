@@ -46,15 +46,29 @@ class Busy(ConnectionError):
         self.retry_after_s = retry_after_s
 
 
-def _layer(clock: FakeClock, *, min_attempt_s: float = 0.0, ratio: float = 1.0, min_per_s: float = 100.0,
-           **policy: Any) -> tuple[RetryLayer, Waits]:
+def _layer(
+    clock: FakeClock,
+    *,
+    min_attempt_s: float = 0.0,
+    ratio: float = 1.0,
+    min_per_s: float = 100.0,
+    **policy: Any,
+) -> tuple[RetryLayer, Waits]:
     policy.setdefault("attempts", 3)
     policy.setdefault("jitter_s", 0.0)
     policy.setdefault("initial_backoff_s", 0.1)
     waits = Waits(clock)
     budget = RetryBudget(ratio=ratio, min_per_s=min_per_s, window_s=10, clock=clock)
-    layer = RetryLayer("s", RetryPolicy(**policy), budget=budget, counts=counts_by_default,
-                       min_attempt_s=min_attempt_s, clock=clock, rng=random.Random(0), sleep=waits)
+    layer = RetryLayer(
+        "s",
+        RetryPolicy(**policy),
+        budget=budget,
+        counts=counts_by_default,
+        min_attempt_s=min_attempt_s,
+        clock=clock,
+        rng=random.Random(0),
+        sleep=waits,
+    )
     return layer, waits
 
 
@@ -147,8 +161,9 @@ async def test_no_retry_when_the_asked_wait_cannot_fit_the_deadline() -> None:
 
 async def test_backoff_is_cut_so_the_retry_starts_before_the_deadline() -> None:
     clock = FakeClock()
-    layer, waits = _layer(clock, attempts=3, initial_backoff_s=1.0, multiplier=4.0, max_backoff_s=60,
-                          min_attempt_s=0.25)
+    layer, waits = _layer(
+        clock, attempts=3, initial_backoff_s=1.0, multiplier=4.0, max_backoff_s=60, min_attempt_s=0.25
+    )
     again = Script(ConnectionResetError(), ConnectionResetError("last"))
     with deadline(3.0, clock=clock), pytest.raises(ConnectionResetError, match="last"):
         await layer.recover(make_call(), ConnectionRefusedError(), again)

@@ -61,9 +61,14 @@ class Node:
     # -- streams --------------------------------------------------------------------------------
 
     async def open(self, call: Call, item_gates: tuple[Gate, ...], skip: int = 0) -> Head:
-        """Open the stream through this node and the ones inside it, up to its first item
-        (which passes ``item_gates``, the item-scope gates of the whole chain)."""
-        gates = self.stream_gates
+        """Open the stream through this node and the ones inside it, up to its first item.
+
+        Every gate of the node is entered at its place, as for a call, so the opening (wrappers
+        included: a chaos latency, a slow first token) is bounded by the item gates (the attempt
+        timer) exactly as a call is. Once the first item is there the item gates exit and the
+        call and attempt gates are held until the stream ends. ``item_gates`` (those of the whole
+        chain) bound each later item."""
+        gates = self.gates
         tokens: list[Any] = []
         try:
             try:
@@ -75,18 +80,19 @@ class Node:
                 inner = self.inner
                 head: Head
                 if self.wrapper is not None and self.wrapper.streams:
-                    proceed = (
-                        _open_fn(call, item_gates) if inner is None else partial(inner.open, call, item_gates)
-                    )
+                    proceed = _open_fn(call) if inner is None else partial(inner.open, call, item_gates)
                     head = await self.wrapper.around(call, proceed)
                 elif inner is not None:
                     head = await inner.open(call, item_gates)
                 else:
-                    head = await _open_fn(call, item_gates)()
+                    head = await _open_fn(call)()
             except BaseException as exc:
                 _exit_all(call, gates, tokens, exc)
                 raise
-            head.held.append((gates, tokens))
+            if len(self.stream_gates) == len(gates):
+                head.held.append((gates, tokens))
+            else:
+                await _hold(call, gates, tokens, head)
             return head
         except Exception as exc:
             if len(self.recoveries) <= skip:
@@ -122,6 +128,35 @@ def _exit_all(call: Call, gates: Sequence[Gate], tokens: list[Any], exc: BaseExc
             err = replaced
     if err is not exc and err is not None:
         raise err
+
+
+async def _hold(call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head) -> None:
+    """The first item is there: exit the item gates (innermost first) and hold the others until
+    the stream ends. An item gate that replaces the success with an error ends the stream here."""
+    held_gates: list[Gate] = []
+    held_tokens: list[Any] = []
+    for gate, token in zip(gates, tokens, strict=True):
+        if gate.scope != "item":
+            held_gates.append(gate)
+            held_tokens.append(token)
+    err: BaseException | None = None
+    for i in range(len(gates) - 1, -1, -1):
+        if gates[i].scope == "item":
+            replaced = gates[i].exit(call, tokens[i], err)
+            if replaced is not None:
+                err = replaced
+    if err is None:
+        head.held.append((held_gates, held_tokens))
+        return
+    try:
+        await _close(head.agen)
+    finally:
+        try:
+            for inner_gates, inner_tokens in head.held:  # the nodes inside, innermost first
+                _exit_all(call, inner_gates, inner_tokens, err)
+        finally:
+            _exit_all(call, held_gates, held_tokens, err)
+    raise err
 
 
 def call_fn(call: Call) -> Callable[[], Awaitable[Any]]:
@@ -161,11 +196,14 @@ async def _aiter(items: Any) -> AsyncIterator[Any]:
         yield item
 
 
-def _open_fn(call: Call, item_gates: tuple[Gate, ...]) -> Callable[[], Awaitable[Head]]:
+def _open_fn(call: Call) -> Callable[[], Awaitable[Head]]:
+    """The innermost step of a stream's opening: start the generator and read its first item
+    (the nodes around it entered the item gates for that item)."""
+
     async def open_stream() -> Head:
         agen = call.fn(*call.args, **call.kwargs)
         try:
-            first = await next_item(call, agen, item_gates)
+            first = await agen.__anext__()
         except StopAsyncIteration:
             return Head(agen, None, True)
         except BaseException:
