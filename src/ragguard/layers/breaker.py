@@ -15,10 +15,11 @@ or the one given to ``@guard(breaker=...)``, shared across replicas when the Gua
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._clock import Clock
+from .._clock import Clock, monotonic
 from .._errors import BreakerOpen, ConfigError, DeadlineExceeded, StageTimeout
 from ..breakers import (
     AsyncBreaker,
@@ -138,7 +139,15 @@ def make_breaker(stage: Stage, given: Breaker | None) -> Breaker | None:
         return local
     from ..distributed import SharedCircuitBreaker
 
-    shared = SharedCircuitBreaker(local, guard.redis, key_prefix=guard.redis_prefix)
+    # Replicas share open-until times, so in production the shared state runs on wall-clock time;
+    # a Guard given its own clock (a FakeClock in tests) drives its shared breakers with it too.
+    shared = SharedCircuitBreaker(
+        local,
+        guard.redis,
+        key_prefix=guard.redis_prefix,
+        clock=time.time if guard.clock is monotonic else guard.clock,
+        link_clock=guard.clock,
+    )
     guard._closers.append(shared.aclose)
     return shared
 

@@ -203,7 +203,7 @@ def _open_fn(call: Call) -> Callable[[], Awaitable[Head]]:
     async def open_stream() -> Head:
         agen = call.fn(*call.args, **call.kwargs)
         try:
-            first = await agen.__anext__()
+            first = await _anext(agen)
         except StopAsyncIteration:
             return Head(agen, None, True)
         except BaseException:
@@ -223,7 +223,7 @@ async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...]) -> Any:
             if token is WAIT:
                 token = await gate.enter_async(call)
             entered.append(token)
-        item = await agen.__anext__()
+        item = await _anext(agen)
     except StopAsyncIteration:
         _exit_all(call, gates, entered, None)
         raise
@@ -232,6 +232,30 @@ async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...]) -> Any:
         raise
     _exit_all(call, gates, entered, None)
     return item
+
+
+_LOST_CANCEL = "cancelled as the call finished (Python 3.11 wait_for)"
+
+async def _anext_checked(agen: Any) -> Any:
+    """``await agen.__anext__()``, raising the cancellation Python 3.11's ``wait_for`` can drop
+    inside the generator (see :func:`_compile_run`)."""
+    loop = running_loop()
+    task = None if loop is None else current_task(loop)
+    if task is None:
+        return await agen.__anext__()
+    before = task.cancelling()
+    item = await agen.__anext__()
+    if task.cancelling() > before:
+        raise asyncio.CancelledError(_LOST_CANCEL)
+    return item
+
+
+def _anext_plain(agen: Any) -> Awaitable[Any]:
+    return agen.__anext__()  # type: ignore[no-any-return]
+
+
+_anext: Callable[[Any], Awaitable[Any]] = _anext_checked if PY311 else _anext_plain
+"""A stream's next item: on 3.11 with the lost-cancellation check, else no extra frame."""
 
 
 async def _close(agen: Any) -> None:
@@ -369,17 +393,10 @@ def _compile_run(node: Node) -> None:
         if exits[i]:
             put("try:")
             depth += 1
-    if node.wrapper is not None:
-        ns["around"] = node.wrapper.around
-        if node.inner is None:
-            put("result = await around(call, call_fn(call))")
-        else:
-            ns["inner_run"] = node.inner.run
-            put("result = await around(call, partial(inner_run, call))")
-    elif node.inner is not None:
-        ns["inner_run"] = node.inner.run
-        put("result = await inner_run(call)")
-    elif PY311:
+    def innermost(statement: str) -> None:
+        if not PY311:
+            put(statement)
+            return
         # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a cancellation
         # that lands while the awaited call finishes in the same loop iteration (cpython
         # gh-86296): a cancellation requested during the call and not delivered is raised here.
@@ -388,11 +405,22 @@ def _compile_run(node: Node) -> None:
         put("loop = running_loop()", 1)
         put("task = None if loop is None else current_task(loop)", 1)
         put("before = 0 if task is None else task.cancelling()")
-        put("result = await call.fn(*call.args, **call.kwargs)")
+        put(statement)
         put("if task is not None and task.cancelling() > before:")
-        put('raise CancelledError("cancelled as the call finished (Python 3.11 wait_for)")', 1)
+        put(f"raise CancelledError({_LOST_CANCEL!r})", 1)
+
+    if node.wrapper is not None:
+        ns["around"] = node.wrapper.around
+        if node.inner is None:  # the wrapper (chaos) awaits the call itself
+            innermost("result = await around(call, call_fn(call))")
+        else:
+            ns["inner_run"] = node.inner.run
+            put("result = await around(call, partial(inner_run, call))")
+    elif node.inner is not None:
+        ns["inner_run"] = node.inner.run
+        put("result = await inner_run(call)")
     else:
-        put("result = await call.fn(*call.args, **call.kwargs)")
+        innermost("result = await call.fn(*call.args, **call.kwargs)")
     for i in reversed(range(len(node.gates))):
         if not exits[i]:
             continue
