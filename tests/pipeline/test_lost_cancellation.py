@@ -88,8 +88,9 @@ async def test_the_window_is_real_on_this_python_without_a_guard(client: aredis.
     """Shows what the guarded tests protect against (on 3.11: some iteration returns None)."""
     import sys
 
-    outcomes = [await _cancel_after(i, lambda: client.brpoplpush("jobs", "taken", timeout=WAIT_S))
-                for i in (1, 2, 3)]
+    outcomes = [
+        await _cancel_after(i, lambda: client.brpoplpush("jobs", "taken", timeout=WAIT_S)) for i in (1, 2, 3)
+    ]
     lost = [o for o, _ in outcomes if o != "cancelled"]
     if sys.version_info < (3, 12):
         assert lost, "the Python 3.11 wait_for window did not show; the tests above prove nothing here"

@@ -19,8 +19,13 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 @pytest.fixture
 async def client(redis_server: Any) -> AsyncIterator[aredis.Redis]:
-    c = aredis.Redis(host=redis_server.host, port=redis_server.port, socket_timeout=0.5,
-                     socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    c = aredis.Redis(
+        host=redis_server.host,
+        port=redis_server.port,
+        socket_timeout=0.5,
+        socket_connect_timeout=0.5,
+        retry=Retry(NoBackoff(), 0),
+    )
     try:
         yield c
     finally:
@@ -28,8 +33,14 @@ async def client(redis_server: Any) -> AsyncIterator[aredis.Redis]:
 
 
 def _policy() -> Policy:
-    breaker = BreakerPolicy(kind="generic", minimum_calls=1, window_size=1, failure_rate_threshold=100,
-                            open_for_s=5, half_open_permits=1)
+    breaker = BreakerPolicy(
+        kind="generic",
+        minimum_calls=1,
+        window_size=1,
+        failure_rate_threshold=100,
+        open_for_s=5,
+        half_open_permits=1,
+    )
     return Policy(stages={"tokens": StagePolicy(breaker=breaker), "answer": StagePolicy(breaker=breaker)})
 
 

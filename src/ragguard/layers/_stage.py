@@ -3,6 +3,7 @@ preset contract (:class:`StagePreset`) through which the RAG presets add their l
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -104,6 +105,9 @@ class Stage:
         )
         self.budget: RetryBudget | None = make_budget(self)
         self.preset_state: Any = None if preset is None else preset.state(self)
+        self.users: weakref.WeakSet[Any] = weakref.WeakSet()
+        """The decorated functions' compiled chains that run this stage (held weakly): a stage
+        with users is never forgotten by its Guard's ``max_stages`` bound."""
 
     @property
     def timeout_s(self) -> float | None:
