@@ -20,7 +20,8 @@ changes one of them should not leak it into the next test::
   fires an attempt timeout; retry backoff and rate waits advance the clock themselves.
 - :class:`EventRecorder` subscribes to :data:`ragguard.events.bus` (events are delivered on the
   next loop iteration: ``await recorder.settle()`` before reading them).
-- :func:`reset` forgets the default registry and uninstalls the process-wide chaos injector.
+- :func:`reset` forgets the default registry, uninstalls the process-wide chaos injector and forgets
+  the fallbacks :func:`ragguard.degraded` reports outside a request.
 
 The pytest plugin (``ragguard.chaos.pytest_plugin``, registered on install) builds its ``guard``
 and ``guard_events`` fixtures on these.
@@ -36,6 +37,7 @@ from typing import Any
 
 from . import _inject
 from ._clock import Clock, FakeClock
+from ._context import forget_loose_fallbacks
 from ._errors import ConfigError
 from .events import EventBus, bus
 from .guard import Guard
@@ -164,9 +166,12 @@ class EventRecorder:
 
 def reset() -> None:
     """Forget ragguard's process-wide state: the default registry (the next ``@guard`` call builds
-    a fresh one from ``Policy()``) and the process-wide chaos injector."""
+    a fresh one from ``Policy()``), the process-wide chaos injector, and the fallbacks
+    :func:`ragguard.degraded` reports outside any request (async test runners such as anyio's
+    run every test in one context, so they would carry over from test to test)."""
     current = _guard_module._default
     if isinstance(current, FreshGuard):
         current._installed = False
     _guard_module._default = None
     _inject.uninstall()
+    forget_loose_fallbacks()

@@ -128,3 +128,21 @@ def test_reset_forgets_the_default_registry_and_the_process_chaos() -> None:
     assert default_guard() is not g and isinstance(default_guard().policy, Policy)
     g.restore()  # after a reset, restoring puts nothing back
     assert default_guard() is not g
+
+
+async def test_reset_forgets_fallbacks_marked_outside_a_request_in_every_context() -> None:
+    g = Guard(clock=FakeClock())
+
+    def fallback() -> str:
+        return "fb"
+
+    @g.guard("s", fallback=fallback)
+    async def broken() -> str:
+        raise ConnectionRefusedError()
+
+    assert await broken() == "fb"
+    assert "fallback" in ragguard.degraded()
+    testing.reset()  # from any context: a sync fixture's, this test's
+    assert ragguard.degraded() == ()
+    assert await broken() == "fb"
+    assert ragguard.degraded() == ("fallback",)
