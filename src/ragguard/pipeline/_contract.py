@@ -51,7 +51,9 @@ class Call:
       (rather than the stage timeout) set it (the timeout layer's);
     - ``items``: items handed to the caller so far (streams);
     - ``task``: the asyncio task running the call, once a layer looked it up (the timeout layer
-      does when it arms a timer), else None.
+      does when it arms a timer), else None;
+    - ``loop``: the asyncio loop a stream's items are read on, once the stream driver looked it up
+      (an async generator stays on one loop), else None.
     """
 
     __slots__ = (
@@ -62,6 +64,7 @@ class Call:
         "fn",
         "items",
         "kwargs",
+        "loop",
         "recoverable",
         "stage",
         "started",
@@ -89,6 +92,7 @@ class Call:
         self.by_deadline = False
         self.items = 0
         self.task: Any = None
+        self.loop: Any = None
 
     def __repr__(self) -> str:
         return f"<Call {self.stage!r} attempt={self.attempt} stream={self.stream}>"

@@ -223,7 +223,17 @@ async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...]) -> Any:
             if token is WAIT:
                 token = await gate.enter_async(call)
             entered.append(token)
-        item = await _anext(agen)
+        if _CHECK_LOST_CANCEL:  # inlined: an extra coroutine frame per item cost more than the check
+            loop = call.loop
+            if loop is None:
+                loop = call.loop = running_loop()
+            task = None if loop is None else current_task(loop)  # the consumer may change
+            before = 0 if task is None else task.cancelling()
+            item = await agen.__anext__()
+            if task is not None and task.cancelling() > before:
+                raise asyncio.CancelledError(_LOST_CANCEL)
+        else:
+            item = await agen.__anext__()
     except StopAsyncIteration:
         _exit_all(call, gates, entered, None)
         raise
@@ -255,7 +265,10 @@ def _anext_plain(agen: Any) -> Awaitable[Any]:
 
 
 _anext: Callable[[Any], Awaitable[Any]] = _anext_checked if PY311 else _anext_plain
-"""A stream's next item: on 3.11 with the lost-cancellation check, else no extra frame."""
+"""A stream's first item: on 3.11 with the lost-cancellation check, else no extra frame."""
+_CHECK_LOST_CANCEL = PY311
+"""Whether :func:`next_item` checks each item read for a cancellation 3.11 lost (module-level so
+a benchmark can switch it off to measure it)."""
 
 
 async def _close(agen: Any) -> None:
