@@ -77,3 +77,23 @@ def test_built_only_while_an_injector_applies_and_a_guards_own_wins() -> None:
         _inject.uninstall(process)
     other = Guard()
     assert build(other.stage("s"), bound) is None  # g's own injector is g's alone
+
+
+def test_install_on_a_guard_follows_disable_enable_and_uninstall() -> None:
+    from ragguard import ConfigError
+
+    g, other = Guard(), Guard()
+    chaos = Chaos(rng=random.Random(0))
+    assert chaos.install(g) is chaos
+    assert g.chaos is chaos and other.chaos is None and _inject.active is None
+    chaos.disable()
+    assert g.chaos is None  # switched off: the Guard's calls pay nothing
+    chaos.enable()
+    assert g.chaos is chaos
+    chaos.install(other)
+    chaos.uninstall(other)
+    assert other.chaos is None and g.chaos is chaos
+    chaos.uninstall()  # everywhere it was installed
+    assert g.chaos is None
+    with pytest.raises(ConfigError, match="guard must be a ragguard.Guard"):
+        chaos.install("not a guard")

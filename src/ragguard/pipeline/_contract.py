@@ -15,9 +15,10 @@ does to the flow of the call:
 
 The unary driver and the stream driver (:mod:`ragguard.pipeline._drivers`) run the same layer
 objects. For a stream, a gate's ``scope`` says how long it holds: ``call`` and ``attempt`` gates
-from opening the stream to its end, ``item`` gates around the wait for each item; recoveries act
-only before the first item reaches the caller (the commit point); wrappers with ``streams = True``
-wrap the opening of the stream, up to its first item.
+from opening the stream to its end, ``item`` gates around the wait for each item (for the first
+item, at their place in the chain, so they bound the whole opening, wrappers included, as they
+bound a call); recoveries act only before the first item reaches the caller (the commit point);
+wrappers with ``streams = True`` wrap the opening of the stream, up to its first item.
 
 A :class:`Call` is the per-call record every layer reads (the function and its arguments, the
 stage, the attempt number) and a few layers write (documented per field). After Polly v8's
