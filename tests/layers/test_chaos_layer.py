@@ -95,5 +95,5 @@ def test_install_on_a_guard_follows_disable_enable_and_uninstall() -> None:
     assert other.chaos is None and g.chaos is chaos
     chaos.uninstall()  # everywhere it was installed
     assert g.chaos is None
-    with pytest.raises(ConfigError, match="guard must be a ragguard.Guard"):
+    with pytest.raises(ConfigError, match=r"guard must be a ragguard\.Guard"):
         chaos.install("not a guard")
