@@ -157,28 +157,3 @@ def test_every_stage_has_a_timeout_layer_on_its_guards_clock() -> None:
     assert (layer.timeout_s, layer._min_left, layer._timers) == (2.5, 0.1, clock)
     plain = build(Guard().stage("t"), Bound("t", make_call().fn, stream=False))
     assert plain is not None and plain._timers is None and plain.timeout_s is None
-
-
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_on_trio_a_native_cancel_scope_bounds_the_attempt(anyio_backend: str) -> None:
-    import trio
-
-    layer = TimeoutLayer("s", 0.02, 0.0, FakeClock())  # FakeClock timers need asyncio: trio's clock
-
-    async def forever() -> None:
-        await trio.sleep_forever()
-
-    with pytest.raises(StageTimeout):
-        await gated(layer, make_call(), forever)
-
-    async def quick() -> str:
-        await trio.lowlevel.checkpoint()
-        return "ok"
-
-    assert await gated(layer, make_call(), quick) == "ok"
-    clock = FakeClock()
-    with deadline(0.02, clock=clock):
-        call = make_call()
-        with pytest.raises(DeadlineExceeded):
-            await gated(TimeoutLayer("s", 5.0, 0.0, None), call, forever)
-    assert call.by_deadline
