@@ -35,7 +35,10 @@ class RequestScope:
 
 
 _scope: ContextVar[RequestScope | None] = ContextVar("ragguard_request", default=None)
-_loose_fallbacks: ContextVar[tuple[str, ...]] = ContextVar("ragguard_degraded", default=())
+_loose_fallbacks: ContextVar[tuple[int, tuple[str, ...]]] = ContextVar("ragguard_degraded", default=(0, ()))
+"""(generation, names): the fallbacks marked outside a request in this context; names of an older
+generation than :data:`_loose_generation` are forgotten (:func:`forget_loose_fallbacks`)."""
+_loose_generation = 0
 
 
 def validate_tenant_id(tenant_id: object) -> str:
@@ -75,7 +78,8 @@ def degraded() -> tuple[str, ...]:
     scope = _scope.get()
     if scope is not None:
         return tuple(scope.fallbacks or ())
-    return _loose_fallbacks.get()
+    generation, names = _loose_fallbacks.get()
+    return names if generation == _loose_generation else ()
 
 
 def degraded_count() -> int:
@@ -83,7 +87,8 @@ def degraded_count() -> int:
     scope = _scope.get()
     if scope is not None:
         return 0 if scope.fallbacks is None else len(scope.fallbacks)
-    return len(_loose_fallbacks.get())
+    generation, names = _loose_fallbacks.get()
+    return len(names) if generation == _loose_generation else 0
 
 
 def mark_degraded(fallback: str) -> None:
@@ -95,6 +100,15 @@ def mark_degraded(fallback: str) -> None:
     else:
         # No request scope bounds this context (a long-lived task): keep each name once, so the
         # tuple cannot grow with every call (it would cost memory and O(n) per fallback served).
-        loose = _loose_fallbacks.get()
+        generation, loose = _loose_fallbacks.get()
+        if generation != _loose_generation:
+            loose = ()
         if fallback not in loose:
-            _loose_fallbacks.set((*loose, fallback))
+            _loose_fallbacks.set((_loose_generation, (*loose, fallback)))
+
+
+def forget_loose_fallbacks() -> None:
+    """Forget the fallbacks marked outside any request, in every context at once (test suites
+    share one context across tests: :func:`ragguard.testing.reset` calls this)."""
+    global _loose_generation
+    _loose_generation += 1

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Protocol
 
+from ._compat import running_loop
+
 __all__ = [
     "BreakerTransition",
     "CallOutcome",
@@ -245,7 +247,7 @@ class EventBus:
             root._schedule()
 
     def _schedule(self) -> None:
-        loop = asyncio._get_running_loop()
+        loop = running_loop()
         if loop is not None:
             self._scheduled = True
             loop.call_soon(self._drain)
@@ -297,7 +299,7 @@ _tasks: set[asyncio.Task[Any]] = set()
 
 
 def _spawn(awaitable: Any) -> None:
-    loop = asyncio._get_running_loop()
+    loop = running_loop()
     if loop is not None:
         task = loop.create_task(_guarded(awaitable))
         _tasks.add(task)

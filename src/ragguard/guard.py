@@ -56,7 +56,9 @@ class Guard:
       docs/distributed.md); call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;
     - ``max_stages``: stages kept at most (stage names name code paths, not data; past the bound
-      the oldest idle stages are forgotten, with a warning).
+      the oldest idle stages are forgotten, with a warning: idle means no live decorated function
+      runs it and its breaker is closed, so a stage in use or with a breaker that is not closed
+      is never forgotten).
 
     Raises ConfigError naming the option for a bad value.
     """
@@ -145,8 +147,10 @@ class Guard:
         return st
 
     def _forget_idle_stages(self) -> None:
-        """Forget the oldest stages whose breaker is closed (or absent) down to 90% of
-        ``max_stages``: a function still decorated with one keeps its stage; the registry forgets."""
+        """Forget the oldest idle stages down to 90% of ``max_stages``. Idle: no live decorated
+        function runs it (see :attr:`Stage.users`) and its breaker is closed (or absent), so
+        a stage in use, or with an open, half-open or forced breaker, is never forgotten (health
+        checks keep seeing it); a forgotten stage starts afresh if its name comes back."""
         if not self._warned_stages:
             self._warned_stages = True
             log.warning(
@@ -158,6 +162,8 @@ class Guard:
         for name, st in list(self._stages.items()):
             if len(self._stages) <= target:
                 return
+            if st.users:
+                continue
             state = getattr(st.breaker, "state", None)
             if st.breaker is None or getattr(state, "value", state) == "closed":
                 del self._stages[name]
@@ -336,7 +342,7 @@ def guard(
 class _Compiled:
     """A decorated function's chains for one Guard, valid while ``epoch`` is the injection epoch."""
 
-    __slots__ = ("epoch", "guard", "observed", "plain", "run", "stage")
+    __slots__ = ("__weakref__", "epoch", "guard", "observed", "plain", "run", "stage")
 
     def __init__(self, guard: Guard | None, stage: Stage | None, plain: Chain | None) -> None:
         self.guard = guard
@@ -345,6 +351,8 @@ class _Compiled:
         self.run: Callable[..., Awaitable[Any]] | None = None if plain is None else plain.root.run
         self.observed: Chain | None = None
         self.epoch = _inject.epoch
+        if stage is not None:
+            stage.users.add(self)  # the stage is in use while this function's chains live
 
 
 def _decorator(stage: str, registry: Guard | Callable[[], Guard], options: Mapping[str, Any]) -> Any:

@@ -244,6 +244,9 @@ class StagePolicy(_Model):
     - rerank (``rerank`` preset): ``rerank_min_batch`` is the floor the batch is halved down to.
     - ``generation`` (``generation`` preset): the stream budgets and the token estimate
       (:class:`GenerationPolicy`).
+    - ``layers``: the options of layers added with :func:`ragguard.layers.register_layer`, by layer
+      name, each validated by that layer's own policy model (an unknown name is an error); a
+      layer with no entry here is left out of the stage's chain unless it says otherwise.
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -256,6 +259,29 @@ class StagePolicy(_Model):
     rerank_min_batch: int = Field(default=4, ge=1)
     generation: GenerationPolicy = GenerationPolicy()
     preset: str | None = None
+    layers: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("layers")
+    @classmethod
+    def _registered_layers(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not value:
+            return value
+        from .layers import layer_policy_model
+
+        checked: dict[str, Any] = {}
+        for name, options in value.items():
+            model = layer_policy_model(name)  # ValueError naming the registered layers
+            if isinstance(options, model):
+                checked[name] = options
+                continue
+            if not isinstance(options, Mapping):
+                got = type(options).__name__
+                raise ValueError(f"{name}: expected a mapping of the layer's options, got {got}")
+            try:
+                checked[name] = model(**options)
+            except (ValidationError, ConfigError) as exc:
+                raise ValueError(f"{name}: {_validate.bounded(str(exc), 300)}") from None
+        return checked
 
     @model_validator(mode="after")
     def _known_preset(self) -> StagePolicy:

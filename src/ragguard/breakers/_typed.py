@@ -3,8 +3,12 @@
 | breaker | counts as failure | trips on | open | min calls |
 |---|---|---|---|---|
 | EmbeddingTimeoutBreaker | calls slower than 3 s, timeouts | slow-call rate >= 50 % | 60 s | 10 |
-| VectorStoreUnavailableBreaker | connection-class errors | failure rate >= 50 % | 120 s | 5 |
-| RerankOOMBreaker | out-of-memory errors | 3 consecutive failures | 300 s | 3 |
+| VectorStoreUnavailableBreaker | connection-class errors, stage timeouts | failure rate >= 50 % | 120 s | 5 |
+| RerankOOMBreaker | out-of-memory errors, stage timeouts | 3 consecutive failures | 300 s | 3 |
+
+Every kind counts a :class:`ragguard.StageTimeout` (the stage's own ``timeout_s`` ran out: the
+dependency did not answer in time, whatever else is wrong with it), so a hung vector store or a
+hung reranker trips its breaker too; a caller's spent deadline is never counted.
 
 Every option of :class:`CircuitBreaker` can be overridden by keyword.
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._errors import EmbeddingUnavailable, RerankOutOfMemory, VectorStoreUnavailable
+from .._errors import EmbeddingUnavailable, RerankOutOfMemory, StageTimeout, VectorStoreUnavailable
 from ._breaker import CircuitBreaker
 from ._classify import is_connection_error, is_out_of_memory, is_timeout
 from ._options import BreakerOptions
@@ -27,6 +31,16 @@ __all__ = [
     "RerankOOMBreaker",
     "VectorStoreUnavailableBreaker",
 ]
+
+
+def is_connection_error_or_stage_timeout(exc: BaseException) -> bool:
+    """:func:`is_connection_error`, or a :class:`ragguard.StageTimeout`."""
+    return isinstance(exc, StageTimeout) or is_connection_error(exc)
+
+
+def is_out_of_memory_or_stage_timeout(exc: BaseException) -> bool:
+    """:func:`is_out_of_memory`, or a :class:`ragguard.StageTimeout`."""
+    return isinstance(exc, StageTimeout) or is_out_of_memory(exc)
 
 
 class _TypedBreaker(CircuitBreaker):
@@ -70,8 +84,8 @@ class VectorStoreUnavailableBreaker(_TypedBreaker):
     """Opens when the vector store cannot be reached: failure rate >= 50 % of the last 10 calls.
 
     Defaults: failures are the connection-class errors :func:`is_connection_error`
-    recognises, other errors pass through uncounted; ``minimum_calls=5``, ``window_size=10``
-    calls, ``open_for_s=120.0``, ``half_open_permits=3``. Rejects with
+    recognises and stage timeouts, other errors pass through uncounted; ``minimum_calls=5``,
+    ``window_size=10`` calls, ``open_for_s=120.0``, ``half_open_permits=3``. Rejects with
     :class:`ragguard.VectorStoreUnavailable`. Name defaults to ``"vector_store"``.
     """
 
@@ -83,7 +97,7 @@ class VectorStoreUnavailableBreaker(_TypedBreaker):
         "window_size": 10,
         "open_for_s": 120.0,
         "half_open_permits": 3,
-        "classifier": is_connection_error,
+        "classifier": is_connection_error_or_stage_timeout,
         "error_class": VectorStoreUnavailable,
     }
 
@@ -91,8 +105,8 @@ class VectorStoreUnavailableBreaker(_TypedBreaker):
 class RerankOOMBreaker(_TypedBreaker):
     """Opens after 3 out-of-memory failures in a row.
 
-    Defaults: failures are the errors :func:`is_out_of_memory` recognises, other errors pass
-    through uncounted; ``consecutive_failures_threshold=3``, ``minimum_calls=3``,
+    Defaults: failures are the errors :func:`is_out_of_memory` recognises and stage timeouts,
+    other errors pass through uncounted; ``consecutive_failures_threshold=3``, ``minimum_calls=3``,
     ``window_size=10`` calls, the failure-rate rule at 100 %, ``open_for_s=300.0``, and one trial
     call when half-open (``half_open_permits=1``: a trial on a GPU is expensive). Rejects with
     :class:`ragguard.RerankOutOfMemory`. Name defaults to ``"rerank"``.
@@ -107,6 +121,6 @@ class RerankOOMBreaker(_TypedBreaker):
         "window_size": 10,
         "open_for_s": 300.0,
         "half_open_permits": 1,
-        "classifier": is_out_of_memory,
+        "classifier": is_out_of_memory_or_stage_timeout,
         "error_class": RerankOutOfMemory,
     }

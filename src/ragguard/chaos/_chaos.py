@@ -10,6 +10,7 @@ disabled or uninstalled, ``_inject.active`` is None and a guarded call pays noth
 from __future__ import annotations
 
 import random
+import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -89,13 +90,15 @@ class FaultHandle:
 class Chaos:
     """A set of faults targeted by stage and tenant; an injector for :mod:`ragguard._inject`.
 
+    ``install()`` makes it the process's injector; ``install(guard)`` that one Guard's only (its
+    ``chaos``), so two Guards in one process can run different faults.
     ``rng`` draws injection rates and random effects (seed it in tests; default: a fresh
     ``random.Random()``); ``clock`` is what schedules and scenario runners read (monotonic
     seconds); ``sleep`` is awaited for delays (default ``anyio.sleep``: asyncio and trio).
 
     >>> chaos = Chaos(rng=random.Random(7))
     >>> handle = chaos.inject(Error(kind="connection_refused"), stage="search")
-    >>> chaos.install()          # guarded calls of stage "search" now fail
+    >>> chaos.install()          # guarded calls of stage "search" now fail, in every Guard
     >>> handle.remove(); chaos.close()
     """
 
@@ -113,6 +116,7 @@ class Chaos:
         self.sleep: Sleep = sleep or _default_sleep
         self._handles: list[FaultHandle] = []
         self._installed = False
+        self._guards: list[weakref.ref[Any]] = []  # the Guards it is installed on (weakly)
         self._enabled = True
 
     # -- targeting -------------------------------------------------------------------------------
@@ -158,28 +162,56 @@ class Chaos:
     def enabled(self) -> bool:
         return self._enabled
 
-    def install(self) -> Chaos:
-        """Make this the process's injector (replacing any other); returns self."""
-        self._installed = True
+    def install(self, guard: Any = None) -> Chaos:
+        """Make this the injector of ``guard`` (a :class:`ragguard.Guard`: that Guard's stages
+        only, over any process-wide injector), or with None of the whole process (replacing any
+        other); returns self. Two Guards in one process can run different faults this way.
+        Raises ConfigError when ``guard`` is not a Guard."""
+        if guard is None:
+            self._installed = True
+            if self._enabled:
+                _inject.install(self)
+            return self
+        if not hasattr(type(guard), "chaos") or not hasattr(guard, "stage"):
+            raise ConfigError(
+                f"Chaos.install: guard must be a ragguard.Guard or None, got {type(guard).__name__}"
+            )
+        if not any(ref() is guard for ref in self._guards):
+            self._guards.append(weakref.ref(guard))
         if self._enabled:
-            _inject.install(self)
+            guard.chaos = self
         return self
 
-    def uninstall(self) -> None:
-        """Stop wrapping guarded calls (only if this is the installed injector)."""
-        self._installed = False
-        _inject.uninstall(self)
+    def uninstall(self, guard: Any = None) -> None:
+        """Stop wrapping guarded calls: of ``guard`` only when given, else of the whole process
+        and of every Guard it was installed on (only where this is the installed injector)."""
+        targets = [guard] if guard is not None else [ref() for ref in self._guards]
+        for g in targets:
+            if g is not None and g.chaos is self:
+                g.chaos = None
+        self._guards = [ref for ref in self._guards if ref() is not None and ref() not in targets]
+        if guard is None:
+            self._installed = False
+            _inject.uninstall(self)
 
     def disable(self) -> None:
         """Switch every fault off: uninstalls the injector, so guarded calls pay nothing."""
         self._enabled = False
         _inject.uninstall(self)
+        for ref in self._guards:
+            g = ref()
+            if g is not None and g.chaos is self:
+                g.chaos = None
 
     def enable(self) -> None:
-        """Switch back on (re-installs the injector when it was installed)."""
+        """Switch back on (re-installs the injector where it was installed)."""
         self._enabled = True
         if self._installed:
             _inject.install(self)
+        for ref in self._guards:
+            g = ref()
+            if g is not None and g.chaos is None:
+                g.chaos = self
 
     def close(self) -> None:
         """Remove every fault and uninstall."""

@@ -3,11 +3,21 @@
 Fixtures, available in any suite once ragguard is installed:
 
 ``fake_clock``            a :class:`ragguard.FakeClock` at 0.0 s
+``guard``                 a fresh :class:`ragguard.Guard` on ``fake_clock``, installed as the default
+                          registry for the test (``@guard``, ``ragguard.tenant``, ``ragguard.deadline``
+                          use it), the previous one restored after; its policy comes from
+                          ``@pytest.mark.ragguard_policy(policy)`` (a Policy, a mapping or a file path)
+``guard_events``          a :class:`ragguard.testing.EventRecorder` of ragguard's events during the test
 ``chaos``                 a :class:`ragguard.chaos.Chaos` installed as the injector, removed after the test
 ``redis_server``          a real ``redis-server`` on a free 127.0.0.1 port for one test (skips without one)
 ``redis_server_session``  one such server shared by the whole session (call ``.flushall()`` yourself)
 ``fault_proxy``           a factory: ``fault_proxy(redis_server)`` or ``fault_proxy(port)`` returns a
                           running :class:`ragguard.chaos.FaultProxy`; every proxy is closed after the test
+
+The fake clock drives only what is built on it: with the ``guard`` fixture it is wired for you, so
+``fake_clock.advance(s)`` moves that Guard's breakers, quotas, deadlines, retry backoff and attempt
+timeouts (and a retry's backoff or a rate wait advances it by itself). Without ``guard``, pass it
+yourself: ``Guard(clock=fake_clock)`` or ``ragguard.configure(policy, clock=fake_clock)``.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from .._clock import FakeClock
 from ._redis_server import RedisServer, RedisServerUnavailable, find_redis_server
 
 if TYPE_CHECKING:
+    from ..testing import EventRecorder, FreshGuard
     from ._chaos import Chaos
     from ._proxy import FaultProxy
 
@@ -33,10 +44,43 @@ class _HasAddress(Protocol):
 FaultProxyFactory = Callable[..., "FaultProxy"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "ragguard_policy(policy): the policy of the `guard` fixture (Policy, mapping or path)"
+    )
+
+
 @pytest.fixture
 def fake_clock() -> FakeClock:
-    """A :class:`ragguard.FakeClock` starting at 0.0 seconds; advance it instead of sleeping."""
+    """A :class:`ragguard.FakeClock` starting at 0.0 seconds; advance it instead of sleeping.
+
+    It drives the ``guard`` fixture's Guard; elsewhere pass it as ``clock=`` to what you build."""
     return FakeClock()
+
+
+@pytest.fixture
+def guard(request: pytest.FixtureRequest, fake_clock: FakeClock) -> Iterator[FreshGuard]:
+    """A fresh :class:`ragguard.Guard` on the ``fake_clock`` fixture, installed as the default
+    registry for this test and removed after it (see :func:`ragguard.testing.fresh_guard`).
+
+    Its policy is the one given by ``@pytest.mark.ragguard_policy(policy)`` (default ``Policy()``).
+    """
+    from ..testing import fresh_guard
+
+    marker = request.node.get_closest_marker("ragguard_policy")
+    policy = marker.args[0] if marker is not None and marker.args else None
+    with fresh_guard(policy, clock=fake_clock) as g:
+        yield g
+
+
+@pytest.fixture
+def guard_events() -> Iterator[EventRecorder]:
+    """Every event on ``ragguard.events.bus`` during the test (``await guard_events.settle()``
+    before reading; ``guard_events.of(FallbackServed)`` filters by type)."""
+    from ..testing import EventRecorder
+
+    with EventRecorder() as recorder:
+        yield recorder
 
 
 def _redis_server() -> Iterator[RedisServer]:

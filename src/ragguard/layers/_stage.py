@@ -3,6 +3,7 @@ preset contract (:class:`StagePreset`) through which the RAG presets add their l
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -28,7 +29,9 @@ class StagePreset(Protocol):
       them against the decorated function at decoration (ConfigError naming the option) and
       returns what its layers need (where the texts or candidates are...);
     - ``state(stage)``: the state shared by every function of the stage (a cache, a batch limit);
-    - ``layers(stage, bound)``: wrappers placed inside the fallbacks and outside the retries;
+    - ``layers(stage, bound)``: layers placed inside the fallbacks and outside the retries;
+    - ``attempt_layers(stage, bound)``: layers placed inside each attempt (inside the retries and
+      the breaker, which count what they raise);
     - ``fallbacks(stage, bound, users)``: the full fallback chain, the user's among the preset's.
     """
 
@@ -41,6 +44,8 @@ class StagePreset(Protocol):
     def state(self, stage: Stage) -> Any: ...
 
     def layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]: ...
+
+    def attempt_layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]: ...
 
     def fallbacks(self, stage: Stage, bound: Bound, users: Sequence[Fallback]) -> Sequence[Fallback]: ...
 
@@ -105,14 +110,25 @@ class Stage:
         )
         self.budget: RetryBudget | None = make_budget(self)
         self.preset_state: Any = None if preset is None else preset.state(self)
+        self.users: weakref.WeakSet[Any] = weakref.WeakSet()
+        """The decorated functions' compiled chains that run this stage (held weakly): a stage
+        with users is never forgotten by its Guard's ``max_stages`` bound."""
 
     @property
     def timeout_s(self) -> float | None:
         """The stage's attempt timeout in seconds (None: only the deadline bounds an attempt)."""
         return self.policy.timeout_s
 
+    def layer_policy(self, name: str) -> Any:
+        """The stage's options for the registered layer ``name`` (its policy model), or None when
+        the stage's policy has no ``layers`` entry for it (see :func:`ragguard.layers.register_layer`)."""
+        return self.policy.layers.get(name)
+
     def preset_layers(self, bound: Bound) -> Sequence[Layer]:
         return () if self.preset is None else self.preset.layers(self, bound)
+
+    def preset_attempt_layers(self, bound: Bound) -> Sequence[Layer]:
+        return () if self.preset is None else self.preset.attempt_layers(self, bound)
 
     def fallbacks_for(self, bound: Bound) -> Sequence[Fallback]:
         """The fallback chain of ``bound``'s calls: the preset's around the user's."""

@@ -15,11 +15,11 @@ or the one given to ``@guard(breaker=...)``, shared across replicas when the Gua
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from .._clock import Clock
-from .._errors import BreakerOpen, ConfigError, DeadlineExceeded, StageTimeout
+from .._clock import Clock, monotonic
+from .._errors import BreakerOpen, ConfigError, DeadlineExceeded
 from ..breakers import (
     AsyncBreaker,
     Breaker,
@@ -88,18 +88,6 @@ class BreakerLayer:
         return None
 
 
-def _counting_stage_timeouts(base: Callable[[BaseException], bool]) -> Callable[[BaseException], bool]:
-    """``base`` plus the stage's own attempt timeout: a dependency that did not answer within the
-    stage's ``timeout_s`` is unwell whatever the breaker's kind (a hung vector store must trip the
-    vector-store breaker, not only one that refuses connections)."""
-
-    def counts(exc: BaseException) -> bool:
-        return isinstance(exc, StageTimeout) or base(exc)
-
-    counts.__name__ = f"{getattr(base, '__name__', 'classifier')}_or_stage_timeout"
-    return counts
-
-
 def adapt_breaker(breaker: object) -> Breaker:
     """``breaker`` as a :class:`~ragguard.breakers.Breaker`: itself when it is one, an adapter
     for an ``aiobreaker.CircuitBreaker``; else ConfigError."""
@@ -130,17 +118,22 @@ def make_breaker(stage: Stage, given: Breaker | Literal[False] | None) -> Breake
     if kind == "none":
         return None
     cls = BREAKER_KINDS[kind]
-    options = stage.policy.breaker.options()
-    base = getattr(cls, "defaults", {}).get("classifier")
-    if base is not None:
-        options["classifier"] = _counting_stage_timeouts(base)
+    options = stage.policy.breaker.options()  # every kind counts StageTimeout (breakers/_typed.py)
     guard = stage.guard
     local = cls(stage.name, clock=guard.clock, rng=guard.rng, **options)
     if guard.redis is None:
         return local
     from ..distributed import SharedCircuitBreaker
 
-    shared = SharedCircuitBreaker(local, guard.redis, key_prefix=guard.redis_prefix)
+    # Replicas share open-until times, so in production the shared state runs on wall-clock time;
+    # a Guard given its own clock (a FakeClock in tests) drives its shared breakers with it too.
+    shared = SharedCircuitBreaker(
+        local,
+        guard.redis,
+        key_prefix=guard.redis_prefix,
+        clock=time.time if guard.clock is monotonic else guard.clock,
+        link_clock=guard.clock,
+    )
     guard._closers.append(shared.aclose)
     return shared
 

@@ -86,7 +86,8 @@ class FallbackLayer:
         for fallback in self.fallbacks:
             try:
                 result = await fallback.serve(call, exc)
-            except FallbackMiss:
+            except FallbackMiss as missed:
+                _note(exc, f"fallback {fallback.name!r} had no answer: {missed}")
                 continue
             except Exception as failed:
                 _note(exc, f"fallback {fallback.name!r} failed too: {type(failed).__name__}: {failed}")

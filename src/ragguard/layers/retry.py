@@ -322,8 +322,6 @@ class RetryLayer:
         return None
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
-        if not self.retryable(exc):
-            raise exc
         state = _CallState(call, self.clock)
         stop, wait, retry, clock = self.stop, self.wait, self.retry, self.clock
         while True:
@@ -331,7 +329,10 @@ class RetryLayer:
             # (as upcoming_sleep), the stop, then before_sleep with the failed attempt's number
             state.outcome = _Failed(exc, state.attempt_number)  # type: ignore[assignment]
             state.outcome_timestamp = clock()
-            if not retry(state):
+            outer = call.recoverable
+            if not retry(state) or (outer is not None and outer(exc)):
+                # (an outer layer recovers this error itself, as the rerank chunker shrinks the
+                # batch on an out-of-memory error: retrying the same attempt would repeat it)
                 raise exc
             sleep = float(wait(state))
             state.upcoming_sleep = sleep

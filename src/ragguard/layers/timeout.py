@@ -65,10 +65,10 @@ class TimeoutLayer:
                 raise DeadlineExceeded(self.stage, None if left <= 0.0 else left, detail)
             if timeout is None or left < timeout:
                 timeout, by_deadline = left, True
-            elif timeout >= MAX_TIMEOUT_S:
-                return None
             else:
                 by_deadline = False
+            if timeout >= MAX_TIMEOUT_S:
+                return None
         call.budget_s = timeout
         call.by_deadline = by_deadline
         loop = running_loop()  # the one running-loop lookup of a call (3.11: a getpid() each)

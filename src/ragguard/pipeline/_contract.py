@@ -15,12 +15,12 @@ does to the flow of the call:
 
 The unary driver and the stream driver (:mod:`ragguard.pipeline._drivers`) run the same layer
 objects. For a stream, a gate's ``scope`` says how long it holds: ``call`` and ``attempt`` gates
-from opening the stream to its end, ``item`` gates around the wait for each item; recoveries act
-only before the first item reaches the caller (the commit point); wrappers with ``streams = True``
-wrap the opening of the stream, up to its first item (the innermost one, chaos, inside the item
-gates, so its latency counts as time to the first item). A wrapper may set the opened stream's
-``Head.deliver`` hook (called with each item before it is handed over; it may return a wait: the
-generation preset's pacing).
+from opening the stream to its end, ``item`` gates around the wait for each item (for the first
+item, at their place in the chain, so they bound the whole opening, wrappers included, as they
+bound a call); recoveries act only before the first item reaches the caller (the commit point);
+wrappers with ``streams = True`` wrap the opening of the stream, up to its first item. A wrapper
+may set the opened stream's ``Head.deliver`` hook (called with each item before it is handed over;
+it may return a wait: the generation preset's pacing).
 
 A :class:`Call` is the per-call record every layer reads (the function and its arguments, the
 stage, the attempt number) and a few layers write (documented per field). After Polly v8's
@@ -54,7 +54,9 @@ class Call:
       (rather than the stage timeout) set it (the timeout layer's);
     - ``items``: items handed to the caller so far (streams);
     - ``task``: the asyncio task running the call, once a layer looked it up (the timeout layer
-      does when it arms a timer), else None.
+      does when it arms a timer), else None;
+    - ``loop``: the asyncio loop a stream's items are read on, once the stream driver looked it up
+      (an async generator stays on one loop), else None.
     """
 
     # Not slotted on purpose: the fields a layer may set later (attempt, started, task...) are class
@@ -68,6 +70,7 @@ class Call:
     by_deadline: bool = False
     items: int = 0
     task: Any = None
+    loop: Any = None
 
     def __init__(
         self,

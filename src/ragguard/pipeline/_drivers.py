@@ -62,9 +62,14 @@ class Node:
     # -- streams --------------------------------------------------------------------------------
 
     async def open(self, call: Call, item_gates: tuple[Gate, ...], skip: int = 0) -> Head:
-        """Open the stream through this node and the ones inside it, up to its first item
-        (which passes ``item_gates``, the item-scope gates of the whole chain)."""
-        gates = self.stream_gates
+        """Open the stream through this node and the ones inside it, up to its first item.
+
+        Every gate of the node is entered at its place, as for a call, so the opening (wrappers
+        included: a chaos latency, a slow first token) is bounded by the item gates (the attempt
+        timer) exactly as a call is. Once the first item is there the item gates exit and the
+        call and attempt gates are held until the stream ends. ``item_gates`` (those of the whole
+        chain) bound each later item."""
+        gates = self.gates
         tokens: list[Any] = []
         try:
             try:
@@ -76,18 +81,19 @@ class Node:
                 inner = self.inner
                 head: Head
                 if self.wrapper is not None and self.wrapper.streams:
-                    if inner is None:
-                        head = await _open_wrapped(call, item_gates, self.wrapper)
-                    else:
-                        head = await self.wrapper.around(call, partial(inner.open, call, item_gates))
+                    proceed = _open_fn(call) if inner is None else partial(inner.open, call, item_gates)
+                    head = await self.wrapper.around(call, proceed)
                 elif inner is not None:
                     head = await inner.open(call, item_gates)
                 else:
-                    head = await _open_fn(call, item_gates)()
+                    head = await _open_fn(call)()
             except BaseException as exc:
                 _exit_all(call, gates, tokens, exc)
                 raise
-            head.held.append((gates, tokens))
+            if len(self.stream_gates) == len(gates):
+                head.held.append((gates, tokens))
+            else:
+                await _hold(call, gates, tokens, head)
             return head
         except Exception as exc:
             if len(self.recoveries) <= skip:
@@ -123,6 +129,35 @@ def _exit_all(call: Call, gates: Sequence[Gate], tokens: list[Any], exc: BaseExc
             err = replaced
     if err is not exc and err is not None:
         raise err
+
+
+async def _hold(call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head) -> None:
+    """The first item is there: exit the item gates (innermost first) and hold the others until
+    the stream ends. An item gate that replaces the success with an error ends the stream here."""
+    held_gates: list[Gate] = []
+    held_tokens: list[Any] = []
+    for gate, token in zip(gates, tokens, strict=True):
+        if gate.scope != "item":
+            held_gates.append(gate)
+            held_tokens.append(token)
+    err: BaseException | None = None
+    for i in range(len(gates) - 1, -1, -1):
+        if gates[i].scope == "item":
+            replaced = gates[i].exit(call, tokens[i], err)
+            if replaced is not None:
+                err = replaced
+    if err is None:
+        head.held.append((held_gates, held_tokens))
+        return
+    try:
+        await _close(head.agen)
+    finally:
+        try:
+            for inner_gates, inner_tokens in head.held:  # the nodes inside, innermost first
+                _exit_all(call, inner_gates, inner_tokens, err)
+        finally:
+            _exit_all(call, held_gates, held_tokens, err)
+    raise err
 
 
 def call_fn(call: Call) -> Callable[[], Awaitable[Any]]:
@@ -170,30 +205,14 @@ async def _aiter(items: Any) -> AsyncIterator[Any]:
         yield item
 
 
-async def _open_wrapped(call: Call, item_gates: tuple[Gate, ...], wrapper: Wrapper) -> Head:
-    """Open the stream through the innermost wrapper (chaos), inside the item gates: what the
-    wrapper adds before the stream's first item (an injected latency) is part of the wait for it,
-    so the first-item budget and the attempt timeout bound it as they bound a call."""
-    entered: list[Any] = []
-    try:
-        for gate in item_gates:
-            token = gate.enter(call)
-            if token is WAIT:
-                token = await gate.enter_async(call)
-            entered.append(token)
-        head: Head = await wrapper.around(call, _open_fn(call, ()))
-    except BaseException as exc:
-        _exit_all(call, item_gates, entered, exc)
-        raise
-    _exit_all(call, item_gates, entered, None)
-    return head
+def _open_fn(call: Call) -> Callable[[], Awaitable[Head]]:
+    """The innermost step of a stream's opening: start the generator and read its first item
+    (the nodes around it entered the item gates for that item)."""
 
-
-def _open_fn(call: Call, item_gates: tuple[Gate, ...]) -> Callable[[], Awaitable[Head]]:
     async def open_stream() -> Head:
         agen = call.fn(*call.args, **call.kwargs)
         try:
-            first = await next_item(call, agen, item_gates)
+            first = await _anext(agen)
         except StopAsyncIteration:
             return Head(agen, None, True)
         except BaseException:
@@ -213,7 +232,17 @@ async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...]) -> Any:
             if token is WAIT:
                 token = await gate.enter_async(call)
             entered.append(token)
-        item = await agen.__anext__()
+        if _CHECK_LOST_CANCEL:  # inlined: an extra coroutine frame per item cost more than the check
+            loop = call.loop
+            if loop is None:
+                loop = call.loop = running_loop()
+            task = None if loop is None else current_task(loop)  # the consumer may change
+            before = 0 if task is None else task.cancelling()
+            item = await agen.__anext__()
+            if task is not None and task.cancelling() > before:
+                raise asyncio.CancelledError(_LOST_CANCEL)
+        else:
+            item = await agen.__anext__()
     except StopAsyncIteration:
         _exit_all(call, gates, entered, None)
         raise
@@ -222,6 +251,33 @@ async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...]) -> Any:
         raise
     _exit_all(call, gates, entered, None)
     return item
+
+
+_LOST_CANCEL = "cancelled as the call finished (Python 3.11 wait_for)"
+
+async def _anext_checked(agen: Any) -> Any:
+    """``await agen.__anext__()``, raising the cancellation Python 3.11's ``wait_for`` can drop
+    inside the generator (see :func:`_compile_run`)."""
+    loop = running_loop()
+    task = None if loop is None else current_task(loop)
+    if task is None:
+        return await agen.__anext__()
+    before = task.cancelling()
+    item = await agen.__anext__()
+    if task.cancelling() > before:
+        raise asyncio.CancelledError(_LOST_CANCEL)
+    return item
+
+
+def _anext_plain(agen: Any) -> Awaitable[Any]:
+    return agen.__anext__()  # type: ignore[no-any-return]
+
+
+_anext: Callable[[Any], Awaitable[Any]] = _anext_checked if PY311 else _anext_plain
+"""A stream's first item: on 3.11 with the lost-cancellation check, else no extra frame."""
+_CHECK_LOST_CANCEL = PY311
+"""Whether :func:`next_item` checks each item read for a cancellation 3.11 lost (module-level so
+a benchmark can switch it off to measure it)."""
 
 
 async def _close(agen: Any) -> None:
@@ -392,17 +448,10 @@ def _compile_run(node: Node) -> None:
         if exits[i]:
             put("try:")
             depth += 1
-    if node.wrapper is not None:
-        ns["around"] = node.wrapper.around
-        if node.inner is None:
-            put("result = await around(call, call_fn(call))")
-        else:
-            ns["inner_run"] = node.inner.run
-            put("result = await around(call, partial(inner_run, call))")
-    elif node.inner is not None:
-        ns["inner_run"] = node.inner.run
-        put("result = await inner_run(call)")
-    elif PY311:
+    def innermost(statement: str) -> None:
+        if not PY311:
+            put(statement)
+            return
         # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a cancellation
         # that lands while the awaited call finishes in the same loop iteration (cpython
         # gh-86296): a cancellation requested during the call and not delivered is raised here.
@@ -411,11 +460,22 @@ def _compile_run(node: Node) -> None:
         put("loop = running_loop()", 1)
         put("task = None if loop is None else current_task(loop)", 1)
         put("before = 0 if task is None else task.cancelling()")
-        put("result = await call.fn(*call.args, **call.kwargs)")
+        put(statement)
         put("if task is not None and task.cancelling() > before:")
-        put('raise CancelledError("cancelled as the call finished (Python 3.11 wait_for)")', 1)
+        put(f"raise CancelledError({_LOST_CANCEL!r})", 1)
+
+    if node.wrapper is not None:
+        ns["around"] = node.wrapper.around
+        if node.inner is None:  # the wrapper (chaos) awaits the call itself
+            innermost("result = await around(call, call_fn(call))")
+        else:
+            ns["inner_run"] = node.inner.run
+            put("result = await around(call, partial(inner_run, call))")
+    elif node.inner is not None:
+        ns["inner_run"] = node.inner.run
+        put("result = await inner_run(call)")
     else:
-        put("result = await call.fn(*call.args, **call.kwargs)")
+        innermost("result = await call.fn(*call.args, **call.kwargs)")
     for i in reversed(range(len(node.gates))):
         if not exits[i]:
             continue

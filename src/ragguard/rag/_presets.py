@@ -74,6 +74,9 @@ class EmbeddingPreset:
         cache = stage.preset_state
         return () if cache is None else (CacheTap(cache, bound.resolved(self)),)
 
+    def attempt_layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
+        return ()
+
     def fallbacks(self, stage: Stage, bound: Bound, users: Sequence[Fallback]) -> Sequence[Fallback]:
         cache = stage.preset_state
         return tuple(users) if cache is None else (CacheFallback(cache, bound.resolved(self)), *users)
@@ -93,6 +96,9 @@ class VectorStorePreset:
         return None
 
     def layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
+        return ()
+
+    def attempt_layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
         return ()
 
     def fallbacks(self, stage: Stage, bound: Bound, users: Sequence[Fallback]) -> Sequence[Fallback]:
@@ -130,6 +136,9 @@ class RerankPreset:
     def layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
         options: _RerankOptions = bound.resolved(self)
         return (ChunkedRerank(stage.name, stage.preset_state, options.candidates, options.score),)
+
+    def attempt_layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
+        return ()
 
     def fallbacks(self, stage: Stage, bound: Bound, users: Sequence[Fallback]) -> Sequence[Fallback]:
         options: _RerankOptions = bound.resolved(self)
@@ -197,14 +206,6 @@ class GenerationPreset:
         options: _GenerationOptions = bound.resolved(self)
         state: _GenerationState = stage.preset_state
         policy = stage.policy
-        budgets = StreamBudgets(
-            stage.name,
-            state.records,
-            policy.generation,
-            timeout_s=policy.timeout_s,
-            clock=stage.clock,
-            timers=timers_of(stage.clock),
-        )
         meter = TokenMeter(
             stage.name,
             state.records,
@@ -214,10 +215,23 @@ class GenerationPreset:
             estimate_tokens=policy.generation.estimate_tokens,
             sleep=stage.guard.sleep,
         )
-        # the item gate first: with the meter (a gate and a wrapper) after it, both sit in one node
-        # (typed Any: the layers declare ``scope`` as a ClassVar, as every gate of ragguard.layers does)
-        layers: tuple[Any, ...] = (budgets, meter)
-        return layers
+        return (meter,)
+
+    def attempt_layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
+        # inside each attempt: a first item that never comes is retried, and counted by the breaker
+        if not bound.stream:
+            return ()
+        state: _GenerationState = stage.preset_state
+        policy = stage.policy
+        budgets: Any = StreamBudgets(
+            stage.name,
+            state.records,
+            policy.generation,
+            timeout_s=policy.timeout_s,
+            clock=stage.clock,
+            timers=timers_of(stage.clock),
+        )
+        return (budgets,)
 
     def fallbacks(self, stage: Stage, bound: Bound, users: Sequence[Fallback]) -> Sequence[Fallback]:
         return tuple(users)
@@ -240,7 +254,8 @@ def preset(name: str | None) -> StagePreset | None:
 
 def register_preset(new: StagePreset) -> None:
     """Add ``new`` to the registry under ``new.name`` (replacing one of that name)."""
-    for attr in ("name", "streams", "option_names", "resolve", "state", "layers", "fallbacks"):
+    needed = ("name", "streams", "option_names", "resolve", "state", "layers", "attempt_layers", "fallbacks")
+    for attr in needed:
         if not hasattr(new, attr):
             raise ConfigError(f"register_preset: {type(new).__name__} has no {attr!r} (see StagePreset)")
     if not isinstance(new.name, str) or not new.name:

@@ -1,0 +1,289 @@
+"""The compiled unary driver: chain shapes, the generated run(), replacement errors, cancellation
+at every await, and which recoveries a re-run skips."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+from pipeline_helpers import LogGate, LogRecovery, LogWrapper, NoExitGate, RetryLike
+
+from ragguard.pipeline import Call, Chain
+from ragguard.pipeline._drivers import compile_chain
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
+
+
+def _call(fn: Callable[..., Awaitable[Any]], *args: Any) -> Call:
+    return Call("s", fn, args, {})
+
+
+def _fn(log: list[Any], outcome: Any = "result") -> Callable[..., Awaitable[Any]]:
+    async def fn(*args: Any) -> Any:
+        log.append(("call", args))
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    return fn
+
+
+# -- shapes ---------------------------------------------------------------------------------------
+
+
+def test_a_chain_compiles_into_nodes_one_per_recovery_level() -> None:
+    log: list[Any] = []
+    observe, fallback = LogGate("observe", log), LogRecovery("fallback", log, lambda c, e, a: a())
+    deadline, retry = LogGate("deadline", log), RetryLike("retry", log)
+    breaker, timeout = LogGate("breaker", log, scope="attempt"), LogGate("timeout", log, scope="item")
+    chaos = LogWrapper("chaos", log)
+    root, item_gates = compile_chain([observe, fallback, deadline, retry, breaker, timeout, chaos])
+    assert (root.recoveries, root.gates, root.wrapper) == ((), (observe,), None)
+    second = root.inner
+    assert second is not None
+    assert (second.recoveries, second.gates, second.wrapper) == ((fallback,), (deadline,), None)
+    third = second.inner
+    assert third is not None and third.inner is None
+    # the retry layer is a recovery and a gate: both, in one node
+    assert (third.recoveries, third.gates, third.wrapper) == ((retry,), (retry, breaker, timeout), chaos)
+    assert item_gates == (timeout,)
+    assert third.stream_gates == (retry, breaker)  # call and attempt gates hold for a whole stream
+    assert "await around(call, call_fn(call))" in third.source
+    assert "await inner_run(call)" in root.source
+
+
+def test_recoveries_without_gates_between_share_a_node_and_wrappers_nest() -> None:
+    log: list[Any] = []
+    outer, inner = (
+        LogRecovery("outer", log, lambda c, e, a: a()),
+        LogRecovery("inner", log, lambda c, e, a: a()),
+    )
+    first, second = LogWrapper("w1", log), LogWrapper("w2", log)
+    root, _ = compile_chain([outer, inner, first, second])
+    assert root.recoveries == (outer, inner) and root.wrapper is first
+    assert root.inner is not None and root.inner.wrapper is second and root.inner.recoveries == ()
+
+
+def test_anything_else_is_refused() -> None:
+    with pytest.raises(TypeError, match="not a Gate, a Recovery or a Wrapper"):
+        compile_chain([object()])
+
+
+def test_a_gate_without_an_exit_is_never_exited() -> None:
+    log: list[Any] = []
+    root, _ = compile_chain([NoExitGate("quiet", log), LogGate("loud", log)])
+    assert "exit0" not in root.source and "exit1(call, t1" in root.source
+
+
+# -- one call -------------------------------------------------------------------------------------
+
+
+async def test_a_call_enters_outermost_first_and_exits_innermost_first() -> None:
+    log: list[Any] = []
+    chain = Chain([LogGate("a", log), LogGate("b", log, wait=True), LogWrapper("w", log), LogGate("c", log)])
+    assert await chain.run(_call(_fn(log), 1)) == "result"
+    assert log == [
+        ("enter", "a"),
+        ("enter", "b"),
+        ("enter_async", "b"),
+        ("around", "w"),
+        ("enter", "c"),
+        ("call", (1,)),
+        ("exit", "c", "t-c", None),
+        ("around-done", "w"),
+        ("exit", "b", "ta-b", None),
+        ("exit", "a", "t-a", None),
+    ]
+
+
+async def test_a_failure_reaches_every_exit_and_then_the_recovery() -> None:
+    log: list[Any] = []
+
+    async def serve(call: Call, exc: Exception, again: Any) -> str:
+        return f"served after {type(exc).__name__}"
+
+    chain = Chain([LogRecovery("fb", log, serve), LogGate("a", log), LogGate("b", log)])
+    assert await chain.run(_call(_fn(log, ConnectionError("down")))) == "served after ConnectionError"
+    assert log[-3:] == [
+        ("exit", "b", "t-b", "ConnectionError"),
+        ("exit", "a", "t-a", "ConnectionError"),
+        ("recover", "fb", "ConnectionError"),
+    ]
+
+
+async def test_a_gate_refusing_at_enter_exits_only_the_gates_already_entered() -> None:
+    log: list[Any] = []
+    chain = Chain([LogGate("a", log), LogGate("b", log, refuse=PermissionError("no")), LogGate("c", log)])
+    with pytest.raises(PermissionError):
+        await chain.run(_call(_fn(log)))
+    assert log == [("enter", "a"), ("enter", "b"), ("exit", "a", "t-a", "PermissionError")]
+
+
+async def test_a_replacement_error_is_what_outer_gates_and_the_caller_see() -> None:
+    log: list[Any] = []
+
+    def to_timeout(exc: BaseException | None) -> BaseException | None:
+        if isinstance(exc, asyncio.CancelledError):
+            replaced = TimeoutError("attempt timed out")
+            replaced.__cause__ = exc
+            return replaced
+        return None
+
+    chain = Chain([LogGate("outer", log), LogGate("timer", log, replace=to_timeout)])
+    with pytest.raises(TimeoutError) as raised:
+        await chain.run(_call(_fn(log, asyncio.CancelledError())))
+    assert isinstance(raised.value.__cause__, asyncio.CancelledError)
+    assert log[-2:] == [
+        ("exit", "timer", "t-timer", "CancelledError"),
+        ("exit", "outer", "t-outer", "TimeoutError"),
+    ]
+
+
+async def test_a_success_can_be_replaced_too() -> None:
+    log: list[Any] = []
+    chain = Chain([LogGate("outer", log), LogGate("late", log, replace=lambda exc: LookupError("too late"))])
+    with pytest.raises(LookupError):
+        await chain.run(_call(_fn(log)))
+    assert log[-1] == ("exit", "outer", "t-outer", "LookupError")
+
+
+# -- cancellation at every await ------------------------------------------------------------------
+
+
+async def _cancel_while_blocked(run: Callable[[], Awaitable[Any]]) -> None:
+    task = asyncio.ensure_future(run())
+    await anyio.wait_all_tasks_blocked()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_cancelled_in_enter_async_exits_the_gates_entered_before_it() -> None:
+    log: list[Any] = []
+    recoveries: list[Any] = []
+    chain = Chain(
+        [
+            LogRecovery("never", recoveries, lambda c, e, a: a()),
+            LogGate("a", log),
+            LogGate("queued", log, wait=True, hold=anyio.Event()),
+            LogGate("c", log),
+        ]
+    )
+    await _cancel_while_blocked(lambda: chain.run(_call(_fn(log))))
+    assert log == [
+        ("enter", "a"),
+        ("enter", "queued"),
+        ("enter_async", "queued"),
+        ("exit", "a", "t-a", "CancelledError"),
+    ]
+    assert recoveries == []  # a cancellation is never recovered
+
+
+async def test_cancelled_during_the_call_exits_every_gate_with_the_cancellation() -> None:
+    log: list[Any] = []
+
+    async def hang() -> None:
+        log.append(("call", ()))
+        await anyio.Event().wait()
+
+    chain = Chain([LogGate("a", log), LogWrapper("w", log), LogGate("b", log)])
+    await _cancel_while_blocked(lambda: chain.run(_call(hang)))
+    assert log[-4:] == [
+        ("call", ()),
+        ("exit", "b", "t-b", "CancelledError"),
+        ("around-done", "w"),
+        ("exit", "a", "t-a", "CancelledError"),
+    ]
+
+
+async def test_cancelled_inside_a_recovery_propagates_and_nothing_is_left_entered() -> None:
+    log: list[Any] = []
+
+    async def slow_fallback(call: Call, exc: Exception, again: Any) -> Any:
+        await anyio.Event().wait()
+
+    outer = LogRecovery("outer", log, lambda c, e, a: a())
+    chain = Chain([LogGate("a", log), outer, LogRecovery("slow", log, slow_fallback), LogGate("b", log)])
+    await _cancel_while_blocked(lambda: chain.run(_call(_fn(log, ConnectionError()))))
+    assert ("recover", "slow", "ConnectionError") in log
+    assert ("recover", "outer", "CancelledError") not in log and log[-1] == (
+        "exit",
+        "a",
+        "t-a",
+        "CancelledError",
+    )
+    entered = sum(1 for e in log if e[0] == "enter")
+    assert entered == sum(1 for e in log if e[0] == "exit")
+
+
+# -- which recoveries a re-run skips --------------------------------------------------------------
+
+
+async def test_a_recovery_re_runs_the_layers_inside_it_with_itself_and_the_outer_ones_skipped() -> None:
+    log: list[Any] = []
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise ConnectionError(f"failure {calls}")
+        return "ok"
+
+    async def once_more(call: Call, exc: Exception, again: Any) -> Any:
+        return await again()
+
+    async def serve(call: Call, exc: Exception, again: Any) -> Any:
+        return await again()  # a recovery that re-runs: the inner recovery is active again
+
+    chain = Chain([LogRecovery("outer", log, serve), LogRecovery("inner", log, once_more), LogGate("g", log)])
+    assert await chain.run(_call(flaky)) == "ok"
+    recoveries = [e for e in log if e[0] == "recover"]
+    # failure 1 -> inner re-runs -> failure 2 is raised by ``again`` to inner (inner skipped
+    # itself), inner raises it -> outer -> re-run with inner active again -> success
+    assert recoveries == [("recover", "inner", "ConnectionError"), ("recover", "outer", "ConnectionError")]
+    assert calls == 3
+
+
+async def test_a_recovery_that_does_not_apply_hands_the_error_outward() -> None:
+    log: list[Any] = []
+
+    async def refuse(call: Call, exc: Exception, again: Any) -> Any:
+        raise exc
+
+    async def replace(call: Call, exc: Exception, again: Any) -> Any:
+        raise KeyError("replaced")
+
+    async def catch(call: Call, exc: Exception, again: Any) -> Any:
+        return f"outer got {type(exc).__name__}"
+
+    chain = Chain(
+        [
+            LogRecovery("outer", log, catch),
+            LogRecovery("mid", log, replace),
+            LogRecovery("inner", log, refuse),
+            LogGate("g", log),
+        ]
+    )
+    assert await chain.run(_call(_fn(log, ConnectionError()))) == "outer got KeyError"
+    assert [e[1] for e in log if e[0] == "recover"] == ["inner", "mid", "outer"]
+
+
+async def test_the_retry_shape_counts_attempts_and_re_enters_its_gates() -> None:
+    log: list[Any] = []
+    results = [ConnectionError("1"), ConnectionError("2"), "ok"]
+
+    async def fn() -> Any:
+        r = results.pop(0)
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    retry = RetryLike("retry", log, times=3)
+    call = _call(fn)
+    assert await Chain([retry, LogGate("breaker", log, scope="attempt")]).run(call) == "ok"
+    assert call.attempt == 3
+    assert [e for e in log if e[0] == "enter"] == [("enter", "retry"), ("enter", "breaker")] * 3
