@@ -1,4 +1,5 @@
-"""ragguard's own guarded use of Redis: a timeout per command and a small breaker of its own.
+"""ragguard's own guarded use of Redis: a timeout per command, a cap on commands in flight, and a
+small breaker of its own.
 
 Every Redis command the shared breaker and the shared quotas send goes through a
 :class:`RedisLink`. When ``failures_to_degrade`` commands in a row fail or outlast ``timeout_s``,
@@ -6,6 +7,12 @@ the link's breaker opens: the component switches to local state, logs one warnin
 :class:`SharedStateDegraded`. While degraded, no user call touches Redis; a probe task sends a
 ``PING`` every ``probe_every_s`` seconds (the link breaker's single half-open trial) and, on the
 first answer, the link emits :class:`SharedStateRestored` and the component goes back to Redis.
+
+Backpressure is not an outage. The link keeps at most ``max_in_flight`` commands in flight (waiting
+for a turn is not timed by ``timeout_s``), so ragguard never empties the client's connection pool
+itself; and when the pool is empty anyway (the application shares it), redis-py's "Too many
+connections" / "No connection available" is raised as :class:`LinkBusy`: the command was never
+sent, and the link's breaker does not count it.
 """
 
 from __future__ import annotations
@@ -21,18 +28,37 @@ from .._errors import BreakerOpen, ConfigError
 from ..breakers import BreakerState, CircuitBreaker
 from ._events import SharedStateDegraded, SharedStateRestored
 
-__all__ = ["RedisLink", "SharedStateUnavailable"]
+__all__ = ["LinkBusy", "RedisLink", "SharedStateUnavailable", "is_pool_exhausted"]
 
 log = logging.getLogger("ragguard.distributed")
 
 T = TypeVar("T")
 
+_DEFAULT_MAX_IN_FLIGHT = 32
+
 
 class SharedStateUnavailable(Exception):
     """Internal: Redis could not serve ragguard's bookkeeping; the caller falls back to local state.
 
-    Never reaches a user: every component catches it.
+    Never reaches a user: every component catches it. The command may or may not have run.
     """
+
+
+class LinkBusy(SharedStateUnavailable):
+    """Internal: the client's connection pool had no free connection, so the command was not sent.
+
+    Backpressure from this process, not a sign that Redis is down: never counted by the link.
+    """
+
+
+def is_pool_exhausted(exc: BaseException) -> bool:
+    """True for redis-py's errors of an empty connection pool (``MaxConnectionsError`` "Too many
+    connections" from ``ConnectionPool``, "No connection available." from ``BlockingConnectionPool``):
+    raised before anything was sent."""
+    if type(exc).__name__ == "MaxConnectionsError":
+        return True
+    text = str(exc)
+    return "Too many connections" in text or "No connection available" in text
 
 
 def _counts_everything(exc: BaseException) -> bool:
@@ -45,13 +71,26 @@ def _positive(option: str, value: object) -> float:
     return float(value)
 
 
+def _default_max_in_flight(redis: Any) -> int:
+    # Half the pool, so the application keeps connections of its own; a cluster client has one pool
+    # per node, each as large as max_connections.
+    pool = getattr(redis, "connection_pool", None)
+    size = getattr(pool, "max_connections", None) or getattr(redis, "max_connections", None)
+    if isinstance(size, int) and size > 0:
+        return max(1, min(_DEFAULT_MAX_IN_FLIGHT, size // 2))
+    return _DEFAULT_MAX_IN_FLIGHT
+
+
 class RedisLink:
-    """One component's guarded access to a ``redis.asyncio.Redis`` client.
+    """One component's guarded access to a ``redis.asyncio.Redis`` (or ``RedisCluster``) client.
 
     ``component`` names it in logs and events. ``timeout_s`` (seconds, > 0) bounds each command;
     ``failures_to_degrade`` (int >= 1) failed commands in a row switch to local state;
-    ``probe_every_s`` (seconds, > 0) spaces the PINGs that detect Redis coming back. ``clock``
-    (monotonic seconds) drives the link's breaker. Raises ConfigError for an out-of-range option.
+    ``probe_every_s`` (seconds, > 0) spaces the PINGs that detect Redis coming back;
+    ``max_in_flight`` (int 1..10,000; default: half the client's pool, at most 32) caps this
+    link's commands in flight. ``clock`` (monotonic seconds) drives the link's breaker.
+    ``on_degraded`` / ``on_restored`` list callbacks (no arguments) run at each switch.
+    Raises ConfigError for an out-of-range option.
     """
 
     def __init__(
@@ -62,6 +101,7 @@ class RedisLink:
         timeout_s: float = 0.25,
         failures_to_degrade: int = 2,
         probe_every_s: float = 1.0,
+        max_in_flight: int | None = None,
         clock: Clock = monotonic,
     ) -> None:
         if redis is None or not callable(getattr(redis, "register_script", None)):
@@ -70,10 +110,18 @@ class RedisLink:
             1 <= failures_to_degrade <= 1000
         ):
             raise ConfigError(f"failures_to_degrade must be an int in [1, 1000], got {failures_to_degrade!r}")
+        if max_in_flight is None:
+            max_in_flight = _default_max_in_flight(redis)
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or not (
+            1 <= max_in_flight <= 10_000
+        ):
+            raise ConfigError(f"max_in_flight must be an int in [1, 10000], got {max_in_flight!r}")
         self.redis = redis
         self.component = component
         self.timeout_s = _positive("redis_timeout_s", timeout_s)
         self.probe_every_s = _positive("probe_every_s", probe_every_s)
+        self.max_in_flight = max_in_flight
+        self._turns = asyncio.Semaphore(max_in_flight)
         self._clock = clock
         self._breaker = CircuitBreaker(
             f"ragguard-redis:{component}",
@@ -88,6 +136,8 @@ class RedisLink:
         self._breaker.bus = events.EventBus()  # its own events are not the application's metrics
         self.degraded = False
         """True while the component runs on local state (read it freely: a plain attribute)."""
+        self.on_degraded: list[Callable[[], None]] = []
+        self.on_restored: list[Callable[[], None]] = []
         self._degraded_at = 0.0
         self._probe: asyncio.Task[None] | None = None
         self._closed = False
@@ -95,8 +145,10 @@ class RedisLink:
     async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
         """Run ``await fn()`` (one Redis command or script) within ``timeout_s``.
 
-        Raises :class:`SharedStateUnavailable` (with the cause chained) when the link is degraded,
-        the command fails, or it outlasts the timeout. Cancellation passes through uncounted.
+        Raises :class:`LinkBusy` when the client's pool had no connection (nothing was sent), and
+        :class:`SharedStateUnavailable` (with the cause chained) when the link is degraded, the
+        command fails, or it outlasts the timeout (then it may have run). Cancellation passes
+        through uncounted.
         """
         breaker = self._breaker
         try:
@@ -104,11 +156,21 @@ class RedisLink:
         except BreakerOpen as exc:
             raise SharedStateUnavailable(self.component) from exc
         clock = self._clock
-        start = clock()
+        start = 0.0
         try:
-            async with asyncio.timeout(self.timeout_s):
-                result = await fn()
+            async with self._turns:  # a turn of ours: waiting for it is not Redis's time
+                if self.degraded and breaker.state is BreakerState.OPEN:
+                    raise SharedStateUnavailable(f"{self.component}: degraded while waiting")
+                start = clock()
+                async with asyncio.timeout(self.timeout_s):
+                    result = await fn()
+        except SharedStateUnavailable:
+            breaker.release(token)
+            raise
         except Exception as exc:
+            if is_pool_exhausted(exc):
+                breaker.release(token)
+                raise LinkBusy(f"{self.component}: {type(exc).__name__}: {exc}") from exc
             breaker.on_result(token, clock() - start, exc)
             self._observe(exc)
             raise SharedStateUnavailable(f"{self.component}: {type(exc).__name__}: {exc}") from exc
@@ -137,6 +199,7 @@ class RedisLink:
                     self.component, reason)
         if events.bus.active:
             events.bus.emit(SharedStateDegraded(self.component, reason))
+        self._notify(self.on_degraded)
         if not self._closed and (self._probe is None or self._probe.done()):
             self._probe = asyncio.get_running_loop().create_task(self._probe_until_back())
 
@@ -146,6 +209,14 @@ class RedisLink:
         log.info("ragguard %s: Redis answers again after %.1fs; back on shared state", self.component, down_s)
         if events.bus.active:
             events.bus.emit(SharedStateRestored(self.component, down_s))
+        self._notify(self.on_restored)
+
+    def _notify(self, callbacks: list[Callable[[], None]]) -> None:
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # one component's bug must not stop the switch of the others
+                log.exception("ragguard %s: switch callback %r failed", self.component, callback)
 
     async def _probe_until_back(self) -> None:
         ping = self.redis.ping
