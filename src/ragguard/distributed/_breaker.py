@@ -391,6 +391,10 @@ class SharedCircuitBreaker:
                                                      None if exc is None else type(exc).__name__))
             elif token < 0:
                 self.wrapped.on_result(-1 - token, duration_s, exc, now)
+                if self._mode is _UNSYNCED:  # before the first read: for the shared window too
+                    code = self._code_of(duration_s, exc)
+                    if code >= 0:
+                        self._pending.append(code)
             elif token == self._epoch and self._hold is None:
                 # admitted on shared state, ended on local state: the local breaker counts it
                 wrapped = self.wrapped
@@ -657,7 +661,7 @@ class SharedCircuitBreaker:
         state = BreakerState(_text(state_s))
         epoch = int(epoch_s)
         now = self._now()
-        if epoch != self._epoch:
+        if epoch != self._epoch and self._epoch != _NO_EPOCH:
             self._pending.clear()  # recorded in an epoch that is over
             self._prefetched.clear()  # their leases died with the epoch
         # Half-open with every permit taken: refuse without asking again until the next sync.

@@ -50,6 +50,7 @@ from ..policy import TenantQuota
 from ..quotas import WAIT, Lease, LocalQuotas
 from ._fallback import give_slot, take_slot
 from ._link import LinkBusy, RedisLink, SharedStateUnavailable
+from ._outbox import Outbox
 from ._scripts import QUOTA_ADMIT, QUOTA_SYNC
 
 __all__ = ["RedisQuotas", "SharedLease", "quota_keys"]
@@ -164,7 +165,7 @@ class RedisQuotas:
         self._sync = redis.register_script(QUOTA_SYNC)
         self._ids = itertools.count()
         self._running: dict[str, SharedLease] = {}
-        self._outbox: dict[str, dict[str, tuple[float, float]]] = {}  # tenant -> id -> (refund, queued)
+        self._outbox = Outbox(expire_s=self.lease_s)
         self._adopting: dict[str, asyncio.Event] = {}  # tenant -> set when its leases are back in Redis
         self._freed: dict[str, asyncio.Event] = {}
         self._hold_ewma_s: dict[str, float] = {}
@@ -187,7 +188,7 @@ class RedisQuotas:
 
     def pending_releases(self) -> int:
         """Releases waiting in the outbox (sent with the next admission, or in the background)."""
-        return sum(len(box) for box in self._outbox.values())
+        return len(self._outbox)
 
     # -- admission ------------------------------------------------------------------------
 
@@ -245,18 +246,18 @@ class RedisQuotas:
         busy_since: float | None = None
         while True:
             wait_left = give_up - loop.time()
-            ops = self._take_ops(tenant)
+            ops, op_args = self._carry(tenant)
             args: list[Any] = [
                 "" if self.clock is None else repr(float(self.clock())), lease_id, repr(self.lease_s),
                 maxc, repr(float(rate)), burst, repr(max(0.0, wait_left)),
-                "1" if maxc and wait_left > 0 else "0", repr(self._queue_ttl_s), *self._flat(ops),
+                "1" if maxc and wait_left > 0 else "0", repr(self._queue_ttl_s), *op_args,
             ]
             try:
                 ok, reason, seconds_s, ahead = await self._link.call(
                     functools.partial(self._admit, keys=keys, args=args))
             except LinkBusy:
                 # Nothing was sent: the client's pool is empty (backpressure, not an outage).
-                self._return_ops(tenant, ops)
+                self._outbox.unsent(tenant, ops)
                 now = loop.time()
                 busy_since = now if busy_since is None else busy_since
                 if now - busy_since < self._link.timeout_s:
@@ -264,13 +265,14 @@ class RedisQuotas:
                     continue
                 return await self._acquire_local(tenant, quota)
             except SharedStateUnavailable:
-                self._return_ops(tenant, ops)
+                self._outbox.unsent(tenant, ops)
                 self._queue_release(tenant, lease_id, refund)  # it may have been admitted
                 return await self._acquire_local(tenant, quota)
             except BaseException:
-                self._return_ops(tenant, ops)
+                self._outbox.unsent(tenant, ops)
                 self._queue_release(tenant, lease_id, refund)  # the script may have run
                 raise
+            self._outbox.acked(tenant, ops)
             if int(ok):
                 return await self._admitted(tenant, keys, lease_id, refund, float(seconds_s), maxc > 0)
             reason_s = reason.decode() if isinstance(reason, bytes) else str(reason)
@@ -321,7 +323,7 @@ class RedisQuotas:
         self._renewer = self._flusher = None
         if self.local_lease is not None:
             await self.local_lease.aclose()
-        if self._outbox and not self._link.degraded:
+        if len(self._outbox) and not self._link.degraded:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2 * self._link.timeout_s):
                     await self._flush_all()
@@ -407,75 +409,57 @@ class RedisQuotas:
     # -- internals: the outbox of releases ------------------------------------------------------
 
     def _queue_release(self, tenant: str, lease_id: str, refund_s: float) -> None:
-        self._outbox.setdefault(tenant, {})[lease_id] = (refund_s, monotonic())
-        if not self._closed and (self._flusher is None or self._flusher.done()):
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return  # sent with the tenant's next admission, or at aclose
-            self._flusher = loop.create_task(self._flush_forever(), name="ragguard-quota-releases")
+        self._outbox.add(tenant, lease_id, refund_s, monotonic())
+        self._start_flusher()
 
-    def _take_ops(self, tenant: str) -> dict[str, tuple[float, float]]:
+    def _start_flusher(self) -> None:
+        if self._closed or (self._flusher is not None and not self._flusher.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # sent with the tenant's next admission, or at aclose
+        self._flusher = loop.create_task(self._flush_forever(), name="ragguard-quota-releases")
+
+    def _carry(self, tenant: str) -> tuple[list[str], list[str]]:
         if tenant in self._adopting:
-            return {}  # after the adoption: a release must reach Redis after the lease it removes
-        box = self._outbox.pop(tenant, None)
-        if not box:
-            return {}
-        too_old = monotonic() - self.lease_s
-        return {k: v for k, v in box.items() if v[1] > too_old}
-
-    def _return_ops(self, tenant: str, ops: dict[str, tuple[float, float]]) -> None:
-        if ops:
-            box = self._outbox.setdefault(tenant, {})
-            for lease_id, op in ops.items():
-                box.setdefault(lease_id, op)
-            if not self._closed and (self._flusher is None or self._flusher.done()):
-                with contextlib.suppress(RuntimeError):
-                    self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
-
-    @staticmethod
-    def _flat(ops: dict[str, tuple[float, float]]) -> list[str]:
-        flat: list[str] = []
-        for lease_id, (refund_s, _) in ops.items():
-            flat += [lease_id, repr(refund_s)]
-        return flat
+            return [], []  # after the adoption: a release must reach Redis after the lease it removes
+        return self._outbox.carry(tenant, monotonic())
 
     async def _flush_forever(self) -> None:
         delay = self._release_delay_s
-        while self._outbox and not self._closed and not self._link.degraded:
-            oldest = min(next(iter(box.values()))[1] for box in self._outbox.values() if box)
-            wait = oldest + delay - monotonic()
+        outbox = self._outbox
+        while len(outbox) and not self._closed and not self._link.degraded:
+            wait = outbox.oldest() + delay - monotonic()
             if wait > 0:
-                await asyncio.sleep(wait)
+                await asyncio.sleep(min(wait, delay) if wait < math.inf else delay)
                 continue
-            if not await self._flush_all(older_than=monotonic() - delay):
+            if not await self._flush_all(before=monotonic() - delay):
                 await asyncio.sleep(max(delay, 0.05))  # Redis is slow or busy: do not spin
 
-    async def _flush_all(self, older_than: float = math.inf) -> bool:
-        due = [t for t, box in self._outbox.items()
-               if box and next(iter(box.values()))[1] <= older_than and t not in self._adopting]
-        if not due:
-            for tenant in [t for t, box in self._outbox.items() if not box]:
-                del self._outbox[tenant]
-            return True
+    async def _flush_all(self, before: float = math.inf) -> bool:
+        due = [t for t in self._outbox.due(before) if t not in self._adopting]
         results = await asyncio.gather(*(self._sync_tenant(t, [], "renew") for t in due))
         return all(results)
 
     async def _sync_tenant(self, tenant: str, lease_ids: list[str], mode: str) -> bool:
-        ops = self._take_ops(tenant) if mode == "renew" else self._outbox.pop(tenant, {})
+        if mode == "adopt":
+            ops, op_args = self._outbox.carry(tenant, monotonic())
+        else:
+            ops, op_args = self._carry(tenant)
         if not ops and not lease_ids:
             return True
         args = ["" if self.clock is None else repr(float(self.clock())), repr(self.lease_s), mode,
-                len(lease_ids), *lease_ids, *self._flat(ops)]
+                len(lease_ids), *lease_ids, *op_args]
         try:
             await self._link.call(functools.partial(self._sync, keys=quota_keys(tenant, self._prefix),
                                                     args=args))
-        except SharedStateUnavailable:
-            self._return_ops(tenant, ops)
-            return False
-        except BaseException:
-            self._return_ops(tenant, ops)
+        except BaseException as exc:
+            self._outbox.unsent(tenant, ops)
+            if isinstance(exc, SharedStateUnavailable):
+                return False
             raise
+        self._outbox.acked(tenant, ops)
         return True
 
     # -- internals: renewal and recovery -----------------------------------------------------------
@@ -520,5 +504,4 @@ class RedisQuotas:
             self._renewer is None or self._renewer.done()
         ):
             self._renewer = loop.create_task(self._renew_forever(), name="ragguard-quota-leases")
-        if self._outbox and (self._flusher is None or self._flusher.done()):
-            self._flusher = loop.create_task(self._flush_forever(), name="ragguard-quota-releases")
+        self._start_flusher()

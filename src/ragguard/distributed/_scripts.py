@@ -197,8 +197,9 @@ end
 """
 
 BREAKER_REPORT = _BREAKER_PRELUDE + r"""
--- KEYS[4]: this replica's batch sequence key. ARGV[15]: the epoch the outcomes were recorded in;
--- ARGV[16]: one byte per outcome code; ARGV[17]: the batch's sequence number. A batch whose
+-- KEYS[4]: this replica's batch sequence key. ARGV[15]: the epoch the outcomes were recorded in
+-- (-1: before the replica first read the state; they count if it is closed); ARGV[16]: one byte
+-- per outcome code; ARGV[17]: the batch's sequence number. A batch whose
 -- sequence number was already applied is a resend after a lost reply: counted once only.
 -- Codes are applied in order and the rules checked after each, as the in-memory breaker does;
 -- the codes after a trip are dropped (the window they belonged to is over).
@@ -212,7 +213,7 @@ if k > 0 then
     redis.call('SET', KEYS[4], string.format('%d', seq), 'PX', ttl_ms)
   end
 end
-if k > 0 and st.state == 'closed' and st.epoch == expected then
+if k > 0 and st.state == 'closed' and (st.epoch == expected or expected == -1) then
   dirty = true
   local sec = math.floor(now)
   local tc, tf, ts = 0, 0, 0
