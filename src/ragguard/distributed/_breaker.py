@@ -560,6 +560,10 @@ class SharedCircuitBreaker:
         if waiter is None:
             batch.prefetch = True
         else:
+            # A waiter is usually the synchronous caller that asked for the prefetch, now waiting
+            # (the guard calls acquire, then acquire_async): it takes the permit itself, and a
+            # permit it no longer wants goes back at once rather than waiting as a prefetch.
+            batch.prefetch = False
             batch.waiters.append(waiter)
 
     async def _send_trials(self, batch: _TrialBatch) -> None:
