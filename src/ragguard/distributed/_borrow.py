@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection
 from typing import Any, cast
 
 from .._clock import Clock, monotonic
-from .._errors import ConfigError
+from .._errors import ConfigError, QuotaExceeded
 from ..policy import TenantQuota
 from ..quotas import WAIT, Lease, LocalQuotas
 from ._link import SharedStateUnavailable
@@ -53,7 +53,7 @@ class BorrowedLease(Lease):
 
 
 class _Share:
-    __slots__ = ("demand_per_s", "quota", "ready", "refresh", "renewed_at", "seen", "slots")
+    __slots__ = ("demand_per_s", "quota", "ready", "refresh", "renewed_at", "seen", "short", "slots")
 
     def __init__(self) -> None:
         self.quota: TenantQuota | None = None  # this replica's share, None until the first renewal
@@ -63,6 +63,7 @@ class _Share:
         self.demand_per_s = 0.0
         self.ready = asyncio.Event()
         self.refresh = True  # the local bucket must adopt a new share before admit_now trusts it
+        self.short = False  # refused a request for want of a slot since the last renewal
 
 
 class LocalLease:
@@ -144,9 +145,15 @@ class LocalLease:
         if share.quota is None:  # Redis did not answer: the ordinary path decides
             return cast(Lease | None, await self._owner._acquire_local(tenant, quota))
         if quota.max_concurrency is not None and not share.slots:
+            share.short = True
             raise self._owner._reject(tenant, self.period_s, "concurrency")
         share.refresh = False
-        lease = await self._local.acquire(tenant)
+        try:
+            lease = await self._local.acquire(tenant)
+        except QuotaExceeded as exc:
+            if exc.reason == "concurrency":
+                share.short = True
+            raise
         return None if lease is None else BorrowedLease(lease)
 
     def release(self, lease: Lease) -> None:
@@ -204,8 +211,10 @@ class LocalLease:
         args: list[Any] = [
             "" if owner.clock is None else repr(float(owner.clock())), owner.holder_id, repr(self.period_s),
             repr(share.demand_per_s), maxc, self._local.in_flight(tenant),
-            f"{owner.holder_id}:s{next(self._renewals)}:", len(share.slots), *share.slots,
+            f"{owner.holder_id}:s{next(self._renewals)}:", "1" if share.short else "0", len(share.slots),
+            *share.slots,
         ]
+        share.short = False
         try:
             part, kept, granted = await owner._link.call(
                 functools.partial(self._script, keys=[keys[0], keys[5]], args=args))
@@ -219,7 +228,7 @@ class LocalLease:
         share.quota = TenantQuota(
             max_concurrency=max(1, len(share.slots)) if maxc else None,
             rate_per_s=max(rate * fraction, 1e-6) if rate else None,
-            burst=max(1, round(burst * fraction)) if burst else None,
+            burst=max(1, math.ceil(burst * fraction)) if burst else None,
             max_wait_s=quota.max_wait_s,
             timeout_s=quota.timeout_s,
         )

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from .. import events
 from .._clock import Clock, monotonic
 from .._errors import BreakerOpen, ConfigError
+from .._timeouts import call_with_timeout
 from ..breakers import BreakerState, CircuitBreaker
 from ._events import SharedStateDegraded, SharedStateRestored
 
@@ -142,8 +143,8 @@ class RedisLink:
         self._probe: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        """Run ``await fn()`` (one Redis command or script) within ``timeout_s``.
+    async def call(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)`` (one Redis command or script) within ``timeout_s``.
 
         Raises :class:`LinkBusy` when the client's pool had no connection (nothing was sent), and
         :class:`SharedStateUnavailable` (with the cause chained) when the link is degraded, the
@@ -162,8 +163,7 @@ class RedisLink:
                 if self.degraded and breaker.state is BreakerState.OPEN:
                     raise SharedStateUnavailable(f"{self.component}: degraded while waiting")
                 start = clock()
-                async with asyncio.timeout(self.timeout_s):
-                    result = await fn()
+                result = await call_with_timeout(fn(*args, **kwargs), self.timeout_s)
         except SharedStateUnavailable:
             breaker.release(token)
             raise

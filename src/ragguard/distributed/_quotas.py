@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import math
 import os
@@ -85,6 +84,23 @@ class SharedLease(Lease):
         self.counted = counted
         self.in_redis = shared and counted
         self.local = local
+
+
+class _Plan:
+    """What every admission of one tenant sends, worked out once per tenant and quota."""
+
+    __slots__ = ("arg", "keys", "maxc", "quota", "refund_s", "script_keys", "unlimited")
+
+    def __init__(self, quota: TenantQuota, keys: list[str], lease_s: float, queue_ttl_s: float) -> None:
+        rate = quota.rate_per_s or 0.0
+        burst = (quota.burst or max(1, math.ceil(rate))) if rate else 1
+        self.quota = quota
+        self.keys = keys
+        self.script_keys = keys[:5]  # the admission script's (all but the local-lease share)
+        self.unlimited = quota.max_concurrency is None and quota.rate_per_s is None
+        self.maxc = quota.max_concurrency or 0
+        self.refund_s = 1.0 / rate if rate else 0.0
+        self.arg = f"{self.maxc} {float(rate)!r} {burst} {lease_s!r} {queue_ttl_s!r}"
 
 
 def _seconds(option: str, value: object) -> float:
@@ -147,8 +163,8 @@ class RedisQuotas:
         self._rng = rng if rng is not None else random.Random()
         if holder_id is None:
             holder_id = f"{os.getpid()}-{self._rng.getrandbits(32):08x}"
-        if not isinstance(holder_id, str) or not holder_id or "{" in holder_id or "}" in holder_id:
-            raise ConfigError(f"holder_id must be a non-empty str without braces, got {holder_id!r}")
+        if not isinstance(holder_id, str) or not holder_id or any(c in holder_id for c in "{} \t\r\n"):
+            raise ConfigError(f"holder_id must be a non-empty str, no braces or spaces, got {holder_id!r}")
         self._quota_for = quota_for
         self._prefix = key_prefix
         self.lease_s = _seconds("lease_s", lease_s)
@@ -161,6 +177,7 @@ class RedisQuotas:
                                max_in_flight=max_in_flight, clock=link_clock)
         self._link.on_restored.append(self._on_restored)
         self._queue_ttl_s = 4 * self._max_poll_s + 2 * self._link.timeout_s
+        self._plans: dict[str, _Plan] = {}
         self._admit = redis.register_script(QUOTA_ADMIT)
         self._sync = redis.register_script(QUOTA_SYNC)
         self._ids = itertools.count()
@@ -172,6 +189,7 @@ class RedisQuotas:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._closed = False
         self.local_lease = local_lease
         if local_lease is not None:
@@ -218,9 +236,11 @@ class RedisQuotas:
         :class:`~ragguard.InvalidInput` for a bad tenant id. Never fails because Redis is down:
         the local fallback admits instead.
         """
-        validate_tenant_id(tenant)
         quota = self._quota_for(tenant)
-        if quota.max_concurrency is None and quota.rate_per_s is None:
+        plan = self._plans.get(tenant)
+        if plan is None or plan.quota is not quota:
+            plan = self._plan(tenant, quota)
+        if plan.unlimited:
             return None
         borrowed = self.local_lease
         if borrowed is not None and borrowed.covers(tenant):
@@ -236,25 +256,20 @@ class RedisQuotas:
         if by_deadline:
             budget = max(0.0, cast(float, left))
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + budget
-        keys = quota_keys(tenant, self._prefix)
-        maxc = quota.max_concurrency or 0
-        rate = quota.rate_per_s or 0.0
-        burst = (quota.burst or max(1, math.ceil(rate))) if rate else 1
-        refund = 1.0 / rate if rate else 0.0
+        give_up = loop.time() + budget if budget else 0.0
+        keys, maxc, refund = plan.keys, plan.maxc, plan.refund_s
         lease_id = f"{self.holder_id}:{next(self._ids)}"
         busy_since: float | None = None
         while True:
-            wait_left = give_up - loop.time()
-            ops, op_args = self._carry(tenant)
-            args: list[Any] = [
-                "" if self.clock is None else repr(float(self.clock())), lease_id, repr(self.lease_s),
-                maxc, repr(float(rate)), burst, repr(max(0.0, wait_left)),
-                "1" if maxc and wait_left > 0 else "0", repr(self._queue_ttl_s), *op_args,
+            wait_left = give_up - loop.time() if budget else 0.0
+            ops = self._carry(tenant)
+            args = [
+                "" if self.clock is None else repr(float(self.clock())), lease_id, plan.arg,
+                f"{wait_left!r} {1 if maxc else 0}" if wait_left > 0 else "0 0",
+                " ".join(self._outbox.pairs(tenant, ops)) if ops else "",
             ]
             try:
-                ok, reason, seconds_s, ahead = await self._link.call(
-                    functools.partial(self._admit, keys=keys, args=args))
+                reply = await self._link.call(self._admit, keys=plan.script_keys, args=args)
             except LinkBusy:
                 # Nothing was sent: the client's pool is empty (backpressure, not an outage).
                 self._outbox.unsent(tenant, ops)
@@ -273,15 +288,15 @@ class RedisQuotas:
                 self._queue_release(tenant, lease_id, refund)  # the script may have run
                 raise
             self._outbox.acked(tenant, ops)
-            if int(ok):
-                return await self._admitted(tenant, keys, lease_id, refund, float(seconds_s), maxc > 0)
-            reason_s = reason.decode() if isinstance(reason, bytes) else str(reason)
-            if reason_s == "rate":
-                raise self._reject(tenant, float(seconds_s), "deadline" if by_deadline else "rate")
-            if reason_s != "queued":
+            verdict, number = (reply.decode() if isinstance(reply, bytes) else str(reply)).split()
+            if verdict == "ok":
+                return await self._admitted(tenant, keys, lease_id, refund, float(number), maxc > 0)
+            if verdict == "rate":
+                raise self._reject(tenant, float(number), "deadline" if by_deadline else "rate")
+            if verdict != "queued":
                 raise self._reject(tenant, self._slot_eta(tenant, maxc),
                                    "deadline" if by_deadline else "concurrency")
-            pause = min(self._max_poll_s, 0.002 * (1 + int(ahead))) * (0.5 + self._rng.random())
+            pause = min(self._max_poll_s, 0.002 * (1 + int(number))) * (0.5 + self._rng.random())
             try:
                 await self._wait_turn(tenant, max(0.0, min(pause, give_up - loop.time())))
             except BaseException:
@@ -315,6 +330,9 @@ class RedisQuotas:
     async def aclose(self) -> None:
         """Send pending releases (bounded wait), stop the background work and the Redis probe."""
         self._closed = True
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         for task in (self._renewer, self._flusher):
             if task is not None and not task.done():
                 task.cancel()
@@ -338,6 +356,14 @@ class RedisQuotas:
         await self.aclose()
 
     # -- internals: leases ------------------------------------------------------------------
+
+    def _plan(self, tenant: str, quota: TenantQuota) -> _Plan:
+        validate_tenant_id(tenant)  # once per tenant: its plan is kept
+        if len(self._plans) >= 10_000:
+            self._plans.clear()  # a flood of tenant ids cannot grow this without bound
+        plan = self._plans[tenant] = _Plan(quota, quota_keys(tenant, self._prefix), self.lease_s,
+                                           self._queue_ttl_s)
+        return plan
 
     async def _admitted(self, tenant: str, keys: list[str], lease_id: str, refund: float,
                         delay: float, counted: bool) -> SharedLease:
@@ -410,32 +436,40 @@ class RedisQuotas:
 
     def _queue_release(self, tenant: str, lease_id: str, refund_s: float) -> None:
         self._outbox.add(tenant, lease_id, refund_s, monotonic())
-        self._start_flusher()
+        if self._flush_timer is None:
+            self._arm_flush(self._release_delay_s)
 
-    def _start_flusher(self) -> None:
-        if self._closed or (self._flusher is not None and not self._flusher.done()):
+    def _arm_flush(self, after_s: float) -> None:
+        if self._closed or self._flush_timer is not None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # sent with the tenant's next admission, or at aclose
-        self._flusher = loop.create_task(self._flush_forever(), name="ragguard-quota-releases")
+        self._flush_timer = loop.call_later(after_s, self._flush_due)
 
-    def _carry(self, tenant: str) -> tuple[list[str], list[str]]:
-        if tenant in self._adopting:
-            return [], []  # after the adoption: a release must reach Redis after the lease it removes
-        return self._outbox.carry(tenant, monotonic())
-
-    async def _flush_forever(self) -> None:
+    def _flush_due(self) -> None:
+        """Timer: send the releases no admission carried within ``release_delay_s``."""
+        self._flush_timer = None
+        if self._closed or self._link.degraded or not len(self._outbox):
+            return  # after an outage, the restore sends them
         delay = self._release_delay_s
-        outbox = self._outbox
-        while len(outbox) and not self._closed and not self._link.degraded:
-            wait = outbox.oldest() + delay - monotonic()
-            if wait > 0:
-                await asyncio.sleep(min(wait, delay) if wait < math.inf else delay)
-                continue
-            if not await self._flush_all(before=monotonic() - delay):
-                await asyncio.sleep(max(delay, 0.05))  # Redis is slow or busy: do not spin
+        wait = self._outbox.oldest() + delay - monotonic()
+        if wait > 0 or (self._flusher is not None and not self._flusher.done()):
+            self._arm_flush(max(wait, 0.001) if wait < math.inf else delay)
+            return
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_once(),
+                                                               name="ragguard-quota-releases")
+
+    async def _flush_once(self) -> None:
+        ok = await self._flush_all(before=monotonic() - self._release_delay_s)
+        if len(self._outbox):
+            self._arm_flush(self._release_delay_s if ok else max(self._release_delay_s, 0.05))
+
+    def _carry(self, tenant: str) -> list[str]:
+        if tenant in self._adopting:
+            return []  # after the adoption: a release must reach Redis after the lease it removes
+        return self._outbox.carry(tenant, monotonic())
 
     async def _flush_all(self, before: float = math.inf) -> bool:
         due = [t for t in self._outbox.due(before) if t not in self._adopting]
@@ -443,17 +477,13 @@ class RedisQuotas:
         return all(results)
 
     async def _sync_tenant(self, tenant: str, lease_ids: list[str], mode: str) -> bool:
-        if mode == "adopt":
-            ops, op_args = self._outbox.carry(tenant, monotonic())
-        else:
-            ops, op_args = self._carry(tenant)
+        ops = self._outbox.carry(tenant, monotonic()) if mode == "adopt" else self._carry(tenant)
         if not ops and not lease_ids:
             return True
         args = ["" if self.clock is None else repr(float(self.clock())), repr(self.lease_s), mode,
-                len(lease_ids), *lease_ids, *op_args]
+                len(lease_ids), *lease_ids, *self._outbox.pairs(tenant, ops)]
         try:
-            await self._link.call(functools.partial(self._sync, keys=quota_keys(tenant, self._prefix),
-                                                    args=args))
+            await self._link.call(self._sync, keys=quota_keys(tenant, self._prefix)[:5], args=args)
         except BaseException as exc:
             self._outbox.unsent(tenant, ops)
             if isinstance(exc, SharedStateUnavailable):
@@ -504,4 +534,4 @@ class RedisQuotas:
             self._renewer is None or self._renewer.done()
         ):
             self._renewer = loop.create_task(self._renew_forever(), name="ragguard-quota-leases")
-        self._start_flusher()
+        self._arm_flush(0.0)

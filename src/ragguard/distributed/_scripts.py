@@ -329,16 +329,21 @@ return snapshot(1)
 
 _QUOTA_PRELUDE = _NOW + r"""
 local L, G, Q, X, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local queue_exists = redis.call('EXISTS', Q) == 1
+local queued = nil  -- requests in the queue, read once
+
+local function queue_len()
+  if queued == nil then queued = redis.call('ZCARD', Q) end
+  return queued
+end
 
 -- Give back one admission: its lease (or rate-only grant), its place in the queue, and its rate
 -- token when asked to (refund > 0) and only if the admission was still recorded (idempotent).
 local function release(id, refund)
   local removed = redis.call('ZREM', L, id)
   if removed == 0 then removed = redis.call('ZREM', R, id) end
-  if queue_exists then
-    redis.call('ZREM', Q, id)
+  if queue_len() > 0 and redis.call('ZREM', Q, id) == 1 then
     redis.call('ZREM', X, id)
+    queued = queued - 1
   end
   if refund > 0 and removed > 0 and redis.call('EXISTS', G) == 1 then
     redis.call('INCRBYFLOAT', G, fmt(-refund))
@@ -347,22 +352,33 @@ end
 """
 
 QUOTA_ADMIT = _QUOTA_PRELUDE + r"""
--- ARGV: [1] now ('' = TIME), [2] request id, [3] lease_s, [4] max_concurrency (0 = none),
--- [5] rate_per_s (0 = none), [6] burst, [7] seconds a rate reservation may wait, [8] '1' when the
--- request may queue for a slot, [9] queue_ttl_s, [10..] pairs (id, refund_s) of releases this
--- replica made since its last command for the tenant (pipelined with this one).
--- Returns {1, 'ok', delay_s, 0} (admitted; start after delay_s), {0, 'queued', '0', ahead},
--- or {0, reason, retry_after_s, 0} with reason 'concurrency' or 'rate'.
-local id, lease_s = ARGV[2], tonumber(ARGV[3])
-local maxc, rate, burst, budget = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local may_queue, queue_ttl = ARGV[8] == '1', tonumber(ARGV[9])
-for i = 10, #ARGV, 2 do release(ARGV[i], tonumber(ARGV[i + 1])) end
+-- ARGV (few arguments: each one costs the client time to pack):
+--   [1] now ('' = TIME), [2] request id,
+--   [3] the tenant's plan: 'max_concurrency (0 = none) rate_per_s (0 = none) burst lease_s queue_ttl_s',
+--   [4] 'wait_s may_queue': seconds a rate reservation may wait, 1 when the request may queue,
+--   [5] 'id refund_s id refund_s ...': releases this replica made that Redis has not acknowledged
+--       yet (they ride on this command).
+-- Returns one string (a bulk reply parses faster than an array): 'ok <delay_s>' (admitted; start
+-- after delay_s), 'queued <requests ahead>', 'concurrency <requests ahead>' or 'rate <retry_after_s>'.
+-- A few commands in the common case: expired leases and waiters are swept only when they matter.
+-- A queued request's place is its arrival on the server's clock (TIME), whatever ARGV[1] says.
+local id = ARGV[2]
+local maxc, rate, burst, lease_s, queue_ttl = string.match(ARGV[3], '(%S+) (%S+) (%S+) (%S+) (%S+)')
+maxc, rate, burst, lease_s, queue_ttl = tonumber(maxc), tonumber(rate), tonumber(burst), tonumber(lease_s),
+  tonumber(queue_ttl)
+local budget, may_queue = string.match(ARGV[4], '(%S+) (%S+)')
+budget, may_queue = tonumber(budget), may_queue == '1'
+for lease, refund in string.gmatch(ARGV[5], '(%S+) (%S+)') do release(lease, tonumber(refund)) end
+
+local function leave_queue()
+  redis.call('ZREM', Q, id)
+  redis.call('ZREM', X, id)
+end
 
 local rank = false
 if maxc > 0 then
-  redis.call('ZREMRANGEBYSCORE', L, '-inf', fmt(now))
-  local ahead = 0
-  if queue_exists then
+  local ahead = queue_len()
+  if ahead > 0 then  -- waiters first: drop those that stopped asking, then find this one's place
     local gone = redis.call('ZRANGEBYSCORE', X, '-inf', fmt(now), 'LIMIT', 0, 100)
     for _, w in ipairs(gone) do
       redis.call('ZREM', Q, w)
@@ -371,20 +387,25 @@ if maxc > 0 then
     rank = redis.call('ZRANK', Q, id)
     if rank then ahead = rank else ahead = redis.call('ZCARD', Q) end
   end
-  if maxc - redis.call('ZCARD', L) <= ahead then
+  local held = redis.call('ZCARD', L)
+  if maxc - held <= ahead then  -- full: leases of crashed replicas may have expired
+    redis.call('ZREMRANGEBYSCORE', L, '-inf', fmt(now))
+    held = redis.call('ZCARD', L)
+  end
+  if maxc - held <= ahead then
     if may_queue then
-      if not rank then redis.call('ZADD', Q, fmt(now), id) end
+      if not rank then
+        local t = redis.call('TIME')
+        redis.call('ZADD', Q, fmt(tonumber(t[1]) + tonumber(t[2]) / 1000000), id)
+      end
       redis.call('ZADD', X, fmt(now + queue_ttl), id)
       local ttl = math.ceil(queue_ttl * 2000)
       redis.call('PEXPIRE', Q, ttl)
       redis.call('PEXPIRE', X, ttl)
-      return {0, 'queued', '0', ahead}
+      return 'queued ' .. ahead
     end
-    if rank then
-      redis.call('ZREM', Q, id)
-      redis.call('ZREM', X, id)
-    end
-    return {0, 'concurrency', '0', ahead}
+    if rank then leave_queue() end
+    return 'concurrency ' .. ahead
   end
 end
 local delay = 0
@@ -397,27 +418,22 @@ if rate > 0 then
   if delay <= 1e-9 then
     delay = 0
   elseif delay > budget then
-    if rank then
-      redis.call('ZREM', Q, id)
-      redis.call('ZREM', X, id)
-    end
-    return {0, 'rate', fmt(delay), 0}
+    if rank then leave_queue() end
+    return 'rate ' .. fmt(delay)
   end
   redis.call('SET', G, fmt(tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
 end
 if maxc > 0 then
   redis.call('ZADD', L, fmt(now + lease_s), id)
-  redis.call('PEXPIRE', L, math.ceil(lease_s * 2000))
-  if rank then
-    redis.call('ZREM', Q, id)
-    redis.call('ZREM', X, id)
-  end
+  -- the set outlives every lease in it: extended (to 2 x lease_s) once its TTL runs below lease_s
+  if redis.call('PTTL', L) < lease_s * 1000 then redis.call('PEXPIRE', L, math.ceil(lease_s * 2000)) end
+  if rank then leave_queue() end
 elseif rate > 0 then
   redis.call('ZREMRANGEBYSCORE', R, '-inf', fmt(now))
   redis.call('ZADD', R, fmt(now + lease_s), id)
   redis.call('PEXPIRE', R, math.ceil(lease_s * 1000))
 end
-return {1, 'ok', fmt(delay), 0}
+return 'ok ' .. fmt(delay)
 """
 
 QUOTA_SYNC = _QUOTA_PRELUDE + r"""
@@ -444,15 +460,18 @@ QUOTA_SHARE = _NOW + r"""
 -- for a short time. KEYS[1] leases ZSET, KEYS[2] share HASH (holder -> "demand expiry").
 -- ARGV: [1] now, [2] holder, [3] period_s (a holder that stops renewing leaves after 2 periods),
 -- [4] this holder's demand (requests/s), [5] max_concurrency (0 = none), [6] slots in use here,
--- [7] prefix of new slot ids, [8] n, [9..8+n] the slot ids held (in the order to keep them).
+-- [7] prefix of new slot ids, [8] '1' when this holder refused requests for want of a slot since
+-- its last renewal, [9] n, [10..9+n] the slot ids held (in the order to keep them).
 -- The share is this holder's demand over the total (equal shares while nobody reports any).
 -- Slots are real leases in the tenant's lease set, so the replicas together never hold more than
 -- max_concurrency: a holder keeps floor(share x max_concurrency) (or what runs here, if more),
--- gives the rest back, and takes free slots up to ceil(share x max_concurrency).
+-- gives the rest back, and takes free slots up to ceil(share x max_concurrency), or every free
+-- slot when it was short of slots (it gives the extra back at its next renewal).
 -- Returns {share (text), slots kept (the first ones of the list), slots granted (prefix .. 1..g)}.
 local leases, shares = KEYS[1], KEYS[2]
 local holder, period, demand = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local maxc, in_use, prefix, n = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local maxc, in_use, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local short, n = ARGV[8] == '1', tonumber(ARGV[9])
 redis.call('HSET', shares, holder, fmt(demand) .. ' ' .. fmt(now + 2 * period))
 local total, live = 0, 0
 local fields = redis.call('HGETALL', shares)
@@ -474,7 +493,8 @@ if maxc > 0 then
   local expiry = fmt(now + 2 * period)
   local keep = math.max(in_use, math.floor(maxc * share + 1e-9))
   local take = math.max(keep, math.ceil(maxc * share - 1e-9))
-  for i = 9, 8 + n do
+  if short then take = maxc end
+  for i = 10, 9 + n do
     if kept < keep and redis.call('ZSCORE', leases, ARGV[i]) then
       redis.call('ZADD', leases, expiry, ARGV[i])
       kept = kept + 1
