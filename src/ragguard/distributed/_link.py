@@ -1,12 +1,12 @@
 """ragguard's own guarded use of Redis: a timeout per command, a cap on commands in flight, and a
-small breaker of its own.
+count of failures in a row.
 
 Every Redis command the shared breaker and the shared quotas send goes through a
-:class:`RedisLink`. When ``failures_to_degrade`` commands in a row fail or outlast ``timeout_s``,
-the link's breaker opens: the component switches to local state, logs one warning and emits
-:class:`SharedStateDegraded`. While degraded, no user call touches Redis; a probe task sends a
-``PING`` every ``probe_every_s`` seconds (the link breaker's single half-open trial) and, on the
-first answer, the link emits :class:`SharedStateRestored` and the component goes back to Redis.
+:class:`RedisLink`. When ``failures_to_degrade`` commands in a row fail or outlast ``timeout_s``
+(a breaker of its own, reduced to a counter: the link is the one caller), the component switches to
+local state, logs one warning and emits :class:`SharedStateDegraded`. While degraded, no user call
+touches Redis; a probe task sends a ``PING`` every ``probe_every_s`` seconds and, on the first
+answer, the link emits :class:`SharedStateRestored` and the component goes back to Redis.
 
 Backpressure is not an outage. The link keeps at most ``max_in_flight`` commands in flight (waiting
 for a turn is not timed by ``timeout_s``), so ragguard never empties the client's connection pool
@@ -24,9 +24,8 @@ from typing import Any, TypeVar
 
 from .. import events
 from .._clock import Clock, monotonic
-from .._errors import BreakerOpen, ConfigError
+from .._errors import ConfigError
 from .._timeouts import call_with_timeout
-from ..breakers import BreakerState, CircuitBreaker
 from ._events import SharedStateDegraded, SharedStateRestored
 
 __all__ = ["LinkBusy", "RedisLink", "SharedStateUnavailable", "is_pool_exhausted"]
@@ -62,10 +61,6 @@ def is_pool_exhausted(exc: BaseException) -> bool:
     return "Too many connections" in text or "No connection available" in text
 
 
-def _counts_everything(exc: BaseException) -> bool:
-    return True
-
-
 def _positive(option: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise ConfigError(f"{option} must be a finite number of seconds > 0, got {value!r}")
@@ -89,7 +84,7 @@ class RedisLink:
     ``failures_to_degrade`` (int >= 1) failed commands in a row switch to local state;
     ``probe_every_s`` (seconds, > 0) spaces the PINGs that detect Redis coming back;
     ``max_in_flight`` (int 1..10,000; default: half the client's pool, at most 32) caps this
-    link's commands in flight. ``clock`` (monotonic seconds) drives the link's breaker.
+    link's commands in flight. ``clock`` (monotonic seconds) times the outage for the events.
     ``on_degraded`` / ``on_restored`` list callbacks (no arguments) run at each switch.
     Raises ConfigError for an out-of-range option.
     """
@@ -122,19 +117,10 @@ class RedisLink:
         self.timeout_s = _positive("redis_timeout_s", timeout_s)
         self.probe_every_s = _positive("probe_every_s", probe_every_s)
         self.max_in_flight = max_in_flight
+        self._failures_to_degrade = failures_to_degrade
+        self._failures = 0  # failed commands in a row
         self._turns = asyncio.Semaphore(max_in_flight)
         self._clock = clock
-        self._breaker = CircuitBreaker(
-            f"ragguard-redis:{component}",
-            failure_rate_threshold=100.0,
-            minimum_calls=failures_to_degrade,
-            window_size=failures_to_degrade,
-            half_open_permits=1,
-            open_for_s=self.probe_every_s,
-            classifier=_counts_everything,
-            clock=clock,
-        )
-        self._breaker.bus = events.EventBus()  # its own events are not the application's metrics
         self.degraded = False
         """True while the component runs on local state (read it freely: a plain attribute)."""
         self.on_degraded: list[Callable[[], None]] = []
@@ -151,50 +137,38 @@ class RedisLink:
         command fails, or it outlasts the timeout (then it may have run). Cancellation passes
         through uncounted.
         """
-        breaker = self._breaker
-        try:
-            token = breaker.acquire()
-        except BreakerOpen as exc:
-            raise SharedStateUnavailable(self.component) from exc
-        clock = self._clock
-        start = 0.0
+        if self.degraded:
+            raise SharedStateUnavailable(f"{self.component}: Redis unreachable")
+        return await self._run(False, fn, args, kwargs)
+
+    async def _run(self, probe: bool, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> T:
         try:
             async with self._turns:  # a turn of ours: waiting for it is not Redis's time
-                if self.degraded and breaker.state is BreakerState.OPEN:
-                    raise SharedStateUnavailable(f"{self.component}: degraded while waiting")
-                start = clock()
+                if self.degraded and not probe:
+                    raise SharedStateUnavailable(f"{self.component}: Redis unreachable")
                 result = await call_with_timeout(fn(*args, **kwargs), self.timeout_s)
         except SharedStateUnavailable:
-            breaker.release(token)
             raise
         except Exception as exc:
             if is_pool_exhausted(exc):
-                breaker.release(token)
                 raise LinkBusy(f"{self.component}: {type(exc).__name__}: {exc}") from exc
-            breaker.on_result(token, clock() - start, exc)
-            self._observe(exc)
+            if not self.degraded:
+                self._failures += 1
+                if self._failures >= self._failures_to_degrade:
+                    self._degrade(exc)
             raise SharedStateUnavailable(f"{self.component}: {type(exc).__name__}: {exc}") from exc
-        except BaseException:
-            breaker.release(token)
-            raise
-        breaker.on_result(token, clock() - start, None)
         if self.degraded:
-            self._observe(None)
+            if probe:  # only the probe brings the link back: a straggler's answer proves little
+                self._restore()
+        elif self._failures:
+            self._failures = 0
         return result
 
-    def _observe(self, exc: Exception | None) -> None:
-        if self._breaker.state is BreakerState.CLOSED:
-            if self.degraded:
-                self._restore()
-        elif not self.degraded:
-            self._degrade(exc)
-
-    def _degrade(self, exc: Exception | None) -> None:
+    def _degrade(self, exc: Exception) -> None:
         self.degraded = True
         self._degraded_at = self._clock()
-        reason = "unknown" if exc is None else (
-            type(exc).__name__ if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
-        )
+        reason = type(exc).__name__ if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
         log.warning("ragguard %s: Redis unreachable (%s); using local state until it answers again",
                     self.component, reason)
         if events.bus.active:
@@ -205,6 +179,7 @@ class RedisLink:
 
     def _restore(self) -> None:
         self.degraded = False
+        self._failures = 0
         down_s = max(0.0, self._clock() - self._degraded_at)
         log.info("ragguard %s: Redis answers again after %.1fs; back on shared state", self.component, down_s)
         if events.bus.active:
@@ -221,10 +196,9 @@ class RedisLink:
     async def _probe_until_back(self) -> None:
         ping = self.redis.ping
         while self.degraded and not self._closed:
-            left = self._breaker.retry_after_s
-            await asyncio.sleep(self.probe_every_s if left is None else max(left, 0.01))
+            await asyncio.sleep(self.probe_every_s)
             try:
-                await self.call(ping)
+                await self._run(True, ping, (), {})
             except SharedStateUnavailable:
                 continue
 

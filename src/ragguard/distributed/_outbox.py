@@ -35,27 +35,21 @@ class Outbox:
         else:
             entry[0] = max(entry[0], refund_s)
 
-    def carry(self, tenant: str, now: float) -> list[str]:
-        """The ids of the releases of ``tenant`` to send now, each marked in flight until
-        :meth:`acked` or :meth:`unsent`; :meth:`pairs` gives the script's arguments."""
+    def carry(self, tenant: str, now: float) -> tuple[list[str], str]:
+        """The releases of ``tenant`` to send now: their ids, and the script's argument
+        ``"id refund_s id refund_s ..."``. Each is marked in flight until :meth:`acked` or
+        :meth:`unsent`."""
         box = self._boxes.get(tenant)
         if not box:
-            return []
+            return [], ""
         too_old = now - self.expire_s
         for lease_id in [k for k, v in box.items() if v[1] <= too_old and not v[2]]:
             del box[lease_id]  # its lease has expired in Redis: nothing left to remove
-        for entry in box.values():
+        parts: list[str] = []
+        for lease_id, entry in box.items():
             entry[2] += 1
-        return list(box)
-
-    def pairs(self, tenant: str, ids: list[str]) -> list[str]:
-        """``[id, refund_s, id, refund_s, ...]`` of ``ids`` (from :meth:`carry`)."""
-        box = self._boxes.get(tenant, {})
-        out: list[str] = []
-        for lease_id in ids:
-            entry = box.get(lease_id)
-            out += [lease_id, repr(entry[0] if entry is not None else 0.0)]
-        return out
+            parts.append(f"{lease_id} {entry[0]!r}")
+        return list(box), " ".join(parts)
 
     def acked(self, tenant: str, ids: list[str]) -> None:
         """A command carrying ``ids`` succeeded: they are applied in Redis."""

@@ -262,11 +262,10 @@ class RedisQuotas:
         busy_since: float | None = None
         while True:
             wait_left = give_up - loop.time() if budget else 0.0
-            ops = self._carry(tenant)
+            ops, releases = self._carry(tenant)
             args = [
                 "" if self.clock is None else repr(float(self.clock())), lease_id, plan.arg,
-                f"{wait_left!r} {1 if maxc else 0}" if wait_left > 0 else "0 0",
-                " ".join(self._outbox.pairs(tenant, ops)) if ops else "",
+                f"{wait_left!r} {1 if maxc else 0}" if wait_left > 0 else "0 0", releases,
             ]
             try:
                 reply = await self._link.call(self._admit, keys=plan.script_keys, args=args)
@@ -466,9 +465,9 @@ class RedisQuotas:
         if len(self._outbox):
             self._arm_flush(self._release_delay_s if ok else max(self._release_delay_s, 0.05))
 
-    def _carry(self, tenant: str) -> list[str]:
+    def _carry(self, tenant: str) -> tuple[list[str], str]:
         if tenant in self._adopting:
-            return []  # after the adoption: a release must reach Redis after the lease it removes
+            return [], ""  # after the adoption: a release must reach Redis after the lease it removes
         return self._outbox.carry(tenant, monotonic())
 
     async def _flush_all(self, before: float = math.inf) -> bool:
@@ -477,11 +476,11 @@ class RedisQuotas:
         return all(results)
 
     async def _sync_tenant(self, tenant: str, lease_ids: list[str], mode: str) -> bool:
-        ops = self._outbox.carry(tenant, monotonic()) if mode == "adopt" else self._carry(tenant)
+        ops, releases = self._outbox.carry(tenant, monotonic()) if mode == "adopt" else self._carry(tenant)
         if not ops and not lease_ids:
             return True
         args = ["" if self.clock is None else repr(float(self.clock())), repr(self.lease_s), mode,
-                len(lease_ids), *lease_ids, *self._outbox.pairs(tenant, ops)]
+                len(lease_ids), *lease_ids, releases]
         try:
             await self._link.call(self._sync, keys=quota_keys(tenant, self._prefix)[:5], args=args)
         except BaseException as exc:

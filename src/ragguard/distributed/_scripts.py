@@ -439,7 +439,7 @@ return 'ok ' .. fmt(delay)
 QUOTA_SYNC = _QUOTA_PRELUDE + r"""
 -- ARGV: [1] now ('' = TIME), [2] lease_s, [3] 'renew' (extend leases still there) or 'adopt' (put
 -- back every lease this replica runs: after an outage, with those admitted locally meanwhile),
--- [4] n, [5..4+n] lease ids, then pairs (id, refund_s) of releases. Returns the leases written.
+-- [4] n, [5..4+n] lease ids, [5+n] 'id refund_s id refund_s ...' releases. Returns the leases written.
 local lease_s, adopt, n = tonumber(ARGV[2]), ARGV[3] == 'adopt', tonumber(ARGV[4])
 local expiry = fmt(now + lease_s)
 local written = 0
@@ -451,7 +451,7 @@ for i = 5, 4 + n do
   end
 end
 if written > 0 then redis.call('PEXPIRE', L, math.ceil(lease_s * 2000)) end
-for i = 5 + n, #ARGV, 2 do release(ARGV[i], tonumber(ARGV[i + 1])) end
+for lease, refund in string.gmatch(ARGV[5 + n] or '', '(%S+) (%S+)') do release(lease, tonumber(refund)) end
 return written
 """
 
