@@ -27,9 +27,11 @@ async def test_a_request_costs_one_round_trip(client: Any) -> None:
         before = await evalsha_calls(client)
         for _ in range(100):
             q.release(await q.acquire("acme"))
-        assert await evalsha_calls(client) - before == 100  # one script per request
-        assert q.pending_releases() == 1  # the last release waits for a carrier ...
-        assert await until(lambda: q.pending_releases() == 0, 1.0) < 1.0  # ... or the background
+        scripts = await evalsha_calls(client) - before
+        # one script per request (the old way took two); a release sends one of its own only if no
+        # admission came to carry it within release_delay_s (a stall of the loop, on a busy machine)
+        assert 100 <= scripts <= 105, scripts
+        assert await until(lambda: q.pending_releases() == 0, 1.0) < 1.0  # the last one, too
         assert await client.zcard(quota_keys("acme")[0]) == 0
     finally:
         await q.aclose()

@@ -174,8 +174,8 @@ class SharedCircuitBreaker:
     ``clock``: None (default) computes every shared time on the Redis server's clock (``TIME``),
     so no replica's wall clock matters; tests pass a ``FakeClock`` (seconds) shared by replicas.
     ``local_clock`` (monotonic seconds; default ``clock`` when given, else ``time.monotonic``):
-    the replica's countdowns (time left open, staleness). ``link_clock``: monotonic seconds for
-    the Redis link's own breaker.
+    the replica's countdowns (time left open, staleness). ``link_clock``: monotonic seconds that
+    time an outage for :class:`SharedStateRestored`.
 
     Raises :class:`ragguard.ConfigError` naming the option when a value is out of range.
     Use it as ``async with SharedCircuitBreaker(...) as b:`` or call :meth:`start` and
