@@ -3,17 +3,18 @@
 After Google's Doorman and Envoy's global rate limit with local token buckets. Every ``period_s``
 each replica reports its demand for the tenant (requests per second it saw) and borrows::
 
-    rate          rate_per_s x share, burst likewise (at least 1)
+    rate          rate_per_s x share, but never more than the other replicas' grants leave: the
+                  grants together never exceed rate_per_s; burst in proportion (at least 1)
     concurrency   slots that are real leases in the tenant's lease set: the replicas together
                   never hold more than max_concurrency
     share         its demand / the demand of every replica that renewed in the last two periods
 
 Between renewals the replica admits locally, in a :class:`~ragguard.quotas.LocalQuotas` (FIFO
-bulkhead, GCRA) set to its share. The price is accuracy, not safety of the bulkhead: concurrency
-never exceeds the limit; the admitted rate overshoots while shares move (each replica keeps the
-share it read until its next renewal, so the shares of one moment may add up to more than 1) and
-undershoots while a share sits idle. ``docs/distributed.md`` gives the error measured across 4
-processes.
+bulkhead, GCRA) set to its share. The price is accuracy on the low side: concurrency never exceeds
+the limit and the granted rates never add up to more than the tenant's (bursts add up to at most
+``burst`` plus one per replica); the tenant gets less while a replica holds a share it cannot use
+(idle, or its event loop starved) or while shares move (a grown share waits for the others to
+shrink, within a period). ``docs/distributed.md`` gives the error measured across 4 processes.
 
 A replica whose renewals fail keeps its share for two periods (its slots stay valid in Redis that
 long), then the tenant goes back to the ordinary path (and to the fallback while Redis is down).
@@ -53,7 +54,8 @@ class BorrowedLease(Lease):
 
 
 class _Share:
-    __slots__ = ("demand_per_s", "quota", "ready", "refresh", "renewed_at", "seen", "short", "slots")
+    __slots__ = ("demand_per_s", "no_rate", "quota", "ready", "refresh", "renewed_at", "seen", "short",
+                 "slots")
 
     def __init__(self) -> None:
         self.quota: TenantQuota | None = None  # this replica's share, None until the first renewal
@@ -64,6 +66,7 @@ class _Share:
         self.ready = asyncio.Event()
         self.refresh = True  # the local bucket must adopt a new share before admit_now trusts it
         self.short = False  # refused a request for want of a slot since the last renewal
+        self.no_rate = False  # granted no rate (the others hold it all until they renew)
 
 
 class LocalLease:
@@ -126,7 +129,7 @@ class LocalLease:
         if share is None or share.quota is None or share.refresh:
             return WAIT
         share.seen += 1
-        if quota.max_concurrency is not None and not share.slots:
+        if (quota.max_concurrency is not None and not share.slots) or share.no_rate:
             return WAIT
         lease = self._local.admit_now(tenant)
         return lease if lease is WAIT or lease is None else BorrowedLease(lease)
@@ -147,6 +150,8 @@ class LocalLease:
         if quota.max_concurrency is not None and not share.slots:
             share.short = True
             raise self._owner._reject(tenant, self.period_s, "concurrency")
+        if share.no_rate:
+            raise self._owner._reject(tenant, self.period_s, "rate")
         share.refresh = False
         try:
             lease = await self._local.acquire(tenant)
@@ -208,27 +213,29 @@ class LocalLease:
         share.seen = 0
         keys = quota_keys(tenant, owner._prefix)
         maxc = quota.max_concurrency or 0
+        rate = quota.rate_per_s or 0.0
+        prefix = f"{owner.holder_id}:s{next(self._renewals)}:"
         args: list[Any] = [
             "" if owner.clock is None else repr(float(owner.clock())), owner.holder_id, repr(self.period_s),
-            repr(share.demand_per_s), maxc, self._local.in_flight(tenant),
-            f"{owner.holder_id}:s{next(self._renewals)}:", "1" if share.short else "0", len(share.slots),
-            *share.slots,
+            repr(share.demand_per_s), repr(rate), maxc, self._local.in_flight(tenant), prefix,
+            "1" if share.short else "0", len(share.slots), *share.slots,
         ]
         share.short = False
         try:
-            part, kept, granted = await owner._link.call(
+            _share, granted_rate, kept, granted = await owner._link.call(
                 functools.partial(self._script, keys=[keys[0], keys[5]], args=args))
         except SharedStateUnavailable:
             return  # keep the current share; covers() lets it go after two periods
-        prefix = args[6]
         share.slots = share.slots[: int(kept)] + [f"{prefix}{i}" for i in range(1, int(granted) + 1)]
-        fraction = float(part.decode() if isinstance(part, bytes) else part)
-        rate = quota.rate_per_s
-        burst = (quota.burst or max(1, math.ceil(rate))) if rate else None
+        share_rate = float(granted_rate.decode() if isinstance(granted_rate, bytes) else granted_rate)
+        burst = (quota.burst or max(1, math.ceil(rate))) if rate else 0
+        # no rate granted (the others hold it all until they renew): refuse until the next renewal,
+        # rather than let the local bucket's clock run ahead at a near-zero rate
+        share.no_rate = bool(rate) and share_rate < rate * 1e-3
         share.quota = TenantQuota(
             max_concurrency=max(1, len(share.slots)) if maxc else None,
-            rate_per_s=max(rate * fraction, 1e-6) if rate else None,
-            burst=max(1, math.ceil(burst * fraction)) if burst else None,
+            rate_per_s=max(share_rate, rate * 1e-3) if rate else None,
+            burst=max(1, math.ceil(burst * share_rate / rate)) if rate else None,
             max_wait_s=quota.max_wait_s,
             timeout_s=quota.timeout_s,
         )

@@ -22,6 +22,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from .. import events
 from .._clock import Clock, monotonic
 from .._errors import ConfigError
@@ -59,6 +61,13 @@ def is_pool_exhausted(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return "Too many connections" in text or "No connection available" in text
+
+
+def _is_broken_connection(exc: BaseException) -> bool:
+    """A socket that failed (redis-py's ConnectionError or the OS's), not a timeout, not an empty
+    pool: nothing says Redis itself is slow."""
+    return (isinstance(exc, (RedisConnectionError, ConnectionError))
+            and not isinstance(exc, TimeoutError) and not is_pool_exhausted(exc))
 
 
 def _positive(option: str, value: object) -> float:
@@ -147,7 +156,15 @@ class RedisLink:
             async with self._turns:  # a turn of ours: waiting for it is not Redis's time
                 if self.degraded and not probe:
                     raise SharedStateUnavailable(f"{self.component}: Redis unreachable")
-                result = await call_with_timeout(fn(*args, **kwargs), self.timeout_s)
+                try:
+                    result = await call_with_timeout(fn(*args, **kwargs), self.timeout_s)
+                except Exception as exc:
+                    if not _is_broken_connection(exc):
+                        raise
+                    # A connection broken since its last use (Redis restarted, a proxy reset it)
+                    # fails at once: one more try on a fresh connection. Every script is
+                    # idempotent or carries its own id, so running one twice changes nothing.
+                    result = await call_with_timeout(fn(*args, **kwargs), self.timeout_s)
         except SharedStateUnavailable:
             raise
         except Exception as exc:

@@ -457,36 +457,44 @@ return written
 
 QUOTA_SHARE = _NOW + r"""
 -- Local-lease mode (after Doorman): a replica borrows a share of a tenant's rate and concurrency
--- for a short time. KEYS[1] leases ZSET, KEYS[2] share HASH (holder -> "demand expiry").
+-- for a short time. KEYS[1] leases ZSET, KEYS[2] share HASH (holder -> "demand rate expiry").
 -- ARGV: [1] now, [2] holder, [3] period_s (a holder that stops renewing leaves after 2 periods),
--- [4] this holder's demand (requests/s), [5] max_concurrency (0 = none), [6] slots in use here,
--- [7] prefix of new slot ids, [8] '1' when this holder refused requests for want of a slot since
--- its last renewal, [9] n, [10..9+n] the slot ids held (in the order to keep them).
+-- [4] this holder's demand (requests/s), [5] rate_per_s (0 = none), [6] max_concurrency (0 =
+-- none), [7] slots in use here, [8] prefix of new slot ids, [9] '1' when this holder refused
+-- requests for want of a slot since its last renewal, [10] n, [11..10+n] the slot ids held.
 -- The share is this holder's demand over the total (equal shares while nobody reports any).
+-- Rate: the holder gets rate_per_s x share, but never more than what the other live holders'
+-- grants leave, so the grants together never exceed rate_per_s (a holder whose share grew gets it
+-- once the others have renewed and shrunk: within a period).
 -- Slots are real leases in the tenant's lease set, so the replicas together never hold more than
 -- max_concurrency: a holder keeps floor(share x max_concurrency) (or what runs here, if more),
 -- gives the rest back, and takes free slots up to ceil(share x max_concurrency), or every free
 -- slot when it was short of slots (it gives the extra back at its next renewal).
--- Returns {share (text), slots kept (the first ones of the list), slots granted (prefix .. 1..g)}.
+-- Returns {share, rate granted (text), slots kept (the first ones of the list), slots granted
+-- (prefix .. 1..g)}.
 local leases, shares = KEYS[1], KEYS[2]
 local holder, period, demand = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local maxc, in_use, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local short, n = ARGV[8] == '1', tonumber(ARGV[9])
-redis.call('HSET', shares, holder, fmt(demand) .. ' ' .. fmt(now + 2 * period))
-local total, live = 0, 0
+local rate, maxc, in_use, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local short, n = ARGV[9] == '1', tonumber(ARGV[10])
+local total, live, others = demand, 1, 0
 local fields = redis.call('HGETALL', shares)
 for i = 1, #fields, 2 do
-  local d, exp = string.match(fields[i + 1], '(%S+) (%S+)')
-  if tonumber(exp) <= now then
-    redis.call('HDEL', shares, fields[i])
-  else
-    total = total + tonumber(d)
-    live = live + 1
+  if fields[i] ~= holder then
+    local d, g, exp = string.match(fields[i + 1], '(%S+) (%S+) (%S+)')
+    if exp == nil or tonumber(exp) <= now then
+      redis.call('HDEL', shares, fields[i])
+    else
+      total = total + tonumber(d)
+      others = others + tonumber(g)
+      live = live + 1
+    end
   end
 end
-redis.call('PEXPIRE', shares, math.ceil(period * 4000))
 local share
 if total > 0 then share = demand / total else share = 1 / live end
+local grant = math.max(0, math.min(rate * share, rate - others))
+redis.call('HSET', shares, holder, fmt(demand) .. ' ' .. fmt(grant) .. ' ' .. fmt(now + 2 * period))
+redis.call('PEXPIRE', shares, math.ceil(period * 4000))
 local kept, granted = 0, 0
 if maxc > 0 then
   redis.call('ZREMRANGEBYSCORE', leases, '-inf', fmt(now))
@@ -494,7 +502,7 @@ if maxc > 0 then
   local keep = math.max(in_use, math.floor(maxc * share + 1e-9))
   local take = math.max(keep, math.ceil(maxc * share - 1e-9))
   if short then take = maxc end
-  for i = 10, 9 + n do
+  for i = 11, 10 + n do
     if kept < keep and redis.call('ZSCORE', leases, ARGV[i]) then
       redis.call('ZADD', leases, expiry, ARGV[i])
       kept = kept + 1
@@ -511,5 +519,5 @@ if maxc > 0 then
   local ttl = math.ceil(period * 4000)
   if redis.call('PTTL', leases) < ttl then redis.call('PEXPIRE', leases, ttl) end
 end
-return {fmt(share), kept, granted}
+return {fmt(share), fmt(grant), kept, granted}
 """
