@@ -2,8 +2,9 @@
 
 A request costs one round trip::
 
-    acquire()   one EVALSHA: the releases this replica made since its last command for the tenant,
-                then the admission (a concurrency lease and a GCRA rate token), atomically
+    acquire()   one EVALSHA: the releases of the tenant this replica made that Redis has not
+                acknowledged, then the admission (a concurrency lease and a GCRA rate token),
+                atomically
     release()   no I/O: the release joins the tenant's outbox; the next admission of the tenant
                 carries it, or the background sends it ``release_delay_s`` later
 
@@ -38,7 +39,7 @@ import math
 import os
 import random
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .._clock import Clock, monotonic
 from .._context import validate_tenant_id
@@ -51,6 +52,9 @@ from ._fallback import give_slot, take_slot
 from ._link import LinkBusy, RedisLink, SharedStateUnavailable
 from ._outbox import Outbox
 from ._scripts import QUOTA_ADMIT, QUOTA_SYNC
+
+if TYPE_CHECKING:
+    from ._borrow import LocalLease
 
 __all__ = ["RedisQuotas", "SharedLease", "quota_keys"]
 
@@ -147,7 +151,7 @@ class RedisQuotas:
         rng: random.Random | None = None,
         max_poll_s: float = 0.05,
         release_delay_s: float = 0.005,
-        local_lease: Any = None,
+        local_lease: LocalLease | None = None,
         link_clock: Clock = monotonic,
     ) -> None:
         if not callable(quota_for):
@@ -244,7 +248,7 @@ class RedisQuotas:
             return None
         borrowed = self.local_lease
         if borrowed is not None and borrowed.covers(tenant):
-            return cast(Lease | None, await borrowed.acquire(tenant, quota))
+            return await borrowed.acquire(tenant, quota)
         if self._link.degraded:
             return await self._acquire_local(tenant, quota)
         adopting = self._adopting.get(tenant)
