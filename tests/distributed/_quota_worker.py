@@ -3,6 +3,10 @@
 Usage: python _quota_worker.py PORT START_AT DURATION_S CALLERS SEED
 Prints one JSON line: admission times (wall clock), the peak in-flight count seen through a
 Redis-side counter, rejections by reason, and whether this replica ever left shared state.
+
+In the last TAIL_S seconds (after the window the rate is measured in) every call holds its slot
+for TAIL_HOLD_S: at the admitted rate that wants ~25 slots, so the 10-slot bulkhead is certainly
+full and refuses callers, whatever the mix of call lengths before.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ragguard.distributed import RedisQuotas, SharedStateDegraded
 TENANT = "acme"
 QUOTA = TenantQuota(max_concurrency=10, rate_per_s=50.0, burst=5)
 IN_FLIGHT = "test:in_flight"
+TAIL_S, TAIL_HOLD_S = 0.5, 0.5
 
 
 async def main(port: int, start_at: float, duration_s: float, callers: int, seed: int) -> dict[str, Any]:
@@ -50,10 +55,14 @@ async def main(port: int, start_at: float, duration_s: float, callers: int, seed
             admitted.append(time.time())
             try:
                 peak = max(peak, int(await client.incr(IN_FLIGHT)))
-                # mostly short calls, a quarter long ones: at 50/s about 7.5 calls are in flight on
-                # average (50 x 0.15 s), so the 10-slot bulkhead fills often, while 10 slots still
-                # carry 66/s and never hold the admitted rate below the 50/s being measured
-                await asyncio.sleep(0.45 if crng.random() < 0.25 else 0.05)
+                # while the rate is measured: mostly short calls, a quarter longer ones, about 5.6
+                # in flight on average (50 x 0.1125 s): 10 slots carry ~89/s, so a full bulkhead
+                # seldom wastes rate tokens; then the tail fills the bulkhead for certain
+                if time.time() >= end - TAIL_S:
+                    hold_s = TAIL_HOLD_S
+                else:
+                    hold_s = 0.3 if crng.random() < 0.25 else 0.05
+                await asyncio.sleep(hold_s)
                 await client.decr(IN_FLIGHT)
             finally:
                 quotas.release(lease)

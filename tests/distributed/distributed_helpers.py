@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+
+from ragguard import Policy
+from ragguard.policy import BreakerPolicy, StagePolicy
 
 
 def make_client(host: str, port: int, **kw: Any) -> aredis.Redis:
@@ -14,3 +20,27 @@ def make_client(host: str, port: int, **kw: Any) -> aredis.Redis:
     kw.setdefault("socket_timeout", 0.5)
     kw.setdefault("socket_connect_timeout", 0.5)
     return aredis.Redis(host=host, port=port, retry=Retry(NoBackoff(), 0), **kw)
+
+
+def breaker_policy(stage: str, **breaker: Any) -> Policy:
+    """A policy whose ``stage`` has a generic breaker with ``breaker`` options."""
+    return Policy(stages={stage: StagePolicy(breaker=BreakerPolicy(kind="generic", **breaker))})
+
+
+async def until(cond: Callable[[], bool], limit_s: float,
+                step: Callable[[], Awaitable[Any]] | None = None) -> float:
+    """Seconds until ``cond()`` held (polling every 10 ms, running ``step`` each time), or inf."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        if step is not None:
+            await step()
+        if cond():
+            return time.monotonic() - t0
+        await asyncio.sleep(0.01)
+    return float("inf")
+
+
+async def evalsha_calls(client: Any) -> int:
+    """How many EVALSHA commands the server has run since its start (INFO commandstats)."""
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))

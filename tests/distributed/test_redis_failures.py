@@ -135,7 +135,7 @@ async def test_quotas_survive_redis_stopping_and_return(redis_server: Any, seen:
     q = RedisQuotas(lambda t: TenantQuota(max_concurrency=1), client, probe_every_s=0.3)
     try:
         lease, _ = await _admit(q)
-        assert isinstance(lease, SharedLease)
+        assert isinstance(lease, SharedLease) and lease.shared
         q.release(lease)
         redis_server.stop()
         slowest = 0.0
@@ -147,7 +147,7 @@ async def test_quotas_survive_redis_stopping_and_return(redis_server: Any, seen:
         assert not q.shared and time.monotonic() - t0 <= FALLBACK_WITHIN_S
         assert slowest <= 0.25 + 0.1  # no admission waits longer than one Redis timeout
         local = await q.acquire("acme")
-        assert not isinstance(local, SharedLease)
+        assert isinstance(local, SharedLease) and not local.shared  # admitted by the fallback
         with pytest.raises(QuotaExceeded):  # the local fallback still holds the tenant to its quota
             await q.acquire("acme")
         q.release(local)
@@ -155,7 +155,7 @@ async def test_quotas_survive_redis_stopping_and_return(redis_server: Any, seen:
         redis_server.start()
         assert await until(lambda: q.shared, 10.0) <= RESTORE_WITHIN_S
         lease, _ = await _admit(q)
-        assert isinstance(lease, SharedLease)  # scripts reloaded into the empty server
+        assert isinstance(lease, SharedLease) and lease.shared  # scripts reloaded into the empty server
         q.release(lease)
         await asyncio.sleep(0.05)
         assert len(of(SharedStateDegraded, seen, "quotas")) == 1
@@ -172,7 +172,7 @@ async def test_quotas_fall_back_under_latency_from_the_fault_proxy(
     client = make_client(proxy.host, proxy.port)
     q = RedisQuotas(lambda t: TenantQuota(max_concurrency=50), client, probe_every_s=0.3)
     try:
-        assert isinstance((await _admit(q))[0], SharedLease)
+        assert (await _admit(q))[0].shared
         proxy.set_latency(to_server_s=0.4)
         results = await asyncio.gather(*(_admit(q) for _ in range(20)))
         assert all(lease is not None for lease, _ in results)
@@ -180,7 +180,7 @@ async def test_quotas_fall_back_under_latency_from_the_fault_proxy(
         assert not q.shared
         proxy.heal()
         assert await until(lambda: q.shared, 10.0) <= RESTORE_WITHIN_S
-        assert isinstance((await _admit(q))[0], SharedLease)
+        assert (await _admit(q))[0].shared
     finally:
         await q.aclose()
         await client.aclose()

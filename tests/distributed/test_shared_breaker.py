@@ -116,10 +116,14 @@ async def test_keys_carry_one_hash_tag_and_expire(client: Any, fake_clock: FakeC
         await a.refresh()
         keys = sorted(k.decode() for k in await client.keys("*"))
         assert keys and all(k.startswith("{ragguard:breaker:rerank}:") for k in keys)
-        assert set(keys) <= set(breaker_keys("rerank"))
-        for k in keys:
+        per_replica = {k for k in keys if k.startswith("{ragguard:breaker:rerank}:seq:")}
+        assert set(keys) - per_replica <= set(breaker_keys("rerank"))
+        assert per_replica == {f"{{ragguard:breaker:rerank}}:seq:{a.replica_id}"}  # its last batch
+        for k in set(keys) - per_replica:
             ttl_ms = await client.pttl(k)
             assert 3600_000 < ttl_ms <= 3600_000 + 5_000  # key_ttl_s plus the time left open
+        for k in per_replica:
+            assert 3590_000 < await client.pttl(k) <= 3600_000
     finally:
         await a.aclose()
 
@@ -314,8 +318,8 @@ def test_options_are_validated(fake_clock: FakeClock) -> None:
 
     with pytest.raises(ConfigError, match="staleness_s"):
         SharedCircuitBreaker(CircuitBreaker("x"), _Client(), staleness_s=0.2, flush_interval_s=0.1)
-    with pytest.raises(ConfigError, match="braces"):
-        SharedCircuitBreaker(CircuitBreaker("a{b}"), _Client())
+    with pytest.raises(ConfigError, match="key_prefix"):
+        SharedCircuitBreaker(CircuitBreaker("x"), _Client(), key_prefix="a{b}")
     with pytest.raises(ConfigError, match="batch_size"):
         SharedCircuitBreaker(CircuitBreaker("x"), _Client(), batch_size=0)
     with pytest.raises(ConfigError, match="breaker"):

@@ -11,6 +11,8 @@ Fixtures, available in any suite once ragguard is installed:
 ``chaos``                 a :class:`ragguard.chaos.Chaos` installed as the injector, removed after the test
 ``redis_server``          a real ``redis-server`` on a free 127.0.0.1 port for one test (skips without one)
 ``redis_server_session``  one such server shared by the whole session (call ``.flushall()`` yourself)
+``redis_cluster``         a local Redis Cluster of three masters from the same binary, for one test
+``redis_cluster_session`` one such cluster shared by the whole session (use distinct keys per test)
 ``fault_proxy``           a factory: ``fault_proxy(redis_server)`` or ``fault_proxy(port)`` returns a
                           running :class:`ragguard.chaos.FaultProxy`; every proxy is closed after the test
 
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pytest
 
 from .._clock import FakeClock
-from ._redis_server import RedisServer, RedisServerUnavailable, find_redis_server
+from ._redis_server import RedisClusterServers, RedisServer, RedisServerUnavailable, find_redis_server
 
 if TYPE_CHECKING:
     from ..testing import EventRecorder, FreshGuard
@@ -112,6 +114,39 @@ def redis_server() -> Iterator[RedisServer]:
 def redis_server_session() -> Iterator[RedisServer]:
     """Like ``redis_server``, one process for the whole session (faster; not isolated)."""
     yield from _redis_server()
+
+
+def _redis_cluster() -> Iterator[RedisClusterServers]:
+    if find_redis_server() is None:
+        pytest.skip("redis-server not found on PATH (install redis, or set RAGGUARD_REDIS_SERVER)")
+    cluster = RedisClusterServers()
+    try:
+        try:
+            cluster.start()
+        except RedisServerUnavailable as exc:
+            pytest.skip(f"a local Redis Cluster would not start: {exc}")
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A local Redis Cluster: three ``redis-server`` masters (cluster mode, no replicas) on free
+    127.0.0.1 ports, slots spread evenly, all killed after the test.
+
+    Yields a :class:`~ragguard.chaos._redis_server.RedisClusterServers`: ``.startup_nodes`` for
+    ``redis.asyncio.RedisCluster``, ``.stop_node(i)`` / ``.start_node(i)`` to restart a master
+    (empty), ``.node_of(slot)``. Skips the test when the binary is missing or the cluster will not
+    form.
+    """
+    yield from _redis_cluster()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_session() -> Iterator[RedisClusterServers]:
+    """Like ``redis_cluster``, one cluster for the whole session (faster; not isolated)."""
+    yield from _redis_cluster()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Breaker state and tenant quotas shared by many replicas through Redis.
+"""Breaker state and tenant quotas shared by many replicas through Redis (or Redis Cluster).
 
 ::
 
@@ -7,17 +7,20 @@
     guard = ragguard.Guard(policy, quotas=RedisQuotas(policy.quota, client))
     guard.stage("search", breaker=breaker)
 
-When Redis is slow or down, each component falls back to its local state within a bounded time,
-logs once, emits :class:`SharedStateDegraded` on ``ragguard.events.bus``, and returns to Redis
-(emitting :class:`SharedStateRestored`) when it answers again. See ``docs/distributed.md``.
+When Redis is slow or down, each component falls back to its local state within a bounded time
+(starting from the last shared state it read), logs once, emits :class:`SharedStateDegraded` on
+``ragguard.events.bus``, and returns to Redis (emitting :class:`SharedStateRestored`) when it
+answers again. See ``docs/distributed.md`` for the failure model and its measured times.
 """
 
-from ._breaker import SharedCircuitBreaker, breaker_keys
+from ._borrow import LocalLease
+from ._breaker import SharedCircuitBreaker, breaker_keys, encode_key_part
 from ._events import SharedStateDegraded, SharedStateRestored
 from ._link import RedisLink
 from ._quotas import RedisQuotas, SharedLease, quota_keys
 
 __all__ = [
+    "LocalLease",
     "RedisLink",
     "RedisQuotas",
     "SharedCircuitBreaker",
@@ -25,5 +28,6 @@ __all__ = [
     "SharedStateDegraded",
     "SharedStateRestored",
     "breaker_keys",
+    "encode_key_part",
     "quota_keys",
 ]

@@ -2,10 +2,10 @@
 
 :class:`SharedCircuitBreaker` wraps an in-memory :class:`ragguard.breakers.CircuitBreaker`: the
 wrapped breaker gives the options (validated once, by it), the failure classification, the error
-class and the event bus, and it is the local state the replica falls back to when Redis fails.
-The shared state machine is the same one, run by the Lua scripts of ``_scripts`` inside Redis.
+class and the event bus, and it decides while the replica runs on local state. The shared state
+machine is the same one, run by the Lua scripts of ``_scripts`` inside Redis.
 
-The happy path never waits on Redis::
+The closed path never waits on Redis::
 
     acquire()    closed: returns the shared epoch read from the local copy (no I/O)
     on_result()  appends one outcome byte to a local batch (no I/O)
@@ -13,24 +13,31 @@ The happy path never waits on Redis::
                  returns the shared state, so the local copy is never older than staleness_s
 
 Half-open trials are leases in a Redis ZSET (id -> expiry), so all replicas together run at most
-``half_open_permits`` trials and a replica that dies mid-trial gives its permit back when the
-lease expires. :meth:`acquire_async` takes a permit from Redis at once (one round trip, only in
-half-open); the synchronous :meth:`acquire` cannot wait, so in half-open it uses a permit the
-background task fetched after an earlier caller asked, and otherwise rejects like a half-open
-breaker with every permit taken (``retry_after_s`` 0.0).
+``half_open_permits`` trials, and a replica that dies mid-trial gives its permit back when the lease
+expires. A crowd at half-open costs one round trip per replica: :meth:`acquire_async` callers join
+one request for permits (one in flight per breaker per replica; the next one gathers those who
+came meanwhile), and the permits granted go to them in arrival order. A caller cancelled while it
+waits, a reply lost to a timeout, or a permit nobody took is given back at the next sync.
+
+When Redis stops answering (see :class:`RedisLink`) the replica switches to local state starting
+from the last shared state it read: closed hands over to the wrapped breaker; open stays open for
+the time that was left, then admits ``half_open_permits`` local trials (see ``_hold``); forced open
+and disabled stay so. Outcomes not yet acknowledged are kept (at most ``64 x batch_size``) and sent
+when Redis answers again; each batch carries a sequence number, so one resent after a lost reply
+is counted once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
 import math
 import os
 import random
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -39,11 +46,12 @@ from typing import Any, NoReturn
 from .. import events
 from .._clock import Clock, monotonic
 from .._errors import BreakerOpen, ConfigError
-from ..breakers import BreakerState, CircuitBreaker, register_breaker
-from ._link import RedisLink, SharedStateUnavailable
+from ..breakers import BreakerState, CircuitBreaker, classify_outcome, register_breaker
+from ._hold import HoldTrial, LocalHold
+from ._link import LinkBusy, RedisLink, SharedStateUnavailable
 from ._scripts import BREAKER_REPORT, BREAKER_SET_STATE, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE
 
-__all__ = ["SharedCircuitBreaker", "breaker_keys"]
+__all__ = ["SharedCircuitBreaker", "breaker_keys", "encode_key_part"]
 
 log = logging.getLogger("ragguard.distributed")
 
@@ -58,25 +66,53 @@ _SLOW = 2
 _OUTCOMES = ("success", "failure", "slow_success", "slow_failure")
 _IGNORED = -1
 
+_UNSYNCED, _SHARED, _LOCAL = 0, 1, 2
+_NO_EPOCH = -(2**63)  # matches no token: shared epochs are >= 0, local ones < 0 but far above this
+_ROUND_TRIP = object()
+_MAX_PENDING_BATCHES = 64
+_SILENT = events.EventBus()
+
 
 class _Trial:
-    """Token of a half-open trial call: its Redis lease and the epoch it was granted in."""
+    """Token of a shared half-open trial: its Redis lease, the epoch it was granted in, when (local
+    clock), and the local hold's round that counts it if Redis goes away meanwhile."""
 
-    __slots__ = ("epoch", "lease")
+    __slots__ = ("epoch", "granted_at", "hold_round", "lease")
 
-    def __init__(self, lease: str, epoch: int) -> None:
+    def __init__(self, lease: str, epoch: int, granted_at: float) -> None:
         self.lease = lease
         self.epoch = epoch
+        self.granted_at = granted_at
+        self.hold_round: int | None = None
 
 
-Token = int | _Trial | None
+class _TrialBatch:
+    """Callers waiting for one request of trial permits (``prefetch``: a synchronous caller asked
+    for one to be fetched for the next)."""
+
+    __slots__ = ("prefetch", "sent", "waiters")
+
+    def __init__(self) -> None:
+        self.waiters: list[asyncio.Future[_Trial | None]] = []
+        self.prefetch = False
+        self.sent = False
+
+
+Token = int | _Trial | HoldTrial | None
 """int >= 0: shared epoch (closed); int < 0: ``-1 - token`` of the wrapped breaker (local mode);
-a trial lease while half-open; None while disabled (nothing recorded)."""
+a trial lease while half-open (a HoldTrial on local state); None while disabled (nothing recorded)."""
+
+
+def encode_key_part(text: str) -> str:
+    """``text`` with ``%``, ``{`` and ``}`` percent-encoded: any name fits inside a hash tag, and
+    two names never share a key."""
+    return text.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
 def breaker_keys(name: str, key_prefix: str = "ragguard") -> list[str]:
-    """The Redis keys of breaker ``name``: ``{<prefix>:breaker:<name>}:state|window|trials``."""
-    tag = f"{{{key_prefix}:breaker:{name}}}"
+    """The Redis keys of breaker ``name``: ``{<prefix>:breaker:<name>}:state|window|trials``, the
+    name percent-encoded (:func:`encode_key_part`) so that any name keeps one valid hash tag."""
+    tag = f"{{{key_prefix}:breaker:{encode_key_part(name)}}}"
     return [f"{tag}:state", f"{tag}:window", f"{tag}:trials"]
 
 
@@ -91,40 +127,25 @@ def _text(value: Any) -> str:
 
 
 def _options_of(breaker: CircuitBreaker) -> dict[str, Any]:
-    # The wrapped breaker validated these at construction; read them once, in one place.
-    b: Any = breaker
-    try:
-        return {
-            "failure_rate_threshold": b._failure_threshold,
-            "slow_call_rate_threshold": b._slow_threshold,
-            "slow_call_duration_s": b._slow_s,
-            "consecutive_failures_threshold": b._consecutive_threshold,
-            "minimum_calls": b._min_calls,
-            "window_type": b.window_type,
-            "window_size": b.window_size,
-            "half_open_permits": b._permits_total,
-            "open_for_s": b._open_for_s,
-            "open_backoff_multiplier": b._multiplier,
-            "open_max_s": b._open_max_s,
-            "open_jitter": b._jitter,
-            "rng": b._rng,
-            "classifier": b._classifier,
-            "slow_classifier": b._slow_classifier,
-            "error_class": b._error_class,
-        }
-    except AttributeError as exc:  # pragma: no cover - guards against a renamed option
-        raise ConfigError(f"cannot read the options of {breaker!r}: {exc}") from exc
+    """The wrapped breaker's validated options (its :class:`~ragguard.breakers.BreakerConfig`), with
+    the open-duration cap it applies (a year when ``open_max_s`` is None) and its jitter's rng."""
+    config = breaker.config
+    options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    options["open_max_s"] = config.open_cap_s
+    options["rng"] = breaker.rng
+    return options
 
 
 class SharedCircuitBreaker:
     """``breaker``'s state machine, shared by every replica through ``redis``.
 
     ``breaker``: the in-memory :class:`~ragguard.breakers.CircuitBreaker` (or a typed one) whose
-    options, classifier and error class apply; also the replica's state while Redis is down.
-    ``redis``: a ``redis.asyncio.Redis`` client (see ``docs/distributed.md`` for its settings).
+    options, classifier and error class apply; it decides while Redis is unreachable.
+    ``redis``: a ``redis.asyncio.Redis`` or ``RedisCluster`` client (see ``docs/distributed.md``).
+    Any breaker name works: it is percent-encoded into the keys.
 
     Options (keyword-only, seconds):
-    ``key_prefix`` (default ``"ragguard"``): keys are ``{<prefix>:breaker:<name>}:...``.
+    ``key_prefix`` (default ``"ragguard"``, no braces): keys are ``{<prefix>:breaker:<name>}:...``.
     ``staleness_s`` (default 1.0): the local copy of the shared state is at most this old while
     Redis answers; must be >= ``flush_interval_s + redis_timeout_s``.
     ``flush_interval_s`` (default 0.1): how often outcomes are sent and the state read.
@@ -134,9 +155,11 @@ class SharedCircuitBreaker:
     ``key_ttl_s`` (default 3600): the keys expire this long after the last write (plus the time
     left open), so an abandoned breaker leaves nothing behind.
     ``redis_timeout_s`` (default 0.25), ``probe_every_s`` (default 1.0): see :class:`RedisLink`.
-    ``clock``: seconds on a clock every replica shares (default ``time.time``; tests pass a
-    ``FakeClock``); open-until times and time windows are computed on it.
-    ``link_clock``: monotonic seconds for the Redis link's own breaker.
+    ``clock``: None (default) computes every shared time on the Redis server's clock (``TIME``),
+    so no replica's wall clock matters; tests pass a ``FakeClock`` (seconds) shared by replicas.
+    ``local_clock`` (monotonic seconds; default ``clock`` when given, else ``time.monotonic``):
+    the replica's countdowns (time left open, staleness). ``link_clock``: monotonic seconds that
+    time an outage for :class:`SharedStateRestored`.
 
     Raises :class:`ragguard.ConfigError` naming the option when a value is out of range.
     Use it as ``async with SharedCircuitBreaker(...) as b:`` or call :meth:`start` and
@@ -156,14 +179,13 @@ class SharedCircuitBreaker:
         key_ttl_s: float = 3600.0,
         redis_timeout_s: float = 0.25,
         probe_every_s: float = 1.0,
-        clock: Clock = time.time,
+        clock: Clock | None = None,
+        local_clock: Clock | None = None,
         link_clock: Clock = monotonic,
     ) -> None:
         if not isinstance(breaker, CircuitBreaker):
             raise ConfigError(f"breaker must be a ragguard CircuitBreaker, got {type(breaker).__name__}")
         name = breaker.name
-        if "{" in name or "}" in name:
-            raise ConfigError(f"breaker name {name!r} must not contain braces (they delimit the hash tag)")
         if not isinstance(key_prefix, str) or not key_prefix or "{" in key_prefix or "}" in key_prefix:
             raise ConfigError(f"key_prefix must be a non-empty str without braces, got {key_prefix!r}")
         self._flush_interval_s = _seconds("flush_interval_s", flush_interval_s)
@@ -179,19 +201,24 @@ class SharedCircuitBreaker:
         self._batch_size = batch_size
         self._trial_lease_s = _seconds("trial_lease_s", trial_lease_s)
         self._ttl_ms = math.ceil(_seconds("key_ttl_s", key_ttl_s) * 1000)
-        if not callable(clock):
-            raise ConfigError(f"clock must be a callable returning seconds, got {clock!r}")
+        for option, fn in (("clock", clock), ("local_clock", local_clock), ("link_clock", link_clock)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{option} must be a callable returning seconds, got {fn!r}")
         self.clock = clock
+        self._now: Clock = local_clock if local_clock is not None else (clock or monotonic)
         self.wrapped = breaker
         self.name = name
         self.bus = breaker.bus
         opts = _options_of(breaker)
+        self._opts = opts
+        self._config = breaker.config
         self.classifier: Callable[[BaseException], bool] = opts["classifier"]
         self._slow_classifier: Callable[[BaseException], bool] | None = opts["slow_classifier"]
         self._slow_s: float = opts["slow_call_duration_s"]
         self._error_class: type[BreakerOpen] = opts["error_class"]
         self._rng: random.Random = opts["rng"]
         self._jitter: float = opts["open_jitter"]
+        self._permits: int = opts["half_open_permits"]
         open_max = opts["open_max_s"]
         self._static_args = [
             opts["window_type"],
@@ -205,28 +232,42 @@ class SharedCircuitBreaker:
             repr(float(opts["open_backoff_multiplier"])),
             0 if math.isinf(open_max) else repr(float(open_max)),
         ]
+        # The epoch a state's first change moves to: random per replica (never the seeded rng), so
+        # that tokens from before a Redis restart never match an epoch after it.
+        self._birth = random.SystemRandom().randrange(1, 2**46)
+        self.replica_id = f"{os.getpid():x}-{random.SystemRandom().getrandbits(40):010x}"
         self.keys = breaker_keys(name, key_prefix)
+        self._seq_key = f"{self.keys[0].rsplit(':', 1)[0]}:seq:{self.replica_id}"
         self._link = RedisLink(redis, f"breaker:{name}", timeout_s=timeout_s,
                                probe_every_s=probe_every_s, clock=link_clock)
+        self._link.on_degraded.append(self._go_local)
+        self._link.on_restored.append(self._wake_up)
         self._report = redis.register_script(BREAKER_REPORT)
         self._trial_acquire = redis.register_script(BREAKER_TRIAL_ACQUIRE)
         self._trial_done = redis.register_script(BREAKER_TRIAL_DONE)
         self._set_state = redis.register_script(BREAKER_SET_STATE)
-        self._lease_ids = (f"{os.getpid()}-{id(self):x}-{n}" for n in itertools.count())
+        self._lease_ids = (f"{self.replica_id}-{n}" for n in itertools.count())
 
         # The local copy of the shared state, replaced wholesale by every script reply.
-        self._local = True  # until the first reply, and whenever Redis is unreachable
+        self._mode = _UNSYNCED
         self._state = _CLOSED
-        self._epoch = 0
-        self._open_until = 0.0
-        self._synced_at: float | None = None
+        self._epoch = _NO_EPOCH
+        self._until = 0.0  # local clock; open while now < _until
+        self._base = 0.0
+        self._no_permit_until = -math.inf  # every permit was taken at the last look, until then
+        self._hold: LocalHold | None = None
 
         self._pending = bytearray()  # outcome codes of the current epoch, not yet sent
-        self._trial_results: deque[tuple[str, int, int]] = deque()
-        self._prefetched: deque[tuple[str, int, float]] = deque()  # (lease, epoch, fetched at)
-        self._want_trial = False
+        self._unacked: tuple[int, int, bytes] | None = None  # (seq, epoch, codes) sent, no reply yet
+        self._seq = 0
+        self._trials: dict[str, _Trial] = {}  # granted to a caller of this replica, result not back
+        self._trial_outbox: dict[str, tuple[int, float]] = {}  # lease -> (code, drop after)
+        self._prefetched: deque[_Trial] = deque()
+        self._batch: _TrialBatch | None = None
+        self._side_tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._sync_lock = asyncio.Lock()
+        self._trial_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         register_breaker(self)
@@ -235,69 +276,82 @@ class SharedCircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
-        """The shared state as last read (the wrapped breaker's own state while Redis is down)."""
-        return self.wrapped.state if self._local else self._state
+        """The shared state as last read; on local state, the held or the wrapped breaker's."""
+        if self._mode is _SHARED:
+            return self._state
+        hold = self._hold
+        return self.wrapped.state if hold is None else hold.state
 
     @property
     def shared(self) -> bool:
         """True while this replica uses the shared state; False on local fallback."""
-        return not self._local
+        return self._mode is _SHARED
 
     @property
     def retry_after_s(self) -> float | None:
         """Seconds left open (>= 0) while open; None in any other state."""
-        if self._local:
-            return self.wrapped.retry_after_s
+        if self._mode is not _SHARED:
+            hold = self._hold
+            return self.wrapped.retry_after_s if hold is None else hold.retry_after_s(self._now())
         if self._state is not _OPEN:
             return None
-        return max(0.0, self._open_until - self.clock())
+        return max(0.0, self._until - self._now())
 
     def add_listener(self, listener: Any) -> Callable[[], None]:
         """Subscribe ``listener`` to this breaker's events (shared transitions, rejections,
-        outcomes, and the wrapped breaker's own while on local state); returns an unsubscribe."""
+        outcomes, and the local breaker's own while on local state); returns an unsubscribe."""
         return self.wrapped.add_listener(listener)
 
     def __repr__(self) -> str:
-        where = "local" if self._local else "shared"
+        where = "shared" if self._mode is _SHARED else "local"
         return f"<SharedCircuitBreaker {self.name!r} {self.state.value} ({where})>"
 
-    # -- the low-level protocol used by @guard ---------------------------------------------
+    # -- the Breaker protocol used by @guard -----------------------------------------------
 
     def acquire(self) -> Token:
         """Ask to run one call; returns a token for :meth:`on_result` or :meth:`release`.
 
         Never waits. Raises the wrapped breaker's ``error_class`` (a :class:`ragguard.BreakerOpen`)
-        when open or forced open, and while half-open unless a trial permit fetched in the
-        background is waiting (the first half-open caller asks for one; see :meth:`acquire_async`).
+        when open or forced open. While half-open it hands out a permit fetched earlier, or raises
+        with ``state="half_open"`` and ``retry_after_s`` 0.0 after asking for one: a caller that
+        can wait then awaits :meth:`acquire_async` (the guard does), which takes its permit from
+        Redis in the same round trip.
         """
-        if self._local:
-            if self._task is None:
-                self._autostart()
-            return -1 - self.wrapped.acquire()
-        if self._state is _CLOSED:
-            return self._epoch
-        return self._acquire_slow()
+        if self._mode is _SHARED:
+            if self._state is _CLOSED:
+                return self._epoch
+            token = self._acquire_shared()
+            if token is _ROUND_TRIP:
+                self._request_trials(None)
+                raise self._error_class(self.name, 0.0, state=_HALF_OPEN.value)
+            return token  # type: ignore[no-any-return]
+        if self._task is None:
+            self._autostart()
+        return self._acquire_local()
 
     async def acquire_async(self) -> Token:
-        """Like :meth:`acquire`, but while half-open it takes a trial permit from Redis at once
-        (one round trip, bounded by ``redis_timeout_s``; on failure the local breaker decides).
+        """Like :meth:`acquire`, but while half-open it waits for a trial permit from Redis: one
+        round trip shared by every caller of this replica that arrives meanwhile, bounded by
+        ``redis_timeout_s``. Cancelling the wait gives back a permit granted to it.
 
         Raises ``error_class`` when open, forced open, or half-open with every permit taken.
         """
-        if self._local or self._state is _CLOSED or not self._needs_trial() or self._prefetched:
+        if self._mode is not _SHARED or self._state is _CLOSED:
             return self.acquire()
-        lease = next(self._lease_ids)
+        token = self._acquire_shared()
+        if token is not _ROUND_TRIP:
+            return token  # type: ignore[no-any-return]
+        future: asyncio.Future[_Trial | None] = asyncio.get_running_loop().create_future()
+        self._request_trials(future)
         try:
-            reply = await self._link.call(functools.partial(self._run_trial_acquire, lease))
-        except SharedStateUnavailable:
-            if self._link.degraded:
-                self._go_local()
-            return self.acquire()
-        if self._apply(reply):
-            return _Trial(lease, self._epoch)
-        if self._state is _HALF_OPEN:
-            self._reject(_HALF_OPEN, 0.0)
-        return self.acquire()
+            trial = await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.result() is not None:
+                self.release(future.result())
+            raise
+        if trial is not None:
+            return trial
+        return self._after_no_permit()
 
     def on_result(self, token: Token, duration_s: float, exc: BaseException | None,
                   now: float | None = None) -> None:
@@ -307,30 +361,37 @@ class SharedCircuitBreaker:
         outcome joins the batch the background task sends.
         """
         if type(token) is int:
-            if token != self._epoch:  # the epoch is >= 0: local tokens (< 0) never match
-                if token < 0:
-                    self.wrapped.on_result(-1 - token, duration_s, exc, now)
-                return  # else it started before a shared transition: the old epoch is over
-            if exc is None:
-                code = _SLOW if duration_s > self._slow_s else 0
-            else:
-                code = self._code(duration_s, exc)
-                if code < 0:
-                    return
-            pending = self._pending
-            pending.append(code)
-            if len(pending) >= self._batch_size:
-                self._batch_full()
-            if self.bus.active:
-                self.bus.emit(events.CallOutcome(self.name, _OUTCOMES[code], duration_s,
-                                                 None if exc is None else type(exc).__name__))
-        elif isinstance(token, _Trial):
-            if exc is None:
-                code = _SLOW if duration_s > self._slow_s else 0
-            else:
-                code = self._code(duration_s, exc)
-            self._trial_results.append((token.lease, token.epoch, code))
-            self._wake.set()
+            if token == self._epoch and self._mode is _SHARED:
+                if exc is None:
+                    code = _SLOW if duration_s > self._slow_s else 0
+                else:
+                    code = self._code(duration_s, exc)
+                    if code < 0:
+                        return
+                pending = self._pending
+                pending.append(code)
+                if len(pending) >= self._batch_size:
+                    self._batch_full()
+                if self.bus.active:
+                    self.bus.emit(events.CallOutcome(self.name, _OUTCOMES[code], duration_s,
+                                                     None if exc is None else type(exc).__name__))
+            elif token < 0:
+                self.wrapped.on_result(-1 - token, duration_s, exc, now)
+                if self._mode is _UNSYNCED:  # before the first read: for the shared window too
+                    code = self._code_of(duration_s, exc)
+                    if code >= 0:
+                        self._pending.append(code)
+            elif token == self._epoch and self._hold is None:
+                # admitted on shared state, ended on local state: the local breaker counts it
+                wrapped = self.wrapped
+                if wrapped.state is _CLOSED:
+                    wrapped.on_result(wrapped.acquire(), duration_s, exc, now)
+            return  # else it started before a shared transition: the old epoch is over
+        if isinstance(token, _Trial):
+            self._trial_ended(token, self._code_of(duration_s, exc))
+        elif isinstance(token, HoldTrial) and self._hold is not None:
+            self._hold.record(token.round, self._code_of(duration_s, exc), self._now())
+            self._settle_hold()
 
     def release(self, token: Token) -> None:
         """Give back ``token`` without recording an outcome (cancelled, or never ran)."""
@@ -338,8 +399,9 @@ class SharedCircuitBreaker:
             if token < 0:
                 self.wrapped.release(-1 - token)
         elif isinstance(token, _Trial):
-            self._trial_results.append((token.lease, token.epoch, _IGNORED))
-            self._wake.set()
+            self._trial_ended(token, _IGNORED)
+        elif isinstance(token, HoldTrial) and self._hold is not None:
+            self._hold.release(token.round)
 
     async def call(self, fn: Callable[..., Awaitable[Any]], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``await fn(*args, **kwargs)`` through the shared breaker (as ``CircuitBreaker.call``)."""
@@ -372,6 +434,7 @@ class SharedCircuitBreaker:
         await self._operate("closed", self.wrapped.reset)
 
     async def _operate(self, target: str, local: Callable[[], None]) -> None:
+        self._hold = None
         local()
         try:
             reply = await self._link.call(functools.partial(self._script, self._set_state, target))
@@ -390,51 +453,35 @@ class SharedCircuitBreaker:
         if self._task is None:
             loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._run(), name=f"ragguard-breaker-{self.name}")
-            await self.refresh()
+            await self._sync()
         return self
 
     async def refresh(self) -> None:
-        """Send the pending outcomes and trial results and read the shared state now."""
+        """Wait for the trial permit requests in flight, then send the pending outcomes and trial
+        results and read the shared state now."""
+        if self._side_tasks:
+            await asyncio.wait(list(self._side_tasks))
+        await self._sync()
+
+    async def _sync(self) -> None:
         async with self._sync_lock:  # one sync at a time: the background task's or a caller's
             await self._refresh()
 
-    async def _refresh(self) -> None:
-        link = self._link
-        if link.degraded:
-            self._go_local()
-            return
-        try:
-            while self._trial_results:
-                lease, epoch, code = self._trial_results[0]
-                reply = await link.call(functools.partial(self._script, self._trial_done, lease, epoch, code))
-                self._trial_results.popleft()
-                self._apply(reply)
-            codes, epoch = self._pending, self._epoch
-            self._pending = bytearray()
-            reply = await link.call(functools.partial(self._script, self._report, epoch, bytes(codes)))
-            self._apply(reply)
-            self._local = False
-            await self._manage_trials()
-        except SharedStateUnavailable:
-            # One failed sync only ages the local copy; the link decides when Redis is gone
-            # (failures_to_degrade in a row), and then every path switches to local state.
-            if self._link.degraded:
-                self._go_local()
-
     async def aclose(self) -> None:
-        """Send what is pending (best effort), give back unused permits, stop the background task."""
+        """Send what is pending (best effort), give back unused permits, stop the background work."""
         if self._closing:
             return
         self._closing = True
-        task, self._task = self._task, None
-        if task is not None:
+        tasks = [t for t in (self._task, *self._side_tasks) if t is not None]
+        self._task = None
+        for task in tasks:
             task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         while self._prefetched:
-            lease, epoch, _ = self._prefetched.popleft()
-            self._trial_results.append((lease, epoch, _IGNORED))
-        if not self._local:
+            self._trial_ended(self._prefetched.popleft(), _IGNORED)
+        if not self._link.degraded:
             await self.refresh()
         await self._link.aclose()
 
@@ -445,7 +492,296 @@ class SharedCircuitBreaker:
                         tb: TracebackType | None) -> None:
         await self.aclose()
 
-    # -- internals ---------------------------------------------------------------------------
+    # -- shared state ------------------------------------------------------------------------
+
+    def _acquire_shared(self) -> Any:
+        """A token, or _ROUND_TRIP when a trial permit must come from Redis; raises on rejection."""
+        state = self._state
+        if state is _CLOSED:
+            return self._epoch
+        if state is _DISABLED:
+            return None
+        if state is _FORCED_OPEN:
+            self._reject(state, None)
+        now = self._now()
+        if state is _OPEN and now < self._until:
+            self._reject(state, self._until - now)
+        prefetched = self._prefetched
+        while prefetched:
+            trial = prefetched.popleft()
+            if trial.epoch == self._epoch:
+                self._trials[trial.lease] = trial
+                return trial
+        if now < self._no_permit_until:
+            self._reject(_HALF_OPEN, 0.0)
+        return _ROUND_TRIP
+
+    def _after_no_permit(self) -> Token:
+        """Decide for a caller whose request got no permit, from the state the reply left."""
+        if self._mode is not _SHARED:
+            return self._acquire_local()
+        state = self._state
+        if state is _CLOSED:
+            return self._epoch
+        if state is _DISABLED:
+            return None
+        if state is _FORCED_OPEN:
+            self._reject(state, None)
+        left = self._until - self._now()
+        if state is _OPEN and left > 0:
+            self._reject(state, left)
+        self._reject(_HALF_OPEN, 0.0)
+
+    def _request_trials(self, waiter: asyncio.Future[_Trial | None] | None) -> None:
+        batch = self._batch
+        if batch is None or batch.sent:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop to ask on (a synchronous caller): refused, nothing fetched
+            batch = self._batch = _TrialBatch()
+            task = loop.create_task(self._send_trials(batch))
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+        if waiter is None:
+            batch.prefetch = True
+        else:
+            # A waiter is usually the synchronous caller that asked for the prefetch, now waiting
+            # (the guard calls acquire, then acquire_async): it takes the permit itself, and a
+            # permit it no longer wants goes back at once rather than waiting as a prefetch.
+            batch.prefetch = False
+            batch.waiters.append(waiter)
+
+    async def _send_trials(self, batch: _TrialBatch) -> None:
+        leases: list[str] = []
+        granted: list[_Trial] = []
+        try:
+            async with self._trial_lock:  # one request in flight; the next batch gathers meanwhile
+                batch.sent = True
+                if self._batch is batch:
+                    self._batch = None
+                want = min(sum(1 for w in batch.waiters if not w.done()) or int(batch.prefetch),
+                           self._permits)
+                if want == 0 or self._mode is not _SHARED or self._now() < self._no_permit_until:
+                    return
+                leases = [next(self._lease_ids) for _ in range(want)]
+                try:
+                    reply = await self._link.call(functools.partial(
+                        self._script, self._trial_acquire, repr(self._trial_lease_s), *leases))
+                except LinkBusy:
+                    return  # nothing was sent: the callers are refused (half-open, retry at once)
+                except BaseException as exc:
+                    for lease in leases:  # the script may have run: give the leases back
+                        self._trial_outbox[lease] = (_IGNORED, self._now() + self._trial_lease_s)
+                    self._wake.set()
+                    if not isinstance(exc, SharedStateUnavailable):
+                        raise
+                    return
+                n = self._apply(reply)
+                now = self._now()
+                granted = [_Trial(lease, self._epoch, now) for lease in leases[:n]]
+        finally:
+            self._hand_out(batch, granted, leases)
+
+    def _hand_out(self, batch: _TrialBatch, granted: list[_Trial], asked: list[str]) -> None:
+        for waiter in batch.waiters:
+            if waiter.done():
+                continue
+            if granted:
+                trial = granted.pop(0)
+                self._trials[trial.lease] = trial
+                waiter.set_result(trial)
+            else:
+                waiter.set_result(None)
+        if granted and batch.prefetch and not self._closing:
+            self._prefetched.extend(granted)
+        else:
+            for trial in granted:  # nobody is left to use it
+                self._trial_ended(trial, _IGNORED)
+
+    def _trial_ended(self, trial: _Trial, code: int) -> None:
+        self._trials.pop(trial.lease, None)
+        self._trial_outbox[trial.lease] = (code, trial.granted_at + self._trial_lease_s)
+        if code < 0:
+            self._no_permit_until = -math.inf  # a permit came back
+        hold = self._hold
+        if hold is not None and trial.hold_round is not None:
+            hold.record(trial.hold_round, code, self._now())
+            self._settle_hold()
+        self._wake.set()
+
+    def _code_of(self, duration_s: float, exc: BaseException | None) -> int:
+        if exc is None:
+            return _SLOW if duration_s > self._slow_s else 0
+        return self._code(duration_s, exc)
+
+    def _code(self, duration_s: float, exc: BaseException) -> int:
+        # the one outcome classification, shared with the in-memory breaker
+        return classify_outcome(self._config, exc, duration_s, breaker=self.name)
+
+    def _reject(self, state: BreakerState, retry_after_s: float | None) -> NoReturn:
+        if self.bus.active:
+            self.bus.emit(events.CallRejected(self.name, state.value, retry_after_s))
+        if state is _OPEN:
+            raise self._error_class(self.name, retry_after_s)
+        raise self._error_class(self.name, retry_after_s, state=state.value)
+
+    def _args(self, *extra: Any) -> list[Any]:
+        spread = self._jitter * (2.0 * self._rng.random() - 1.0) if self._jitter else 0.0
+        now = "" if self.clock is None else repr(float(self.clock()))
+        return [now, self._ttl_ms, *self._static_args, repr(spread), self._birth, *extra]
+
+    def _script(self, script: Any, *extra: Any) -> Awaitable[Any]:
+        return script(keys=self.keys, args=self._args(*extra))  # type: ignore[no-any-return]
+
+    def _apply(self, reply: Any) -> int:
+        """Adopt a snapshot ``[extra, state, epoch, open_left_s, reason, open_base_s, permits_left]``;
+        returns extra."""
+        extra, state_s, epoch_s, left_s, reason, base_s, permits_left = reply
+        state = BreakerState(_text(state_s))
+        epoch = int(epoch_s)
+        now = self._now()
+        if epoch != self._epoch and self._epoch != _NO_EPOCH:
+            self._pending.clear()  # recorded in an epoch that is over
+            self._prefetched.clear()  # their leases died with the epoch
+        # Half-open with every permit taken: refuse without asking again until the next sync.
+        full = state is _HALF_OPEN and int(permits_left) <= 0
+        self._no_permit_until = now + self._flush_interval_s if full else -math.inf
+        old = self._state
+        self._state, self._epoch, self._base = state, epoch, float(base_s)
+        self._until = now + float(left_s) if state is _OPEN else 0.0
+        if old is not state and self._mode is _SHARED and self.bus.active:
+            self.bus.emit(events.BreakerTransition(self.name, old.value, state.value, now,
+                                                   f"shared: {_text(reason)}"))
+        return int(extra)
+
+    # -- sync ----------------------------------------------------------------------------------
+
+    async def _refresh(self) -> None:
+        link = self._link
+        if link.degraded:
+            self._go_local()
+            return
+        try:
+            await self._send_trial_results()
+            if self._unacked is None and self._pending:
+                self._seq += 1
+                self._unacked = (self._seq, self._epoch, bytes(self._pending))
+                self._pending = bytearray()
+            seq, epoch, codes = self._unacked or (0, self._epoch, b"")
+            reply = await link.call(functools.partial(
+                self._report, keys=[*self.keys, self._seq_key],
+                args=self._args(epoch if epoch != _NO_EPOCH else -1, codes, seq)))
+            self._unacked = None
+            was = self.state
+            self._apply(reply)
+            if self._mode is not _SHARED:
+                self._mode = _SHARED
+                self._hold = None
+                if was is not self._state and self.bus.active:
+                    self.bus.emit(events.BreakerTransition(self.name, was.value, self._state.value,
+                                                           self._now(), "shared state read"))
+            await self._give_back_stale_permits()
+        except LinkBusy:
+            return  # the pool is busy: try again at the next flush
+        except SharedStateUnavailable:
+            # One failed sync only ages the local copy (the batch is resent, counted once); the link
+            # decides when Redis is gone (failures_to_degrade in a row) and calls _go_local.
+            if link.degraded:
+                self._go_local()
+
+    async def _send_trial_results(self) -> None:
+        outbox = self._trial_outbox
+        if not outbox:
+            return
+        now = self._now()
+        for lease in [lease for lease, (_, drop_at) in outbox.items() if drop_at <= now]:
+            del outbox[lease]  # its lease has expired in Redis: nothing left to give back
+        if not outbox:
+            return
+        sent = list(outbox.items())
+        pairs: list[Any] = []
+        for lease, (code, _) in sent:
+            pairs += [lease, code]
+        reply = await self._link.call(functools.partial(self._script, self._trial_done, *pairs))
+        for lease, entry in sent:
+            if outbox.get(lease) is entry:
+                del outbox[lease]
+        self._apply(reply)
+
+    async def _give_back_stale_permits(self) -> None:
+        now = self._now()
+        prefetched = self._prefetched
+        while prefetched and now - prefetched[0].granted_at > self.staleness_s:
+            self._trial_ended(prefetched.popleft(), _IGNORED)  # nobody came for it
+        if self._trial_outbox:
+            await self._send_trial_results()
+
+    def _batch_full(self) -> None:
+        pending = self._pending
+        if len(pending) >= _MAX_PENDING_BATCHES * self._batch_size:
+            del pending[: len(pending) // 2]  # Redis is slow: keep the newest outcomes, bounded
+        self._wake.set()
+
+    # -- local state -----------------------------------------------------------------------------
+
+    def _acquire_local(self) -> Token:
+        hold = self._hold
+        if hold is not None:
+            return hold.acquire(self._now())
+        return -1 - self.wrapped.acquire()
+
+    def _go_local(self) -> None:
+        """Redis is unreachable: decide locally, starting from the last shared state read."""
+        if self._mode is _LOCAL:
+            return
+        was_shared = self._mode is _SHARED
+        self._mode = _LOCAL
+        if not was_shared:
+            return  # never read the shared state: the wrapped breaker decides from the start
+        state = self._state
+        now = self._now()
+        if state is _CLOSED:
+            self._hold = None
+            if self.wrapped.state is not _CLOSED:
+                self._silently(self.wrapped.reset)
+            return
+        running = [t for t in self._trials.values() if t.epoch == self._epoch]
+        opts = self._opts
+        self._hold = LocalHold(
+            state, now=now, open_left_s=max(0.0, self._until - now), open_base_s=self._base,
+            trials_running=len(running) if state is _HALF_OPEN else 0, permits=self._permits,
+            failure_rate_threshold=opts["failure_rate_threshold"],
+            slow_call_rate_threshold=opts["slow_call_rate_threshold"], open_for_s=opts["open_for_s"],
+            open_backoff_multiplier=opts["open_backoff_multiplier"], open_max_s=opts["open_max_s"],
+            open_jitter=self._jitter, rng=self._rng, reject=self._reject, moved=self._hold_moved,
+        )
+        if state is _HALF_OPEN:
+            for trial in running:
+                trial.hold_round = self._hold.round
+
+    def _hold_moved(self, old: BreakerState, new: BreakerState, now: float, reason: str) -> None:
+        if self.bus.active:
+            self.bus.emit(events.BreakerTransition(self.name, old.value, new.value, now, reason))
+
+    def _settle_hold(self) -> None:
+        hold = self._hold
+        if hold is not None and hold.resolved:
+            self._hold = None
+            self._silently(self.wrapped.reset)
+
+    def _silently(self, operation: Callable[[], None]) -> None:
+        wrapped = self.wrapped
+        bus, wrapped.bus = wrapped.bus, _SILENT
+        try:
+            operation()
+        finally:
+            wrapped.bus = bus
+
+    # -- background ----------------------------------------------------------------------------
+
+    def _wake_up(self) -> None:
+        self._wake.set()
 
     def _autostart(self) -> None:
         try:
@@ -457,7 +793,7 @@ class SharedCircuitBreaker:
 
     async def _run(self, *, first: bool = False) -> None:
         if first:
-            await self.refresh()
+            await self._sync()
         wake = self._wake
         while not self._closing:
             try:
@@ -467,102 +803,6 @@ class SharedCircuitBreaker:
                 pass
             wake.clear()
             try:
-                await self.refresh()
+                await self._sync()
             except Exception:  # a bug here must not stop the replica from syncing later
                 log.exception("ragguard breaker %r: sync failed", self.name)
-
-    def _batch_full(self) -> None:
-        pending = self._pending
-        if len(pending) >= 64 * self._batch_size:
-            del pending[: len(pending) // 2]  # Redis is slow: keep the newest outcomes, bounded
-        self._wake.set()
-
-    def _needs_trial(self) -> bool:
-        state = self._state
-        return state is _HALF_OPEN or (state is _OPEN and self.clock() >= self._open_until)
-
-    def _acquire_slow(self) -> Token:
-        state = self._state
-        if state is _DISABLED:
-            return None
-        if state is _FORCED_OPEN:
-            self._reject(state, None)
-        if state is _OPEN:
-            left = self._open_until - self.clock()
-            if left > 0:
-                self._reject(state, left)
-        prefetched = self._prefetched
-        if prefetched:
-            lease, epoch, _ = prefetched.popleft()
-            return _Trial(lease, epoch)
-        self._want_trial = True
-        self._wake.set()
-        self._reject(_HALF_OPEN, 0.0)
-
-    def _reject(self, state: BreakerState, retry_after_s: float | None) -> NoReturn:
-        if self.bus.active:
-            self.bus.emit(events.CallRejected(self.name, state.value, retry_after_s))
-        if state is _OPEN:
-            raise self._error_class(self.name, retry_after_s)
-        raise self._error_class(self.name, retry_after_s, state=state.value)
-
-    def _code(self, duration_s: float, exc: BaseException) -> int:
-        if not isinstance(exc, Exception):
-            return _IGNORED
-        try:
-            if not self.classifier(exc):
-                return _IGNORED
-            slow = duration_s > self._slow_s or (
-                self._slow_classifier is not None and bool(self._slow_classifier(exc))
-            )
-        except Exception:
-            log.exception("classifier of breaker %r raised on %r; the error is not counted", self.name, exc)
-            return _IGNORED
-        return _FAILED | _SLOW if slow else _FAILED
-
-    def _args(self, *extra: Any) -> list[Any]:
-        spread = self._jitter * (2.0 * self._rng.random() - 1.0) if self._jitter else 0.0
-        return [repr(float(self.clock())), self._ttl_ms, *self._static_args, repr(spread), *extra]
-
-    def _script(self, script: Any, *extra: Any) -> Awaitable[Any]:
-        return script(keys=self.keys, args=self._args(*extra))  # type: ignore[no-any-return]
-
-    def _run_trial_acquire(self, lease: str) -> Awaitable[Any]:
-        return self._script(self._trial_acquire, lease, repr(self._trial_lease_s))
-
-    async def _manage_trials(self) -> None:
-        link = self._link
-        if self._want_trial and not self._prefetched and self._needs_trial():
-            self._want_trial = False
-            lease = next(self._lease_ids)
-            reply = await link.call(functools.partial(self._run_trial_acquire, lease))
-            if self._apply(reply):
-                self._prefetched.append((lease, self._epoch, self.clock()))
-        now = self.clock()
-        while self._prefetched and now - self._prefetched[0][2] > self.staleness_s:
-            lease, epoch, _ = self._prefetched.popleft()  # nobody came for it: give it back
-            reply = await link.call(functools.partial(self._script, self._trial_done, lease, epoch, _IGNORED))
-            self._apply(reply)
-
-    def _apply(self, reply: Any) -> bool:
-        """Adopt a script's snapshot ``[extra, state, epoch, open_until, reason]``; returns extra != 0."""
-        extra, state_s, epoch_s, until_s, reason = reply
-        state = BreakerState(_text(state_s))
-        epoch = int(epoch_s)
-        if epoch != self._epoch:
-            self._pending.clear()  # recorded in an epoch that is over
-            self._prefetched.clear()  # their leases died with the epoch
-        old = self.state
-        self._state, self._epoch, self._open_until = state, epoch, float(until_s)
-        self._synced_at = self.clock()
-        if old is not state and not self._local and self.bus.active:
-            self.bus.emit(events.BreakerTransition(self.name, old.value, state.value, self._synced_at,
-                                                   f"shared: {_text(reason)}"))
-        return int(extra) != 0
-
-    def _go_local(self) -> None:
-        if not self._local:
-            self._local = True
-            self._pending.clear()
-            self._trial_results.clear()  # their leases expire in Redis
-            self._prefetched.clear()

@@ -1,28 +1,45 @@
 """Tenant quotas shared by every replica through Redis (the ``QuotaBackend`` of many replicas).
 
+A request costs one round trip::
+
+    acquire()   one EVALSHA: the releases of the tenant this replica made that Redis has not
+                acknowledged, then the admission (a concurrency lease and a GCRA rate token),
+                atomically
+    release()   no I/O: the release joins the tenant's outbox; the next admission of the tenant
+                carries it, or the background sends it ``release_delay_s`` later
+
+A release is never dropped: it stays in the outbox until Redis has it, or until the lease it gives
+back would have expired in Redis anyway (``lease_s`` after it was queued). Releases are idempotent
+in Redis, so one sent again after a lost reply changes nothing.
+
 Concurrency is a lease per in-flight call: a member ``<holder>:<n>`` of the tenant's ZSET scored by
 its expiry. The replica renews the leases it holds every ``lease_s / 3`` seconds, so a live call
 keeps its slot however long it runs, and a crashed replica's slots come back ``lease_s`` after
 its last renewal. Rate is GCRA (one ``tat`` number per tenant). One Lua script checks both and
-takes both, atomically: a call refused for concurrency spends no rate, one refused for rate
-holds no slot.
+takes both: a call refused for concurrency spends no rate, one refused for rate holds no slot.
 
-Waiting: a rate reservation within ``max_wait_s`` is made at once and slept off (exact, like
-``LocalQuotas``); a full bulkhead is polled with jittered backoff until ``max_wait_s`` (so across
-replicas, waiters are not served strictly first come, first served).
+Waiting (``max_wait_s`` > 0): a rate reservation within the wait is made at once and slept off
+(exact, like ``LocalQuotas``). A full bulkhead queues the request in Redis, first come first served
+across replicas: a freed slot goes to the oldest waiter, which takes it at its next poll (polls are
+spaced by its place in the queue, at most ``max_poll_s`` apart; a release on this replica wakes its
+waiters at once).
+
+When Redis is unreachable, the ``fallback`` :class:`~ragguard.quotas.LocalQuotas` admits. Every
+request Redis admitted also holds a slot there (``_fallback``), so the fallback counts the requests
+still running. When Redis answers again, the replica puts every lease it runs back into Redis
+(those admitted locally too) before it admits through Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import math
 import os
 import random
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .._clock import Clock, monotonic
 from .._context import validate_tenant_id
@@ -31,31 +48,63 @@ from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..policy import TenantQuota
 from ..quotas import WAIT, Lease, LocalQuotas
-from ._link import RedisLink, SharedStateUnavailable
-from ._scripts import QUOTA_ACQUIRE, QUOTA_RELEASE, QUOTA_RENEW
+from ._fallback import give_slot, take_slot
+from ._link import LinkBusy, RedisLink, SharedStateUnavailable
+from ._outbox import Outbox
+from ._scripts import QUOTA_ADMIT, QUOTA_SYNC
+
+if TYPE_CHECKING:
+    from ._borrow import LocalLease
 
 __all__ = ["RedisQuotas", "SharedLease", "quota_keys"]
 
+_BUSY_PAUSE_S = 0.002
+
 
 def quota_keys(tenant: str, key_prefix: str = "ragguard") -> list[str]:
-    """The Redis keys of ``tenant``'s quota: ``{<prefix>:quota:<tenant>}:leases|tat``."""
+    """The Redis keys of ``tenant``'s quota: ``{<prefix>:quota:<tenant>}:`` then ``leases``, ``tat``,
+    ``queue``, ``qexp``, ``grants``, ``share`` (tenant ids cannot contain braces)."""
     tag = f"{{{key_prefix}:quota:{tenant}}}"
-    return [f"{tag}:leases", f"{tag}:tat"]
+    return [f"{tag}:{part}" for part in ("leases", "tat", "queue", "qexp", "grants", "share")]
 
 
 class SharedLease(Lease):
-    """A slot admitted through Redis: its lease id in the tenant's ZSET (``None`` when the tenant
-    has no concurrency limit) and the seconds of rate to refund if it never ran."""
+    """One request admitted by :class:`RedisQuotas`.
 
-    __slots__ = ("keys", "lease_id", "refund_s", "tenant")
+    ``shared``: admitted through Redis (False: by the local fallback while Redis was unreachable);
+    ``lease_id``: its id in the tenant's lease ZSET; ``counted``: it takes a concurrency slot.
+    """
 
-    def __init__(self, tenant: str, keys: list[str], lease_id: str | None, refund_s: float,
-                 started: float) -> None:
+    __slots__ = ("counted", "in_redis", "keys", "lease_id", "local", "refund_s", "shared", "tenant")
+
+    def __init__(self, tenant: str, keys: list[str], lease_id: str, refund_s: float, started: float,
+                 *, shared: bool, counted: bool, local: Lease | None = None) -> None:
         super().__init__(cast(Any, None), started)
         self.tenant = tenant
         self.keys = keys
         self.lease_id = lease_id
         self.refund_s = refund_s
+        self.shared = shared
+        self.counted = counted
+        self.in_redis = shared and counted
+        self.local = local
+
+
+class _Plan:
+    """What every admission of one tenant sends, worked out once per tenant and quota."""
+
+    __slots__ = ("arg", "keys", "maxc", "quota", "refund_s", "script_keys", "unlimited")
+
+    def __init__(self, quota: TenantQuota, keys: list[str], lease_s: float, queue_ttl_s: float) -> None:
+        rate = quota.rate_per_s or 0.0
+        burst = (quota.burst or max(1, math.ceil(rate))) if rate else 1
+        self.quota = quota
+        self.keys = keys
+        self.script_keys = keys[:5]  # the admission script's (all but the local-lease share)
+        self.unlimited = quota.max_concurrency is None and quota.rate_per_s is None
+        self.maxc = quota.max_concurrency or 0
+        self.refund_s = 1.0 / rate if rate else 0.0
+        self.arg = f"{self.maxc} {float(rate)!r} {burst} {lease_s!r} {queue_ttl_s!r}"
 
 
 def _seconds(option: str, value: object) -> float:
@@ -68,17 +117,20 @@ class RedisQuotas:
     """Per-tenant concurrency and rate quotas held in Redis, for ``Guard(policy, quotas=...)``.
 
     ``quota_for(tenant)`` gives each tenant's :class:`~ragguard.TenantQuota` (e.g.
-    ``policy.quota``); ``redis`` is a ``redis.asyncio.Redis`` client.
+    ``policy.quota``); ``redis`` is a ``redis.asyncio.Redis`` or ``RedisCluster`` client.
 
     Options (keyword-only, seconds): ``key_prefix`` (default ``"ragguard"``); ``lease_s``
-    (default 10): how long a crashed replica's slots stay taken; ``redis_timeout_s`` (0.25) and
-    ``probe_every_s`` (1.0): see :class:`RedisLink`; ``fallback``: the :class:`LocalQuotas` used while
-    Redis is unreachable (default: ``LocalQuotas(quota_for)``; each replica then admits a whole
-    quota, so pass one built on a share of it when over-admission matters); ``holder_id``:
-    this replica's name in lease ids (default: pid and a random suffix from ``rng``); ``clock``:
-    seconds shared by every replica for leases and rate (default None: the Redis server's TIME,
-    which needs no synchronised hosts; tests pass a ``FakeClock``); ``max_poll_s`` (0.05): the
-    longest pause between two tries for a full bulkhead.
+    (default 10): how long a crashed replica's slots stay taken; ``redis_timeout_s`` (0.25),
+    ``probe_every_s`` (1.0) and ``max_in_flight``: see :class:`RedisLink`; ``fallback``: the
+    :class:`LocalQuotas` used while Redis is unreachable (default: ``LocalQuotas(quota_for)``; each
+    replica then admits a whole quota, so pass one built on a share of it when over-admission
+    matters); ``holder_id``: this replica's name in lease ids (default: pid and a random suffix
+    from ``rng``); ``clock``: seconds shared by every replica for leases and rate (default None:
+    the Redis server's TIME, which needs no synchronised hosts; tests pass a ``FakeClock``);
+    ``max_poll_s`` (0.05): the longest pause between two polls of a queued request;
+    ``release_delay_s`` (0.005): how long a release may wait to ride on the tenant's next admission
+    before it is sent on its own; ``local_lease``: a :class:`LocalLease` for tenants that accept a
+    small error in exchange for admissions without a round trip (see ``docs/distributed.md``).
 
     Raises ConfigError for an out-of-range option.
     """
@@ -92,11 +144,14 @@ class RedisQuotas:
         lease_s: float = 10.0,
         redis_timeout_s: float = 0.25,
         probe_every_s: float = 1.0,
+        max_in_flight: int | None = None,
         fallback: LocalQuotas | None = None,
         holder_id: str | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
         max_poll_s: float = 0.05,
+        release_delay_s: float = 0.005,
+        local_lease: LocalLease | None = None,
         link_clock: Clock = monotonic,
     ) -> None:
         if not callable(quota_for):
@@ -112,26 +167,37 @@ class RedisQuotas:
         self._rng = rng if rng is not None else random.Random()
         if holder_id is None:
             holder_id = f"{os.getpid()}-{self._rng.getrandbits(32):08x}"
-        if not isinstance(holder_id, str) or not holder_id or "{" in holder_id or "}" in holder_id:
-            raise ConfigError(f"holder_id must be a non-empty str without braces, got {holder_id!r}")
+        if not isinstance(holder_id, str) or not holder_id or any(c in holder_id for c in "{} \t\r\n"):
+            raise ConfigError(f"holder_id must be a non-empty str, no braces or spaces, got {holder_id!r}")
         self._quota_for = quota_for
         self._prefix = key_prefix
         self.lease_s = _seconds("lease_s", lease_s)
         self._max_poll_s = _seconds("max_poll_s", max_poll_s)
+        self._release_delay_s = _seconds("release_delay_s", release_delay_s)
         self.holder_id = holder_id
         self.clock = clock
         self.fallback = fallback if fallback is not None else LocalQuotas(quota_for)
         self._link = RedisLink(redis, "quotas", timeout_s=redis_timeout_s, probe_every_s=probe_every_s,
-                               clock=link_clock)
-        self._acquire_script = redis.register_script(QUOTA_ACQUIRE)
-        self._release_script = redis.register_script(QUOTA_RELEASE)
-        self._renew_script = redis.register_script(QUOTA_RENEW)
+                               max_in_flight=max_in_flight, clock=link_clock)
+        self._link.on_restored.append(self._on_restored)
+        self._queue_ttl_s = 4 * self._max_poll_s + 2 * self._link.timeout_s
+        self._plans: dict[str, _Plan] = {}
+        self._admit = redis.register_script(QUOTA_ADMIT)
+        self._sync = redis.register_script(QUOTA_SYNC)
         self._ids = itertools.count()
-        self._held: dict[str, SharedLease] = {}
+        self._running: dict[str, SharedLease] = {}
+        self._outbox = Outbox(expire_s=self.lease_s)
+        self._adopting: dict[str, asyncio.Event] = {}  # tenant -> set when its leases are back in Redis
+        self._freed: dict[str, asyncio.Event] = {}
         self._hold_ewma_s: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewer: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self.local_lease = local_lease
+        if local_lease is not None:
+            local_lease._bind(self, redis)
 
     @property
     def shared(self) -> bool:
@@ -139,20 +205,30 @@ class RedisQuotas:
         return not self._link.degraded
 
     def held(self) -> int:
-        """Redis leases this replica holds now (in-flight calls admitted through Redis)."""
-        return len(self._held)
+        """Redis leases this replica holds now (in-flight calls counted in Redis)."""
+        return sum(1 for lease in self._running.values() if lease.in_redis)
+
+    def pending_releases(self) -> int:
+        """Releases waiting in the outbox (sent with the next admission, or in the background)."""
+        return len(self._outbox)
 
     # -- admission ------------------------------------------------------------------------
 
     def admit_now(self, tenant: str) -> Any:
         """The synchronous fast path of ``QuotaBackend``: None for an unlimited tenant; otherwise
         :data:`ragguard.quotas.WAIT` (admission goes through Redis in :meth:`acquire`), or, while
-        Redis is unreachable, the local fallback's answer."""
+        Redis is unreachable or for a tenant in local-lease mode, the local answer."""
         quota = self._quota_for(tenant)
         if quota.max_concurrency is None and quota.rate_per_s is None:
             return None
+        borrowed = self.local_lease
+        if borrowed is not None and borrowed.covers(tenant):
+            return borrowed.admit_now(tenant, quota)
         if self._link.degraded:
-            return self.fallback.admit_now(tenant)
+            local = self.fallback.admit_now(tenant)
+            if local is WAIT or local is None:
+                return local
+            return self._local_lease(tenant, quota, local)
         return WAIT
 
     async def acquire(self, tenant: str) -> Lease | None:
@@ -164,75 +240,83 @@ class RedisQuotas:
         :class:`~ragguard.InvalidInput` for a bad tenant id. Never fails because Redis is down:
         the local fallback admits instead.
         """
-        validate_tenant_id(tenant)
         quota = self._quota_for(tenant)
-        if quota.max_concurrency is None and quota.rate_per_s is None:
+        plan = self._plans.get(tenant)
+        if plan is None or plan.quota is not quota:
+            plan = self._plan(tenant, quota)
+        if plan.unlimited:
             return None
+        borrowed = self.local_lease
+        if borrowed is not None and borrowed.covers(tenant):
+            return await borrowed.acquire(tenant, quota)
         if self._link.degraded:
-            return await self.fallback.acquire(tenant)
+            return await self._acquire_local(tenant, quota)
+        adopting = self._adopting.get(tenant)
+        if adopting is not None:  # Redis must count the leases run here before it admits more
+            await adopting.wait()
         budget = quota.max_wait_s
         left = remaining()
         by_deadline = left is not None and left < budget
         if by_deadline:
             budget = max(0.0, cast(float, left))
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + budget
-        keys = quota_keys(tenant, self._prefix)
-        maxc = quota.max_concurrency or 0
-        rate = quota.rate_per_s or 0.0
-        burst = (quota.burst or max(1, math.ceil(rate))) if rate else 1
-        backoff = 0.005
+        give_up = loop.time() + budget if budget else 0.0
+        keys, maxc, refund = plan.keys, plan.maxc, plan.refund_s
+        lease_id = f"{self.holder_id}:{next(self._ids)}"
+        busy_since: float | None = None
         while True:
-            lease_id = f"{self.holder_id}:{next(self._ids)}" if maxc else ""
-            args = ["" if self.clock is None else repr(float(self.clock())), lease_id, repr(self.lease_s),
-                    maxc, repr(float(rate)), burst, repr(max(0.0, give_up - loop.time()))]
+            wait_left = give_up - loop.time() if budget else 0.0
+            ops, releases = self._carry(tenant)
+            args = [
+                "" if self.clock is None else repr(float(self.clock())), lease_id, plan.arg,
+                f"{wait_left!r} {1 if maxc else 0}" if wait_left > 0 else "0 0", releases,
+            ]
             try:
-                ok, reason, seconds_s = await self._link.call(
-                    functools.partial(self._acquire_script, keys=keys, args=args))
+                reply = await self._link.call(self._admit, keys=plan.script_keys, args=args)
+            except LinkBusy:
+                # Nothing was sent: the client's pool is empty (backpressure, not an outage).
+                self._outbox.unsent(tenant, ops)
+                now = loop.time()
+                busy_since = now if busy_since is None else busy_since
+                if now - busy_since < self._link.timeout_s:
+                    await asyncio.sleep(_BUSY_PAUSE_S)
+                    continue
+                return await self._acquire_local(tenant, quota)
             except SharedStateUnavailable:
-                return await self.fallback.acquire(tenant)
+                self._outbox.unsent(tenant, ops)
+                self._queue_release(tenant, lease_id, refund)  # it may have been admitted
+                return await self._acquire_local(tenant, quota)
             except BaseException:
-                if lease_id:
-                    self._spawn_release(keys, lease_id, 0.0)  # the script may have run
+                self._outbox.unsent(tenant, ops)
+                self._queue_release(tenant, lease_id, refund)  # the script may have run
                 raise
-            seconds = float(seconds_s)
-            if int(ok):
-                return await self._admitted(tenant, keys, lease_id or None, 1.0 / rate if rate else 0.0,
-                                            seconds)
-            reason_s = reason.decode() if isinstance(reason, bytes) else str(reason)
-            if reason_s == "rate":
-                raise self._reject(tenant, seconds, "deadline" if by_deadline else "rate")
-            wait_left = give_up - loop.time()
-            if wait_left <= 0:
+            self._outbox.acked(tenant, ops)
+            verdict, number = (reply.decode() if isinstance(reply, bytes) else str(reply)).split()
+            if verdict == "ok":
+                return await self._admitted(tenant, keys, lease_id, refund, float(number), maxc > 0)
+            if verdict == "rate":
+                raise self._reject(tenant, float(number), "deadline" if by_deadline else "rate")
+            if verdict != "queued":
                 raise self._reject(tenant, self._slot_eta(tenant, maxc),
                                    "deadline" if by_deadline else "concurrency")
-            await asyncio.sleep(min(wait_left, backoff * (0.5 + self._rng.random())))
-            backoff = min(2 * backoff, self._max_poll_s)
-
-    async def _admitted(self, tenant: str, keys: list[str], lease_id: str | None, interval: float,
-                        delay: float) -> SharedLease:
-        loop = asyncio.get_running_loop()
-        lease = SharedLease(tenant, keys, lease_id, interval, loop.time())
-        if lease_id is not None:
-            self._held[lease_id] = lease
-            if self._renewer is None or self._renewer.done():
-                self._renewer = loop.create_task(self._renew_forever(), name="ragguard-quota-leases")
-        if delay > 0:
+            pause = min(self._max_poll_s, 0.002 * (1 + int(number))) * (0.5 + self._rng.random())
             try:
-                await asyncio.sleep(delay)
+                await self._wait_turn(tenant, max(0.0, min(pause, give_up - loop.time())))
             except BaseException:
-                self._give_back(lease, refund=True)
+                self._queue_release(tenant, lease_id, 0.0)  # leave the queue
                 raise
-            lease.started = loop.time()
-        return lease
 
     def release(self, lease: Lease | None) -> None:
-        """Give back ``lease`` (idempotent). Never waits: the Redis update runs in the background
-        (if it cannot reach Redis, the lease expires after ``lease_s``)."""
+        """Give back ``lease`` (idempotent). Never waits: Redis learns it with the tenant's next
+        admission, or from the background within ``release_delay_s``; kept until it lands."""
         if lease is None or lease._released:
             return
         if not isinstance(lease, SharedLease):
-            self.fallback.release(lease)
+            borrowed = self.local_lease
+            if borrowed is not None and borrowed.owns(lease):
+                borrowed.release(lease)
+            else:
+                self.fallback.release(lease)
             return
         try:
             held = asyncio.get_running_loop().time() - lease.started
@@ -247,13 +331,23 @@ class RedisQuotas:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Stop the lease renewal, wait (bounded) for pending releases, stop the Redis probe."""
+        """Send pending releases (bounded wait), stop the background work and the Redis probe."""
         self._closed = True
-        renewer, self._renewer = self._renewer, None
-        if renewer is not None:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        for task in (self._renewer, self._flusher):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._renewer = self._flusher = None
+        if self.local_lease is not None:
+            await self.local_lease.aclose()
+        if len(self._outbox) and not self._link.degraded:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2 * self._link.timeout_s):
+                    await self._flush_all()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=2 * self._link.timeout_s)
         await self._link.aclose()
@@ -264,46 +358,72 @@ class RedisQuotas:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    # -- internals ------------------------------------------------------------------------
+    # -- internals: leases ------------------------------------------------------------------
+
+    def _plan(self, tenant: str, quota: TenantQuota) -> _Plan:
+        validate_tenant_id(tenant)  # once per tenant: its plan is kept
+        if len(self._plans) >= 10_000:
+            self._plans.clear()  # a flood of tenant ids cannot grow this without bound
+        plan = self._plans[tenant] = _Plan(quota, quota_keys(tenant, self._prefix), self.lease_s,
+                                           self._queue_ttl_s)
+        return plan
+
+    async def _admitted(self, tenant: str, keys: list[str], lease_id: str, refund: float,
+                        delay: float, counted: bool) -> SharedLease:
+        loop = asyncio.get_running_loop()
+        lease = SharedLease(tenant, keys, lease_id, refund, loop.time(), shared=True, counted=counted)
+        if counted:
+            lease.local = take_slot(self.fallback, tenant)
+            if self._renewer is None or self._renewer.done():
+                self._renewer = loop.create_task(self._renew_forever(), name="ragguard-quota-leases")
+        self._running[lease_id] = lease
+        if delay > 0:
+            try:
+                await asyncio.sleep(delay)
+            except BaseException:
+                self._give_back(lease, refund=True)
+                raise
+            lease.started = loop.time()
+        return lease
+
+    async def _acquire_local(self, tenant: str, quota: TenantQuota) -> Lease | None:
+        local = self.fallback.admit_now(tenant)
+        if local is WAIT:
+            local = await self.fallback.acquire(tenant)
+        if local is None:
+            return None
+        return self._local_lease(tenant, quota, local)
+
+    def _local_lease(self, tenant: str, quota: TenantQuota, local: Lease) -> SharedLease:
+        lease = SharedLease(tenant, quota_keys(tenant, self._prefix), f"{self.holder_id}:{next(self._ids)}",
+                            0.0, local.started, shared=False, counted=quota.max_concurrency is not None,
+                            local=local)
+        self._running[lease.lease_id] = lease
+        return lease
 
     def _give_back(self, lease: SharedLease, *, refund: bool) -> None:
         lease._released = True
-        if lease.lease_id is not None:
-            self._held.pop(lease.lease_id, None)
+        self._running.pop(lease.lease_id, None)
+        local, lease.local = lease.local, None
+        if local is not None:
+            if lease.shared:
+                give_slot(self.fallback, local)
+            else:
+                self.fallback.release(local)
         refund_s = lease.refund_s if refund else 0.0
-        if lease.lease_id is not None or refund_s:
-            self._spawn_release(lease.keys, lease.lease_id or "", refund_s)
+        if lease.in_redis or refund_s or lease.tenant in self._adopting:
+            self._queue_release(lease.tenant, lease.lease_id, refund_s)
+        freed = self._freed.pop(lease.tenant, None)
+        if freed is not None:
+            freed.set()  # this replica's waiters poll now: the release rides on their poll
 
-    def _spawn_release(self, keys: list[str], lease_id: str, refund_s: float) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop to send it on: the lease expires after lease_s
-        task = loop.create_task(self._release_now(keys, lease_id, refund_s))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _release_now(self, keys: list[str], lease_id: str, refund_s: float) -> None:
-        if self._link.degraded:
-            return
-        with contextlib.suppress(SharedStateUnavailable):
-            await self._link.call(functools.partial(
-                self._release_script, keys=keys, args=[lease_id, repr(refund_s)]))
-
-    async def _renew_forever(self) -> None:
-        every = self.lease_s / 3
-        while self._held and not self._closed:
-            await asyncio.sleep(every)
-            if self._link.degraded:
-                continue
-            by_key: dict[str, list[str]] = {}
-            for lease_id, lease in list(self._held.items()):
-                by_key.setdefault(lease.keys[0], []).append(lease_id)
-            now = "" if self.clock is None else repr(float(self.clock()))
-            for key, ids in by_key.items():
-                with contextlib.suppress(SharedStateUnavailable):
-                    await self._link.call(functools.partial(
-                        self._renew_script, keys=[key], args=[now, repr(self.lease_s), *ids]))
+    async def _wait_turn(self, tenant: str, seconds: float) -> None:
+        freed = self._freed.get(tenant)
+        if freed is None:
+            freed = self._freed[tenant] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await freed.wait()
 
     def _slot_eta(self, tenant: str, max_concurrency: int) -> float:
         hold = self._hold_ewma_s.get(tenant) or 0.01
@@ -314,3 +434,107 @@ class RedisQuotas:
         if bus.active:
             bus.emit(QuotaRejected(tenant, reason, retry_after_s))
         return QuotaExceeded(tenant, retry_after_s, reason)
+
+    # -- internals: the outbox of releases ------------------------------------------------------
+
+    def _queue_release(self, tenant: str, lease_id: str, refund_s: float) -> None:
+        self._outbox.add(tenant, lease_id, refund_s, monotonic())
+        if self._flush_timer is None:
+            self._arm_flush(self._release_delay_s)
+
+    def _arm_flush(self, after_s: float) -> None:
+        if self._closed or self._flush_timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # sent with the tenant's next admission, or at aclose
+        self._flush_timer = loop.call_later(after_s, self._flush_due)
+
+    def _flush_due(self) -> None:
+        """Timer: send the releases no admission carried within ``release_delay_s``."""
+        self._flush_timer = None
+        if self._closed or self._link.degraded or not len(self._outbox):
+            return  # after an outage, the restore sends them
+        delay = self._release_delay_s
+        wait = self._outbox.oldest() + delay - monotonic()
+        if wait > 0 or (self._flusher is not None and not self._flusher.done()):
+            self._arm_flush(max(wait, 0.001) if wait < math.inf else delay)
+            return
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_once(),
+                                                               name="ragguard-quota-releases")
+
+    async def _flush_once(self) -> None:
+        ok = await self._flush_all(before=monotonic() - self._release_delay_s)
+        if len(self._outbox):
+            self._arm_flush(self._release_delay_s if ok else max(self._release_delay_s, 0.05))
+
+    def _carry(self, tenant: str) -> tuple[list[str], str]:
+        if tenant in self._adopting:
+            return [], ""  # after the adoption: a release must reach Redis after the lease it removes
+        return self._outbox.carry(tenant, monotonic())
+
+    async def _flush_all(self, before: float = math.inf) -> bool:
+        due = [t for t in self._outbox.due(before) if t not in self._adopting]
+        results = await asyncio.gather(*(self._sync_tenant(t, [], "renew") for t in due))
+        return all(results)
+
+    async def _sync_tenant(self, tenant: str, lease_ids: list[str], mode: str) -> bool:
+        ops, releases = self._outbox.carry(tenant, monotonic()) if mode == "adopt" else self._carry(tenant)
+        if not ops and not lease_ids:
+            return True
+        args = ["" if self.clock is None else repr(float(self.clock())), repr(self.lease_s), mode,
+                len(lease_ids), *lease_ids, releases]
+        try:
+            await self._link.call(self._sync, keys=quota_keys(tenant, self._prefix)[:5], args=args)
+        except BaseException as exc:
+            self._outbox.unsent(tenant, ops)
+            if isinstance(exc, SharedStateUnavailable):
+                return False
+            raise
+        self._outbox.acked(tenant, ops)
+        return True
+
+    # -- internals: renewal and recovery -----------------------------------------------------------
+
+    async def _renew_forever(self) -> None:
+        every = self.lease_s / 3
+        while self._running and not self._closed:
+            await asyncio.sleep(every)
+            if self._link.degraded:
+                continue
+            by_tenant: dict[str, list[str]] = {}
+            for lease_id, lease in list(self._running.items()):
+                if lease.in_redis:
+                    by_tenant.setdefault(lease.tenant, []).append(lease_id)
+            for tenant, ids in by_tenant.items():
+                if tenant not in self._adopting:
+                    await self._sync_tenant(tenant, ids, "renew")
+
+    def _on_restored(self) -> None:
+        if self._closed:
+            return
+        for lease in self._running.values():
+            if lease.counted:
+                self._adopting.setdefault(lease.tenant, asyncio.Event())
+        task = asyncio.get_running_loop().create_task(self._adopt_all(), name="ragguard-quota-adopt")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _adopt_all(self) -> None:
+        """Put every lease this replica runs back into Redis (renewals stopped while it was away,
+        and the fallback admitted some), together with the releases made meanwhile."""
+        loop = asyncio.get_running_loop()
+        for tenant in list(self._adopting):
+            leases = [lease for lease in self._running.values() if lease.counted and lease.tenant == tenant]
+            try:
+                if await self._sync_tenant(tenant, [lease.lease_id for lease in leases], "adopt"):
+                    for lease in leases:
+                        lease.in_redis = True
+            finally:
+                self._adopting.pop(tenant).set()
+        if any(lease.in_redis for lease in self._running.values()) and (
+            self._renewer is None or self._renewer.done()
+        ):
+            self._renewer = loop.create_task(self._renew_forever(), name="ragguard-quota-leases")
+        self._arm_flush(0.0)

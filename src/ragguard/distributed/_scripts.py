@@ -1,26 +1,43 @@
 """The Lua scripts that change shared state in Redis (each runs atomically, EVALSHA).
 
-Breaker keys (one hash tag per breaker, so all of them land in one Redis Cluster slot)::
+Every script touches the keys of one hash tag only, so on Redis Cluster each runs on the one node
+that owns the tag's slot. Times are seconds; ``now`` is the Redis server's ``TIME`` unless the
+caller passes one (tests pass a fake clock), so no replica's wall clock is ever trusted.
 
-    {<prefix>:breaker:<name>}:state    HASH  state epoch open_until open_base consecutive reason calls
-                                             failures slow pos head trial_calls trial_failures trial_slow
-    {<prefix>:breaker:<name>}:window   STRING ring of one byte per outcome code, next write at pos
-                                       (count window), or HASH c<i> f<i> s<i> per one-second
-                                       bucket i (time window)
-    {<prefix>:breaker:<name>}:trials   ZSET  half-open trial lease id -> expiry (clock seconds)
+Breaker keys (``<tag>`` is ``{<prefix>:breaker:<name>}``, the name percent-encoded)::
+
+    <tag>:state          HASH  state epoch open_until open_base consecutive reason calls failures
+                               slow pos head trial_calls trial_failures trial_slow
+    <tag>:window         STRING ring of one byte per outcome code, next write at pos (count
+                               window), or HASH c<i> f<i> s<i> per one-second bucket i (time window)
+    <tag>:trials         ZSET  half-open trial lease id -> expiry
+    <tag>:seq:<replica>  STRING the last outcome batch of that replica already applied
 
 The breaker scripts mirror ``ragguard.breakers.CircuitBreaker`` (the same window arithmetic and
-transitions); outcome codes are its ``FAILED | SLOW`` bits. Times are the caller's shared clock
-in seconds (wall time by default, so every replica agrees). Every write refreshes the keys' TTL
+transitions); outcome codes are its ``FAILED | SLOW`` bits. Every write refreshes the keys' TTL
 (``ttl_ms``, lengthened by the time left open); a script that changes nothing writes nothing.
+Every reply is the snapshot ``{extra, state, epoch, open_left_s, reason, open_base_s,
+trial_permits_left}``: the replica keeps durations, never the server's absolute times.
 
-Quota keys (one hash tag per tenant)::
+Epochs count state changes. A state's first change moves the epoch from 0 to a random ``birth``
+chosen by the replica (< 2^46, exact in Lua's doubles), so tokens from before a Redis restart never
+match an epoch after it.
 
-    {<prefix>:quota:<tenant>}:leases   ZSET  lease id (holder:n) -> expiry; one per in-flight call
-    {<prefix>:quota:<tenant>}:tat      STRING GCRA theoretical arrival time (seconds)
+Quota keys (``<tag>`` is ``{<prefix>:quota:<tenant>}``)::
+
+    <tag>:leases   ZSET  lease id (holder:n) -> expiry; one per in-flight call
+    <tag>:tat      STRING GCRA theoretical arrival time (seconds)
+    <tag>:queue    ZSET  waiting request id -> arrival time (first come, first served)
+    <tag>:qexp     ZSET  waiting request id -> expiry (a waiter that stops asking leaves the queue)
+    <tag>:grants   ZSET  recent admission id -> expiry, for tenants with a rate and no concurrency
+                         limit (so a cancelled admission can have its rate refunded, once)
+    <tag>:share    HASH  local-lease mode: holder -> demand (requests/s) and expiry
 
 Rate is the Generic Cell Rate Algorithm (ATM Forum TM 4.0), the same arithmetic as
 ``ragguard.quotas.LocalQuotas``; concurrency counts the unexpired leases.
+
+Releases are idempotent: a release removes its lease (or grant) and refunds rate only when it
+removed something, so a replica can send one again after a lost reply.
 """
 
 from __future__ import annotations
@@ -30,15 +47,25 @@ __all__ = [
     "BREAKER_SET_STATE",
     "BREAKER_TRIAL_ACQUIRE",
     "BREAKER_TRIAL_DONE",
-    "QUOTA_ACQUIRE",
-    "QUOTA_RELEASE",
-    "QUOTA_RENEW",
+    "QUOTA_ADMIT",
+    "QUOTA_SHARE",
+    "QUOTA_SYNC",
 ]
 
-# ARGV[1..13] are the same for every breaker script; script-specific arguments follow.
-_BREAKER_PRELUDE = r"""
+_NOW = r"""
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+else
+  now = tonumber(ARGV[1])
+end
+local function fmt(x) return string.format('%.17g', x) end
+"""
+
+# ARGV[1..14] are the same for every breaker script; script-specific arguments follow.
+_BREAKER_PRELUDE = _NOW + r"""
 local S, W, T = KEYS[1], KEYS[2], KEYS[3]
-local now = tonumber(ARGV[1])
 local ttl_ms = tonumber(ARGV[2])
 local wtype = ARGV[3]
 local wsize = tonumber(ARGV[4])
@@ -51,8 +78,7 @@ local open_for = tonumber(ARGV[10])
 local mult = tonumber(ARGV[11])
 local open_max = tonumber(ARGV[12])
 local spread = tonumber(ARGV[13])
-
-local function fmt(x) return string.format('%.17g', x) end
+local birth = tonumber(ARGV[14])
 
 local f = redis.call('HMGET', S, 'state', 'epoch', 'open_until', 'open_base', 'consecutive', 'reason',
   'calls', 'failures', 'slow', 'head', 'trial_calls', 'trial_failures', 'trial_slow', 'pos')
@@ -108,7 +134,7 @@ end
 local function to_state(new, reason)
   local old = st.state
   st.state = new
-  st.epoch = st.epoch + 1
+  if st.epoch == 0 then st.epoch = birth else st.epoch = st.epoch + 1 end
   st.reason = reason
   redis.call('DEL', T)
   if new == 'open' then
@@ -145,10 +171,11 @@ end
 
 local function save()
   if not dirty then return end
-  redis.call('HSET', S, 'state', st.state, 'epoch', st.epoch, 'open_until', fmt(st.open_until),
-    'open_base', fmt(st.open_base), 'consecutive', st.consecutive, 'reason', st.reason,
-    'calls', st.calls, 'failures', st.failures, 'slow', st.slow, 'head', st.head, 'pos', st.pos,
-    'trial_calls', st.trial_calls, 'trial_failures', st.trial_failures, 'trial_slow', st.trial_slow)
+  redis.call('HSET', S, 'state', st.state, 'epoch', string.format('%d', st.epoch),
+    'open_until', fmt(st.open_until), 'open_base', fmt(st.open_base), 'consecutive', st.consecutive,
+    'reason', st.reason, 'calls', st.calls, 'failures', st.failures, 'slow', st.slow, 'head', st.head,
+    'pos', st.pos, 'trial_calls', st.trial_calls, 'trial_failures', st.trial_failures,
+    'trial_slow', st.trial_slow)
   local ttl = ttl_ms
   if st.state == 'open' then
     local left = math.ceil((st.open_until - now) * 1000)
@@ -160,17 +187,33 @@ local function save()
 end
 
 local function snapshot(extra)
-  return {extra, st.state, tostring(st.epoch), fmt(st.open_until), st.reason}
+  local left, avail = 0, 0
+  if st.state == 'open' then left = math.max(0, st.open_until - now) end
+  if st.state == 'half_open' then
+    avail = permits - st.trial_calls - redis.call('ZCOUNT', T, '(' .. fmt(now), '+inf')
+  end
+  return {extra, st.state, string.format('%d', st.epoch), fmt(left), st.reason, fmt(st.open_base), avail}
 end
 """
 
 BREAKER_REPORT = _BREAKER_PRELUDE + r"""
--- ARGV[14]: the epoch the outcomes were recorded in; ARGV[15]: one byte per outcome code.
+-- KEYS[4]: this replica's batch sequence key. ARGV[15]: the epoch the outcomes were recorded in
+-- (-1: before the replica first read the state; they count if it is closed); ARGV[16]: one byte
+-- per outcome code; ARGV[17]: the batch's sequence number. A batch whose
+-- sequence number was already applied is a resend after a lost reply: counted once only.
 -- Codes are applied in order and the rules checked after each, as the in-memory breaker does;
 -- the codes after a trip are dropped (the window they belonged to is over).
-local expected, codes = tonumber(ARGV[14]), ARGV[15]
+local expected, codes, seq = tonumber(ARGV[15]), ARGV[16], tonumber(ARGV[17])
 local k = #codes
-if k > 0 and st.state == 'closed' and st.epoch == expected then
+if k > 0 then
+  local last = tonumber(redis.call('GET', KEYS[4])) or 0
+  if seq <= last then
+    k = 0
+  else
+    redis.call('SET', KEYS[4], string.format('%d', seq), 'PX', ttl_ms)
+  end
+end
+if k > 0 and st.state == 'closed' and (st.epoch == expected or expected == -1) then
   dirty = true
   local sec = math.floor(now)
   local tc, tf, ts = 0, 0, 0
@@ -216,47 +259,54 @@ if k > 0 and st.state == 'closed' and st.epoch == expected then
   end
 end
 save()
-return snapshot(#codes)
+return snapshot(k)
 """
 
 BREAKER_TRIAL_ACQUIRE = _BREAKER_PRELUDE + r"""
--- ARGV[14]: lease id; ARGV[15]: lease duration (seconds). Returns extra = 1 when granted.
-local lease, lease_s = ARGV[14], tonumber(ARGV[15])
+-- ARGV[15]: lease duration (seconds); ARGV[16..]: lease ids, one per permit wanted (a replica asks
+-- once for its whole crowd). Grants the first ones while permits are left; extra = how many.
+local lease_s = tonumber(ARGV[15])
 if st.state == 'open' and now >= st.open_until then to_state('half_open', 'open duration elapsed') end
 local granted = 0
 if st.state == 'half_open' then
   redis.call('ZREMRANGEBYSCORE', T, '-inf', fmt(now))
-  if permits - st.trial_calls - redis.call('ZCARD', T) > 0 then
-    redis.call('ZADD', T, fmt(now + lease_s), lease)
-    granted = 1
-    dirty = true
+  local left = permits - st.trial_calls - redis.call('ZCARD', T)
+  for i = 16, #ARGV do
+    if left <= 0 then break end
+    redis.call('ZADD', T, fmt(now + lease_s), ARGV[i])
+    left = left - 1
+    granted = granted + 1
   end
+  if granted > 0 then dirty = true end
 end
 save()
 return snapshot(granted)
 """
 
 BREAKER_TRIAL_DONE = _BREAKER_PRELUDE + r"""
--- ARGV[14]: lease id; ARGV[15]: the epoch it was granted in; ARGV[16]: outcome code, or -1 to
--- give the permit back unrecorded (cancelled, ignored error, unused). Late results of expired
--- leases are dropped: their permit was already handed to another trial.
-local lease, epoch, code = ARGV[14], tonumber(ARGV[15]), tonumber(ARGV[16])
+-- ARGV[15..]: pairs of (lease id, outcome code), the code -1 to give the permit back unrecorded
+-- (cancelled, ignored error, unused, or a grant whose reply was lost). A lease still in the ZSET
+-- belongs to the current half-open round (every transition deletes the ZSET); a late result of an
+-- expired lease is dropped: its permit was already handed to another trial. Idempotent.
 local counted = 0
-if st.state == 'half_open' and st.epoch == epoch and redis.call('ZREM', T, lease) == 1 then
-  dirty = true
-  if code >= 0 then
-    counted = 1
-    st.trial_calls = st.trial_calls + 1
-    st.trial_failures = st.trial_failures + code % 2
-    st.trial_slow = st.trial_slow + math.floor(code / 2)
-    local done = st.trial_calls
-    if done >= permits then
-      if st.trial_failures * 100 >= f_thr * done then
-        to_state('open', st.trial_failures .. ' of ' .. done .. ' trial calls failed')
-      elseif st.trial_slow * 100 >= s_thr * done then
-        to_state('open', st.trial_slow .. ' of ' .. done .. ' trial calls were slow')
-      else
-        to_state('closed', done .. ' trial calls passed')
+for i = 15, #ARGV, 2 do
+  local lease, code = ARGV[i], tonumber(ARGV[i + 1])
+  if st.state == 'half_open' and redis.call('ZREM', T, lease) == 1 then
+    dirty = true
+    if code >= 0 then
+      counted = counted + 1
+      st.trial_calls = st.trial_calls + 1
+      st.trial_failures = st.trial_failures + code % 2
+      st.trial_slow = st.trial_slow + math.floor(code / 2)
+      local done = st.trial_calls
+      if done >= permits then
+        if st.trial_failures * 100 >= f_thr * done then
+          to_state('open', st.trial_failures .. ' of ' .. done .. ' trial calls failed')
+        elseif st.trial_slow * 100 >= s_thr * done then
+          to_state('open', st.trial_slow .. ' of ' .. done .. ' trial calls were slow')
+        else
+          to_state('closed', done .. ' trial calls passed')
+        end
       end
     end
   end
@@ -266,8 +316,8 @@ return snapshot(counted)
 """
 
 BREAKER_SET_STATE = _BREAKER_PRELUDE + r"""
--- ARGV[14]: closed (reset), forced_open or disabled.
-local target = ARGV[14]
+-- ARGV[15]: closed (reset), forced_open or disabled.
+local target = ARGV[15]
 if target == 'closed' then
   to_state('closed', 'reset')
 else
@@ -277,75 +327,197 @@ save()
 return snapshot(1)
 """
 
-QUOTA_ACQUIRE = r"""
--- KEYS[1] leases ZSET, KEYS[2] GCRA tat.
--- ARGV: now (seconds, '' = the server's TIME), lease id, lease_s, max_concurrency (0 = none),
--- rate_per_s (0 = none), burst, wait budget (seconds a rate reservation may wait).
--- Returns {1, 'ok', delay_s} (admitted; start after delay_s) or {0, reason, retry_after_s}.
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
+_QUOTA_PRELUDE = _NOW + r"""
+local L, G, Q, X, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local queued = nil  -- requests in the queue, read once
+
+local function queue_len()
+  if queued == nil then queued = redis.call('ZCARD', Q) end
+  return queued
 end
-local lease, lease_s = ARGV[2], tonumber(ARGV[3])
-local maxc, rate, burst, budget = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local function fmt(x) return string.format('%.17g', x) end
+
+-- Give back one admission: its lease (or rate-only grant), its place in the queue, and its rate
+-- token when asked to (refund > 0) and only if the admission was still recorded (idempotent).
+local function release(id, refund)
+  local removed = redis.call('ZREM', L, id)
+  if removed == 0 then removed = redis.call('ZREM', R, id) end
+  if queue_len() > 0 and redis.call('ZREM', Q, id) == 1 then
+    redis.call('ZREM', X, id)
+    queued = queued - 1
+  end
+  if refund > 0 and removed > 0 and redis.call('EXISTS', G) == 1 then
+    redis.call('INCRBYFLOAT', G, fmt(-refund))
+  end
+end
+"""
+
+QUOTA_ADMIT = _QUOTA_PRELUDE + r"""
+-- ARGV (few arguments: each one costs the client time to pack):
+--   [1] now ('' = TIME), [2] request id,
+--   [3] the tenant's plan: 'max_concurrency (0 = none) rate_per_s (0 = none) burst lease_s queue_ttl_s',
+--   [4] 'wait_s may_queue': seconds a rate reservation may wait, 1 when the request may queue,
+--   [5] 'id refund_s id refund_s ...': releases this replica made that Redis has not acknowledged
+--       yet (they ride on this command).
+-- Returns one string (a bulk reply parses faster than an array): 'ok <delay_s>' (admitted; start
+-- after delay_s), 'queued <requests ahead>', 'concurrency <requests ahead>' or 'rate <retry_after_s>'.
+-- A few commands in the common case: expired leases and waiters are swept only when they matter.
+-- A queued request's place is its arrival on the server's clock (TIME), whatever ARGV[1] says.
+local id = ARGV[2]
+local maxc, rate, burst, lease_s, queue_ttl = string.match(ARGV[3], '(%S+) (%S+) (%S+) (%S+) (%S+)')
+maxc, rate, burst, lease_s, queue_ttl = tonumber(maxc), tonumber(rate), tonumber(burst), tonumber(lease_s),
+  tonumber(queue_ttl)
+local budget, may_queue = string.match(ARGV[4], '(%S+) (%S+)')
+budget, may_queue = tonumber(budget), may_queue == '1'
+for lease, refund in string.gmatch(ARGV[5], '(%S+) (%S+)') do release(lease, tonumber(refund)) end
+
+local function leave_queue()
+  redis.call('ZREM', Q, id)
+  redis.call('ZREM', X, id)
+end
+
+local rank = false
 if maxc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', fmt(now))
-  if redis.call('ZCARD', KEYS[1]) >= maxc then
-    return {0, 'concurrency', '0'}
+  local ahead = queue_len()
+  if ahead > 0 then  -- waiters first: drop those that stopped asking, then find this one's place
+    local gone = redis.call('ZRANGEBYSCORE', X, '-inf', fmt(now), 'LIMIT', 0, 100)
+    for _, w in ipairs(gone) do
+      redis.call('ZREM', Q, w)
+      redis.call('ZREM', X, w)
+    end
+    rank = redis.call('ZRANK', Q, id)
+    if rank then ahead = rank else ahead = redis.call('ZCARD', Q) end
+  end
+  local held = redis.call('ZCARD', L)
+  if maxc - held <= ahead then  -- full: leases of crashed replicas may have expired
+    redis.call('ZREMRANGEBYSCORE', L, '-inf', fmt(now))
+    held = redis.call('ZCARD', L)
+  end
+  if maxc - held <= ahead then
+    if may_queue then
+      if not rank then
+        local t = redis.call('TIME')
+        redis.call('ZADD', Q, fmt(tonumber(t[1]) + tonumber(t[2]) / 1000000), id)
+      end
+      redis.call('ZADD', X, fmt(now + queue_ttl), id)
+      local ttl = math.ceil(queue_ttl * 2000)
+      redis.call('PEXPIRE', Q, ttl)
+      redis.call('PEXPIRE', X, ttl)
+      return 'queued ' .. ahead
+    end
+    if rank then leave_queue() end
+    return 'concurrency ' .. ahead
   end
 end
 local delay = 0
 if rate > 0 then
   local interval = 1 / rate
-  local tat = tonumber(redis.call('GET', KEYS[2])) or now
+  local tat = tonumber(redis.call('GET', G)) or now
   if tat < now then tat = now end
   tat = tat + interval
   delay = tat - now - burst * interval
   if delay <= 1e-9 then
     delay = 0
   elseif delay > budget then
-    return {0, 'rate', fmt(delay)}
+    if rank then leave_queue() end
+    return 'rate ' .. fmt(delay)
   end
-  redis.call('SET', KEYS[2], fmt(tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
+  redis.call('SET', G, fmt(tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
 end
 if maxc > 0 then
-  redis.call('ZADD', KEYS[1], fmt(now + lease_s), lease)
-  redis.call('PEXPIRE', KEYS[1], math.ceil(lease_s * 2000))
+  redis.call('ZADD', L, fmt(now + lease_s), id)
+  -- the set outlives every lease in it: extended (to 2 x lease_s) once its TTL runs below lease_s
+  if redis.call('PTTL', L) < lease_s * 1000 then redis.call('PEXPIRE', L, math.ceil(lease_s * 2000)) end
+  if rank then leave_queue() end
+elseif rate > 0 then
+  redis.call('ZREMRANGEBYSCORE', R, '-inf', fmt(now))
+  redis.call('ZADD', R, fmt(now + lease_s), id)
+  redis.call('PEXPIRE', R, math.ceil(lease_s * 1000))
 end
-return {1, 'ok', fmt(delay)}
+return 'ok ' .. fmt(delay)
 """
 
-QUOTA_RELEASE = r"""
--- KEYS[1] leases ZSET, KEYS[2] GCRA tat. ARGV[1]: lease id; ARGV[2]: seconds of rate to refund
--- (1/rate_per_s for a call cancelled before it ran, else 0).
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-local refund = tonumber(ARGV[2])
-if refund > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('INCRBYFLOAT', KEYS[2], string.format('%.17g', -refund))
+QUOTA_SYNC = _QUOTA_PRELUDE + r"""
+-- ARGV: [1] now ('' = TIME), [2] lease_s, [3] 'renew' (extend leases still there) or 'adopt' (put
+-- back every lease this replica runs: after an outage, with those admitted locally meanwhile),
+-- [4] n, [5..4+n] lease ids, [5+n] 'id refund_s id refund_s ...' releases. Returns the leases written.
+local lease_s, adopt, n = tonumber(ARGV[2]), ARGV[3] == 'adopt', tonumber(ARGV[4])
+local expiry = fmt(now + lease_s)
+local written = 0
+for i = 5, 4 + n do
+  if adopt then
+    written = written + redis.call('ZADD', L, 'CH', expiry, ARGV[i])
+  else
+    written = written + redis.call('ZADD', L, 'XX', 'CH', expiry, ARGV[i])
+  end
 end
-return removed
+if written > 0 then redis.call('PEXPIRE', L, math.ceil(lease_s * 2000)) end
+for lease, refund in string.gmatch(ARGV[5 + n] or '', '(%S+) (%S+)') do release(lease, tonumber(refund)) end
+return written
 """
 
-QUOTA_RENEW = r"""
--- KEYS[1] leases ZSET. ARGV[1]: now ('' = the server's TIME); ARGV[2]: lease_s; ARGV[3..]: lease
--- ids still held by this replica. XX: a lease that already expired is not brought back.
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
+QUOTA_SHARE = _NOW + r"""
+-- Local-lease mode (after Doorman): a replica borrows a share of a tenant's rate and concurrency
+-- for a short time. KEYS[1] leases ZSET, KEYS[2] share HASH (holder -> "demand rate expiry").
+-- ARGV: [1] now, [2] holder, [3] period_s (a holder that stops renewing leaves after 2 periods),
+-- [4] this holder's demand (requests/s), [5] rate_per_s (0 = none), [6] max_concurrency (0 =
+-- none), [7] slots in use here, [8] prefix of new slot ids, [9] '1' when this holder refused
+-- requests for want of a slot since its last renewal, [10] n, [11..10+n] the slot ids held.
+-- The share is this holder's demand over the total (equal shares while nobody reports any).
+-- Rate: the holder gets rate_per_s x share, but never more than what the other live holders'
+-- grants leave, so the grants together never exceed rate_per_s (a holder whose share grew gets it
+-- once the others have renewed and shrunk: within a period).
+-- Slots are real leases in the tenant's lease set, so the replicas together never hold more than
+-- max_concurrency: a holder keeps floor(share x max_concurrency) (or what runs here, if more),
+-- gives the rest back, and takes free slots up to ceil(share x max_concurrency), or every free
+-- slot when it was short of slots (it gives the extra back at its next renewal).
+-- Returns {share, rate granted (text), slots kept (the first ones of the list), slots granted
+-- (prefix .. 1..g)}.
+local leases, shares = KEYS[1], KEYS[2]
+local holder, period, demand = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local rate, maxc, in_use, prefix = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local short, n = ARGV[9] == '1', tonumber(ARGV[10])
+local total, live, others = demand, 1, 0
+local fields = redis.call('HGETALL', shares)
+for i = 1, #fields, 2 do
+  if fields[i] ~= holder then
+    local d, g, exp = string.match(fields[i + 1], '(%S+) (%S+) (%S+)')
+    if exp == nil or tonumber(exp) <= now then
+      redis.call('HDEL', shares, fields[i])
+    else
+      total = total + tonumber(d)
+      others = others + tonumber(g)
+      live = live + 1
+    end
+  end
 end
-local lease_s = tonumber(ARGV[2])
-local expiry = string.format('%.17g', now + lease_s)
-local renewed = 0
-for i = 3, #ARGV do
-  renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', expiry, ARGV[i])
+local share
+if total > 0 then share = demand / total else share = 1 / live end
+local grant = math.max(0, math.min(rate * share, rate - others))
+redis.call('HSET', shares, holder, fmt(demand) .. ' ' .. fmt(grant) .. ' ' .. fmt(now + 2 * period))
+redis.call('PEXPIRE', shares, math.ceil(period * 4000))
+local kept, granted = 0, 0
+if maxc > 0 then
+  redis.call('ZREMRANGEBYSCORE', leases, '-inf', fmt(now))
+  local expiry = fmt(now + 2 * period)
+  local keep = math.max(in_use, math.floor(maxc * share + 1e-9))
+  local take = math.max(keep, math.ceil(maxc * share - 1e-9))
+  if short then take = maxc end
+  for i = 11, 10 + n do
+    if kept < keep and redis.call('ZSCORE', leases, ARGV[i]) then
+      redis.call('ZADD', leases, expiry, ARGV[i])
+      kept = kept + 1
+    else
+      redis.call('ZREM', leases, ARGV[i])
+    end
+  end
+  local free = maxc - redis.call('ZCARD', leases)
+  while kept + granted < take and free > 0 do
+    granted = granted + 1
+    free = free - 1
+    redis.call('ZADD', leases, expiry, prefix .. granted)
+  end
+  local ttl = math.ceil(period * 4000)
+  if redis.call('PTTL', leases) < ttl then redis.call('PEXPIRE', leases, ttl) end
 end
-if renewed > 0 then redis.call('PEXPIRE', KEYS[1], math.ceil(lease_s * 2000)) end
-return renewed
+return {fmt(share), fmt(grant), kept, granted}
 """

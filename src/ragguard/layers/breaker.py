@@ -15,7 +15,6 @@ or the one given to ``@guard(breaker=...)``, shared across replicas when the Gua
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .._clock import Clock, monotonic
@@ -125,13 +124,15 @@ def make_breaker(stage: Stage, given: Breaker | Literal[False] | None) -> Breake
         return local
     from ..distributed import SharedCircuitBreaker
 
-    # Replicas share open-until times, so in production the shared state runs on wall-clock time;
-    # a Guard given its own clock (a FakeClock in tests) drives its shared breakers with it too.
+    # Replicas share open-until times: in production they are computed on the Redis server's clock
+    # (no replica's wall clock matters); a Guard given its own clock (a FakeClock in tests) drives
+    # its shared breakers with it, the replica's countdowns and the link's outage timing too.
     shared = SharedCircuitBreaker(
         local,
         guard.redis,
         key_prefix=guard.redis_prefix,
-        clock=time.time if guard.clock is monotonic else guard.clock,
+        clock=None if guard.clock is monotonic else guard.clock,
+        local_clock=guard.clock,
         link_clock=guard.clock,
     )
     guard._closers.append(shared.aclose)

@@ -1,0 +1,204 @@
+"""Issue 11, scenarios 2, 3 and 5: RedisQuotas across a crowd, a blip of Redis and cancellation,
+against a real redis-server (and a fault proxy for the blips and slow replies).
+
+2. One replica never runs more than max_concurrency, across a burst that fills the client pool and
+   across the switches to and from the local fallback.
+3. Zero leases stay in Redis once calls end, whatever happened to the link in between.
+5. A rate token taken by an admission whose caller was cancelled before the reply came back is
+   refunded, as the in-memory quotas refund it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from distributed_helpers import make_client, until
+
+from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota
+from ragguard.distributed import RedisQuotas, SharedStateDegraded, quota_keys
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+class InFlight:
+    """Counts the requests running at once."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    async def run(self, guard_or_quotas: Any, tenant: str, hold_s: float) -> None:
+        if isinstance(guard_or_quotas, Guard):
+            async with guard_or_quotas.tenant(tenant):
+                await self._hold(hold_s)
+        else:
+            lease = await guard_or_quotas.acquire(tenant)
+            try:
+                await self._hold(hold_s)
+            finally:
+                guard_or_quotas.release(lease)
+
+    async def _hold(self, hold_s: float) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            await asyncio.sleep(hold_s)
+        finally:
+            self.now -= 1
+
+
+async def test_a_burst_that_fills_the_pool_never_over_admits(redis_server: Any, seen: list[Any]) -> None:
+    client = make_client(redis_server.host, redis_server.port, max_connections=64)
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), redis=client)
+    flight = InFlight()
+    try:
+        results = await asyncio.gather(*(flight.run(g, "acme", 0.05) for _ in range(100)),
+                                       return_exceptions=True)
+        assert flight.peak <= 4
+        assert sum(r is None for r in results) >= 4
+        assert all(r is None or isinstance(r, QuotaExceeded) for r in results)
+        assert g.quotas.shared and not [e for e in seen if isinstance(e, SharedStateDegraded)]
+    finally:
+        await g.aclose()
+        await client.aclose()
+
+
+async def admitted(q: RedisQuotas, tenant: str = "acme") -> Any:
+    try:
+        return await q.acquire(tenant)
+    except QuotaExceeded:
+        return None
+
+
+async def test_the_fallback_counts_the_requests_redis_admitted(redis_server: Any, fault_proxy: Any) -> None:
+    proxy = fault_proxy(redis_server)
+    client = make_client(proxy.host, proxy.port)
+    q = RedisQuotas(lambda t: TenantQuota(max_concurrency=4), client, probe_every_s=60.0)
+    try:
+        running = [await q.acquire("acme") for _ in range(4)]
+        assert q.held() == 4  # admitted through Redis
+        proxy.stop()  # Redis goes away while the four still run
+        during = [await admitted(q) for _ in range(10)]
+        assert not q.shared
+        assert during == [None] * 10  # the fallback knows the four: nothing more is admitted
+        for lease in running[:2]:
+            q.release(lease)
+        more = [await admitted(q) for _ in range(5)]
+        assert sum(lease is not None for lease in more) == 2  # exactly the two slots that freed
+    finally:
+        await q.aclose()
+        await client.aclose()
+
+
+async def test_redis_counts_the_requests_the_fallback_admitted(redis_server: Any, fault_proxy: Any) -> None:
+    proxy = fault_proxy(redis_server)
+    client = make_client(proxy.host, proxy.port)
+    direct = make_client(redis_server.host, redis_server.port)
+    quota = TenantQuota(max_concurrency=4)
+    q = RedisQuotas(lambda t: quota, client, probe_every_s=0.2, holder_id="blipped")
+    other = RedisQuotas(lambda t: quota, direct, holder_id="other")
+    try:
+        proxy.stop()
+        local = [await admitted(q) for _ in range(3)]
+        assert not q.shared and all(lease is not None for lease in local)  # by the fallback
+        proxy.restart()
+        assert await until(lambda: q.shared, 3.0) < 3.0
+        assert await until(lambda: q.held() == 3, 1.0) < 1.0  # q put its three into Redis
+        assert await direct.zcard(quota_keys("acme")[0]) == 3
+        from_other = [await admitted(other) for _ in range(4)]
+        assert sum(lease is not None for lease in from_other) == 1  # 3 + 1 = max_concurrency
+    finally:
+        await q.aclose()
+        await other.aclose()
+        await client.aclose()
+        await direct.aclose()
+
+
+async def test_no_lease_outlives_its_call_after_a_blip(redis_server: Any, fault_proxy: Any) -> None:
+    proxy = fault_proxy(redis_server)
+    client = make_client(proxy.host, proxy.port)
+    direct = make_client(redis_server.host, redis_server.port)
+    q = RedisQuotas(lambda t: TenantQuota(max_concurrency=3), client, probe_every_s=0.2)
+    leases_key = quota_keys("acme")[0]
+    try:
+        running = [await q.acquire("acme") for _ in range(3)]
+        assert await direct.zcard(leases_key) == 3
+        proxy.stop()  # a short loss of Redis (its data stays) ...
+        await admitted(q)
+        await admitted(q)
+        assert not q.shared
+        for lease in running:  # ... during which the calls end
+            q.release(lease)
+        proxy.restart()
+        assert await until(lambda: q.shared, 3.0) < 3.0
+        left: list[int] = []
+
+        async def count() -> None:
+            left.append(await direct.zcard(leases_key))
+
+        assert await until(lambda: left[-1] == 0, 2.0, count) < 2.0  # zero leases once calls end
+        again = [await q.acquire("acme") for _ in range(3)]  # nothing in flight: all admitted
+        assert q.held() == 3
+        for lease in again:
+            q.release(lease)
+    finally:
+        await q.aclose()
+        await client.aclose()
+        await direct.aclose()
+
+
+async def test_after_a_burst_every_one_at_a_time_request_is_admitted(redis_server: Any) -> None:
+    client = make_client(redis_server.host, redis_server.port, max_connections=64)
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), redis=client)
+    flight = InFlight()
+    try:
+        await asyncio.gather(*(flight.run(g, "acme", 0.01) for _ in range(200)), return_exceptions=True)
+        for _ in range(40):
+            await flight.run(g, "acme", 0.0)  # raises QuotaExceeded if a lease leaked
+        await g.aclose()
+        assert await client.zcard(quota_keys("acme")[0]) == 0
+    finally:
+        await g.aclose()
+        await client.aclose()
+
+
+@pytest.mark.parametrize("quota", [TenantQuota(rate_per_s=0.25, burst=1),
+                                   TenantQuota(rate_per_s=0.25, burst=1, max_concurrency=5)],
+                         ids=["rate", "rate+concurrency"])
+async def test_a_cancelled_admission_refunds_its_rate_token(
+    redis_server: Any, fault_proxy: Any, fake_clock: FakeClock, quota: TenantQuota
+) -> None:
+    proxy = fault_proxy(redis_server)
+    slow = make_client(proxy.host, proxy.port, socket_timeout=2.0)
+    direct = make_client(redis_server.host, redis_server.port)
+    q = RedisQuotas(lambda t: quota, slow, clock=fake_clock, redis_timeout_s=1.0, holder_id="q")
+    other = RedisQuotas(lambda t: quota, direct, clock=fake_clock, holder_id="other")
+    try:
+        warm = await other.acquire("warm-up")  # the scripts are loaded: no NOSCRIPT round trip
+        other.release(warm)
+        await slow.ping()  # and q's connection is open: no handshake round trips
+        proxy.set_latency(to_client_s=0.3)
+        attempt = asyncio.create_task(q.acquire("acme"))
+        await asyncio.sleep(0.15)  # the script ran: the tenant's one token is taken ...
+        with pytest.raises(QuotaExceeded):
+            await other.acquire("acme")
+        attempt.cancel()  # ... and the caller goes away before the reply
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+        proxy.heal()
+        got: list[Any] = []
+
+        async def try_other() -> None:
+            if not got:
+                lease = await admitted(other)
+                if lease is not None:
+                    got.append(lease)
+
+        took = await until(lambda: bool(got), 3.0, try_other)
+        assert took < 1.5, took  # refunded: the clock stands still, and the token is 4 s away
+    finally:
+        await q.aclose()
+        await other.aclose()
+        await slow.aclose()
+        await direct.aclose()
