@@ -211,6 +211,13 @@ async def call_with_timeout(awaitable: Awaitable[T], timeout_s: float | None) ->
         if wheel.disarm(handle) and task.uncancel() == 0:
             raise AttemptTimeout(f"attempt timed out after {timeout_s:.3f}s") from None
         raise
+    except BaseException:
+        # however the awaitable ended, its timer must not outlive it (it would cancel the task
+        # later, in the middle of something else); one that fired while the awaitable turned the
+        # cancellation into another error has its cancellation request taken back
+        if wheel.disarm(handle):
+            task.uncancel()
+        raise
     if wheel.disarm(handle):
         task.uncancel()  # fired as the awaitable finished: its cancellation was never delivered
     return result

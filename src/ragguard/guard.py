@@ -52,7 +52,9 @@ class Guard:
     - ``redis`` (a ``redis.asyncio.Redis`` client) shares state across replicas: tenant quotas
       become :class:`ragguard.distributed.RedisQuotas` and every breaker the policy builds a
       :class:`ragguard.distributed.SharedCircuitBreaker`, under keys starting with
-      ``redis_prefix``. Give the client short timeouts and no retries of its own (see
+      ``redis_prefix``; ``redis_options`` tunes them: ``{"quotas": {...}, "breakers": {...}}``,
+      keyword options of those two classes (``lease_s``, ``local_lease``, ``redis_timeout_s``,
+      ``staleness_s``...). Give the client short timeouts and no retries of its own (see
       docs/distributed.md); call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;
     - ``max_stages``: stages kept at most (stage names name code paths, not data; past the bound
@@ -73,6 +75,7 @@ class Guard:
         quotas: QuotaBackend | None = None,
         redis: Any = None,
         redis_prefix: str = "ragguard",
+        redis_options: Mapping[str, Mapping[str, Any]] | None = None,
         chaos: _inject.Injector | None = None,
         max_stages: int = 1000,
     ) -> None:
@@ -111,13 +114,31 @@ class Guard:
         self._warned_stages = False
         self.redis = redis
         self.redis_prefix = redis_prefix
+        options = dict(redis_options or {})
+        unknown = set(options) - {"quotas", "breakers"}
+        if unknown or not all(isinstance(v, Mapping) for v in options.values()):
+            raise ConfigError(
+                "redis_options must map 'quotas' and/or 'breakers' to keyword options, "
+                f"got {sorted(map(str, options))!r:.80}"
+            )
+        self.redis_options: dict[str, dict[str, Any]] = {k: dict(v) for k, v in options.items()}
         if redis is not None:
             if not callable(getattr(redis, "evalsha", None)):
                 raise ConfigError(f"redis must be a redis.asyncio client, got {type(redis).__name__}")
             if quotas is None:
                 from .distributed import RedisQuotas
 
-                self.quotas = RedisQuotas(self.policy.quota, redis, key_prefix=redis_prefix)
+                shared = {
+                    "clock": None if clock is monotonic else clock,  # None: Redis server time
+                    "link_clock": clock,
+                    "rng": self.rng,
+                    "fallback": LocalQuotas(self.policy.quota, clock=clock, sleep=self.sleep),
+                    **self.redis_options.get("quotas", {}),
+                }
+                try:
+                    self.quotas = RedisQuotas(self.policy.quota, redis, key_prefix=redis_prefix, **shared)
+                except TypeError as exc:  # an option RedisQuotas does not take
+                    raise ConfigError(f"redis_options['quotas']: {exc}") from None
                 self._closers.append(self.quotas.aclose)
 
     # -- stages -----------------------------------------------------------------------------------

@@ -743,3 +743,22 @@ async def test_quota_waits_follow_the_guards_clock(anyio_backend: str) -> None:
         await _until(lambda: bool(outcome), "the wait times out")
     assert isinstance(outcome[0], QuotaExceeded) and outcome[0].reason == "concurrency"
     assert time.monotonic() - started < 2.0  # fake seconds, not real ones
+
+
+async def test_a_slot_taken_for_a_request_admitted_elsewhere_is_counted_and_given_back() -> None:
+    """The Redis quotas' fallback counts the requests Redis admitted (take_slot) so that, across a
+    switch to local state, one replica never runs more than the limit; give_slot frees them."""
+    g = _guard(acme=TenantQuota(max_concurrency=2, max_wait_s=0))
+    quotas = g.quotas
+    taken = [quotas.take_slot("acme") for _ in range(3)]  # may go past the limit: admitted elsewhere
+    assert quotas.in_flight("acme") == 3
+    with pytest.raises(QuotaExceeded):
+        async with g.tenant("acme"):
+            pass
+    for lease in taken:
+        quotas.give_slot(lease)
+        quotas.give_slot(lease)  # idempotent
+    assert quotas.in_flight("acme") == 0
+    async with g.tenant("acme"):
+        assert quotas.in_flight("acme") == 1
+    assert quotas.take_slot("unlimited-tenant") is None

@@ -118,3 +118,19 @@ async def test_an_external_cancel_stays_a_cancellation() -> None:
     assert scope.cancelled_caught
     # and the task is usable afterwards: no stray cancellation pending
     assert await call_with_timeout(_sleep_then("after", 0.01), 1.0) == "after"
+
+
+async def test_an_awaitable_that_fails_early_leaves_no_timer_to_cancel_the_task_later(
+    anyio_backend: str,
+) -> None:
+    """A call that raises before its timeout must take its timer with it: left armed, the timer
+    would cancel the task later, in the middle of whatever it does next."""
+
+    async def refused() -> None:
+        raise ConnectionRefusedError("down")
+
+    for _ in range(3):
+        with pytest.raises(ConnectionRefusedError):
+            await call_with_timeout(refused(), 0.02)
+    await anyio.sleep(0.06)  # past every timeout armed above: none may fire on this task now
+    assert await _sleep_then("still running", 0.01) == "still running"

@@ -48,7 +48,6 @@ from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..policy import TenantQuota
 from ..quotas import WAIT, Lease, LocalQuotas
-from ._fallback import give_slot, take_slot
 from ._link import LinkBusy, RedisLink, SharedStateUnavailable
 from ._outbox import Outbox
 from ._scripts import QUOTA_ADMIT, QUOTA_SYNC
@@ -373,7 +372,7 @@ class RedisQuotas:
         loop = asyncio.get_running_loop()
         lease = SharedLease(tenant, keys, lease_id, refund, loop.time(), shared=True, counted=counted)
         if counted:
-            lease.local = take_slot(self.fallback, tenant)
+            lease.local = self.fallback.take_slot(tenant)
             if self._renewer is None or self._renewer.done():
                 self._renewer = loop.create_task(self._renew_forever(), name="ragguard-quota-leases")
         self._running[lease_id] = lease
@@ -407,7 +406,7 @@ class RedisQuotas:
         local, lease.local = lease.local, None
         if local is not None:
             if lease.shared:
-                give_slot(self.fallback, local)
+                self.fallback.give_slot(local)
             else:
                 self.fallback.release(local)
         refund_s = lease.refund_s if refund else 0.0

@@ -127,14 +127,16 @@ def make_breaker(stage: Stage, given: Breaker | Literal[False] | None) -> Breake
     # Replicas share open-until times: in production they are computed on the Redis server's clock
     # (no replica's wall clock matters); a Guard given its own clock (a FakeClock in tests) drives
     # its shared breakers with it, the replica's countdowns and the link's outage timing too.
-    shared = SharedCircuitBreaker(
-        local,
-        guard.redis,
-        key_prefix=guard.redis_prefix,
-        clock=None if guard.clock is monotonic else guard.clock,
-        local_clock=guard.clock,
-        link_clock=guard.clock,
-    )
+    options = {
+        "clock": None if guard.clock is monotonic else guard.clock,
+        "local_clock": guard.clock,
+        "link_clock": guard.clock,
+        **guard.redis_options.get("breakers", {}),
+    }
+    try:
+        shared = SharedCircuitBreaker(local, guard.redis, key_prefix=guard.redis_prefix, **options)
+    except TypeError as exc:  # an option SharedCircuitBreaker does not take
+        raise ConfigError(f"redis_options['breakers']: {exc}") from None
     guard._closers.append(shared.aclose)
     return shared
 

@@ -311,6 +311,33 @@ class LocalQuotas:
         elif bucket.in_flight == 0:
             bucket.holders = None  # every lease it held is released: drop the list
 
+    def take_slot(self, tenant: str) -> Lease | None:
+        """Count one running request of ``tenant`` that was admitted elsewhere (the Redis quotas,
+        whose fallback this is), without waiting and without spending rate; None when the tenant
+        has no concurrency limit. It may take the tenant past its limit: new requests then wait.
+        Give it back with :meth:`give_slot`."""
+        quota = self._quota_for(tenant)
+        if quota.max_concurrency is None:
+            return None
+        now = self._clock()
+        bucket = self._buckets.get(tenant)
+        if bucket is None or bucket.quota is not quota:
+            bucket = self._bucket(tenant, quota, now)
+        bucket.in_flight += 1
+        return bucket.hold(now)
+
+    def give_slot(self, lease: Lease | None) -> None:
+        """Give back a slot from :meth:`take_slot` (idempotent): to the oldest waiter, unless the
+        tenant is over its limit (then the count just drops)."""
+        if lease is None or lease._released:
+            return
+        bucket = lease.bucket
+        if bucket.limit is not None and bucket.in_flight > bucket.limit:
+            lease._released = True
+            bucket.in_flight -= 1
+            return
+        self.release(lease)
+
     # -- internals ------------------------------------------------------------------------
 
     def _bucket(self, tenant: str, quota: TenantQuota, now: float) -> _Bucket:
