@@ -25,7 +25,7 @@ from ._faults import (
     make_error,
 )
 from ._proxy import FaultProxy, ProxyStats
-from ._redis_server import RedisServer, RedisServerUnavailable
+from ._redis_server import RedisClusterServers, RedisServer, RedisServerUnavailable
 from ._scenario import (
     Phase,
     Scenario,
@@ -53,6 +53,7 @@ __all__ = [
     "PartialResults",
     "Phase",
     "ProxyStats",
+    "RedisClusterServers",
     "RedisServer",
     "RedisServerUnavailable",
     "Scenario",
