@@ -463,11 +463,11 @@ def _guarded_service(
 
 
 def _shared_guard(policy: Policy, redis: Any, rng: random.Random) -> tuple[Guard, list[Closer]]:
-    """A Guard whose quotas and three breakers live in Redis (``--redis``), shared by every demo
-    replica using the same server."""
+    """A Guard whose quotas and four breakers live in Redis (``--redis``), shared by every demo
+    replica using the same server (token pacing stays in the process)."""
     guard = Guard(policy, rng=rng, redis=redis, redis_prefix=REDIS_PREFIX)
     for stage in BREAKERS:
-        guard.breaker(stage)  # build (and share) the three typed breakers up front
+        guard.breaker(stage)  # build (and share) the four breakers up front
     return guard, [guard.aclose]
 
 
