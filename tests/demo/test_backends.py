@@ -1,4 +1,5 @@
-"""The embedding and vector-store gRPC services, their faults, and the child-process runner."""
+"""The embedding, vector-store and generator gRPC services, their faults, and the child-process
+runner."""
 
 from __future__ import annotations
 
@@ -150,6 +151,87 @@ async def test_vector_store_behind_a_stopped_proxy_refuses_then_comes_back(
             await clients.close()
 
 
+PASSAGES = ["The try statement specifies exception handlers. It may have a finally clause.", "Other text."]
+
+
+async def generated(
+    clients: BackendClients, tenant: str, max_words: int = 10, *, limit: int | None = None
+) -> tuple[list[str], grpc.aio.AioRpcError | None]:
+    words: list[str] = []
+    try:
+        async for word in clients.generate("why?", PASSAGES, max_words=max_words, tenant=tenant, timeout_s=5):
+            words.append(word)
+            if limit is not None and len(words) >= limit:
+                break
+    except grpc.aio.AioRpcError as exc:
+        return words, exc
+    return words, None
+
+
+async def test_the_generator_streams_the_passages_word_by_word(demo_backends: BackendServers) -> None:
+    assert demo_backends.addresses is not None
+    clients = BackendClients(demo_backends.addresses)
+    try:
+        words, error = await generated(clients, "acme")
+    finally:
+        await clients.close()
+    assert error is None
+    assert "".join(words) == "The try statement specifies exception handlers. It may have a "
+
+
+async def test_a_long_answer_fault_aimed_at_one_tenant_leaves_the_others_alone(
+    demo_backends: BackendServers,
+) -> None:
+    assert demo_backends.addresses is not None
+    control = ControlClient(demo_backends.addresses.control)
+    clients = BackendClients(demo_backends.addresses)
+    overrun = {"kind": "latency", "stage": "generation_overrun", "tenant": "hoarder", "seconds": 0.3}
+    try:
+        await control.set_faults([overrun])
+        greedy, error = await generated(clients, "hoarder")
+        assert error is None
+        polite, error = await generated(clients, "acme")
+        assert error is None
+    finally:
+        await clients.close()
+        await control.close()
+    assert len(polite) == 10
+    assert len(greedy) > 30, "200 words/s for 0.3 s past the end of the answer"
+
+
+async def test_a_stall_or_a_failure_midway_acts_after_half_the_answer(demo_backends: BackendServers) -> None:
+    assert demo_backends.addresses is not None
+    control = ControlClient(demo_backends.addresses.control)
+    clients = BackendClients(demo_backends.addresses)
+    try:
+        reset = {"kind": "error", "stage": "generation_midway", "error": "connection_reset"}
+        await control.set_faults([reset])
+        words, error = await generated(clients, "acme")
+        assert len(words) == 5 and error is not None and error.code() == grpc.StatusCode.UNAVAILABLE
+        await control.set_faults([{"kind": "latency", "stage": "generation_midway", "seconds": 0.4}])
+        t0 = time.perf_counter()
+        words, error = await generated(clients, "acme")
+        assert error is None and len(words) == 10 and time.perf_counter() - t0 >= 0.4
+    finally:
+        await clients.close()
+        await control.close()
+
+
+async def test_a_caller_that_stops_reading_ends_the_generators_call(demo_backends: BackendServers) -> None:
+    assert demo_backends.addresses is not None
+    clients = BackendClients(demo_backends.addresses)
+    try:
+        words, error = await generated(clients, "acme", max_words=1000, limit=3)
+        assert (len(words), error) == (3, None)
+        for _ in range(200):
+            if demo_backends.streams_open == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert demo_backends.streams_open == 0
+    finally:
+        await clients.close()
+
+
 @pytest.mark.parametrize(
     "specs",
     [
@@ -158,11 +240,17 @@ async def test_vector_store_behind_a_stopped_proxy_refuses_then_comes_back(
         [{"kind": "proxy", "target": "vector_store", "action": "stop"}],
         [{"kind": "error", "stage": "rerank", "error": "memory"}],
         [{"kind": "latency", "seconds": 1.0}],
+        [{"kind": "latency", "stage": "generation_somewhere", "seconds": 1.0}],
     ],
 )
 def test_bad_fault_specs_are_refused(specs: object) -> None:
     with pytest.raises(InvalidInput):
         parse_fault_specs(specs)
+
+
+def test_generation_faults_may_name_a_tenant() -> None:
+    spec = {"kind": "latency", "stage": "generation_overrun", "tenant": "hoarder", "seconds": 0.5}
+    assert [s.tenant for s in parse_fault_specs([spec])] == ["hoarder"]
 
 
 async def test_bad_fault_specs_over_grpc_are_invalid_argument(demo_backends: BackendServers) -> None:
@@ -185,6 +273,8 @@ async def test_backends_in_a_child_process() -> None:
         vecs = await clients.embed(["the global statement"], timeout_s=10)
         hits = await clients.search(vecs[0], 3, timeout_s=10)
         assert len(hits) == 3
+        words = [w async for w in clients.generate("q", ["a b c"], max_words=3, timeout_s=10)]
+        assert words == ["a ", "b ", "c "]
     finally:
         await clients.close()
         await process.stop()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ragguard.demo.runner import GREEDY_TOKEN_BURST
+
 
 @pytest.mark.timeout(180)
 def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
@@ -29,6 +31,27 @@ def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
           f"guarded recall@5 {recall:.1%} (healthy baseline {report['baseline_recall_at_5']:.1%})")
     assert "recall@5" in proc.stdout
     assert (out / "latency.png").read_bytes().startswith(b"\x89PNG")
+
+    # the generation hop: its rows are in the table, and the guarded run wins there too
+    table = " ".join(proc.stdout.split())
+    for row in ("time to first word P95", "answered late, after a stall", "failed: cut mid-answer",
+                "streams cut by the first-word budget", "streams cut by the idle budget",
+                "streams cut by the total budget", "generation fallback, before the first word",
+                "tokens/s, mean / peak: hoarder (greedy)", "streams paced: hoarder (to 600 tokens/s)",
+                "streams paced: every other tenant"):
+        assert row in table, row
+    assert guarded["answered_after_stall"] < unguarded["answered_after_stall"], "stalls end in late answers"
+    assert guarded["ttft_ms"]["p95"] < unguarded["ttft_ms"]["p95"]
+    assert guarded["stream_cuts"]["first_item"] + guarded["stream_cuts"]["idle"] > 0
+    streams, greedy = guarded["streams_by_tenant"], report["greedy_tenants"][0]
+    assert streams[greedy]["paced_streams"] > 0, "the greedy tenant is paced"
+    assert all(v["paced_streams"] == 0 for t, v in streams.items() if t != greedy), "the others are not"
+    horizon = report["options"]["duration_s"] + report["options"]["client_timeout_s"]
+    rate = guarded["paced_tokens_per_s"][greedy]
+    assert streams[greedy]["tokens"] <= rate * horizon + GREEDY_TOKEN_BURST
+    print(f"generation: TTFT P95 {unguarded['ttft_ms']['p95']:.0f} -> {guarded['ttft_ms']['p95']:.0f} ms, "
+          f"answered after a stall {unguarded['answered_after_stall']} -> {guarded['answered_after_stall']}, "
+          f"greedy paced in {streams[greedy]['paced_streams']} of {streams[greedy]['streams']} streams")
 
     # the run's events are recorded beside the report, and `ragguard doctor` reads them
     doctor = subprocess.run(

@@ -10,28 +10,43 @@ import pytest
 from ragguard import ConfigError
 from ragguard.chaos import load_scenario
 from ragguard.demo import DemoOptions, run_demo_async
+from ragguard.demo.runner import GREEDY_TOKEN_BURST
 
 pytestmark = [pytest.mark.anyio]
 
 # Short phases need short latency spikes: a 1 s spike still trips the guarded embedding breaker
 # (slow above 0.3 s, attempt timeout 0.5 s) while the unguarded service waits the whole second.
+# The model's faults are longer than the guarded generation budgets (0.4 s to the first word,
+# 0.5 s between words) and than what the report calls a stall (1 s).
 TINY_SCENARIO = """
 name: tiny
 phases:
-  - {name: warm-up, start: 0.0, end: 0.2}
+  - {name: warm-up, start: 0.0, end: 0.15}
   - name: slow embeddings
-    start: 0.2
-    end: 0.45
+    start: 0.15
+    end: 0.3
     faults: [{kind: latency, stage: embedding, rate: 0.5, seconds: 1.0}]
   - name: vector store down
-    start: 0.45
-    end: 0.65
+    start: 0.3
+    end: 0.42
     faults: [{kind: proxy, target: vector_store, action: stop}]
   - name: rerank OOM
-    start: 0.65
-    end: 0.85
+    start: 0.42
+    end: 0.54
     faults: [{kind: error, stage: rerank, error: cuda_oom, min_batch: 16}]
-  - {name: recovery, start: 0.85, end: 1.0}
+  - name: slow first word
+    start: 0.54
+    end: 0.66
+    faults: [{kind: latency, stage: generation, rate: 0.5, seconds: 1.5}]
+  - name: stalls midway
+    start: 0.66
+    end: 0.8
+    faults: [{kind: latency, stage: generation_midway, rate: 1.0, seconds: 1.5}]
+  - name: greedy runs long
+    start: 0.8
+    end: 0.92
+    faults: [{kind: latency, stage: generation_overrun, tenant: hoarder, seconds: 0.3}]
+  - {name: recovery, start: 0.92, end: 1.0}
 """
 
 
@@ -40,8 +55,8 @@ async def test_tiny_demo_run(tmp_path: Path) -> None:
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text(TINY_SCENARIO)
     options = DemoOptions(
-        duration_s=4.0, scenario=scenario, out_dir=tmp_path / "out", backends_in_process=True,
-        progress=False, capacity=8, seed=11,
+        duration_s=5.0, scenario=scenario, out_dir=tmp_path / "out", backends_in_process=True,
+        progress=False, capacity=16, seed=11,
     )
     report = await run_demo_async(options)
 
@@ -57,6 +72,22 @@ async def test_tiny_demo_run(tmp_path: Path) -> None:
     assert guarded["breaker_transitions"] > 0 and unguarded["breaker_transitions"] == 0
     assert "keyword_search" in guarded["fallback_share"]
     assert 0.5 <= report.baseline_recall_at_5 <= 1.0
+
+    # The generation hop: slow starts and stalls reach the unguarded callers; the guarded run cuts
+    # them by its budgets (a fallback serves before the first word) and paces the greedy tenant.
+    assert guarded["ttft_ms"]["p95"] < unguarded["ttft_ms"]["p95"]
+    assert guarded["answered_after_stall"] < unguarded["answered_after_stall"]
+    assert guarded["slow_first_word"] < unguarded["slow_first_word"]
+    assert unguarded["stream_cuts"] is None and unguarded["streams_by_tenant"] is None
+    assert guarded["stream_cuts"]["first_item"] > 0 and guarded["stream_cuts"]["idle"] > 0
+    assert guarded["generation_fallbacks"] > 0 and "extractive_answer" in guarded["fallback_share"]
+    streams = guarded["streams_by_tenant"]
+    assert streams[options.greedy_tenant]["paced_streams"] > 0
+    assert all(v["paced_streams"] == 0 for t, v in streams.items() if t != options.greedy_tenant)
+    # paced, the greedy tenant's model tokens stay within its rate plus its burst (GCRA)
+    rate = guarded["paced_tokens_per_s"][options.greedy_tenant]
+    horizon = options.run_duration_s + options.client_timeout_s
+    assert streams[options.greedy_tenant]["tokens"] <= rate * horizon + GREEDY_TOKEN_BURST
 
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert set(data["summary"]) == {"unguarded", "guarded"}
@@ -87,6 +118,7 @@ def test_options_are_validated() -> None:
         ("[{kind: latency, stage: embedding, tenant: acme, seconds: 1.0}]", "every tenant"),
         ("[{kind: proxy, target: redis, action: stop}]", "proxies for"),
         ("[{kind: latency, stage: rerank, seconds: 1.0}]", "out-of-memory"),
+        ("[{kind: partial, stage: generation_midway, keep: 0.5}]", "at the generation points"),
     ],
 )
 def test_faults_the_demo_cannot_apply_are_config_errors(tmp_path: Path, faults: str, message: str) -> None:
@@ -107,4 +139,6 @@ def test_the_default_scenario_becomes_a_timeline() -> None:
     assert any(state.backend for _, state in timeline)
     assert any("vector_store" in state.proxies for _, state in timeline)
     assert any(state.rerank_oom for _, state in timeline)
+    stages = {spec["stage"] for _, state in timeline for spec in state.backend}
+    assert {"generation", "generation_midway", "generation_overrun"} <= stages
     assert [t for t, _ in timeline] == sorted(t for t, _ in timeline)

@@ -11,15 +11,17 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from ragguard import BreakerState, Guard, TenantQuota
+from ragguard import BreakerState, Guard, StreamTimeout, TenantQuota
 from ragguard.demo.backends import BackendServers, ControlClient
 from ragguard.demo.corpus import Passage
+from ragguard.demo.generator import extractive_answer
 from ragguard.demo.guarded import GuardedPipeline, demo_policy
 from ragguard.demo.keyword import KeywordIndex
 from ragguard.demo.pipeline import BackendClients, Retrieval, UnguardedPipeline
 from ragguard.demo.rerank import Reranker
 from ragguard.demo.service import RetrievalClient, RetrievalServer
-from ragguard.grpc import GuardServerInterceptor, client_interceptors
+from ragguard.events import StreamCut, StreamSettled, bus
+from ragguard.grpc import STREAM_BUDGET_KEY, STREAM_ITEMS_KEY, GuardServerInterceptor, client_interceptors
 
 REFUSED = {"kind": "error", "stage": "vector_store", "error": "connection_refused"}
 
@@ -40,6 +42,13 @@ class Guarded:
         """One request, as the service makes it: inside the tenant's block."""
         async with self.guard.tenant(tenant):
             return await self.pipeline.retrieve(query)
+
+    async def answer(self, query: str, tenant: str = "acme") -> tuple[list[str], tuple[str, ...]]:
+        """One Answer request inside the tenant's block: its words and the fallbacks that served."""
+        async with self.guard.tenant(tenant):
+            answer = await self.pipeline.answer(query)
+            words = [word async for word in answer.words]
+            return words, answer.fallbacks()
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +213,104 @@ async def test_with_redis_quotas_and_breakers_live_in_redis(
         await probe.aclose()
         await client.aclose()
     assert any(k.startswith(f"{{{REDIS_PREFIX}:quota:greedy}}") for k in keys), keys
+
+
+async def plain_answer(guarded: Guarded, query: str) -> list[str]:
+    answer = await guarded.plain.answer(query, tenant="acme")
+    return [word async for word in answer.words]
+
+
+async def test_a_healthy_guarded_answer_is_the_generators(guarded: Guarded) -> None:
+    words, fallbacks = await guarded.answer(QUERY)
+    assert fallbacks == ()
+    assert words == await plain_answer(guarded, QUERY) and len(words) == 30
+
+
+async def test_a_slow_first_word_is_cut_then_the_extractive_answer_serves(
+    guarded: Guarded, demo_passages: list[Passage]
+) -> None:
+    cuts: list[StreamCut] = []
+    unsubscribe = bus.subscribe(lambda e: cuts.append(e) if isinstance(e, StreamCut) else None)
+    await guarded.control.set_faults([{"kind": "latency", "stage": "generation", "seconds": 3.0}])
+    try:
+        t0 = time.perf_counter()
+        words, fallbacks = await guarded.answer(QUERY)
+        elapsed = time.perf_counter() - t0
+    finally:
+        await asyncio.sleep(0)  # the bus delivers on the loop's next turn
+        unsubscribe()
+    assert fallbacks == ("extractive_answer",)
+    top = demo_passages[(await guarded.retrieve(QUERY)).hits[0].pid].text
+    assert words == extractive_answer(QUERY, [top], 30) and words
+    assert [(c.budget, c.items) for c in cuts] == [("first_item", 0)] * 2, "two attempts, then the fallback"
+    assert elapsed < 1.5, "two first-word budgets of 0.4 s, not the model's 3 s"
+
+
+async def test_a_stall_after_the_first_word_is_cut_and_the_generators_call_cancelled(
+    guarded: Guarded, demo_backends: BackendServers
+) -> None:
+    await guarded.control.set_faults([{"kind": "latency", "stage": "generation_midway", "seconds": 5.0}])
+    got: list[str] = []
+    t0 = time.perf_counter()
+    with pytest.raises(StreamTimeout) as info:
+        async with guarded.guard.tenant("acme"):
+            answer = await guarded.pipeline.answer(QUERY)
+            async for word in answer.words:
+                got.append(word)
+    assert time.perf_counter() - t0 < 2.0, "the idle budget (0.5 s) cuts the 5 s stall"
+    assert (info.value.budget, info.value.items, len(got)) == ("idle", 15, 15)
+    assert answer.fallbacks() == (), "committed: no fallback after the first word"
+    for _ in range(200):
+        if demo_backends.streams_open == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert demo_backends.streams_open == 0, "the cut cancelled the generator's call"
+
+
+async def test_a_stall_reaches_the_caller_as_deadline_exceeded_after_the_words_sent(
+    guarded: Guarded, demo_passages: list[Passage]
+) -> None:
+    server = RetrievalServer(guarded.pipeline, demo_passages, capacity=4,
+                             interceptors=[GuardServerInterceptor(guard=guarded.guard)])
+    client = RetrievalClient(await server.start())
+    await guarded.control.set_faults([{"kind": "latency", "stage": "generation_midway", "seconds": 5.0}])
+    words = []
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for message in client.answer("acme", QUERY, timeout_s=5):
+                words.append(message["text"])
+    finally:
+        await client.close()
+        await server.stop()
+    assert len(words) == 15 and info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    trailers = dict(info.value.trailing_metadata() or ())
+    assert (trailers[STREAM_BUDGET_KEY], trailers[STREAM_ITEMS_KEY]) == ("idle", "15")
+
+
+async def test_the_greedy_tenants_words_are_paced_and_the_others_are_not(
+    demo_backends: BackendServers,
+    demo_reranker: Reranker,
+    demo_passages: list[Passage],
+    keyword: KeywordIndex,
+) -> None:
+    assert demo_backends.addresses is not None
+    greedy = TenantQuota(timeout_s=5.0, tokens_per_s=100.0, token_burst=10)
+    guard = Guard(demo_policy(greedy={"greedy": greedy}), rng=random.Random(5))
+    clients = BackendClients(demo_backends.addresses, interceptors=client_interceptors())
+    pipeline = GuardedPipeline(clients, demo_reranker, demo_passages, keyword, guard)
+    settled: list[StreamSettled] = []
+    unsubscribe = bus.subscribe(lambda e: settled.append(e) if isinstance(e, StreamSettled) else None)
+    try:
+        for tenant in ("polite", "greedy"):
+            async with guard.tenant(tenant):
+                answer = await pipeline.answer(QUERY)
+                assert len([w async for w in answer.words]) == 30
+    finally:
+        await asyncio.sleep(0)  # the bus delivers on the loop's next turn
+        unsubscribe()
+        await clients.close()
+    polite, paced = settled
+    assert (polite.tenant, polite.paced_s) == ("polite", 0.0)
+    assert paced.tenant == "greedy" and paced.tokens > 40
+    # GCRA: beyond the burst of 10, 100 tokens/s; the model's own 5 ms a word overlaps the waits
+    assert paced.paced_s >= (paced.tokens - 10) / 100.0 - 30 * 0.005 - 0.05

@@ -9,7 +9,15 @@ import pytest
 from rich.console import Console
 
 from ragguard.demo.loadgen import RequestRecord
-from ragguard.demo.report import DemoReport, RunResult, Transition, summarize
+from ragguard.demo.report import (
+    DemoReport,
+    GenerationTally,
+    RunResult,
+    TenantStreams,
+    Transition,
+    summarize,
+    token_rate,
+)
 
 BREAKERS = ["embedding", "vector_store", "rerank"]
 
@@ -66,7 +74,7 @@ def test_the_chart_draws_fallback_answers_apart_on_one_y_range(tmp_path: Path) -
         assert low < 2.0 and high > 3500.0, "the range spans both runs' latencies (2 ms to 3.5 s)"
         # one collection per kind of request: healthy answers and fallback answers are apart
         sizes = [len(c.get_offsets()) for c in guarded.collections]
-        assert sizes == [1, 2, 0, 0]  # healthy, by a fallback, shed by quota, failed
+        assert sizes == [1, 2, 0, 0, 0]  # healthy, by a fallback, shed by quota, cut mid-answer, failed
         healthy, by_fallback = guarded.collections[0], guarded.collections[1]
         assert len(by_fallback.get_facecolor()) == 0, "fallback answers are hollow"
         assert (healthy.get_edgecolor()[0] != by_fallback.get_edgecolor()[0]).any(), "and of another colour"
@@ -76,7 +84,7 @@ def test_the_chart_draws_fallback_answers_apart_on_one_y_range(tmp_path: Path) -
     assert report(CHUNKED, []).write_chart(tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.parametrize("outcome", ["quota", "error"])
+@pytest.mark.parametrize("outcome", ["quota", "cut", "error"])
 def test_failed_and_shed_requests_are_not_drawn_as_answers(outcome: str) -> None:
     import matplotlib.pyplot as plt
 
@@ -86,3 +94,51 @@ def test_failed_and_shed_requests_are_not_drawn_as_answers(outcome: str) -> None
     finally:
         plt.close(fig)
     assert sizes[:2] == [0, 0] and sum(sizes) == 1
+
+
+def answered(
+    tenant: str, at_s: float, ttft_s: float, latency_s: float, tokens: int, **kw: object
+) -> RequestRecord:
+    return RequestRecord(at_s, tenant, 0, latency_s, "ok", hit=True, ttft_s=ttft_s, words=tokens // 2,
+                         tokens=tokens, **kw)  # type: ignore[arg-type]
+
+
+def test_an_answers_tokens_are_spread_from_its_first_word_to_its_end() -> None:
+    records = [answered("a", 0.0, 0.5, 2.5, 200), answered("a", 3.0, 0.2, 0.4, 30),
+               answered("b", 0.0, 0.1, 0.2, 99)]
+    rate = token_rate(records, ["a"])
+    assert list(rate) == pytest.approx([50.0, 100.0, 50.0, 30.0])  # 200 over 0.5..2.5 s, then 30 in bin 3
+    assert token_rate(records, ["a"], bin_s=2.0)[0] == pytest.approx(150.0 / 2.0)
+    assert token_rate([], ["a"]).sum() == 0.0
+
+
+def test_the_table_tells_the_generation_story() -> None:
+    stalled = answered("acme", 1.0, 0.1, 3.0, 60, max_gap_s=2.5)
+    slow = answered("acme", 2.0, 2.2, 2.5, 60)
+    plain = [stalled, slow, answered("hoarder", 1.0, 0.1, 0.5, 500)]
+    cut = RequestRecord(1.0, "acme", 0, 0.7, "cut", ttft_s=0.1, words=15, tokens=30, budget="idle")
+    guarded = [cut, answered("acme", 2.0, 0.9, 1.0, 40, fallbacks=("extractive_answer",)),
+               answered("hoarder", 1.0, 0.1, 2.0, 200)]
+    tally = GenerationTally(paced_to={"hoarder": 100.0}, cuts={"first_item": 2, "idle": 1}, fallbacks=1,
+                            streams={"hoarder": TenantStreams(1, 200, 1.5, 1),
+                                     "acme": TenantStreams(2, 30, 0.0, 0)})
+    runs = {"unguarded": RunResult("unguarded", 10.0, plain, [("a", 0.0, 10.0)]),
+            "guarded": RunResult("guarded", 10.0, guarded, [("a", 0.0, 10.0)], generation=tally)}
+    greedy = ["hoarder"]
+    summaries = {m: summarize(r, greedy=greedy, slo_s=1.0) for m, r in runs.items()}
+    table = DemoReport(options={}, baseline_recall_at_5=0.9, questions=1, passages=1, timings_s={},
+                       runs=runs, summaries=summaries, greedy=greedy).table()
+    text = " ".join(text_of(table).replace("│", " ").split())  # the rows' cells, in order
+    unguarded_s, guarded_s = summaries["unguarded"], summaries["guarded"]
+    assert (unguarded_s["slow_first_word"], guarded_s["slow_first_word"]) == (1, 0)
+    assert (unguarded_s["answered_after_stall"], guarded_s["answered_after_stall"]) == (1, 0)
+    assert guarded_s["outcomes"]["cut"] == 1
+    assert guarded_s["stream_cuts"] == {"first_item": 2, "idle": 1, "total": 0}
+    assert "failed: cut mid-answer 0 1" in text
+    assert "streams cut by the first-word budget - 2" in text
+    assert "streams cut by the total budget - 0" in text
+    assert "generation fallback, before the first word - 1" in text
+    assert "tokens/s, mean / peak: hoarder (greedy) 50 / 500 20 / 105" in text
+    assert "streams paced: hoarder (to 100 tokens/s) - 1 / 1" in text
+    assert "streams paced: every other tenant - 0 / 2" in text
+    assert "time to first word P95 (answers begun)" in text

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
 
+from ragguard import InvalidInput
 from ragguard.demo.backends import BackendServers, ControlClient
 from ragguard.demo.corpus import Passage, load_questions
+from ragguard.demo.loadgen import Arrival, run_load
 from ragguard.demo.pipeline import BackendClients, PipelineSettings, UnguardedPipeline
 from ragguard.demo.rerank import Reranker
 from ragguard.demo.service import RetrievalClient, RetrievalServer
@@ -91,3 +95,60 @@ async def test_slow_embeddings_fill_the_capacity_and_requests_are_refused(stack:
     refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
     assert refused and all(r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for r in refused)
     assert sum(isinstance(r, dict) for r in results) == 2
+
+
+async def answer(stack: Stack, query: str, tenant: str = "acme") -> tuple[list[str], list[dict[str, Any]]]:
+    words: list[str] = []
+    others: list[dict[str, Any]] = []
+    async for message in stack.client.answer(tenant, query, timeout_s=5):
+        if "text" in message:
+            words.append(message["text"])
+        else:
+            others.append(message)
+    return words, others
+
+
+async def test_answer_streams_the_words_then_the_passages(stack: Stack) -> None:
+    words, (last,) = await answer(stack, "When does the finally clause of a try statement run?")
+    retrieved = await stack.client.retrieve("acme", "When does the finally clause of a try statement run?",
+                                            timeout_s=5)
+    assert len(words) == 30 and all(w.endswith(" ") for w in words)
+    assert last == retrieved, "the last message is Retrieve's reply"
+
+
+async def test_unguarded_answers_wait_out_a_stall_and_pass_a_broken_stream_through(stack: Stack) -> None:
+    await stack.control.set_faults([{"kind": "latency", "stage": "generation_midway", "seconds": 0.6}])
+    t0 = time.perf_counter()
+    words, _ = await answer(stack, "what does yield do")
+    assert len(words) == 30 and time.perf_counter() - t0 >= 0.6, "nothing bounds the stall"
+    reset = {"kind": "error", "stage": "generation_midway", "error": "connection_reset"}
+    await stack.control.set_faults([reset])
+    got: list[str] = []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for message in stack.client.answer("acme", "what does yield do", timeout_s=5):
+            got.append(message["text"])
+    assert len(got) == 15 and info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("query", ["", "x" * 3000])
+async def test_bad_answer_queries_are_invalid_argument(stack: Stack, query: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await answer(stack, query)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_the_load_generator_times_each_answers_words(stack: Stack) -> None:
+    questions = load_questions()[:2]
+    await stack.control.set_faults([{"kind": "latency", "stage": "generation_midway", "seconds": 1.2}])
+    arrivals = [Arrival(0.0, "acme", 0), Arrival(0.05, "acme", 1)]
+    records = await run_load({"acme": stack.client}, arrivals, questions, timeout_s=5, max_in_flight=2,
+                             rpc="answer")
+    for r in records:
+        assert r.outcome == "ok" and r.words == 30 and r.hit is not None
+        assert r.tokens > r.words, "a word with its space is one or more tokens"
+        assert r.ttft_s is not None and 0 < r.ttft_s < 1.0
+        assert r.max_gap_s >= 1.2 > r.ttft_s, "the stall is the longest wait between two words"
+        assert r.latency_s >= r.ttft_s + r.max_gap_s
+    with pytest.raises(InvalidInput, match="rpc"):
+        await run_load({"acme": stack.client}, arrivals, questions, timeout_s=5, max_in_flight=2,
+                       rpc="stream")

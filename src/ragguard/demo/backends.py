@@ -1,15 +1,20 @@
-"""The demo's two dependencies, each its own grpc.aio server on 127.0.0.1, plus a control service.
+"""The demo's dependencies, each its own grpc.aio server on 127.0.0.1, plus a control service.
 
 * ``Embedding/Embed``   ``{"texts": [str]}`` -> ``{"vectors": <float32 (n, 256)>}`` (WordLlama, in a
   worker thread so the loop never waits on the CPU)
 * ``VectorStore/Search`` ``{"vector": <float32 (1, 256)>, "k": int}`` -> ``{"ids": [int], "scores": [float]}``
   (faiss ``IndexFlatIP`` over the corpus passages)
+* ``Generator/Generate`` ``{"question": str, "passages": [str], "max_words": int}`` -> a stream of
+  ``{"text": str}``, one word each (the extractive model of :mod:`ragguard.demo.generator`, at
+  :data:`WORDS_PER_S` words per second)
 * ``Control/SetFaults`` ``{"faults": [spec, ...]}``: the chaos faults now in force, as fault specs
   of a :mod:`ragguard.chaos` scenario (``{kind: latency, stage: embedding, rate: 0.25, seconds: 3.5}``,
   ``{kind: error, stage: vector_store, error: connection_refused}``...). They act inside the
-  servers through a :class:`ragguard.chaos.Chaos` injector on stages ``embedding`` and
-  ``vector_store``: a latency fault really delays the reply, an error fault really ends the call
-  with the matching gRPC status. ``[]`` heals.
+  servers through a :class:`ragguard.chaos.Chaos` injector on stages ``embedding``,
+  ``vector_store`` and the generator's three (``generation``, ``generation_midway``,
+  ``generation_overrun``): a latency fault really delays the reply, an error fault really ends
+  the call with the matching gRPC status. A fault may name a ``tenant``: the caller's
+  ``x-tenant-id`` metadata. ``[]`` heals.
 * ``Control/Shutdown`` stops everything.
 
 :class:`BackendServers` runs them in the current event loop (tests); :class:`BackendProcess` runs
@@ -24,7 +29,7 @@ import json
 import logging
 import random
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,14 +39,17 @@ import grpc
 from ragguard import InvalidInput
 from ragguard.breakers import is_out_of_memory
 from ragguard.chaos import Chaos, FaultHandle, Phase
-from ragguard.grpc import TENANT_KEY, SnappyServerInterceptor
+from ragguard.grpc import SnappyServerInterceptor
 
 from . import _wire
 from .corpus import Passage, load_passages
 from .embedder import Embedder, load_embedder
+from .generator import GENERATION_STAGES, parse_request, stream_answer
 
 __all__ = [
     "BACKEND_STAGES",
+    "SERVER_STAGES",
+    "WORDS_PER_S",
     "BackendAddresses",
     "BackendProcess",
     "BackendServers",
@@ -52,6 +60,8 @@ __all__ = [
 ]
 
 BACKEND_STAGES = ("embedding", "vector_store")
+SERVER_STAGES = (*BACKEND_STAGES, *GENERATION_STAGES)
+WORDS_PER_S = 200.0
 MAX_TEXTS = 64
 MAX_TEXT_CHARS = 8192
 MAX_K = 100
@@ -59,7 +69,8 @@ MAX_FAULTS = 50
 
 
 def parse_fault_specs(specs: Any) -> list[Any]:
-    """Validate a list of :mod:`ragguard.chaos` fault specs (dicts) for the backends' stages.
+    """Validate a list of :mod:`ragguard.chaos` fault specs (dicts) for the backends' stages
+    (:data:`SERVER_STAGES`: the embedding and vector-store servers, the generator's three points).
 
     Raises :class:`~ragguard.InvalidInput` naming the problem: not a list, an invalid spec, a
     proxy fault (those act on a :class:`~ragguard.chaos.FaultProxy`, not inside a server), or a
@@ -75,18 +86,19 @@ def parse_fault_specs(specs: Any) -> list[Any]:
         if spec.kind == "proxy":
             raise InvalidInput("proxy faults act on a FaultProxy in front of a backend, not in the server")
         stages = [spec.stage] if isinstance(spec.stage, str) else spec.stage
-        if stages is None or not set(stages) <= set(BACKEND_STAGES):
-            raise InvalidInput(f"a backend fault needs stage in {BACKEND_STAGES}, got {spec.stage!r}")
+        if stages is None or not set(stages) <= set(SERVER_STAGES):
+            raise InvalidInput(f"a backend fault needs stage in {SERVER_STAGES}, got {spec.stage!r}")
     return parsed
 
 
 @dataclass(frozen=True, slots=True)
 class BackendAddresses:
-    """``host:port`` of each backend service."""
+    """``host:port`` of each backend service (``generation``: "" when there is no generator)."""
 
     embedding: str
     vector_store: str
     control: str
+    generation: str = ""
 
 
 def build_index(embedder: Embedder, passages: list[Passage]) -> Any:
@@ -116,19 +128,30 @@ def _fault_status(exc: BaseException) -> grpc.StatusCode:
 
 
 class BackendServers:
-    """The embedding, vector-store and control servers in the running event loop.
+    """The embedding, vector-store, generator and control servers in the running event loop.
 
-    ``rng`` (seeded) decides which calls a fault hits. Use :meth:`start` then :meth:`stop`.
+    ``rng`` (seeded) decides which calls a fault hits; the generator emits ``words_per_s`` words
+    per second. Use :meth:`start` then :meth:`stop`.
     """
 
     def __init__(
-        self, embedder: Embedder, index: Any, *, rng: random.Random, host: str = "127.0.0.1"
+        self,
+        embedder: Embedder,
+        index: Any,
+        *,
+        rng: random.Random,
+        host: str = "127.0.0.1",
+        words_per_s: float = WORDS_PER_S,
     ) -> None:
+        if not 0 < words_per_s <= 100_000:
+            raise InvalidInput(f"words_per_s must be in (0, 100000], got {words_per_s}")
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise InvalidInput(f"the demo backends listen on loopback only, got {host!r}")
         self._embedder = embedder
         self._index = index
         self._host = host
+        self._word_s = 1.0 / words_per_s
+        self.streams_open = 0  # Generate calls under way (a cut or cancelled caller ends its own)
         self.chaos = Chaos(rng=rng)
         self._handles: list[FaultHandle] = []
         self._servers: list[grpc.aio.Server] = []
@@ -138,6 +161,7 @@ class BackendServers:
     async def start(self) -> BackendAddresses:
         embed_port = await self._serve(_wire.handler(_wire.EMBEDDING, {"Embed": self._embed}))
         vector_port = await self._serve(_wire.handler(_wire.VECTOR_STORE, {"Search": self._search}))
+        generator_port = await self._serve(_wire.handler(_wire.GENERATOR, {}, {"Generate": self._generate}))
         control_port = await self._serve(
             _wire.handler(_wire.CONTROL, {"SetFaults": self._set_faults, "Shutdown": self._shutdown})
         )
@@ -145,6 +169,7 @@ class BackendServers:
             embedding=f"{self._host}:{embed_port}",
             vector_store=f"{self._host}:{vector_port}",
             control=f"{self._host}:{control_port}",
+            generation=f"{self._host}:{generator_port}",
         )
         return self.addresses
 
@@ -179,12 +204,8 @@ class BackendServers:
         self, stage: str, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[dict[str, Any]]]
     ) -> dict[str, Any]:
         """Run ``call`` through the faults of ``stage``; a fault's error ends the RPC with its status."""
-        tenant = "default"
-        for key, value in context.invocation_metadata() or ():
-            if key == TENANT_KEY and isinstance(value, str):
-                tenant = value
         try:
-            result: dict[str, Any] = await self.chaos(stage, tenant, call)
+            result: dict[str, Any] = await self.chaos(stage, _wire.tenant_of(context), call)
         except InvalidInput:
             raise
         except Exception as exc:
@@ -219,6 +240,24 @@ class BackendServers:
             return {"ids": ids[0][keep].tolist(), "scores": scores[0][keep].tolist()}
 
         return await self._faulted("vector_store", context, search)
+
+    async def _generate(
+        self, request: dict[str, Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[dict[str, Any]]:
+        _question, passages, max_words = parse_request(request)
+        words = stream_answer(
+            passages, max_words, tenant=_wire.tenant_of(context), faults=self.chaos, word_s=self._word_s
+        )
+        self.streams_open += 1
+        try:
+            async for word in words:
+                yield {"text": word}
+        except Exception as exc:  # a chaos fault's error, before the first word, halfway or at the end
+            await context.abort(_fault_status(exc), f"{type(exc).__name__}: {exc}")
+            raise  # unreachable: abort raises
+        finally:
+            self.streams_open -= 1
+            await words.aclose()
 
     async def _set_faults(self, request: dict[str, Any], context: grpc.aio.ServicerContext) -> dict[str, Any]:
         self.set_faults(request.get("faults"))

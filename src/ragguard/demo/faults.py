@@ -13,14 +13,20 @@ fault spec                                         acts on
                                                    (``stop``: connections closed, port refused)
 any other kind at ``stage: embedding|vector_store`` the backend server itself, through a
                                                    :class:`~ragguard.chaos.Chaos` injector in it
+``latency``, ``hang``, ``timeout`` or ``error`` at  the generator's stream, at one of its three
+``stage: generation`` (before the first word),      points (:mod:`ragguard.demo.generator`); these
+``generation_midway`` (halfway) or                  may name a ``tenant``: both services send the
+``generation_overrun`` (the answer runs long for    caller's tenant with the generator call
+as long as the latency lasts)
 ``kind: error, stage: rerank, error: memory``      the reranker's memory budget, lowered so that
 or ``cuda_oom`` (``min_batch``, ``rate``)          a share ``rate`` of batches of ``min_batch``
                                                    candidates no longer fits (a real MemoryError)
 =================================================  ==============================================
 
-Other combinations (another stage, a fault limited to one tenant, other rerank faults) raise
-:class:`~ragguard.ConfigError` up front: the demo would not apply them the same way to both runs.
-The scenario's ``duration_s`` is not used: the demo's own duration applies to both runs.
+Other combinations (another stage, a backend fault limited to one tenant, other rerank faults, a
+fault that rewrites results at a generation point) raise :class:`~ragguard.ConfigError` up front:
+the demo would not apply them the same way to both runs. The scenario's ``duration_s`` is not
+used: the demo's own duration applies to both runs.
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ from ragguard import ConfigError
 from ragguard.chaos import FaultProxy, Scenario
 
 from .backends import BACKEND_STAGES, ControlClient
+from .generator import GENERATION_STAGES
 from .rerank import Reranker
 
 __all__ = ["ChaosPlan", "FaultApplier", "FaultState", "drive", "oom_budget"]
 
 _OOM_ERRORS = ("memory", "cuda_oom")
+_GENERATION_KINDS = ("latency", "hang", "timeout", "error")
+_STAGES = (*BACKEND_STAGES, "rerank", *GENERATION_STAGES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,20 +104,24 @@ def _check(phase: str, spec: object) -> None:
         if target not in BACKEND_STAGES:
             raise ConfigError(f"{where}: the demo has proxies for {BACKEND_STAGES}, not {target!r}")
         return
-    if getattr(spec, "tenant", None) is not None:
-        raise ConfigError(f"{where}: the demo applies faults to every tenant; remove 'tenant'")
     stages = _stages(spec)
     if stages is None:
-        raise ConfigError(f"{where}: name a stage ({', '.join((*BACKEND_STAGES, 'rerank'))})")
+        raise ConfigError(f"{where}: name a stage ({', '.join(_STAGES)})")
+    generation = [s for s in stages if s in GENERATION_STAGES]
+    if getattr(spec, "tenant", None) is not None and len(generation) < len(stages):
+        raise ConfigError(f"{where}: the demo applies faults to every tenant except at the "
+                          f"generation points ({', '.join(GENERATION_STAGES)}); remove 'tenant'")
+    if generation and kind not in _GENERATION_KINDS:
+        raise ConfigError(f"{where}: at the generation points the demo applies "
+                          f"{', '.join(_GENERATION_KINDS)} faults")
     for stage in stages:
         if stage == "rerank":
             if kind != "error" or getattr(spec, "error", None) not in _OOM_ERRORS:
                 raise ConfigError(f"{where}: at stage rerank the demo applies only out-of-memory errors")
             if len(stages) > 1:
                 raise ConfigError(f"{where}: give rerank faults their own entry")
-        elif stage not in BACKEND_STAGES:
-            raise ConfigError(f"{where}: unknown stage {stage!r}; the demo's stages are "
-                              f"{', '.join((*BACKEND_STAGES, 'rerank'))}")
+        elif stage not in _STAGES:
+            raise ConfigError(f"{where}: unknown stage {stage!r}; the demo's stages are {', '.join(_STAGES)}")
 
 
 def _state(specs: Sequence[object]) -> FaultState:

@@ -1,8 +1,8 @@
-"""The demo's retrieval pipeline guarded by ragguard: a file to copy into your own service.
+"""The demo's RAG pipeline guarded by ragguard: a file to copy into your own service.
 
-Four guarded stages, one :class:`ragguard.Guard` (an independent registry) for all of them::
+Five guarded stages, one :class:`ragguard.Guard` (an independent registry) for all of them::
 
-    retrieve(query)
+    answer(query)            retrieve, then stream the answer:
       candidates(query, k)   "retrieval": embed + vector search as one step; no breaker of its own;
                              fallback: keyword_search(query, k), BM25 over the same passages
         embed(texts)         "embedding": slow-call breaker, 0.5 s attempts; its preset answers a
@@ -10,6 +10,9 @@ Four guarded stages, one :class:`ragguard.Guard` (an independent registry) for a
         search(vector, k)    "vector_store": connection breaker, one retry on a refused connection
       rerank(query, hits)    "rerank": on out-of-memory, every hit is scored in chunks under a
                              learnt batch limit (chunked_rerank); then skip_rerank
+      generate(q, passages)  "generation": the generator's stream, cut when its first word takes
+                             over 0.4 s or a later one over 0.5 s (StreamTimeout); before the first
+                             word a retry, then extractive_answer, may serve; after it, never
 
 The fallback chain runs inside out. A failed embedding is answered from the cache; when the cache
 misses, the embedding error (or an open breaker's fast failure) leaves ``candidates``, whose own
@@ -18,26 +21,43 @@ called with the arguments of the stage it serves, which is why the retrieval ste
 ``(query, k)`` is what keyword search needs, while ``embed`` only has the texts and ``search``
 only the vector.
 
-Call :meth:`GuardedPipeline.retrieve` inside a tenant block (``ragguard.grpc.GuardServerInterceptor``
-opens one per RPC; elsewhere ``async with guard.tenant("acme"):``): the tenant's quota and deadline
-apply, and :func:`ragguard.degraded` then names the fallbacks that served this request alone.
+The answer's stream has a commit point: until its first word reaches the caller, a slow model
+may be retried or replaced by the extractive answer; after it, a stall ends the stream with the
+words already sent (the caller sees DEADLINE_EXCEEDED after them), never with another answer
+spliced in. The greedy tenant's words are delayed to its ``tokens_per_s``, never refused.
+
+Call :meth:`GuardedPipeline.retrieve` or :meth:`GuardedPipeline.answer` inside a tenant block
+(``ragguard.grpc.GuardServerInterceptor`` opens one per RPC; elsewhere ``async with
+guard.tenant("acme"):``): the tenant's quota and deadline apply, and :func:`ragguard.degraded` then
+names the fallbacks that served this request alone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 import ragguard
-from ragguard import BreakerPolicy, ConfigError, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota
+from ragguard import (
+    BreakerPolicy,
+    ConfigError,
+    GenerationPolicy,
+    Guard,
+    Policy,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+)
 
 from .corpus import Passage
+from .generator import extractive_answer
 from .keyword import KeywordIndex
-from .pipeline import BackendClients, Hit, PipelineSettings, Retrieval, rerank_hits
+from .pipeline import Answer, BackendClients, Hit, PipelineSettings, Retrieval, rerank_hits
 from .rerank import Reranker
 
 __all__ = ["GuardedPipeline", "demo_policy"]
@@ -78,13 +98,18 @@ def demo_policy(
             ),
             rerank_min_batch=4,  # the floor of the learnt batch limit: only an OOM there counts
         ),
+        "generation": StagePolicy(  # the standard stage: 2 attempts on timeouts before the first word
+            generation=GenerationPolicy(first_item_s=0.4, idle_s=0.5, total_s=5.0, estimate_tokens=64),
+            breaker=BreakerPolicy(kind="generic", failure_rate_threshold=50.0, minimum_calls=5, **trip),
+        ),
     }
     base = default_quota or TenantQuota(max_concurrency=8, timeout_s=tenant_timeout_s)
     return Policy(stages=stages, tenants=dict(greedy or {}), default_quota=base)
 
 
 class GuardedPipeline:
-    """embed -> search -> rerank, the same calls as the unguarded pipeline, guarded by ``guard``.
+    """embed -> search -> rerank -> generate, the same calls as the unguarded pipeline, guarded by
+    ``guard``.
 
     ``clients`` should carry :func:`ragguard.grpc.client_interceptors` (the tenant and the
     remaining deadline go out with each backend call; failures come back classified).
@@ -113,6 +138,7 @@ class GuardedPipeline:
             self._vector_candidates
         )
         self._rerank = guard.guard("rerank", candidates="hits")(self._rerank_local)
+        self._generate = guard.guard("generation", fallback=self.extractive_answer)(self._generate_remote)
 
     async def retrieve(self, query: str) -> Retrieval:
         """The ``top_k`` passages for ``query``, best first, and the fallbacks that served it.
@@ -123,6 +149,20 @@ class GuardedPipeline:
         hits = await self._candidates(query, s.candidates)
         ranked = await self._rerank(query, hits)
         return Retrieval(hits=tuple(ranked[: s.top_k]), fallbacks=ragguard.degraded())
+
+    async def answer(self, query: str, *, tenant: str | None = None) -> Answer:
+        """Retrieve, then the generator's answer from the top passages, word by word. The tenant
+        block's tenant goes out with the call (``tenant`` is not needed: the client interceptors
+        send it); ``fallbacks()`` is :func:`ragguard.degraded`. A stream cut after its first word
+        raises (StreamTimeout, DeadlineExceeded...) with the count of words already sent."""
+        retrieval = await self.retrieve(query)
+        passages = [self._passages[h.pid].text for h in retrieval.hits]
+        return Answer(retrieval, self._generate(query, passages), ragguard.degraded)
+
+    def extractive_answer(self, question: str, passages: list[str]) -> list[str]:
+        """The generation step's fallback, before the first word only: the top passage's first
+        sentence, without the model."""
+        return extractive_answer(question, passages, self._settings.answer_words)
 
     def keyword_search(self, query: str, k: int) -> list[Hit]:
         """The retrieval step's fallback: BM25 over the same passages (about 0.2 ms, inline)."""
@@ -137,6 +177,13 @@ class GuardedPipeline:
 
     async def _search_remote(self, vector: npt.NDArray[np.float32], k: int) -> list[Hit]:
         return await self._clients.search(vector, k)
+
+    async def _generate_remote(self, question: str, passages: list[str]) -> AsyncIterator[str]:
+        # aclosing: when the guard cuts the stream, the generator's call is cancelled at once
+        words = self._clients.generate(question, passages, max_words=self._settings.answer_words)
+        async with aclosing(words):
+            async for word in words:
+                yield word
 
     async def _rerank_local(self, query: str, hits: list[Hit]) -> list[Hit]:
         # every hit comes back scored (top_k = all of them): the rerank stage merges chunks by score

@@ -4,7 +4,9 @@ The arrival plan is drawn once from a seeded ``random.Random`` and replayed agai
 so the guarded and the unguarded service see exactly the same requests at the same offsets.
 Requests are sent open-loop (a slow service does not slow the senders down); at most
 ``max_in_flight`` are outstanding, and a request that has to wait for a slot counts that wait in
-its latency (no coordinated omission).
+its latency (no coordinated omission). A request is a ``Retrieve`` call or (``rpc="answer"``) an
+``Answer`` stream, whose words are timed as they arrive: the first one, the longest wait between
+two, and their tokens (:func:`ragguard.rag.count_tokens`, what the guard counts).
 """
 
 from __future__ import annotations
@@ -14,19 +16,22 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import grpc
 
 from ragguard import InvalidInput
-from ragguard.grpc import RETRY_AFTER_KEY
+from ragguard.grpc import RETRY_AFTER_KEY, STREAM_BUDGET_KEY
+from ragguard.rag import count_tokens
 
 from .corpus import Question
 from .service import RetrievalClient
 
-__all__ = ["Arrival", "RequestRecord", "TenantLoad", "classify", "plan_arrivals", "run_load"]
+__all__ = ["RPCS", "Arrival", "RequestRecord", "TenantLoad", "classify", "plan_arrivals", "run_load"]
 
-OUTCOMES = ("ok", "quota", "overloaded", "unavailable", "deadline", "error")
+OUTCOMES = ("ok", "quota", "overloaded", "unavailable", "deadline", "cut", "error")
+RPCS = ("retrieve", "answer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +58,17 @@ class Arrival:
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """What happened to one request. ``latency_s`` runs from its planned send time to its answer;
-    ``hit`` (answered requests only) tells whether a top-5 passage carries one of the question's
-    topics; ``outcome`` is one of ``ok``, ``quota`` (shed by the tenant's quota), ``overloaded``
-    (the server's capacity was full), ``unavailable``, ``deadline`` or ``error``."""
+    """What happened to one request. ``latency_s`` runs from its planned send time to its answer
+    (an Answer's last message); ``hit`` (answered requests only) tells whether a top-5 passage
+    carries one of the question's topics; ``outcome`` is one of ``ok``, ``quota`` (shed by the
+    tenant's quota), ``overloaded`` (the server's capacity was full), ``unavailable``,
+    ``deadline``, ``cut`` (an Answer that failed after its first word: the caller has half an
+    answer) or ``error``.
+
+    An Answer's words: ``ttft_s`` from the planned send time to the first word (None: none came),
+    ``max_gap_s`` the longest wait between two words (seconds), ``words`` and ``tokens``
+    received, ``budget`` the ragguard budget that cut the stream (``first_item``, ``idle``,
+    ``total``; "" when none did)."""
 
     at_s: float
     tenant: str
@@ -66,6 +78,11 @@ class RequestRecord:
     fallbacks: tuple[str, ...] = ()
     hit: bool | None = None
     detail: str = ""
+    ttft_s: float | None = None
+    max_gap_s: float = 0.0
+    words: int = 0
+    tokens: int = 0
+    budget: str = ""
 
 
 def plan_arrivals(
@@ -118,10 +135,64 @@ async def _one(
             return RequestRecord(arrival.at_s, arrival.tenant, arrival.question, latency, classify(exc),
                                  detail=detail)
     latency = time.monotonic() - planned
-    wanted = set(question.topics)
-    hit = any(wanted.intersection(h["topics"]) for h in reply["hits"][:5])
     return RequestRecord(arrival.at_s, arrival.tenant, arrival.question, latency, "ok",
-                         fallbacks=tuple(reply["fallbacks"]), hit=hit)
+                         fallbacks=tuple(reply["fallbacks"]), hit=_hit(question, reply))
+
+
+def _hit(question: Question, reply: dict[str, object]) -> bool:
+    wanted = set(question.topics)
+    hits = reply.get("hits")
+    return isinstance(hits, list) and any(wanted.intersection(h["topics"]) for h in hits[:5])
+
+
+async def _one_answer(
+    client: RetrievalClient,
+    arrival: Arrival,
+    question: Question,
+    planned: float,
+    slots: asyncio.Semaphore,
+    timeout_s: float,
+) -> RequestRecord:
+    first: float | None = None
+    last = gap = 0.0
+    words = tokens = 0
+    reply: dict[str, object] | None = None
+    async with slots:
+        try:
+            async with aclosing(client.answer(arrival.tenant, question.text, timeout_s=timeout_s)) as stream:
+                async for message in stream:
+                    now = time.monotonic()
+                    text = message.get("text")
+                    if isinstance(text, str):
+                        if first is None:
+                            first = now
+                        else:
+                            gap = max(gap, now - last)
+                        last = now
+                        words += 1
+                        tokens += count_tokens(text)
+                    else:
+                        reply = message
+        except grpc.aio.AioRpcError as exc:
+            budget = dict(exc.trailing_metadata() or ()).get(STREAM_BUDGET_KEY, "")
+            return RequestRecord(
+                arrival.at_s, arrival.tenant, arrival.question, time.monotonic() - planned,
+                "cut" if words else classify(exc), detail=(exc.details() or "")[:200],
+                ttft_s=None if first is None else first - planned, max_gap_s=gap, words=words,
+                tokens=tokens, budget=str(budget),
+            )
+    latency = time.monotonic() - planned
+    ttft = None if first is None else first - planned
+    if reply is None:
+        return RequestRecord(arrival.at_s, arrival.tenant, arrival.question, latency, "error",
+                             detail="the answer ended without its last message", ttft_s=ttft,
+                             max_gap_s=gap, words=words, tokens=tokens)
+    fallbacks = reply.get("fallbacks")
+    return RequestRecord(
+        arrival.at_s, arrival.tenant, arrival.question, latency, "ok",
+        fallbacks=tuple(fallbacks) if isinstance(fallbacks, list) else (), hit=_hit(question, reply),
+        ttft_s=ttft, max_gap_s=gap, words=words, tokens=tokens,
+    )
 
 
 async def run_load(
@@ -133,12 +204,18 @@ async def run_load(
     max_in_flight: int,
     start: float | None = None,
     on_done: Callable[[RequestRecord], None] | None = None,
+    rpc: str = "retrieve",
 ) -> list[RequestRecord]:
     """Send every arrival at ``start + at_s`` (``time.monotonic`` seconds; default now) through its
     tenant's client, each with a ``timeout_s`` gRPC deadline; returns the records in arrival order
-    once every request has ended. ``on_done`` is called as each request ends (progress bars)."""
+    once every request has ended. ``rpc`` is ``retrieve`` (the Retrieve call) or ``answer`` (the
+    Answer stream, read to its end). ``on_done`` is called as each request ends (progress bars).
+    Raises InvalidInput for an ``rpc``, ``max_in_flight`` or tenant without a client."""
     if max_in_flight < 1:
         raise InvalidInput(f"max_in_flight must be >= 1, got {max_in_flight}")
+    if rpc not in RPCS:
+        raise InvalidInput(f"rpc must be one of {RPCS}, got {rpc!r}")
+    one = _one_answer if rpc == "answer" else _one
     missing = {a.tenant for a in arrivals} - set(clients)
     if missing:
         raise InvalidInput(f"no client for tenants {sorted(missing)}")
@@ -152,7 +229,7 @@ async def run_load(
             if delay > 0:
                 await asyncio.sleep(delay)
             task = asyncio.create_task(
-                _one(clients[arrival.tenant], arrival, questions[arrival.question], planned, slots, timeout_s)
+                one(clients[arrival.tenant], arrival, questions[arrival.question], planned, slots, timeout_s)
             )
             if on_done is not None:
                 task.add_done_callback(lambda t: t.cancelled() or t.exception() or on_done(t.result()))

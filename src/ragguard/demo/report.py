@@ -11,11 +11,25 @@ from typing import Any
 
 import numpy as np
 
+from ragguard.events import FallbackServed, StreamCut, StreamSettled
+
 from .loadgen import OUTCOMES, RequestRecord
 
-__all__ = ["DemoReport", "RunResult", "Transition", "summarize"]
+__all__ = [
+    "STALL_S",
+    "DemoReport",
+    "GenerationTally",
+    "RunResult",
+    "TenantStreams",
+    "Transition",
+    "summarize",
+]
 
-_STAGE_ORDER = {"embedding": 0, "vector_store": 1, "rerank": 2}
+STALL_S = 1.0
+"""A wait longer than this (seconds) between two words of an answer is a stall."""
+BUDGETS = ("first_item", "idle", "total")
+_BUDGET_NAMES = {"first_item": "first-word budget", "idle": "idle budget", "total": "total budget"}
+_STAGE_ORDER = {"embedding": 0, "vector_store": 1, "rerank": 2, "generation": 3}
 _BAND_COLOURS = {"open": "#d62728", "forced_open": "#8c564b", "half_open": "#ff7f0e"}
 
 
@@ -30,8 +44,45 @@ class Transition:
 
 
 @dataclass(slots=True)
+class TenantStreams:
+    """One tenant's generation streams in a guarded run, from ``StreamSettled`` events: how many
+    ended, the model's tokens handed over, and the pacing (seconds waited, streams delayed)."""
+
+    streams: int = 0
+    tokens: int = 0
+    paced_s: float = 0.0
+    paced_streams: int = 0
+
+
+@dataclass(slots=True)
+class GenerationTally:
+    """What a guarded run's generation stage did, counted from its events (:meth:`on_event`):
+    the streams each budget cut (``first_item``, ``idle``, ``total``), the answers its fallback
+    served (before their first word), each tenant's :class:`TenantStreams`; ``paced_to`` names
+    the tenants whose tokens are paced, with their ``tokens_per_s``."""
+
+    paced_to: dict[str, float] = field(default_factory=dict)
+    cuts: dict[str, int] = field(default_factory=dict)
+    fallbacks: int = 0
+    streams: dict[str, TenantStreams] = field(default_factory=dict)
+
+    def on_event(self, event: object) -> None:
+        if isinstance(event, StreamCut):
+            self.cuts[event.budget] = self.cuts.get(event.budget, 0) + 1
+        elif isinstance(event, FallbackServed) and event.stage == "generation":
+            self.fallbacks += 1
+        elif isinstance(event, StreamSettled):
+            tally = self.streams.setdefault(event.tenant, TenantStreams())
+            tally.streams += 1
+            tally.tokens += event.tokens
+            tally.paced_s += event.paced_s
+            tally.paced_streams += event.paced_s > 0
+
+
+@dataclass(slots=True)
 class RunResult:
-    """Everything recorded during one run (``mode`` is ``unguarded`` or ``guarded``)."""
+    """Everything recorded during one run (``mode`` is ``unguarded`` or ``guarded``);
+    ``generation`` is None for a run without ragguard."""
 
     mode: str
     duration_s: float
@@ -42,10 +93,30 @@ class RunResult:
     wall_s: float = 0.0
     breakers: list[str] = field(default_factory=list)
     rerank_floor: int | None = None
+    generation: GenerationTally | None = None
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values), q)) if values else None
+
+
+def token_rate(records: Sequence[RequestRecord], tenants: Sequence[str], *, bin_s: float = 1.0) -> Any:
+    """Tokens ``tenants`` received per second, in bins of ``bin_s`` seconds from the run's start
+    (a numpy array as long as the last answer's end needs). The client times an answer's first
+    word and its end, not each word: an answer's tokens are spread evenly between the two."""
+    wanted = set(tenants)
+    spans = [(r.at_s + r.ttft_s, r.at_s + r.latency_s, r.tokens)
+             for r in records if r.tenant in wanted and r.tokens and r.ttft_s is not None]
+    bins = np.zeros(int(max((end for _, end, _ in spans), default=0.0) / bin_s) + 1)
+    for begin, end, n in spans:
+        first, last = int(begin / bin_s), int(end / bin_s)
+        if end - begin <= 1e-6 or first == last:
+            bins[first] += n
+            continue
+        for i in range(first, last + 1):
+            overlap = min(end, (i + 1) * bin_s) - max(begin, i * bin_s)
+            bins[i] += n * overlap / (end - begin)
+    return bins / bin_s
 
 
 def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[str, Any]:
@@ -63,6 +134,10 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
     per_tenant_ok = {t: sum(1 for r in recs if r.tenant == t and r.outcome == "ok") for t in tenants}
     transitions: Counter[str] = Counter(f"{t.breaker}: {t.old}->{t.new}" for t in run.transitions)
     opened = {b: sum(1 for t in run.transitions if t.breaker == b and t.new == "open") for b in run.breakers}
+    ttft_ms = [r.ttft_s * 1000 for r in recs if r.ttft_s is not None]
+    gen = run.generation
+    tokens = {t: sum(r.tokens for r in recs if r.tenant == t) for t in tenants}
+    peaks = {t: float(token_rate(recs, [t]).max(initial=0.0)) for t in tenants}
     return {
         "mode": run.mode,
         "requests": len(recs),
@@ -90,6 +165,19 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
         "loop_stalls": len(run.stalls),
         "max_loop_stall_ms": max((s["duration_s"] * 1000 for s in run.stalls), default=0.0),
         "wall_s": run.wall_s,
+        # The answer's stream, as the caller saw it.
+        "ttft_ms": {"p50": _pct(ttft_ms, 50), "p95": _pct(ttft_ms, 95), "p99": _pct(ttft_ms, 99)},
+        "slow_first_word": sum(1 for r in recs if r.ttft_s is not None and r.ttft_s > STALL_S),
+        "answered_after_stall": sum(1 for r in ok if r.max_gap_s > STALL_S),
+        "stall_s": STALL_S,
+        "tokens_by_tenant": tokens,
+        "tokens_per_s_by_tenant": {t: n / run.duration_s for t, n in tokens.items()},
+        "peak_tokens_per_s_by_tenant": peaks,
+        # What ragguard's generation stage did (None without it).
+        "stream_cuts": None if gen is None else {b: gen.cuts.get(b, 0) for b in BUDGETS},
+        "generation_fallbacks": None if gen is None else gen.fallbacks,
+        "streams_by_tenant": None if gen is None else {t: asdict(v) for t, v in sorted(gen.streams.items())},
+        "paced_tokens_per_s": {} if gen is None else dict(gen.paced_to),
     }
 
 
@@ -161,12 +249,22 @@ class DemoReport:
         for q in ("p50", "p95", "p99"):
             row(f"latency {q.upper()} (every request)", [ms(x["latency_ms"][q]) for x in s])
         row("latency P99 (answered requests only)", [ms(x["latency_answered_ms"]["p99"]) for x in s])
+        row("time to first word P95 (answers begun)", [ms(x["ttft_ms"]["p95"]) for x in s])
+        stall = f"{s[0]['stall_s']:g} s"
+        row(f"first word after more than {stall}", [str(x["slow_first_word"]) for x in s])
+        row(f"answered late, after a stall of over {stall}", [str(x["answered_after_stall"]) for x in s])
         for outcome in OUTCOMES[1:]:
-            row(f"failed: {outcome}", [str(x["outcomes"][outcome]) for x in s])
+            label = "failed: cut mid-answer" if outcome == "cut" else f"failed: {outcome}"
+            row(label, [str(x["outcomes"][outcome]) for x in s])
         row("answered by a fallback (any)", [pct(x["fallback_share_any"]) for x in s])
         names = sorted({n for x in s for n in x["fallback_share"]})
         for name in names:
             row(f"  served by fallback: {name}", [pct(x["fallback_share"].get(name, 0.0)) for x in s])
+        for budget in BUDGETS:
+            row(f"streams cut by the {_BUDGET_NAMES[budget]}",
+                ["-" if x["stream_cuts"] is None else str(x["stream_cuts"][budget]) for x in s])
+        row("generation fallback, before the first word",
+            ["-" if x["generation_fallbacks"] is None else str(x["generation_fallbacks"]) for x in s])
         row("breaker transitions", [str(x["breaker_transitions"]) for x in s])
         breakers = sorted({b for x in s for b in x["breaker_opened"]}, key=_stage_key)
         for name in breakers:
@@ -176,6 +274,16 @@ class DemoReport:
             label = f"quota rejections: {tenant}" + (" (greedy)" if tenant in self.greedy else "")
             row(label, [f"{x['quota_rejections'].get(tenant, 0)} / {x['requests_by_tenant'].get(tenant, 0)}"
                         for x in s])
+        paced = {t: r for x in s for t, r in x["paced_tokens_per_s"].items()}
+        for tenant in sorted({t for x in s for t in x["tokens_per_s_by_tenant"]}):
+            label = f"tokens/s, mean / peak: {tenant}" + (" (greedy)" if tenant in self.greedy else "")
+            row(label, [f"{x['tokens_per_s_by_tenant'].get(tenant, 0.0):,.0f} / "
+                        f"{x['peak_tokens_per_s_by_tenant'].get(tenant, 0.0):,.0f}" for x in s])
+        for tenant, rate in sorted(paced.items()):
+            row(f"streams paced: {tenant} (to {rate:,.0f} tokens/s)", [_paced(x, [tenant]) for x in s])
+        others = sorted({t for x in s for t in x["tokens_per_s_by_tenant"]} - set(paced))
+        if paced:
+            row("streams paced: every other tenant", [_paced(x, others) for x in s])
         row("recall@5 of answered requests", [pct(x["recall_at_5_answered"]) for x in s])
         row("recall@5 healthy baseline", [pct(self.baseline_recall_at_5)] * len(s))
         row("event-loop stalls (>20 ms)",
@@ -199,10 +307,12 @@ class DemoReport:
         return path
 
     def chart(self) -> Any:
-        """A matplotlib Figure: the latency of every request over time, one panel per run on one
-        shared y-range, with the scenario's phases shaded; answers a fallback served are drawn
-        apart from healthy ones. Under the panels, a strip with each breaker's open / half-open
-        stretches. Close it with ``matplotlib.pyplot.close(fig)``."""
+        """A matplotlib Figure: the latency of every request over time (to an answer's last word,
+        or its error), one panel per run on one shared y-range, with the scenario's phases
+        shaded; answers a fallback served and answers cut mid-way are drawn apart from healthy
+        ones. Under them the tokens per second the greedy tenant and the others received in
+        each run, and a strip with each breaker's open / half-open stretches. Close it with
+        ``matplotlib.pyplot.close(fig)``."""
         import matplotlib
 
         matplotlib.use("Agg", force=True)
@@ -214,11 +324,11 @@ class DemoReport:
         names = {t.breaker for r in self.runs.values() for t in r.transitions}
         names |= {b for r in self.runs.values() for b in r.breakers}
         breakers = sorted(names, key=_stage_key)
-        ratios = [3.0] * len(modes) + [0.35 + 0.3 * max(1, len(breakers))]
-        fig, axes = plt.subplots(len(ratios), 1, figsize=(11, 2.9 * len(modes) + 1.6), sharex=True,
+        ratios = [3.0] * len(modes) + [1.8, 0.35 + 0.3 * max(1, len(breakers))]
+        fig, axes = plt.subplots(len(ratios), 1, figsize=(11, 2.9 * len(modes) + 3.4), sharex=True,
                                  gridspec_kw={"height_ratios": ratios})
         latencies = [_ms(r) for run in self.runs.values() for r in run.records]
-        for ax, mode in zip(axes[:-1], modes, strict=True):
+        for ax, mode in zip(axes[: len(modes)], modes, strict=True):
             run = self.runs[mode]
             _phases(ax, run.phases, labels=True)
             for outcome, style in _MARKERS.items():
@@ -236,6 +346,7 @@ class DemoReport:
                 f"{summary['latency_answered_ms']['p99'] or 0:,.0f} ms)",
                 loc="left", fontsize=9, pad=14,
             )
+        self._token_panel(axes[len(modes)], modes)
         strip = axes[-1]
         guarded = self.runs.get("guarded")
         if guarded is not None:
@@ -265,18 +376,45 @@ class DemoReport:
         return fig
 
 
+    def _token_panel(self, ax: Any, modes: Sequence[str]) -> None:
+        """Tokens per second the greedy tenant and the others received, both runs, with the
+        rate the greedy tenant's tokens are paced to."""
+        for mode in modes:
+            run = self.runs[mode]
+            others = sorted({r.tenant for r in run.records} - set(self.greedy))
+            colour = _RUN_COLOURS[mode]
+            for tenants, style, who in ((self.greedy, "-", "greedy tenant"), (others, "--", "the others")):
+                rate = token_rate(run.records, tenants)
+                if len(rate):
+                    ax.step(np.arange(len(rate)), rate, where="post", ls=style, lw=1.0, color=colour,
+                            label=f"{mode}: {who}")
+            for tenant, limit in (run.generation.paced_to if run.generation else {}).items():
+                ax.axhline(limit, ls=":", lw=0.8, color=colour, label=f"{tenant} paced to {limit:,.0f}/s")
+        if self.runs:
+            _phases(ax, next(iter(self.runs.values())).phases, labels=False)
+        ax.set_ylabel("tokens/s")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="upper left", ncol=3, frameon=False)
+        ax.set_title("tokens received per second (the greedy tenant and all the others together)",
+                     loc="left", fontsize=9)
+
+
+_RUN_COLOURS = {"unguarded": "#d62728", "guarded": "#1f77b4"}
+
 # How the chart draws each kind of request: healthy answers, answers a fallback served, requests
-# shed by a tenant quota, and failures.
+# shed by a tenant quota, answers cut after their first word, and other failures.
 _MARKERS: dict[str, dict[str, Any]] = {
     "healthy": {"s": 5, "color": "#1f77b4", "marker": "o"},
     "fallback": {"s": 9, "edgecolors": "#2ca02c", "marker": "D", "facecolors": "none", "linewidths": 0.6},
     "quota": {"s": 8, "color": "0.55", "marker": "v"},
+    "cut": {"s": 11, "edgecolors": "#9467bd", "marker": "s", "facecolors": "none", "linewidths": 0.7},
     "failed": {"s": 10, "color": "#d62728", "marker": "x", "linewidths": 0.7},
 }
 _LABELS = {
     "healthy": "answered",
     "fallback": "answered by a fallback",
     "quota": "shed by tenant quota",
+    "cut": "cut mid-answer",
     "failed": "failed",
 }
 _RERANK_STRIP_NOTE = (
@@ -285,10 +423,19 @@ _RERANK_STRIP_NOTE = (
 )
 
 
+def _paced(summary: dict[str, Any], tenants: Sequence[str]) -> str:
+    """``paced / streams`` of ``tenants`` in a run's summary; "-" without ragguard."""
+    streams = summary["streams_by_tenant"]
+    if streams is None:
+        return "-"
+    got = [streams[t] for t in tenants if t in streams]
+    return f"{sum(v['paced_streams'] for v in got)} / {sum(v['streams'] for v in got)}"
+
+
 def _kind(record: RequestRecord) -> str:
     if record.outcome == "ok":
         return "fallback" if record.fallbacks else "healthy"
-    return "quota" if record.outcome == "quota" else "failed"
+    return record.outcome if record.outcome in ("quota", "cut") else "failed"
 
 
 def _ms(record: RequestRecord) -> float:

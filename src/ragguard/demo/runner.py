@@ -33,7 +33,7 @@ from .guarded import GuardedPipeline, demo_policy
 from .keyword import KeywordIndex
 from .loadgen import Arrival, RequestRecord, TenantLoad, plan_arrivals, run_load
 from .pipeline import BackendClients, PipelineSettings, UnguardedPipeline
-from .report import DemoReport, RunResult, Transition, summarize
+from .report import DemoReport, GenerationTally, RunResult, Transition, summarize
 from .rerank import Reranker
 from .service import RetrievalClient, RetrievalServer
 
@@ -43,7 +43,11 @@ FULL_DURATION_S = 40.0
 QUICK_DURATION_S = 9.0
 HEALTHY_RERANK_BUDGET = 64 * 2**20
 REDIS_PREFIX = "ragguard-demo"
-BREAKERS = ("embedding", "vector_store", "rerank")
+BREAKERS = ("embedding", "vector_store", "rerank", "generation")
+# The greedy tenant's generated tokens are paced to this rate (burst: tokens handed over back to
+# back above it); a well-behaved tenant asks for about 130 tokens/s.
+GREEDY_TOKENS_PER_S = 600.0
+GREEDY_TOKEN_BURST = 120
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +302,7 @@ async def _start(options: DemoOptions) -> _Shared:
             embedding=proxies["embedding"].target,
             vector_store=proxies["vector_store"].target,
             control=addresses.control,
+            generation=addresses.generation,
         ),
         control=control,
         applier=applier,
@@ -316,7 +321,7 @@ async def _baseline_recall(shared: _Shared, options: DemoOptions) -> float:
     try:
         arrivals = [Arrival(0.0, options.tenants[0], i) for i in range(len(shared.questions))]
         records = await run_load({options.tenants[0]: client}, arrivals, shared.questions,
-                                 timeout_s=options.client_timeout_s, max_in_flight=8)
+                                 timeout_s=options.client_timeout_s, max_in_flight=8, rpc="answer")
     finally:
         await client.close()
         await server.stop(None)
@@ -360,10 +365,13 @@ async def _run(
     stalls: list[dict[str, Any]] = []
     breakers: list[str] = []
     rerank_floor: int | None = None
+    generation: GenerationTally | None = None
     if mode == "guarded":
         server, closers, guard = _guarded_service(shared, options, duration, redis)
         breakers = list(BREAKERS)
         rerank_floor = guard.policy.stage("rerank").rerank_min_batch
+        paced = {t: q.tokens_per_s for t, q in guard.policy.tenants.items() if q.tokens_per_s is not None}
+        generation = GenerationTally(paced_to=paced)
     else:
         server, closers = _unguarded_service(shared, options)
     address = await server.start()
@@ -377,6 +385,8 @@ async def _run(
         elif isinstance(event, LoopStall):
             stalls.append({"at_s": round(event.at - start, 3), "duration_s": round(event.duration_s, 4),
                            "frame": event.frame})
+        elif generation is not None:
+            generation.on_event(event)
 
     unsubscribe = bus.subscribe(on_event)
     detector = _stall_detector()
@@ -390,7 +400,7 @@ async def _run(
         records = await run_load(
             load_clients, arrivals, shared.questions, timeout_s=options.client_timeout_s,
             max_in_flight=options.concurrency, start=start,
-            on_done=(lambda r: tick(None, r)) if tick is not None else None,
+            on_done=(lambda r: tick(None, r)) if tick is not None else None, rpc="answer",
         )
         await driver
         if ticker is not None:
@@ -410,7 +420,7 @@ async def _run(
     phases = [(name, round(a, 3), round(b, 3)) for name, a, b in plan.spans(duration)]
     return RunResult(mode=mode, duration_s=duration, records=records, phases=phases, transitions=transitions,
                      stalls=stalls, wall_s=time.monotonic() - wall0, breakers=breakers,
-                     rerank_floor=rerank_floor)
+                     rerank_floor=rerank_floor, generation=generation)
 
 
 Closer = Callable[[], Awaitable[None]]
@@ -433,6 +443,7 @@ def _guarded_service(
             options.greedy_tenant: TenantQuota(
                 max_concurrency=4, rate_per_s=greedy_rate * 0.6, burst=max(1, math.ceil(greedy_rate * 0.2)),
                 max_wait_s=0.05, timeout_s=2.0,
+                tokens_per_s=GREEDY_TOKENS_PER_S, token_burst=GREEDY_TOKEN_BURST,
             )
         },
     )
@@ -452,11 +463,11 @@ def _guarded_service(
 
 
 def _shared_guard(policy: Policy, redis: Any, rng: random.Random) -> tuple[Guard, list[Closer]]:
-    """A Guard whose quotas and three breakers live in Redis (``--redis``), shared by every demo
-    replica using the same server."""
+    """A Guard whose quotas and four breakers live in Redis (``--redis``), shared by every demo
+    replica using the same server (token pacing stays in the process)."""
     guard = Guard(policy, rng=rng, redis=redis, redis_prefix=REDIS_PREFIX)
     for stage in BREAKERS:
-        guard.breaker(stage)  # build (and share) the three typed breakers up front
+        guard.breaker(stage)  # build (and share) the four breakers up front
     return guard, [guard.aclose]
 
 

@@ -1,23 +1,29 @@
-"""The RAG retrieval service: a grpc.aio server with one RPC, and its client.
+"""The RAG service: a grpc.aio server with two RPCs, and its client.
 
-``Retrieval/Retrieve``: ``{"query": str}`` -> ``{"hits": [{"pid", "score", "topics", "title"}],
-"fallbacks": [str]}``. The caller's tenant travels in the ``x-tenant-id`` metadata key
-(:data:`ragguard.grpc.TENANT_KEY`), where :class:`ragguard.grpc.GuardServerInterceptor` reads it.
+- ``Retrieval/Retrieve``: ``{"query": str}`` -> ``{"hits": [{"pid", "score", "topics", "title"}],
+  "fallbacks": [str]}``.
+- ``Retrieval/Answer`` (server streaming): ``{"query": str}`` -> ``{"text": str}`` messages, one
+  word of the generated answer each, then one last message shaped like Retrieve's reply (the
+  passages answered from, and every fallback that served the request, generation's included).
+
+The caller's tenant travels in the ``x-tenant-id`` metadata key (:data:`ragguard.grpc.TENANT_KEY`),
+where :class:`ragguard.grpc.GuardServerInterceptor` reads it.
 
 Errors become gRPC statuses: a query that is not a non-empty str of at most
 :data:`MAX_QUERY_CHARS` characters INVALID_ARGUMENT; ragguard's errors (a quota rejection, an open
-breaker with no fallback left, a spent deadline, a bad tenant id) whatever the interceptor maps
-them to (:func:`ragguard.grpc.status_for`); a dependency's own UNAVAILABLE or DEADLINE_EXCEEDED
-passes through (the unguarded service meets those); anything else is INTERNAL. The server's
-``capacity`` caps the RPCs in flight (gRPC rejects the excess with RESOURCE_EXHAUSTED), like any
-real service's limit.
+breaker with no fallback left, a spent deadline, a bad tenant id, a stream cut by its budget)
+whatever the interceptor maps them to (:func:`ragguard.grpc.status_for`); a dependency's own
+UNAVAILABLE or DEADLINE_EXCEEDED passes through (the unguarded service meets those); anything else
+is INTERNAL. An Answer that fails after its first word ends with that status after the words
+sent. The server's ``capacity`` caps the RPCs in flight (gRPC rejects the excess with
+RESOURCE_EXHAUSTED), like any real service's limit.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, NoReturn
 
 import grpc
 
@@ -26,7 +32,7 @@ from ragguard.grpc import TENANT_KEY, snappy_channel
 
 from . import _wire
 from .corpus import Passage
-from .pipeline import Pipeline
+from .pipeline import Pipeline, Retrieval
 
 __all__ = ["MAX_QUERY_CHARS", "RetrievalClient", "RetrievalServer"]
 
@@ -56,7 +62,9 @@ class RetrievalServer:
             interceptors=list(interceptors) or None,
             compression=compression,
         )
-        self._server.add_generic_rpc_handlers((_wire.handler(_wire.RETRIEVAL, {"Retrieve": self._retrieve}),))
+        self._server.add_generic_rpc_handlers(
+            (_wire.handler(_wire.RETRIEVAL, {"Retrieve": self._retrieve}, {"Answer": self._answer}),)
+        )
         self.address = ""
 
     async def start(self) -> str:
@@ -69,20 +77,33 @@ class RetrievalServer:
         await self._server.stop(grace_s)
 
     async def _retrieve(self, request: dict[str, Any], context: grpc.aio.ServicerContext) -> dict[str, Any]:
-        query = request.get("query")
-        if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
-            raise InvalidInput(f"query must be a non-empty str of at most {MAX_QUERY_CHARS} characters")
+        query = _query(request)
         try:
             result = await self._pipeline.retrieve(query)
         except RagguardError:
             raise  # the GuardServerInterceptor turns these into statuses
-        except grpc.aio.AioRpcError as exc:  # a dependency failed, and nothing served instead
-            code = exc.code() if exc.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
-            await context.abort(code, f"{exc.code().name}: {exc.details()}")
-            raise  # unreachable: abort raises
         except Exception as exc:
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-            raise  # unreachable: abort raises
+            await _abort(context, exc)
+        return self._reply(result, result.fallbacks)
+
+    async def _answer(
+        self, request: dict[str, Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[dict[str, Any]]:
+        query = _query(request)
+        try:
+            answer = await self._pipeline.answer(query, tenant=_wire.tenant_of(context))
+            try:
+                async for word in answer.words:
+                    yield {"text": word}
+            finally:
+                await _aclose(answer.words)  # closed here, in this task, when the call ends early
+        except RagguardError:
+            raise  # the GuardServerInterceptor turns these into statuses
+        except Exception as exc:
+            await _abort(context, exc)
+        yield self._reply(answer.retrieval, answer.fallbacks())
+
+    def _reply(self, result: Retrieval, fallbacks: Sequence[str]) -> dict[str, Any]:
         return {
             "hits": [
                 {
@@ -93,14 +114,38 @@ class RetrievalServer:
                 }
                 for h in result.hits
             ],
-            "fallbacks": list(result.fallbacks),
+            "fallbacks": list(fallbacks),
         }
 
 
+def _query(request: dict[str, Any]) -> str:
+    query = request.get("query")
+    if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
+        raise InvalidInput(f"query must be a non-empty str of at most {MAX_QUERY_CHARS} characters")
+    return query
+
+
+async def _aclose(words: AsyncIterator[str]) -> None:
+    aclose = getattr(words, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
+    """End the call for ``exc``: a dependency's UNAVAILABLE or DEADLINE_EXCEEDED passes through
+    (nothing served instead), anything else is INTERNAL."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code = exc.code() if exc.code() in _PASSED_THROUGH else grpc.StatusCode.INTERNAL
+        await context.abort(code, f"{exc.code().name}: {exc.details()}")
+    await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+    raise AssertionError("unreachable: abort raises")
+
+
 class RetrievalClient:
-    """A caller of the retrieval service. :meth:`retrieve` returns the decoded reply or raises
-    grpc.aio.AioRpcError. ``tenant`` goes out as ``x-tenant-id`` metadata. ``snappy=True`` asks for
-    Snappy-compressed responses (the server must run :class:`ragguard.grpc.SnappyServerInterceptor`)."""
+    """A caller of the retrieval service. :meth:`retrieve` returns the decoded reply,
+    :meth:`answer` the streamed messages; both raise grpc.aio.AioRpcError. ``tenant`` goes out as
+    ``x-tenant-id`` metadata. ``snappy=True`` asks for Snappy-compressed responses (the server
+    must run :class:`ragguard.grpc.SnappyServerInterceptor`)."""
 
     def __init__(
         self,
@@ -114,6 +159,7 @@ class RetrievalClient:
         )
         target: Any = snappy_channel(self._channel) if snappy else self._channel
         self._call = _wire.unary(target, _wire.RETRIEVAL, "Retrieve")
+        self._answer = _wire.stream(target, _wire.RETRIEVAL, "Answer")
 
     async def retrieve(self, tenant: str, query: str, *, timeout_s: float | None) -> dict[str, Any]:
         reply: dict[str, Any] = await self._call(
@@ -122,6 +168,18 @@ class RetrievalClient:
             metadata=((TENANT_KEY, tenant),),
         )
         return reply
+
+    async def answer(
+        self, tenant: str, query: str, *, timeout_s: float | None
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The Answer stream's messages (``{"text": word}``..., then the hits and fallbacks);
+        ``timeout_s`` bounds the whole stream. Closing the generator early cancels the call."""
+        call = self._answer({"query": query}, timeout=timeout_s, metadata=((TENANT_KEY, tenant),))
+        try:
+            async for message in call:
+                yield message
+        finally:
+            call.cancel()
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
