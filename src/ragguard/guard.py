@@ -12,7 +12,7 @@ import functools
 import inspect
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
@@ -326,7 +326,7 @@ class GuardDecorator(Protocol):
     @overload
     def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
     @overload
-    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, AsyncIterator[Y]]: ...
+    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, AsyncGenerator[Y, None]]: ...
 
 
 def guard(

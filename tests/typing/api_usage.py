@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import ragguard
 from ragguard import CircuitBreaker, Guard, Policy, TenantQuota, deadline, guard, tenant
@@ -38,3 +39,9 @@ async def use() -> None:
     async with g.tenant("acme"):
         pass
     del vectors, text, direct, chunk, left
+
+
+async def closes_a_guarded_stream() -> list[str]:
+    # a guarded async generator is an async generator: aclosing() accepts it
+    async with aclosing(tokens("q")) as words:
+        return [w async for w in words]
