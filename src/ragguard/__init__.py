@@ -3,7 +3,7 @@
 One flat public namespace; everything else lives in private modules or the sub-packages
 (``ragguard.breakers``, ``ragguard.quotas``, ``ragguard.fallbacks``, ``ragguard.chaos``,
 ``ragguard.grpc``, ``ragguard.asgi``, ``ragguard.httpx``, ``ragguard.buffers``,
-``ragguard.monitors``, ``ragguard.metrics``).
+``ragguard.monitors``, ``ragguard.metrics``, ``ragguard.overload``).
 """
 
 from ._clock import FakeClock
@@ -15,6 +15,7 @@ from ._errors import (
     DeadlineExceeded,
     EmbeddingUnavailable,
     InvalidInput,
+    Overloaded,
     QuotaExceeded,
     RagguardError,
     RerankOutOfMemory,
@@ -30,11 +31,22 @@ from .breakers import (
 )
 from .deadline import deadline, remaining
 from .guard import Guard, configure, default_guard, guard, tenant
-from .policy import BreakerPolicy, Policy, RetryPolicy, StagePolicy, TenantQuota
+from .overload import priority
+from .policy import (
+    AdaptivePolicy,
+    BreakerPolicy,
+    HedgePolicy,
+    Policy,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+    ThrottlePolicy,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptivePolicy",
     "BreakerOpen",
     "BreakerPolicy",
     "BreakerState",
@@ -46,7 +58,9 @@ __all__ = [
     "EmbeddingUnavailable",
     "FakeClock",
     "Guard",
+    "HedgePolicy",
     "InvalidInput",
+    "Overloaded",
     "Policy",
     "QuotaExceeded",
     "RagguardError",
@@ -56,6 +70,7 @@ __all__ = [
     "StagePolicy",
     "StageTimeout",
     "TenantQuota",
+    "ThrottlePolicy",
     "VectorStoreUnavailable",
     "VectorStoreUnavailableBreaker",
     "configure",
@@ -64,6 +79,7 @@ __all__ = [
     "default_guard",
     "degraded",
     "guard",
+    "priority",
     "remaining",
     "tenant",
 ]

@@ -9,6 +9,9 @@ whose builder returns one (a layer that is not configured is left out)::
     quota      the default tenant's admission for calls outside a request
     preset     the RAG preset's wrappers (embedding-cache tap, chunked rerank)
     retry      tenacity, deadline-aware, within the retry budget
+    hedge      a second attempt after about the stage's P95 (idempotent stages)
+    throttle   client-side adaptive throttling of a rejecting dependency
+    adaptive   the adaptive concurrency limit: a slot per attempt, priority shedding
     breaker    a permit before each attempt, the outcome after
     timeout    each attempt bounded by min(stage timeout, deadline left)
     chaos      faults injected into the call (only while an injector is installed)
@@ -23,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..pipeline import Layer
-from . import breaker, chaos, deadline, fallback, observe, quota, retry, timeout
+from . import adaptive, breaker, chaos, deadline, fallback, hedge, observe, quota, retry, throttle, timeout
 from ._stage import Bound, Stage, StagePreset
 
 __all__ = ["REGISTRY", "Bound", "Stage", "StagePreset", "build_layers"]
@@ -42,6 +45,9 @@ REGISTRY: tuple[tuple[str, Builder], ...] = (
     ("quota", quota.build),
     ("preset", _preset),
     ("retry", retry.build),
+    ("hedge", hedge.build),
+    ("throttle", throttle.build),
+    ("adaptive", adaptive.build),
     ("breaker", breaker.build),
     ("timeout", timeout.build),
     ("chaos", chaos.build),
