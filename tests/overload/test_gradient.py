@@ -81,15 +81,13 @@ def test_the_baseline_is_re_measured_periodically_with_seeded_jitter() -> None:
     s = LimitSettings(initial_limit=20, probe_interval_s=10.0, probe_jitter=0.2, probe_samples=10,
                       probe_limit=3, max_limit=100)
 
-    def run(seed: int) -> tuple[list[float], GradientLimit]:
+    def run(seed: int, change_at: float = 1e9) -> tuple[list[float], GradientLimit]:
         limit = GradientLimit(s, now=0.0, rng=random.Random(seed))
         probes: list[float] = []
         t, was_probing = 0.0, limit.probing
-        rtt = 0.01
-        while t < 60.0:
+        while t < 70.0:
             t += 0.005
-            if t > 25.0:
-                rtt = 0.03  # the dependency's own latency rises for good (a slower network path)
+            rtt = 0.03 if t > change_at else 0.01  # the dependency's own latency rises for good
             if limit.probing and not was_probing:
                 probes.append(t)
             was_probing = limit.probing
@@ -97,14 +95,20 @@ def test_the_baseline_is_re_measured_periodically_with_seeded_jitter() -> None:
         return probes, limit
 
     probes, limit = run(5)
-    assert len(probes) >= 4
+    assert len(probes) >= 5
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     for gap in gaps:  # every interval, plus up to 20% of it
         assert 10.0 <= gap <= 10.0 * 1.2 + 0.1, gaps
     assert len({round(g, 3) for g in gaps}) > 1  # jittered, not a fixed period
     assert probes == run(5)[0]  # the Guard's seeded rng: reproducible
     assert probes != run(6)[0]
-    # the probe after the change measured the new baseline
+    assert limit.min_rtt == pytest.approx(0.01)
+
+    # a slower baseline for good: the limit falls to its floor, which starts a probe at once
+    # (Envoy's rule), and the probe measures the new baseline
+    probes, limit = run(5, change_at=25.0)
+    after = [p for p in probes if p > 25.0]
+    assert after and after[0] - 25.0 < 8.0
     assert limit.min_rtt == pytest.approx(0.03)
 
 

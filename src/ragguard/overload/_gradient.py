@@ -5,14 +5,18 @@ shared). Latency samples of finished calls are gathered in windows of ``window_s
 least ``min_samples`` each); at the end of a window, with ``rtt`` the window's ``percentile``
 latency and ``min_rtt`` the baseline::
 
-    gradient  = clamp(min_rtt * (1 + tolerance) / rtt, 0.5, 2.0)      # Envoy's (minRTT + buffer) / RTT
-    target    = gradient * limit + sqrt(limit)                         # sqrt(limit): a little queue
+    gradient  = min_rtt * (1 + tolerance) / rtt                        # Envoy's (minRTT + buffer) / RTT
+    target    = limit + sqrt(limit)            if gradient >= 1        # within tolerance: grow
+              = limit * max(0.5, gradient)     otherwise               # above it: shrink in proportion
     target    = min(target, max(limit, growth * max_in_flight))        # failsafe-go: grow only while used
     limit     = clamp(limit + smoothing * (target - limit), floor, ceiling)
 
-so the limit shrinks while latency is above the baseline plus its tolerance and grows (by at most
-about sqrt(limit) a window) while it is below, but only while the calls in flight use it: a limit
-nobody reaches does not drift up to the ceiling and then let a burst through.
+so the limit settles where the dependency's latency is its baseline plus the tolerance: for a
+dependency of K parallel workers, about K x (1 + tolerance). Unlike Envoy's and Gradient2's
+``gradient x limit + headroom``, the sqrt(limit) headroom is added only while the latency is within
+tolerance: at the small limits of a nearly serial dependency a standing headroom would keep a queue
+of several calls (and twice the latency) for good. The limit grows only while the calls in flight
+use it: a limit nobody reaches does not drift up to the ceiling and then let a burst through.
 
 The baseline is re-measured every ``probe_interval_s`` seconds, the start of each probe delayed by
 a random share (up to ``probe_jitter``) of the interval drawn from the Guard's seeded rng, so that
@@ -154,10 +158,11 @@ class GradientLimit:
         if base is None or rtt < base:
             self.min_rtt = base = rtt
         limit = self.limit
-        gradient = min(2.0, max(0.5, base * (1.0 + s.tolerance) / rtt)) if rtt > 0 else 2.0
-        target = gradient * limit + math.sqrt(limit)
-        if target > limit:
-            target = min(target, max(limit, s.growth * used))
+        gradient = base * (1.0 + s.tolerance) / rtt if rtt > 0 else 2.0
+        if gradient >= 1.0:
+            target = min(limit + math.sqrt(limit), max(limit, s.growth * used))
+        else:
+            target = limit * max(0.5, gradient)
         new = limit + s.smoothing * (target - limit)
         new = min(float(s.max_limit), max(float(s.min_limit), new))
         changed = int(new) != int(limit)
