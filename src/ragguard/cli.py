@@ -59,8 +59,9 @@ def bench(
     steady: Annotated[float | None, typer.Option(help="Measured seconds per contender and step.")] = None,
     rounds: Annotated[int | None, typer.Option(help="Rounds per step (medians are reported).")] = None,
     block_ms: Annotated[
-        float, typer.Option(help="Dependency cost per embedding call, ms (capacity ~ 1000/block_ms).")
-    ] = 20.0,
+        float, typer.Option(help="Dependency bottleneck per embedding call, ms (capacity ~ 1000/block_ms).")
+    ] = 15.0,
+    rtt_ms: Annotated[float, typer.Option(help="Dependency's unloaded latency, ms.")] = 60.0,
     halving: Annotated[bool, typer.Option(help="Run the capacity-halving scenario.")] = True,
     out: Annotated[Path, typer.Option(help="Folder for bench.json and bench.png.")] = Path("ragguard-bench"),
     seed: Annotated[int, typer.Option(help="Seed of the load, the faults and the Guards.")] = 7,
@@ -80,8 +81,8 @@ def bench(
             typer.echo(f"ragguard bench: --steps must be numbers joined by commas, got {shown!r}", err=True)
             raise typer.Exit(2) from None
     code = bench_main(
-        quick=quick, steps=parsed, steady_s=steady, rounds=rounds, block_ms=block_ms, halving=halving,
-        out_dir=out, seed=seed,
+        quick=quick, steps=parsed, steady_s=steady, rounds=rounds, block_ms=block_ms, rtt_ms=rtt_ms,
+        halving=halving, out_dir=out, seed=seed,
     )
     raise typer.Exit(code)
 

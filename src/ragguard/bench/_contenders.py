@@ -211,7 +211,10 @@ def bench_policy(tenants: Sequence[TenantPlan], *, adaptive: bool, deadline_s: f
     the service itself (stage ``retrieve``, around the whole pipeline: a request is shed before it
     does any work) and hedged vector-store searches."""
     common: dict[str, Any] = {
-        "open_for_s": 2.0, "window_size": 20, "half_open_permits": 3, "minimum_calls": 10,
+        "open_for_s": 2.0,
+        "window_size": 20,
+        "half_open_permits": 3,
+        "minimum_calls": 10,
     }
     stages = {  # not the standard stage names: those bring their RAG presets' fallbacks
         "embed": StagePolicy(
@@ -237,8 +240,11 @@ def bench_policy(tenants: Sequence[TenantPlan], *, adaptive: bool, deadline_s: f
         )
     quotas = {
         t.name: TenantQuota(
-            max_concurrency=t.max_concurrency, rate_per_s=t.rate_per_s, max_wait_s=0.0,
-            timeout_s=deadline_s, priority=t.priority,  # type: ignore[arg-type]
+            max_concurrency=t.max_concurrency,
+            rate_per_s=t.rate_per_s,
+            max_wait_s=0.0,
+            timeout_s=deadline_s,
+            priority=t.priority,  # type: ignore[arg-type]
         )
         for t in tenants
     }
@@ -246,11 +252,20 @@ def bench_policy(tenants: Sequence[TenantPlan], *, adaptive: bool, deadline_s: f
 
 
 ADAPTIVE = AdaptivePolicy(
-    min_limit=1, initial_limit=4, max_limit=64,
-    tolerance=1.0,  # a nearly serial dependency: two calls in flight double the latency and fill it
-    percentile=0.5, window_s=0.1, min_samples=5, smoothing=0.5,
-    probe_interval_s=10.0, probe_samples=10, probe_limit=2,
-    max_queue=4.0, early_queue=1.0, max_wait_s=0.2,
+    min_limit=1,
+    initial_limit=4,
+    max_limit=64,
+    tolerance=0.75,  # latency up to 1.75x the baseline before the limit shrinks
+    percentile=0.5,
+    window_s=0.1,
+    min_samples=5,
+    smoothing=0.5,
+    probe_interval_s=10.0,
+    probe_samples=10,
+    probe_limit=2,
+    max_queue=6.0,
+    early_queue=2.0,
+    max_wait_s=0.25,
 )
 """The adaptive contender's limit on its ``retrieve`` stage."""
 

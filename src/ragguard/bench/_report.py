@@ -43,6 +43,7 @@ class StepSummary:
     well_behaved_p99_ms: float
     shed_by_priority: dict[str, int]
     outcomes: dict[str, int]
+    well_behaved_outcomes: dict[str, int]
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -66,8 +67,11 @@ def summarize_step(
     wb = [r for r in records if r.tenant in well_behaved]
     shed: dict[str, int] = {}
     outcomes: dict[str, int] = {}
+    wb_outcomes: dict[str, int] = {}
     for r in records:
         outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+        if r.tenant in well_behaved:
+            wb_outcomes[r.outcome] = wb_outcomes.get(r.outcome, 0) + 1
         if r.outcome in REJECTED:
             p = priority_of.get(r.tenant, "interactive")
             shed[p] = shed.get(p, 0) + 1
@@ -83,6 +87,7 @@ def summarize_step(
         well_behaved_p99_ms=_quantile([r.latency_s * 1000 for r in wb], 0.99),
         shed_by_priority=shed,
         outcomes=outcomes,
+        well_behaved_outcomes=wb_outcomes,
     )
 
 
@@ -113,6 +118,7 @@ def merge_rounds(rounds: Sequence[StepSummary]) -> StepSummary:
         well_behaved_p99_ms=med("well_behaved_p99_ms"),
         shed_by_priority=total("shed_by_priority"),
         outcomes=total("outcomes"),
+        well_behaved_outcomes=total("well_behaved_outcomes"),
     )
 
 

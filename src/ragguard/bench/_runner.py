@@ -44,7 +44,7 @@ from ._report import BenchReport, StepSummary, merge_rounds, summarize_step
 __all__ = ["BenchOptions", "cli_main", "run_bench", "run_bench_async"]
 
 FULL_STEPS = (0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
-QUICK_STEPS = (0.5, 1.0, 2.0, 4.0)
+QUICK_STEPS = (0.5, 1.0, 1.5, 3.0)
 WELL_BEHAVED_SHARE = 0.3
 
 
@@ -56,7 +56,10 @@ class BenchOptions:
     - ``steps``: offered loads as multiples of the dependency's capacity (default: 0.4 to 3.0).
     - ``warmup_s``, ``steady_s``: seconds of load per contender and step before and during the
       measured window; ``rounds``: how many times each step is run per contender (medians).
-    - ``block_ms``: the dependency's cost per embedding call (capacity ~ 1000 / block_ms calls/s).
+    - ``block_ms``: the dependency's bottleneck per embedding call (capacity ~ 1000 / block_ms
+      calls/s); ``rtt_ms``: its unloaded latency (the rest is a wait that overlaps, so about
+      ``rtt_ms / block_ms`` calls run at once). Halving the capacity doubles ``block_ms`` and keeps
+      ``rtt_ms``: the concurrency the dependency can take halves.
     - ``tail_rate``, ``tail_s``: the vector-store latency tail.
     - ``deadline_s``: every request's gRPC deadline (the tenants' deadline).
     - ``halving``: run the capacity-halving scenario (``halving_s`` seconds per contender).
@@ -70,7 +73,8 @@ class BenchOptions:
     warmup_s: float | None = None
     steady_s: float | None = None
     rounds: int | None = None
-    block_ms: float = 20.0
+    block_ms: float = 15.0
+    rtt_ms: float = 60.0
     tail_rate: float = 0.02
     tail_s: float = 0.15
     deadline_s: float = 1.0
@@ -88,6 +92,8 @@ class BenchOptions:
                 raise ConfigError(f"{name} must be in (0, 600] seconds, got {v!r}", field=name)
         if not (isinstance(self.block_ms, int | float) and 1.0 <= self.block_ms <= 1000.0):
             raise ConfigError(f"block_ms must be in [1, 1000], got {self.block_ms!r}", field="block_ms")
+        if not (isinstance(self.rtt_ms, int | float) and self.block_ms <= self.rtt_ms <= 10_000.0):
+            raise ConfigError(f"rtt_ms must be in [block_ms, 10000], got {self.rtt_ms!r}", field="rtt_ms")
         if not (0 < self.deadline_s <= 60):
             raise ConfigError(f"deadline_s must be in (0, 60], got {self.deadline_s!r}", field="deadline_s")
         if self.steps is not None and (
@@ -121,8 +127,15 @@ class BenchOptions:
 
 
 def faults(block_ms: float, options: BenchOptions) -> list[dict[str, Any]]:
-    """The chaos in force on the backends: the capacity and the vector-store latency tail."""
+    """The chaos in force on the backends: every embedding call holds the backends' loop
+    ``block_ms`` (the bottleneck: capacity ~ 1000 / block_ms calls/s) and then waits the rest of
+    ``rtt_ms`` without holding anything (network and I/O: calls overlap there), so the dependency's
+    unloaded latency is ``rtt_ms`` and it serves about ``rtt_ms / block_ms`` calls at once; and the
+    vector-store latency tail."""
     out: list[dict[str, Any]] = [{"kind": "block_loop", "stage": "embedding", "rate": 1.0, "ms": block_ms}]
+    wait_ms = options.rtt_ms - block_ms
+    if wait_ms > 0:
+        out.append({"kind": "latency", "stage": "embedding", "rate": 1.0, "seconds": wait_ms / 1000})
     if options.tail_rate > 0:
         out.append(
             {"kind": "latency", "stage": "vector_store", "rate": options.tail_rate, "seconds": options.tail_s}
