@@ -254,3 +254,10 @@ def test_adaptive_policy_order_and_file_loading() -> None:
     assert p.quota("nightly").priority == "batch" and p.quota("nightly").weight == 0.5
     with pytest.raises(ConfigError, match="priority"):
         Policy.parse({"tenants": {"x": {"priority": "urgent"}}})
+
+
+def test_a_generic_breaker_does_not_count_a_nested_stages_shedding() -> None:
+    from ragguard.breakers import counts_by_default
+
+    assert not counts_by_default(Overloaded("inner", 0.1, "limit"))
+    assert counts_by_default(RuntimeError("the dependency failed"))

@@ -17,7 +17,7 @@ import errno
 import sys
 from collections.abc import Callable
 
-from .._errors import BreakerOpen, QuotaExceeded
+from .._errors import BreakerOpen, Overloaded, QuotaExceeded
 
 __all__ = ["counts_by_default", "is_connection_error", "is_out_of_memory", "is_timeout"]
 
@@ -214,7 +214,7 @@ def counts_by_default(exc: BaseException) -> bool:
     """The classifier of a plain :class:`CircuitBreaker`: every error counts except the caller's.
 
     Not counted: ``ValueError`` (``ragguard.InvalidInput`` included) and ``TypeError`` (bad
-    input), and rejections by other ragguard layers (``BreakerOpen``, ``QuotaExceeded``) that never
-    reached the dependency.
+    input), and rejections by other ragguard layers (``BreakerOpen``, ``QuotaExceeded``,
+    ``Overloaded``) that never reached the dependency.
     """
-    return not isinstance(exc, (ValueError, TypeError, BreakerOpen, QuotaExceeded))
+    return not isinstance(exc, (ValueError, TypeError, BreakerOpen, QuotaExceeded, Overloaded))
