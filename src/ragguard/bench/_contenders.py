@@ -315,10 +315,11 @@ class RagguardPipeline:
 
 def tenant_plans(capacity_rps: float) -> list[TenantPlan]:
     """The bench's tenants and their quotas, sized to the dependency's nominal capacity: four
-    well-behaved interactive tenants with a generous share each, a heavy interactive tenant and a
-    batch job, their quotas overcommitting the capacity as shared services' quotas do."""
+    well-behaved interactive tenants (each sends 7.5% of capacity; its quota: 8 in flight and 20%
+    of capacity a second, room for its bursts), a heavy interactive tenant and a batch job, their
+    quotas together overcommitting the capacity as shared services' quotas do."""
     out = [
-        TenantPlan(n, "interactive", 4, round(0.2 * capacity_rps, 2), True)
+        TenantPlan(n, "interactive", 8, round(0.2 * capacity_rps, 2), True)
         for n in ("acme", "globex", "initech", "umbrella")
     ]
     out.append(TenantPlan("hoarder", "interactive", 8, round(0.6 * capacity_rps, 2), False))

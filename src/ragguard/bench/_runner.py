@@ -288,7 +288,7 @@ class _Bench:
             loads_at(load, cap, self.plans), duration, len(self.questions), random.Random(o.seed * 7919)
         )
         runs: dict[str, Any] = {}
-        trace: list[tuple[float, int, float | None]] = []
+        trace: list[tuple[float, int, float | None, bool]] = []
         for name in o.contenders:
             if progress is not None:
                 progress.describe(f"capacity halving: {name}")
@@ -296,7 +296,7 @@ class _Bench:
             await self.control.set_faults(faults(o.block_ms, o))
             start = time.monotonic() + 0.05
             sampler: asyncio.Task[None] | None = None
-            samples: list[tuple[float, int, float | None]] = []
+            samples: list[tuple[float, int, float | None, bool]] = []
             limiter = None
             if c.guard is not None:
                 from ..overload import limiters
@@ -336,8 +336,8 @@ class _Bench:
             "change_at_s": change_at,
             "block_ms": [o.block_ms, 2 * o.block_ms],
             "runs": runs,
-            "limit_trace": [[round(t, 3), lim] for t, lim, _ in trace],
-            "min_rtt_trace": [[round(t, 3), m] for t, _, m in trace],
+            "limit_trace": [[round(t, 3), lim, probing] for t, lim, _, probing in trace],
+            "min_rtt_trace": [[round(t, 3), m] for t, _, m, _ in trace],
         }
         out.update(_convergence(trace, change_at))
         return out
@@ -347,9 +347,10 @@ class _Bench:
         await self.control.set_faults(faults(2 * self.options.block_ms, self.options))
 
 
-async def _sample_limit(limiter: Any, start: float, out: list[tuple[float, int, float | None]]) -> None:
+async def _sample_limit(limiter: Any, start: float, out: list[tuple[float, int, float | None, bool]]) -> None:
     while True:
-        out.append((time.monotonic() - start, limiter.limit, limiter.gradient.min_rtt))
+        g = limiter.gradient
+        out.append((time.monotonic() - start, limiter.limit, g.min_rtt, g.probing))
         await asyncio.sleep(0.1)
 
 
@@ -373,25 +374,35 @@ def _buckets(
     return out
 
 
-def _convergence(trace: Sequence[tuple[float, int, float | None]], change_at: float) -> dict[str, Any]:
-    """When the adaptive limit settled after the change: from the first sample after which it
-    stays within 30% (at least 1 call) of its mean over the last third of the run."""
-    after = [(t, lim) for t, lim, _ in trace if t >= change_at]
-    before = [lim for t, lim, _ in trace if change_at / 3 <= t < change_at]
+def _convergence(trace: Sequence[tuple[float, int, float | None, bool]], change_at: float) -> dict[str, Any]:
+    """When the adaptive limit settled after the change: from the first moment after which its
+    average over the past second stays within 25% of its mean over the last third of the run (the
+    limit is an integer that saws around its level by design: a one-second average follows the
+    level, not the teeth). Samples taken while a baseline probe pins the limit low are left out (a
+    deliberate measurement, flagged in the trace)."""
+    kept = [(t, lim) for t, lim, _, probing in trace if not probing]
+    after = [(t, lim) for t, lim in kept if t >= change_at]
+    before = [lim for t, lim in kept if change_at / 3 <= t < change_at]
     if len(after) < 3:
         return {"convergence_s": None}
     tail = [lim for t, lim in after if t >= change_at + 2 * (after[-1][0] - change_at) / 3]
     level = sum(tail) / len(tail)
-    band = max(1.0, 0.3 * level)
+
+    def smoothed(at: float) -> float:
+        window = [lim for t, lim in kept if at - 1.0 < t <= at]
+        return sum(window) / len(window)
+
+    averages = [(t, smoothed(t)) for t, _ in after]
     settled = None
-    for i, (t, _) in enumerate(after):
-        if all(abs(lim - level) <= band for _, lim in after[i:]):
+    for i, (t, _) in enumerate(averages):
+        if all(abs(avg - level) <= 0.25 * level for _, avg in averages[i:]):
             settled = t
             break
     return {
         "convergence_s": None if settled is None else round(settled - change_at, 2),
         "limit_before": round(sum(before) / len(before), 2) if before else None,
         "limit_after": round(level, 2),
+        "probing_samples_after_change": sum(1 for t, _, _, p in trace if t >= change_at and p),
     }
 
 
