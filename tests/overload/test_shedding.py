@@ -194,9 +194,7 @@ async def test_no_queue_sheds_at_once_and_the_deadline_refuses_a_wait_it_cannot_
     assert "overloaded" in str(info.value) and "'b'" in str(info.value)
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-@pytest.mark.anyio
-async def test_on_trio_a_queued_call_is_granted_or_shed_after_its_wait() -> None:
+def test_on_trio_a_queued_call_is_granted_or_shed_after_its_wait() -> None:
     import trio
 
     clock = FakeClock(auto_advance=False)
@@ -210,13 +208,16 @@ async def test_on_trio_a_queued_call_is_granted_or_shed_after_its_wait() -> None
         except Overloaded as exc:
             got.append(exc.reason)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiter, 0.05)  # trio: the loop's own clock bounds the wait
-        await trio.sleep(0.2)
-        assert got == ["queue"] and lim.waiters == []
-        nursery.start_soon(waiter, 5.0)
-        await trio.sleep(0.01)
-        lim.release(held[0], None)
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter, 0.05)  # trio: the loop's own clock bounds the wait
+            await trio.sleep(0.2)
+            assert got == ["queue"] and lim.waiters == []
+            nursery.start_soon(waiter, 5.0)
+            await trio.sleep(0.01)
+            lim.release(held[0], None)
+
+    trio.run(main)
     assert isinstance(got[1], Permit) and lim.in_flight == 1
     lim.release(got[1], None)
     assert lim.in_flight == 0
