@@ -435,6 +435,8 @@ async def run_bench_async(options: BenchOptions) -> BenchReport:
         from rich.console import Console
 
         console = Console()
+        if not console.is_terminal:
+            console = Console(width=140)  # a log or a pipe: tables at their natural width
     started = time.monotonic()
     steps, warm, steady, rounds, _ = options.plan()
     total = len(steps) * len(options.contenders) * rounds + (
