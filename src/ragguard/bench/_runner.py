@@ -144,11 +144,11 @@ def faults(block_ms: float, options: BenchOptions) -> list[dict[str, Any]]:
 
 
 def loads_at(offered_rps: float, capacity_rps: float, plans: Sequence[TenantPlan]) -> list[TenantLoad]:
-    """Per tenant its rate at ``offered_rps``: the well-behaved share fixed, the rest 60/40 to the
-    heavy tenant and the batch job."""
+    """Per tenant its rate at ``offered_rps``: the well-behaved tenants 30% of capacity (or all of
+    a lighter load), the rest 60/40 to the heavy tenant and the batch job."""
     wb = [p for p in plans if p.well_behaved]
-    share = WELL_BEHAVED_SHARE * capacity_rps
-    greedy = max(0.0, offered_rps - share)
+    share = min(offered_rps, WELL_BEHAVED_SHARE * capacity_rps)
+    greedy = offered_rps - share
     out = [TenantLoad(p.name, share / len(wb)) for p in wb]
     if greedy > 0:
         out.append(TenantLoad("hoarder", 0.6 * greedy, greedy=True))
