@@ -189,3 +189,35 @@ async def test_cancelling_a_hedged_call_releases_every_slot() -> None:
     assert task.cancelled()
     assert dep.cancelled == 2 and lim.in_flight == 0
     assert asyncio.all_tasks() == before  # the hedge helper is gone too
+
+
+@pytest.mark.anyio
+async def test_on_the_loops_clock_the_hedge_starts_from_a_timer_and_fast_calls_make_no_task() -> None:
+    """A Guard on real monotonic time: the hedge's start is a loop timer (a task only when a hedge
+    is sent). Real time, kept to tens of milliseconds."""
+    g = Guard(Policy(stages={"search": StagePolicy(hedge=HedgePolicy(min_samples=5, budget_min_per_s=10.0))}),
+              rng=random.Random(1))
+    state = hedge_state(g.stage("search"))
+    for _ in range(20):
+        state.tracker.add(0.02)
+    created: list[Any] = []
+    loop = asyncio.get_running_loop()
+    factory = loop.get_task_factory()
+    loop.set_task_factory(lambda lp, coro, **kw: created.append(coro) or asyncio.Task(coro, loop=lp, **kw))
+    try:
+        calls = {"n": 0}
+
+        @g.guard("search")
+        async def search(q: str) -> str:
+            calls["n"] += 1
+            await asyncio.sleep(0.001 if q == "fast" else (1.0 if calls["n"] == 2 else 0.005))
+            return f"{q}-{calls['n']}"
+
+        assert await search("fast") == "fast-1"
+        assert created == []  # answered before the delay: no task at all
+        t0 = loop.time()
+        assert await search("slow") == "slow-3"  # the first leg (call 2) sleeps 1 s; the hedge wins
+        assert loop.time() - t0 < 0.5 and (state.fired, state.won) == (1, 1)
+        assert len(created) == 1
+    finally:
+        loop.set_task_factory(factory)

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .._clock import timers_of
 from .._compat import current_task, running_loop
 from .._context import current_tenant
 from ..events import bus
@@ -41,7 +42,7 @@ __all__ = ["HedgeLayer", "build", "hedge_state"]
 
 
 class _Race:
-    __slots__ = ("error", "launched", "primary_failed", "result", "settled", "won")
+    __slots__ = ("error", "launched", "primary_failed", "result", "settled", "task", "timer", "won")
 
     def __init__(self) -> None:
         self.settled = False  # the first leg's outcome is taken: the hedge must not cancel it
@@ -50,6 +51,8 @@ class _Race:
         self.won = False
         self.result: Any = None
         self.error: BaseException | None = None
+        self.timer: asyncio.TimerHandle | None = None  # the hedge's start, on the loop's clock
+        self.task: asyncio.Task[Any] | None = None  # the hedge (or, on a FakeClock, its sleeper)
 
 
 def _twin(call: Call) -> Call:
@@ -72,10 +75,14 @@ def _fork(proceed: Callable[[], Awaitable[Any]], call: Call) -> Callable[[], Awa
 
 
 class HedgeLayer:
-    """Hedges the attempts of stage ``stage`` (see the module docstring)."""
+    """Hedges the attempts of stage ``stage`` (see the module docstring).
+
+    The hedge's start is a loop timer (``call_later``: a task is made only when a hedge is sent)
+    when the Guard's clock is the loop's monotonic time; on a clock with its own sleep and timers
+    (:class:`~ragguard.FakeClock`) a helper task sleeps on it instead."""
 
     streams: ClassVar[bool] = False
-    __slots__ = ("clock", "sleep", "stage", "state")
+    __slots__ = ("_own_clock", "clock", "sleep", "stage", "state")
 
     def __init__(
         self,
@@ -88,6 +95,7 @@ class HedgeLayer:
         self.state = state
         self.clock = clock
         self.sleep = sleep
+        self._own_clock = timers_of(clock) is not None
 
     async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:
         state = self.state
@@ -102,7 +110,10 @@ class HedgeLayer:
             state.tracker.add(clock() - started)
             return result
         race = _Race()
-        helper = loop.create_task(self._hedge(race, owner, delay, _fork(proceed, call)))
+        if self._own_clock:
+            race.task = loop.create_task(self._sleep_then_hedge(race, owner, delay, proceed, call))
+        else:
+            race.timer = loop.call_later(delay, self._launch, race, owner, delay, proceed, call, loop)
         before = owner.cancelling()
         try:
             result = await proceed()
@@ -111,37 +122,71 @@ class HedgeLayer:
             if race.won and owner.uncancel() <= before:
                 state.tracker.add(clock() - started)  # a lower bound: the loser's time so far
                 return race.result
-            await _stop(helper)
+            await _stop(race)
             raise
         except Exception:
             race.primary_failed = True
             if not race.launched:
                 race.settled = True
-                await _stop(helper)
+                await _stop(race)
                 raise
-            await asyncio.wait((helper,))  # the hedge is under way: an error cannot win
+            assert race.task is not None
+            await asyncio.wait((race.task,))  # the hedge is under way: an error cannot win
             if race.won:
                 return race.result
             raise
         race.settled = True
         state.tracker.add(clock() - started)
-        await _stop(helper)
+        if race.task is None:  # the usual case: no hedge was sent, only its timer to stop
+            if race.timer is not None:
+                race.timer.cancel()
+            return result
+        await _stop(race)
         return result
 
-    async def _hedge(
-        self, race: _Race, owner: asyncio.Task[Any], delay: float, proceed: Callable[[], Awaitable[Any]]
+    def _launch(
+        self,
+        race: _Race,
+        owner: asyncio.Task[Any],
+        delay: float,
+        proceed: Callable[[], Awaitable[Any]],
+        call: Call,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        race.timer = None
+        if self._allowed(race, delay):
+            race.task = loop.create_task(self._leg(race, owner, _fork(proceed, call)))
+
+    async def _sleep_then_hedge(
+        self,
+        race: _Race,
+        owner: asyncio.Task[Any],
+        delay: float,
+        proceed: Callable[[], Awaitable[Any]],
+        call: Call,
     ) -> None:
         await self.sleep(delay)
+        if self._allowed(race, delay):
+            await self._leg(race, owner, _fork(proceed, call))
+
+    def _allowed(self, race: _Race, delay: float) -> bool:
+        """Whether to send the hedge now (the first leg has not answered, the budget allows)."""
         if race.settled:
-            return
+            return False
         state = self.state
         if not state.budget.try_spend():  # type: ignore[attr-defined]
             state.refused += 1
-            return
+            return False
         race.launched = True
         state.fired += 1
         if bus.active:
             bus.emit(HedgeFired(self.stage, current_tenant(), delay))
+        return True
+
+    async def _leg(
+        self, race: _Race, owner: asyncio.Task[Any], proceed: Callable[[], Awaitable[Any]]
+    ) -> None:
+        state = self.state
         started = self.clock()
         try:
             result = await proceed()
@@ -158,11 +203,16 @@ class HedgeLayer:
             owner.cancel()  # stop the first leg: its layers release what it holds
 
 
-async def _stop(helper: asyncio.Task[Any]) -> None:
-    """Cancel the hedge helper and wait until it has released what it held."""
-    if not helper.done():
-        helper.cancel()
-    await asyncio.wait((helper,))
+async def _stop(race: _Race) -> None:
+    """Cancel the hedge (its timer, or its task) and wait until it has released what it held."""
+    if race.timer is not None:
+        race.timer.cancel()
+        race.timer = None
+    task = race.task
+    if task is not None:
+        if not task.done():
+            task.cancel()
+        await asyncio.wait((task,))
 
 
 def hedge_state(stage: Stage) -> HedgeState:
