@@ -3,7 +3,7 @@
 One flat public namespace; everything else lives in private modules or the sub-packages
 (``ragguard.breakers``, ``ragguard.quotas``, ``ragguard.fallbacks``, ``ragguard.chaos``,
 ``ragguard.grpc``, ``ragguard.asgi``, ``ragguard.httpx``, ``ragguard.buffers``,
-``ragguard.monitors``, ``ragguard.metrics``).
+``ragguard.monitors``, ``ragguard.metrics``, ``ragguard.overload``).
 """
 
 from ._clock import FakeClock
@@ -15,6 +15,7 @@ from ._errors import (
     DeadlineExceeded,
     EmbeddingUnavailable,
     InvalidInput,
+    Overloaded,
     QuotaExceeded,
     RagguardError,
     RerankOutOfMemory,
@@ -31,11 +32,23 @@ from .breakers import (
 )
 from .deadline import deadline, remaining
 from .guard import Guard, configure, default_guard, guard, tenant
-from .policy import BreakerPolicy, GenerationPolicy, Policy, RetryPolicy, StagePolicy, TenantQuota
+from .overload import priority
+from .policy import (
+    AdaptivePolicy,
+    BreakerPolicy,
+    GenerationPolicy,
+    HedgePolicy,
+    Policy,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+    ThrottlePolicy,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptivePolicy",
     "BreakerOpen",
     "BreakerPolicy",
     "BreakerState",
@@ -48,7 +61,9 @@ __all__ = [
     "FakeClock",
     "GenerationPolicy",
     "Guard",
+    "HedgePolicy",
     "InvalidInput",
+    "Overloaded",
     "Policy",
     "QuotaExceeded",
     "RagguardError",
@@ -59,6 +74,7 @@ __all__ = [
     "StageTimeout",
     "StreamTimeout",
     "TenantQuota",
+    "ThrottlePolicy",
     "VectorStoreUnavailable",
     "VectorStoreUnavailableBreaker",
     "configure",
@@ -67,6 +83,7 @@ __all__ = [
     "default_guard",
     "degraded",
     "guard",
+    "priority",
     "remaining",
     "tenant",
 ]

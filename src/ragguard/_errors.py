@@ -8,6 +8,7 @@ Every rejection ragguard makes on a caller's behalf derives from one root::
      |    +-- VectorStoreUnavailable   the vector-store breaker (connection-class errors)
      |    +-- RerankOutOfMemory        the rerank breaker (out-of-memory)
      +-- QuotaExceeded                 the tenant is over its concurrency or rate quota
+     +-- Overloaded                    shed: the stage's adaptive limit, queue or throttle refused
      +-- DeadlineExceeded              the request's time budget is spent
      +-- StageTimeout (TimeoutError)   one attempt ran past the stage's own ``timeout_s``
      |    +-- StreamTimeout            a stream's first-item, idle or total budget ran out
@@ -33,6 +34,7 @@ __all__ = [
     "DeadlineExceeded",
     "EmbeddingUnavailable",
     "InvalidInput",
+    "Overloaded",
     "QuotaExceeded",
     "RagguardError",
     "RerankOutOfMemory",
@@ -98,6 +100,48 @@ class QuotaExceeded(RagguardError):
         self.retry_after_s = retry_after_s
         self.reason = reason
         super().__init__(f"tenant {tenant!r} is over its {reason} quota; retry after {retry_after_s:.3f}s")
+
+
+class Overloaded(RagguardError):
+    """Stage ``stage`` shed the call to protect its dependency (or the service) from overload.
+
+    ``reason`` is ``"limit"`` (the adaptive concurrency limit is full and the call could not
+    queue), ``"queue"`` (it queued and was shed, or waited out its ``max_wait_s``), ``"deadline"``
+    (the wait would outlast the request's deadline) or ``"throttled"`` (client-side adaptive
+    throttling: the dependency has been rejecting calls); ``priority`` the call's priority name
+    and ``tenant`` its tenant; ``retry_after_s`` an estimate, in seconds, of when a retry could
+    be admitted (about one round trip of the dependency while shedding). Front doors answer it
+    with UNAVAILABLE / 503 and ``Retry-After``.
+    """
+
+    def __init__(
+        self, stage: str, retry_after_s: float, reason: str, *, priority: str = "", tenant: str = ""
+    ) -> None:
+        # Built by the thousand while shedding: no message formatting until someone reads it.
+        self.stage = stage
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+        self.priority = priority
+        self.tenant = tenant
+
+    def __str__(self) -> str:
+        who = f" ({self.priority} call of tenant {self.tenant!r})" if self.tenant else ""
+        return (
+            f"stage {self.stage!r} is overloaded: shed by {self.reason}{who}; "
+            f"retry after {self.retry_after_s:.3f}s"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_overloaded,
+            (self.stage, self.retry_after_s, self.reason, self.priority, self.tenant),
+        )
+
+
+def _rebuild_overloaded(
+    stage: str, retry_after_s: float, reason: str, priority: str, tenant: str
+) -> Overloaded:
+    return Overloaded(stage, retry_after_s, reason, priority=priority, tenant=tenant)
 
 
 class DeadlineExceeded(RagguardError):

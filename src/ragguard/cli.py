@@ -1,4 +1,4 @@
-"""The ``ragguard`` command: ``ragguard demo``, ``ragguard doctor``, ``ragguard version``."""
+"""The ``ragguard`` command: ``ragguard demo``, ``bench``, ``doctor`` and ``version``."""
 
 from __future__ import annotations
 
@@ -76,6 +76,43 @@ def demo(
         quick=quick,
         out_dir=out,
         seed=seed,
+    )
+    raise typer.Exit(code)
+
+
+@app.command()
+def bench(
+    quick: Annotated[bool, typer.Option("--quick", help="A CI run, under 60 s.")] = False,
+    steps: Annotated[
+        str | None, typer.Option(help="Offered loads as multiples of capacity, e.g. '0.5,1,2,3'.")
+    ] = None,
+    steady: Annotated[float | None, typer.Option(help="Measured seconds per contender and step.")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Rounds per step (medians are reported).")] = None,
+    block_ms: Annotated[
+        float, typer.Option(help="Dependency bottleneck per embedding call, ms (capacity ~ 1000/block_ms).")
+    ] = 15.0,
+    rtt_ms: Annotated[float, typer.Option(help="Dependency's unloaded latency, ms.")] = 60.0,
+    halving: Annotated[bool, typer.Option(help="Run the capacity-halving scenario.")] = True,
+    out: Annotated[Path, typer.Option(help="Folder for bench.json and bench.png.")] = Path("ragguard-bench"),
+    seed: Annotated[int, typer.Option(help="Seed of the load, the faults and the Guards.")] = 7,
+) -> None:
+    """Stepped load on the demo's real service: unguarded, hand-composed, ragguard static and adaptive."""
+    try:
+        from .bench import cli_main as bench_main
+    except ImportError as exc:  # the demo's optional dependencies are missing
+        typer.echo(f"the bench needs the demo extras: pip install 'ragguard[demo]' ({exc})", err=True)
+        raise typer.Exit(2) from exc
+    parsed: tuple[float, ...] | None = None
+    if steps is not None:
+        try:
+            parsed = tuple(float(x) for x in steps.split(",") if x.strip())
+        except ValueError:
+            shown = steps[:60]
+            typer.echo(f"ragguard bench: --steps must be numbers joined by commas, got {shown!r}", err=True)
+            raise typer.Exit(2) from None
+    code = bench_main(
+        quick=quick, steps=parsed, steady_s=steady, rounds=rounds, block_ms=block_ms, rtt_ms=rtt_ms,
+        halving=halving, out_dir=out, seed=seed,
     )
     raise typer.Exit(code)
 

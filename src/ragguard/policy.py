@@ -38,12 +38,15 @@ __all__ = [
     "MAX_ERRORS_SHOWN",
     "MAX_POLICY_VALUES",
     "STANDARD_STAGES",
+    "AdaptivePolicy",
     "BreakerPolicy",
     "GenerationPolicy",
+    "HedgePolicy",
     "Policy",
     "RetryPolicy",
     "StagePolicy",
     "TenantQuota",
+    "ThrottlePolicy",
 ]
 
 MAX_ERRORS_SHOWN = 20
@@ -53,6 +56,8 @@ MAX_POLICY_VALUES = 1_000_000
 
 BreakerKind = Literal["embedding_timeout", "vector_store_unavailable", "rerank_oom", "generic", "none"]
 RetryOn = Literal["connection", "timeout", "out_of_memory", "any"]
+Priority = Literal["critical", "interactive", "batch"]
+OverloadSignal = Literal["loop_lag", "pool_wait", "out_of_memory"]
 
 
 class _Model(BaseModel):
@@ -103,6 +108,12 @@ class TenantQuota(_Model):
       :class:`~ragguard.QuotaExceeded` with reason ``tokens``) and settles with its real count when
       it ends, however it ends, >= 1.
     - ``token_window_s``: the quota's window, seconds, > 0 (default 60: tokens per minute).
+    - ``priority``: the priority of the tenant's requests at the stages' adaptive limits
+      (``critical``, ``interactive`` or ``batch``; a front door's ``x-priority`` header or
+      :func:`ragguard.overload.priority` overrides it per request). Over a limit, lower
+      priorities are shed first.
+    - ``weight``: the tenant's share when shedding within one priority (> 0, default 1): the
+      tenant whose usage per unit of weight is highest is shed first.
     """
 
     max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -114,6 +125,8 @@ class TenantQuota(_Model):
     token_burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
     token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
     token_window_s: float = Field(default=60.0, gt=0, le=31 * 86_400)
+    priority: Priority = "interactive"
+    weight: float = Field(default=1.0, gt=0, le=1e6)
 
     @property
     def unlimited(self) -> bool:
@@ -226,6 +239,105 @@ class GenerationPolicy(_Model):
     idle_s: float | None = Field(default=10.0, gt=0, le=86_400)
     total_s: float | None = Field(default=300.0, gt=0, le=86_400)
     estimate_tokens: int = Field(default=256, ge=1, le=1_000_000_000)
+class AdaptivePolicy(_Model):
+    """An adaptive concurrency limit on a stage's calls to its dependency (see
+    :mod:`ragguard.overload`): the limit follows the dependency's latency, and calls over it queue
+    by priority or are shed with :class:`~ragguard.Overloaded`.
+
+    - ``min_limit`` (floor) <= ``initial_limit`` <= ``max_limit`` (ceiling): calls in flight at
+      once, 1-100,000.
+    - ``tolerance``: how far above the baseline latency (``min_rtt``) a window's latency may be
+      before the limit shrinks, as a share (0.5 = 50%; Envoy's ``buffer``), 0-10.
+    - ``percentile``: the latency of a window is this quantile of its samples (0-1], Envoy's p50.
+    - ``window_s``: the limit is recomputed at most once per window (seconds, (0, 60]), from at
+      least ``min_samples`` finished calls.
+    - ``smoothing``: the share of the way to the new target the limit moves per window, (0, 1].
+    - ``growth``: the limit grows only up to ``growth`` x the most calls in flight in the window
+      (failsafe-go's rule: a limit nobody uses does not climb), >= 1.
+    - baseline probes: every ``probe_interval_s`` seconds (plus up to ``probe_jitter`` of it, drawn
+      from the Guard's rng) the limit is pinned to ``probe_limit`` for ``probe_samples`` calls to
+      re-measure ``min_rtt`` (Envoy's minRTT window); the first probe runs at start.
+    - queue: over the limit a call waits up to ``max_wait_s`` seconds (cut to its deadline); the
+      queue holds ``max_queue`` x limit calls, and from ``early_queue`` x limit on it sheds calls
+      with a rising probability (lowest priority, then heaviest tenant first). ``max_queue: 0``
+      sheds at once.
+    - ``usage_window_s``: the time constant (seconds) of a tenant's recent admissions, counted in
+      its usage when choosing whom to shed.
+    - ``signals``: outside pressure that backs the limit off by ``backoff`` (a factor in (0, 1)),
+      at most once per window: ``loop_lag`` (a loop stall of ``loop_lag_s`` seconds or more
+      reported by :class:`ragguard.monitors.StallDetector`), ``pool_wait`` (a Redis pool monitor's
+      slow acquire or timeout), ``out_of_memory`` (a call that ran out of memory).
+    """
+
+    min_limit: int = Field(default=1, ge=1, le=100_000)
+    max_limit: int = Field(default=256, ge=1, le=100_000)
+    initial_limit: int = Field(default=16, ge=1, le=100_000)
+    tolerance: float = Field(default=0.5, ge=0, le=10)
+    percentile: float = Field(default=0.5, gt=0, le=1)
+    window_s: float = Field(default=0.25, gt=0, le=60)
+    min_samples: int = Field(default=8, ge=1, le=100_000)
+    smoothing: float = Field(default=0.5, gt=0, le=1)
+    growth: float = Field(default=2.0, ge=1, le=100)
+    probe_interval_s: float = Field(default=30.0, gt=0, le=86_400)
+    probe_jitter: float = Field(default=0.15, ge=0, le=1)
+    probe_samples: int = Field(default=25, ge=1, le=100_000)
+    probe_limit: int = Field(default=3, ge=1, le=100_000)
+    backoff: float = Field(default=0.8, gt=0, lt=1)
+    max_queue: float = Field(default=2.0, ge=0, le=100)
+    early_queue: float = Field(default=1.0, ge=0, le=100)
+    max_wait_s: float = Field(default=1.0, ge=0, le=3600)
+    usage_window_s: float = Field(default=1.0, gt=0, le=3600)
+    signals: tuple[OverloadSignal, ...] = ("loop_lag", "out_of_memory")
+    loop_lag_s: float = Field(default=0.05, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AdaptivePolicy:
+        if not self.min_limit <= self.initial_limit <= self.max_limit:
+            raise ValueError(
+                f"need min_limit <= initial_limit <= max_limit, got {self.min_limit}, "
+                f"{self.initial_limit}, {self.max_limit}"
+            )
+        if self.early_queue > self.max_queue:
+            raise ValueError(f"early_queue ({self.early_queue}) must be <= max_queue ({self.max_queue})")
+        return self
+
+
+class ThrottlePolicy(_Model):
+    """Client-side adaptive throttling of a stage whose dependency rejects calls (Google SRE book,
+    "Handling Overload"): a call is refused locally with probability
+    ``min(max_reject, max(0, (requests - k * accepts) / (requests + 1)))`` over the last
+    ``window_s`` seconds of the Guard's clock.
+
+    - ``k``: how many times the accepted calls the client may send, >= 1 (the book's 2).
+    - ``window_s``: seconds of history, (0, 3600] (the book's two minutes; default 60).
+    - ``max_reject``: the highest refusal probability, [0, 1): a trickle always probes.
+    """
+
+    k: float = Field(default=2.0, ge=1, le=100)
+    window_s: float = Field(default=60.0, gt=0, le=3600)
+    max_reject: float = Field(default=0.9, ge=0, lt=1)
+
+
+class HedgePolicy(_Model):
+    """Hedged requests for an idempotent stage (retrieval, rerank): when an attempt has not
+    answered after about the stage's ``quantile`` latency, a second attempt is sent; the first
+    success wins and the other is cancelled; an error never wins the race.
+
+    - ``quantile``: the hedge delay is this quantile of the stage's recent attempt latencies,
+      (0, 1) (0.95: the P95), at least ``min_delay_s`` and at most ``max_delay_s`` (seconds; None:
+      no cap); no hedge until ``min_samples`` latencies were seen (of the last ``samples``).
+    - budget, as the retry budget's: hedges add at most ``budget_ratio`` of the stage's calls
+      over ``budget_window_s`` seconds, plus ``budget_min_per_s`` per second (default 10%, 0).
+    """
+
+    quantile: float = Field(default=0.95, gt=0, lt=1)
+    min_delay_s: float = Field(default=0.001, ge=0, le=3600)
+    max_delay_s: float | None = Field(default=None, gt=0, le=3600)
+    min_samples: int = Field(default=20, ge=1, le=100_000)
+    samples: int = Field(default=256, ge=16, le=100_000)
+    budget_ratio: float = Field(default=0.1, ge=0, le=1)
+    budget_min_per_s: float = Field(default=0.0, ge=0, le=1e6)
+    budget_window_s: float = Field(default=10.0, gt=0, le=3600)
 
 
 class StagePolicy(_Model):
@@ -247,6 +359,9 @@ class StagePolicy(_Model):
     - ``layers``: the options of layers added with :func:`ragguard.layers.register_layer`, by layer
       name, each validated by that layer's own policy model (an unknown name is an error); a
       layer with no entry here is left out of the stage's chain unless it says otherwise.
+    - overload (:mod:`ragguard.overload`, each None = off): ``adaptive`` an adaptive concurrency
+      limit with priority shedding, ``throttle`` client-side adaptive throttling, ``hedge`` hedged
+      requests (idempotent stages only).
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -259,6 +374,9 @@ class StagePolicy(_Model):
     rerank_min_batch: int = Field(default=4, ge=1)
     generation: GenerationPolicy = GenerationPolicy()
     preset: str | None = None
+    adaptive: AdaptivePolicy | None = None
+    throttle: ThrottlePolicy | None = None
+    hedge: HedgePolicy | None = None
     layers: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("layers")

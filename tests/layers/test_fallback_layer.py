@@ -141,3 +141,11 @@ def test_the_chain_order_is_preset_first_then_the_users_then_preset_last() -> No
     assert rerank is not None
     assert [f.name for f in rerank.fallbacks] == ["mine", "skip_rerank"]
     assert build(g.stage("plain"), Bound("plain", _embed, stream=False)) is None  # nothing to serve
+
+
+async def test_a_call_shed_by_an_overload_layer_is_served_by_the_fallback() -> None:
+    from ragguard import Overloaded
+    from ragguard.layers.fallback import applies_for
+
+    applies = applies_for(lambda exc: False, "breaker")
+    assert applies(Overloaded("s", 0.1, "limit"))

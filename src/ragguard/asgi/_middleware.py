@@ -16,6 +16,7 @@ from .._context import DEFAULT_TENANT
 from .._errors import ConfigError, InvalidInput
 from .._http import DEGRADED_HEADER, TENANT_HEADER, TIMEOUT_HEADER, check_field_name, parse_timeout_ms
 from ..deadline import deadline
+from ..overload._priority import PRIORITY_HEADER, parse_priority, reset_priority, set_priority
 from ._status import Headers, http_status_for, json_body
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class RagguardMiddleware:
 
     Per request, before the app runs:
 
+    - the request's priority comes from the ``x-priority`` field (see :mod:`ragguard.overload`);
     - the tenant id comes from the ``tenant_header`` field (default ``x-tenant-id``); without it
       the request runs as the default tenant; a malformed id answers 400 with ragguard's message;
     - the ``timeout_header`` field (default ``x-request-timeout-ms``: the caller's remaining
@@ -111,12 +113,14 @@ class RagguardMiddleware:
         if scope["type"] != "http" or self._exempt(scope):
             await self.app(scope, receive, send)
             return
-        raw_tenant = raw_timeout = None
+        raw_tenant = raw_timeout = raw_priority = None
         for key, value in scope["headers"]:
             if key == self._tenant_key:
                 raw_tenant = value
             elif key == self._timeout_key:
                 raw_timeout = value
+            elif key == _PRIORITY_KEY:
+                raw_priority = value
         exchange = _Exchange(self, receive, send)
         try:
             tenant_id = DEFAULT_TENANT if raw_tenant is None else raw_tenant.decode("latin-1")
@@ -126,10 +130,18 @@ class RagguardMiddleware:
             registry = self._guard if self._guard is not None else _default_guard()
             request = registry.tenant(tenant_id)  # a bad id raises InvalidInput here
             limit = registry.deadline(budget)  # on the Guard's clock
+            priority = None if raw_priority is None else parse_priority(raw_priority)
         except InvalidInput as exc:
             await exchange.finish(exc)
             return
-        await exchange.run(scope, request, limit)
+        if priority is None:
+            await exchange.run(scope, request, limit)
+            return
+        token = set_priority(priority)  # the stages' adaptive limits shed by it
+        try:
+            await exchange.run(scope, request, limit)
+        finally:
+            reset_priority(token)
 
     def _exempt(self, scope: Scope) -> bool:
         if not self.exempt_paths:
@@ -139,6 +151,9 @@ class RagguardMiddleware:
         if root and path.startswith(root):
             path = path[len(root) :] or "/"
         return any(path == p or path.startswith(p + "/") for p in self.exempt_paths)
+
+
+_PRIORITY_KEY = PRIORITY_HEADER.encode()
 
 
 class _Exchange:

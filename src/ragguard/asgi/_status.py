@@ -7,6 +7,8 @@ QuotaExceeded               429     ``Retry-After`` (whole seconds, rounded up, 
                                     ``retry-after-ms`` (exact), ``RateLimit`` (see below)
 QuotaExceeded (deadline)    504     (the wait for a slot or token outlasted the deadline)
 BreakerOpen                 503     ``Retry-After`` and ``retry-after-ms`` when the breaker knows
+Overloaded                  503     ``Retry-After`` and ``retry-after-ms`` (shed by an adaptive
+                                    limit or throttle)
 DeadlineExceeded            504
 StageTimeout                504     (a dependency was slower than its stage allows)
 InvalidInput (ValueError)   400     (bad tenant id, bad timeout field, corrupt payload)
@@ -33,7 +35,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._errors import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded, StageTimeout, StreamTimeout
+from .._errors import (
+    BreakerOpen,
+    DeadlineExceeded,
+    InvalidInput,
+    Overloaded,
+    QuotaExceeded,
+    StageTimeout,
+    StreamTimeout,
+)
 from .._http import (
     RETRY_AFTER_HEADER,
     RETRY_AFTER_MS_HEADER,
@@ -77,7 +87,7 @@ def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> Htt
             if ratelimit_fields and exc.reason in _QUOTA_POLICIES:
                 reset = format_retry_after(exc.retry_after_s)
                 headers.append((b"ratelimit", f'"{exc.reason}";r=0;t={reset}'.encode()))
-    elif isinstance(exc, BreakerOpen):
+    elif isinstance(exc, (BreakerOpen, Overloaded)):
         status, wait = 503, exc.retry_after_s
         headers = _wait_headers(wait)
     elif isinstance(exc, (DeadlineExceeded, StageTimeout)):

@@ -18,7 +18,7 @@ import errno
 import sys
 from collections.abc import Callable
 
-from .._errors import BreakerOpen, DeadlineExceeded, QuotaExceeded
+from .._errors import BreakerOpen, DeadlineExceeded, Overloaded, QuotaExceeded
 
 __all__ = ["counts_by_default", "is_connection_error", "is_out_of_memory", "is_timeout"]
 
@@ -217,7 +217,9 @@ def counts_by_default(exc: BaseException) -> bool:
     """The classifier of a plain :class:`CircuitBreaker`: every error counts except the caller's.
 
     Not counted: ``ValueError`` (``ragguard.InvalidInput`` included) and ``TypeError`` (bad
-    input), rejections by other ragguard layers (``BreakerOpen``, ``QuotaExceeded``) that never
-    reached the dependency, and ``DeadlineExceeded`` (the caller's budget, not the dependency).
+    input), rejections by other ragguard layers (``BreakerOpen``, ``QuotaExceeded``,
+    ``Overloaded``) that never reached the dependency, and ``DeadlineExceeded`` (the caller's
+    budget, not the dependency).
     """
-    return not isinstance(exc, (ValueError, TypeError, BreakerOpen, QuotaExceeded, DeadlineExceeded))
+    rejections = (BreakerOpen, QuotaExceeded, Overloaded, DeadlineExceeded)
+    return not isinstance(exc, (ValueError, TypeError, *rejections))

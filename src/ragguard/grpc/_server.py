@@ -13,6 +13,7 @@ from grpc import aio
 
 from .._context import DEFAULT_TENANT
 from .._errors import ConfigError, InvalidInput
+from ..overload._priority import PRIORITY_HEADER, parse_priority, reset_priority, set_priority
 from ._handlers import Behavior, first_value, rebuild
 from ._status import status_for
 
@@ -55,6 +56,9 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
     - the tenant id comes from metadata ``tenant_key`` (default ``x-tenant-id``); without it the
       call runs as the default tenant; a malformed id fails with INVALID_ARGUMENT;
+    - the request's priority comes from metadata ``x-priority`` (``critical``, ``interactive`` or
+      ``batch``; without it, the tenant's quota's), read by the stages' adaptive limits; a bad
+      value fails with INVALID_ARGUMENT;
     - the client's deadline (``context.time_remaining()``) becomes the ragguard deadline, or no
       deadline when the client set none;
     - the tenant's quota admits the call (``guard.tenant(id)``; the default registry when
@@ -108,14 +112,18 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             name = handler_call_details.method
             if name[1 : name.rfind("/")] in self.exempt_services:
                 return handler
-        raw = first_value(handler_call_details.invocation_metadata, self.tenant_key)
+        metadata = handler_call_details.invocation_metadata
+        raw = first_value(metadata, self.tenant_key)
+        raw_priority = first_value(metadata, PRIORITY_HEADER)
 
         def wrap(behavior: Behavior, request_streaming: bool, response_streaming: bool) -> Behavior:
-            return self._wrap(behavior, raw)
+            return self._wrap(behavior, raw, raw_priority)
 
         return rebuild(handler, wrap=wrap)
 
-    def _wrap(self, behavior: Behavior, raw_tenant: str | bytes | None) -> Behavior:
+    def _wrap(
+        self, behavior: Behavior, raw_tenant: str | bytes | None, raw_priority: str | bytes | None = None
+    ) -> Behavior:
         scope = self._scope
         if inspect.isasyncgenfunction(behavior):
             # Driven with context.write() from the call's task, not handed to grpc.aio as a
@@ -124,7 +132,10 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             # deadline context cannot be reset and the slot waits for the garbage collector.
 
             async def guarded_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> None:
-                async with scope(context, raw_tenant), aclosing(behavior(request, context)) as responses:
+                async with (
+                    scope(context, raw_tenant, raw_priority),
+                    aclosing(behavior(request, context)) as responses,
+                ):
                     async for response in responses:
                         await context.write(response)
 
@@ -132,7 +143,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         if inspect.iscoroutinefunction(behavior):
 
             async def guarded(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-                async with scope(context, raw_tenant):
+                async with scope(context, raw_tenant, raw_priority):
                     return await behavior(request, context)
 
             return guarded
@@ -140,10 +151,16 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
     @asynccontextmanager
     async def _scope(
-        self, context: aio.ServicerContext[Any, Any], raw_tenant: str | bytes | None
+        self,
+        context: aio.ServicerContext[Any, Any],
+        raw_tenant: str | bytes | None,
+        raw_priority: str | bytes | None = None,
     ) -> AsyncIterator[None]:
+        token = None
         try:
             tenant_id = _tenant_id(raw_tenant)
+            if raw_priority is not None:
+                token = set_priority(parse_priority(raw_priority))
             registry = self._guard if self._guard is not None else _default_guard()
             with registry.deadline(client_budget(context)):
                 async with registry.tenant(tenant_id):
@@ -156,6 +173,9 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
                 raise
             code, details, trailing = status
             await context.abort(code, details, trailing_metadata=trailing)
+        finally:
+            if token is not None:
+                reset_priority(token)
 
 
 def _service_names(names: Iterable[str]) -> frozenset[str]:

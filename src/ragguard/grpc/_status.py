@@ -7,6 +7,7 @@ QuotaExceeded               RESOURCE_EXHAUSTED  ``retry-after``: seconds, e.g. `
                                                 ``grpc-retry-pushback-ms``: ``"250"``
 QuotaExceeded (deadline)    DEADLINE_EXCEEDED   (the wait for a slot or token outlasted it)
 BreakerOpen                 UNAVAILABLE         both, when the breaker knows the wait
+Overloaded                  UNAVAILABLE         both (shed by an adaptive limit or throttle)
 DeadlineExceeded            DEADLINE_EXCEEDED
 StageTimeout                DEADLINE_EXCEEDED   (a dependency was slower than its stage allows)
 StreamTimeout               DEADLINE_EXCEEDED   ``ragguard-stream-budget``: ``first_item``,
@@ -27,7 +28,15 @@ import math
 
 import grpc
 
-from .._errors import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded, StageTimeout, StreamTimeout
+from .._errors import (
+    BreakerOpen,
+    DeadlineExceeded,
+    InvalidInput,
+    Overloaded,
+    QuotaExceeded,
+    StageTimeout,
+    StreamTimeout,
+)
 
 __all__ = [
     "PUSHBACK_KEY",
@@ -124,7 +133,7 @@ def status_for(exc: BaseException) -> Status | None:
         if exc.reason == "deadline":
             return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), ()
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), retry_trailers(exc.retry_after_s)
-    if isinstance(exc, BreakerOpen):
+    if isinstance(exc, (BreakerOpen, Overloaded)):
         return grpc.StatusCode.UNAVAILABLE, str(exc), retry_trailers(exc.retry_after_s)
     if isinstance(exc, (DeadlineExceeded, StageTimeout)):
         return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), _stream_trailers(exc)

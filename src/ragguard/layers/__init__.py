@@ -10,6 +10,9 @@ whose builder returns one (a layer that is not configured is left out)::
     preset     the RAG preset's layers around the attempts (embedding-cache tap, chunked rerank,
                the generation stage's token meter)
     retry      tenacity, deadline-aware, within the retry budget
+    hedge      a second attempt after about the stage's P95 (idempotent stages)
+    throttle   client-side adaptive throttling of a rejecting dependency
+    adaptive   the adaptive concurrency limit: a slot per attempt, priority shedding
     breaker    a permit before each attempt, the outcome after
     preset_attempt  the RAG preset's layers inside each attempt (the generation stage's
                first-item, idle and total budgets: retried and counted like the attempt)
@@ -32,7 +35,7 @@ from typing import Any
 from .. import _inject
 from .._errors import ConfigError
 from ..pipeline import Layer
-from . import breaker, chaos, deadline, fallback, observe, quota, retry, timeout
+from . import adaptive, breaker, chaos, deadline, fallback, hedge, observe, quota, retry, throttle, timeout
 from ._stage import Bound, Stage, StagePreset
 
 __all__ = [
@@ -64,6 +67,9 @@ REGISTRY: tuple[tuple[str, Builder], ...] = (
     ("quota", quota.build),
     ("preset", _preset),
     ("retry", retry.build),
+    ("hedge", hedge.build),
+    ("throttle", throttle.build),
+    ("adaptive", adaptive.build),
     ("breaker", breaker.build),
     ("preset_attempt", _preset_attempt),
     ("timeout", timeout.build),

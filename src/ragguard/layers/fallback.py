@@ -8,7 +8,9 @@ the cache) or raises hands over to the next; when none answers, the original err
 note naming what each fallback did.
 
 A fallback serves after an error its stage's breaker counts, an unreachable or timed-out
-dependency, an open breaker or a spent deadline (``fallback_on: breaker``, the default), or after
+dependency, an open breaker, a call shed by an overload layer (:class:`~ragguard.Overloaded`: the
+dependency is saturated, and a cheap local answer is what a fallback is for) or a spent deadline
+(``fallback_on: breaker``, the default), or after
 any error (``fallback_on: any``); never after a quota rejection (a tenant over its share is not
 served another way) or a cancellation. For a stream, only before its first item (the commit
 point); a fallback of a stream may return an async iterable or an iterable of items.
@@ -21,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._context import current_tenant, mark_degraded
-from .._errors import BreakerOpen, DeadlineExceeded, QuotaExceeded
+from .._errors import BreakerOpen, DeadlineExceeded, Overloaded, QuotaExceeded
 from ..breakers import is_connection_error, is_timeout
 from ..events import FallbackServed, bus
 from ..pipeline import Call
@@ -114,7 +116,7 @@ def applies_for(
     def applies(exc: BaseException) -> bool:
         if isinstance(exc, QuotaExceeded):
             return False
-        if isinstance(exc, (BreakerOpen, DeadlineExceeded)) or fallback_on == "any":
+        if isinstance(exc, (BreakerOpen, DeadlineExceeded, Overloaded)) or fallback_on == "any":
             return True
         if counts is None:
             return not isinstance(exc, (ValueError, TypeError))

@@ -1,0 +1,87 @@
+"""The adaptive concurrency limit: each attempt of a stage takes a slot of its dependency's limit.
+
+A gate of attempt scope, inside the retries and any hedge (so each attempt, and each hedged leg,
+takes its own slot and a retry or a hedge into a full dependency is shed like any call) and
+outside the breaker and the attempt timer (so a shed call never reaches the breaker, and the
+latency sampled is the dependency's). ``enter`` admits at once while the stage's limiter has room
+and nobody queues; otherwise the call queues by priority (``enter_async``) for at most the policy's
+``max_wait_s``, cut to what the deadline leaves after ``min_attempt_s``, or is shed with
+:class:`~ragguard.Overloaded` (see :mod:`ragguard.overload`). ``exit`` gives the slot back with
+the attempt's latency as a sample: a success, or a timeout (the dependency was slow); a
+cancellation or another failure gives it back unsampled, and an out-of-memory error backs the
+limit off (the ``out_of_memory`` signal). A stream holds its slot until it ends and feeds no
+samples.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .._context import current_tenant
+from .._errors import DeadlineExceeded
+from ..breakers import is_out_of_memory, is_timeout
+from ..deadline import _deadline
+from ..overload import AdaptiveLimiter, limiter_for
+from ..overload._priority import _priority
+from ..pipeline import WAIT, Call, Scope
+
+if TYPE_CHECKING:
+    from ._stage import Bound, Stage
+
+__all__ = ["AdaptiveLayer", "build"]
+
+
+class AdaptiveLayer:
+    """Admits each attempt of stage ``stage`` through ``limiter`` (see the module docstring)."""
+
+    scope: ClassVar[Scope] = "attempt"
+    __slots__ = ("_oom", "_quota_of", "clock", "limiter", "max_wait_s", "min_attempt_s")
+
+    def __init__(self, stage: Stage, limiter: AdaptiveLimiter) -> None:
+        policy = stage.policy.adaptive
+        assert policy is not None
+        self.limiter = limiter
+        self.clock = stage.clock
+        self.max_wait_s = policy.max_wait_s
+        self.min_attempt_s = max(stage.policy.min_attempt_s, 0.0)
+        self._oom = "out_of_memory" in policy.signals
+        self._quota_of = stage.guard.policy.quota
+
+    def enter(self, call: Call) -> Any:
+        permit = self.limiter.try_acquire(current_tenant())
+        return WAIT if permit is None else permit
+
+    async def enter_async(self, call: Call) -> Any:
+        tenant = current_tenant()
+        priority = _priority.get() or self._quota_of(tenant).priority
+        wait = self.max_wait_s
+        expiry = _deadline.get()
+        if expiry is not None:
+            left = expiry.at - expiry.clock() - self.min_attempt_s
+            if left < wait:
+                wait = left
+        return await self.limiter.acquire(tenant, priority, wait)
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        limiter = self.limiter
+        if call.stream:
+            limiter.release(token, None)
+        elif exc is None:
+            limiter.release(token, self.clock() - token.started)
+        elif not isinstance(exc, Exception):
+            limiter.release(token, None)  # cancelled: says nothing of the dependency
+        elif is_timeout(exc) or isinstance(exc, DeadlineExceeded):
+            elapsed = self.clock() - token.started
+            base = limiter.gradient.min_rtt or 0.0
+            limiter.release(token, elapsed if elapsed > base else None)  # slow: a (long) sample
+        else:
+            limiter.release(token, None)
+            if self._oom and is_out_of_memory(exc):
+                limiter.press("out_of_memory")
+        return None
+
+
+def build(stage: Stage, bound: Bound) -> AdaptiveLayer | None:
+    if stage.policy.adaptive is None:
+        return None
+    return AdaptiveLayer(stage, limiter_for(stage))

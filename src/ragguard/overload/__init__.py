@@ -1,0 +1,189 @@
+"""Overload protection: adaptive concurrency limits, priority shedding, client-side throttling, hedging.
+
+Static quotas keep tenants from each other; these layers keep a dependency (and the service) from
+more work than it can do. Each is configured per stage in its :class:`~ragguard.StagePolicy`::
+
+    StagePolicy(
+        adaptive=AdaptivePolicy(min_limit=2, max_limit=64),   # the limit follows the latency
+        throttle=ThrottlePolicy(),                            # back off a rejecting dependency
+        hedge=HedgePolicy(quantile=0.95),                     # idempotent stages only
+    )
+
+- :class:`AdaptiveLimiter`: the limit (a latency gradient, see :mod:`ragguard.overload._gradient`)
+  and a bounded priority queue that sheds the lowest priority, then the heaviest tenant, gradually;
+- :class:`AdaptiveThrottle`: Google SRE's client-side throttling;
+- hedged requests: :mod:`ragguard.layers.hedge`.
+
+A request's priority comes from :func:`priority` (or a front door's ``x-priority`` header), else
+its tenant's quota (:class:`~ragguard.TenantQuota` ``priority``). Every refusal is a
+:class:`~ragguard.Overloaded` carrying ``retry_after_s`` (UNAVAILABLE / 503 at the front doors).
+Event-loop lag and Redis pool waits reach the limits through :func:`watch`; out-of-memory errors
+are seen by the limit itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._clock import timers_of
+from ._events import HedgeFired, LimitChanged, LoadShed, Throttled
+from ._gradient import GradientLimit, LimitSettings
+from ._hedge import LatencyTracker
+from ._limiter import AdaptiveLimiter, Permit, QueueSettings
+from ._priority import PRIORITIES, PRIORITY_HEADER, current_priority, parse_priority, priority
+from ._registry import shared, stage_parts
+from ._throttle import AdaptiveThrottle, is_rejection
+
+if TYPE_CHECKING:
+    from ..events import EventBus
+    from ..guard import Guard
+    from ..layers import Stage
+
+__all__ = [
+    "PRIORITIES",
+    "PRIORITY_HEADER",
+    "AdaptiveLimiter",
+    "AdaptiveThrottle",
+    "GradientLimit",
+    "HedgeFired",
+    "LatencyTracker",
+    "LimitChanged",
+    "LimitSettings",
+    "LoadShed",
+    "Permit",
+    "QueueSettings",
+    "Throttled",
+    "current_priority",
+    "is_rejection",
+    "limiter_for",
+    "limiters",
+    "parse_priority",
+    "priority",
+    "status",
+    "throttle_for",
+    "watch",
+]
+
+
+def limiter_for(stage: Stage) -> AdaptiveLimiter:
+    """The adaptive limiter of ``stage`` (built once from its policy's ``adaptive``)."""
+
+    def make() -> AdaptiveLimiter:
+        p = stage.policy.adaptive
+        if p is None:
+            raise ValueError(f"stage {stage.name!r} has no adaptive policy")
+        quota_of = stage.guard.policy.quota
+        return AdaptiveLimiter(
+            stage.name,
+            LimitSettings(
+                min_limit=p.min_limit,
+                max_limit=p.max_limit,
+                initial_limit=p.initial_limit,
+                tolerance=p.tolerance,
+                percentile=p.percentile,
+                window_s=p.window_s,
+                min_samples=p.min_samples,
+                smoothing=p.smoothing,
+                growth=p.growth,
+                probe_interval_s=p.probe_interval_s,
+                probe_jitter=p.probe_jitter,
+                probe_samples=p.probe_samples,
+                probe_limit=p.probe_limit,
+                backoff=p.backoff,
+            ),
+            QueueSettings(
+                max_queue=p.max_queue,
+                early_queue=p.early_queue,
+                max_wait_s=p.max_wait_s,
+                usage_window_s=p.usage_window_s,
+            ),
+            clock=stage.clock,
+            rng=stage.guard.rng,
+            timers=timers_of(stage.clock),
+            weight_of=lambda tenant: quota_of(tenant).weight,
+        )
+
+    return shared(stage, "limiter", make)
+
+
+def throttle_for(stage: Stage) -> AdaptiveThrottle:
+    """The client-side throttle of ``stage`` (built once from its policy's ``throttle``)."""
+
+    def make() -> AdaptiveThrottle:
+        p = stage.policy.throttle
+        if p is None:
+            raise ValueError(f"stage {stage.name!r} has no throttle policy")
+        return AdaptiveThrottle(
+            k=p.k, window_s=p.window_s, max_reject=p.max_reject, clock=stage.clock, rng=stage.guard.rng
+        )
+
+    return shared(stage, "throttle", make)
+
+
+def limiters(guard: Guard) -> dict[str, AdaptiveLimiter]:
+    """Stage name -> adaptive limiter, for every stage of ``guard`` that has built one."""
+    out: dict[str, AdaptiveLimiter] = {}
+    for name in guard.stage_names():
+        limiter = stage_parts(guard.stage(name)).get("limiter")
+        if limiter is not None:
+            out[name] = limiter
+    return out
+
+
+def status(guard: Guard) -> dict[str, Any]:
+    """A JSON-ready snapshot of ``guard``'s overload layers, per stage::
+
+        {stage: {"limit": {...AdaptiveLimiter.status()}, "throttle": {"probability": float,
+                 "requests": int, "accepts": int, "refused": int},
+                 "hedge": {"delay_s": float | None, "fired": int, "won": int}}}
+    """
+    out: dict[str, Any] = {}
+    for name in guard.stage_names():
+        parts = stage_parts(guard.stage(name))
+        entry: dict[str, Any] = {}
+        limiter = parts.get("limiter")
+        if limiter is not None:
+            entry["limit"] = limiter.status()
+        throttle = parts.get("throttle")
+        if throttle is not None:
+            entry["throttle"] = {
+                "probability": round(throttle.probability(), 4),
+                "requests": throttle.requests,
+                "accepts": throttle.accepts,
+                "refused": throttle.refused,
+            }
+        hedge = parts.get("hedge")
+        if hedge is not None:
+            entry["hedge"] = hedge.status()
+        if entry:
+            out[name] = entry
+    return out
+
+
+def watch(guard: Guard, bus: EventBus) -> Callable[[], None]:
+    """Feed ``guard``'s adaptive limits from the monitors' events on ``bus``: a
+    :class:`~ragguard.monitors.LoopStall` of at least a stage's ``loop_lag_s`` presses the stages
+    with the ``loop_lag`` signal, a :class:`~ragguard.monitors.PoolExhausted` (slow acquire or
+    timeout) those with ``pool_wait``. Returns the function that stops it.
+
+    Subscribing to the global bus makes every guarded call build its events; give the monitors a
+    bus of their own instead (``StallDetector(bus=b)`` with ``b = EventBus(parent=ragguard.events.bus)``
+    still reaches the global listeners) and watch that one.
+    """
+
+    def on_event(event: Any) -> None:
+        kind = type(event).__name__
+        if kind == "LoopStall":
+            lag = float(getattr(event, "duration_s", 0.0))
+            for name, limiter in limiters(guard).items():
+                p = guard.stage(name).policy.adaptive
+                if p is not None and "loop_lag" in p.signals and lag >= p.loop_lag_s:
+                    limiter.press("loop_lag")
+        elif kind == "PoolExhausted" and getattr(event, "reason", "") in ("slow_acquire", "timeout"):
+            for name, limiter in limiters(guard).items():
+                p = guard.stage(name).policy.adaptive
+                if p is not None and "pool_wait" in p.signals:
+                    limiter.press("pool_wait")
+
+    return bus.subscribe(on_event)

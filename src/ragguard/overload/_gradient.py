@@ -1,0 +1,208 @@
+"""The adaptive concurrency limit: a gradient of the dependency's latency against its baseline.
+
+Our own algorithm, after Envoy's adaptive concurrency filter and Netflix's Gradient2 (no code is
+shared). Latency samples of finished calls are gathered in windows of ``window_s`` seconds (at
+least ``min_samples`` each); at the end of a window, with ``rtt`` the window's ``percentile``
+latency and ``min_rtt`` the baseline::
+
+    gradient  = min_rtt * (1 + tolerance) / rtt                        # Envoy's (minRTT + buffer) / RTT
+    target    = limit + sqrt(limit)            if gradient >= 1        # within tolerance: grow
+              = limit * max(0.5, gradient)     otherwise               # above it: shrink in proportion
+    target    = min(target, max(limit, growth * max_in_flight))        # failsafe-go: grow only while used
+    limit     = clamp(limit + smoothing * (target - limit), floor, ceiling)
+
+so the limit settles where the dependency's latency is its baseline plus the tolerance: for a
+dependency of K parallel workers, about K x (1 + tolerance). Unlike Envoy's and Gradient2's
+``gradient x limit + headroom``, the sqrt(limit) headroom is added only while the latency is within
+tolerance: at the small limits of a nearly serial dependency a standing headroom would keep a queue
+of several calls (and twice the latency) for good. The limit grows only while the calls in flight
+use it: a limit nobody reaches does not drift up to the ceiling and then let a burst through.
+
+The baseline is re-measured every ``probe_interval_s`` seconds, the start of each probe delayed by
+a random share (up to ``probe_jitter``) of the interval drawn from the Guard's seeded rng, so that
+replicas do not probe together (Envoy's minRTT window): for ``probe_samples`` calls the limit is
+pinned to ``probe_limit``, and the probe's ``percentile`` latency becomes ``min_rtt``. A probe also
+starts when the limit has sat at its floor for 5 windows (the baseline may be stale). A window
+whose latency is below the baseline lowers the baseline at once.
+
+Pressure from outside (event-loop lag, a starved Redis pool, out-of-memory) multiplies the limit
+by ``backoff``, at most once per window.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+__all__ = ["GradientLimit", "LimitSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """The limit's options (see :class:`ragguard.AdaptivePolicy` for units and ranges)."""
+
+    min_limit: int = 1
+    max_limit: int = 256
+    initial_limit: int = 16
+    tolerance: float = 0.5
+    percentile: float = 0.5
+    window_s: float = 0.25
+    min_samples: int = 8
+    smoothing: float = 0.5
+    growth: float = 2.0
+    probe_interval_s: float = 30.0
+    probe_jitter: float = 0.15
+    probe_samples: int = 25
+    probe_limit: int = 3
+    backoff: float = 0.8
+
+
+_FLOOR_WINDOWS_BEFORE_PROBE = 5
+
+
+class GradientLimit:
+    """The limit of one stage (see the module docstring). ``now`` values are the Guard clock's
+    seconds; ``rng`` (a seeded :class:`random.Random`) draws the probes' jitter.
+
+    ``limit`` is the current limit (a float; the admission compares in-flight calls with it);
+    ``min_rtt`` the baseline in seconds (None until the first probe ends); ``probing`` whether a
+    baseline probe is under way."""
+
+    __slots__ = (
+        "_floor_windows",
+        "_max_in_flight",
+        "_pressed_at",
+        "_probe",
+        "_samples",
+        "_saved_limit",
+        "_window_start",
+        "changes",
+        "last_rtt",
+        "limit",
+        "min_rtt",
+        "next_probe",
+        "probing",
+        "rng",
+        "settings",
+    )
+
+    def __init__(self, settings: LimitSettings, *, now: float, rng: random.Random) -> None:
+        self.settings = settings
+        self.rng = rng
+        self.limit = float(min(max(settings.initial_limit, settings.min_limit), settings.max_limit))
+        self.min_rtt: float | None = None
+        self.last_rtt: float | None = None
+        self._samples: list[float] = []
+        self._window_start = now
+        self._max_in_flight = 0
+        self._floor_windows = 0
+        self._pressed_at = -math.inf
+        self.changes = 0
+        # the first baseline is measured at once: start in a probe
+        self.probing = True
+        self._saved_limit = self.limit
+        self.limit = float(min(settings.probe_limit, settings.max_limit))
+        self._probe: list[float] = []
+        self.next_probe = math.inf
+
+    # -- samples -----------------------------------------------------------------------------------
+
+    def sample(self, now: float, rtt_s: float, in_flight: int) -> bool:
+        """Record one finished call that took ``rtt_s`` seconds with ``in_flight`` calls (itself
+        included) in flight when it was admitted; True when the limit changed."""
+        if self.probing:
+            self._probe.append(rtt_s)
+            if len(self._probe) >= self.settings.probe_samples:
+                self._end_probe(now)
+                return True
+            return False
+        self._samples.append(rtt_s)
+        if in_flight > self._max_in_flight:
+            self._max_in_flight = in_flight
+        s = self.settings
+        if now - self._window_start >= s.window_s and len(self._samples) >= s.min_samples:
+            return self._update(now)
+        if now >= self.next_probe:
+            self._start_probe(now)
+            return True
+        return False
+
+    def press(self, now: float) -> bool:
+        """Outside pressure (loop lag, pool wait, out-of-memory): multiply the limit by
+        ``backoff``, at most once per window; True when it changed."""
+        s = self.settings
+        if now - self._pressed_at < s.window_s:
+            return False
+        self._pressed_at = now
+        if self.probing:
+            self._saved_limit = max(float(s.min_limit), self._saved_limit * s.backoff)
+            return False
+        new = max(float(s.min_limit), self.limit * s.backoff)
+        changed = new != self.limit
+        self.limit = new
+        self.changes += changed
+        return changed
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _update(self, now: float) -> bool:
+        s = self.settings
+        rtt = _percentile(self._samples, s.percentile)
+        self.last_rtt = rtt
+        used = self._max_in_flight
+        self._samples = []
+        self._max_in_flight = 0
+        self._window_start = now
+        base = self.min_rtt
+        if base is None or rtt < base:
+            self.min_rtt = base = rtt
+        limit = self.limit
+        gradient = base * (1.0 + s.tolerance) / rtt if rtt > 0 else 2.0
+        if gradient >= 1.0:
+            target = min(limit + math.sqrt(limit), max(limit, s.growth * used))
+        else:
+            target = limit * max(0.5, gradient)
+        new = limit + s.smoothing * (target - limit)
+        new = min(float(s.max_limit), max(float(s.min_limit), new))
+        changed = int(new) != int(limit)
+        self.limit = new
+        self.changes += changed
+        if new <= s.min_limit:
+            self._floor_windows += 1
+            if self._floor_windows >= _FLOOR_WINDOWS_BEFORE_PROBE:
+                self._start_probe(now)
+                return True
+        else:
+            self._floor_windows = 0
+        if now >= self.next_probe:
+            self._start_probe(now)
+            return True
+        return changed
+
+    def _start_probe(self, now: float) -> None:
+        s = self.settings
+        self.probing = True
+        self._saved_limit = self.limit
+        self.limit = float(min(max(s.probe_limit, s.min_limit), s.max_limit))
+        self._probe = []
+        self._floor_windows = 0
+        self.changes += 1
+
+    def _end_probe(self, now: float) -> None:
+        s = self.settings
+        self.min_rtt = _percentile(self._probe, s.percentile)
+        self._probe = []
+        self.probing = False
+        self.limit = self._saved_limit
+        self._samples = []
+        self._max_in_flight = 0
+        self._window_start = now
+        self.next_probe = now + s.probe_interval_s * (1.0 + self.rng.uniform(0.0, s.probe_jitter))
+        self.changes += 1
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` (nearest rank; not empty)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

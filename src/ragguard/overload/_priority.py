@@ -1,0 +1,67 @@
+"""A request's priority: set by a front door (a header) or by the code, else the tenant's quota's.
+
+Three levels, after the criticality classes of Google's SRE book: ``critical`` (shed last: a
+health check, a paying user's answer the page waits for), ``interactive`` (the default: a person
+is waiting) and ``batch`` (shed first: indexing, evaluation jobs, prefetching). Over an adaptive
+limit, the lowest priority is shed first, and within one priority the heaviest tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Literal
+
+from .._errors import InvalidInput
+
+__all__ = ["PRIORITIES", "PRIORITY_HEADER", "Priority", "current_priority", "parse_priority", "priority"]
+
+Priority = Literal["critical", "interactive", "batch"]
+PRIORITIES: tuple[str, ...] = ("batch", "interactive", "critical")
+"""The priority names, lowest first (a name's index is its rank)."""
+RANK: dict[str, int] = {name: i for i, name in enumerate(PRIORITIES)}
+PRIORITY_HEADER = "x-priority"
+"""The header (HTTP) or metadata key (gRPC) a front door reads a request's priority from."""
+
+_priority: ContextVar[str | None] = ContextVar("ragguard_priority", default=None)
+
+
+def parse_priority(value: object) -> str:
+    """``value`` (a priority name, any case, or bytes of one) as a priority name; InvalidInput
+    naming the allowed values otherwise."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if isinstance(value, str):
+        name = value.strip().lower()
+        if name in RANK:
+            return name
+    shown = repr(value)[:40]
+    raise InvalidInput(f"priority must be one of {', '.join(PRIORITIES)}; got {shown}")
+
+
+def current_priority() -> str | None:
+    """The priority set for the current context (:func:`priority`, a front door's header), or
+    None: then each stage uses the tenant's quota's ``priority``."""
+    return _priority.get()
+
+
+@contextmanager
+def priority(name: str) -> Iterator[str]:
+    """``with priority("batch"):`` the guarded calls inside run at that priority (a name of
+    :data:`PRIORITIES`; InvalidInput otherwise), whatever the tenant's quota says."""
+    token = _priority.set(parse_priority(name))
+    try:
+        yield _priority.get() or name
+    finally:
+        _priority.reset(token)
+
+
+def set_priority(name: str | None) -> object:
+    """Set the context's priority (None: the tenant's) and return the token to reset it with
+    :func:`reset_priority` (front doors, whose scopes are not ``with`` blocks)."""
+    return _priority.set(None if name is None else parse_priority(name))
+
+
+def reset_priority(token: object) -> None:
+    _priority.reset(token)  # type: ignore[arg-type]

@@ -1,0 +1,148 @@
+"""Client-side adaptive throttling, after Google's SRE book (chapter 21, "Handling Overload").
+
+Over the last ``window_s`` seconds of the Guard's clock, ``requests`` counts the calls the stage
+wanted to make (those refused here included) and ``accepts`` the calls its dependency accepted
+(did not reject as overloaded). A new call is refused locally with probability::
+
+    P(reject) = min(max_reject, max(0, (requests - k * accepts) / (requests + 1)))
+
+With ``k = 2`` the client sends up to about twice what the dependency accepts: while it accepts
+everything nothing is refused; as it rejects more, the client backs off smoothly instead of in
+open/closed steps, and ``max_reject`` (< 1) keeps a trickle of calls probing for its recovery.
+
+Counts live in ``buckets`` slots of ``window_s / buckets`` seconds each, rotated on the clock, so
+each call costs O(1).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from .._clock import Clock
+from .._errors import Overloaded, QuotaExceeded
+
+__all__ = ["AdaptiveThrottle", "is_rejection"]
+
+_REJECTING_CODES = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE"})
+_REJECTING_HTTP = frozenset({429, 503})
+
+
+def is_rejection(exc: BaseException) -> bool:
+    """True when ``exc`` says the dependency refused the call for lack of capacity: a gRPC
+    RESOURCE_EXHAUSTED or UNAVAILABLE status, an HTTP 429 or 503 (ragguard's httpx errors carry
+    it), a :class:`~ragguard.QuotaExceeded` or :class:`~ragguard.Overloaded` raised by the
+    dependency (a nested guarded service). Not a timeout: a slow answer was still accepted."""
+    if isinstance(exc, (QuotaExceeded, Overloaded)):
+        return True
+    code = getattr(exc, "code", None)
+    if callable(code) and callable(getattr(exc, "details", None)):
+        try:
+            name = getattr(code(), "name", None)
+        except Exception:
+            name = None
+        if name in _REJECTING_CODES:
+            return True
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return isinstance(status, int) and status in _REJECTING_HTTP
+
+
+class AdaptiveThrottle:
+    """The throttle of one stage (see the module docstring). ``clock``: monotonic seconds;
+    ``rng``: a seeded random source for the refusals."""
+
+    __slots__ = (
+        "_accepts",
+        "_cur",
+        "_requests",
+        "_slot_s",
+        "_total_accepts",
+        "_total_requests",
+        "clock",
+        "k",
+        "max_reject",
+        "refused",
+        "rng",
+    )
+
+    def __init__(
+        self,
+        *,
+        k: float = 2.0,
+        window_s: float = 60.0,
+        max_reject: float = 0.9,
+        buckets: int = 20,
+        clock: Clock,
+        rng: random.Random,
+    ) -> None:
+        self.k = k
+        self.max_reject = max_reject
+        self.clock = clock
+        self.rng = rng
+        self._slot_s = window_s / buckets
+        self._requests = [0] * buckets
+        self._accepts = [0] * buckets
+        self._total_requests = 0
+        self._total_accepts = 0
+        self._cur = math.floor(clock() / self._slot_s)
+        self.refused = 0
+
+    def _rotate(self) -> int:
+        slot = math.floor(self.clock() / self._slot_s)
+        cur = self._cur
+        if slot != cur:
+            n = len(self._requests)
+            for s in range(cur + 1, min(slot, cur + n) + 1):
+                i = s % n
+                self._total_requests -= self._requests[i]
+                self._total_accepts -= self._accepts[i]
+                self._requests[i] = self._accepts[i] = 0
+            self._cur = slot
+        return slot % len(self._requests)
+
+    def probability(self) -> float:
+        """The current probability (0..``max_reject``) that a new call is refused."""
+        self._rotate()
+        requests = self._total_requests
+        p = (requests - self.k * self._total_accepts) / (requests + 1)
+        return 0.0 if p <= 0.0 else min(self.max_reject, p)
+
+    def allow(self) -> bool:
+        """Count one call the stage wants to make; False when it is refused here."""
+        i = self._rotate()
+        self._requests[i] += 1
+        self._total_requests += 1
+        requests = self._total_requests
+        p = (requests - 1 - self.k * self._total_accepts) / requests  # as before this call
+        if p > 0.0 and self.rng.random() < min(self.max_reject, p):
+            self.refused += 1
+            return False
+        return True
+
+    def forget(self) -> None:
+        """Take back the last call counted by :meth:`allow`: it never reached the dependency."""
+        i = self._rotate()
+        if self._requests[i] > 0:
+            self._requests[i] -= 1
+            self._total_requests -= 1
+
+    def accepted(self) -> None:
+        """The dependency accepted a call (answered, or failed for a reason of its own)."""
+        i = self._rotate()
+        self._accepts[i] += 1
+        self._total_accepts += 1
+
+    @property
+    def requests(self) -> int:
+        self._rotate()
+        return self._total_requests
+
+    @property
+    def accepts(self) -> int:
+        self._rotate()
+        return self._total_accepts
+
+    def retry_after_s(self) -> float:
+        """About when the refusal rate falls: one slot of the window (seconds)."""
+        return self._slot_s

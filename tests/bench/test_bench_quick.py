@@ -1,0 +1,48 @@
+"""`ragguard bench --quick`, run as CI runs it: the contenders' order on goodput at twice the knee."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.timeout(240)
+def test_ragguard_bench_quick_orders_the_contenders(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ragguard.cli", "bench", "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=230, cwd=tmp_path,
+    )
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "bench.json").read_text())
+    offered = report["offered_rps"]
+    k = offered.index(report["reference"]["knee_rps"])
+    k2 = offered.index(report["reference"]["twice_knee_rps"])
+    assert offered[k2] >= 2 * offered[k] or not report["reference"]["twice_exact"]
+    good = {name: steps[k2]["goodput_rps"] for name, steps in report["steps"].items()}
+    print(f"quick bench in {wall:.0f} s; goodput at {offered[k2]:.0f} rps (2x the knee): "
+          + ", ".join(f"{n} {g:.1f}" for n, g in good.items()))
+    # the order the issue expects: the adaptive layers first, the unguarded service last (it collapses)
+    assert good["ragguard-adaptive"] > good["hand-composed"] > good["unguarded"]
+    assert good["ragguard-static"] > good["unguarded"]
+    assert good["ragguard-adaptive"] >= 0.9 * good["ragguard-static"]  # quick windows are noisy: 10%
+    assert good["unguarded"] < 0.5 * report["steps"]["unguarded"][k]["goodput_rps"]
+    # the well-behaved tenants keep their answers under the adaptive limit
+    adaptive = report["steps"]["ragguard-adaptive"][k2]
+    assert adaptive["well_behaved_success"] >= 0.95
+    assert adaptive["shed_by_priority"].get("batch", 0) > 0
+    # every output is there: table, targets, chart, the capacity-halving run
+    assert "ragguard bench" in proc.stdout and ("MET" in proc.stdout or "GAP" in proc.stdout)
+    assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
+    assert report["halving"]["limit_trace"] and report["halving"]["runs"].keys() == good.keys()
+    assert {t["target"] for t in report["targets"]} >= {
+        "adaptive knee >= 1.5x hand-composed's",
+        "unguarded collapses at 2x the knee (goodput < 50% of the knee's)",
+    }

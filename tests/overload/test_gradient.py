@@ -1,0 +1,128 @@
+"""The adaptive limit's algorithm on a simulated dependency, on fake time (no sleeping)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from ragguard.overload import GradientLimit, LimitSettings
+
+
+def _saturated(limit: GradientLimit, capacity: list[float], base_s: float, until_s: float, t: float,
+               trace: list[tuple[float, float]]) -> float:
+    """Drive ``limit`` with a dependency of ``capacity[0]`` parallel workers (latency ``base_s``
+    while the calls in flight fit, growing in proportion past them) and more demand than any
+    limit: every slot is always used. Returns the time reached."""
+    rng = random.Random(3)
+    while t < until_s:
+        n = max(1, int(limit.limit))
+        rtt = base_s * max(1.0, n / capacity[0]) * rng.uniform(0.95, 1.05)
+        t += rtt
+        for i in range(n):
+            limit.sample(t + i * 1e-6, rtt, n)
+        trace.append((t, limit.limit))
+    return t
+
+
+def _steady(trace: list[tuple[float, float]], start: float, end: float) -> float:
+    values = [v for at, v in trace if start <= at < end]
+    return sum(values) / len(values)
+
+
+def test_the_limit_follows_a_capacity_halving_within_a_few_seconds() -> None:
+    settings = LimitSettings(min_limit=1, max_limit=500, initial_limit=10, probe_interval_s=600.0)
+    limit = GradientLimit(settings, now=0.0, rng=random.Random(1))
+    capacity = [40.0]
+    trace: list[tuple[float, float]] = []
+    t = _saturated(limit, capacity, 0.02, 10.0, 0.0, trace)
+    before = _steady(trace, 8.0, 10.0)
+    assert limit.min_rtt == pytest.approx(0.02, rel=0.1)
+    # the limit settles above the capacity (a small queue: sqrt(limit)), not at the ceiling
+    assert 40 <= before <= 120
+
+    capacity[0] = 20.0  # the dependency loses half its workers
+    changed_at = t
+    t = _saturated(limit, capacity, 0.02, changed_at + 10.0, t, trace)
+    after = _steady(trace, changed_at + 8.0, changed_at + 10.0)
+    assert 0.35 <= after / before <= 0.7
+
+    # converged: from some point within 3 s of the change on, the limit stays within 25% of its new level
+    settled_at = next(
+        at for at, _ in trace
+        if at >= changed_at and all(abs(v - after) <= 0.25 * after for a2, v in trace if a2 >= at)
+    )
+    assert settled_at - changed_at <= 3.0, settled_at - changed_at
+
+    # and it follows the capacity back up
+    capacity[0] = 40.0
+    back = t
+    _saturated(limit, capacity, 0.02, back + 10.0, t, trace)
+    assert _steady(trace, back + 8.0, back + 10.0) == pytest.approx(before, rel=0.3)
+
+
+def test_a_limit_nobody_uses_does_not_climb() -> None:
+    limit = GradientLimit(LimitSettings(initial_limit=10, max_limit=1000, probe_samples=5), now=0.0,
+                          rng=random.Random(1))
+    t = 0.0
+    for _ in range(5):  # the first baseline probe
+        t += 0.01
+        limit.sample(t, 0.01, 1)
+    start = limit.limit
+    for _ in range(2000):  # fast answers, but never more than 3 calls in flight
+        t += 0.01
+        limit.sample(t, 0.01, 3)
+    assert limit.limit <= max(start, 2.0 * 3)
+
+
+def test_the_baseline_is_re_measured_periodically_with_seeded_jitter() -> None:
+    s = LimitSettings(initial_limit=20, probe_interval_s=10.0, probe_jitter=0.2, probe_samples=10,
+                      probe_limit=3, max_limit=100)
+
+    def run(seed: int, change_at: float = 1e9) -> tuple[list[float], GradientLimit]:
+        limit = GradientLimit(s, now=0.0, rng=random.Random(seed))
+        probes: list[float] = []
+        t, was_probing = 0.0, limit.probing
+        while t < 70.0:
+            t += 0.005
+            rtt = 0.03 if t > change_at else 0.01  # the dependency's own latency rises for good
+            if limit.probing and not was_probing:
+                probes.append(t)
+            was_probing = limit.probing
+            limit.sample(t, rtt, max(1, int(limit.limit)))
+        return probes, limit
+
+    probes, limit = run(5)
+    assert len(probes) >= 5
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    for gap in gaps:  # every interval, plus up to 20% of it
+        assert 10.0 <= gap <= 10.0 * 1.2 + 0.1, gaps
+    assert len({round(g, 3) for g in gaps}) > 1  # jittered, not a fixed period
+    assert probes == run(5)[0]  # the Guard's seeded rng: reproducible
+    assert probes != run(6)[0]
+    assert limit.min_rtt == pytest.approx(0.01)
+
+    # a slower baseline for good: the limit falls to its floor, which starts a probe at once
+    # (Envoy's rule), and the probe measures the new baseline
+    probes, limit = run(5, change_at=25.0)
+    after = [p for p in probes if p > 25.0]
+    assert after and after[0] - 25.0 < 8.0
+    assert limit.min_rtt == pytest.approx(0.03)
+
+
+def test_outside_pressure_backs_the_limit_off_once_per_window() -> None:
+    limit = GradientLimit(LimitSettings(initial_limit=40, probe_samples=1, backoff=0.5, window_s=1.0),
+                          now=0.0, rng=random.Random(1))
+    limit.sample(0.0, 0.01, 1)  # ends the first probe: the limit is back at 40
+    assert limit.limit == 40
+    assert limit.press(1.0)
+    assert limit.limit == 20
+    assert not limit.press(1.5)  # same window
+    assert limit.press(2.1)
+    assert limit.limit == 10
+    for now in range(3, 40):
+        limit.press(float(now))
+    assert limit.limit == 1  # never below the floor
+    assert not math.isnan(limit.limit)
