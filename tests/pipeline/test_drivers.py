@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from pipeline_helpers import LogGate, LogRecovery, LogWrapper, NoExitGate, RetryLike
+from pipeline_helpers import LogGate, LogRecovery, LogWrapper, MaybeTokenGate, NoExitGate, RetryLike
 
 from ragguard.pipeline import Call, Chain
 from ragguard.pipeline._drivers import compile_chain
@@ -70,6 +70,44 @@ def test_recoveries_without_gates_between_share_a_node_and_wrappers_nest() -> No
 def test_anything_else_is_refused() -> None:
     with pytest.raises(TypeError, match="not a Gate, a Recovery or a Wrapper"):
         compile_chain([object()])
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
+async def test_a_gate_exits_for_a_none_token_only_unless_it_says_it_need_not(fails: bool) -> None:
+    log: list[Any] = []
+    holding, idle = MaybeTokenGate("holding", log, "held"), MaybeTokenGate("idle", log, None)
+    plain = LogGate("plain", log)
+    chain = Chain([holding, idle, plain])
+    outcome = ConnectionError("down") if fails else "ok"
+    if fails:
+        with pytest.raises(ConnectionError):
+            await chain.run(_call(_fn(log, outcome)))
+    else:
+        assert await chain.run(_call(_fn(log, outcome))) == "ok"
+    exits = [entry[1] for entry in log if entry[0] == "exit"]
+    assert exits == ["plain", "holding"]  # the idle gate (token None, exits_none False) skipped
+    assert "if t1 is not None:" in chain.root.source and "if t2 is not None:" not in chain.root.source
+
+
+async def test_a_recovery_re_runs_through_a_run_without_the_recoveries_it_skips() -> None:
+    log: list[Any] = []
+    outer = LogRecovery("outer", log, lambda c, e, again: again())
+    inner = LogRecovery("inner", log, lambda c, e, again: again())
+    root, _ = compile_chain([outer, inner, LogGate("gate", log)])
+    assert len(root.runs) == 3 and root.runs[0] is root.run
+    assert "recover" not in root.source.split("async def run2")[1]  # the innermost's again: bare
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError(calls)
+        return "ok"
+
+    assert await root.run(_call(flaky)) == "ok"
+    recovered = [entry[1] for entry in log if entry[0] == "recover"]
+    assert recovered == ["inner", "outer"]  # inner's re-run failed: to outer, whose re-run passed
 
 
 def test_a_gate_without_an_exit_is_never_exited() -> None:

@@ -364,9 +364,10 @@ class CircuitBreaker:
             now = self.clock()
         if exc is None:
             if now < self._oks_until and duration_s <= self._slow_s and token == self._epoch:
-                if not self.bus.active:  # a fast success (see the module docstring)
-                    self._oks += 1
-                    return
+                if self.bus.active:  # a fast success (see the module docstring)
+                    self.bus.emit(BreakerCallOutcome(self.name, "success", duration_s))
+                self._oks += 1
+                return
             self._success(token, duration_s, now)
         elif isinstance(exc, Exception):
             self._error(token, duration_s, exc, now)
@@ -415,10 +416,11 @@ class CircuitBreaker:
         now = clock()
         duration = now - start
         if now < self._oks_until and duration <= self._slow_s and token == self._epoch:
-            if not self.bus.active:  # a fast success (see the module docstring)
-                self._oks += 1
-                return result
-        self._success(token, duration, now)
+            if self.bus.active:  # a fast success (see the module docstring)
+                self.bus.emit(BreakerCallOutcome(self.name, "success", duration))
+            self._oks += 1
+        else:
+            self._success(token, duration, now)
         return result
 
     def __call__(self, fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
@@ -506,7 +508,7 @@ class CircuitBreaker:
             window.add_successes(self._oks)
             self._oks = 0
         window.record(code, now)
-        self._oks_until = window.clean_until()
+        self._oks_until = window.clean_until() if code == 0 else -math.inf
         return window
 
     def _check(self, now: float) -> None:

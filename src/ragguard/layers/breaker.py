@@ -28,6 +28,7 @@ from ..breakers import (
     VectorStoreUnavailableBreaker,
 )
 from ..breakers._breaker import _CLOSED
+from ..breakers._outcome import BreakerCallOutcome
 from ..pipeline import WAIT, Call, Scope
 
 if TYPE_CHECKING:
@@ -101,9 +102,10 @@ class BreakerLayer:
                 and now < stock._oks_until
                 and duration <= stock._slow_s
                 and token == stock._epoch
-                and not stock.bus.active
             ):
-                stock._oks += 1  # on_result()'s fast success, inlined
+                if stock.bus.active:  # on_result()'s fast success, inlined
+                    stock.bus.emit(BreakerCallOutcome(stock.name, "success", duration))
+                stock._oks += 1
             else:
                 breaker.on_result(token, duration, None, now)
         elif not isinstance(exc, Exception) or isinstance(exc, DeadlineExceeded):
@@ -114,7 +116,11 @@ class BreakerLayer:
                 breaker.release(token)
             else:
                 now = self.clock()
-                breaker.on_result(token, now - call.started, exc, now)
+                stock = self._stock
+                if stock is not None:
+                    stock._error(token, now - call.started, exc, now)  # on_result(), for an error
+                else:
+                    breaker.on_result(token, now - call.started, exc, now)
         return None
 
 

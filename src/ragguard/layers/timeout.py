@@ -31,6 +31,7 @@ class TimeoutLayer:
     """Bounds each attempt by ``timeout_s`` (None: only the deadline) and the request's deadline."""
 
     scope: ClassVar[Scope] = "item"
+    exits_none: ClassVar[bool] = False  # no timer armed: nothing to disarm
     __slots__ = ("_loop", "_min_left", "_timers", "_wheel", "stage", "timeout_s")
 
     def __init__(

@@ -30,7 +30,7 @@ __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
 class Node:
     """Recoveries, then gates, then a wrapper or the next node or the call (see module docstring)."""
 
-    __slots__ = ("gates", "inner", "recoveries", "run", "source", "stream_gates", "wrapper")
+    __slots__ = ("gates", "inner", "recoveries", "run", "runs", "source", "stream_gates", "wrapper")
 
     def __init__(self) -> None:
         self.recoveries: tuple[Recovery, ...] = ()
@@ -47,17 +47,24 @@ class Node:
     ``[skip:]`` handle a failure (a recovery calling ``again`` re-runs with itself and those outside
     it skipped). Compiled by :func:`_compile_run` once the chain is built."""
 
+    runs: tuple[Callable[[Call], Awaitable[Any]], ...]
+    """``runs[k](call)``: :attr:`run` with recoveries ``[k:]`` (``runs[0]`` is ``run``; the last
+    has no recovery at all: what a recovery's ``again`` runs when it is the innermost)."""
+
     async def _recover(self, call: Call, exc: Exception, skip: int) -> Any:
         recoveries = self.recoveries
         i = len(recoveries) - 1
-        while True:  # the innermost recovery first; one that raises hands its error outward
-            try:
-                return await recoveries[i].recover(call, exc, partial(self.run, call, i + 1))
-            except Exception as raised:
-                if i <= skip:
-                    raise
-                exc = raised
-            i -= 1
+        try:
+            while True:  # the innermost recovery first; one that raises hands its error outward
+                try:
+                    return await recoveries[i].recover(call, exc, partial(self.runs[i + 1], call))
+                except Exception as raised:
+                    if i <= skip:
+                        raise
+                    exc = raised
+                i -= 1
+        finally:
+            del exc  # no reference cycle between the error raised and this frame
 
     # -- streams --------------------------------------------------------------------------------
 
@@ -105,18 +112,21 @@ class Node:
     ) -> Head:
         recoveries = self.recoveries
         i = len(recoveries) - 1
-        while True:
-            try:
-                got = await recoveries[i].recover(call, exc, partial(self.open, call, item_gates, i + 1))
-            except Exception as raised:
-                if i <= skip:
-                    raise
-                exc = raised
-                i -= 1
-                continue
-            if isinstance(got, Head):
-                return got
-            return await Head.of_fallback(got)
+        try:
+            while True:
+                try:
+                    got = await recoveries[i].recover(call, exc, partial(self.open, call, item_gates, i + 1))
+                except Exception as raised:
+                    if i <= skip:
+                        raise
+                    exc = raised
+                    i -= 1
+                    continue
+                if isinstance(got, Head):
+                    return got
+                return await Head.of_fallback(got)
+        finally:
+            del exc  # no reference cycle between the error raised and this frame
 
 
 def _exit_all(call: Call, gates: Sequence[Gate], tokens: list[Any], exc: BaseException | None) -> None:
@@ -391,13 +401,19 @@ def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
 
 
 def _compile_run(node: Node) -> None:
-    """Write ``node.run`` for this node's shape, as dataclasses writes ``__init__``.
+    """Write ``node.run`` (and ``node.runs``) for this node's shape, as dataclasses writes
+    ``__init__``.
 
     Each gate becomes a nested ``try`` around the ones inside it (exactly as ``async with`` would
     nest them, without a context manager's calls): its ``enter`` before, its ``exit`` after, with
     the outcome, and a replacement error raised in place of the original. A generic loop over the
     gates cost three times as much per gate (measured by benchmarks/overhead.py), and a guarded call
-    pays this on every call. For a node with a fallback, two gates and the call it reads::
+    pays this on every call. The recoveries are written in too, innermost first (a recovery that
+    raises hands its error to the next one out), each with an ``again`` that re-runs the node with
+    itself and the outer ones left out: one function per number of recoveries left out
+    (``runs[k]``), so a re-run carries no handler for recoveries it skips, and a failure reaches
+    its recovery without a frame in between (benchmarks/failure_path.py). For a node with a
+    fallback, a retry, two gates and the call, ``runs[0]`` (``run``) reads::
 
         async def run(call, skip=0):
             try:
@@ -416,10 +432,15 @@ def _compile_run(node: Node) -> None:
                     raise r0
                 return result
             except Exception as exc:
-                if len(recoveries) <= skip:
-                    raise
-                return await recover(call, exc, skip)
+                if skip:
+                    return await recover(call, exc, skip)
+                try:
+                    return await recover1(call, exc, partial(run2, call))
+                except Exception as raised:
+                    exc = raised
+                return await recover0(call, exc, partial(run1, call))
     """
+    n = len(node.recoveries)
     ns: dict[str, Any] = {
         "WAIT": WAIT,
         "partial": partial,
@@ -427,19 +448,50 @@ def _compile_run(node: Node) -> None:
         "running_loop": running_loop,
         "current_task": current_task,
         "CancelledError": asyncio.CancelledError,
-        "recoveries": node.recoveries,
         "recover": node._recover,
     }
-    lines = ["async def run(call, skip=0):"]
-    depth = 1
-    if node.recoveries:
-        lines.append("    try:")
-        depth = 2
+    for i, recovery in enumerate(node.recoveries):
+        ns[f"recover{i}"] = recovery.recover
+    body = _run_body(node, ns)
+    sources: list[str] = []
+    for k in range(n, -1, -1):  # runs[n] first: runs[k] re-runs through runs[k + 1]
+        name = "run" if k == 0 else f"run{k}"
+        lines = [f"async def {name}(call, skip=0):" if k == 0 else f"async def {name}(call):"]
+        if k == n:
+            lines += ["    " + line for line in body]
+        else:
+            lines.append("    try:")
+            lines += ["        " + line for line in body]
+            lines.append("    except Exception as exc:")
+            if k == 0:
+                lines += ["        if skip:", "            return await recover(call, exc, skip)"]
+            for i in range(n - 1, k, -1):
+                lines += [
+                    "        try:",
+                    f"            return await recover{i}(call, exc, partial(run{i + 1}, call))",
+                    "        except Exception as raised:",
+                    "            exc = raised",
+                ]
+            lines.append(f"        return await recover{k}(call, exc, partial(run{k + 1}, call))")
+        source = "\n".join(lines)
+        exec(compile(source, f"<ragguard chain node: {_describe(node)}>", "exec"), ns)
+        sources.append(source)
+    node.runs = tuple(ns["run" if k == 0 else f"run{k}"] for k in range(n + 1))
+    node.run = node.runs[0]
+    node.source = "\n\n".join(reversed(sources))
+
+
+def _run_body(node: Node, ns: dict[str, Any]) -> list[str]:
+    """The gates of ``node`` around its wrapper, inner node or call (see :func:`_compile_run`),
+    as lines of a function body; the names it uses are put in ``ns``."""
+    lines: list[str] = []
+    depth = 0
 
     def put(text: str, extra: int = 0) -> None:
         lines.append("    " * (depth + extra) + text)
 
     exits = [getattr(gate, "exits", True) for gate in node.gates]
+    exits_none = [getattr(gate, "exits_none", True) for gate in node.gates]
     for i, gate in enumerate(node.gates):
         ns[f"enter{i}"], ns[f"enter_async{i}"], ns[f"exit{i}"] = gate.enter, gate.enter_async, gate.exit
         put(f"t{i} = enter{i}(call)")
@@ -448,6 +500,7 @@ def _compile_run(node: Node) -> None:
         if exits[i]:
             put("try:")
             depth += 1
+
     def innermost(statement: str) -> None:
         if not PY311:
             put(statement)
@@ -458,7 +511,7 @@ def _compile_run(node: Node) -> None:
         put("task = call.task")
         put("if task is None:")
         put("loop = running_loop()", 1)
-        put("task = None if loop is None else current_task(loop)", 1)
+        put("task = call.task = None if loop is None else current_task(loop)", 1)
         put("before = 0 if task is None else task.cancelling()")
         put(statement)
         put("if task is not None and task.cancelling() > before:")
@@ -481,24 +534,20 @@ def _compile_run(node: Node) -> None:
             continue
         depth -= 1
         put(f"except BaseException as e{i}:")
-        put(f"r{i} = exit{i}(call, t{i}, e{i})", 1)
-        put(f"if r{i} is not None:", 1)
-        put(f"raise r{i}", 2)
+        guard = 0 if exits_none[i] else 1  # exit only for a token other than None
+        if guard:
+            put(f"if t{i} is not None:", 1)
+        put(f"r{i} = exit{i}(call, t{i}, e{i})", 1 + guard)
+        put(f"if r{i} is not None:", 1 + guard)
+        put(f"raise r{i}", 2 + guard)
         put("raise", 1)
-        put(f"r{i} = exit{i}(call, t{i}, None)")
-        put(f"if r{i} is not None:")
-        put(f"raise r{i}", 1)
+        if guard:
+            put(f"if t{i} is not None:")
+        put(f"r{i} = exit{i}(call, t{i}, None)", guard)
+        put(f"if r{i} is not None:", guard)
+        put(f"raise r{i}", 1 + guard)
     put("return result")
-    if node.recoveries:
-        lines += [
-            "    except Exception as exc:",
-            "        if len(recoveries) <= skip:",
-            "            raise",
-            "        return await recover(call, exc, skip)",
-        ]
-    node.source = "\n".join(lines)
-    exec(compile(node.source, f"<ragguard chain node: {_describe(node)}>", "exec"), ns)
-    node.run = ns["run"]
+    return lines
 
 
 def _describe(node: Node) -> str:
