@@ -52,7 +52,42 @@ def test_a_chain_compiles_into_nodes_one_per_recovery_level() -> None:
     assert item_gates == (timeout,)
     assert third.stream_gates == (retry, breaker)  # call and attempt gates hold for a whole stream
     assert "await around(call, call_fn(call))" in third.source
-    assert "await inner_run(call)" in root.source
+    # the nodes inside are written into the outer node's code, up to the wrapper: one frame
+    assert "inner_run" not in root.source and "n1_recover0(call, n1_exc" in root.source
+    assert "n1_n2_recover0(call, n1_n2_exc" in root.source
+    assert "n1_n2_around(call, call_fn(call))" in root.source
+
+
+async def test_a_call_runs_in_one_frame_however_many_nodes_up_to_a_wrapper() -> None:
+    import sys
+
+    log: list[Any] = []
+    frames: list[list[str]] = []
+
+    async def fn() -> str:
+        names, frame = [], sys._getframe(1)
+        while frame is not None and frame.f_code.co_name != "test_body":
+            names.append(frame.f_code.co_filename)
+            frame = frame.f_back
+        frames.append(names)
+        return "ok"
+
+    layers = [
+        LogGate("observe", log),
+        LogRecovery("fallback", log, lambda c, e, a: a()),
+        LogGate("deadline", log),
+        RetryLike("retry", log),
+        LogGate("breaker", log, scope="attempt"),
+    ]
+    chain = Chain(layers)
+    assert chain.root.inner is not None and chain.root.inner.inner is not None  # three nodes
+
+    async def test_body() -> str:
+        return await chain.run(_call(fn))
+
+    assert await test_body() == "ok"
+    nodes = [name for name in frames[0] if name.startswith("<ragguard chain node")]
+    assert len(nodes) == 1  # was one frame per node
 
 
 def test_recoveries_without_gates_between_share_a_node_and_wrappers_nest() -> None:

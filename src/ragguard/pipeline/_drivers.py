@@ -412,8 +412,10 @@ def _compile_run(node: Node) -> None:
     raises hands its error to the next one out), each with an ``again`` that re-runs the node with
     itself and the outer ones left out: one function per number of recoveries left out
     (``runs[k]``), so a re-run carries no handler for recoveries it skips, and a failure reaches
-    its recovery without a frame in between (benchmarks/failure_path.py). For a node with a
-    fallback, a retry, two gates and the call, ``runs[0]`` (``run``) reads::
+    its recovery without a frame in between (benchmarks/failure_path.py). The code of the node
+    inside (unless a wrapper stands between) is written in as well, so a call runs in one frame
+    however many nodes its chain has (the observed chain's span gate is a node of its own). For a
+    node with a fallback, a retry, two gates and the call, ``runs[0]`` (``run``) reads::
 
         async def run(call, skip=0):
             try:
@@ -430,15 +432,19 @@ def _compile_run(node: Node) -> None:
                 r0 = exit0(call, t0, None)
                 if r0 is not None:
                     raise r0
-                return result
             except Exception as exc:
                 if skip:
-                    return await recover(call, exc, skip)
-                try:
-                    return await recover1(call, exc, partial(run2, call))
-                except Exception as raised:
-                    exc = raised
-                return await recover0(call, exc, partial(run1, call))
+                    result = await recover(call, exc, skip)
+                else:
+                    left = True
+                    try:
+                        result = await recover1(call, exc, partial(run2, call))
+                        left = False
+                    except Exception as raised:
+                        exc = raised
+                    if left:
+                        result = await recover0(call, exc, partial(run1, call))
+            return result
     """
     n = len(node.recoveries)
     ns: dict[str, Any] = {
@@ -450,29 +456,12 @@ def _compile_run(node: Node) -> None:
         "CancelledError": asyncio.CancelledError,
         "recover": node._recover,
     }
-    for i, recovery in enumerate(node.recoveries):
-        ns[f"recover{i}"] = recovery.recover
-    body = _run_body(node, ns)
     sources: list[str] = []
     for k in range(n, -1, -1):  # runs[n] first: runs[k] re-runs through runs[k + 1]
         name = "run" if k == 0 else f"run{k}"
         lines = [f"async def {name}(call, skip=0):" if k == 0 else f"async def {name}(call):"]
-        if k == n:
-            lines += ["    " + line for line in body]
-        else:
-            lines.append("    try:")
-            lines += ["        " + line for line in body]
-            lines.append("    except Exception as exc:")
-            if k == 0:
-                lines += ["        if skip:", "            return await recover(call, exc, skip)"]
-            for i in range(n - 1, k, -1):
-                lines += [
-                    "        try:",
-                    f"            return await recover{i}(call, exc, partial(run{i + 1}, call))",
-                    "        except Exception as raised:",
-                    "            exc = raised",
-                ]
-            lines.append(f"        return await recover{k}(call, exc, partial(run{k + 1}, call))")
+        lines += ["    " + line for line in _level(node, k, ns, "", top=k == 0)]
+        lines.append("    return result")
         source = "\n".join(lines)
         exec(compile(source, f"<ragguard chain node: {_describe(node)}>", "exec"), ns)
         sources.append(source)
@@ -481,9 +470,54 @@ def _compile_run(node: Node) -> None:
     node.source = "\n\n".join(reversed(sources))
 
 
-def _run_body(node: Node, ns: dict[str, Any]) -> list[str]:
+def _level(node: Node, k: int, ns: dict[str, Any], p: str, *, top: bool = False) -> list[str]:
+    """Lines that run ``node`` with its recoveries ``[k:]`` and leave the outcome in ``result``
+    (see :func:`_compile_run`); ``p`` prefixes every name this node puts in ``ns`` and every local
+    it uses, so a node written into another's code keeps its own. ``top``: the code of ``run``
+    itself (the only one taking ``skip``)."""
+    n = len(node.recoveries)
+    for i, recovery in enumerate(node.recoveries):
+        ns[f"{p}recover{i}"] = recovery.recover
+        if p:  # a node written in: its re-runs are its own functions
+            ns[f"{p}run{i + 1}"] = node.runs[i + 1]
+    body = _gates(node, ns, p)
+    if k == n:
+        return body
+    lines = ["try:", *("    " + line for line in body), f"except Exception as {p}exc:"]
+    chain: list[str] = []
+    if n - 1 > k:
+        chain.append(f"{p}left = True")
+    for i in range(n - 1, k - 1, -1):
+        call = f"await {p}recover{i}(call, {p}exc, partial({p}run{i + 1}, call))"
+        guard = i < n - 1  # an inner recovery ran before this one: only if it raised
+        pad = "    " if guard else ""
+        if guard:
+            chain.append(f"if {p}left:")
+        if i == k:
+            chain.append(f"{pad}result = {call}")
+        else:
+            chain += [
+                f"{pad}try:",
+                f"{pad}    result = {call}",
+                f"{pad}    {p}left = False",
+                f"{pad}except Exception as {p}raised:",
+                f"{pad}    {p}exc = {p}raised",
+            ]
+    if top:
+        lines += [
+            "    if skip:",
+            f"        result = await recover(call, {p}exc, skip)",
+            "    else:",
+            *("        " + line for line in chain),
+        ]
+    else:
+        lines += ["    " + line for line in chain]
+    return lines
+
+
+def _gates(node: Node, ns: dict[str, Any], p: str) -> list[str]:
     """The gates of ``node`` around its wrapper, inner node or call (see :func:`_compile_run`),
-    as lines of a function body; the names it uses are put in ``ns``."""
+    as lines leaving the outcome in ``result``; the names it uses are put in ``ns``."""
     lines: list[str] = []
     depth = 0
 
@@ -493,10 +527,11 @@ def _run_body(node: Node, ns: dict[str, Any]) -> list[str]:
     exits = [getattr(gate, "exits", True) for gate in node.gates]
     exits_none = [getattr(gate, "exits_none", True) for gate in node.gates]
     for i, gate in enumerate(node.gates):
-        ns[f"enter{i}"], ns[f"enter_async{i}"], ns[f"exit{i}"] = gate.enter, gate.enter_async, gate.exit
-        put(f"t{i} = enter{i}(call)")
-        put(f"if t{i} is WAIT:")
-        put(f"t{i} = await enter_async{i}(call)", 1)
+        ns[f"{p}enter{i}"], ns[f"{p}enter_async{i}"] = gate.enter, gate.enter_async
+        ns[f"{p}exit{i}"] = gate.exit
+        put(f"{p}t{i} = {p}enter{i}(call)")
+        put(f"if {p}t{i} is WAIT:")
+        put(f"{p}t{i} = await {p}enter_async{i}(call)", 1)
         if exits[i]:
             put("try:")
             depth += 1
@@ -517,36 +552,36 @@ def _run_body(node: Node, ns: dict[str, Any]) -> list[str]:
         put("if task is not None and task.cancelling() > before:")
         put(f"raise CancelledError({_LOST_CANCEL!r})", 1)
 
+    inner = node.inner
     if node.wrapper is not None:
-        ns["around"] = node.wrapper.around
-        if node.inner is None:  # the wrapper (chaos) awaits the call itself
-            innermost("result = await around(call, call_fn(call))")
+        ns[f"{p}around"] = node.wrapper.around
+        if inner is None:  # the wrapper (chaos) awaits the call itself
+            innermost(f"result = await {p}around(call, call_fn(call))")
         else:
-            ns["inner_run"] = node.inner.run
-            put("result = await around(call, partial(inner_run, call))")
-    elif node.inner is not None:
-        ns["inner_run"] = node.inner.run
-        put("result = await inner_run(call)")
+            ns[f"{p}inner_run"] = inner.run
+            put(f"result = await {p}around(call, partial({p}inner_run, call))")
+    elif inner is not None:  # the inner node's own code, written in (see _compile_run)
+        for line in _level(inner, 0, ns, f"{p}n{len(p) // 3 + 1}_"):
+            put(line)
     else:
         innermost("result = await call.fn(*call.args, **call.kwargs)")
     for i in reversed(range(len(node.gates))):
         if not exits[i]:
             continue
         depth -= 1
-        put(f"except BaseException as e{i}:")
+        put(f"except BaseException as {p}e{i}:")
         guard = 0 if exits_none[i] else 1  # exit only for a token other than None
         if guard:
-            put(f"if t{i} is not None:", 1)
-        put(f"r{i} = exit{i}(call, t{i}, e{i})", 1 + guard)
-        put(f"if r{i} is not None:", 1 + guard)
-        put(f"raise r{i}", 2 + guard)
+            put(f"if {p}t{i} is not None:", 1)
+        put(f"{p}r{i} = {p}exit{i}(call, {p}t{i}, {p}e{i})", 1 + guard)
+        put(f"if {p}r{i} is not None:", 1 + guard)
+        put(f"raise {p}r{i}", 2 + guard)
         put("raise", 1)
         if guard:
-            put(f"if t{i} is not None:")
-        put(f"r{i} = exit{i}(call, t{i}, None)", guard)
-        put(f"if r{i} is not None:", guard)
-        put(f"raise r{i}", 1 + guard)
-    put("return result")
+            put(f"if {p}t{i} is not None:")
+        put(f"{p}r{i} = {p}exit{i}(call, {p}t{i}, None)", guard)
+        put(f"if {p}r{i} is not None:", guard)
+        put(f"raise {p}r{i}", 1 + guard)
     return lines
 
 
