@@ -224,3 +224,94 @@ def test_a_failed_call_leaves_no_reference_cycle(full: bool) -> None:
         assert _garbage_of(lambda: loop.run_until_complete(calls(20)), 1) == 0
     finally:
         loop.close()
+
+
+class _Flaky(ValueError):
+    """Not a kind ``retry_on`` names (a caller's ValueError): retried only by a user's predicate."""
+
+
+def _strategy_guard(clock: FakeClock, slept: list[float], **strategies: Any) -> ragguard.Guard:
+    async def sleep(s: float) -> None:
+        slept.append(round(s, 6))
+        clock.advance(s)
+
+    retry = RetryPolicy(attempts=5, initial_backoff_s=0.1, jitter_s=0.0, budget_min_per_s=100.0, **strategies)
+    policy = ragguard.Policy(
+        stages={"s": ragguard.StagePolicy(retry=retry, breaker=ragguard.BreakerPolicy(kind="none"))}
+    )
+    return ragguard.Guard(policy, clock=clock, sleep=sleep)
+
+
+def test_a_policy_takes_a_users_tenacity_strategies() -> None:
+    """``RetryPolicy(stop=..., wait=..., retry=...)``: the user's strategies join the policy's
+    rules (attempts, deadline, budget, never a rejection by ragguard)."""
+    clock, slept = FakeClock(), []
+    g = _strategy_guard(
+        clock,
+        slept,
+        wait=tenacity.wait_fixed(0.25),
+        stop=tenacity.stop_after_delay(0.6),
+        retry=tenacity.retry_if_exception_type(_Flaky),
+    )
+    attempts: list[float] = []
+
+    @g.guard("s")
+    async def flaky() -> None:
+        attempts.append(clock())
+        raise _Flaky("again")
+
+    with pytest.raises(_Flaky):
+        asyncio.run(flaky())
+    # wait_fixed(0.25) instead of 0.1, 0.2...; stop_after_delay(0.6) before attempts=5 stops
+    assert slept == [0.25, 0.25, 0.25] and attempts == [0.0, 0.25, 0.5, 0.75]
+
+    @g.guard("s")
+    async def refused() -> None:
+        raise ConnectionRefusedError("not a _Flaky: the user's predicate says no")
+
+    slept.clear()
+    with pytest.raises(ConnectionRefusedError):
+        asyncio.run(refused())
+    assert slept == []
+
+    @g.guard("s")
+    async def rejected() -> None:
+        raise _RejectedConnection("a rejection by ragguard is never retried")
+
+    with pytest.raises(_RejectedConnection):
+        asyncio.run(rejected())
+    assert slept == []
+
+
+def test_a_users_wait_is_still_cut_to_the_deadline_and_the_attempts_still_bound() -> None:
+    clock, slept = FakeClock(), []
+    g = _strategy_guard(clock, slept, wait=lambda state: 10.0)  # a plain callable works too
+    calls = 0
+
+    @g.guard("s")
+    async def down() -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionRefusedError("down")
+
+    async def within(budget_s: float) -> None:
+        async with g.deadline(budget_s):
+            await down()
+
+    with pytest.raises(ConnectionRefusedError):
+        asyncio.run(within(1.0))
+    # cut to leave min_attempt_s (0.001 s at least), then cut to nothing: the FakeClock does not move
+    # while the attempts fail, so they run out first (as with the policy's own wait)
+    assert slept[0] == pytest.approx(0.999) and slept[1:] == [0.0] * 3 and calls == 5
+    calls = 0
+    slept.clear()
+    with pytest.raises(ConnectionRefusedError):
+        asyncio.run(down())  # no deadline: the full wait, and attempts=5 bounds it
+    assert slept == [10.0] * 4 and calls == 5
+
+
+@pytest.mark.parametrize("field", ["stop", "wait", "retry"])
+def test_a_strategy_that_is_not_callable_is_a_config_error_naming_the_field(field: str) -> None:
+    with pytest.raises(ragguard.ConfigError) as info:
+        RetryPolicy(attempts=3, **{field: "wait_fixed(1)"})
+    assert info.value.field == field and "tenacity strategy" in str(info.value)

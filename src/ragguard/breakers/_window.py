@@ -19,6 +19,7 @@ successes of its clean, closed window and records them only when the window is n
 from __future__ import annotations
 
 import math
+from math import floor as _floor
 
 __all__ = ["FAILED", "SLOW", "CountWindow", "TimeWindow"]
 
@@ -99,7 +100,7 @@ class TimeWindow:
 
     def record(self, code: int, now: float) -> None:
         """Add one call's outcome ``code`` at clock time ``now`` (seconds)."""
-        sec = math.floor(now)
+        sec = _floor(now)
         if sec > self._head:
             self._advance(sec)
         i = self._head % self._size
@@ -127,7 +128,7 @@ class TimeWindow:
 
     def expire(self, now: float) -> None:
         """Drop the buckets older than the window at clock time ``now``."""
-        sec = math.floor(now)
+        sec = _floor(now)
         if sec > self._head:
             self._advance(sec)
 

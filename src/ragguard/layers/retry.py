@@ -121,6 +121,10 @@ class RetryBudget:
         return True
 
 
+Strategy = Callable[[tenacity.RetryCallState], Any]
+"""A tenacity strategy: ``stop`` and ``retry`` return a bool, ``wait`` the seconds to sleep."""
+
+
 class _DeadlineStop(tenacity.stop.stop_base):
     """Stop when the next attempt could not start before the deadline with ``min_attempt_s`` left.
 
@@ -150,11 +154,18 @@ class _CutWait(tenacity.wait.wait_base):
     and never shorter than the failed attempt's ``retry_after_s`` (then the deadline stop decides
     whether that wait fits)."""
 
-    def __init__(self, policy: RetryPolicy, min_attempt_s: float, rng: random.Random) -> None:
-        self.base = tenacity.wait_exponential(
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        min_attempt_s: float,
+        rng: random.Random,
+        base: Strategy | None = None,
+    ) -> None:
+        # ``base``: a wait of the user's, in place of the exponential backoff and its jitter
+        self.base: Strategy = base or tenacity.wait_exponential(
             multiplier=policy.initial_backoff_s, exp_base=policy.multiplier, max=policy.max_backoff_s
         )
-        self.jitter_s = policy.jitter_s
+        self.jitter_s = 0.0 if base is not None else policy.jitter_s
         self.min_attempt_s = max(min_attempt_s, 0.001)
         self.rng = rng
 
@@ -182,8 +193,11 @@ class _BudgetStop(tenacity.stop.stop_base):
         return not self.spend()
 
 
-Strategy = Callable[[tenacity.RetryCallState], Any]
-"""A tenacity strategy: ``stop`` and ``retry`` return a bool, ``wait`` the seconds to sleep."""
+def _not_a_rejection(exc: BaseException) -> bool:
+    """Neither a cancellation nor a rejection by ragguard (a stage timeout is a timeout)."""
+    return isinstance(exc, Exception) and (
+        not isinstance(exc, RagguardError) or isinstance(exc, StageTimeout)
+    )
 
 
 _SURE: dict[str, type[BaseException]] = {
@@ -335,6 +349,19 @@ class RetryLayer:
         self._sure: tuple[type[BaseException], ...] = (
             () if "any" in kinds else tuple(_SURE[k] for k in kinds)
         )
+        # A policy's own strategies (RetryPolicy.stop/wait/retry) join the policy's rules (see
+        # RetryPolicy); ``stop``/``wait``/``retry`` given here replace them outright.
+        if stop is None and policy.stop is not None:
+            stop = tenacity.stop_any(  # (plain callables as well as strategy objects)
+                tenacity.stop_after_attempt(policy.attempts),
+                _DeadlineStop(min_attempt_s),
+                policy.stop,
+                _BudgetStop(self._spend),
+            )
+        if wait is None and policy.wait is not None:
+            wait = _CutWait(policy, min_attempt_s, rng, base=policy.wait)
+        if retry is None and policy.retry is not None:
+            retry = tenacity.retry_all(tenacity.retry_if_exception(_not_a_rejection), policy.retry)
         # The policy's strategies, asked inline by recover(): stop after ``attempts``, or when the
         # deadline would leave less than ``_min_left`` after the wait, or when the budget refuses;
         # wait tenacity's exponential backoff for the attempt (computed once here, by tenacity),
@@ -360,9 +387,7 @@ class RetryLayer:
     def retryable(self, exc: BaseException) -> bool:
         """True when ``exc`` may be retried: one of the stage's ``retry_on`` kinds, and neither a
         cancellation nor a rejection by ragguard (a stage timeout is a timeout, and retryable)."""
-        if not isinstance(exc, Exception) or (
-            isinstance(exc, RagguardError) and not isinstance(exc, StageTimeout)
-        ):
+        if not _not_a_rejection(exc):
             return False  # tenacity hands cancellations to the predicate too: never retry them
         if isinstance(exc, self._sure):
             return True
