@@ -122,6 +122,20 @@ async def test_a_gate_exits_for_a_none_token_only_unless_it_says_it_need_not(fai
     exits = [entry[1] for entry in log if entry[0] == "exit"]
     assert exits == ["plain", "holding"]  # the idle gate (token None, exits_none False) skipped
     assert "if t1 is not None:" in chain.root.source and "if t2 is not None:" not in chain.root.source
+    # the same gates last in the node: the call is written twice, the token None's without a handler
+    for token, exited in ((None, ["holding"]), ("held", ["idle", "holding"])):
+        log.clear()
+        last = Chain([holding, MaybeTokenGate("idle", log, token)])
+        assert "if t1 is None:" in last.root.source
+        if fails:
+            with pytest.raises(ConnectionError):
+                await last.run(_call(_fn(log, outcome)))
+        else:
+            assert await last.run(_call(_fn(log, outcome))) == "ok"
+        assert [entry[1] for entry in log if entry[0] == "exit"] == exited
+        assert [entry[-1] for entry in log if entry[0] == "exit"] == [
+            type(outcome).__name__ if fails else None
+        ] * len(exited)
 
 
 async def test_a_recovery_re_runs_through_a_run_without_the_recoveries_it_skips() -> None:

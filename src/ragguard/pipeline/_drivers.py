@@ -517,40 +517,77 @@ def _level(node: Node, k: int, ns: dict[str, Any], p: str, *, top: bool = False)
 
 def _gates(node: Node, ns: dict[str, Any], p: str) -> list[str]:
     """The gates of ``node`` around its wrapper, inner node or call (see :func:`_compile_run`),
-    as lines leaving the outcome in ``result``; the names it uses are put in ``ns``."""
-    lines: list[str] = []
-    depth = 0
+    as lines leaving the outcome in ``result``; the names it uses are put in ``ns``.
 
-    def put(text: str, extra: int = 0) -> None:
-        lines.append("    " * (depth + extra) + text)
-
-    exits = [getattr(gate, "exits", True) for gate in node.gates]
-    exits_none = [getattr(gate, "exits_none", True) for gate in node.gates]
-    for i, gate in enumerate(node.gates):
+    A gate that says ``exits_none = False`` is exited only for a token other than None; when it
+    is the node's last gate, the call inside it is written twice, once without the handler, for
+    the token None (an untimed attempt pays no exception handler, on the failure path either)."""
+    gates = node.gates
+    for i, gate in enumerate(gates):
         ns[f"{p}enter{i}"], ns[f"{p}enter_async{i}"] = gate.enter, gate.enter_async
         ns[f"{p}exit{i}"] = gate.exit
-        put(f"{p}t{i} = {p}enter{i}(call)")
-        put(f"if {p}t{i} is WAIT:")
-        put(f"{p}t{i} = await {p}enter_async{i}(call)", 1)
-        if exits[i]:
-            put("try:")
-            depth += 1
+    inside = _inside(node, ns, p)
+
+    def around(i: int) -> list[str]:
+        if i == len(gates):
+            return inside
+        gate, t = gates[i], f"{p}t{i}"
+        lines = [f"{t} = {p}enter{i}(call)", f"if {t} is WAIT:", f"    {t} = await {p}enter_async{i}(call)"]
+        body = around(i + 1)
+        if not getattr(gate, "exits", True):
+            return lines + body
+        needs_none = getattr(gate, "exits_none", True)
+        twice = not needs_none and i == len(gates) - 1
+        guard = not (needs_none or twice)  # exit only for a token other than None
+        pad = "    " if guard else ""
+        handled = [
+            "try:",
+            *("    " + line for line in body),
+            f"except BaseException as {p}e{i}:",
+            *((f"    if {t} is not None:",) if guard else ()),
+            f"    {pad}{p}r{i} = {p}exit{i}(call, {t}, {p}e{i})",
+            f"    {pad}if {p}r{i} is not None:",
+            f"    {pad}    raise {p}r{i}",
+            "    raise",
+            *((f"if {t} is not None:",) if guard else ()),
+            f"{pad}{p}r{i} = {p}exit{i}(call, {t}, None)",
+            f"{pad}if {p}r{i} is not None:",
+            f"{pad}    raise {p}r{i}",
+        ]
+        if twice:
+            return [
+                *lines,
+                f"if {t} is None:",
+                *("    " + line for line in body),
+                "else:",
+                *("    " + line for line in handled),
+            ]
+        return lines + handled
+
+    return around(0)
+
+
+def _inside(node: Node, ns: dict[str, Any], p: str) -> list[str]:
+    """What ``node``'s gates surround: its wrapper, the inner node's code, or the call."""
+    lines: list[str] = []
 
     def innermost(statement: str) -> None:
         if not PY311:
-            put(statement)
+            lines.append(statement)
             return
         # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a cancellation
         # that lands while the awaited call finishes in the same loop iteration (cpython
         # gh-86296): a cancellation requested during the call and not delivered is raised here.
-        put("task = call.task")
-        put("if task is None:")
-        put("loop = running_loop()", 1)
-        put("task = call.task = None if loop is None else current_task(loop)", 1)
-        put("before = 0 if task is None else task.cancelling()")
-        put(statement)
-        put("if task is not None and task.cancelling() > before:")
-        put(f"raise CancelledError({_LOST_CANCEL!r})", 1)
+        lines.extend([
+            "task = call.task",
+            "if task is None:",
+            "    loop = running_loop()",
+            "    task = call.task = None if loop is None else current_task(loop)",
+            "before = 0 if task is None else task.cancelling()",
+            statement,
+            "if task is not None and task.cancelling() > before:",
+            f"    raise CancelledError({_LOST_CANCEL!r})",
+        ])  # fmt: skip
 
     inner = node.inner
     if node.wrapper is not None:
@@ -559,29 +596,11 @@ def _gates(node: Node, ns: dict[str, Any], p: str) -> list[str]:
             innermost(f"result = await {p}around(call, call_fn(call))")
         else:
             ns[f"{p}inner_run"] = inner.run
-            put(f"result = await {p}around(call, partial({p}inner_run, call))")
+            lines.append(f"result = await {p}around(call, partial({p}inner_run, call))")
     elif inner is not None:  # the inner node's own code, written in (see _compile_run)
-        for line in _level(inner, 0, ns, f"{p}n{len(p) // 3 + 1}_"):
-            put(line)
+        lines.extend(_level(inner, 0, ns, f"{p}n{len(p) // 3 + 1}_"))
     else:
         innermost("result = await call.fn(*call.args, **call.kwargs)")
-    for i in reversed(range(len(node.gates))):
-        if not exits[i]:
-            continue
-        depth -= 1
-        put(f"except BaseException as {p}e{i}:")
-        guard = 0 if exits_none[i] else 1  # exit only for a token other than None
-        if guard:
-            put(f"if {p}t{i} is not None:", 1)
-        put(f"{p}r{i} = {p}exit{i}(call, {p}t{i}, {p}e{i})", 1 + guard)
-        put(f"if {p}r{i} is not None:", 1 + guard)
-        put(f"raise {p}r{i}", 2 + guard)
-        put("raise", 1)
-        if guard:
-            put(f"if {p}t{i} is not None:")
-        put(f"{p}r{i} = {p}exit{i}(call, {p}t{i}, None)", guard)
-        put(f"if {p}r{i} is not None:", guard)
-        put(f"raise {p}r{i}", 1 + guard)
     return lines
 
 
