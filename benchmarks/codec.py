@@ -1,18 +1,32 @@
-"""Snappy codec and wire benchmark: every figure beside a baseline measured in the same run.
+"""Snappy codec and wire benchmark: every figure beside its baseline, measured in the same
+interleaved run (benchmarks/_bench.py).
 
-    .venv/bin/python benchmarks/codec.py [--quick]
+    .venv/bin/python benchmarks/codec.py [--quick] [--rounds 9]
 
-1. Throughput per payload: the pooled codec against the bare cramjam ``*_raw_into`` calls it
-   wraps (target: within 1.15x), against python-snappy, and against zlib level 6 (gRPC's gzip;
-   target: snappy at least 10x faster on the JSON hits). Decompression into a pooled buffer
-   against a fresh one.
+1. Time per message, compressing and decompressing four payloads (a 130-byte token chunk, a
+   32x768 float32 embedding batch, 20 JSON search hits, 1 MB of text), each API of the codec
+   beside the bare cramjam call that does the same work:
+
+   - the leased API (``with codec.compressed(data) as block``: a pooled buffer, or one of its own
+     for a small message) beside ``cramjam.snappy.compress_raw_into(data, out)`` into a buffer the
+     caller keeps (the floor: no allocation at all);
+   - the bytes API (``codec.compress(data) -> bytes``) beside ``bytes(cramjam.snappy.compress_raw(data))``;
+   - and python-snappy, zlib level 1 and zlib level 6 (gRPC's gzip) for scale.
+
+   Targets: each codec API at most 1.3x its bare cramjam call, at every size; snappy at least
+   10x faster than zlib level 6 and 2x faster than zlib level 1 on the JSON hits (compressing).
 2. tracemalloc: Python allocations per message in steady state for the leased API (target: no
    payload-sized allocation), beside the bytes-returning API as the baseline.
 3. Loopback gRPC server streaming of the JSON hits: none vs gzip vs snappy, in messages/s and
    bytes on the wire (counted by a byte-counting TCP relay between client and server).
 
-Bounded: each timing loop stops after a fixed time, the gRPC runs after a message count or
-a time limit; the whole script takes about a minute (``--quick``: about 25 s).
+CPU time of this thread per message (median of rounds, spread min-max; ratios are medians of
+per-round ratios). Payloads of 4 KiB and more are read from 8 copies whose addresses are spread over
+a 4 KiB page, one after the other: a message arrives wherever the allocator put it, and on x86 a
+copy whose destination lies a few dozen bytes past its source modulo 4 KiB runs at two thirds of its
+speed ("4K aliasing"), so one fixed source address measures the luck of the allocator, not the
+code (it made the pooled decompression of the float32 batch look 1.7x the bare call). The whole
+script takes about a minute (``--quick``: about 25 s).
 """
 
 from __future__ import annotations
@@ -20,6 +34,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import itertools
 import json
 import os
 import random
@@ -37,13 +53,14 @@ import grpc
 import numpy as np
 import snappy
 from grpc import aio
-from rich.console import Console
 from rich.table import Table
 
+import _bench
+from _bench import Contender, Target
 from ragguard.buffers import BufferPool, SnappyCodec
 from ragguard.grpc import SnappyServerInterceptor, snappy_channel
 
-console = Console(width=120)
+console = _bench.console
 WORDS = (
     "retrieval augmented generation vector store embedding rerank tenant quota breaker deadline "
     "latency document chunk passage query answer index cosine similarity dense sparse hybrid model "
@@ -74,130 +91,113 @@ def payloads() -> dict[str, bytes]:
     ]
     emb = np.random.default_rng(42).standard_normal((32, 768)).astype(np.float32)
     return {
-        "json hits (20x1.5KB)": json.dumps({"hits": hits}).encode(),
-        "float32 emb 32x768": emb.tobytes(),
         "token chunk ~130B": text(rng, 130).encode(),
+        "float32 emb 32x768": emb.tobytes(),
+        "json hits (20x1.5KB)": json.dumps({"hits": hits}).encode(),
         "1 MB text": text(rng, 1 << 20).encode(),
     }
 
 
-def _calls_per_round(fn: Callable[[], object], round_s: float) -> int:
-    n = 1
-    while True:  # doubles until a round lasts round_s (bounded by 2**20 calls)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        if time.perf_counter() - t0 >= round_s or n >= 1 << 20:
-            return n
-        n *= 2
+JSON = "json hits (20x1.5KB)"
+SPREAD_FROM = 4096  # payloads from this size on are read from copies at spread addresses
 
 
-def per_call_s(*fns: Callable[[], object], budget_s: float) -> list[float]:
-    """Best mean seconds per call of each of ``fns``, measured in interleaved rounds.
+def spread(data: bytes, k: int = 8) -> list[bytes]:
+    """``k`` equal copies of ``data`` whose contents start at addresses spread over a 4 KiB page
+    (one per eighth of it), for payloads of SPREAD_FROM bytes and more; else ``[data]``."""
+    if len(data) < SPREAD_FROM:
+        return [data]
+    chosen: dict[int, bytes] = {}
+    made: list[bytes] = []
+    for _ in range(256):
+        copy = bytes(bytearray(data))  # a new object at wherever the allocator puts it
+        made.append(copy)  # (kept alive while choosing, so addresses are not reused)
+        slot = (ctypes.cast(ctypes.c_char_p(copy), ctypes.c_void_p).value or 0) % 4096 * k // 4096
+        chosen.setdefault(slot, copy)
+        if len(chosen) == k:
+            break
+    return list(chosen.values())
 
-    Interleaving matters on a shared machine: a load spike then hits every contender of the
-    same row, not just the one that happened to be running, so the ratios stay honest.
-    """
-    sizes = [_calls_per_round(fn, budget_s / 12) for fn in fns]
-    best = [float("inf")] * len(fns)
-    for _ in range(5):
-        for i, (fn, n) in enumerate(zip(fns, sizes, strict=True)):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            best[i] = min(best[i], (time.perf_counter() - t0) / n)
-    return best
+
+def rotating(copies: list[bytes]) -> Callable[[], bytes]:
+    """The copies one after the other, one per call."""
+    if len(copies) == 1:
+        only = copies[0]
+        return lambda: only
+    return itertools.cycle(copies).__next__
 
 
-def throughput(budget_s: float) -> None:
+def _ops(size: int, quick: bool) -> int:
+    """Messages per contender per round: about 5 ms of the bare call's work."""
+    ops = max(5, min(5000, 4_000_000 // max(size, 1)))
+    return max(5, ops // 3) if quick else ops
+
+
+def throughput(rounds: int, quick: bool) -> list[Target]:
     codec = SnappyCodec(pool=BufferPool(), max_message_bytes=8 << 20)
     raw: Any = cramjam.snappy
-    table = Table(title="1. throughput, MB/s of uncompressed bytes (ratio in brackets)")
-    for col in (
-        "payload",
-        "size",
-        "bare cramjam into",
-        "pooled codec",
-        "python-snappy",
-        "zlib-6 (gzip)",
-        "snappy/zlib",
-        "ratio snappy / zlib",
-    ):
-        table.add_column(col, justify="right")
-    dtable = Table(title="   decompression, MB/s")
-    for col in (
-        "payload",
-        "bare into reused",
-        "pooled codec",
-        "into fresh buffer",
-        "python-snappy",
-        "zlib",
-        "pooled/fresh",
-    ):
-        dtable.add_column(col, justify="right")
+    targets: list[Target] = []
+    sizes = Table(title="   compressed size (ratio of the payload to it)")
+    for col in ("payload", "bytes", "snappy", "zlib level 1", "zlib level 6"):
+        sizes.add_column(col, justify="right")
     for name, data in payloads().items():
         n = len(data)
         out = bytearray(raw.compress_raw_max_len(data))
         block = snappy.compress(data)
         dst = bytearray(n)
-        zblock = zlib.compress(data, 6)
+        z1, z6 = zlib.compress(data, 1), zlib.compress(data, 6)
+        sizes.add_row(name, f"{n:,}", *(f"{n / len(b):.2f}" for b in (block, z1, z6)))
+        msg, blk = rotating(spread(data)), rotating(spread(block))
+        zb1, zb6 = rotating(spread(z1)), rotating(spread(z6))
 
-        def pooled_compress(data: bytes = data) -> None:
-            with codec.compressed(data):
+        def leased_compress(msg: Callable[[], bytes] = msg) -> None:
+            with codec.compressed(msg()):
                 pass
 
-        def pooled_decompress(block: bytes = block) -> None:
-            with codec.decompressed(block):
+        def leased_decompress(blk: Callable[[], bytes] = blk) -> None:
+            with codec.decompressed(blk()):
                 pass
 
-        def fresh_decompress(block: bytes = block, n: int = n) -> None:
-            raw.decompress_raw_into(block, bytearray(n))
-
-        c_bare, c_pool, c_snappy, c_zlib = per_call_s(
-            lambda data=data, out=out: raw.compress_raw_into(data, out),
-            pooled_compress,
-            lambda data=data: snappy.compress(data),
-            lambda data=data: zlib.compress(data, 6),
-            budget_s=budget_s * 4,
-        )
-        d_bare, d_pool, d_fresh, d_snappy, d_zlib = per_call_s(
-            lambda block=block, dst=dst: raw.decompress_raw_into(block, dst),
-            pooled_decompress,
-            fresh_decompress,
-            lambda block=block: snappy.decompress(block),
-            lambda zblock=zblock: zlib.decompress(zblock),
-            budget_s=budget_s * 5,
-        )
-
-        def mbs(sec: float, n: int = n) -> str:
-            return f"{n / sec / 1e6:,.0f}"
-
-        table.add_row(
-            name,
-            f"{n:,}",
-            mbs(c_bare),
-            f"{mbs(c_pool)} [{c_pool / c_bare:.2f}x time, {(c_pool - c_bare) * 1e9:+,.0f} ns]",
-            mbs(c_snappy),
-            mbs(c_zlib),
-            f"{c_zlib / c_pool:.1f}x",
-            f"{n / len(block):.2f} / {n / len(zblock):.2f}",
-        )
-        dtable.add_row(
-            name,
-            mbs(d_bare),
-            f"{mbs(d_pool)} [{d_pool / d_bare:.2f}x time, {(d_pool - d_bare) * 1e9:+,.0f} ns]",
-            mbs(d_fresh),
-            mbs(d_snappy),
-            mbs(d_zlib),
-            f"{d_fresh / d_pool:.2f}x faster",
-        )
-    console.print(table)
-    console.print(dtable)
-    console.print(
-        "   targets: pooled codec within 1.15x of bare cramjam (the [..x time] column; +ns is the "
-        "fixed per-call cost of the lease, about 0.7 us even for a bare-minimum Python wrapper, "
-        "so small messages cannot meet 1.15x); snappy/zlib >= 10x on the JSON hits"
-    )
+        compressors = [
+            Contender("bare cramjam, into", "compress_raw_into(data, out): a buffer the caller keeps",
+                      lambda msg=msg, out=out: raw.compress_raw_into(msg(), out)),
+            Contender("codec, leased", "with codec.compressed(data) as block", leased_compress),
+            Contender("bare cramjam, bytes", "bytes(compress_raw(data))",
+                      lambda msg=msg: bytes(raw.compress_raw(msg()))),
+            Contender("codec, bytes", "codec.compress(data)", lambda msg=msg: codec.compress(msg())),
+            Contender("python-snappy", "snappy.compress(data)", lambda msg=msg: snappy.compress(msg())),
+            Contender("zlib level 1", "zlib.compress(data, 1)", lambda msg=msg: zlib.compress(msg(), 1)),
+            Contender("zlib level 6", "zlib.compress(data, 6) (gRPC's gzip)",
+                      lambda msg=msg: zlib.compress(msg(), 6)),
+        ]  # fmt: skip
+        decompressors = [
+            Contender("bare cramjam, into", "decompress_raw_into(block, dst): a buffer the caller keeps",
+                      lambda blk=blk, dst=dst: raw.decompress_raw_into(blk(), dst)),
+            Contender("codec, leased", "with codec.decompressed(block) as message", leased_decompress),
+            Contender("bare cramjam, bytes", "bytes(decompress_raw(block))",
+                      lambda blk=blk: bytes(raw.decompress_raw(blk()))),
+            Contender("codec, bytes", "codec.decompress(block)", lambda blk=blk: codec.decompress(blk())),
+            Contender("python-snappy", "snappy.decompress(block)", lambda blk=blk: snappy.decompress(blk())),
+            Contender("zlib level 1", "zlib.decompress of a level-1 stream", lambda zb1=zb1: zlib.decompress(zb1())),
+            Contender("zlib level 6", "zlib.decompress of a level-6 stream", lambda zb6=zb6: zlib.decompress(zb6())),
+        ]  # fmt: skip
+        ops = _ops(n, quick)
+        for verb, contenders in (("compress", compressors), ("decompress", decompressors)):
+            results = _bench.run_sync(contenders, ops=ops, rounds=rounds)
+            _bench.print_table(results, f"1. {verb} {name} ({n:,} B)",
+                               against=["bare cramjam, into", "bare cramjam, bytes"], unit="message")  # fmt: skip
+            targets.append(_bench.ratio_target(results, f"{verb} {name}: leased codec vs bare cramjam into",
+                                               "codec, leased", "bare cramjam, into", 1.3))  # fmt: skip
+            targets.append(_bench.ratio_target(results, f"{verb} {name}: codec bytes vs bare cramjam bytes",
+                                               "codec, bytes", "bare cramjam, bytes", 1.3))  # fmt: skip
+            if name == JSON and verb == "compress":
+                for level, at_least in (("zlib level 6", 10.0), ("zlib level 1", 2.0)):
+                    targets.append(_bench.ratio_target(
+                        results, f"compress {name}: {level} vs the leased codec (snappy faster)", level,
+                        "codec, leased", at_least, at_least=True,
+                    ))  # fmt: skip
+    console.print(sizes)
+    return targets
 
 
 def steady_state_allocations() -> None:
@@ -335,18 +335,19 @@ async def grpc_streaming(messages: int, limit_s: float) -> None:
     console.print(table)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter timing loops (about 20 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer messages per round (about 25 s)")
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
-    budget = 0.12 if args.quick else 0.3
-    console.print(
-        f"python {sys.version.split()[0]}, cramjam {cramjam.__version__}, grpcio {grpc.__version__}"
-    )
-    throughput(budget)
+    _bench.header()
+    console.print(f"cramjam {cramjam.__version__}, grpcio {grpc.__version__}", markup=False)
+    targets = throughput(args.rounds, args.quick)
     steady_state_allocations()
     asyncio.run(grpc_streaming(messages=2000 if args.quick else 6000, limit_s=2.0 if args.quick else 4.0))
+    _bench.print_targets(targets)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

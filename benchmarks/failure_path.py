@@ -1,7 +1,7 @@
 """The failure path: a call whose dependency refuses every attempt, 3 attempts, beside a hand-written
 retry loop, the pre-redesign code and the stock libraries, in one interleaved run.
 
-    .venv/bin/python benchmarks/failure_path.py [--ops 300] [--rounds 15]
+    .venv/bin/python benchmarks/failure_path.py [--ops 1000] [--rounds 15]
 
 Every contender makes 3 attempts at a coroutine raising ConnectionRefusedError, with a zero backoff
 (one ``asyncio.sleep(0)`` between attempts), and ends with the error (no fallback); breakers are
@@ -142,7 +142,7 @@ async def main(ops: int, rounds: int) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", type=int, default=300, help="failed calls per contender per round")
+    parser.add_argument("--ops", type=int, default=1000, help="failed calls per contender per round")
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     sys.exit(asyncio.run(main(args.ops, args.rounds)))

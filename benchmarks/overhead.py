@@ -151,7 +151,7 @@ async def main(ops: int, rounds: int, total: int) -> int:
     old, note = _baseline.load()
     _bench.console.print(note, markup=False)
     targets = await happy_path(ops, rounds, old)
-    targets += await concurrency(max(5, rounds // 3), total, old)
+    targets += await concurrency(max(9, rounds // 2), total, old)  # batches move with the machine: more rounds
     _bench.print_targets(targets)
     return 0
 

@@ -21,6 +21,17 @@ BENCHMARKS = [
     ("failure_path", "A call failing 3 attempts, beside a hand-written loop, tenacity and the stock stacks."),
     ("tenants", "1, 1,000 and 100,000 tenants taking turns; bytes per idle tenant."),
     ("breaker_micro", "The breaker alone, closed and open, beside circuitbreaker, purgatory, aiobreaker, hyx."),
+    ("codec", "The Snappy codec's leased and bytes APIs beside the bare cramjam calls, python-snappy and zlib "
+     "levels 1 and 6, at four payload sizes; allocations; loopback gRPC streaming."),
+    ("generation", "Per-item cost of a guarded generation stream (issue 15): each stream opened, read to its end "
+     "(100 short text items) and closed inside a tenant block, its opening and closing spread over its items. "
+     "\"plain stage\" is `@guard` on a stage with no preset (generic breaker, a 30 s attempt timeout armed per "
+     "item); the generation stage adds the three budgets (one timer per item instead of the attempt timeout's), "
+     "its token meter, and for a paced tenant the token count and the GCRA step per item (a rate so high no item "
+     "waits), and with a token quota one reservation and its settlement per stream. A model's tokens come "
+     "milliseconds apart, so a few microseconds per item is well under 0.1% of a stream's time."),
+    ("stream_items", "Per-item cost of a guarded stream (stage with nothing configured) and what the Python 3.11 "
+     "lost-cancellation check of each item read adds (issue 13 #4)."),
 ]
 
 
@@ -48,8 +59,9 @@ Regenerate with one command: `.venv/bin/python benchmarks/run_all.py` (a few min
 Recorded {now} on Python {platform.python_version()}, {os.cpu_count()} shared cores. Every benchmark
 interleaves its contenders round by round (benchmarks/_bench.py), reports the median and min-max of
 CPU time per operation of the loop's thread, and gives ratios as the median of per-round ratios.
-The machine is shared: compare ratios, not absolute figures. `benchmarks/codec.py`,
-`shared_breaker.py`, `monitors_overhead.py` and `http_middleware.py` are run on their own.
+The machine is shared: compare ratios, not absolute figures. `benchmarks/shared_breaker.py`,
+`shared_failover.py`, `shared_quota.py`, `monitors_overhead.py` and `http_middleware.py` are run on
+their own.
 
 ## Targets
 

@@ -56,12 +56,40 @@ class BreakerOpen(RagguardError):
     through (0.0 while half-open with every trial permit taken, or forced open: None).
     """
 
+    # The fields live in ``args`` (``(breaker, retry_after_s)``, as BaseException.__new__ stores
+    # them), so a breaker rejecting a call while open builds one with BaseException.__new__ alone,
+    # without a Python __init__ or an instance dict (CircuitBreaker: a third of a rejection's
+    # cost); ``state`` is a class default until a rejection in another state sets its own.
+    state: str = "open"
+
     def __init__(self, breaker: str, retry_after_s: float | None, *, state: str = "open") -> None:
-        # No super().__init__ and no message formatting here: a rejection while open must cost
-        # well under a microsecond; the message is built by __str__ when someone reads it.
-        self.breaker = breaker
-        self.retry_after_s = retry_after_s
-        self.state = state
+        # No super().__init__ and no message formatting here: the message is built by __str__
+        # when someone reads it.
+        self.args = (breaker, retry_after_s)
+        if state != "open":
+            self.state = state
+
+    @property
+    def breaker(self) -> str:
+        """The name of the breaker that rejected the call."""
+        return self.args[0]  # type: ignore[no-any-return]
+
+    @breaker.setter
+    def breaker(self, value: str) -> None:
+        self.args = (value, self.args[1])
+
+    @property
+    def retry_after_s(self) -> float | None:
+        """Seconds until a trial call may pass (see the class docstring)."""
+        return self.args[1]  # type: ignore[no-any-return]
+
+    @retry_after_s.setter
+    def retry_after_s(self, value: float | None) -> None:
+        self.args = (self.args[0], value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = (type(self), self.breaker, self.retry_after_s, self.state)
+        return (_rebuild_breaker_open, fields, self.__dict__)
 
     def __str__(self) -> str:
         after = "" if self.retry_after_s is None else f"; retry after {self.retry_after_s:.3f}s"

@@ -204,6 +204,14 @@ class RetryPolicy(_Model):
     - retry budget, after Envoy and Finagle: retries may add at most ``budget_ratio`` of the
       stage's calls over the last ``budget_window_s`` seconds (Envoy's default 20%), plus
       ``budget_min_per_s`` retries per second so a quiet stage can still retry.
+    - tenacity strategies of your own (from Python only; None: the policy's): ``stop`` stops
+      earlier than the policy does (it is asked after ``attempts`` and the deadline, before the
+      budget: ``tenacity.stop_after_delay(2)``), ``wait`` the seconds between attempts instead of
+      the exponential backoff and jitter (``tenacity.wait_fixed(0.1)``; still cut to the deadline
+      and never shorter than an error's ``retry_after_s``), ``retry`` which errors are retried
+      instead of ``retry_on`` (``tenacity.retry_if_exception_type(MyError)``; still never a
+      cancellation or a rejection by ragguard). Each is a callable of a
+      ``tenacity.RetryCallState``; tenacity's combinators (``|``, ``&``) work as in tenacity.
     """
 
     attempts: int = Field(default=1, ge=1, le=20)
@@ -215,6 +223,19 @@ class RetryPolicy(_Model):
     budget_ratio: float = Field(default=0.2, ge=0, le=1)
     budget_min_per_s: float = Field(default=10.0, ge=0)
     budget_window_s: float = Field(default=10.0, gt=0, le=3600)
+    stop: Any = None
+    wait: Any = None
+    retry: Any = None
+
+    @field_validator("stop", "wait", "retry")
+    @classmethod
+    def _strategy(cls, value: Any) -> Any:
+        if value is not None and not callable(value):
+            raise ValueError(
+                "must be a tenacity strategy (a callable of a RetryCallState) or None, "
+                f"got {type(value).__name__}"
+            )
+        return value
 
 
 class GenerationPolicy(_Model):

@@ -171,6 +171,45 @@ class BreakerVsModel(RuleBasedStateMachine):
             self.breaker.on_result(token, duration, None)
         self.model.finish(model_token, kind, self.clock())
 
+    @rule(n=st.integers(1, 8), slow_last=st.booleans())
+    def burst_of_successes(self, n: int, slow_last: bool) -> None:
+        """Several calls in a row, each admitted and ended before the next, with no read of the
+        window in between (a clean closed window takes them in bulk: they must all count)."""
+        for i in range(n):
+            now = self.clock()
+            token, _ = self.model.acquire(now)
+            if token is None:
+                with pytest.raises(BreakerOpen):
+                    self.breaker.acquire()
+                continue
+            kind = "slow_success" if slow_last and i == n - 1 else "success"
+            self.breaker.on_result(self.breaker.acquire(), 2.0 if kind == "slow_success" else 0.1, None)
+            self.model.finish(token, kind, now)
+
+    @rule(fails=st.booleans())
+    def through_call(self, fails: bool) -> None:
+        """One call through ``CircuitBreaker.call`` (its own inlined paths), on the clock."""
+        import asyncio
+
+        now = self.clock()
+        token, _ = self.model.acquire(now)
+
+        async def dependency() -> int:
+            if fails:
+                raise ConnectionResetError("reset")
+            return 1
+
+        if token is None:
+            with pytest.raises(BreakerOpen):
+                asyncio.run(self.breaker.call(dependency))
+            return
+        if fails:
+            with pytest.raises(ConnectionResetError):
+                asyncio.run(self.breaker.call(dependency))
+        else:
+            assert asyncio.run(self.breaker.call(dependency)) == 1
+        self.model.finish(token, "failure" if fails else "success", now)
+
     @rule(seconds=st.sampled_from([0.0, 0.25, 0.999, 1.0, 2.5, 5.0, 9.0, 30.0]))
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)

@@ -246,3 +246,55 @@ def random_bytes(n: int) -> bytes:
     import random
 
     return random.Random(3).randbytes(n)
+
+
+def test_a_shorter_block_in_a_buffer_that_held_a_longer_one_leaves_nothing_past_it() -> None:
+    """Both blocks take a buffer of the same class (32 KiB); the second is far shorter than the
+    first, and even than its own bound: every byte past it is zero again."""
+    pool = BufferPool()
+    codec = SnappyCodec(pool=pool)
+    with codec.compressed(random_bytes(20_000)) as long_block:
+        assert len(long_block) > 20_000
+    data = b"a" * 15_000  # bound 17,532: the same class, a block of a few hundred bytes
+    with codec.compressed(data) as block:
+        underlying = block.obj
+        assert isinstance(underlying, bytearray) and len(underlying) == 32_768
+        assert len(block) < 1_000
+        assert underlying[len(block) :] == bytes(len(underlying) - len(block))
+        assert bytes(block) == snappy.compress(data)
+    assert pool.stats().hits == 1
+
+
+def test_small_messages_take_no_pooled_buffer_and_keep_the_lease_contract() -> None:
+    from ragguard.buffers import DoubleRelease, OwnedLease
+
+    pool = BufferPool()
+    codec = SnappyCodec(pool=pool)
+    chunk = b"the next few tokens of a streamed answer, about a hundred and thirty bytes long....."
+    lease = codec.compressed(chunk)
+    assert isinstance(lease, OwnedLease) and lease.size == len(lease.view)
+    assert bytes(lease.view) == snappy.compress(chunk) and not lease.view.readonly
+    view = lease.view
+    lease.release()
+    assert lease.released
+    with pytest.raises(ValueError):
+        bytes(view)  # released with the lease: a stray use fails instead of reading stale bytes
+    with pytest.raises(DoubleRelease):
+        lease.release()
+    with codec.decompressed(snappy.compress(chunk)) as message:
+        assert bytes(message) == chunk and not message.readonly
+    assert codec.compress(chunk) == snappy.compress(chunk)
+    assert codec.decompress(snappy.compress(chunk)) == chunk
+    stats = pool.stats()
+    assert (stats.hits, stats.misses, stats.in_use) == (0, 0, 0)  # the pool was never asked
+    big = b"tenant quota breaker " * 100  # 2,100 bytes: pooled
+    with codec.compressed(big):
+        assert pool.stats().in_use == 1
+
+
+@pytest.mark.parametrize("declared", [b"\x7f", b"\xff\x07", b"\xff\xff\xff\xff\x0f"])
+def test_a_small_block_declaring_more_than_it_holds_is_refused(declared: bytes) -> None:
+    codec = SnappyCodec()
+    for refuse in (codec.decompress, codec.decompressed):
+        with pytest.raises(CorruptPayload):
+            refuse(declared + b"\x00\x01")

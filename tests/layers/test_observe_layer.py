@@ -49,3 +49,26 @@ async def test_without_listeners_or_tracing_it_builds_nothing() -> None:
     first, second = layer.enter(call), layer.enter(call)
     assert first[0] is second[0]  # the shared no-op span: nothing allocated per call
     layer.exit(call, first, None)
+
+
+async def test_in_a_request_it_names_the_tenant_and_only_this_calls_fallback(events: EventRecorder) -> None:
+    from ragguard import TenantQuota
+
+    clock = FakeClock()
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=2)}), clock=clock)
+    layer = build(g.stage("s"), Bound("s", make_call().fn, stream=False))
+    assert isinstance(layer, ObserveLayer)
+    call = make_call()
+    async with g.tenant("acme"):
+        token = layer.enter(call)
+        mark_degraded("cache")  # served this call
+        layer.exit(call, token, None)
+        token = layer.enter(call)  # the request already had a fallback: this call served none
+        clock.advance(0.5)
+        layer.exit(call, token, None)
+    await events.settle()
+    done = events.of(StageCompleted)
+    assert [(e.tenant, e.outcome, e.fallback, e.duration_s) for e in done] == [
+        ("acme", "fallback", "cache", 0.0),
+        ("acme", "success", "", 0.5),
+    ]

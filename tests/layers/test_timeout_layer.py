@@ -149,6 +149,28 @@ async def test_on_the_event_loops_timer_wheel() -> None:
     assert await gated(layer, make_call(), lambda: asyncio.sleep(0, "ok")) == "ok"
 
 
+async def test_on_the_wheel_with_a_deadline_on_the_wheels_clock() -> None:
+    """The deadline's clock is the wheel's (time.monotonic): timers armed microseconds apart share
+    a bucket (the layer's inlined path); each is disarmed when its call is done, and a call that
+    overruns is cut by the deadline or by its own timeout, whichever is sooner."""
+    from ragguard._timeouts import wheel_for
+
+    layer = TimeoutLayer("s", 0.03, 0.0, None)
+    wheel = wheel_for(asyncio.get_running_loop())
+    with deadline(5.0, clock=wheel.now):
+        calls = [make_call() for _ in range(50)]
+        for call in calls:
+            assert await gated(layer, call, lambda: asyncio.sleep(0, "ok")) == "ok"
+        assert not any(wheel.buckets.values())  # every timer disarmed
+        assert calls[0].budget_s == 0.03 and not calls[0].by_deadline
+        with pytest.raises(StageTimeout):
+            await gated(layer, make_call(), hang)
+    with deadline(0.02, clock=wheel.now):
+        with pytest.raises(DeadlineExceeded):
+            await gated(layer, make_call(), hang)
+    assert not any(wheel.buckets.values()) and not wheel.expired
+
+
 def test_every_stage_has_a_timeout_layer_on_its_guards_clock() -> None:
     clock = FakeClock()
     g = Guard(Policy(stages={"s": StagePolicy(timeout_s=2.5, min_attempt_s=0.1)}), clock=clock)

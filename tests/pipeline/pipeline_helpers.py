@@ -108,3 +108,18 @@ class RetryLike(LogGate):
                 self.log.append(("recover", self.name, outcome_name(failed)))
         call.attempt += 1
         return await again()
+
+
+class MaybeTokenGate(LogGate):
+    """A gate whose exit does nothing for the token None (``exits_none = False``); ``token`` is
+    what enter returns (None: nothing held)."""
+
+    exits_none: ClassVar[bool] = False
+
+    def __init__(self, name: str, log: list[Any], token: Any) -> None:
+        super().__init__(name, log)
+        self.token = token
+
+    def enter(self, call: Call) -> Any:
+        self.log.append(("enter", self.name))
+        return self.token

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
-from pipeline_helpers import LogGate, LogRecovery, LogWrapper, NoExitGate, RetryLike
+from pipeline_helpers import LogGate, LogRecovery, LogWrapper, MaybeTokenGate, NoExitGate, RetryLike
 
 from ragguard.pipeline import Call, Chain
 from ragguard.pipeline._drivers import compile_chain
@@ -52,7 +52,42 @@ def test_a_chain_compiles_into_nodes_one_per_recovery_level() -> None:
     assert item_gates == (timeout,)
     assert third.stream_gates == (retry, breaker)  # call and attempt gates hold for a whole stream
     assert "await around(call, call_fn(call))" in third.source
-    assert "await inner_run(call)" in root.source
+    # the nodes inside are written into the outer node's code, up to the wrapper: one frame
+    assert "inner_run" not in root.source and "n1_recover0(call, n1_exc" in root.source
+    assert "n1_n2_recover0(call, n1_n2_exc" in root.source
+    assert "n1_n2_around(call, call_fn(call))" in root.source
+
+
+async def test_a_call_runs_in_one_frame_however_many_nodes_up_to_a_wrapper() -> None:
+    import sys
+
+    log: list[Any] = []
+    frames: list[list[str]] = []
+
+    async def fn() -> str:
+        names, frame = [], sys._getframe(1)
+        while frame is not None and frame.f_code.co_name != "test_body":
+            names.append(frame.f_code.co_filename)
+            frame = frame.f_back
+        frames.append(names)
+        return "ok"
+
+    layers = [
+        LogGate("observe", log),
+        LogRecovery("fallback", log, lambda c, e, a: a()),
+        LogGate("deadline", log),
+        RetryLike("retry", log),
+        LogGate("breaker", log, scope="attempt"),
+    ]
+    chain = Chain(layers)
+    assert chain.root.inner is not None and chain.root.inner.inner is not None  # three nodes
+
+    async def test_body() -> str:
+        return await chain.run(_call(fn))
+
+    assert await test_body() == "ok"
+    nodes = [name for name in frames[0] if name.startswith("<ragguard chain node")]
+    assert len(nodes) == 1  # was one frame per node
 
 
 def test_recoveries_without_gates_between_share_a_node_and_wrappers_nest() -> None:
@@ -70,6 +105,58 @@ def test_recoveries_without_gates_between_share_a_node_and_wrappers_nest() -> No
 def test_anything_else_is_refused() -> None:
     with pytest.raises(TypeError, match="not a Gate, a Recovery or a Wrapper"):
         compile_chain([object()])
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
+async def test_a_gate_exits_for_a_none_token_only_unless_it_says_it_need_not(fails: bool) -> None:
+    log: list[Any] = []
+    holding, idle = MaybeTokenGate("holding", log, "held"), MaybeTokenGate("idle", log, None)
+    plain = LogGate("plain", log)
+    chain = Chain([holding, idle, plain])
+    outcome = ConnectionError("down") if fails else "ok"
+    if fails:
+        with pytest.raises(ConnectionError):
+            await chain.run(_call(_fn(log, outcome)))
+    else:
+        assert await chain.run(_call(_fn(log, outcome))) == "ok"
+    exits = [entry[1] for entry in log if entry[0] == "exit"]
+    assert exits == ["plain", "holding"]  # the idle gate (token None, exits_none False) skipped
+    assert "if t1 is not None:" in chain.root.source and "if t2 is not None:" not in chain.root.source
+    # the same gates last in the node: the call is written twice, the token None's without a handler
+    for token, exited in ((None, ["holding"]), ("held", ["idle", "holding"])):
+        log.clear()
+        last = Chain([holding, MaybeTokenGate("idle", log, token)])
+        assert "if t1 is None:" in last.root.source
+        if fails:
+            with pytest.raises(ConnectionError):
+                await last.run(_call(_fn(log, outcome)))
+        else:
+            assert await last.run(_call(_fn(log, outcome))) == "ok"
+        assert [entry[1] for entry in log if entry[0] == "exit"] == exited
+        assert [entry[-1] for entry in log if entry[0] == "exit"] == [
+            type(outcome).__name__ if fails else None
+        ] * len(exited)
+
+
+async def test_a_recovery_re_runs_through_a_run_without_the_recoveries_it_skips() -> None:
+    log: list[Any] = []
+    outer = LogRecovery("outer", log, lambda c, e, again: again())
+    inner = LogRecovery("inner", log, lambda c, e, again: again())
+    root, _ = compile_chain([outer, inner, LogGate("gate", log)])
+    assert len(root.runs) == 3 and root.runs[0] is root.run
+    assert "recover" not in root.source.split("async def run2")[1]  # the innermost's again: bare
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError(calls)
+        return "ok"
+
+    assert await root.run(_call(flaky)) == "ok"
+    recovered = [entry[1] for entry in log if entry[0] == "recover"]
+    assert recovered == ["inner", "outer"]  # inner's re-run failed: to outer, whose re-run passed
 
 
 def test_a_gate_without_an_exit_is_never_exited() -> None:

@@ -9,11 +9,17 @@ Both keep running totals, so recording a call and reading the rates are O(1):
   per second of clock time, so the cost is amortised O(1) per call).
 
 An outcome code is ``FAILED | SLOW`` bits: 0 success, 1 failure, 2 slow success, 3 slow failure.
+
+A window holding no failure and no slow call (*clean*) can take successes in bulk:
+:meth:`~CountWindow.add_successes` records ``n`` of them at once, for a breaker that counts the
+successes of its clean, closed window and records them only when the window is next read (see
+``CircuitBreaker``: a success that cannot trip anything then costs one increment).
 """
 
 from __future__ import annotations
 
 import math
+from math import floor as _floor
 
 __all__ = ["FAILED", "SLOW", "CountWindow", "TimeWindow"]
 
@@ -49,6 +55,19 @@ class CountWindow:
         pos += 1
         self._pos = 0 if pos == self._size else pos
 
+    def add_successes(self, n: int) -> None:
+        """Record ``n`` fast successes at once; only for a clean window (every code in the ring is
+        0 there, so only the position and the count move)."""
+        size = self._size
+        self._pos = (self._pos + n) % size
+        calls = self.calls + n
+        self.calls = calls if calls < size else size
+
+    def clean_until(self) -> float:
+        """The clock time before which successes may be added in bulk: never after it for a window
+        holding a failure or a slow call (-inf), else always (inf)."""
+        return -math.inf if self.failures or self.slow else math.inf
+
     def expire(self, now: float) -> None:
         """Nothing expires by time in a count window."""
 
@@ -81,7 +100,7 @@ class TimeWindow:
 
     def record(self, code: int, now: float) -> None:
         """Add one call's outcome ``code`` at clock time ``now`` (seconds)."""
-        sec = math.floor(now)
+        sec = _floor(now)
         if sec > self._head:
             self._advance(sec)
         i = self._head % self._size
@@ -95,9 +114,21 @@ class TimeWindow:
             self.failures += f
             self.slow += s
 
+    def add_successes(self, n: int) -> None:
+        """Record ``n`` fast successes at once, in the window's latest second (its head); only
+        for a clean window, at a time before :meth:`clean_until`."""
+        self._bcalls[self._head % self._size] += n
+        self.calls += n
+
+    def clean_until(self) -> float:
+        """The clock time before which successes may be added in bulk: the end of the window's
+        latest second when it holds no failure and no slow call (a later success may expire
+        buckets first), else -inf."""
+        return -math.inf if self.failures or self.slow or self._head == _NEVER else self._head + 1.0
+
     def expire(self, now: float) -> None:
         """Drop the buckets older than the window at clock time ``now``."""
-        sec = math.floor(now)
+        sec = _floor(now)
         if sec > self._head:
             self._advance(sec)
 

@@ -9,6 +9,12 @@ could possibly expand to: a snappy element of 3 bytes yields at most 64 bytes, s
 expands beyond ``22 * len(block)``. A few bytes claiming 4 GiB are refused without allocating.
 Garbage, truncated blocks and framed streams raise :class:`~ragguard.CorruptPayload`; the one
 block that decodes to empty output is ``b"\\x00"``, the encoding of empty input.
+
+Small messages take no pooled buffer: a block or message under :data:`SMALL_BYTES` gets a buffer
+of its own (an :class:`~ragguard.buffers.OwnedLease`), and the bytes-returning calls hand cramjam's
+output straight over. For a 130-byte token chunk the pool's bookkeeping (a free list, the zeroing
+of what an earlier payload left) cost three times the compression itself; allocating a few hundred
+bytes costs less (benchmarks/codec.py measures both).
 """
 
 from __future__ import annotations
@@ -19,21 +25,27 @@ import cramjam
 
 from .. import _validate as v
 from .._errors import ConfigError, CorruptPayload, InvalidInput
-from ._pool import BufferPool, Lease, _give_back, default_pool, zero
+from ._pool import BufferPool, Lease, OwnedLease, _give_back, default_pool, zero
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_EXPANSION", "SnappyCodec", "byte_view"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_EXPANSION", "SMALL_BYTES", "SnappyCodec", "byte_view"]
+
+SMALL_BYTES = 1024
+"""Blocks and messages below this many bytes (a pool's smallest buffer) take no pooled buffer."""
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's default maximum receive size
 MAX_EXPANSION = 22  # ceil(64 / 3): the best ratio any snappy element reaches
 
 _snappy: Any = cramjam.snappy
+_compress_raw = _snappy.compress_raw
 _compress_raw_into = _snappy.compress_raw_into
+_decompress_raw = _snappy.decompress_raw
 _decompress_raw_into = _snappy.decompress_raw_into
 _decompress_raw_len = _snappy.decompress_raw_len
 _DecompressionError: type[Exception] = cramjam.DecompressionError
 _ENCODER_SLACK = 16  # bytes past a block's end the encoder may have scribbled on
 _SLACK_ZEROS = bytearray(_ENCODER_SLACK)  # a bytearray source: no temporary copy on assignment
 _EMPTY_BLOCK = b"\x00"
+_new_lease = object.__new__
 
 
 def byte_view(data: object) -> memoryview:
@@ -117,27 +129,42 @@ class SnappyCodec:
         src = data if type(data) is bytes else byte_view(data)
         size = len(src)
         bound = 32 + size + size // 6  # max_compressed_length, inlined: this is the hot path
-        buffer = self.pool._take(bound)
-        dirty = buffer.written  # earlier payloads end here (<= bound); zero past it
+        if bound < SMALL_BYTES:  # a buffer of its own (see the module docstring)
+            own = bytearray(bound)
+            return OwnedLease.of(own, memoryview(own)[: _compress_raw_into(src, own)])
+        pool = self.pool  # pool._take(bound), inlined: an idle buffer of the class, or a new one
+        free = pool._free[(bound - 1).bit_length()]
+        try:
+            buffer = free.pop()
+        except IndexError:
+            buffer = pool._new_buffer(bound, free)
+        else:
+            buffer.hits += 1
+        dirty = buffer.written  # earlier payloads end here; zero past the block
         # The whole bytearray (>= bound) goes to the encoder: cramjam takes it as it is,
         # while slicing a memoryview first would cost a Python object per call.
         try:
             n = _compress_raw_into(src, buffer.data)
         except BaseException:
-            buffer.written = bound  # the encoder may have written anywhere below bound
+            buffer.written = max(dirty, bound)  # the encoder may have written anywhere below bound
             _give_back(buffer)
             raise
         # Past the block the encoder leaves at most the tail of one 16-byte literal copy
         # (snap's fast path; tests/buffers checks the bound), never past ``bound``; earlier
-        # payloads end at ``dirty``. Zero from the block's end to whichever reaches further,
-        # not the whole buffer.
+        # payloads end at ``dirty`` (which may lie past ``bound``: a buffer of the class held a
+        # longer block). Zero from the block's end to whichever reaches further, not the whole
+        # buffer.
         end = n + _ENCODER_SLACK
         if dirty > end or end > bound:
             zero(buffer.view, n, max(dirty, min(end, bound)))
         else:  # the usual case, inlined: same-length slice assignment from a bytearray is a memset
             buffer.data[n:end] = _SLACK_ZEROS
         buffer.written = n
-        return Lease(buffer, buffer.view[:n])
+        lease = _new_lease(Lease)  # Lease(buffer, view) without its __init__ frame
+        lease._buffer = buffer
+        lease._view = buffer.view[:n]
+        lease.size = n
+        return lease
 
     def decompressed(self, block: object) -> Lease:
         """Decompress ``block`` into a pooled buffer; the lease's view is exactly the message.
@@ -152,7 +179,25 @@ class SnappyCodec:
             size = -1
         if not 0 < size <= self.max_message_bytes or size > MAX_EXPANSION * len(src):
             size = self._checked_length(src)  # raises CorruptPayload naming the problem (b"\x00": 0)
-        buffer = self.pool._take(size)
+        if size < SMALL_BYTES:  # a buffer of its own (see the module docstring)
+            own = bytearray(size)
+            try:
+                n = _decompress_raw_into(src, own)
+            except _DecompressionError as exc:
+                raise CorruptPayload(f"snappy block does not decode: {exc}") from exc
+            if n != size:
+                raise CorruptPayload(f"snappy block declares {size} bytes but decodes to {n}")
+            return OwnedLease.of(own, memoryview(own))
+        pool = self.pool  # pool._take(size), inlined
+        free = pool._free[(size - 1).bit_length()]
+        try:
+            buffer = free.pop()
+        except IndexError:
+            buffer = pool._new_buffer(size, free)
+        else:
+            buffer.hits += 1
+            if buffer.written > size:  # an earlier, longer payload: nothing of it past ours
+                zero(buffer.view, size, buffer.written)
         buffer.written = size  # a failed decode too may have written anywhere in the view
         view = buffer.view[:size]  # the decoder cannot write past an exact-length view
         try:
@@ -167,16 +212,38 @@ class SnappyCodec:
             view.release()
             _give_back(buffer)
             raise CorruptPayload(f"snappy block declares {size} bytes but decodes to {n}")
-        return Lease(buffer, view)
+        lease = _new_lease(Lease)  # Lease(buffer, view) without its __init__ frame
+        lease._buffer = buffer
+        lease._view = view
+        lease.size = size
+        return lease
 
     def compress(self, data: object) -> bytes:
         """The snappy block of ``data`` as bytes (identical to ``snappy.compress(data)``)."""
-        with self.compressed(data) as block:
+        src = data if type(data) is bytes else byte_view(data)
+        if len(src) < SMALL_BYTES:  # cramjam's own output, copied once: no buffer to lease
+            return bytes(_compress_raw(src))
+        with self.compressed(src) as block:
             return bytes(block)
 
     def decompress(self, block: object) -> bytes:
         """The message in ``block`` as bytes; raises :class:`~ragguard.CorruptPayload`."""
-        with self.decompressed(block) as message:
+        src = block if type(block) is bytes else byte_view(block)
+        try:
+            size = _decompress_raw_len(src)
+        except _DecompressionError:
+            size = -1
+        if not 0 < size <= self.max_message_bytes or size > MAX_EXPANSION * len(src):
+            size = self._checked_length(src)  # raises CorruptPayload naming the problem (b"\x00": 0)
+        if size < SMALL_BYTES:  # cramjam's own output, copied once: no buffer to lease
+            try:
+                message = _decompress_raw(src)
+            except _DecompressionError as exc:
+                raise CorruptPayload(f"snappy block does not decode: {exc}") from exc
+            if len(message) != size:
+                raise CorruptPayload(f"snappy block declares {size} bytes but decodes to {len(message)}")
+            return bytes(message)
+        with self.decompressed(src) as message:
             return bytes(message)
 
     def _checked_length(self, src: bytes | memoryview) -> int:

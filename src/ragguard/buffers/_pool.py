@@ -29,7 +29,7 @@ from types import TracebackType
 from .. import _validate as v
 from .._errors import ConfigError, InvalidInput
 
-__all__ = ["BufferPool", "DoubleRelease", "Lease", "PoolStats", "default_pool"]
+__all__ = ["BufferPool", "DoubleRelease", "Lease", "OwnedLease", "PoolStats", "default_pool"]
 
 _MAX_SHIFT = 62  # no lease above 2**62 bytes (bytearray could not allocate it anyway)
 
@@ -143,6 +143,58 @@ class Lease:
     def __repr__(self) -> str:
         state = "released" if self._buffer is None else f"capacity={len(self._buffer.data)}"
         return f"<Lease size={self.size} {state}>"
+
+
+class OwnedLease(Lease):
+    """A lease of a buffer of its own, not the pool's (a message too small to be worth a pooled
+    buffer: allocating its few bytes costs less than a pool's bookkeeping). The same contract as
+    :class:`Lease`: the view is valid until release, a second release raises DoubleRelease;
+    nothing goes back to a pool."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def of(data: bytearray, view: memoryview) -> OwnedLease:
+        """A lease of ``view``, a view of ``data`` (the buffer this lease owns)."""
+        lease: OwnedLease = _new_object(OwnedLease)
+        lease._buffer = data  # type: ignore[assignment]
+        lease._view = view
+        lease.size = len(view)
+        return lease
+
+    @property
+    def capacity(self) -> int:
+        if self._buffer is None:
+            raise DoubleRelease("this lease was already released")
+        return len(self._buffer)  # type: ignore[arg-type]
+
+    def release(self) -> None:
+        view = self._view
+        if view is None:
+            raise DoubleRelease("this lease was already released")
+        self._buffer = self._view = None
+        _release_view(view)  # still exported elsewhere: its buffer is simply not ours to reuse
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        view = self._view
+        if view is not None:
+            self._buffer = self._view = None
+            try:
+                view.release()
+            except BufferError:
+                pass
+
+    def __repr__(self) -> str:
+        state = "released" if self._buffer is None else "own buffer"
+        return f"<OwnedLease size={self.size} {state}>"
+
+
+_new_object = object.__new__
 
 
 def _release_view(view: memoryview) -> bool:

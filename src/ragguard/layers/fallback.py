@@ -83,22 +83,27 @@ class FallbackLayer:
         self._applies = applies
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
-        if not self._applies(exc):
+        try:
+            if not self._applies(exc):
+                raise exc
+            for fallback in self.fallbacks:
+                try:
+                    result = await fallback.serve(call, exc)
+                except FallbackMiss as missed:
+                    _note(exc, f"fallback {fallback.name!r} had no answer: {missed}")
+                    continue
+                except Exception as failed:
+                    _note(exc, f"fallback {fallback.name!r} failed too: {type(failed).__name__}: {failed}")
+                    continue
+                mark_degraded(fallback.name)
+                if bus.active:
+                    bus.emit(FallbackServed(self.stage, fallback.name, current_tenant(), type(exc).__name__))
+                return result
             raise exc
-        for fallback in self.fallbacks:
-            try:
-                result = await fallback.serve(call, exc)
-            except FallbackMiss as missed:
-                _note(exc, f"fallback {fallback.name!r} had no answer: {missed}")
-                continue
-            except Exception as failed:
-                _note(exc, f"fallback {fallback.name!r} failed too: {type(failed).__name__}: {failed}")
-                continue
-            mark_degraded(fallback.name)
-            if bus.active:
-                bus.emit(FallbackServed(self.stage, fallback.name, current_tenant(), type(exc).__name__))
-            return result
-        raise exc
+        finally:
+            # this frame lets go of the error it raises: the error's traceback holds the frame, and
+            # the two would otherwise be a reference cycle only the garbage collector frees
+            del exc
 
 
 def _note(exc: BaseException, text: str) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import metrics as _metrics
 from .._clock import Clock
-from .._context import current_tenant, degraded, degraded_count
+from .._context import DEFAULT_TENANT, _scope, current_tenant, degraded, degraded_count
 from ..breakers import BreakerState
 from ..events import bus
 from ..pipeline import Call, Scope
@@ -44,8 +44,13 @@ class ObserveLayer:
             st = breaker.state
             state = _STATE_NAMES.get(st) or str(getattr(st, "value", st))
         if _metrics._tracer is None:
-            # listeners only: no span object, the StageCompleted is made on exit from this token
-            return None, current_tenant(), state, self.clock(), degraded_count()
+            # listeners only: no span object, the StageCompleted is made on exit from this token;
+            # current_tenant() and degraded_count(), inlined for a call inside a request
+            scope = _scope.get()
+            if scope is None:
+                return None, DEFAULT_TENANT, state, self.clock(), degraded_count()
+            served = scope.fallbacks
+            return None, scope.tenant, state, self.clock(), 0 if served is None else len(served)
         span = _metrics.otel_span(self.stage, current_tenant(), breaker_state=state, clock=self.clock)
         span.__enter__()
         return span, "", state, 0.0, degraded_count()
@@ -55,7 +60,12 @@ class ObserveLayer:
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
         span, tenant, state, started, before = token
-        fallback = degraded()[-1] if degraded_count() > before else ""
+        scope = _scope.get()
+        if scope is not None:  # degraded() of a request, inlined
+            served = scope.fallbacks
+            fallback = served[-1] if served is not None and len(served) > before else ""
+        else:
+            fallback = degraded()[-1] if degraded_count() > before else ""
         if span is not None:
             if fallback:
                 span.set_fallback(fallback)

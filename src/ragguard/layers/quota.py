@@ -26,6 +26,7 @@ class QuotaLayer:
     """Admits calls made outside a request scope as requests of the default tenant."""
 
     scope: ClassVar[Scope] = "call"
+    exits_none: ClassVar[bool] = False  # admitted on entry to the request: nothing to release
     __slots__ = ("quotas",)
 
     def __init__(self, quotas: QuotaBackend) -> None:

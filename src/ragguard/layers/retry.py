@@ -20,7 +20,11 @@ Why not ``AsyncRetrying`` itself: its machinery (an action list rebuilt per atte
 ``concurrent.futures`` future with its lock per outcome, statistics in a thread-local dict) was
 three quarters of a failing call's CPU time (benchmarks/failure_path.py): on the failure path,
 exactly when a dependency is down, that is what saturates an event loop. The strategies are the
-part worth keeping, and they are kept.
+part worth keeping, and they are kept: a layer given its own ``stop``, ``wait`` or ``retry`` asks
+them through tenacity's protocol (a ``RetryCallState`` per call). The policy's own strategies are
+asked in the same order with the same arithmetic, but inline (the backoff of each attempt
+computed once, by tenacity's ``wait_exponential`` itself): a dozen strategy calls per retry were
+two thirds of what was left of a failing call's cost.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import tenacity
 from .._context import current_tenant
 from .._errors import RagguardError, StageTimeout
 from ..breakers import is_connection_error, is_out_of_memory, is_timeout
-from ..deadline import remaining
+from ..deadline import _deadline, remaining
 from ..events import RetryBudgetExhausted, RetryScheduled, bus
 from ..pipeline import Call, Scope
 from ..policy import RetryPolicy
@@ -58,7 +62,18 @@ class RetryBudget:
     Calls are counted in one-second buckets of the injected ``clock`` (monotonic seconds).
     """
 
-    __slots__ = ("_buckets", "_clock", "_cur", "_cur_calls", "_cur_retries", "min_per_s", "ratio", "window_s")
+    __slots__ = (
+        "_buckets",
+        "_clock",
+        "_cur",
+        "_cur_calls",
+        "_cur_retries",
+        "_past_calls",
+        "_past_retries",
+        "min_per_s",
+        "ratio",
+        "window_s",
+    )
 
     def __init__(
         self, *, ratio: float, min_per_s: float, window_s: float, clock: Callable[[], float]
@@ -71,14 +86,20 @@ class RetryBudget:
         self._cur = -1
         self._cur_calls = 0
         self._cur_retries = 0
+        self._past_calls = 0  # the sums over _buckets (the seconds before the current one)
+        self._past_retries = 0
 
     def _rotate(self, sec: int) -> None:
         if self._cur >= 0 and (self._cur_calls or self._cur_retries):
             self._buckets[self._cur] = (self._cur_calls, self._cur_retries)
+            self._past_calls += self._cur_calls
+            self._past_retries += self._cur_retries
         self._cur, self._cur_calls, self._cur_retries = sec, 0, 0
         horizon = sec - self.window_s
         for old in [k for k in self._buckets if k <= horizon]:
-            del self._buckets[old]
+            calls, retries = self._buckets.pop(old)
+            self._past_calls -= calls
+            self._past_retries -= retries
 
     def on_call(self, now: float) -> None:
         """Count one first attempt made at clock time ``now``."""
@@ -92,12 +113,16 @@ class RetryBudget:
         sec = int(self._clock())
         if sec != self._cur:
             self._rotate(sec)
-        calls = self._cur_calls + sum(c for c, _ in self._buckets.values())
-        retries = self._cur_retries + sum(r for _, r in self._buckets.values())
+        calls = self._cur_calls + self._past_calls
+        retries = self._cur_retries + self._past_retries
         if retries + 1 > self.ratio * calls + self.min_per_s * self.window_s:
             return False
         self._cur_retries += 1
         return True
+
+
+Strategy = Callable[[tenacity.RetryCallState], Any]
+"""A tenacity strategy: ``stop`` and ``retry`` return a bool, ``wait`` the seconds to sleep."""
 
 
 class _DeadlineStop(tenacity.stop.stop_base):
@@ -129,11 +154,18 @@ class _CutWait(tenacity.wait.wait_base):
     and never shorter than the failed attempt's ``retry_after_s`` (then the deadline stop decides
     whether that wait fits)."""
 
-    def __init__(self, policy: RetryPolicy, min_attempt_s: float, rng: random.Random) -> None:
-        self.base = tenacity.wait_exponential(
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        min_attempt_s: float,
+        rng: random.Random,
+        base: Strategy | None = None,
+    ) -> None:
+        # ``base``: a wait of the user's, in place of the exponential backoff and its jitter
+        self.base: Strategy = base or tenacity.wait_exponential(
             multiplier=policy.initial_backoff_s, exp_base=policy.multiplier, max=policy.max_backoff_s
         )
-        self.jitter_s = policy.jitter_s
+        self.jitter_s = 0.0 if base is not None else policy.jitter_s
         self.min_attempt_s = max(min_attempt_s, 0.001)
         self.rng = rng
 
@@ -161,8 +193,27 @@ class _BudgetStop(tenacity.stop.stop_base):
         return not self.spend()
 
 
-Strategy = Callable[[tenacity.RetryCallState], Any]
-"""A tenacity strategy: ``stop`` and ``retry`` return a bool, ``wait`` the seconds to sleep."""
+def _not_a_rejection(exc: BaseException) -> bool:
+    """Neither a cancellation nor a rejection by ragguard (a stage timeout is a timeout)."""
+    return isinstance(exc, Exception) and (
+        not isinstance(exc, RagguardError) or isinstance(exc, StageTimeout)
+    )
+
+
+_SURE: dict[str, type[BaseException]] = {
+    "connection": ConnectionError,
+    "timeout": TimeoutError,
+    "out_of_memory": MemoryError,
+}
+
+
+class _Numbered:
+    """What ``wait_exponential`` reads of a retry state: the number of the attempt that failed."""
+
+    __slots__ = ("attempt_number",)
+
+    def __init__(self, attempt_number: int) -> None:
+        self.attempt_number = attempt_number
 
 
 class _Failed:
@@ -248,7 +299,13 @@ class RetryLayer:
     scope: ClassVar[Scope] = "call"
     exits: ClassVar[bool] = False
     __slots__ = (
+        "_attempts",
+        "_backoffs",
+        "_jitter_s",
         "_kinds",
+        "_min_left",
+        "_native",
+        "_sure",
         "budget",
         "clock",
         "min_attempt_s",
@@ -287,6 +344,36 @@ class RetryLayer:
         self._kinds: tuple[Callable[[BaseException], bool], ...] = (
             (counts,) if "any" in kinds else tuple(_KINDS[k] for k in kinds)
         )
+        # the classes each kind matches before any closer look (is_connection_error of a
+        # ConnectionError is True...): the usual failures are told apart by one isinstance
+        self._sure: tuple[type[BaseException], ...] = (
+            () if "any" in kinds else tuple(_SURE[k] for k in kinds)
+        )
+        # A policy's own strategies (RetryPolicy.stop/wait/retry) join the policy's rules (see
+        # RetryPolicy); ``stop``/``wait``/``retry`` given here replace them outright.
+        if stop is None and policy.stop is not None:
+            stop = tenacity.stop_any(  # (plain callables as well as strategy objects)
+                tenacity.stop_after_attempt(policy.attempts),
+                _DeadlineStop(min_attempt_s),
+                policy.stop,
+                _BudgetStop(self._spend),
+            )
+        if wait is None and policy.wait is not None:
+            wait = _CutWait(policy, min_attempt_s, rng, base=policy.wait)
+        if retry is None and policy.retry is not None:
+            retry = tenacity.retry_all(tenacity.retry_if_exception(_not_a_rejection), policy.retry)
+        # The policy's strategies, asked inline by recover(): stop after ``attempts``, or when the
+        # deadline would leave less than ``_min_left`` after the wait, or when the budget refuses;
+        # wait tenacity's exponential backoff for the attempt (computed once here, by tenacity),
+        # plus jitter, cut to the deadline, at least the error's retry_after_s (see _CutWait).
+        self._native = stop is None and wait is None and retry is None
+        self._attempts = policy.attempts
+        self._min_left = max(min_attempt_s, 0.001)
+        self._jitter_s = policy.jitter_s
+        exponential = _CutWait(policy, min_attempt_s, rng).base
+        self._backoffs: tuple[float, ...] = tuple(
+            float(exponential(_Numbered(n))) for n in range(1, policy.attempts + 1)  # type: ignore[arg-type]
+        )
         # tenacity strategies hold no per-call state (that is the RetryCallState's), so one set
         # serves every call; ``stop``/``wait``/``retry`` replace the policy's (any tenacity
         # strategy, or a callable of a RetryCallState returning bool / seconds / bool)
@@ -300,11 +387,14 @@ class RetryLayer:
     def retryable(self, exc: BaseException) -> bool:
         """True when ``exc`` may be retried: one of the stage's ``retry_on`` kinds, and neither a
         cancellation nor a rejection by ragguard (a stage timeout is a timeout, and retryable)."""
-        if not isinstance(exc, Exception) or (
-            isinstance(exc, RagguardError) and not isinstance(exc, StageTimeout)
-        ):
+        if not _not_a_rejection(exc):
             return False  # tenacity hands cancellations to the predicate too: never retry them
-        return any(kind(exc) for kind in self._kinds)
+        if isinstance(exc, self._sure):
+            return True
+        for kind in self._kinds:
+            if kind(exc):
+                return True
+        return False
 
     def enter(self, call: Call) -> Any:
         if call.attempt == 1:  # budget.on_call(clock()), inlined: every call passes here
@@ -322,32 +412,97 @@ class RetryLayer:
         return None
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
+        if not self._native:
+            return await self._recover_with_strategies(call, exc, again)
+        # The policy's strategies, in tenacity's order (see _recover_with_strategies): the retry
+        # predicate, the wait, the stop (attempts, deadline, budget: short-circuited, so the budget
+        # is charged only for a retry that happens), RetryScheduled, the sleep.
+        try:
+            attempt = 1  # the number of the attempt that failed with ``exc``
+            retryable, sure = self.retryable, self._sure
+            backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
+            while True:
+                # retryable(exc), with its usual answer first (exc is an Exception here)
+                if isinstance(exc, sure) and not isinstance(exc, RagguardError):
+                    outer = call.recoverable
+                    if outer is not None and outer(exc):
+                        raise exc
+                else:
+                    outer = call.recoverable
+                    if not retryable(exc) or (outer is not None and outer(exc)):
+                        raise exc
+                wait = backoffs[attempt - 1]
+                if jitter_s:
+                    wait += self.rng.uniform(0.0, jitter_s)
+                expiry = _deadline.get()
+                if expiry is not None:
+                    left = expiry.at - expiry.clock()
+                    if wait > left - min_left:
+                        wait = left - min_left if left > min_left else 0.0
+                if getattr(exc, "retry_after_s", None) is not None:  # a dependency's Retry-After
+                    after = retry_after_of(exc)
+                    if after > wait:
+                        wait = after
+                if attempt >= self._attempts:
+                    raise exc
+                if expiry is not None:
+                    # the time left read again, as _DeadlineStop does after _CutWait: a wait cut to
+                    # leave exactly min_left is stopped once any time has passed since
+                    left = expiry.at - expiry.clock()
+                    if (left if left > 0.0 else 0.0) - wait < min_left:
+                        raise exc
+                if not self.budget.try_spend():  # _spend(), inlined
+                    if bus.active:
+                        bus.emit(RetryBudgetExhausted(self.stage, current_tenant()))
+                    raise exc
+                if bus.active:
+                    bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__))
+                await self.sleep(wait)
+                attempt += 1
+                call.attempt += 1
+                try:
+                    return await again()
+                except Exception as failed:  # a cancellation is never retried: it propagates
+                    exc = failed
+        finally:
+            # this frame lets go of the error it raises: the error's traceback holds the frame, and
+            # the two would otherwise be a reference cycle only the garbage collector frees (25
+            # objects per failed call, traceback and frames included)
+            del exc
+
+    async def _recover_with_strategies(
+        self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """:meth:`recover` asking the layer's tenacity strategies (a user's among them)."""
         state = _CallState(call, self.clock)
         stop, wait, retry, clock = self.stop, self.wait, self.retry, self.clock
-        while True:
-            # tenacity's order (BaseRetrying.iter): the outcome, the retry predicate, the wait
-            # (as upcoming_sleep), the stop, then before_sleep with the failed attempt's number
-            state.outcome = _Failed(exc, state.attempt_number)  # type: ignore[assignment]
-            state.outcome_timestamp = clock()
-            outer = call.recoverable
-            if not retry(state) or (outer is not None and outer(exc)):
-                # (an outer layer recovers this error itself, as the rerank chunker shrinks the
-                # batch on an out-of-memory error: retrying the same attempt would repeat it)
-                raise exc
-            sleep = float(wait(state))
-            state.upcoming_sleep = sleep
-            if stop(state):
-                raise exc
-            state.idle_for += sleep
-            if bus.active:
-                bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, type(exc).__name__))
-            state.prepare_for_next_attempt()
-            await self.sleep(sleep)
-            call.attempt += 1
-            try:
-                return await again()
-            except Exception as failed:  # a cancellation is never retried: it propagates
-                exc = failed
+        try:
+            while True:
+                # tenacity's order (BaseRetrying.iter): the outcome, the retry predicate, the wait
+                # (as upcoming_sleep), the stop, then before_sleep with the failed attempt's number
+                state.outcome = _Failed(exc, state.attempt_number)  # type: ignore[assignment]
+                state.outcome_timestamp = clock()
+                outer = call.recoverable
+                if not retry(state) or (outer is not None and outer(exc)):
+                    # (an outer layer recovers this error itself, as the rerank chunker shrinks the
+                    # batch on an out-of-memory error: retrying the same attempt would repeat it)
+                    raise exc
+                sleep = float(wait(state))
+                state.upcoming_sleep = sleep
+                if stop(state):
+                    raise exc
+                state.idle_for += sleep
+                if bus.active:
+                    bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, type(exc).__name__))
+                state.prepare_for_next_attempt()
+                await self.sleep(sleep)
+                call.attempt += 1
+                try:
+                    return await again()
+                except Exception as failed:  # a cancellation is never retried: it propagates
+                    exc = failed
+        finally:
+            del exc, state  # no reference cycle through this frame (see recover)
 
     def _spend(self) -> bool:
         # Consulted by tenacity only after the attempt and deadline checks allowed a retry, so

@@ -12,12 +12,14 @@ caller's budget ran out).
 from __future__ import annotations
 
 import asyncio
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .. import _compat
 from .._clock import Timers, timers_of
 from .._compat import current_task, running_loop
 from .._errors import DeadlineExceeded, StageTimeout
-from .._timeouts import MAX_TIMEOUT_S, AttemptTimeout, wheel_for
+from .._timeouts import _SEQ_BITS, _SEQ_MASK, MAX_TIMEOUT_S, AttemptTimeout, wheel_for
 from ..deadline import _deadline
 from ..pipeline import Call, Scope
 
@@ -31,6 +33,7 @@ class TimeoutLayer:
     """Bounds each attempt by ``timeout_s`` (None: only the deadline) and the request's deadline."""
 
     scope: ClassVar[Scope] = "item"
+    exits_none: ClassVar[bool] = False  # no timer armed: nothing to disarm
     __slots__ = ("_loop", "_min_left", "_timers", "_wheel", "stage", "timeout_s")
 
     def __init__(
@@ -71,9 +74,12 @@ class TimeoutLayer:
                 return None
         call.budget_s = timeout
         call.by_deadline = by_deadline
-        loop = running_loop()  # the one running-loop lookup of a call (3.11: a getpid() each)
-        if loop is None:
-            return _trio_scope(timeout)
+        # the one running-loop lookup of a call (3.11: a getpid() each): running_loop(), inlined
+        loop = _compat._loop_last
+        if loop is None or loop._thread_id != get_ident():
+            loop = running_loop()
+            if loop is None:
+                return _trio_scope(timeout)
         call.task = task = current_task(loop)
         if task is None:  # pragma: no cover - awaited outside a task: nothing to cancel
             return None
@@ -81,9 +87,17 @@ class TimeoutLayer:
         if timers is not None:
             return timers.arm(task, timeout)
         wheel = self._wheel if loop is self._loop else self._wheel_of(loop)
-        if expiry is not None and expiry.clock is wheel.now:  # the deadline's clock is the wheel's:
-            return wheel.arm_at(task, now + timeout)  # no second clock read
-        return wheel.arm(task, timeout)
+        if expiry is None or expiry.clock is not wheel.now:
+            return wheel.arm(task, timeout)
+        # the deadline's clock is the wheel's: no second clock read; Wheel.arm_at's usual case
+        # (the bucket the last timer went into), inlined
+        when = now + timeout
+        if wheel._last_lo <= when < wheel._last_hi:
+            wheel._sequence = sequence = (wheel._sequence + 1) & _SEQ_MASK
+            handle: int = wheel._last_base | sequence
+            wheel._last_bucket[handle] = task
+            return handle
+        return wheel.arm_at(task, when)
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
@@ -94,7 +108,12 @@ class TimeoutLayer:
         if type(token) is not int:
             return self._exit_trio(call, token, exc)
         # a Guard serves one event loop at a time, so the wheel enter used is ``_wheel``
-        timers = self._timers if self._timers is not None else self._wheel
+        timers = self._timers
+        if timers is None:
+            bucket = self._wheel.buckets.get(token >> _SEQ_BITS)  # Wheel.disarm's usual case, inlined
+            if bucket is not None and bucket.pop(token, None) is not None:
+                return None  # disarmed before it fired
+            timers = self._wheel
         if not timers.disarm(token):
             return None
         # the timer fired: take its cancellation request back; it was a timeout only if the call

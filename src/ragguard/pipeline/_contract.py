@@ -101,7 +101,9 @@ class Gate(Protocol):
     runs exactly once per successful ``enter``, innermost gate first, with the exception the inner
     layers raised (None on success, a ``BaseException`` on cancellation); it returns None to let
     that outcome stand, or an exception to raise in its place. A gate whose ``exit`` does nothing
-    may say so with a class attribute ``exits = False``: the drivers then never call it.
+    may say so with a class attribute ``exits = False``: the drivers then never call it; one whose
+    ``exit`` does nothing for the token None (no timer was armed, no slot taken) with
+    ``exits_none = False``: the call driver then skips it for that token.
     """
 
     scope: ClassVar[Scope]

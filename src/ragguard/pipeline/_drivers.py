@@ -30,7 +30,7 @@ __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
 class Node:
     """Recoveries, then gates, then a wrapper or the next node or the call (see module docstring)."""
 
-    __slots__ = ("gates", "inner", "recoveries", "run", "source", "stream_gates", "wrapper")
+    __slots__ = ("gates", "inner", "recoveries", "run", "runs", "source", "stream_gates", "wrapper")
 
     def __init__(self) -> None:
         self.recoveries: tuple[Recovery, ...] = ()
@@ -47,17 +47,24 @@ class Node:
     ``[skip:]`` handle a failure (a recovery calling ``again`` re-runs with itself and those outside
     it skipped). Compiled by :func:`_compile_run` once the chain is built."""
 
+    runs: tuple[Callable[[Call], Awaitable[Any]], ...]
+    """``runs[k](call)``: :attr:`run` with recoveries ``[k:]`` (``runs[0]`` is ``run``; the last
+    has no recovery at all: what a recovery's ``again`` runs when it is the innermost)."""
+
     async def _recover(self, call: Call, exc: Exception, skip: int) -> Any:
         recoveries = self.recoveries
         i = len(recoveries) - 1
-        while True:  # the innermost recovery first; one that raises hands its error outward
-            try:
-                return await recoveries[i].recover(call, exc, partial(self.run, call, i + 1))
-            except Exception as raised:
-                if i <= skip:
-                    raise
-                exc = raised
-            i -= 1
+        try:
+            while True:  # the innermost recovery first; one that raises hands its error outward
+                try:
+                    return await recoveries[i].recover(call, exc, partial(self.runs[i + 1], call))
+                except Exception as raised:
+                    if i <= skip:
+                        raise
+                    exc = raised
+                i -= 1
+        finally:
+            del exc  # no reference cycle between the error raised and this frame
 
     # -- streams --------------------------------------------------------------------------------
 
@@ -105,18 +112,21 @@ class Node:
     ) -> Head:
         recoveries = self.recoveries
         i = len(recoveries) - 1
-        while True:
-            try:
-                got = await recoveries[i].recover(call, exc, partial(self.open, call, item_gates, i + 1))
-            except Exception as raised:
-                if i <= skip:
-                    raise
-                exc = raised
-                i -= 1
-                continue
-            if isinstance(got, Head):
-                return got
-            return await Head.of_fallback(got)
+        try:
+            while True:
+                try:
+                    got = await recoveries[i].recover(call, exc, partial(self.open, call, item_gates, i + 1))
+                except Exception as raised:
+                    if i <= skip:
+                        raise
+                    exc = raised
+                    i -= 1
+                    continue
+                if isinstance(got, Head):
+                    return got
+                return await Head.of_fallback(got)
+        finally:
+            del exc  # no reference cycle between the error raised and this frame
 
 
 def _exit_all(call: Call, gates: Sequence[Gate], tokens: list[Any], exc: BaseException | None) -> None:
@@ -391,13 +401,21 @@ def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
 
 
 def _compile_run(node: Node) -> None:
-    """Write ``node.run`` for this node's shape, as dataclasses writes ``__init__``.
+    """Write ``node.run`` (and ``node.runs``) for this node's shape, as dataclasses writes
+    ``__init__``.
 
     Each gate becomes a nested ``try`` around the ones inside it (exactly as ``async with`` would
     nest them, without a context manager's calls): its ``enter`` before, its ``exit`` after, with
     the outcome, and a replacement error raised in place of the original. A generic loop over the
     gates cost three times as much per gate (measured by benchmarks/overhead.py), and a guarded call
-    pays this on every call. For a node with a fallback, two gates and the call it reads::
+    pays this on every call. The recoveries are written in too, innermost first (a recovery that
+    raises hands its error to the next one out), each with an ``again`` that re-runs the node with
+    itself and the outer ones left out: one function per number of recoveries left out
+    (``runs[k]``), so a re-run carries no handler for recoveries it skips, and a failure reaches
+    its recovery without a frame in between (benchmarks/failure_path.py). The code of the node
+    inside (unless a wrapper stands between) is written in as well, so a call runs in one frame
+    however many nodes its chain has (the observed chain's span gate is a node of its own). For a
+    node with a fallback, a retry, two gates and the call, ``runs[0]`` (``run``) reads::
 
         async def run(call, skip=0):
             try:
@@ -414,12 +432,21 @@ def _compile_run(node: Node) -> None:
                 r0 = exit0(call, t0, None)
                 if r0 is not None:
                     raise r0
-                return result
             except Exception as exc:
-                if len(recoveries) <= skip:
-                    raise
-                return await recover(call, exc, skip)
+                if skip:
+                    result = await recover(call, exc, skip)
+                else:
+                    left = True
+                    try:
+                        result = await recover1(call, exc, partial(run2, call))
+                        left = False
+                    except Exception as raised:
+                        exc = raised
+                    if left:
+                        result = await recover0(call, exc, partial(run1, call))
+            return result
     """
+    n = len(node.recoveries)
     ns: dict[str, Any] = {
         "WAIT": WAIT,
         "partial": partial,
@@ -427,78 +454,154 @@ def _compile_run(node: Node) -> None:
         "running_loop": running_loop,
         "current_task": current_task,
         "CancelledError": asyncio.CancelledError,
-        "recoveries": node.recoveries,
         "recover": node._recover,
     }
-    lines = ["async def run(call, skip=0):"]
-    depth = 1
-    if node.recoveries:
-        lines.append("    try:")
-        depth = 2
+    sources: list[str] = []
+    for k in range(n, -1, -1):  # runs[n] first: runs[k] re-runs through runs[k + 1]
+        name = "run" if k == 0 else f"run{k}"
+        lines = [f"async def {name}(call, skip=0):" if k == 0 else f"async def {name}(call):"]
+        lines += ["    " + line for line in _level(node, k, ns, "", top=k == 0)]
+        lines.append("    return result")
+        source = "\n".join(lines)
+        exec(compile(source, f"<ragguard chain node: {_describe(node)}>", "exec"), ns)
+        sources.append(source)
+    node.runs = tuple(ns["run" if k == 0 else f"run{k}"] for k in range(n + 1))
+    node.run = node.runs[0]
+    node.source = "\n\n".join(reversed(sources))
 
-    def put(text: str, extra: int = 0) -> None:
-        lines.append("    " * (depth + extra) + text)
 
-    exits = [getattr(gate, "exits", True) for gate in node.gates]
-    for i, gate in enumerate(node.gates):
-        ns[f"enter{i}"], ns[f"enter_async{i}"], ns[f"exit{i}"] = gate.enter, gate.enter_async, gate.exit
-        put(f"t{i} = enter{i}(call)")
-        put(f"if t{i} is WAIT:")
-        put(f"t{i} = await enter_async{i}(call)", 1)
-        if exits[i]:
-            put("try:")
-            depth += 1
+def _level(node: Node, k: int, ns: dict[str, Any], p: str, *, top: bool = False) -> list[str]:
+    """Lines that run ``node`` with its recoveries ``[k:]`` and leave the outcome in ``result``
+    (see :func:`_compile_run`); ``p`` prefixes every name this node puts in ``ns`` and every local
+    it uses, so a node written into another's code keeps its own. ``top``: the code of ``run``
+    itself (the only one taking ``skip``)."""
+    n = len(node.recoveries)
+    for i, recovery in enumerate(node.recoveries):
+        ns[f"{p}recover{i}"] = recovery.recover
+        if p:  # a node written in: its re-runs are its own functions
+            ns[f"{p}run{i + 1}"] = node.runs[i + 1]
+    body = _gates(node, ns, p)
+    if k == n:
+        return body
+    lines = ["try:", *("    " + line for line in body), f"except Exception as {p}exc:"]
+    chain: list[str] = []
+    if n - 1 > k:
+        chain.append(f"{p}left = True")
+    for i in range(n - 1, k - 1, -1):
+        call = f"await {p}recover{i}(call, {p}exc, partial({p}run{i + 1}, call))"
+        guard = i < n - 1  # an inner recovery ran before this one: only if it raised
+        pad = "    " if guard else ""
+        if guard:
+            chain.append(f"if {p}left:")
+        if i == k:
+            chain.append(f"{pad}result = {call}")
+        else:
+            chain += [
+                f"{pad}try:",
+                f"{pad}    result = {call}",
+                f"{pad}    {p}left = False",
+                f"{pad}except Exception as {p}raised:",
+                f"{pad}    {p}exc = {p}raised",
+            ]
+    if top:
+        lines += [
+            "    if skip:",
+            f"        result = await recover(call, {p}exc, skip)",
+            "    else:",
+            *("        " + line for line in chain),
+        ]
+    else:
+        lines += ["    " + line for line in chain]
+    return lines
+
+
+def _gates(node: Node, ns: dict[str, Any], p: str) -> list[str]:
+    """The gates of ``node`` around its wrapper, inner node or call (see :func:`_compile_run`),
+    as lines leaving the outcome in ``result``; the names it uses are put in ``ns``.
+
+    A gate that says ``exits_none = False`` is exited only for a token other than None; when it
+    is the node's last gate, the call inside it is written twice, once without the handler, for
+    the token None (an untimed attempt pays no exception handler, on the failure path either)."""
+    gates = node.gates
+    for i, gate in enumerate(gates):
+        ns[f"{p}enter{i}"], ns[f"{p}enter_async{i}"] = gate.enter, gate.enter_async
+        ns[f"{p}exit{i}"] = gate.exit
+    inside = _inside(node, ns, p)
+
+    def around(i: int) -> list[str]:
+        if i == len(gates):
+            return inside
+        gate, t = gates[i], f"{p}t{i}"
+        lines = [f"{t} = {p}enter{i}(call)", f"if {t} is WAIT:", f"    {t} = await {p}enter_async{i}(call)"]
+        body = around(i + 1)
+        if not getattr(gate, "exits", True):
+            return lines + body
+        needs_none = getattr(gate, "exits_none", True)
+        twice = not needs_none and i == len(gates) - 1
+        guard = not (needs_none or twice)  # exit only for a token other than None
+        pad = "    " if guard else ""
+        handled = [
+            "try:",
+            *("    " + line for line in body),
+            f"except BaseException as {p}e{i}:",
+            *((f"    if {t} is not None:",) if guard else ()),
+            f"    {pad}{p}r{i} = {p}exit{i}(call, {t}, {p}e{i})",
+            f"    {pad}if {p}r{i} is not None:",
+            f"    {pad}    raise {p}r{i}",
+            "    raise",
+            *((f"if {t} is not None:",) if guard else ()),
+            f"{pad}{p}r{i} = {p}exit{i}(call, {t}, None)",
+            f"{pad}if {p}r{i} is not None:",
+            f"{pad}    raise {p}r{i}",
+        ]
+        if twice:
+            return [
+                *lines,
+                f"if {t} is None:",
+                *("    " + line for line in body),
+                "else:",
+                *("    " + line for line in handled),
+            ]
+        return lines + handled
+
+    return around(0)
+
+
+def _inside(node: Node, ns: dict[str, Any], p: str) -> list[str]:
+    """What ``node``'s gates surround: its wrapper, the inner node's code, or the call."""
+    lines: list[str] = []
+
     def innermost(statement: str) -> None:
         if not PY311:
-            put(statement)
+            lines.append(statement)
             return
         # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a cancellation
         # that lands while the awaited call finishes in the same loop iteration (cpython
         # gh-86296): a cancellation requested during the call and not delivered is raised here.
-        put("task = call.task")
-        put("if task is None:")
-        put("loop = running_loop()", 1)
-        put("task = None if loop is None else current_task(loop)", 1)
-        put("before = 0 if task is None else task.cancelling()")
-        put(statement)
-        put("if task is not None and task.cancelling() > before:")
-        put(f"raise CancelledError({_LOST_CANCEL!r})", 1)
+        lines.extend([
+            "task = call.task",
+            "if task is None:",
+            "    loop = running_loop()",
+            "    task = call.task = None if loop is None else current_task(loop)",
+            "before = 0 if task is None else task.cancelling()",
+            statement,
+            "if task is not None and task.cancelling() > before:",
+            f"    raise CancelledError({_LOST_CANCEL!r})",
+        ])  # fmt: skip
 
+    inner = node.inner
     if node.wrapper is not None:
-        ns["around"] = node.wrapper.around
-        if node.inner is None:  # the wrapper (chaos) awaits the call itself
-            innermost("result = await around(call, call_fn(call))")
+        ns[f"{p}around"] = node.wrapper.around
+        if inner is None:  # the wrapper (chaos) awaits the call itself
+            innermost(f"result = await {p}around(call, call_fn(call))")
         else:
-            ns["inner_run"] = node.inner.run
-            put("result = await around(call, partial(inner_run, call))")
-    elif node.inner is not None:
-        ns["inner_run"] = node.inner.run
-        put("result = await inner_run(call)")
+            ns[f"{p}inner_run"] = inner.run
+            lines.append(f"result = await {p}around(call, partial({p}inner_run, call))")
+    elif inner is not None:  # the inner node's own code, written in (see _compile_run)
+        lines.extend(_level(inner, 0, ns, f"{p}n{len(p) // 3 + 1}_"))
     else:
         innermost("result = await call.fn(*call.args, **call.kwargs)")
-    for i in reversed(range(len(node.gates))):
-        if not exits[i]:
-            continue
-        depth -= 1
-        put(f"except BaseException as e{i}:")
-        put(f"r{i} = exit{i}(call, t{i}, e{i})", 1)
-        put(f"if r{i} is not None:", 1)
-        put(f"raise r{i}", 2)
-        put("raise", 1)
-        put(f"r{i} = exit{i}(call, t{i}, None)")
-        put(f"if r{i} is not None:")
-        put(f"raise r{i}", 1)
-    put("return result")
-    if node.recoveries:
-        lines += [
-            "    except Exception as exc:",
-            "        if len(recoveries) <= skip:",
-            "            raise",
-            "        return await recover(call, exc, skip)",
-        ]
-    node.source = "\n".join(lines)
-    exec(compile(node.source, f"<ragguard chain node: {_describe(node)}>", "exec"), ns)
-    node.run = ns["run"]
+    return lines
 
 
 def _describe(node: Node) -> str:
