@@ -35,7 +35,10 @@ def test_redis_server_serves_and_restarts_on_the_same_port(redis_server) -> None
 
 @pytest.mark.timeout(30)
 def test_redis_server_process_is_killed_on_close() -> None:
-    server = RedisServer().start()
+    try:
+        server = RedisServer().start()
+    except RedisServerUnavailable as exc:  # no redis-server on this machine: as the fixtures do
+        pytest.skip(str(exc))
     pid = server.pid
     assert pid is not None
     server.close()
