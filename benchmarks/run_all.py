@@ -32,6 +32,15 @@ BENCHMARKS = [
      "milliseconds apart, so a few microseconds per item is well under 0.1% of a stream's time."),
     ("stream_items", "Per-item cost of a guarded stream (stage with nothing configured) and what the Python 3.11 "
      "lost-cancellation check of each item read adds (issue 13 #4)."),
+    ("overload_overhead", "What the overload layers (adaptive limit, throttle, hedge) add to a stage's call "
+     "(issue 14)."),
+    ("shared_breaker", "The breaker kept in a real redis-server beside the in-memory one (issue 11)."),
+    ("shared_quota", "A tenant quota in Redis beside one bare EVALSHA round trip; local-lease mode's error "
+     "across 4 processes (issue 11)."),
+    ("shared_failover", "How long each shared component takes to switch to local state and back when Redis is "
+     "down or slow (issue 11)."),
+    ("http_middleware", "The ASGI middleware's cost per request, in process (issue 12)."),
+    ("monitors_overhead", "The event-loop stall detector's and the Redis pool monitor's cost."),
 ]
 
 
@@ -59,9 +68,8 @@ Regenerate with one command: `.venv/bin/python benchmarks/run_all.py` (a few min
 Recorded {now} on Python {platform.python_version()}, {os.cpu_count()} shared cores. Every benchmark
 interleaves its contenders round by round (benchmarks/_bench.py), reports the median and min-max of
 CPU time per operation of the loop's thread, and gives ratios as the median of per-round ratios.
-The machine is shared: compare ratios, not absolute figures. `benchmarks/shared_breaker.py`,
-`shared_failover.py`, `shared_quota.py`, `monitors_overhead.py` and `http_middleware.py` are run on
-their own.
+The machine is shared: compare ratios, not absolute figures. The Redis benchmarks start their own
+redis-server on 127.0.0.1 (they say so and are skipped without the binary).
 
 ## Targets
 
