@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -13,11 +14,44 @@ app = typer.Typer(
     # Typer's Rich help (0.28 and later) prints a type beside every flag ("--quick <bool>", even
     # "--help <bool>"); the plain help prints flags as flags and options with their metavar.
     rich_markup_mode=None,
-    context_settings={"show_default": True},
+    # Click's child contexts inherit help_option_names: -h works on every command.
+    context_settings={"show_default": True, "help_option_names": ["-h", "--help"]},
     help="ragguard: resilience middleware for RAG pipelines.",
 )
 
 EVENTS_FILE = "ragguard-events.jsonl"  # ragguard.monitors.DEFAULT_EVENTS_FILE, without importing it
+DEMO_EVENTS_FILE = "ragguard-report/events.jsonl"  # ragguard.monitors._diagnose.DEMO_EVENTS_FILE, likewise
+
+
+def quiet_grpc_core() -> None:
+    """Keep gRPC's C core to errors (``GRPC_VERBOSITY=ERROR``) unless the user chose a level.
+
+    The core reads the variable once, when ``grpc`` is first imported, so this runs before the
+    demo and the bench import it; their backends' child process inherits it. Without it the core
+    logs connection teardown at INFO level (``chttp2_transport.cc ... Got goaway``) amid the output.
+    """
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"ragguard {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_version, show_default=False,
+            help="Print ragguard's version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """ragguard: resilience middleware for RAG pipelines."""
 
 
 @app.command(short_help="Run a RAG service under chaos, unguarded vs guarded.")
@@ -36,10 +70,18 @@ def demo(
         Path | None,
         typer.Option(
             metavar="FILE", show_default="built-in",
-            help="A ragguard.chaos scenario YAML: the faults and when they strike (the built-in one is "
-            "ragguard/chaos/scenarios/default.yaml).",
+            help="A ragguard.chaos scenario YAML: the faults and when they strike. Phase times are "
+            "shares of each run, stretched over --duration (the file's duration_s is not used). "
+            "Start from the built-in one: ragguard demo --print-scenario > my.yaml",
         ),
     ] = None,
+    print_scenario: Annotated[
+        bool,
+        typer.Option(
+            "--print-scenario", show_default="off",
+            help="Print the built-in scenario YAML to stdout and exit (nothing runs).",
+        ),
+    ] = False,
     redis: Annotated[
         str | None,
         typer.Option(
@@ -63,6 +105,13 @@ def demo(
 
     Exit status: 0 done, 2 a bad option or scenario.
     """
+    if print_scenario:
+        from importlib import resources
+
+        scenario_yaml = resources.files("ragguard.chaos").joinpath("scenarios/default.yaml")
+        typer.echo(scenario_yaml.read_text(encoding="utf-8"), nl=False)
+        raise typer.Exit(0)
+    quiet_grpc_core()
     try:
         from .demo import cli_main
     except ImportError as exc:  # the demo's optional dependencies are missing
@@ -80,23 +129,54 @@ def demo(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(short_help="Stepped load, four contenders: unguarded to ragguard adaptive.")
 def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="A CI run, under 60 s.")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", show_default="off", help="A CI run, under 60 s: 4 steps, 1 round.")
+    ] = False,
     steps: Annotated[
-        str | None, typer.Option(help="Offered loads as multiples of capacity, e.g. '0.5,1,2,3'.")
+        str | None,
+        typer.Option(
+            metavar="LIST", show_default="0.4,0.6,0.8,1,1.25,1.5,2,2.5,3; with --quick 0.5,1,1.5,3",
+            help="Offered loads as multiples of the dependency's capacity, joined by commas.",
+        ),
     ] = None,
-    steady: Annotated[float | None, typer.Option(help="Measured seconds per contender and step.")] = None,
-    rounds: Annotated[int | None, typer.Option(help="Rounds per step (medians are reported).")] = None,
+    steady: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS", show_default="6, or 1.2 with --quick",
+            help="Measured seconds per contender and step.",
+        ),
+    ] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N", show_default="2, or 1 with --quick", help="Rounds per step (medians are reported)."
+        ),
+    ] = None,
     block_ms: Annotated[
-        float, typer.Option(help="Dependency bottleneck per embedding call, ms (capacity ~ 1000/block_ms).")
+        float,
+        typer.Option(
+            metavar="MS", help="Dependency bottleneck per embedding call (capacity ~ 1000/MS calls a second)."
+        ),
     ] = 15.0,
-    rtt_ms: Annotated[float, typer.Option(help="Dependency's unloaded latency, ms.")] = 60.0,
-    halving: Annotated[bool, typer.Option(help="Run the capacity-halving scenario.")] = True,
-    out: Annotated[Path, typer.Option(help="Folder for bench.json and bench.png.")] = Path("ragguard-bench"),
-    seed: Annotated[int, typer.Option(help="Seed of the load, the faults and the Guards.")] = 7,
+    rtt_ms: Annotated[float, typer.Option(metavar="MS", help="Dependency's unloaded latency.")] = 60.0,
+    no_halving: Annotated[
+        bool,
+        typer.Option("--no-halving", show_default="off", help="Skip the capacity-halving scenario."),
+    ] = False,
+    out: Annotated[
+        Path, typer.Option(metavar="DIR", help="Folder for bench.json and bench.png.")
+    ] = Path("ragguard-bench"),
+    seed: Annotated[
+        int, typer.Option(metavar="N", help="Seeds the load, the faults and the Guards.")
+    ] = 7,
 ) -> None:
-    """Stepped load on the demo's real service: unguarded, hand-composed, ragguard static and adaptive."""
+    """Stepped load on the demo's real service: unguarded, hand-composed, ragguard static and adaptive.
+
+    Exit status: 0 done, 2 a bad option.
+    """
+    quiet_grpc_core()
     try:
         from .bench import cli_main as bench_main
     except ImportError as exc:  # the demo's optional dependencies are missing
@@ -112,7 +192,7 @@ def bench(
             raise typer.Exit(2) from None
     code = bench_main(
         quick=quick, steps=parsed, steady_s=steady, rounds=rounds, block_ms=block_ms, rtt_ms=rtt_ms,
-        halving=halving, out_dir=out, seed=seed,
+        halving=not no_halving, out_dir=out, seed=seed,
     )
     raise typer.Exit(code)
 
@@ -120,12 +200,14 @@ def bench(
 @app.command(short_help="Explain breaker trips, quota refusals, fallbacks, stalls.")
 def doctor(
     events: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "--events", "-e", metavar="FILE", envvar="RAGGUARD_EVENTS_FILE",
-            help="A JSON-lines event log, as ragguard.monitors.record_events(path) writes it.",
+            show_default=f"{EVENTS_FILE}, else {DEMO_EVENTS_FILE} when only that exists",
+            help="A JSON-lines event log, as ragguard.monitors.record_events(path) writes it "
+            "(ragguard demo writes one into its --out folder).",
         ),
-    ] = Path(EVENTS_FILE),
+    ] = None,
     json_output: Annotated[
         bool, typer.Option("--json", show_default="off", help="Print the diagnosis as JSON.")
     ] = False,
@@ -143,7 +225,9 @@ def doctor(
     """
     from .monitors import doctor_main
 
-    argv: list[str] = ["--events", str(events), "--grace-s", repr(grace_s)]
+    argv: list[str] = ["--grace-s", repr(grace_s)]
+    if events is not None:
+        argv += ["--events", str(events)]
     if json_output:
         argv.append("--json")
     raise typer.Exit(doctor_main(argv))

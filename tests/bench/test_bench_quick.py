@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -42,6 +43,10 @@ def test_ragguard_bench_quick_orders_the_contenders(tmp_path: Path) -> None:
     assert "ragguard bench" in proc.stdout and ("MET" in proc.stdout or "GAP" in proc.stdout)
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
     assert report["halving"]["limit_trace"] and report["halving"]["runs"].keys() == good.keys()
+    # stdout is a pipe: a plain line as each contender ends each step (and its halving run)
+    total = len(offered) * len(good) * report["options"]["rounds"] + len(good)
+    said = [int(m[1]) for line in proc.stdout.splitlines() if (m := re.match(rf"bench (\d+)/{total} ", line))]
+    assert said == list(range(1, total + 1)), proc.stdout[:3000]
     assert {t["target"] for t in report["targets"]} >= {
         "adaptive knee >= 1.5x hand-composed's",
         "unguarded collapses at 2x the knee (goodput < 50% of the knee's)",

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from ragguard.chaos import default_scenario
 from ragguard.demo.runner import GREEDY_TOKEN_BURST
 
 
 @pytest.mark.timeout(180)
 def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
-    out = tmp_path / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "ragguard.cli", "demo", "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=170, cwd=tmp_path,
-    )
+    out = tmp_path / "ragguard-report"  # the default --out, as a new user runs it
+    proc = _run_reading_lines([sys.executable, "-m", "ragguard.cli", "demo", "--quick"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # gRPC's C core keeps quiet (GRPC_VERBOSITY=ERROR unless the user set it): no teardown chatter
+    assert "chttp2_transport" not in proc.stderr and "goaway" not in proc.stderr.lower(), proc.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
     unguarded, guarded = report["summary"]["unguarded"], report["summary"]["guarded"]
     assert guarded["success_rate"] > unguarded["success_rate"]
@@ -53,11 +56,50 @@ def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
           f"answered after a stall {unguarded['answered_after_stall']} -> {guarded['answered_after_stall']}, "
           f"greedy paced in {streams[greedy]['paced_streams']} of {streams[greedy]['streams']} streams")
 
-    # the run's events are recorded beside the report, and `ragguard doctor` reads them
+    # not a terminal: a plain line as each scenario phase begins, printed while the run goes on
+    phases = len(default_scenario().phases)
+    for mode in ("unguarded", "guarded"):
+        said = [(at, line) for at, line in proc.lines
+                if re.match(rf" *{mode} +[0-9.]+ s: phase \d+/{phases} ", line)]  # fmt: skip
+        assert [int(re.search(r"phase (\d+)/", line)[1]) for _, line in said] == list(range(1, phases + 1))
+        assert said[-1][0] - said[0][0] > 0.5 * report["options"]["duration_s"], "lines came as phases began"
+        n = report["summary"][mode]["requests"]
+        assert any(re.match(rf" *{mode} +[0-9.]+ s: done; {n}/{n} requests", line) for _, line in proc.lines)
+    assert "demo: loading the model and starting the backends" in proc.stdout
+
+    # the run's events are recorded beside the report, and `ragguard doctor`, run next with no
+    # arguments where the demo ran, finds them and says where it read them
     doctor = subprocess.run(
-        [sys.executable, "-m", "ragguard.cli", "doctor", "--events", str(out / "events.jsonl"), "--json"],
-        capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "ragguard.cli", "doctor", "--json"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )
     assert doctor.returncode in (0, 1), doctor.stderr  # 0 healthy, 1 findings; 2 would be unreadable
+    assert "reading ./ragguard-report/events.jsonl" in doctor.stderr
     diagnosis = json.loads(doctor.stdout)
     assert diagnosis["events"] > guarded["breaker_transitions"] > 0
+
+
+class _Done:
+    def __init__(self, returncode: int, lines: list[tuple[float, str]], stderr: str) -> None:
+        self.returncode, self.lines, self.stderr = returncode, lines, stderr
+        self.stdout = "\n".join(line for _, line in lines)
+
+
+def _run_reading_lines(argv: list[str], cwd: Path) -> _Done:
+    """Run ``argv`` with stdout a pipe (not a terminal), each line stamped as it arrives, in the
+    environment a user has (without the GRPC_VERBOSITY tests/conftest.py sets)."""
+    lines: list[tuple[float, str]] = []
+    err_path = cwd / "stderr.txt"
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, cwd=cwd, env=env)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append((time.monotonic(), line.rstrip("\n")))
+            proc.wait(timeout=170)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return _Done(proc.returncode, lines, err_path.read_text())

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from ragguard.demo.loadgen import RequestRecord
 from ragguard.demo.report import (
+    OPENED_ROW,
     DemoReport,
     GenerationTally,
     RunResult,
@@ -53,9 +54,26 @@ def test_the_table_says_why_the_rerank_breaker_stayed_closed() -> None:
     opened = [Transition(1.0, "vector_store", "closed", "open"),
               Transition(2.0, "vector_store", "open", "half_open")]
     text = text_of(report(CHUNKED, opened).table())
-    assert "breaker opened: vector_store" in text and "breaker opened: rerank (OOM at floor only)" in text
+    assert f"{OPENED_ROW} │ - │ 1 │ │ embedding │ - │ 0 │ │ vector_store │ - │ 1 │" in text
+    assert "rerank (OOM at floor only) │ - │ 0 │" in text
     assert "rerank breaker closed" in text and "floor batch (4 candidates)" in text
     assert "answered by a fallback (any)" in text and "66.7 %" in text
+
+
+def test_the_table_and_the_doctor_count_openings_in_the_same_words() -> None:
+    """A reopening after a failed trial round is an opening in both, and both say so alike."""
+    from ragguard.events import BreakerTransition
+    from ragguard.monitors import diagnose
+
+    moves = [("closed", "open", 1.0), ("open", "half_open", 2.0), ("half_open", "open", 2.1),
+             ("open", "half_open", 3.1), ("half_open", "closed", 3.2)]
+    transitions = [Transition(at, "embedding", old, new) for old, new, at in moves]
+    text = text_of(report(CHUNKED, transitions).table())
+    assert "after a failed trial" in OPENED_ROW
+    assert f"{OPENED_ROW} │ - │ 2 │ │ embedding │ - │ 2 │ │ vector_store │ - │ 0 │" in text
+    (finding,) = diagnose([BreakerTransition("embedding", old, new, at) for old, new, at in moves]).findings
+    assert "breaker 'embedding' opened 2 time(s) (1 after a failed trial)," in finding.summary
+    assert finding.data["opened"] == 2 and finding.data["reopened"] == 1
 
 
 def test_no_rerank_note_when_the_rerank_breaker_opened() -> None:

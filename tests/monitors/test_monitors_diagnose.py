@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -219,6 +221,116 @@ def test_real_breaker_opened_by_our_own_stall() -> None:
     assert "_hog_the_loop" in f.summary and "'vector_store'" in f.summary
 
 
+# -- a stall is blamed only for trips by slow calls or timeouts (user report item 8) ------------------
+
+
+def _opened(reason: str, **recorded: Any) -> dict[str, Any]:
+    return {"type": "BreakerTransition", "t": 3.5, "at": 3.5, "wall": 0.0, "breaker": "vector_store",
+            "old": "closed", "new": "open", "reason": reason, **recorded}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("opened", "blamed"),
+    [
+        (_opened("failure rate 100.0% >= 50.0%", causes={"connection": 7},
+                 errors={"ConnectionRefusedError": 7}), False),
+        (_opened("failure rate 100.0% >= 50.0%", causes={"timeout": 5, "connection": 1},
+                 errors={"TimeoutError": 5, "ConnectionRefusedError": 1}), True),
+        (_opened("slow-call rate 60.0% >= 50.0%"), True),
+        (_opened("3 of 3 trial calls were slow"), True),
+        (_opened("shared: ConnectionError: Connection refused"), False),
+        (_opened("shared: TimeoutError"), True),
+        (_opened(""), True),  # no cause recorded (an older file): the stall is the likelier story
+    ],
+    ids=["refused", "timeouts", "slow-rate", "slow-trials", "reason-connection", "reason-timeout", "unknown"],
+)
+def test_a_stall_is_blamed_only_for_a_trip_by_slowness_or_timeouts(
+    opened: dict[str, Any], blamed: bool
+) -> None:
+    stall = {"type": "LoopStall", "t": 3.4, "wall": 0.0, "duration_s": 0.196, "started_at": 3.204, "at": 3.4,
+             "frame": "app.py:1 in f"}  # fmt: skip
+    result = diagnose([stall, opened])
+    kinds = _kinds(result)
+    assert ("breaker_opened_during_stall" in kinds) is blamed, result.to_text()
+    assert ("loop_stall" in kinds) is not blamed  # an unblamed stall is still reported, on its own
+    if "errors" in opened:
+        (breaker,) = [f for f in result.findings if f.kind == "breaker_open"]
+        assert f"closed -> open: {opened['reason']} ({_counted(opened['errors'])})" in breaker.details[0]
+
+
+def _counted(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(errors.items(), key=lambda kv: -kv[1]))
+
+
+@pytest.mark.timeout(30)
+def test_a_breaker_opened_on_refused_connections_after_a_real_stall_is_not_blamed_on_it(
+    tmp_path: Path,
+) -> None:
+    """The user's report: the vector-store breaker opened on ConnectionRefusedError 0.1 s after a
+    196 ms stall, and doctor said the latency was ours."""
+    breakers = pytest.importorskip("ragguard.breakers")
+    path = tmp_path / "events.jsonl"
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def search() -> None:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)  # refused
+        writer.close()
+
+    async def main() -> None:
+        breaker = breakers.CircuitBreaker("vector_store", minimum_calls=3, window_size=3)
+        with EventRecorder(path=path):
+            async with StallDetector(threshold_s=0.05):
+                await asyncio.sleep(0.05)
+                time.sleep(0.2)  # the loop stalls
+                await asyncio.sleep(0.01)
+                for _ in range(3):
+                    with pytest.raises(ConnectionRefusedError):
+                        await breaker.call(search)
+                await asyncio.sleep(0.01)
+        assert breaker.state.value == "open"
+
+    asyncio.run(main())
+    records = load_records(path)
+    (opened,) = [r for r in records if r["type"] == "BreakerTransition"]
+    assert opened["causes"] == {"connection": 3} and opened["errors"] == {"ConnectionRefusedError": 3}
+    result = diagnose(records)
+    assert "breaker_opened_during_stall" not in _kinds(result), result.to_text()
+    assert set(_kinds(result)) == {"breaker_open", "loop_stall"}
+    assert "(ConnectionRefusedError 3)" in result.findings[0].details[0]
+
+
+@pytest.mark.timeout(30)
+def test_a_breaker_opened_on_timeouts_after_a_real_stall_is_blamed_on_it(tmp_path: Path) -> None:
+    breakers = pytest.importorskip("ragguard.breakers")
+
+    async def search() -> None:
+        async with asyncio.timeout(0.02):
+            await asyncio.sleep(1.0)
+
+    recorder = EventRecorder()
+
+    async def main() -> None:
+        breaker = breakers.CircuitBreaker("vector_store", minimum_calls=3, window_size=3)
+        with recorder:
+            async with StallDetector(threshold_s=0.05):
+                await asyncio.sleep(0.05)
+                time.sleep(0.2)
+                await asyncio.sleep(0.01)
+                for _ in range(3):
+                    with pytest.raises(TimeoutError):
+                        await breaker.call(search)
+                await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    (opened,) = [r for r in recorder.records() if r["type"] == "BreakerTransition"]
+    assert opened["causes"] == {"timeout": 3}
+    result = diagnose(recorder.records())
+    assert _kinds(result)[0] == "breaker_opened_during_stall", result.to_text()
+    assert "opened on slow calls or timeouts while the loop was stalled" in result.findings[0].summary
+
+
 # -- malformed input is exit status 2 naming the line (issue 13 item 12) ------------------------------
 
 GOOD = json.dumps({"type": "QuotaRejected", "t": 1.0, "wall": 0.0, "tenant": "a", "reason": "rate",
@@ -393,3 +505,30 @@ def test_doctor_cli_takes_grace_s(tmp_path: Path) -> None:
     assert "breaker_opened_during_stall" not in [f["kind"] for f in json.loads(not_blamed.stdout)["findings"]]
     bad = _doctor_cli("--events", str(path), "--grace-s", "-1")
     assert bad.returncode == 2 and "grace_s must be" in bad.stderr
+
+
+# -- `ragguard doctor` with no arguments after `ragguard demo` (user report item 14) -----------------
+
+
+@pytest.mark.timeout(60)
+def test_doctor_without_arguments_reads_the_demos_events_and_says_so(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAGGUARD_EVENTS_FILE"}
+    nothing = _doctor_cli_in(tmp_path, env)
+    assert nothing.returncode == 2 and "ragguard-report/events.jsonl" in nothing.stderr  # named in the error
+
+    (tmp_path / "ragguard-report").mkdir()
+    (tmp_path / "ragguard-report" / "events.jsonl").write_text(GOOD + "\n")
+    found = _doctor_cli_in(tmp_path, env)
+    assert found.returncode == 1, found.stderr  # was 2: "cannot read events file 'ragguard-events.jsonl'"
+    assert "reading ./ragguard-report/events.jsonl" in found.stderr
+    assert "tenant 'a' was refused 1 time(s)" in found.stdout
+
+    (tmp_path / "ragguard-events.jsonl").write_text("")  # the default file, when there, wins
+    assert _doctor_cli_in(tmp_path, env).returncode == 0
+    chosen = _doctor_cli_in(tmp_path, {**env, "RAGGUARD_EVENTS_FILE": "ragguard-report/events.jsonl"})
+    assert chosen.returncode == 1 and "reading" not in chosen.stderr
+
+
+def _doctor_cli_in(cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ragguard.cli", "doctor"], capture_output=True, text=True,
+                          timeout=60, cwd=cwd, env=env)  # fmt: skip

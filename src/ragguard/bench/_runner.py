@@ -264,18 +264,17 @@ class _Bench:
                         )
                     records = await self.one_run(name, arrivals)
                     measured = [rec for rec in records if rec.at_s >= warm]
-                    per[name][i].append(
-                        summarize_step(
-                            measured,
-                            offered_rps=load,
-                            steady_s=steady,
-                            well_behaved=self.well_behaved,
-                            priority_of=self.priority_of,
-                        )
+                    step = summarize_step(
+                        measured,
+                        offered_rps=load,
+                        steady_s=steady,
+                        well_behaved=self.well_behaved,
+                        priority_of=self.priority_of,
                     )
+                    per[name][i].append(step)
                     await self.drain()
                     if progress is not None:
-                        progress.advance()
+                        progress.advance(f"goodput {step.goodput_rps:.1f} rps")
         return offered, per
 
     async def halving(self, progress: Any) -> dict[str, Any]:
@@ -329,7 +328,8 @@ class _Bench:
             if samples:
                 trace = samples
             if progress is not None:
-                progress.advance()
+                before, after = runs[name]["before"]["goodput_rps"], runs[name]["after"]["goodput_rps"]
+                progress.advance(f"goodput {before:.1f} rps before, {after:.1f} rps after")
         out: dict[str, Any] = {
             "offered_rps": load,
             "duration_s": duration,
@@ -407,24 +407,53 @@ def _convergence(trace: Sequence[tuple[float, int, float | None, bool]], change_
 
 
 class _Progress:
-    def __init__(self, console: Any, total: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """The bench's progress: a live bar on a terminal; in a log or a pipe, where a bar is printed
+    only when it stops, one plain line as each contender's step (or halving run) ends."""
 
-        self.bar = Progress(
-            TextColumn("[bold]bench[/bold]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=console,
-        )
-        self.task = self.bar.add_task("starting", total=total)
+    def __init__(self, console: Any, total: int) -> None:
+        self.console = console
+        self.total = total
+        self.finished = 0
+        self.text = "starting"
+        self.bar: Any = None
+        if console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("[bold]bench[/bold]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=console,
+            )
+            self.task = self.bar.add_task("starting", total=total)
+
+    def start(self) -> None:
+        if self.bar is not None:
+            self.bar.start()
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def say(self, text: str) -> None:
+        """One plain line in a log or a pipe (nothing on a terminal: the bar says it)."""
+        if self.bar is None:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def describe(self, text: str) -> None:
-        self.bar.update(self.task, description=text)
+        self.text = text
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
 
-    def advance(self) -> None:
-        self.bar.advance(self.task)
+    def advance(self, result: str = "") -> None:
+        """The step described last is done; ``result`` says how it went (plain lines only)."""
+        self.finished += 1
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        else:
+            self.say(f"bench {self.finished}/{self.total} {self.text}" + (f": {result}" if result else ""))
 
 
 async def run_bench_async(options: BenchOptions) -> BenchReport:
@@ -445,7 +474,10 @@ async def run_bench_async(options: BenchOptions) -> BenchReport:
     bench = _Bench(options, console)
     progress = _Progress(console, total) if console is not None else None
     if progress is not None:
-        progress.bar.start()
+        progress.start()
+        progress.say(f"bench: loading the model and starting {len(options.contenders)} services; then "
+                     f"{len(steps)} steps x {len(options.contenders)} contenders x {rounds} round(s) of "
+                     f"{warm + steady:g} s" + (", then the capacity-halving run" if options.halving else ""))
     try:
         await bench.start()
         t0 = time.monotonic()
@@ -458,7 +490,7 @@ async def run_bench_async(options: BenchOptions) -> BenchReport:
             bench.timings["halving"] = time.monotonic() - t0
     finally:
         if progress is not None:
-            progress.bar.stop()
+            progress.stop()
         await bench.stop()
     bench.timings["total"] = time.monotonic() - started
     opts = asdict(options)

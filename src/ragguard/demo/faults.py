@@ -26,7 +26,8 @@ or ``cuda_oom`` (``min_batch``, ``rate``)          a share ``rate`` of batches o
 Other combinations (another stage, a backend fault limited to one tenant, other rerank faults, a
 fault that rewrites results at a generation point) raise :class:`~ragguard.ConfigError` up front:
 the demo would not apply them the same way to both runs. The scenario's ``duration_s`` is not
-used: the demo's own duration applies to both runs.
+used: phases are shares of a run, stretched over the demo's own duration (``--duration``) in both
+runs; the YAML and ``docs/demo.md`` say so too.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ __all__ = [
 ]
 
 STALL_S = 1.0
+OPENED_ROW = "breaker opened, incl. after a failed trial"  # the words of ragguard doctor's opened_times()
 """A wait longer than this (seconds) between two words of an answer is a stall."""
 BUDGETS = ("first_item", "idle", "total")
 _BUDGET_NAMES = {"first_item": "first-word budget", "idle": "idle budget", "total": "total budget"}
@@ -134,6 +135,8 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
     per_tenant_ok = {t: sum(1 for r in recs if r.tenant == t and r.outcome == "ok") for t in tenants}
     transitions: Counter[str] = Counter(f"{t.breaker}: {t.old}->{t.new}" for t in run.transitions)
     opened = {b: sum(1 for t in run.transitions if t.breaker == b and t.new == "open") for b in run.breakers}
+    reopened = {b: sum(1 for t in run.transitions if t.breaker == b and t.new == "open"
+                       and t.old == "half_open") for b in run.breakers}  # fmt: skip
     ttft_ms = [r.ttft_s * 1000 for r in recs if r.ttft_s is not None]
     gen = run.generation
     tokens = {t: sum(r.tokens for r in recs if r.tenant == t) for t in tenants}
@@ -155,7 +158,8 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
         "fallback_share_any": (sum(1 for r in ok if r.fallbacks) / len(ok)) if ok else 0.0,
         "breaker_transitions": len(run.transitions),
         "breaker_transitions_by_kind": dict(sorted(transitions.items())),
-        "breaker_opened": opened,
+        "breaker_opened": opened,  # every move to open, reopenings after a failed trial included
+        "breaker_reopened": reopened,  # of those, the moves from half-open
         "rerank_floor": run.rerank_floor,
         "quota_rejections": quota,
         "requests_by_tenant": sent,
@@ -267,8 +271,11 @@ class DemoReport:
             ["-" if x["generation_fallbacks"] is None else str(x["generation_fallbacks"]) for x in s])
         row("breaker transitions", [str(x["breaker_transitions"]) for x in s])
         breakers = sorted({b for x in s for b in x["breaker_opened"]}, key=_stage_key)
+        if breakers:  # counted as `ragguard doctor` counts them: a reopening is an opening too
+            row(OPENED_ROW, [str(sum(x["breaker_opened"].values())) if x["breaker_opened"] else "-"
+                             for x in s])  # fmt: skip
         for name in breakers:
-            label = f"breaker opened: {name}" + (" (OOM at floor only)" if name == "rerank" else "")
+            label = f"  {name}" + (" (OOM at floor only)" if name == "rerank" else "")
             row(label, [str(x["breaker_opened"][name]) if name in x["breaker_opened"] else "-" for x in s])
         for tenant in sorted({t for x in s for t in x["quota_rejections"]}):
             label = f"quota rejections: {tenant}" + (" (greedy)" if tenant in self.greedy else "")

@@ -31,8 +31,9 @@ from .embedder import Embedder, load_embedder
 from .faults import ChaosPlan, FaultApplier, drive, oom_budget
 from .guarded import GuardedPipeline, demo_policy
 from .keyword import KeywordIndex
-from .loadgen import Arrival, RequestRecord, TenantLoad, plan_arrivals, run_load
+from .loadgen import Arrival, TenantLoad, plan_arrivals, run_load
 from .pipeline import BackendClients, PipelineSettings, UnguardedPipeline
+from .progress import RunProgress, say
 from .report import DemoReport, GenerationTally, RunResult, Transition, summarize
 from .rerank import Reranker
 from .service import RetrievalClient, RetrievalServer
@@ -147,14 +148,19 @@ async def run_demo_async(options: DemoOptions) -> DemoReport:
     scenario = _scenario(options.scenario)
     plan = ChaosPlan(scenario)
     redis = _redis_client(options.redis_url)
-    shared = await _start(options)
     console = _console(options)
+    say(console, "demo: loading the model and starting the backends")
+    shared = await _start(options)
     recorder = _record_events(options.out_dir)
     try:
+        say(console, f"demo: started in {shared.timings['startup']:.1f} s; asking the healthy service "
+            f"all {len(shared.questions)} questions once (recall@5 baseline)")  # fmt: skip
         baseline = await _baseline_recall(shared, options)
         duration = options.run_duration_s
         rng = random.Random(options.seed)
         arrivals = plan_arrivals(options.loads(), duration, len(shared.questions), rng)
+        say(console, f"demo: baseline recall@5 {baseline:.1%}; now the scenario {scenario.name!r} "
+            f"twice, {duration:g} s of load each: unguarded, then guarded")  # fmt: skip
         runs: dict[str, RunResult] = {}
         for mode in ("unguarded", "guarded"):
             await shared.applier.heal()
@@ -181,6 +187,7 @@ async def run_demo_async(options: DemoOptions) -> DemoReport:
         greedy=greedy,
     )
     if options.out_dir is not None:
+        say(console, f"demo: writing {options.out_dir / 'report.json'} and the chart")
         report.write_json(options.out_dir / "report.json")
         await anyio.to_thread.run_sync(report.write_chart, options.out_dir / "latency.png")
     if console is not None:
@@ -390,17 +397,18 @@ async def _run(
 
     unsubscribe = bus.subscribe(on_event)
     detector = _stall_detector()
-    progress, tick = _progress(console, mode, duration, len(arrivals))
+    phases = [(name, round(a, 3), round(b, 3)) for name, a, b in plan.spans(duration)]
+    progress = None if console is None else RunProgress(console, mode, duration, len(arrivals), phases)
     driver = asyncio.create_task(drive(plan, shared.applier, duration_s=duration, start=start))
     wall0 = time.monotonic()
     try:
         if progress is not None:
             progress.start()
-        ticker = asyncio.create_task(_tick(tick, start, duration)) if tick is not None else None
+        ticker = asyncio.create_task(_tick(progress, start)) if progress is not None else None
         records = await run_load(
             load_clients, arrivals, shared.questions, timeout_s=options.client_timeout_s,
             max_in_flight=options.concurrency, start=start,
-            on_done=(lambda r: tick(None, r)) if tick is not None else None, rpc="answer",
+            on_done=progress.done if progress is not None else None, rpc="answer",
         )
         await driver
         if ticker is not None:
@@ -417,7 +425,6 @@ async def _run(
             await close()
         await asyncio.sleep(0)  # let queued events reach the listener
         unsubscribe()
-    phases = [(name, round(a, 3), round(b, 3)) for name, a, b in plan.spans(duration)]
     return RunResult(mode=mode, duration_s=duration, records=records, phases=phases, transitions=transitions,
                      stalls=stalls, wall_s=time.monotonic() - wall0, breakers=breakers,
                      rerank_floor=rerank_floor, generation=generation)
@@ -498,34 +505,9 @@ def _console(options: DemoOptions) -> Any:
     return Console()
 
 
-def _progress(console: Any, mode: str, duration: float, total: int) -> tuple[Any, Any]:
-    if console is None:
-        return None, None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(
-        TextColumn(f"[bold]{mode:>9}[/bold]"), BarColumn(), TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(), console=console, transient=False,
-    )
-    task = progress.add_task(mode, total=duration, status="")
-    counts = {"done": 0, "ok": 0}
-
-    def tick(elapsed: float | None, record: RequestRecord | None = None) -> None:
-        if record is not None:
-            counts["done"] += 1
-            counts["ok"] += record.outcome == "ok"
-        status = f"{counts['done']}/{total} requests, {counts['ok']} answered"
-        if elapsed is None:
-            progress.update(task, status=status)
-        else:
-            progress.update(task, completed=min(elapsed, duration), status=status)
-
-    return progress, tick
-
-
-async def _tick(tick: Callable[[float | None], None], start: float, duration: float) -> None:
+async def _tick(progress: RunProgress, start: float) -> None:
     while True:
-        tick(max(0.0, time.monotonic() - start))
+        progress.elapsed(max(0.0, time.monotonic() - start))
         await asyncio.sleep(0.25)
 
 

@@ -5,8 +5,9 @@ Rules, most telling first:
 
 ``stall_delayed_pool``         a loop stall overlaps pool waits or exhaustion: the loop was
                                blocked in X, so connection releases were delayed.
-``breaker_opened_during_stall`` a breaker opened during a stall or within ``grace_s`` after it:
-                               the dependency may be healthy; the latency was ours.
+``breaker_opened_during_stall`` a breaker opened on slow calls or timeouts during a stall or
+                               within ``grace_s`` after it: the dependency may be healthy; the
+                               latency was ours (not for a trip by refused connections or errors).
 ``breaker_open``               which dependency's breaker opened, why, how often, for how long in
                                all, whether it was still not closed when the log ends, and how
                                many calls it refused.
@@ -41,9 +42,12 @@ from .. import _validate as v
 from .._errors import InvalidInput
 from ._record import Record, check_record, default_recorder, load_records, to_record
 
-__all__ = ["DEFAULT_EVENTS_FILE", "Diagnosis", "Finding", "Moment", "diagnose", "doctor_main"]
+__all__ = [
+    "DEFAULT_EVENTS_FILE", "DEMO_EVENTS_FILE", "Diagnosis", "Finding", "Moment", "diagnose", "doctor_main",
+]
 
 DEFAULT_EVENTS_FILE = "ragguard-events.jsonl"
+DEMO_EVENTS_FILE = "ragguard-report/events.jsonl"  # where `ragguard demo` writes its run's events
 _SLACK_S = 0.05  # events are stamped by different code paths; tolerate this much skew
 _OPEN_STATES = {"open", "forced_open"}
 _CLOSED_STATES = {"closed", "disabled"}
@@ -162,6 +166,14 @@ def diagnose(events: Iterable[Any] | None = None, *, grace_s: float = 1.0) -> Di
     return _Rules(records, grace_s).run()
 
 
+def opened_times(opened: int, reopened: int) -> str:
+    """How often a breaker opened, in the words the doctor and the demo's table share:
+    ``opened 3 time(s) (1 after a failed trial)``. ``opened`` counts every move to open,
+    ``reopened`` those from half-open (its trial calls failed)."""
+    after = f" ({reopened} after a failed trial)" if reopened else ""
+    return f"opened {opened} time(s){after}"
+
+
 def _as_record(event: Any) -> Record:
     if isinstance(event, dict):
         return event
@@ -235,6 +247,44 @@ def _episodes(times: list[float]) -> list[tuple[float, float, int]]:
         else:
             out.append((t, t, 1))
     return out
+
+
+_LATENCY_CAUSES = ("slow", "timeout")
+_REASON_LATENCY = ("slow", "timeout", "timed out", "deadline")
+_REASON_OTHER = ("connect", "refused", "unavailable", "reset", "memory", "oom")
+
+
+def _tripped_by_latency(tr: Record) -> bool | None:
+    """Whether breaker transition ``tr`` (to open) was caused by slow calls or timeouts: True,
+    False, or None when neither its ``reason`` nor the ``causes`` the recorder adds say.
+
+    A reason that names slowness decides (``slow-call rate ...``, ``... trial calls were
+    slow``); else at least half of the recorded slow or failed calls were slow or timed out;
+    else a reason that names a timeout, or another failure (``ConnectionError: ...``)."""
+    reason = str(tr.get("reason") or "").lower()
+    if "slow" in reason:
+        return True
+    causes = tr.get("causes")
+    if isinstance(causes, dict):
+        counts = {str(k): float(n) for k, n in causes.items() if _finite(n) and n > 0}
+        if counts:
+            latency = sum(n for k, n in counts.items() if k in _LATENCY_CAUSES)
+            return bool(2 * latency >= sum(counts.values()))
+    if any(word in reason for word in _REASON_LATENCY):
+        return True
+    if any(word in reason for word in _REASON_OTHER):
+        return False
+    return None
+
+
+def _errors_seen(tr: Record) -> str:
+    """`` (ConnectionRefusedError 7, TimeoutError 1)``: the failures the recorder saw before an
+    opening, or ``""``."""
+    errors = tr.get("errors")
+    if not isinstance(errors, dict):
+        return ""
+    counts = Counter({str(k): int(n) for k, n in errors.items() if _finite(n) and n > 0})
+    return f" ({v.bounded(_counted(counts), 200)})" if counts else ""
 
 
 def _is_asyncio_own(stall: Record) -> bool:
@@ -339,6 +389,10 @@ class _Rules:
         return out
 
     def _breaker_stall(self) -> list[Finding]:
+        """A breaker that opened during a stall or within ``grace_s`` after it, on slow calls or
+        timeouts: a stall makes calls slow (or time out), not refused. A trip the record shows
+        was caused by other failures (refused connections, out of memory, errors) is not blamed;
+        one whose cause was not recorded is, as the likelier story."""
         out = []
         for tr in self.by_type["BreakerTransition"]:
             if tr.get("new") not in _OPEN_STATES:
@@ -351,17 +405,22 @@ class _Rules:
             )
             if stall is None:
                 continue
+            latency = _tripped_by_latency(tr)
+            if latency is False:
+                continue
             self.explained.add(id(stall))
+            why = " on slow calls or timeouts" if latency else ""
             out.append(
                 Finding(
                     "breaker_opened_during_stall",
                     "critical",
-                    f"breaker {tr['breaker']!r} opened while the loop was stalled in {stall['frame']} "
+                    f"breaker {tr['breaker']!r} opened{why} while the loop was stalled in {stall['frame']} "
                     f"({_ms(stall['duration_s'])}): the dependency may be healthy; the latency was ours",
                     tuple(f"at {line}" for line in stall.get("stack", [])[:8]),
-                    {"breaker": tr["breaker"], "frame": stall["frame"], "stall_s": stall["duration_s"]},
+                    {"breaker": tr["breaker"], "frame": stall["frame"], "stall_s": stall["duration_s"],
+                     "cause_recorded": latency is not None},
                 )
-            )
+            )  # fmt: skip
         return out
 
     # -- breakers, quotas, fallbacks -------------------------------------------------------------------
@@ -377,6 +436,7 @@ class _Rules:
             lines = []
             for tr in trs:
                 reason = f": {tr['reason']}" if tr.get("reason") else ""
+                reason += _errors_seen(tr)
                 text = f"breaker {name!r} {tr['old']} -> {tr['new']}{reason}"
                 self.moment(_when(tr), text)
                 lines.append(f"{self.at(_when(tr))} {tr['old']} -> {tr['new']}{reason}")
@@ -422,12 +482,11 @@ class _Rules:
         reopened = sum(ep["reopened"] for ep in episodes)
         first = episodes[0]
         summary = (
-            f"breaker {name!r} opened {len(episodes)} time(s), first at {self.at(first['start'])}"
+            f"breaker {name!r} {opened_times(len(episodes) + reopened, reopened)}, first at "
+            f"{self.at(first['start'])}"
             f"{f' ({first_reason})' if (first_reason := first['reason']) else ''}: the dependency was "
             f"kept out of the call path (open, then trial calls) {_s(total)} in all (longest {_s(longest)})"
         )
-        if reopened:
-            summary += f", {reopened} trial round(s) failed and reopened it"
         if still_open:
             summary += f"; still not closed when the log ends ({_s(spans[-1])} after it opened)"
         if _finite(refused) and refused:
@@ -447,7 +506,8 @@ class _Rules:
             severity,
             summary,
             _capped(details),
-            {"breaker": name, "episodes": len(episodes), "open_s": total, "longest_s": longest,
+            {"breaker": name, "opened": len(episodes) + reopened, "episodes": len(episodes),
+             "open_s": total, "longest_s": longest,
              "still_open": still_open, "reopened": reopened, "rejected": refused if _finite(refused) else 0,
              "reasons": [ep["reason"] for ep in episodes]},
         )  # fmt: skip
@@ -649,7 +709,8 @@ def doctor_main(argv: Sequence[str] | None = None) -> int:
     """``ragguard doctor``: diagnose a JSON-lines event file; prints text, or JSON with ``--json``.
 
     The file is the one a service writes with ``ragguard.monitors.record_events(path)``; the
-    default is ``$RAGGUARD_EVENTS_FILE`` or ``./ragguard-events.jsonl``. Returns 0 when nothing
+    default is ``$RAGGUARD_EVENTS_FILE`` or ``./ragguard-events.jsonl``, else, when only that is
+    missing, ``./ragguard-report/events.jsonl`` (what ``ragguard demo`` writes). Returns 0 when nothing
     was found, 1 when there are findings, 2 when the file cannot be read or a line of it is not a
     record (the message names the line) or an option is out of range.
     """
@@ -657,8 +718,9 @@ def doctor_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--events",
         "-e",
-        default=os.environ.get("RAGGUARD_EVENTS_FILE", DEFAULT_EVENTS_FILE),
-        help="JSON-lines event file (default: $RAGGUARD_EVENTS_FILE or ./%(default)s)",
+        default=None,
+        help=f"JSON-lines event file (default: $RAGGUARD_EVENTS_FILE or ./{DEFAULT_EVENTS_FILE}, else "
+        f"./{DEMO_EVENTS_FILE} when only that exists)",
     )
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     parser.add_argument(
@@ -668,21 +730,36 @@ def doctor_main(argv: Sequence[str] | None = None) -> int:
         help="seconds after a stall a breaker opening is still blamed on it (default 1.0)",
     )
     args = parser.parse_args(argv)
+    path = _events_file(args.events)
     try:
-        records = load_records(args.events)
+        records = load_records(path)
         result = diagnose(records, grace_s=args.grace_s)
     except OSError as exc:
-        print(
-            f"ragguard doctor: cannot read events file {args.events!r}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
-        print("  (a service writes it with ragguard.monitors.record_events(path))", file=sys.stderr)
+        print(f"ragguard doctor: cannot read events file {path!r}: {exc.strerror or exc}", file=sys.stderr)
+        print("  (a service writes it with ragguard.monitors.record_events(path); ragguard demo writes "
+              f"{DEMO_EVENTS_FILE}, or events.jsonl in its --out folder)", file=sys.stderr)  # fmt: skip
         return 2
     except InvalidInput as exc:  # a malformed line (named), or a bad --grace-s
         print(f"ragguard doctor: {exc}", file=sys.stderr)
         return 2
     print(result.to_json() if args.json else result.to_text())
     return 0 if result.healthy else 1
+
+
+def _events_file(given: str | None) -> str:
+    """The file ``ragguard doctor`` reads: ``--events``, else ``$RAGGUARD_EVENTS_FILE``, else
+    :data:`DEFAULT_EVENTS_FILE`; when that default is missing and the demo's
+    :data:`DEMO_EVENTS_FILE` exists, that one (said on stderr)."""
+    if given is not None:
+        return given
+    from_env = os.environ.get("RAGGUARD_EVENTS_FILE")
+    if from_env:
+        return from_env
+    if not os.path.exists(DEFAULT_EVENTS_FILE) and os.path.isfile(DEMO_EVENTS_FILE):
+        print(f"ragguard doctor: no ./{DEFAULT_EVENTS_FILE}; reading ./{DEMO_EVENTS_FILE}, which "
+              "ragguard demo wrote (--events FILE to choose)", file=sys.stderr)  # fmt: skip
+        return DEMO_EVENTS_FILE
+    return DEFAULT_EVENTS_FILE
 
 
 if __name__ == "__main__":  # pragma: no cover

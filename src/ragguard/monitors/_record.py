@@ -11,10 +11,24 @@ say what share of a stage's answers a fallback served::
 
     {"type": "Tally", "t": ..., "wall": ..., "since": <monotonic s>,
      "stages": {stage: {outcome: n}}, "calls": {breaker: {outcome: n}}, "rejected": {breaker: n}}
+
+A breaker's opening says what its calls did since its previous transition (the last
+:data:`_MAX_TRIP_OUTCOMES` slow or failed ones), so the diagnosis can tell a trip by slowness or
+timeouts from one by refused connections::
+
+    {"type": "BreakerTransition", ..., "new": "open", "reason": "failure rate 100.0% >= 50.0%",
+     "causes": {"connection": 7, "timeout": 1}, "errors": {"ConnectionRefusedError": 7, "TimeoutError": 1}}
+
+``causes`` counts ``slow`` (a slow success), ``timeout``, ``connection``, ``out_of_memory`` and
+``error`` (any other counted failure); ``errors`` the failures' exception class names.
+
+The file is complete once the recorder is closed: ``close()``, the end of a ``with`` block, or
+interpreter exit (a recorder with a path registers its ``close`` with :mod:`atexit`).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -30,6 +44,7 @@ from .. import _validate as v
 from .. import events
 from .._clock import Clock, monotonic
 from .._errors import InvalidInput
+from ..breakers._classify import is_connection_error, is_out_of_memory, is_timeout
 
 __all__ = [
     "DEFAULT_KINDS",
@@ -59,6 +74,8 @@ TALLIED_KINDS: frozenset[str] = frozenset({"StageCompleted", "CallOutcome", "Cal
 """Event types counted in the ``Tally`` record (one per call: too many to keep one by one)."""
 
 TALLY_EVERY_S = 1.0
+_MAX_TRIP_OUTCOMES = 100  # slow or failed calls a breaker's opening is explained by, at most
+_OPEN_STATES = frozenset({"open", "forced_open"})
 _MAX_TALLY_KEYS = 1000  # stage or breaker names counted apart; later ones are counted as "other"
 
 Record = dict[str, Any]
@@ -117,18 +134,27 @@ class EventRecorder:
         self._tally_changed = False
         self._tally_written = float("-inf")
         self._tallied: dict[type, Any] = {}
+        self._bad_calls: dict[str, deque[tuple[str, str | None]]] = {}
 
     def start(self) -> EventRecorder:
-        """Subscribe to the bus; returns self. Starting twice is a no-op."""
+        """Subscribe to the bus; returns self. Starting twice is a no-op.
+
+        With a ``path``, :meth:`close` is also registered to run at interpreter exit, so a
+        program that never closes the recorder still leaves a complete file.
+        """
         if self._unsubscribe is None:
             self._unsubscribe = self._bus.subscribe(self.record)
+            if self.path is not None:
+                atexit.register(self.close)
         return self
 
     def close(self) -> None:
-        """Unsubscribe and write the last counts (the records stay readable)."""
+        """Unsubscribe and write the last counts (the records stay readable). Closing twice,
+        or again at interpreter exit, writes nothing more."""
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:
             unsubscribe()
+            atexit.unregister(self.close)
         with self._lock:
             if self._tally_changed and self.path is not None:
                 self._append(self._tally_record())
@@ -154,11 +180,16 @@ class EventRecorder:
             )
         if tallied is not None:
             self._count(tallied, event)
+        trip: Record | None = None
+        if name == "BreakerTransition":
+            trip = self._trip_outcomes(event)
         if self.kinds is not None and name not in self.kinds:
             return
         if not dataclasses.is_dataclass(event):
             return
         rec = to_record(event, t=self._clock(), wall=self._wall())
+        if trip:
+            rec.update(trip)
         with self._lock:
             self._records.append(rec)
             if self.path is not None:
@@ -172,8 +203,32 @@ class EventRecorder:
                 out.append(self._tally_record())
             return out
 
-    def _count(self, name: str, event: Any) -> None:
+    def _trip_outcomes(self, transition: Any) -> Record | None:
+        """What breaker ``transition.breaker``'s calls did since its last transition, as the
+        ``causes`` and ``errors`` of the record when it opens; forgotten at every transition."""
         with self._lock:
+            seen = self._bad_calls.pop(str(getattr(transition, "breaker", "")), None)
+        if not seen or getattr(transition, "new", None) not in _OPEN_STATES:
+            return None
+        causes: dict[str, int] = {}
+        errors: dict[str, int] = {}
+        for cause, error in seen:
+            causes[cause] = causes.get(cause, 0) + 1
+            if error is not None:
+                errors[error] = errors.get(error, 0) + 1
+        return {"causes": causes, "errors": errors}
+
+    def _count(self, name: str, event: Any) -> None:
+        outcome = str(getattr(event, "outcome", ""))
+        bad = _bad_call(outcome, event) if name == "CallOutcome" and outcome in _BAD_OUTCOMES else None
+        with self._lock:
+            if bad is not None:
+                breaker = str(getattr(event, "breaker", ""))
+                ring = self._bad_calls.get(breaker)
+                if ring is None:
+                    ring = deque(maxlen=_MAX_TRIP_OUTCOMES)
+                    self._bad_calls[_key(self._bad_calls, breaker)] = ring
+                ring.append(bad)
             if name == "CallRejected":
                 key = _key(self._rejected, str(getattr(event, "breaker", "")))
                 self._rejected[key] = self._rejected.get(key, 0) + 1
@@ -181,7 +236,6 @@ class EventRecorder:
                 table = self._stages if name == "StageCompleted" else self._calls
                 owner = str(getattr(event, "stage" if name == "StageCompleted" else "breaker", ""))
                 counts = table.setdefault(_key(table, owner), {})
-                outcome = str(getattr(event, "outcome", ""))
                 counts[outcome] = counts.get(outcome, 0) + 1
             self._tally_changed = True
             if self.path is not None:
@@ -214,13 +268,48 @@ class EventRecorder:
             pass  # the in-memory ring still has it; a full disk must not break the service
 
 
+_BAD_OUTCOMES = frozenset({"failure", "slow_success", "slow_failure"})
+_NAME_CAUSES = (
+    ("Timeout", "timeout"), ("TooSlow", "timeout"), ("Connect", "connection"), ("Refused", "connection"),
+    ("Unavailable", "connection"), ("Memory", "out_of_memory"),
+)  # fmt: skip
+
+
+def _bad_call(outcome: str, event: Any) -> tuple[str, str | None]:
+    """(cause, error class name) of a slow or failed call: ``slow`` for a slow success, else
+    what its exception says (:func:`~ragguard.breakers.is_timeout`...), or its class name when
+    the event carries only that."""
+    error = getattr(event, "error", None)
+    error = error if isinstance(error, str) else None
+    if outcome == "slow_success":
+        return "slow", None
+    exc = getattr(event, "exception", None)
+    if isinstance(exc, BaseException):
+        if is_timeout(exc):
+            return "timeout", error
+        if is_connection_error(exc):
+            return "connection", error
+        if is_out_of_memory(exc):
+            return "out_of_memory", error
+        return "error", error
+    for part, cause in _NAME_CAUSES:
+        if error is not None and part in error:
+            return cause, error
+    return "error", error
+
+
 def record_events(
     path: str | os.PathLike[str] | None = None,
     *,
     maxlen: int = 2048,
     kinds: Iterable[str] | None = DEFAULT_KINDS,
 ) -> EventRecorder:
-    """Start the process's default recorder (replacing a previous one); ``diagnose()`` reads it."""
+    """Start the process's default recorder (replacing and closing a previous one);
+    ``diagnose()`` reads it.
+
+    The file ``path`` is complete when the recorder is closed: call ``close()``, or use it as a
+    context manager (``with record_events(path):``); otherwise it is closed at interpreter exit.
+    """
     global _default
     if _default is not None:
         _default.close()
