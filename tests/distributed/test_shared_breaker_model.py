@@ -109,11 +109,16 @@ class SharedVsModel(RuleBasedStateMachine):
             open_max_s=OPEN_MAX_S, classifier=lambda e: not isinstance(e, ValueError),
         )
         prefix = f"model-{next(_prefixes)}"
-        self.clients = [make_client(_server.host, _server.port) for _ in range(replicas)]
+        # Timeouts well above a loopback round trip (the default is 0.25 s): on a loaded 2-core
+        # machine a command can wait that long for the CPU, and one timed-out sync leaves a replica
+        # a step behind the model. A stopped Redis refuses connections at once: outages still show.
+        self.clients = [make_client(_server.host, _server.port, socket_timeout=1.0,
+                                    socket_connect_timeout=1.0) for _ in range(replicas)]
         self.replicas = [
             SharedCircuitBreaker(CircuitBreaker("model", clock=self.clock, **self.options), c,
                                  key_prefix=prefix, clock=self.clock, flush_interval_s=30.0,
-                                 staleness_s=31.0, trial_lease_s=1e6, probe_every_s=0.05)
+                                 staleness_s=31.0, trial_lease_s=1e6, probe_every_s=0.05,
+                                 redis_timeout_s=1.0)
             for c in self.clients
         ]
         for b in self.replicas:
