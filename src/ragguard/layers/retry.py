@@ -46,7 +46,7 @@ from ..policy import RetryPolicy
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
-__all__ = ["RetryBudget", "RetryLayer", "build", "deadline_aware_retrying", "make_budget"]
+__all__ = ["RetryBudget", "RetryLayer", "build", "make_budget"]
 
 _KINDS: dict[str, Callable[[BaseException], bool]] = {
     "connection": is_connection_error,
@@ -258,36 +258,6 @@ class _CallState(tenacity.RetryCallState):
         self.idle_for = 0.0
         self.next_action = None
         self.upcoming_sleep = 0.0
-
-
-def deadline_aware_retrying(
-    policy: RetryPolicy,
-    *,
-    retryable: Callable[[BaseException], bool],
-    budget: Callable[[], bool] | None = None,
-    min_attempt_s: float,
-    rng: random.Random,
-    sleep: Callable[[float], Awaitable[Any]],
-    before_sleep: Callable[[tenacity.RetryCallState], Any] | None = None,
-) -> tenacity.AsyncRetrying:
-    """A fresh tenacity ``AsyncRetrying`` for one call (retry state is never shared by callers),
-    with the same strategies as the retry layer, for code that wants tenacity's own loop.
-
-    ``retryable(exc)`` says whether an error may be retried; ``budget()`` takes one retry from a
-    retry budget (False: refused). The stop conditions run in order and short-circuit, so the
-    budget is asked only when the attempt count and the deadline both allow the retry.
-    """
-    stop = tenacity.stop_after_attempt(policy.attempts) | _DeadlineStop(min_attempt_s)
-    if budget is not None:
-        stop = stop | _BudgetStop(budget)
-    return tenacity.AsyncRetrying(
-        stop=stop,
-        wait=_CutWait(policy, min_attempt_s, rng),
-        retry=tenacity.retry_if_exception(retryable),
-        sleep=sleep,
-        before_sleep=before_sleep,
-        reraise=True,
-    )
 
 
 class RetryLayer:
