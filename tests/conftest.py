@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Iterator
+
+import pytest
 
 # gRPC's C core reads its log level once, at import: without this it logs connection teardown
 # ("chttp2_transport.cc ... Got goaway") at INFO level amid the test output. No test reads those
 # logs; a run that wants them sets GRPC_VERBOSITY (or GRPC_TRACE) itself.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+# imported after the variable is set: ragguard may import grpc
+from ragguard import _inject
+from ragguard.events import bus
+
+
+@pytest.fixture
+def isolated_registry() -> Iterator[None]:
+    """The default registry, the chaos hook and the event bus's listeners are restored as they were
+    before the test. Folders whose tests build guards request it from an autouse fixture."""
+    guard_mod = importlib.import_module("ragguard.guard")  # ``ragguard.guard`` is the decorator
+    saved = guard_mod._default
+    listeners = list(bus._listeners)
+    try:
+        yield
+    finally:
+        guard_mod._default = saved
+        _inject.uninstall()
+        bus._listeners[:] = listeners

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 
 import pytest
 from core_helpers import Recorder
 
 import ragguard
-from ragguard import _inject
 from ragguard.events import bus
-
-# ``ragguard.deadline`` and ``ragguard.guard`` are the public callables; reach the modules directly.
-guard_mod = importlib.import_module("ragguard.guard")
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -22,16 +17,8 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_registry() -> Iterator[None]:
-    """Each test gets the default registry and chaos hook as they were before it."""
-    saved = guard_mod._default
-    listeners = list(bus._listeners)
-    try:
-        yield
-    finally:
-        guard_mod._default = saved
-        _inject.uninstall()
-        bus._listeners[:] = listeners
+def _isolated_registry(isolated_registry: None) -> None:
+    """Each test gets the default registry, chaos hook and listeners as they were before it."""
 
 
 @pytest.fixture

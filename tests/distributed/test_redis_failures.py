@@ -7,11 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from distributed_helpers import make_client
+from distributed_helpers import make_client, until
 
 from ragguard import BreakerState, CircuitBreaker, QuotaExceeded, TenantQuota
 from ragguard.distributed import (
@@ -26,19 +25,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(40)]
 
 FALLBACK_WITHIN_S = 1.5  # flush 0.1 s + 2 failed commands (each <= redis_timeout_s 0.25 s) + slack
 RESTORE_WITHIN_S = 3.0   # probe_every_s 0.3 s + reconnect + one flush + slack
-
-
-async def until(cond: Callable[[], bool], limit_s: float,
-                step: Callable[[], Awaitable[Any]] | None = None) -> float:
-    """Seconds until ``cond()`` held (polling every 10 ms, running ``step`` each time), or inf."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < limit_s:
-        if step is not None:
-            await step()
-        if cond():
-            return time.monotonic() - t0
-        await asyncio.sleep(0.01)
-    return float("inf")
 
 
 def of(kind: type, seen: list[Any], component: str) -> list[Any]:

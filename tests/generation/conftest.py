@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 
 import pytest
 from gen_helpers import Recorder
 
-from ragguard import _inject
 from ragguard.events import bus
-
-guard_mod = importlib.import_module("ragguard.guard")
 
 
 @pytest.fixture
@@ -20,15 +16,8 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_registry() -> Iterator[None]:
-    saved = guard_mod._default
-    listeners = list(bus._listeners)
-    try:
-        yield
-    finally:
-        guard_mod._default = saved
-        _inject.uninstall()
-        bus._listeners[:] = listeners
+def _isolated_registry(isolated_registry: None) -> None:
+    """Each test gets the default registry, chaos hook and listeners as they were before it."""
 
 
 @pytest.fixture

@@ -5,12 +5,7 @@ The client side runs on asyncio; servers run in threads (see ``http_helpers.runn
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator
-
 import pytest
-
-guard_mod = importlib.import_module("ragguard.guard")
 
 
 @pytest.fixture
@@ -19,10 +14,5 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_registry() -> Iterator[None]:
-    """Each test gets the default registry as it was before it."""
-    saved = guard_mod._default
-    try:
-        yield
-    finally:
-        guard_mod._default = saved
+def _isolated_registry(isolated_registry: None) -> None:
+    """Each test gets the default registry, chaos hook and listeners as they were before it."""
