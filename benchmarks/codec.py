@@ -9,8 +9,15 @@ interleaved run (benchmarks/_bench.py).
 
    - the leased API (``with codec.compressed(data) as block``: a pooled buffer, or one of its own
      for a small message) beside ``cramjam.snappy.compress_raw_into(data, out)`` into a buffer the
-     caller keeps (the floor: no allocation at all);
-   - the bytes API (``codec.compress(data) -> bytes``) beside ``bytes(cramjam.snappy.compress_raw(data))``;
+     caller keeps (the floor: no allocation at all). Both sides end with what the leased API hands
+     over, a view of exactly the block or message: the bare call returns only a length, so it is
+     followed by ``view[:n]`` of the kept buffer, and it decompresses into a kept buffer of the
+     codec's ``max_message_bytes`` (a receiver does not know a message's length before reading
+     its header; the buffer's length is then cramjam's own guard against a declared length above
+     the limit), not into one of exactly the message's length;
+   - the bytes API (``codec.compress(data) -> bytes``) beside ``bytes(cramjam.snappy.compress_raw(data))``
+     (decompressing, also beside that call behind the least guard a safe receiver needs: the
+     declared length read and checked against the limit first; the bare call has none);
    - and python-snappy, zlib level 1 and zlib level 6 (gRPC's gzip) for scale.
 
    Targets: each codec API at most 1.3x its bare cramjam call, at every size; snappy at least
@@ -136,6 +143,17 @@ def _ops(size: int, quick: bool) -> int:
 def throughput(rounds: int, quick: bool) -> list[Target]:
     codec = SnappyCodec(pool=BufferPool(), max_message_bytes=8 << 20)
     raw: Any = cramjam.snappy
+    dst = bytearray(codec.max_message_bytes)  # kept: any message the codec accepts fits
+    dst_view = memoryview(dst)
+    limit = codec.max_message_bytes
+
+    def guarded_decompress(block: bytes) -> bytes:
+        # the least a safe receiver does: refuse a declared length above the limit before
+        # cramjam allocates it (for scale: the bare bytes call would allocate what a block claims)
+        if raw.decompress_raw_len(block) > limit:
+            raise ValueError("declared length above the limit")
+        return bytes(raw.decompress_raw(block))
+
     targets: list[Target] = []
     sizes = Table(title="   compressed size (ratio of the payload to it)")
     for col in ("payload", "bytes", "snappy", "zlib level 1", "zlib level 6"):
@@ -143,8 +161,8 @@ def throughput(rounds: int, quick: bool) -> list[Target]:
     for name, data in payloads().items():
         n = len(data)
         out = bytearray(raw.compress_raw_max_len(data))
+        out_view = memoryview(out)
         block = snappy.compress(data)
-        dst = bytearray(n)
         z1, z6 = zlib.compress(data, 1), zlib.compress(data, 6)
         sizes.add_row(name, f"{n:,}", *(f"{n / len(b):.2f}" for b in (block, z1, z6)))
         msg, blk = rotating(spread(data)), rotating(spread(block))
@@ -159,8 +177,8 @@ def throughput(rounds: int, quick: bool) -> list[Target]:
                 pass
 
         compressors = [
-            Contender("bare cramjam, into", "compress_raw_into(data, out): a buffer the caller keeps",
-                      lambda msg=msg, out=out: raw.compress_raw_into(msg(), out)),
+            Contender("bare cramjam, into", "view[:compress_raw_into(data, out)]: a buffer the caller keeps",
+                      lambda msg=msg, out=out, view=out_view: view[: raw.compress_raw_into(msg(), out)]),
             Contender("codec, leased", "with codec.compressed(data) as block", leased_compress),
             Contender("bare cramjam, bytes", "bytes(compress_raw(data))",
                       lambda msg=msg: bytes(raw.compress_raw(msg()))),
@@ -171,11 +189,13 @@ def throughput(rounds: int, quick: bool) -> list[Target]:
                       lambda msg=msg: zlib.compress(msg(), 6)),
         ]  # fmt: skip
         decompressors = [
-            Contender("bare cramjam, into", "decompress_raw_into(block, dst): a buffer the caller keeps",
-                      lambda blk=blk, dst=dst: raw.decompress_raw_into(blk(), dst)),
+            Contender("bare cramjam, into", "view[:decompress_raw_into(block, dst)]: a kept max-size buffer",
+                      lambda blk=blk: dst_view[: raw.decompress_raw_into(blk(), dst)]),
             Contender("codec, leased", "with codec.decompressed(block) as message", leased_decompress),
             Contender("bare cramjam, bytes", "bytes(decompress_raw(block))",
                       lambda blk=blk: bytes(raw.decompress_raw(blk()))),
+            Contender("bare cramjam, bytes, guarded", "the same after decompress_raw_len(block) <= limit",
+                      lambda blk=blk: guarded_decompress(blk())),
             Contender("codec, bytes", "codec.decompress(block)", lambda blk=blk: codec.decompress(blk())),
             Contender("python-snappy", "snappy.decompress(block)", lambda blk=blk: snappy.decompress(blk())),
             Contender("zlib level 1", "zlib.decompress of a level-1 stream", lambda zb1=zb1: zlib.decompress(zb1())),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cramjam
 import pytest
 import snappy
 from hypothesis import HealthCheck, given, settings
@@ -298,3 +299,49 @@ def test_a_small_block_declaring_more_than_it_holds_is_refused(declared: bytes) 
     for refuse in (codec.decompress, codec.decompressed):
         with pytest.raises(CorruptPayload):
             refuse(declared + b"\x00\x01")
+
+
+def test_cramjam_refuses_a_block_that_decodes_to_another_length_than_it_declares() -> None:
+    """The small-message paths rely on this instead of comparing the decoded length themselves."""
+    for block, declared in ((b"\x02\x00\x01", 2), (b"\x81\x01\x00\x01", 129)):
+        with pytest.raises(cramjam.DecompressionError, match="header mismatch"):
+            cramjam.snappy.decompress_raw_into(block, bytearray(declared))
+        with pytest.raises(cramjam.DecompressionError, match="header mismatch"):
+            cramjam.snappy.decompress_raw(block)
+        codec = SnappyCodec()
+        for refuse in (codec.decompress, codec.decompressed):
+            with pytest.raises(CorruptPayload, match="header mismatch"):
+                refuse(block)
+
+
+@pytest.mark.parametrize("limit", [1, 100, 1022, 1023, 1024])
+def test_a_limit_below_the_small_size_still_refuses_before_decoding(limit: int) -> None:
+    codec = SnappyCodec(max_message_bytes=limit)
+    for n in sorted({limit - 1, limit, limit + 1, 1000} - {-1}):
+        block = snappy.compress(b"t" * n)
+        for call in (codec.decompress, lambda b: bytes(codec.decompressed(b).view)):
+            if n <= limit:
+                assert call(block) == b"t" * n
+            else:
+                with pytest.raises(CorruptPayload, match="max_message_bytes"):
+                    call(block)
+
+
+@PROPS
+@given(st.binary(min_size=0, max_size=4))
+def test_short_headers_read_in_python_agree_with_cramjam(header: bytes) -> None:
+    block = header + b"\x00\x01"  # any declared length, then a one-byte literal
+    codec = SnappyCodec(max_message_bytes=1 << 20)
+    outcomes = []
+    for call in (codec.decompress, lambda b: bytes(codec.decompressed(b).view)):
+        try:
+            outcomes.append(call(block))
+        except CorruptPayload:
+            outcomes.append(None)
+    assert outcomes[0] == outcomes[1]
+    try:  # the reference decode, for declared lengths it may allocate
+        declared = cramjam.snappy.decompress_raw_len(block)
+        expected = bytes(cramjam.snappy.decompress_raw(block)) if declared <= 1 << 20 else None
+    except cramjam.DecompressionError:
+        expected = None
+    assert outcomes[0] == expected

@@ -15,6 +15,12 @@ of its own (an :class:`~ragguard.buffers.OwnedLease`), and the bytes-returning c
 output straight over. For a 130-byte token chunk the pool's bookkeeping (a free list, the zeroing
 of what an earlier payload left) cost three times the compression itself; allocating a few hundred
 bytes costs less (benchmarks/codec.py measures both).
+
+A small block's length check is read in Python from its header, a varint of one or two bytes (two
+index operations, cheaper than a call into cramjam), and is only checked against
+``max_message_bytes``: a buffer under SMALL_BYTES is harmless to allocate, and cramjam refuses a
+block that decodes to any other length than it declares ("header mismatch"; tests/buffers pins
+it), so neither the expansion bound nor the decoded length is checked again.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MAX_EXPANSION", "SMALL_BYTES", "SnappyC
 
 SMALL_BYTES = 1024
 """Blocks and messages below this many bytes (a pool's smallest buffer) take no pooled buffer."""
+
+_SMALL_MAX = SMALL_BYTES - 1  # the longest small message
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # gRPC's default maximum receive size
 MAX_EXPANSION = 22  # ceil(64 / 3): the best ratio any snappy element reaches
@@ -131,7 +139,12 @@ class SnappyCodec:
         bound = 32 + size + size // 6  # max_compressed_length, inlined: this is the hot path
         if bound < SMALL_BYTES:  # a buffer of its own (see the module docstring)
             own = bytearray(bound)
-            return OwnedLease.of(own, memoryview(own)[: _compress_raw_into(src, own)])
+            n = _compress_raw_into(src, own)
+            del own[n:]  # cheaper than slicing a view, and the lease holds nothing past the block
+            small = _new_lease(OwnedLease)  # OwnedLease.of(own, memoryview(own)), inlined
+            small._view = memoryview(own)
+            small.size = n
+            return small
         pool = self.pool  # pool._take(bound), inlined: an idle buffer of the class, or a new one
         free = pool._free[(bound - 1).bit_length()]
         try:
@@ -173,21 +186,24 @@ class SnappyCodec:
         length is refused).
         """
         src = block if type(block) is bytes else byte_view(block)
-        try:
-            size = _decompress_raw_len(src)
-        except _DecompressionError:
-            size = -1
-        if not 0 < size <= self.max_message_bytes or size > MAX_EXPANSION * len(src):
-            size = self._checked_length(src)  # raises CorruptPayload naming the problem (b"\x00": 0)
+        try:  # the declared length of a small message: a varint of one or two bytes
+            size = src[0]
+            if size > 127:
+                size += (src[1] << 7) - 128
+        except IndexError:
+            size = 0
+        if not 0 < size < SMALL_BYTES or size > self.max_message_bytes:
+            size = self._declared_length(src)  # a longer header, the empty block, or none at all
         if size < SMALL_BYTES:  # a buffer of its own (see the module docstring)
             own = bytearray(size)
             try:
-                n = _decompress_raw_into(src, own)
+                _decompress_raw_into(src, own)  # exactly ``size`` bytes, or it raises
             except _DecompressionError as exc:
                 raise CorruptPayload(f"snappy block does not decode: {exc}") from exc
-            if n != size:
-                raise CorruptPayload(f"snappy block declares {size} bytes but decodes to {n}")
-            return OwnedLease.of(own, memoryview(own))
+            small = _new_lease(OwnedLease)  # OwnedLease.of(own, memoryview(own)), inlined
+            small._view = memoryview(own)
+            small.size = size
+            return small
         pool = self.pool  # pool._take(size), inlined
         free = pool._free[(size - 1).bit_length()]
         try:
@@ -229,22 +245,27 @@ class SnappyCodec:
     def decompress(self, block: object) -> bytes:
         """The message in ``block`` as bytes; raises :class:`~ragguard.CorruptPayload`."""
         src = block if type(block) is bytes else byte_view(block)
+        try:  # a varint header of one byte, or of two whose second is below 8: under SMALL_BYTES
+            small = src[0] < 128 or src[1] < 8
+        except IndexError:
+            small = False  # the empty block, or a header cut short
+        if not (small and self.max_message_bytes >= _SMALL_MAX) and self._declared_length(src) >= SMALL_BYTES:
+            with self.decompressed(src) as message:
+                return bytes(message)
+        try:  # cramjam's own output, copied once: no buffer to lease
+            return bytes(_decompress_raw(src))  # exactly the declared length, or it raises
+        except _DecompressionError as exc:
+            raise CorruptPayload(f"snappy block does not decode: {exc}") from exc
+
+    def _declared_length(self, src: bytes | memoryview) -> int:
+        """_checked_length, with its cheap accept (one call into cramjam) tried first."""
         try:
-            size = _decompress_raw_len(src)
+            size = int(_decompress_raw_len(src))
         except _DecompressionError:
             size = -1
-        if not 0 < size <= self.max_message_bytes or size > MAX_EXPANSION * len(src):
-            size = self._checked_length(src)  # raises CorruptPayload naming the problem (b"\x00": 0)
-        if size < SMALL_BYTES:  # cramjam's own output, copied once: no buffer to lease
-            try:
-                message = _decompress_raw(src)
-            except _DecompressionError as exc:
-                raise CorruptPayload(f"snappy block does not decode: {exc}") from exc
-            if len(message) != size:
-                raise CorruptPayload(f"snappy block declares {size} bytes but decodes to {len(message)}")
-            return bytes(message)
-        with self.decompressed(src) as message:
-            return bytes(message)
+        if 0 < size <= self.max_message_bytes and size <= MAX_EXPANSION * len(src):
+            return size
+        return self._checked_length(src)  # raises CorruptPayload naming the problem (b"\x00": 0)
 
     def _checked_length(self, src: bytes | memoryview) -> int:
         if not src:

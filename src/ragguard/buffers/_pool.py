@@ -149,30 +149,37 @@ class OwnedLease(Lease):
     """A lease of a buffer of its own, not the pool's (a message too small to be worth a pooled
     buffer: allocating its few bytes costs less than a pool's bookkeeping). The same contract as
     :class:`Lease`: the view is valid until release, a second release raises DoubleRelease;
-    nothing goes back to a pool."""
+    nothing goes back to a pool. The buffer is the view's ``obj``: only ``_view`` is set, so
+    taking and releasing one costs a store each."""
 
     __slots__ = ()
 
     @staticmethod
     def of(data: bytearray, view: memoryview) -> OwnedLease:
         """A lease of ``view``, a view of ``data`` (the buffer this lease owns)."""
+        if view.obj is not data:
+            raise InvalidInput("OwnedLease.of: view must be a view of data")
         lease: OwnedLease = _new_object(OwnedLease)
-        lease._buffer = data  # type: ignore[assignment]
         lease._view = view
         lease.size = len(view)
         return lease
 
     @property
     def capacity(self) -> int:
-        if self._buffer is None:
+        view = self._view
+        if view is None:
             raise DoubleRelease("this lease was already released")
-        return len(self._buffer)  # type: ignore[arg-type]
+        return len(view.obj)  # type: ignore[arg-type]
+
+    @property
+    def released(self) -> bool:
+        return self._view is None
 
     def release(self) -> None:
         view = self._view
         if view is None:
             raise DoubleRelease("this lease was already released")
-        self._buffer = self._view = None
+        self._view = None
         _release_view(view)  # still exported elsewhere: its buffer is simply not ours to reuse
 
     def __exit__(
@@ -183,14 +190,14 @@ class OwnedLease(Lease):
     ) -> None:
         view = self._view
         if view is not None:
-            self._buffer = self._view = None
+            self._view = None
             try:
                 view.release()
             except BufferError:
                 pass
 
     def __repr__(self) -> str:
-        state = "released" if self._buffer is None else "own buffer"
+        state = "released" if self._view is None else "own buffer"
         return f"<OwnedLease size={self.size} {state}>"
 
 
