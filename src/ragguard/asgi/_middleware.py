@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import sniffio
 
+from .._compat import running_loop
 from .._context import DEFAULT_TENANT
 from .._errors import ConfigError, InvalidInput
 from .._http import DEGRADED_HEADER, TENANT_HEADER, TIMEOUT_HEADER, check_field_name, parse_timeout_ms
@@ -393,10 +393,7 @@ class _Exchange:
 
 
 def _on_asyncio() -> bool:
-    try:
-        return sniffio.current_async_library() == "asyncio"
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
+    return running_loop() is not None  # None under trio
 
 
 def _paths(paths: Iterable[str]) -> tuple[str, ...]:

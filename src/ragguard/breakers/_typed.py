@@ -23,7 +23,7 @@ from ._classify import is_connection_error, is_out_of_memory, is_timeout
 from ._options import BreakerOptions
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
+    from typing import Unpack
 
 __all__ = [
     "BreakerOptions",
