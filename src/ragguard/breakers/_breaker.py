@@ -490,12 +490,9 @@ class CircuitBreaker:
             if not self._classifier(exc):
                 code = -1  # IGNORED
             else:
-                slow_classifier = self._slow_classifier
-                code = (
-                    FAILED | SLOW
-                    if duration_s > self._slow_s or (slow_classifier is not None and bool(slow_classifier(exc)))
-                    else FAILED
-                )
+                slow_of = self._slow_classifier
+                slow = duration_s > self._slow_s or (slow_of is not None and bool(slow_of(exc)))
+                code = FAILED | SLOW if slow else FAILED
         except Exception:  # a broken classifier never trips a breaker (as classify_outcome)
             log.exception("classifier of breaker %r raised on %r; the error is not counted", self.name, exc)
             code = -1
