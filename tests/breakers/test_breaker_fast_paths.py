@@ -184,3 +184,41 @@ def test_the_layer_drives_an_overriding_breaker_through_its_protocol() -> None:
         assert breaker.metrics().calls == 3
     assert (counting.acquired, counting.results) == (3, 3)
     assert stock._oks == 0  # read by metrics(): the 3 fast successes are in the window now
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_time_window_with_its_head_in_fields_counts_as_a_naive_window(seed: int) -> None:
+    """The time window keeps its latest second's bucket in plain fields (the failure path records
+    there): its totals match a list of every outcome, filtered to the window, at every step."""
+    import math
+    import random
+
+    from ragguard.breakers._window import TimeWindow
+
+    rng = random.Random(seed)
+    size = rng.randint(1, 5)
+    window = TimeWindow(size)
+    log: list[tuple[int, int, int]] = []  # (second, code, count)
+    now = rng.uniform(0.0, 10.0)
+    for _ in range(200):
+        now += rng.choice([0.0, 0.01, 0.3, 1.0, 2.5, 7.0]) * rng.random()
+        op = rng.random()
+        if op < 0.6:
+            code = rng.randint(0, 3)
+            window.record(code, now)
+            log.append((math.floor(now), code, 1))
+        elif op < 0.7 and now < window.clean_until():
+            n = rng.randint(1, 5)
+            window.add_successes(n)
+            log.append((math.floor(now), 0, n))
+        elif op < 0.8:
+            window.expire(now)
+        elif op < 0.82:
+            window.clear()
+            log.clear()
+        live = [(s, c, n) for s, c, n in log if window._head - size < s <= window._head]
+        assert (window.calls, window.failures, window.slow) == (
+            sum(n for _, _, n in live),
+            sum(n for _, c, n in live if c & 1),
+            sum(n for _, c, n in live if c & 2),
+        )

@@ -42,7 +42,7 @@ from .._errors import BreakerOpen, ConfigError
 from ._aiobreaker import AiobreakerListenerAdapter
 from ._live import register_breaker
 from ._options import MAX_DURATION_S, BreakerConfig, Classifier
-from ._outcome import OUTCOMES, BreakerCallOutcome, classify_outcome
+from ._outcome import OUTCOMES, BreakerCallOutcome
 from ._state import BreakerState
 from ._window import FAILED, SLOW, CountWindow, TimeWindow
 
@@ -484,20 +484,36 @@ class CircuitBreaker:
         state = self._state
         if current and state is _DISABLED:
             return
-        code = classify_outcome(self._config, exc, duration_s, breaker=self.name)
-        counted = code >= 0
+        # classify_outcome(self._config, exc, duration_s), inlined: it runs
+        # once per failed attempt, and a dependency that is down fails every attempt
+        try:
+            if not self._classifier(exc):
+                code = -1  # IGNORED
+            else:
+                slow_of = self._slow_classifier
+                slow = duration_s > self._slow_s or (slow_of is not None and bool(slow_of(exc)))
+                code = FAILED | SLOW if slow else FAILED
+        except Exception:  # a broken classifier never trips a breaker (as classify_outcome)
+            log.exception("classifier of breaker %r raised on %r; the error is not counted", self.name, exc)
+            code = -1
         if self.bus.active:
-            outcome = OUTCOMES[code] if counted else "ignored"
+            outcome = OUTCOMES[code] if code >= 0 else "ignored"
             self.bus.emit(BreakerCallOutcome(self.name, outcome, duration_s, type(exc).__name__, exc))
         if not current:
             return
-        if not counted:
+        if code < 0:
             if state is _HALF_OPEN:
                 self._permits += 1
         elif state is _CLOSED:
-            self._record(code, now)
+            window = self._window  # _record(code, now), inlined
+            if self._oks:
+                window.add_successes(self._oks)
+                self._oks = 0
+            window.record(code, now)
+            self._oks_until = -math.inf  # a window holding a failure takes no success in bulk
             self._consecutive += 1
-            self._check(now)
+            if window.calls >= self._min_calls:
+                self._check(now)
         elif state is _HALF_OPEN:
             self._trial(code, now)
 

@@ -221,5 +221,9 @@ def counts_by_default(exc: BaseException) -> bool:
     ``Overloaded``) that never reached the dependency, and ``DeadlineExceeded`` (the caller's
     budget, not the dependency).
     """
-    rejections = (BreakerOpen, QuotaExceeded, Overloaded, DeadlineExceeded)
-    return not isinstance(exc, (ValueError, TypeError, *rejections))
+    return not isinstance(exc, _NOT_COUNTED)
+
+
+_NOT_COUNTED = (ValueError, TypeError, BreakerOpen, QuotaExceeded, Overloaded, DeadlineExceeded)
+"""What :func:`counts_by_default` passes through: the caller's bad input, ragguard's rejections
+(one tuple built at import, not one per failed call)."""

@@ -83,10 +83,25 @@ class TimeWindow:
     """The outcomes recorded in the last ``size`` whole seconds of the clock (``size`` >= 1).
 
     A call recorded at clock time ``t`` lands in bucket ``floor(t)``; the window at time ``now``
-    holds the buckets ``floor(now) - size + 1 .. floor(now)``.
+    holds the buckets ``floor(now) - size + 1 .. floor(now)``. The latest second's bucket (the
+    head) is kept in plain fields until the clock moves past it: recording a call there costs a few
+    increments, no list index (a failing dependency has every attempt recorded here).
     """
 
-    __slots__ = ("_bcalls", "_bfailures", "_bslow", "_head", "_size", "calls", "failures", "slow")
+    __slots__ = (
+        "_bcalls",
+        "_bfailures",
+        "_bslow",
+        "_hcalls",
+        "_head",
+        "_hfailures",
+        "_hslow",
+        "_next",
+        "_size",
+        "calls",
+        "failures",
+        "slow",
+    )
 
     def __init__(self, size: int) -> None:
         self._size = size
@@ -94,30 +109,29 @@ class TimeWindow:
         self._bfailures = [0] * size
         self._bslow = [0] * size
         self._head = _NEVER
+        self._next = float(_NEVER + 1)  # the clock time the head second ends: _head + 1
+        self._hcalls = self._hfailures = self._hslow = 0  # the head's bucket
         self.calls = 0
         self.failures = 0
         self.slow = 0
 
     def record(self, code: int, now: float) -> None:
         """Add one call's outcome ``code`` at clock time ``now`` (seconds)."""
-        sec = _floor(now)
-        if sec > self._head:
-            self._advance(sec)
-        i = self._head % self._size
-        self._bcalls[i] += 1
+        if now >= self._next:  # floor(now) > _head, without the floor() while in the head second
+            self._advance(_floor(now))
+        self._hcalls += 1
         self.calls += 1
-        if code:
-            f = code & FAILED
-            s = code >> 1
-            self._bfailures[i] += f
-            self._bslow[i] += s
-            self.failures += f
-            self.slow += s
+        if code & FAILED:
+            self._hfailures += 1
+            self.failures += 1
+        if code & SLOW:
+            self._hslow += 1
+            self.slow += 1
 
     def add_successes(self, n: int) -> None:
         """Record ``n`` fast successes at once, in the window's latest second (its head); only
         for a clean window, at a time before :meth:`clean_until`."""
-        self._bcalls[self._head % self._size] += n
+        self._hcalls += n
         self.calls += n
 
     def clean_until(self) -> float:
@@ -138,6 +152,9 @@ class TimeWindow:
             self.clear()
         else:
             calls, failures, slow = self._bcalls, self._bfailures, self._bslow
+            i = self._head % size  # the head's bucket goes into its slot
+            calls[i], failures[i], slow[i] = self._hcalls, self._hfailures, self._hslow
+            self._hcalls = self._hfailures = self._hslow = 0
             for s in range(self._head + 1, sec + 1):
                 i = s % size
                 self.calls -= calls[i]
@@ -145,10 +162,12 @@ class TimeWindow:
                 self.slow -= slow[i]
                 calls[i] = failures[i] = slow[i] = 0
         self._head = sec
+        self._next = sec + 1.0
 
     def clear(self) -> None:
         size = self._size
         self._bcalls[:] = [0] * size
         self._bfailures[:] = [0] * size
         self._bslow[:] = [0] * size
+        self._hcalls = self._hfailures = self._hslow = 0
         self.calls = self.failures = self.slow = 0

@@ -404,6 +404,10 @@ class RetryLayer:
                 wait = backoffs[attempt - 1]
                 if jitter_s:
                     wait += self.rng.uniform(0.0, jitter_s)
+                if attempt >= self._attempts:
+                    # the last attempt failed: stop (the deadline and Retry-After below only
+                    # shape the wait, which no retry will sleep; the jitter is drawn as before)
+                    raise exc
                 expiry = _deadline.get()
                 if expiry is not None:
                     left = expiry.at - expiry.clock()
@@ -413,8 +417,6 @@ class RetryLayer:
                     after = retry_after_of(exc)
                     if after > wait:
                         wait = after
-                if attempt >= self._attempts:
-                    raise exc
                 if expiry is not None:
                     # the time left read again, as _DeadlineStop does after _CutWait: a wait cut to
                     # leave exactly min_left is stopped once any time has passed since
