@@ -106,4 +106,5 @@ def test_values_cut_to_fit_a_message_end_with_an_ellipsis() -> None:
     for message, head in _long_value_refusals():
         assert head in message and len(message) < 600, message
         run = re.search(re.escape(head) + re.escape(head[-1]) + "*", message)  # the value as shown
-        assert run is not None and message[run.end() :].startswith("..."), f"cut without an ellipsis: {message!r}"
+        assert run is not None, message
+        assert message[run.end() :].startswith("..."), f"cut without an ellipsis: {message!r}"
