@@ -7,7 +7,8 @@ The endpoint is plain FastAPI: it calls guarded stages and returns their answer.
 turns each request into a tenant block with the caller's deadline, and ragguard's errors into 429,
 503 and 504 with Retry-After. The embedding provider is called over HTTP through GuardTransport,
 which hands it the tenant and what is left of the deadline, and turns its 429/503 into errors the
-breakers understand. Needs ``pip install 'ragguard[http]'``.
+breakers understand. Needs ragguard's http extra: ``pip install '/path/to/ragguard[http]'`` (from a
+checkout: ``pip install '.[http]'``; ``ragguard`` on PyPI is another project).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ async def tour(base: str) -> None:
         spent = await client.get("/ask", params={"q": "late"}, headers={"x-request-timeout-ms": "0"})
         print("504:", spent.status_code, spent.json()["detail"])
         bad = await client.get("/ask", params={"q": "who?"}, headers={"x-tenant-id": "no spaces allowed"})
-        print("400:", bad.status_code, bad.json()["detail"][:40])
+        print("400:", bad.status_code, bad.json()["detail"])
         health = await client.get("/health")
         print("health:", health.status_code, health.json()["open"])
 

@@ -6,6 +6,7 @@ import re
 from contextvars import ContextVar
 
 from ._errors import InvalidInput
+from ._validate import bounded
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -50,9 +51,8 @@ def validate_tenant_id(tenant_id: object) -> str:
     if not isinstance(tenant_id, str):
         raise InvalidInput(f"tenant id must be a str, got {type(tenant_id).__name__}")
     if _TENANT_RE.fullmatch(tenant_id) is None:
-        shown = tenant_id if len(tenant_id) <= 80 else tenant_id[:77] + "..."
         raise InvalidInput(
-            f"invalid tenant id {shown!r}: use 1-{MAX_TENANT_ID_LEN} characters from "
+            f"invalid tenant id {bounded(tenant_id, 80)!r}: use 1-{MAX_TENANT_ID_LEN} characters from "
             "A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
         )
     return tenant_id

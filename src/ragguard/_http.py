@@ -23,6 +23,7 @@ import time
 from email.utils import parsedate_to_datetime
 
 from ._errors import ConfigError, InvalidInput
+from ._validate import bounded
 
 __all__ = [
     "DEGRADED_HEADER",
@@ -84,8 +85,9 @@ def parse_timeout_ms(value: str, field: str = TIMEOUT_HEADER) -> float:
     non-negative number of milliseconds (up to 10 digits, 6 decimals)."""
     text = value.strip()
     if not _MILLISECONDS.fullmatch(text):
-        shown = text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
-        raise InvalidInput(f"{field} must be a non-negative number of milliseconds, got {shown!r}")
+        raise InvalidInput(
+            f"{field} must be a non-negative number of milliseconds, got {bounded(text, _MAX_SHOWN)!r}"
+        )
     return float(text) / 1000.0
 
 

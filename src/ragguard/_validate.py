@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "SHOWN_CHARS",
     "bounded",
     "count",
+    "for_cli",
     "fraction",
     "function",
     "number",
@@ -64,6 +65,16 @@ def shown(value: object) -> str:
 def bounded(text: str, limit: int = SHOWN_CHARS) -> str:
     """``text`` cut to ``limit`` characters, the cut marked with ``...``."""
     return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
+
+
+def for_cli(exc: ConfigError, flags: Mapping[str, str]) -> str:
+    """``exc``'s message for a command line: its leading field name (``duration_s``) replaced by
+    the option the user typed (``--duration``), when ``flags`` maps ``exc.field`` to one."""
+    text = str(exc)
+    flag = flags.get(exc.field or "")
+    if flag is not None and exc.field and text.startswith(exc.field):
+        return flag + text[len(exc.field) :]
+    return text
 
 
 def _fail(option: str, rule: str, value: object) -> ConfigError:

@@ -4,9 +4,30 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
+
+from ._errors import ConfigError
+from ._extras import install_hint
+from ._validate import for_cli, shown
+
+# The command-line option of each options field a command sets: its errors name what the user typed.
+DEMO_FLAGS = {
+    "duration_s": "--duration", "concurrency": "--concurrency", "scenario": "--scenario",
+    "redis_url": "--redis", "out_dir": "--out", "seed": "--seed",
+}
+BENCH_FLAGS = {
+    "steps": "--steps", "steady_s": "--steady", "rounds": "--rounds", "block_ms": "--block-ms",
+    "rtt_ms": "--rtt-ms", "out_dir": "--out", "seed": "--seed",
+}
+
+
+def _refuse(command: str, exc: ConfigError, flags: dict[str, str]) -> NoReturn:
+    """Print a bad option's error naming the option as typed; exit 2."""
+    typer.secho(f"ragguard {command}: {for_cli(exc, flags)}", fg="red", err=True)
+    raise typer.Exit(2) from None
+
 
 app = typer.Typer(
     add_completion=False,
@@ -115,17 +136,20 @@ def demo(
     try:
         from .demo import cli_main
     except ImportError as exc:  # the demo's optional dependencies are missing
-        typer.echo(f"the demo needs its extras: pip install 'ragguard[demo]' ({exc})", err=True)
+        typer.echo(f"the demo needs its extras: {install_hint('demo')}; missing: {exc}", err=True)
         raise typer.Exit(2) from exc
-    code = cli_main(
-        duration_s=duration,
-        concurrency=concurrency,
-        scenario=scenario,
-        redis_url=redis,
-        quick=quick,
-        out_dir=out,
-        seed=seed,
-    )
+    try:
+        code = cli_main(
+            duration_s=duration,
+            concurrency=concurrency,
+            scenario=scenario,
+            redis_url=redis,
+            quick=quick,
+            out_dir=out,
+            seed=seed,
+        )
+    except ConfigError as exc:
+        _refuse("demo", exc, DEMO_FLAGS)
     raise typer.Exit(code)
 
 
@@ -180,20 +204,23 @@ def bench(
     try:
         from .bench import cli_main as bench_main
     except ImportError as exc:  # the demo's optional dependencies are missing
-        typer.echo(f"the bench needs the demo extras: pip install 'ragguard[demo]' ({exc})", err=True)
+        typer.echo(f"the bench needs the demo extras: {install_hint('demo')}; missing: {exc}", err=True)
         raise typer.Exit(2) from exc
     parsed: tuple[float, ...] | None = None
     if steps is not None:
         try:
             parsed = tuple(float(x) for x in steps.split(",") if x.strip())
         except ValueError:
-            shown = steps[:60]
-            typer.echo(f"ragguard bench: --steps must be numbers joined by commas, got {shown!r}", err=True)
+            said = f"ragguard bench: --steps must be numbers joined by commas, got {shown(steps)}"
+            typer.secho(said, fg="red", err=True)
             raise typer.Exit(2) from None
-    code = bench_main(
-        quick=quick, steps=parsed, steady_s=steady, rounds=rounds, block_ms=block_ms, rtt_ms=rtt_ms,
-        halving=not no_halving, out_dir=out, seed=seed,
-    )
+    try:
+        code = bench_main(
+            quick=quick, steps=parsed, steady_s=steady, rounds=rounds, block_ms=block_ms, rtt_ms=rtt_ms,
+            halving=not no_halving, out_dir=out, seed=seed,
+        )
+    except ConfigError as exc:
+        _refuse("bench", exc, BENCH_FLAGS)
     raise typer.Exit(code)
 
 

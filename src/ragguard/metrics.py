@@ -12,7 +12,7 @@ capped: the first ``max_tenants`` tenants (``max_stages`` stages, ``max_breakers
 their name, every later one is folded into ``"other"``, so generated names cannot grow a scrape
 without bound.
 
-OpenTelemetry (the optional ``ragguard[otel]`` extra): :func:`enable_tracing` turns on a span per
+OpenTelemetry (ragguard's optional ``otel`` extra): :func:`enable_tracing` turns on a span per
 guarded stage opened by :func:`otel_span`; without it, or without opentelemetry-api installed,
 ``otel_span`` costs one branch.
 """
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from . import _validate as v
 from . import events
 from ._errors import ConfigError
+from ._extras import install_hint
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -434,9 +435,7 @@ def enable_tracing(tracer_provider: Any = None) -> None:
     try:
         from opentelemetry import trace
     except ImportError as exc:
-        raise ImportError(
-            "OpenTelemetry tracing needs opentelemetry-api: pip install 'ragguard[otel]'"
-        ) from exc
+        raise ImportError(f"OpenTelemetry tracing needs opentelemetry-api: {install_hint('otel')}") from exc
     provider = trace.get_tracer_provider() if tracer_provider is None else tracer_provider
     _tracer = provider.get_tracer("ragguard")
 

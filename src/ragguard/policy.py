@@ -29,7 +29,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from . import _validate
+from . import _model_errors, _validate
 from ._errors import ConfigError
 from .breakers import EmbeddingTimeoutBreaker, RerankOOMBreaker, VectorStoreUnavailableBreaker
 from .breakers._options import NUMBER_OPTIONS, BreakerConfig, check_option
@@ -428,7 +428,8 @@ class StagePolicy(_Model):
             from .rag import PRESETS
 
             if self.preset not in PRESETS:
-                raise ValueError(f"unknown preset {self.preset[:60]!r}; known: {', '.join(sorted(PRESETS))}")
+                known = ", ".join(sorted(PRESETS))
+                raise ValueError(f"unknown preset {_validate.shown(self.preset)}; known: {known}")
         return self
 
 
@@ -657,6 +658,4 @@ def _describe_one(err: Any) -> tuple[str, str]:
             loc += parts
         text, head = str(cause), parts[-1] + " "
         return ".".join(loc) or "(top level)", text[len(head) :] if text.startswith(head) else text
-    got = err.get("input")
-    shown = "" if isinstance(got, dict) else f" (got {_validate.shown(got)})"
-    return ".".join(loc) or "(top level)", f"{err['msg']}{shown}"
+    return ".".join(loc) or "(top level)", _model_errors.describe(err, Policy)

@@ -47,6 +47,12 @@ def test_ragguard_bench_quick_orders_the_contenders(tmp_path: Path) -> None:
     total = len(offered) * len(good) * report["options"]["rounds"] + len(good)
     said = [int(m[1]) for line in proc.stdout.splitlines() if (m := re.match(rf"bench (\d+)/{total} ", line))]
     assert said == list(range(1, total + 1)), proc.stdout[:3000]
+    # quick mode's 1.2 s after the halving is too short to rank anyone: the line says so; and a
+    # knee above the dependency's capacity says why it can be
+    text = " ".join(proc.stdout.split())
+    assert "1.2 s after the halving is too short for a queue to build" in text, text[-1500:]
+    if report["reference"]["knee_rps"] > 1.01 * report["capacity_rps"]:
+        assert "above capacity, as a queue fed at capacity grows too slowly" in text, text[:600]
     assert {t["target"] for t in report["targets"]} >= {
         "adaptive knee >= 1.5x hand-composed's",
         "unguarded collapses at 2x the knee (goodput < 50% of the knee's)",

@@ -102,3 +102,34 @@ def test_bad_options_name_their_field(field: str, value: Any) -> None:
     with pytest.raises(ConfigError) as info:
         BenchOptions(**{field: value})
     assert info.value.field == field
+
+
+def _halving(duration_s: float) -> dict[str, Any]:
+    runs = {n: {"before": {"goodput_rps": 53.3}, "after": {"goodput_rps": after}}
+            for n, after in (("unguarded", 43.3), ("ragguard-adaptive", 28.3))}  # fmt: skip
+    return {"offered_rps": 53.3, "duration_s": duration_s, "change_at_s": duration_s / 2, "runs": runs,
+            "limit_before": 13, "limit_after": 6.6, "convergence_s": 1.1}  # fmt: skip
+
+
+def test_quick_halving_windows_are_said_to_be_too_short_to_rank() -> None:
+    # quick: 1.2 s after the halving, the unguarded service had no time to queue up (it "beat"
+    # the adaptive one); the line says so instead of letting a reader rank on it
+    line = _report({"unguarded": [_step(10, 100, 0)]}, **_halving(2.4)).halving_line()
+    assert "unguarded 53.3/43.3, ragguard-adaptive 53.3/28.3" in line
+    assert "caveat: 1.2 s after the halving is too short for a queue to build" in line
+    assert "do not rank the contenders" in line and "without --quick" in line
+    full = _report({"unguarded": [_step(10, 100, 0)]}, **_halving(16.0)).halving_line()
+    assert "caveat" not in full and full.endswith("ragguard-adaptive 53.3/28.3")
+
+
+def test_a_knee_above_capacity_says_why() -> None:
+    u = [_step(25, 100, 0), _step(50, 110, 0), _step(75, 900, 0.5, good=9), _step(150, 900, 1, good=0)]
+    report = _report({"unguarded": u})  # capacity 50 rps; the unguarded service broke at 75
+    report.options["steady_s"] = 1.2
+    title = str(report.table().title)
+    assert "knee = 75 rps (the first step where the unguarded service broke; above capacity, as a queue " \
+           "fed at capacity grows too slowly to break it in a 1.2 s window)" in title, title
+    assert "dependency capacity ~50 rps" in title
+    u[1] = _step(50, 900, 0.5, good=9)  # broke at capacity: nothing to explain
+    title = str(_report({"unguarded": u}).table().title)
+    assert "knee = 50 rps (the first step where the unguarded service broke)," in title, title

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import textwrap
+from pathlib import Path
 
 import pytest
 import redis
@@ -179,3 +180,35 @@ async def test_run_is_bounded_and_cleans_up() -> None:
     assert runner.finished and chaos.faults == ()
     with pytest.raises(ConfigError, match="duration_s"):
         ScenarioRunner(parse_scenario(GOOD), chaos, duration_s=0)
+
+
+def test_errors_show_the_value_given_and_suggest_a_known_field() -> None:
+    # user report: `rate: 2.5` said only "Input should be less than or equal to 1"
+    bad = GOOD.replace("rate: 0.5, median_s", "rate: 2.5, median_s")
+    bad = bad.replace("    seconds: 0.2", "    secnds: 0.2")
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(bad, source="bad.yaml")
+    text = str(info.value)
+    lines = [line.strip() for line in text.splitlines()]
+    rate = "line 12: phases[1].faults[1].rate: Input should be less than or equal to 1 (got 2.5)"
+    assert rate in lines, text
+    assert ("line 19: phases[2].faults[0].secnds: Extra inputs are not permitted (got 0.2); "
+            "did you mean seconds?") in lines, text
+    huge = GOOD.replace("name: calm", "name: calm\n    bogus_phase_key: " + "z" * 5000)
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(huge)
+    (line,) = [ln for ln in str(info.value).splitlines() if "bogus_phase_key" in ln]
+    assert len(line) < 200 and "..." in line, line  # the value shown, bounded
+    assert "did you mean" not in line  # nothing near it
+
+
+def test_the_cli_shows_the_scenario_error_with_the_value(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ragguard.cli import app
+
+    path = tmp_path / "mine.yaml"
+    path.write_text(GOOD.replace("rate: 0.5, median_s", "rate: 2.5, median_s"))
+    result = CliRunner().invoke(app, ["demo", "--scenario", str(path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    assert "rate: Input should be less than or equal to 1 (got 2.5)" in result.output, result.output

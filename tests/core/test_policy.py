@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -339,3 +340,31 @@ def test_huge_numbers_are_config_errors(data: dict) -> None:
     with pytest.raises(ConfigError) as info:
         Policy.parse(data)
     assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ({"stages": {"embedding": {"breaker": {"kind": "embedding_timeout", "open_fro_s": 30}}}},
+         "stages.embedding.breaker.open_fro_s: Extra inputs are not permitted (got 30); "
+         "did you mean open_for_s?"),
+        ({"stages": {"embedding": {"retyr": {"attempts": 2}}}},
+         "stages.embedding.retyr: Extra inputs are not permitted; did you mean retry?"),
+        ({"tenats": {}}, "tenats: Extra inputs are not permitted; did you mean tenants?"),
+        ({"default_quota": {"max_concurency": 3}},
+         "default_quota.max_concurency: Extra inputs are not permitted (got 3); "
+         "did you mean max_concurrency?"),
+        ({"stages": {"embedding": {"zzzzzz": 1}}},
+         "stages.embedding.zzzzzz: Extra inputs are not permitted (got 1)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_field_suggests_the_nearest_known_one(data: dict, said: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        Policy.parse(data)
+    lines = str(info.value).splitlines()
+    assert f"  {said}" in lines, lines
+    path = tmp_path / "policy.yaml"  # and from a file, as a user hits it
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as info:
+        Policy.from_file(path)
+    assert f"  {said}" in str(info.value).splitlines()

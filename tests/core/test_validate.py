@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import timedelta
 
 import pytest
@@ -74,3 +75,36 @@ def test_shown_survives_a_broken_repr() -> None:
 
     text = _validate.shown(Hostile())
     assert "Hostile" in text and len(text) <= _validate.SHOWN_CHARS
+
+
+# -- a value cut to fit a message ends with an ellipsis, never mid-word (user report: ": u") --------
+
+
+def _long_value_refusals() -> list[tuple[str, str]]:
+    """(message, the long value's first characters) of each message that echoes a caller's value."""
+    from ragguard import InvalidInput, Policy
+    from ragguard._context import validate_tenant_id
+    from ragguard._http import parse_timeout_ms
+    from ragguard.layers import layer_policy_model
+    from ragguard.overload import parse_priority
+
+    out = []
+    for call, head in (
+        (lambda: validate_tenant_id("bad id " + "t" * 500), "bad id tttt"),
+        (lambda: parse_priority("p" * 500), "pppp"),
+        (lambda: parse_timeout_ms("9" * 500), "9999"),
+        (lambda: layer_policy_model("n" * 500), "nnnn"),
+        (lambda: Policy.parse({"stages": {"embedding": {"preset": "s" * 500}}}), "ssss"),
+    ):
+        with pytest.raises((InvalidInput, ValueError)) as info:
+            call()
+        out.append((str(info.value), head))
+    return out
+
+
+def test_values_cut_to_fit_a_message_end_with_an_ellipsis() -> None:
+    for message, head in _long_value_refusals():
+        assert head in message and len(message) < 600, message
+        run = re.search(re.escape(head) + re.escape(head[-1]) + "*", message)  # the value as shown
+        assert run is not None, message
+        assert message[run.end() :].startswith("..."), f"cut without an ellipsis: {message!r}"

@@ -170,3 +170,38 @@ async def test_quotas_fall_back_under_latency_from_the_fault_proxy(
     finally:
         await q.aclose()
         await client.aclose()
+
+
+async def test_the_event_log_records_the_switch_and_doctor_reports_it(
+    redis_server: Any, tmp_path: Any
+) -> None:
+    """User report: `ragguard demo --redis` (Redis down) warned five times, but its events.jsonl had
+    no SharedStateDegraded (the recorder's default kinds left them out) and doctor said nothing."""
+    from ragguard.monitors import EventRecorder, diagnose, load_records
+
+    path = tmp_path / "events.jsonl"
+    client = make_client(redis_server.host, redis_server.port)
+    b = await shared_breaker(client).start()
+    try:
+        with EventRecorder(path=path):  # the default kinds, as `ragguard demo` records
+            redis_server.stop()
+            assert await until(lambda: not b.shared, 5.0, lambda: _ok(b)) <= FALLBACK_WITHIN_S
+            redis_server.start()
+            assert await until(lambda: b.shared, 10.0) <= RESTORE_WITHIN_S
+            await asyncio.sleep(0.05)
+    finally:
+        await b.aclose()
+        await client.aclose()
+    records = load_records(path)
+    switches = [(r["type"], r["component"]) for r in records if r["type"].startswith("SharedState")]
+    assert switches == [("SharedStateDegraded", "breaker:search"), ("SharedStateRestored", "breaker:search")]
+    (f,) = [f for f in diagnose(records).findings if f.kind == "shared_state"]
+    down = next(r["degraded_for_s"] for r in records if r["type"] == "SharedStateRestored")
+    assert f.summary.startswith(
+        f"shared state: Redis unreachable, ran on local state for {down:.1f} s (component breaker:search)"
+    ), f.summary
+    assert "when the log ends" not in f.summary and f.data["still_degraded"] == []
+
+
+async def _ok(b: SharedCircuitBreaker) -> None:
+    b.on_result(b.acquire(), 0.001, None)

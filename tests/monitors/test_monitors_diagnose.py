@@ -532,3 +532,38 @@ def test_doctor_without_arguments_reads_the_demos_events_and_says_so(tmp_path: P
 def _doctor_cli_in(cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ragguard.cli", "doctor"], capture_output=True, text=True,
                           timeout=60, cwd=cwd, env=env)  # fmt: skip
+
+
+# -- a stall with only Python's own code on the stack (user report: doctor blamed _weakrefset) ------
+
+
+@pytest.mark.timeout(60)
+def test_a_stall_in_the_stdlib_alone_is_worded_as_starvation_not_code_to_move(tmp_path: Path) -> None:
+    import threading
+
+    path = tmp_path / "events.jsonl"
+
+    async def main() -> None:
+        with EventRecorder(path=path):
+            async with StallDetector():
+                await asyncio.sleep(0.06)
+                asyncio.get_running_loop().call_soon(threading.Event().wait, 0.15)  # nothing of ours runs
+                for _ in range(4):
+                    await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    (stall,) = [r for r in load_records(path) if r["type"] == "LoopStall"]
+    assert stall["origin"] == "runtime" and stall["frame"].startswith(threading.__file__), stall
+    done = _doctor_cli("--events", str(path))
+    assert done.returncode == 1, done.stderr
+    text = " ".join(done.stdout.split())
+    assert f"the loop thread did not run for {stall['duration_s'] * 1000:.0f} ms inside {stall['frame']}: " \
+           "the process may have been starved of CPU or paused by GC" in text, text
+    assert "move that work off the loop" not in text
+
+    # the same stall in a frame of the application keeps the advice to move it
+    (f,) = diagnose([_stall(1.0, 1.08)]).findings
+    assert "move that work off the loop" in f.summary and f.data["origin"] == ""
+    mine = {**stall, "origin": "app", "frame": "app.py:3 in handler", "filename": "app.py"}
+    (f,) = diagnose([mine]).findings
+    assert "move that work off the loop" in f.summary

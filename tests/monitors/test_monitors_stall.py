@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import socket
+import threading
 import time
 
 import pytest
@@ -207,3 +209,60 @@ def test_cpu_bound_stall_in_a_busy_loop_is_caught_and_named(kind: str, collected
     assert 0.035 <= named[0].duration_s <= 0.1
     assert named[0].filename == __file__
     assert detector.probes <= 3  # busy mode measures with heartbeats, not probes
+
+
+class _SleepsWhenCopied:
+    """copy.deepcopy rebuilds it by calling time.sleep(0.2): the stdlib's copy.py blocks, called
+    from deep inside copy.py's own recursion."""
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        return (time.sleep, (0.2,))
+
+
+def _copy_deep_nest() -> None:
+    nest: list[object] = [_SleepsWhenCopied()]
+    for _ in range(12):  # 24 frames of copy.py between this function and the sleep
+        nest = [nest]
+    copy.deepcopy(nest)
+
+
+@pytest.mark.timeout(30)
+def test_the_users_frame_under_a_deep_stdlib_stack_is_named(collected: Collected) -> None:
+    # user report: doctor blamed a stdlib frame; the application's frame that called into the
+    # stdlib lay deeper than the 12 frames a sample kept
+    async def main() -> None:
+        async with StallDetector(bus=collected.bus):
+            await asyncio.sleep(0.06)
+            _copy_deep_nest()
+            await _settle()
+
+    run_on("asyncio", main)
+    (stall,) = collected.of(LoopStall)
+    assert stall.function == "_copy_deep_nest" and stall.filename == __file__, stall
+    assert stall.origin == "app"
+    assert len(stall.stack) == 12 and stall.stack[0].endswith("in _reconstruct")  # innermost first
+
+
+@pytest.mark.timeout(30)
+def test_a_stall_with_only_the_stdlib_on_the_stack_is_a_runtime_stall(collected: Collected) -> None:
+    async def main() -> None:
+        async with StallDetector(bus=collected.bus):
+            await asyncio.sleep(0.06)
+            asyncio.get_running_loop().call_soon(threading.Event().wait, 0.2)  # no frame of ours
+            await asyncio.sleep(0.01)
+            await _settle()
+
+    run_on("asyncio", main)
+    (stall,) = collected.of(LoopStall)
+    assert stall.origin == "runtime", stall
+    assert stall.filename == threading.__file__ and stall.function == "wait", stall
+    mine = Collected()  # the plain case: the application's own frame
+
+    async def blocked() -> None:
+        async with StallDetector(bus=mine.bus):
+            await asyncio.sleep(0.06)
+            _block_200ms()
+            await _settle()
+
+    run_on("asyncio", blocked)
+    assert [s.origin for s in mine.of(LoopStall)] == ["app"]

@@ -23,6 +23,10 @@ from ..demo.loadgen import RequestRecord
 __all__ = ["BenchReport", "StepSummary", "find_knee", "summarize_step"]
 
 P95_FACTOR = 1.3
+MIN_RANKING_WINDOW_S = 4.0
+"""The shortest "after" window of the capacity-halving run that ranks the contenders: at 80% of
+the old capacity the queue grows by 0.3 x capacity a second, so a 1 s deadline breaks an unguarded
+service only a second or two after the halving. Quick mode's 1.2 s window ends before that."""
 ERROR_FACTOR = 1.5
 ERROR_FLOOR = 0.01
 REJECTED = ("quota", "overloaded", "unavailable")
@@ -273,7 +277,7 @@ class BenchReport:
         knees = self.knees()
         t = Table(
             title=(
-                f"ragguard bench: knee = {self.offered_rps[k]:.0f} rps (the unguarded service's), "
+                f"ragguard bench: knee = {self.offered_rps[k]:.0f} rps ({self._knee_note(k)}), "
                 f"2x = {self.offered_rps[k2]:.0f} rps{'' if exact else ' (last step)'}; "
                 f"dependency capacity ~{self.capacity_rps:.0f} rps"
             )
@@ -306,6 +310,40 @@ class BenchReport:
                 f"{shed.get('batch', 0)}/{shed.get('interactive', 0)}",
             )
         return t
+
+    def _knee_note(self, k: int) -> str:
+        """Whose knee the reference is, and why it can lie above the dependency's capacity."""
+        knees = self.knees()
+        whose = "unguarded" if knees.get("unguarded") is not None else (
+            "hand-composed" if knees.get("hand-composed") is not None else None
+        )
+        if whose is None:
+            return "no contender broke: the middle step"
+        note = f"the first step where the {whose} service broke"
+        if self.offered_rps[k] > 1.01 * self.capacity_rps:
+            steady = self.options.get("steady_s")
+            window = f"a {steady:g} s window" if isinstance(steady, int | float) else "a step's window"
+            note += f"; above capacity, as a queue fed at capacity grows too slowly to break it in {window}"
+        return note
+
+    def halving_line(self) -> str:
+        """The capacity-halving run in one line: the adaptive limit, and each contender's goodput
+        before and after; with a caveat when the windows are too short to rank the contenders."""
+        h = self.halving
+        line = (
+            f"capacity halving at {h['offered_rps']:.0f} rps: adaptive retrieve limit "
+            f"{h.get('limit_before')} -> {h.get('limit_after')}, settled in "
+            f"{h.get('convergence_s')} s; goodput before/after: "
+            + ", ".join(f"{n} {r['before']['goodput_rps']:.1f}/{r['after']['goodput_rps']:.1f}"
+                        for n, r in h["runs"].items())
+        )
+        after = float(h.get("duration_s", 0.0)) - float(h.get("change_at_s", 0.0))
+        if after < MIN_RANKING_WINDOW_S:
+            line += (
+                f" (caveat: {after:g} s after the halving is too short for a queue to build, so these "
+                "numbers do not rank the contenders; the full run, without --quick, does)"
+            )
+        return line
 
     def targets_table(self) -> Any:
         from rich.table import Table

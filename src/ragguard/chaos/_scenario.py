@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .. import _model_errors
 from .._clock import Clock, monotonic
 from .._errors import ConfigError
 from ._chaos import Chaos
@@ -366,7 +367,7 @@ def parse_scenario(text: str, *, source: str = "<scenario>") -> Scenario:
         problems = []
         for err in exc.errors(include_url=False):
             field, line = _locate(err["loc"], lines, data)
-            problems.append((field, line, err["msg"]))
+            problems.append((field, line, _model_errors.describe(err, Scenario)))
         raise ScenarioError(source, problems) from None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import reprlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -92,21 +93,26 @@ class DemoOptions:
     def __post_init__(self) -> None:
         d = self.duration_s
         if d is not None and not (isinstance(d, int | float) and math.isfinite(d) and 1.0 <= d <= 3600):
-            raise ConfigError(f"duration_s must be between 1 and 3600 seconds, got {self.duration_s}")
+            raise ConfigError(
+                f"duration_s must be between 1 and 3600 seconds, got {d!r}", field="duration_s"
+            )
         for name in ("concurrency", "capacity"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
-                raise ConfigError(f"{name} must be an int in 1..10000, got {value!r}")
+                raise ConfigError(f"{name} must be an int in 1..10000, got {reprlib.repr(value)}", field=name)
         for name in ("rate_per_s", "greedy_factor", "client_timeout_s", "slo_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-                raise ConfigError(f"{name} must be a positive number, got {value!r}")
+                raise ConfigError(f"{name} must be a positive number, got {reprlib.repr(value)}", field=name)
         if not self.tenants:
             raise ConfigError("tenants must name at least one well-behaved tenant")
         if self.greedy_tenant in self.tenants:
             raise ConfigError(f"greedy_tenant {self.greedy_tenant!r} is also listed in tenants")
         if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
+            raise ConfigError(
+                f"redis_url must be a redis://, rediss:// or unix:// URL, got {reprlib.repr(self.redis_url)}",
+                field="redis_url",
+            )
 
     @property
     def run_duration_s(self) -> float:
@@ -214,24 +220,20 @@ def cli_main(
     out_dir: Path | None = Path("ragguard-report"),
     seed: int = 7,
 ) -> int:
-    """What ``ragguard demo`` calls: runs the demo, prints the table; returns the exit code
-    (0 done, 2 bad option)."""
-    from rich.console import Console
+    """What ``ragguard demo`` calls: runs the demo, prints the table; returns the exit code (0).
 
-    try:
-        options = DemoOptions(
-            duration_s=duration_s,
-            concurrency=concurrency,
-            scenario=scenario,
-            redis_url=redis_url,
-            quick=quick,
-            out_dir=out_dir,
-            seed=seed,
-        )
-        run_demo(options)
-    except ConfigError as exc:
-        Console(stderr=True).print(f"[red]ragguard demo: {exc}[/red]")
-        return 2
+    Raises ConfigError for a bad option or scenario (``field`` names the DemoOptions field, which
+    ``ragguard demo`` words as its command-line option)."""
+    options = DemoOptions(
+        duration_s=duration_s,
+        concurrency=concurrency,
+        scenario=scenario,
+        redis_url=redis_url,
+        quick=quick,
+        out_dir=out_dir,
+        seed=seed,
+    )
+    run_demo(options)
     return 0
 
 

@@ -11,7 +11,8 @@ another ragguard service).
 The transport forwards the tenant and the remaining deadline (the fields
 :class:`ragguard.asgi.RagguardMiddleware` reads), bounds each request by the deadline, and turns
 429 and 503 answers into errors that carry ``retry_after_s`` and that the typed breakers classify.
-Needs httpx (``pip install 'ragguard[http]'``).
+Needs httpx: install ragguard's ``http`` extra (``pip install '/path/to/ragguard[http]'``; from a
+checkout ``pip install '.[http]'``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 try:
     import httpx as _httpx  # noqa: F401 - the real httpx: absolute imports never find this package
 except ImportError as exc:  # pragma: no cover - exercised only without httpx installed
-    raise ImportError("ragguard.httpx needs httpx: pip install 'ragguard[http]'") from exc
+    from .._extras import install_hint
+
+    raise ImportError(f"ragguard.httpx needs httpx: {install_hint('http')}") from exc
 
 from ._errors import RemoteQuotaExceeded, RemoteStatusError, RemoteUnavailable, retry_after_of
 from ._transport import GuardTransport

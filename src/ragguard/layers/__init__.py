@@ -34,6 +34,7 @@ from typing import Any
 
 from .. import _inject
 from .._errors import ConfigError
+from .._validate import shown
 from ..pipeline import Layer
 from . import adaptive, breaker, chaos, deadline, fallback, hedge, observe, quota, retry, throttle, timeout
 from ._stage import Bound, Stage, StagePreset
@@ -148,7 +149,7 @@ def layer_policy_model(name: str) -> type[Any]:
     model = _POLICIES.get(name)
     if model is None:
         known = ", ".join(sorted(_POLICIES)) or "none registered"
-        raise ValueError(f"unknown layer {name[:60]!r} (layers with options: {known})")
+        raise ValueError(f"unknown layer {shown(name)} (layers with options: {known})")
     return model
 
 

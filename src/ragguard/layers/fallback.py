@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._context import current_tenant, mark_degraded
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded, QuotaExceeded
+from .._validate import bounded
 from ..breakers import is_connection_error, is_timeout
 from ..events import FallbackServed, bus
 from ..pipeline import Call
@@ -109,7 +110,7 @@ class FallbackLayer:
 def _note(exc: BaseException, text: str) -> None:
     notes = getattr(exc, "__notes__", ())
     if len(notes) < _MAX_NOTES:
-        exc.add_note(text if len(text) <= 300 else text[:297] + "...")
+        exc.add_note(bounded(text, 300))
 
 
 def applies_for(

@@ -15,11 +15,15 @@ Rules, most telling first:
                                deadline) and when; the most refused first.
 ``fallbacks_served``           which stage answered from which fallback, how often, what share of
                                its answers (from the recorder's counts), and the errors behind it.
+``shared_state``               Redis unreachable: which components (quotas, shared breakers) ran
+                               on local state, for how long, why, and whether they were back.
 ``connection_leak``            a connection held too long, with the stack that acquired it.
 ``pool_exhausted``             pool exhaustion with no stall around it: the pool is too small for
                                this concurrency, or connections leak.
 ``loop_stall``                 stalls explained by nothing above, grouped by blocking frame; a
-                               stall inside asyncio's own code says what that means.
+                               stall inside asyncio's own code says what that means, and one
+                               whose stack held only Python's own code (``origin`` "runtime")
+                               is worded as CPU starvation or a GC pause, not as code to move.
 
 Every diagnosis also has a timeline: the notable moments in order, in seconds from the first record.
 """
@@ -332,6 +336,7 @@ class _Rules:
             *self._breakers(),
             *self._quotas(),
             *self._fallbacks(),
+            *self._shared_state(),
             *self._leaks(),
             *self._exhaustion(),
             *self._plain_stalls(),
@@ -606,6 +611,69 @@ class _Rules:
                 what = f"stage {stage!r}: retry budget spent, {n} retry(ies) refused until {self.at(last)}"
                 self.moment(first, what)
 
+    # -- ragguard's own use of Redis ------------------------------------------------------------------
+
+    def _shared_state(self) -> list[Finding]:
+        """Per component, its outages: from a SharedStateDegraded to the SharedStateRestored that
+        ends it (its ``degraded_for_s``), or to the end of the log."""
+        switches = sorted(
+            self.by_type["SharedStateDegraded"] + self.by_type["SharedStateRestored"],
+            key=lambda r: _when(r) or 0.0,
+        )
+        if not switches:
+            return []
+        local_s: dict[str, float] = {}
+        down_since: dict[str, float | None] = {}
+        outages: Counter[str] = Counter()
+        reasons: dict[str, str] = {}
+        for r in switches:
+            component, at = str(r["component"]), _when(r)
+            if r["type"] == "SharedStateDegraded":
+                if component in down_since:
+                    continue  # already degraded: a repeat says nothing new
+                down_since[component] = at
+                outages[component] += 1
+                reasons.setdefault(component, str(r.get("reason", "")))
+                why = v.bounded(str(r["reason"]), 120)
+                self.moment(at, f"Redis unreachable: {component} on local state ({why})")
+            else:
+                since = down_since.pop(component, None)
+                down = float(r["degraded_for_s"]) if _finite(r["degraded_for_s"]) else 0.0
+                if since is not None and at is not None and not down:
+                    down = max(0.0, at - since)
+                local_s[component] = local_s.get(component, 0.0) + down
+                self.moment(at, f"{component} back on Redis after {_s(down)}")
+        for component, since in down_since.items():  # still degraded when the log ends
+            if since is not None and self.end is not None:
+                local_s[component] = local_s.get(component, 0.0) + max(0.0, self.end - since)
+        components = sorted(outages, key=lambda c: (-local_s.get(c, 0.0), c))
+        if not components:
+            return []
+        still = sorted(down_since)
+        longest = max(local_s.get(c, 0.0) for c in components)
+        more = len(components) - 8
+        shown = ", ".join(components[:8]) + (f" and {more} more" if more > 0 else "")
+        summary = (
+            f"shared state: Redis unreachable, ran on local state for {_s(longest)} (component "
+            f"{shown}); calls were not failed for it, but quotas and breakers were counted per process"
+        )
+        if still and len(still) == len(components):
+            summary += "; none was back on Redis when the log ends"
+        elif still:
+            summary += f"; still on local state when the log ends: {', '.join(still[:8])}"
+        details = tuple(
+            f"{c}: {outages[c]} outage(s), {_s(local_s.get(c, 0.0))} on local state, first after "
+            f"{v.bounded(reasons.get(c, ''), 200)}"
+            for c in components[:_MAX_DETAILS]
+        )
+        data = {
+            "components": components,
+            "local_s": {c: round(local_s.get(c, 0.0), 3) for c in components},
+            "outages": dict(outages),
+            "still_degraded": still,
+        }
+        return [Finding("shared_state", "warning", summary, details, data)]
+
     # -- leaks, exhaustion, stalls -------------------------------------------------------------------------
 
     def _leaks(self) -> list[Finding]:
@@ -676,7 +744,16 @@ class _Rules:
                 f"the loop was blocked {len(hits)} time(s) in {frame} ({_ms(total)} in all, longest "
                 f"{_ms(worst['duration_s'])})"
             )
-            if _is_asyncio_own(worst):
+            runtime_only = all(h.get("origin") == "runtime" for h in hits)
+            if runtime_only and not _is_asyncio_own(worst):
+                times = "" if len(hits) == 1 else f" ({len(hits)} times, longest {_ms(worst['duration_s'])})"
+                blocked = f"the loop thread did not run for {_ms(total)}{times} inside {frame}"
+                advice = (
+                    ": the process may have been starved of CPU or paused by GC. Only Python's own code "
+                    "(the standard library, asyncio) was on the loop's stack, no code of yours to move "
+                    "off the loop: look at the machine's load and at gc pauses (gc.callbacks)"
+                )
+            elif _is_asyncio_own(worst):
                 advice = (
                     ": that is asyncio's own code, not a callback of yours (_process_events queues the "
                     "callbacks of the sockets that became ready). The time went to the loop's own work "
@@ -699,6 +776,7 @@ class _Rules:
                         "total_s": total,
                         "max_s": worst["duration_s"],
                         "asyncio_own": _is_asyncio_own(worst),
+                        "origin": str(worst.get("origin") or ""),
                     },
                 )
             )

@@ -16,9 +16,15 @@ class LoopStall:
     """The event loop ran no I/O or timers for ``duration_s`` seconds, ending at ``at``.
 
     ``frame`` names the blocking code as ``"file:line in function"`` (the innermost frame of the
-    application seen most often while the stall was in progress; ``""`` when no sample landed);
+    application seen most often while the stall was in progress, else of an installed library,
+    else of Python's own; ``""`` when no sample landed);
     ``stack`` holds up to 12 frames of that sample, innermost first, in the same form.
-    ``samples`` is how many stack samples the watchdog took during the stall.
+    ``samples`` is how many stack samples the watchdog took during the stall. ``origin`` says
+    whose code ``frame`` is: ``"app"`` (the application's: outside the standard library and
+    installed packages), ``"library"`` (an installed package's, no frame of the application's on
+    the stack), ``"runtime"`` (only the standard library, asyncio and the loop's machinery on the
+    stack: no code of the user's ran, and the loop thread was most likely starved of CPU or paused
+    by the garbage collector), or ``""`` (no frame seen).
     """
 
     duration_s: float
@@ -30,6 +36,7 @@ class LoopStall:
     function: str
     stack: tuple[str, ...] = ()
     samples: int = 0
+    origin: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,9 +66,12 @@ DEFAULT_KINDS: frozenset[str] = frozenset(
         "QuotaRejected",
         "RetryBudgetExhausted",
         "FallbackServed",
+        "SharedStateDegraded",
+        "SharedStateRestored",
     }
 )
-"""Event types recorded by default: the rare, telling ones (not every CallOutcome)."""
+"""Event types recorded by default: the rare, telling ones (not every CallOutcome), among them
+ragguard's own switches between Redis and local state."""
 
 TALLIED_KINDS: frozenset[str] = frozenset({"StageCompleted", "CallOutcome", "CallRejected"})
 """Event types counted in the ``Tally`` record (one per call: too many to keep one by one)."""
@@ -376,6 +379,8 @@ _SCHEMA: dict[str, dict[str, Any]] = {
     "QuotaRejected": {"tenant": str, "reason": str, "retry_after_s": _NUMBER},
     "FallbackServed": {"stage": str, "fallback": str, "cause": str},
     "RetryBudgetExhausted": {"stage": str},
+    "SharedStateDegraded": {"component": str, "reason": str},
+    "SharedStateRestored": {"component": str, "degraded_for_s": _NUMBER},
     "Tally": {"since": _NUMBER, "stages": dict, "calls": dict, "rejected": dict},
 }  # fmt: skip
 

@@ -24,7 +24,12 @@ blocked iteration (the watchdog posts it whenever the loop thread lets go of the
 asyncio's debug mode stats source files for each new handle), or a timer run between two due
 timers, would split one stall in two.
 
-A stall's event names the application frame seen most often in its samples. A reported duration is
+A stall's event names the frame seen most often in its samples, chosen in each sample as the
+innermost frame of the application (outside the standard library, installed packages and the
+loop's machinery: the user's code that called into them), else the innermost frame of an installed
+library, else the innermost frame of Python's own (``origin`` says which: a stall whose stack holds
+only the standard library and asyncio ran no code of the user's, and usually means the loop thread
+was starved of CPU or paused by the garbage collector). A reported duration is
 at most one ``check_interval_s`` short of the true stall; every stall longer than ``threshold_s +
 check_interval_s`` is caught, a shorter one only when a heartbeat falls in its first part. When a
 loop turns busy, busy mode starts at its next heartbeat (within 0.25 s); until then a busy loop
@@ -47,7 +52,7 @@ import sysconfig
 import threading
 import time
 from collections import Counter
-from types import FrameType, TracebackType
+from types import CodeType, FrameType, TracebackType
 
 from .. import _validate as v
 from .. import events
@@ -55,44 +60,86 @@ from ._events import LoopStall
 
 __all__ = ["StallDetector"]
 
-_MAX_STACK = 12
+_MAX_STACK = 12  # frames an event shows
+_MAX_WALK = 64  # frames a sample holds: the user's frame can lie under a deep library stack
 _BUSY_CPU_SHARE = 0.5  # a loop thread using this share of a core is busy
 _IDLE_BEAT_S = 0.25  # heartbeat period while the loop is idle: re-checks the mode only
 _HANDOFF_S = 0.001  # longest a busy beat waits for the watchdog to take the GIL
 _Site = tuple[str, int, str]
 
 
-def _library_dirs() -> tuple[str, ...]:
+APP, LIBRARY, RUNTIME = "app", "library", "runtime"
+"""A frame's origin: the application's code, an installed package's, or Python's own (the
+standard library, asyncio, the loop's machinery, this monitor)."""
+
+
+def _dirs(*paths: str) -> tuple[str, ...]:
+    return tuple(sorted({os.path.join(os.path.realpath(d), "") for d in paths if d}))
+
+
+def _site_dirs() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
-    dirs = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs = [paths.get("purelib", ""), paths.get("platlib", "")]
     try:
-        dirs.update(site.getsitepackages())
+        dirs += site.getsitepackages()
     except AttributeError:  # pragma: no cover - old virtualenv's site module
         pass
-    dirs.add(os.path.dirname(os.__file__))
-    return tuple(sorted(os.path.join(os.path.realpath(d), "") for d in dirs if d))
+    try:
+        dirs.append(site.getusersitepackages())
+    except AttributeError:  # pragma: no cover
+        pass
+    return _dirs(*dirs)
 
 
-_LIBRARY_DIRS = _library_dirs()
+_SITE_DIRS = _site_dirs()
+_STDLIB_DIRS = _dirs(
+    sysconfig.get_paths().get("stdlib", ""),
+    sysconfig.get_paths().get("platstdlib", ""),
+    os.path.dirname(os.__file__),
+)
 _OWN_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "")
 _LOOP_DIRS = (
     os.path.join(os.path.dirname(os.path.realpath(asyncio.__file__)), ""),
     os.path.join("uvloop", ""),
 )
-_is_app_cache: dict[str, bool] = {}
+_origin_cache: dict[str, str] = {}
 _OPAQUE: _Site = ("", 0, "")
 _OPAQUE_TEXT = "(C code run by the loop: no Python frame to name)"
+_RANK = {APP: 0, LIBRARY: 1, RUNTIME: 2}
+
+
+def _origin(filename: str) -> str:
+    """Where ``filename``'s code comes from: :data:`APP`, :data:`LIBRARY` or :data:`RUNTIME`.
+
+    Installed packages are looked for first: outside a virtual environment site-packages lies
+    inside the standard library's folder. uvloop, installed, is the loop's machinery: RUNTIME.
+    """
+    known = _origin_cache.get(filename)
+    if known is None:
+        known = _classify(filename)
+        if len(_origin_cache) < 4096:
+            _origin_cache[filename] = known
+    return known
+
+
+def _classify(filename: str) -> str:
+    if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>: no file of the user's
+        return RUNTIME if filename.startswith("<frozen") else LIBRARY
+    if _is_loop_machinery(filename):
+        return RUNTIME
+    real = os.path.realpath(filename)
+    if real.startswith(_OWN_DIR):
+        return RUNTIME
+    if real.startswith(_SITE_DIRS):
+        return LIBRARY
+    if real.startswith(_STDLIB_DIRS):
+        return RUNTIME
+    return APP
 
 
 def _is_app(filename: str) -> bool:
     """True for application code: not the stdlib, not an installed library, not this module."""
-    known = _is_app_cache.get(filename)
-    if known is None:
-        real = os.path.realpath(filename) if not filename.startswith("<") else filename
-        known = not (real.startswith(_LIBRARY_DIRS) or real.startswith(_OWN_DIR) or filename.startswith("<"))
-        if len(_is_app_cache) < 4096:
-            _is_app_cache[filename] = known
-    return known
+    return _origin(filename) == APP
 
 
 def _is_loop_machinery(filename: str) -> bool:
@@ -142,7 +189,10 @@ class StallDetector:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_tid = 0
         self._loop_cpu_clock: int | None = None
-        self._base_ids: frozenset[int] = frozenset()
+        # The frames under the loop (id -> code): a sample stops there. The code is checked too:
+        # the frame that ran start()'s callback is gone once it returns, and a later frame (a
+        # sample's innermost one, even) can reuse its id, which cut samples short at random.
+        self._base: dict[int, CodeType] = {}
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         # Shared between the loop and the watchdog (written under _lock, read as single attributes):
@@ -167,7 +217,7 @@ class StallDetector:
         self._loop = loop = asyncio.get_running_loop()
         self._loop_tid = threading.get_ident()
         self._loop_cpu_clock = _cpu_clock_of(self._loop_tid)
-        self._base_ids = frozenset(id(f) for f in _frames_below_loop(sys._getframe(1)))
+        self._base = {id(f): f.f_code for f in _frames_below_loop(sys._getframe(1))}
         self._handoff.acquire(blocking=False)
         self._resume.acquire(blocking=False)
         with self._lock:
@@ -192,7 +242,7 @@ class StallDetector:
             self._thread = None
             _release(self._handoff)
         self._loop = None
-        self._base_ids = frozenset()
+        self._base = {}
 
     async def __aenter__(self) -> StallDetector:
         return self.start()
@@ -345,9 +395,9 @@ class StallDetector:
         frame: FrameType | None = sys._current_frames().get(self._loop_tid)
         if frame is None or frame.f_code.co_filename.endswith("selectors.py"):
             return None
-        base = self._base_ids
+        base = self._base
         out: list[_Site] = []
-        while frame is not None and len(out) < _MAX_STACK and id(frame) not in base:
+        while frame is not None and len(out) < _MAX_WALK and base.get(id(frame)) is not frame.f_code:
             code = frame.f_code
             out.append((code.co_filename, frame.f_lineno or 0, code.co_name))
             frame = frame.f_back
@@ -382,10 +432,12 @@ def _release(lock: threading.Lock) -> None:
 
 def _stall_event(started: float, ended: float, samples: list[tuple[_Site, ...]]) -> LoopStall:
     busy = [s for s in samples if s]
+    origin = ""
     if busy:
         top = Counter(_pick(stack) for stack in busy).most_common(1)[0][0]
-        stack = next(s for s in busy if _pick(s) == top)
+        stack = next(s for s in busy if _pick(s) == top)[:_MAX_STACK]
         frame = _describe(top)
+        origin = _origin(top[0]) if top[0] else RUNTIME
     elif samples:
         top, stack, frame = _OPAQUE, (), _OPAQUE_TEXT
     else:  # a busy-mode stall that ended before the watchdog's first sample
@@ -400,18 +452,24 @@ def _stall_event(started: float, ended: float, samples: list[tuple[_Site, ...]])
         function=top[2],
         stack=tuple(_describe(s) for s in stack),
         samples=len(samples),
+        origin=origin,
     )
 
 
 def _pick(stack: tuple[_Site, ...]) -> _Site:
-    """The innermost application frame, else the innermost frame outside the loop's machinery."""
+    """The innermost application frame (the user's code that called into a library or the
+    standard library), else the innermost frame of an installed library, else the innermost
+    frame outside the loop's machinery, else the innermost."""
+    best: _Site | None = None
+    best_rank = 3
     for site_ in stack:
-        if _is_app(site_[0]):
+        origin = _origin(site_[0])
+        if origin == APP:
             return site_
-    for site_ in stack:
-        if not _is_loop_machinery(site_[0]):
-            return site_
-    return stack[0]
+        rank = 3 if origin == RUNTIME and _is_loop_machinery(site_[0]) else _RANK[origin]
+        if rank < best_rank:
+            best, best_rank = site_, rank
+    return stack[0] if best is None else best
 
 
 def _frames_below_loop(frame: FrameType | None) -> tuple[FrameType, ...]:

@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from typing import Literal
 
 from .._errors import InvalidInput
+from .._validate import shown
 
 __all__ = ["PRIORITIES", "PRIORITY_HEADER", "Priority", "current_priority", "parse_priority", "priority"]
 
@@ -36,8 +37,7 @@ def parse_priority(value: object) -> str:
         name = value.strip().lower()
         if name in RANK:
             return name
-    shown = repr(value)[:40]
-    raise InvalidInput(f"priority must be one of {', '.join(PRIORITIES)}; got {shown}")
+    raise InvalidInput(f"priority must be one of {', '.join(PRIORITIES)}; got {shown(value)}")
 
 
 def current_priority() -> str | None:
