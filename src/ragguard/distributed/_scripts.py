@@ -327,7 +327,7 @@ save()
 return snapshot(1)
 """
 
-_QUOTA_PRELUDE = _NOW + r"""
+_QUOTA_PRELUDE = r"""
 local L, G, Q, X, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local queued = nil  -- requests in the queue, read once
 
@@ -338,6 +338,7 @@ end
 
 -- Give back one admission: its lease (or rate-only grant), its place in the queue, and its rate
 -- token when asked to (refund > 0) and only if the admission was still recorded (idempotent).
+-- Numbers go to redis.call as numbers: Redis formats them exactly (%.17g), with no Lua string.
 local function release(id, refund)
   local removed = redis.call('ZREM', L, id)
   if removed == 0 then removed = redis.call('ZREM', R, id) end
@@ -346,29 +347,36 @@ local function release(id, refund)
     queued = queued - 1
   end
   if refund > 0 and removed > 0 and redis.call('EXISTS', G) == 1 then
-    redis.call('INCRBYFLOAT', G, fmt(-refund))
+    redis.call('INCRBYFLOAT', G, -refund)
   end
 end
 """
 
 QUOTA_ADMIT = _QUOTA_PRELUDE + r"""
--- ARGV (few arguments: each one costs the client time to pack):
---   [1] now ('' = TIME), [2] request id,
---   [3] the tenant's plan: 'max_concurrency (0 = none) rate_per_s (0 = none) burst lease_s queue_ttl_s',
---   [4] 'wait_s may_queue': seconds a rate reservation may wait, 1 when the request may queue,
---   [5] 'id refund_s id refund_s ...': releases this replica made that Redis has not acknowledged
---       yet (they ride on this command).
+-- Two arguments (each one costs the client time to pack and the server time to parse):
+--   ARGV[1] the tenant's plan, the same for each of its requests (the client encodes it once):
+--           'max_concurrency (0 = none) rate_per_s (0 = none) burst lease_s queue_ttl_s'
+--   ARGV[2] the request: 'now id wait_s may_queue' then ' id refund_s' per release this replica
+--           made that Redis has not acknowledged yet (they ride on this command); now '-' = TIME,
+--           wait_s: seconds a rate reservation may wait, may_queue 1 when the request may queue.
 -- Returns one string (a bulk reply parses faster than an array): 'ok <delay_s>' (admitted; start
 -- after delay_s), 'queued <requests ahead>', 'concurrency <requests ahead>' or 'rate <retry_after_s>'.
--- A few commands in the common case: expired leases and waiters are swept only when they matter.
--- A queued request's place is its arrival on the server's clock (TIME), whatever ARGV[1] says.
-local id = ARGV[2]
-local maxc, rate, burst, lease_s, queue_ttl = string.match(ARGV[3], '(%S+) (%S+) (%S+) (%S+) (%S+)')
+-- The common case (a slot and a token free, nobody queued) is eight commands: TIME, the carried
+-- release (ZREM), ZCARD of the queue and of the leases, GET and SET of tat, ZADD and PTTL of the
+-- leases. Expired leases and waiters are swept only when they matter.
+-- A queued request's place is its arrival on the server's clock (TIME), whatever 'now' says.
+local maxc, rate, burst, lease_s, queue_ttl = string.match(ARGV[1], '(%S+) (%S+) (%S+) (%S+) (%S+)')
 maxc, rate, burst, lease_s, queue_ttl = tonumber(maxc), tonumber(rate), tonumber(burst), tonumber(lease_s),
   tonumber(queue_ttl)
-local budget, may_queue = string.match(ARGV[4], '(%S+) (%S+)')
+local now, id, budget, may_queue, carried = string.match(ARGV[2], '(%S+) (%S+) (%S+) (%S+)(.*)')
+if now == '-' then
+  local t = redis.call('TIME')
+  now = t[1] + t[2] / 1000000
+else
+  now = tonumber(now)
+end
 budget, may_queue = tonumber(budget), may_queue == '1'
-for lease, refund in string.gmatch(ARGV[5], '(%S+) (%S+)') do release(lease, tonumber(refund)) end
+for lease, refund in string.gmatch(carried, '(%S+) (%S+)') do release(lease, tonumber(refund)) end
 
 local function leave_queue()
   redis.call('ZREM', Q, id)
@@ -379,7 +387,7 @@ local rank = false
 if maxc > 0 then
   local ahead = queue_len()
   if ahead > 0 then  -- waiters first: drop those that stopped asking, then find this one's place
-    local gone = redis.call('ZRANGEBYSCORE', X, '-inf', fmt(now), 'LIMIT', 0, 100)
+    local gone = redis.call('ZRANGEBYSCORE', X, '-inf', now, 'LIMIT', 0, 100)
     for _, w in ipairs(gone) do
       redis.call('ZREM', Q, w)
       redis.call('ZREM', X, w)
@@ -389,16 +397,16 @@ if maxc > 0 then
   end
   local held = redis.call('ZCARD', L)
   if maxc - held <= ahead then  -- full: leases of crashed replicas may have expired
-    redis.call('ZREMRANGEBYSCORE', L, '-inf', fmt(now))
+    redis.call('ZREMRANGEBYSCORE', L, '-inf', now)
     held = redis.call('ZCARD', L)
   end
   if maxc - held <= ahead then
     if may_queue then
       if not rank then
         local t = redis.call('TIME')
-        redis.call('ZADD', Q, fmt(tonumber(t[1]) + tonumber(t[2]) / 1000000), id)
+        redis.call('ZADD', Q, t[1] + t[2] / 1000000, id)
       end
-      redis.call('ZADD', X, fmt(now + queue_ttl), id)
+      redis.call('ZADD', X, now + queue_ttl, id)
       local ttl = math.ceil(queue_ttl * 2000)
       redis.call('PEXPIRE', Q, ttl)
       redis.call('PEXPIRE', X, ttl)
@@ -419,27 +427,28 @@ if rate > 0 then
     delay = 0
   elseif delay > budget then
     if rank then leave_queue() end
-    return 'rate ' .. fmt(delay)
+    return 'rate ' .. string.format('%.17g', delay)
   end
-  redis.call('SET', G, fmt(tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
+  redis.call('SET', G, tat, 'PX', math.ceil((tat - now) * 1000) + 1000)
 end
 if maxc > 0 then
-  redis.call('ZADD', L, fmt(now + lease_s), id)
+  redis.call('ZADD', L, now + lease_s, id)
   -- the set outlives every lease in it: extended (to 2 x lease_s) once its TTL runs below lease_s
   if redis.call('PTTL', L) < lease_s * 1000 then redis.call('PEXPIRE', L, math.ceil(lease_s * 2000)) end
   if rank then leave_queue() end
 elseif rate > 0 then
-  redis.call('ZREMRANGEBYSCORE', R, '-inf', fmt(now))
-  redis.call('ZADD', R, fmt(now + lease_s), id)
+  redis.call('ZREMRANGEBYSCORE', R, '-inf', now)
+  redis.call('ZADD', R, now + lease_s, id)
   redis.call('PEXPIRE', R, math.ceil(lease_s * 1000))
 end
-return 'ok ' .. fmt(delay)
+if delay == 0 then return 'ok 0' end
+return 'ok ' .. string.format('%.17g', delay)
 """
 
-QUOTA_SYNC = _QUOTA_PRELUDE + r"""
+QUOTA_SYNC = _NOW + _QUOTA_PRELUDE + r"""
 -- ARGV: [1] now ('' = TIME), [2] lease_s, [3] 'renew' (extend leases still there) or 'adopt' (put
 -- back every lease this replica runs: after an outage, with those admitted locally meanwhile),
--- [4] n, [5..4+n] lease ids, [5+n] 'id refund_s id refund_s ...' releases. Returns the leases written.
+-- [4] n, [5..4+n] lease ids, [5+n] ' id refund_s id refund_s ...' releases. Returns the leases written.
 local lease_s, adopt, n = tonumber(ARGV[2]), ARGV[3] == 'adopt', tonumber(ARGV[4])
 local expiry = fmt(now + lease_s)
 local written = 0
