@@ -166,6 +166,65 @@ class SharedCircuitBreaker:
     :meth:`aclose`; it also starts itself on first use inside a running event loop.
     """
 
+    # Slots, as the in-memory breaker has: with its fifty attributes, an instance dict would no longer
+    # share its keys (CPython shares up to 30), and every attribute read on the closed path would
+    # cost a dict lookup.
+    __slots__ = (
+        "__weakref__",
+        "_base",
+        "_batch",
+        "_batch_size",
+        "_birth",
+        "_closing",
+        "_config",
+        "_epoch",
+        "_error_class",
+        "_flush_interval_s",
+        "_hold",
+        "_jitter",
+        "_lease_ids",
+        "_link",
+        "_mode",
+        "_no_permit_until",
+        "_now",
+        "_oks",
+        "_oks_room",
+        "_opts",
+        "_pending",
+        "_permits",
+        "_prefetched",
+        "_report",
+        "_rng",
+        "_seq",
+        "_seq_key",
+        "_set_state",
+        "_side_tasks",
+        "_slow_classifier",
+        "_slow_s",
+        "_state",
+        "_static_args",
+        "_sync_lock",
+        "_task",
+        "_trial_acquire",
+        "_trial_done",
+        "_trial_lease_s",
+        "_trial_lock",
+        "_trial_outbox",
+        "_trials",
+        "_ttl_ms",
+        "_unacked",
+        "_until",
+        "_wake",
+        "bus",
+        "classifier",
+        "clock",
+        "keys",
+        "name",
+        "replica_id",
+        "staleness_s",
+        "wrapped",
+    )
+
     def __init__(
         self,
         breaker: CircuitBreaker,
@@ -258,6 +317,8 @@ class SharedCircuitBreaker:
         self._hold: LocalHold | None = None
 
         self._pending = bytearray()  # outcome codes of the current epoch, not yet sent
+        self._oks = 0  # fast successes recorded after the last code in _pending (see _fold)
+        self._oks_room = batch_size  # batch_size - len(_pending): the batch is full when _oks reaches it
         self._unacked: tuple[int, int, bytes] | None = None  # (seq, epoch, codes) sent, no reply yet
         self._seq = 0
         self._trials: dict[str, _Trial] = {}  # granted to a caller of this replica, result not back
@@ -360,17 +421,25 @@ class SharedCircuitBreaker:
         ``duration_s`` in seconds; ``exc`` the ``Exception`` raised or None. Never waits: the
         outcome joins the batch the background task sends.
         """
+        if exc is None and token == self._epoch and duration_s <= self._slow_s and self._mode is _SHARED:
+            # A fast success, the common case: counted, and folded into the batch as zero bytes
+            # when the batch is read (as the in-memory breaker folds its own). Only an int equals
+            # the epoch; a trial or a hold token never does.
+            self._oks = oks = self._oks + 1
+            if oks >= self._oks_room:
+                self._batch_full()
+            if self.bus.active:
+                self.bus.emit(events.CallOutcome(self.name, "success", duration_s, None))
+            return
         if type(token) is int:
             if token == self._epoch and self._mode is _SHARED:
-                if exc is None:
-                    code = _SLOW if duration_s > self._slow_s else 0
-                else:
-                    code = self._code(duration_s, exc)
-                    if code < 0:
-                        return
-                pending = self._pending
+                code = self._code_of(duration_s, exc)
+                if code < 0:
+                    return
+                pending = self._fold()
                 pending.append(code)
-                if len(pending) >= self._batch_size:
+                self._oks_room = room = self._batch_size - len(pending)
+                if room <= 0:
                     self._batch_full()
                 if self.bus.active:
                     self.bus.emit(events.CallOutcome(self.name, _OUTCOMES[code], duration_s,
@@ -380,7 +449,9 @@ class SharedCircuitBreaker:
                 if self._mode is _UNSYNCED:  # before the first read: for the shared window too
                     code = self._code_of(duration_s, exc)
                     if code >= 0:
-                        self._pending.append(code)
+                        pending = self._fold()
+                        pending.append(code)
+                        self._oks_room = self._batch_size - len(pending)
             elif token == self._epoch and self._hold is None:
                 # admitted on shared state, ended on local state: the local breaker counts it
                 wrapped = self.wrapped
@@ -643,6 +714,8 @@ class SharedCircuitBreaker:
         now = self._now()
         if epoch != self._epoch and self._epoch != _NO_EPOCH:
             self._pending.clear()  # recorded in an epoch that is over
+            self._oks = 0
+            self._oks_room = self._batch_size
             self._prefetched.clear()  # their leases died with the epoch
         # Half-open with every permit taken: refuse without asking again until the next sync.
         full = state is _HALF_OPEN and int(permits_left) <= 0
@@ -664,10 +737,11 @@ class SharedCircuitBreaker:
             return
         try:
             await self._send_trial_results()
-            if self._unacked is None and self._pending:
+            if self._unacked is None and (self._pending or self._oks):
                 self._seq += 1
-                self._unacked = (self._seq, self._epoch, bytes(self._pending))
+                self._unacked = (self._seq, self._epoch, bytes(self._fold()))
                 self._pending = bytearray()
+                self._oks_room = self._batch_size
             seq, epoch, codes = self._unacked or (0, self._epoch, b"")
             reply = await link.call(functools.partial(
                 self._report, keys=[*self.keys, self._seq_key],
@@ -717,11 +791,20 @@ class SharedCircuitBreaker:
         if self._trial_outbox:
             await self._send_trial_results()
 
-    def _batch_full(self) -> None:
+    def _fold(self) -> bytearray:
+        """The batch of outcome codes, with the fast successes counted since its last code appended."""
         pending = self._pending
+        if self._oks:
+            pending += bytes(self._oks)  # success is code 0
+            self._oks = 0
+        return pending
+
+    def _batch_full(self) -> None:
+        pending = self._fold()
         if len(pending) >= _MAX_PENDING_BATCHES * self._batch_size:
             del pending[: len(pending) // 2]  # Redis is slow: keep the newest outcomes, bounded
-        self._wake.set()
+        self._oks_room = self._batch_size - len(pending)  # <= 0 until the batch is sent: each
+        self._wake.set()  # outcome wakes the background task again
 
     # -- local state -----------------------------------------------------------------------------
 
