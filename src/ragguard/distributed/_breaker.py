@@ -48,7 +48,7 @@ from .._clock import Clock, monotonic
 from .._errors import BreakerOpen, ConfigError
 from ..breakers import BreakerState, CircuitBreaker, classify_outcome, register_breaker
 from ._hold import HoldTrial, LocalHold
-from ._link import LinkBusy, RedisLink, SharedStateUnavailable
+from ._link import LinkBusy, RedisLink, Script, SharedStateUnavailable
 from ._scripts import BREAKER_REPORT, BREAKER_SET_STATE, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE
 
 __all__ = ["SharedCircuitBreaker", "breaker_keys", "encode_key_part"]
@@ -175,6 +175,7 @@ class SharedCircuitBreaker:
         "_batch",
         "_batch_size",
         "_birth",
+        "_birth_arg",
         "_closing",
         "_config",
         "_epoch",
@@ -194,7 +195,9 @@ class SharedCircuitBreaker:
         "_permits",
         "_prefetched",
         "_report",
+        "_report_keys",
         "_rng",
+        "_script_keys",
         "_seq",
         "_seq_key",
         "_set_state",
@@ -279,7 +282,8 @@ class SharedCircuitBreaker:
         self._jitter: float = opts["open_jitter"]
         self._permits: int = opts["half_open_permits"]
         open_max = opts["open_max_s"]
-        self._static_args = [
+        self._static_args = [str(arg).encode() for arg in (
+            self._ttl_ms,
             opts["window_type"],
             opts["window_size"],
             opts["minimum_calls"],
@@ -290,10 +294,11 @@ class SharedCircuitBreaker:
             repr(float(opts["open_for_s"])),
             repr(float(opts["open_backoff_multiplier"])),
             0 if math.isinf(open_max) else repr(float(open_max)),
-        ]
+        )]
         # The epoch a state's first change moves to: random per replica (never the seeded rng), so
         # that tokens from before a Redis restart never match an epoch after it.
         self._birth = random.SystemRandom().randrange(1, 2**46)
+        self._birth_arg = str(self._birth).encode()
         self.replica_id = f"{os.getpid():x}-{random.SystemRandom().getrandbits(40):010x}"
         self.keys = breaker_keys(name, key_prefix)
         self._seq_key = f"{self.keys[0].rsplit(':', 1)[0]}:seq:{self.replica_id}"
@@ -301,10 +306,13 @@ class SharedCircuitBreaker:
                                probe_every_s=probe_every_s, clock=link_clock)
         self._link.on_degraded.append(self._go_local)
         self._link.on_restored.append(self._wake_up)
-        self._report = redis.register_script(BREAKER_REPORT)
-        self._trial_acquire = redis.register_script(BREAKER_TRIAL_ACQUIRE)
-        self._trial_done = redis.register_script(BREAKER_TRIAL_DONE)
-        self._set_state = redis.register_script(BREAKER_SET_STATE)
+        self._report = Script(redis, BREAKER_REPORT, 4)
+        self._trial_acquire = Script(redis, BREAKER_TRIAL_ACQUIRE, 3)
+        self._trial_done = Script(redis, BREAKER_TRIAL_DONE, 3)
+        self._set_state = Script(redis, BREAKER_SET_STATE, 3)
+        # the keys and the arguments every script sends, encoded once (redis-py passes bytes as they are)
+        self._script_keys = [key.encode() for key in self.keys]
+        self._report_keys = [*self._script_keys, self._seq_key.encode()]
         self._lease_ids = (f"{self.replica_id}-{n}" for n in itertools.count())
 
         # The local copy of the shared state, replaced wholesale by every script reply.
@@ -700,16 +708,16 @@ class SharedCircuitBreaker:
     def _args(self, *extra: Any) -> list[Any]:
         spread = self._jitter * (2.0 * self._rng.random() - 1.0) if self._jitter else 0.0
         now = "" if self.clock is None else repr(float(self.clock()))
-        return [now, self._ttl_ms, *self._static_args, repr(spread), self._birth, *extra]
+        return [now, *self._static_args, repr(spread), self._birth_arg, *extra]
 
-    def _script(self, script: Any, *extra: Any) -> Awaitable[Any]:
-        return script(keys=self.keys, args=self._args(*extra))  # type: ignore[no-any-return]
+    def _script(self, script: Script, *extra: Any) -> Awaitable[Any]:
+        return script(*self._script_keys, *self._args(*extra))
 
     def _apply(self, reply: Any) -> int:
-        """Adopt a snapshot ``[extra, state, epoch, open_left_s, reason, open_base_s, permits_left]``;
+        """Adopt a snapshot ``'extra state epoch open_left_s open_base_s permits_left reason'``;
         returns extra."""
-        extra, state_s, epoch_s, left_s, reason, base_s, permits_left = reply
-        state = BreakerState(_text(state_s))
+        extra, state_s, epoch_s, left_s, base_s, permits_left, reason = _text(reply).split(" ", 6)
+        state = BreakerState(state_s)
         epoch = int(epoch_s)
         now = self._now()
         if epoch != self._epoch and self._epoch != _NO_EPOCH:
@@ -725,7 +733,7 @@ class SharedCircuitBreaker:
         self._until = now + float(left_s) if state is _OPEN else 0.0
         if old is not state and self._mode is _SHARED and self.bus.active:
             self.bus.emit(events.BreakerTransition(self.name, old.value, state.value, now,
-                                                   f"shared: {_text(reason)}"))
+                                                   f"shared: {reason}"))
         return int(extra)
 
     # -- sync ----------------------------------------------------------------------------------
@@ -743,9 +751,8 @@ class SharedCircuitBreaker:
                 self._pending = bytearray()
                 self._oks_room = self._batch_size
             seq, epoch, codes = self._unacked or (0, self._epoch, b"")
-            reply = await link.call(functools.partial(
-                self._report, keys=[*self.keys, self._seq_key],
-                args=self._args(epoch if epoch != _NO_EPOCH else -1, codes, seq)))
+            reply = await link.call(self._report, *self._report_keys,
+                                    *self._args(epoch if epoch != _NO_EPOCH else -1, codes, seq))
             self._unacked = None
             was = self.state
             self._apply(reply)

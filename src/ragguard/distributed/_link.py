@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -157,10 +156,7 @@ class RedisLink:
         self.max_in_flight = max_in_flight
         self._failures_to_degrade = failures_to_degrade
         self._failures = 0  # failed commands in a row
-        # turns: commands in flight, and the callers waiting for one, first come first served (an
-        # asyncio.Semaphore, reduced to what the link needs: two frames fewer per command)
-        self._busy = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._turns = asyncio.Semaphore(max_in_flight)
         self._clock = clock
         self.degraded = False
         """True while the component runs on local state (read it freely: a plain attribute)."""
@@ -185,11 +181,7 @@ class RedisLink:
     async def _run(self, probe: bool, fn: Callable[..., Awaitable[T]], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> T:
         try:
-            if self._busy < self.max_in_flight and not self._waiters:
-                self._busy += 1
-            else:
-                await self._wait_turn()  # a turn of ours: waiting for it is not Redis's time
-            try:
+            async with self._turns:  # a turn of ours: waiting for it is not Redis's time
                 if self.degraded and not probe:
                     raise SharedStateUnavailable(f"{self.component}: Redis unreachable")
                 try:
@@ -201,8 +193,6 @@ class RedisLink:
                     # fails at once: one more try on a fresh connection. Every script is
                     # idempotent or carries its own id, so running one twice changes nothing.
                     result = await call_with_timeout(fn(*args, **kwargs), self.timeout_s)
-            finally:
-                self._pass_turn()
         except SharedStateUnavailable:
             raise
         except Exception as exc:
@@ -219,28 +209,6 @@ class RedisLink:
         elif self._failures:
             self._failures = 0
         return result
-
-    async def _wait_turn(self) -> None:
-        """Wait until a command in flight hands its turn over (returns holding it)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._pass_turn()  # handed a turn as it was cancelled: the next waiter takes it
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
-            raise
-
-    def _pass_turn(self) -> None:
-        waiters = self._waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the turn goes straight to the oldest waiter
-                return
-        self._busy -= 1
 
     def _degrade(self, exc: Exception) -> None:
         self.degraded = True

@@ -536,8 +536,13 @@ class RedisQuotas:
         loop = asyncio.get_running_loop()
         for tenant in list(self._adopting):
             leases = [lease for lease in self._running.values() if lease.counted and lease.tenant == tenant]
+            ids = [lease.lease_id for lease in leases]
             try:
-                if await self._sync_tenant(tenant, [lease.lease_id for lease in leases], "adopt"):
+                # A first command after an outage may outlast the timeout (a reconnection, a
+                # NOSCRIPT and its reload): one more try, or the leases would stay out of Redis
+                # until the next outage. A second failure degrades the link; the restore adopts.
+                if await self._sync_tenant(tenant, ids, "adopt") or (
+                        not self._link.degraded and await self._sync_tenant(tenant, ids, "adopt")):
                     for lease in leases:
                         lease.in_redis = True
             finally:

@@ -16,8 +16,9 @@ Breaker keys (``<tag>`` is ``{<prefix>:breaker:<name>}``, the name percent-encod
 The breaker scripts mirror ``ragguard.breakers.CircuitBreaker`` (the same window arithmetic and
 transitions); outcome codes are its ``FAILED | SLOW`` bits. Every write refreshes the keys' TTL
 (``ttl_ms``, lengthened by the time left open); a script that changes nothing writes nothing.
-Every reply is the snapshot ``{extra, state, epoch, open_left_s, reason, open_base_s,
-trial_permits_left}``: the replica keeps durations, never the server's absolute times.
+Every reply is the snapshot ``'extra state epoch open_left_s open_base_s trial_permits_left reason'``,
+one string (redis-py parses a bulk string several times faster than an array; the reason, which has
+spaces, comes last): the replica keeps durations, never the server's absolute times.
 
 Epochs count state changes. A state's first change moves the epoch from 0 to a random ``birth``
 chosen by the replica (< 2^46, exact in Lua's doubles), so tokens from before a Redis restart never
@@ -192,7 +193,8 @@ local function snapshot(extra)
   if st.state == 'half_open' then
     avail = permits - st.trial_calls - redis.call('ZCOUNT', T, '(' .. fmt(now), '+inf')
   end
-  return {extra, st.state, string.format('%d', st.epoch), fmt(left), st.reason, fmt(st.open_base), avail}
+  return string.format('%d %s %d %s %s %d %s', extra, st.state, st.epoch, fmt(left), fmt(st.open_base), avail,
+    st.reason)
 end
 """
 
@@ -202,7 +204,10 @@ BREAKER_REPORT = _BREAKER_PRELUDE + r"""
 -- per outcome code; ARGV[17]: the batch's sequence number. A batch whose
 -- sequence number was already applied is a resend after a lost reply: counted once only.
 -- Codes are applied in order and the rules checked after each, as the in-memory breaker does;
--- the codes after a trip are dropped (the window they belonged to is over).
+-- the codes after a trip are dropped (the window they belonged to is over). A success cannot trip
+-- the breaker once calls >= min_calls and both rates are under their thresholds (it lowers both
+-- rates and ends the run of failures), and neither can the successes after it: such a run of
+-- successes, the bulk of a healthy batch, is applied at once with a few string operations.
 local expected, codes, seq = tonumber(ARGV[15]), ARGV[16], tonumber(ARGV[17])
 local k = #codes
 if k > 0 then
@@ -218,38 +223,63 @@ if k > 0 and st.state == 'closed' and (st.epoch == expected or expected == -1) t
   local sec = math.floor(now)
   local tc, tf, ts = 0, 0, 0
   if wtype ~= 'count' then advance(sec) end
+  local function quiet()  -- a success now could trip nothing
+    return st.calls >= min_calls and st.failures * 100 < f_thr * st.calls and st.slow * 100 < s_thr * st.calls
+  end
   local i, tripped = 1, false
   while i <= k and not tripped do
-    local m = math.min(wsize, k - i + 1)
-    local old = nil
-    if wtype == 'count' then old = ring_read(st.pos, m) end
-    local n = 0
-    for j = 1, m do
-      local code = string.byte(codes, i + j - 1)
-      local failed, slow = code % 2, math.floor(code / 2)
+    if string.byte(codes, i) == 0 and quiet() then
+      local r = (string.find(codes, '[^%z]', i) or k + 1) - i  -- the run of successes from i
+      st.consecutive = 0
       if wtype == 'count' then
-        if st.calls >= wsize then
-          local o = string.byte(old, j)
-          st.failures = st.failures - o % 2
-          st.slow = st.slow - math.floor(o / 2)
+        -- the first `grow` successes fill the window, the others replace its oldest codes (a run
+        -- as long as the window replaces every code there was)
+        local span = math.min(r, wsize)
+        local grow = math.max(0, math.min(r, wsize - st.calls))
+        local gone = string.sub(ring_read(st.pos, span), grow + 1)
+        st.failures = st.failures - select(2, string.gsub(gone, '[\1\3]', ''))
+        st.slow = st.slow - select(2, string.gsub(gone, '[\2\3]', ''))
+        st.calls = st.calls + grow
+        ring_write(st.pos, string.rep('\0', span))
+        st.pos = (st.pos + r) % wsize
+      else
+        st.calls = st.calls + r
+        tc = tc + r
+      end
+      i = i + r
+    else
+      local m = math.min(wsize, k - i + 1)
+      local old = nil
+      if wtype == 'count' then old = ring_read(st.pos, m) end
+      local n = 0
+      for j = 1, m do
+        local code = string.byte(codes, i + j - 1)
+        if code == 0 and j > 1 and quiet() then break end  -- the run of successes goes in bulk
+        local failed, slow = code % 2, math.floor(code / 2)
+        if wtype == 'count' then
+          if st.calls >= wsize then
+            local o = string.byte(old, j)
+            st.failures = st.failures - o % 2
+            st.slow = st.slow - math.floor(o / 2)
+          else
+            st.calls = st.calls + 1
+          end
         else
           st.calls = st.calls + 1
+          tc, tf, ts = tc + 1, tf + failed, ts + slow
         end
-      else
-        st.calls = st.calls + 1
-        tc, tf, ts = tc + 1, tf + failed, ts + slow
+        st.failures = st.failures + failed
+        st.slow = st.slow + slow
+        if failed == 1 then st.consecutive = st.consecutive + 1 else st.consecutive = 0 end
+        n = j
+        if check() then tripped = true break end
       end
-      st.failures = st.failures + failed
-      st.slow = st.slow + slow
-      if failed == 1 then st.consecutive = st.consecutive + 1 else st.consecutive = 0 end
-      n = j
-      if check() then tripped = true break end
+      if wtype == 'count' then
+        ring_write(st.pos, string.sub(codes, i, i + n - 1))
+        st.pos = (st.pos + n) % wsize
+      end
+      i = i + n
     end
-    if wtype == 'count' then
-      ring_write(st.pos, string.sub(codes, i, i + n - 1))
-      st.pos = (st.pos + n) % wsize
-    end
-    i = i + n
   end
   if tc > 0 then
     local b = sec % wsize
