@@ -9,11 +9,15 @@ The section of ``benchmarks/overhead.py`` for issue 6. Starts a real ``redis-ser
   background task flushing the batches to Redis during the round (its client-side cost counts);
 * the same two while open (rejected), and the shared breaker on local fallback (Redis stopped).
 
-Every body yields to the loop every ``--yield-every`` calls, as real I/O calls would, so the
-shared breaker's flush task runs inside the measured time. Each figure is the median of
-``--repeats`` rounds of ``--n`` calls. Target: shared <= 2x in-memory. Usage::
+The contenders take turns round by round (``_bench.run_async``: the order rotates, so a burst of
+load from another process lands on all of them alike), and every contender yields to the loop every
+``--yield-every`` calls, as real I/O calls would, so the shared breaker's flush task runs inside
+the measured time. Figures are CPU time of the loop's thread per call (the replica's own cost:
+redis-server's work is another process's, in production another machine's), the median of
+``--rounds`` rounds of ``--ops`` calls. Target: the shared breaker's cost over the bare call at most
+2x the in-memory breaker's, paired per round. Usage::
 
-    python benchmarks/shared_breaker.py [--n 100000] [--repeats 5] [--yield-every 10]
+    python benchmarks/shared_breaker.py [--ops 20000] [--rounds 9] [--yield-every 10]
 """
 
 from __future__ import annotations
@@ -21,85 +25,65 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aredis
 
+import _bench
+from _bench import Contender, Results, Target
 from ragguard import BreakerOpen
 from ragguard.breakers import CircuitBreaker
 from ragguard.chaos import RedisServer
 from ragguard.distributed import SharedCircuitBreaker
-
-Body = Callable[[], Awaitable[None]]
 
 
 async def ok() -> int:
     return 1
 
 
-def guarded(breaker: Any, n: int, every: int) -> Body:
+def guarded(breaker: Any) -> Callable[[], Awaitable[None]]:
     """What Stage.attempt does around one call: acquire, time the call, report the outcome."""
     clock = time.monotonic
+    acquire, on_result = breaker.acquire, breaker.on_result
 
     async def body() -> None:
-        acquire, on_result = breaker.acquire, breaker.on_result
-        for i in range(n):
-            token = acquire()
-            start = clock()
-            await ok()
-            now = clock()
-            on_result(token, now - start, None, now)
-            if i % every == 0:
-                await asyncio.sleep(0)
+        token = acquire()
+        start = clock()
+        await ok()
+        now = clock()
+        on_result(token, now - start, None, now)
 
     return body
 
 
-def rejected(breaker: Any, n: int, every: int) -> Body:
+def rejected(breaker: Any) -> Callable[[], Awaitable[None]]:
+    acquire = breaker.acquire
+
     async def body() -> None:
-        acquire = breaker.acquire
-        for i in range(n):
-            try:
-                acquire()
-            except BreakerOpen:
-                pass
-            if i % every == 0:
-                await asyncio.sleep(0)
+        try:
+            acquire()
+        except BreakerOpen:
+            pass
 
     return body
-
-
-def bare(n: int, every: int) -> Body:
-    async def body() -> None:
-        for i in range(n):
-            await ok()
-            if i % every == 0:
-                await asyncio.sleep(0)
-
-    return body
-
-
-async def measure(cases: dict[str, Body], n: int, repeats: int) -> dict[str, float]:
-    """Median ns/call per case; the cases take turns within each round, so a noisy neighbour
-    on the machine slows them alike."""
-    for body in cases.values():
-        await body()  # warm-up (and the shared breaker's first flushes)
-    rounds: dict[str, list[float]] = {label: [] for label in cases}
-    for _ in range(repeats):
-        for label, body in cases.items():
-            start = time.perf_counter_ns()
-            await body()
-            rounds[label].append((time.perf_counter_ns() - start) / n)
-    return {label: statistics.median(r) for label, r in rounds.items()}
 
 
 def breaker(name: str) -> CircuitBreaker:
     return CircuitBreaker(name, minimum_calls=100, window_size=100, open_for_s=3600)
 
 
-async def main(n: int, repeats: int, every: int) -> None:
+def over_bare(results: Results, a: str, b: str, bare: str) -> tuple[float, float, float]:
+    """Median, min and max over rounds of (a - bare) / (b - bare), all three from the same round."""
+    per_round = [(x - z) / max(y - z, 1e-9) for x, y, z in
+                 zip(results.samples[a], results.samples[b], results.samples[bare], strict=True)]
+    return statistics.median(per_round), min(per_round), max(per_round)
+
+
+async def main(ops: int, rounds: int, every: int) -> int:
+    _bench.header()
     with RedisServer() as server:
         client = aredis.Redis(host=server.host, port=server.port, socket_timeout=0.5)
         memory = breaker("bench-memory")
@@ -111,55 +95,64 @@ async def main(n: int, repeats: int, every: int) -> None:
                 b.on_result(b.acquire(), 0.0, ConnectionRefusedError("down"))
         await shared_open.refresh()
         assert memory_open.state == "open" and shared_open.state == "open" and shared.shared
+        before = int((await client.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0))
 
-        got = await measure({
-            "bare": bare(n, every),
-            "memory": guarded(memory, n, every),
-            "shared": guarded(shared, n, every),
-            "memory_open": rejected(memory_open, n, every),
-            "shared_open": rejected(shared_open, n, every),
-        }, n, repeats)
-        base, mem, shr, mem_rej, shr_rej = (got[k] for k in ("bare", "memory", "shared", "memory_open",
-                                                             "shared_open"))
+        contenders = [
+            Contender("bare await", "the call alone", ok),
+            Contender("in-memory, closed", "acquire, the call, on_result (success)", guarded(memory)),
+            Contender("shared, closed", "the same, outcomes batched to Redis by the background task",
+                      guarded(shared)),
+            Contender("in-memory, open", "acquire raises BreakerOpen, caught", rejected(memory_open)),
+            Contender("shared, open", "the same on the shared state", rejected(shared_open)),
+        ]  # fmt: skip
+        results = await _bench.run_async(contenders, ops=ops, rounds=rounds, yield_every=every)
+        syncs = int((await client.info("commandstats"))["cmdstat_evalsha"]["calls"]) - before
         calls_in_redis = int(await client.hget(shared.keys[0], "calls") or 0)
+
         server.stop()  # Redis goes away: the shared breaker falls back to its wrapped breaker
         for _ in range(300):
             if not shared.shared:
                 break
             await asyncio.sleep(0.01)
-        after = await measure({"bare": bare(n, every), "memory": guarded(memory, n, every),
-                               "fallback": guarded(shared, n, every)}, n, repeats)
-        fallback = after["fallback"] * mem / after["memory"]  # scaled to the first run's in-memory
         assert not shared.shared
+        fallback = await _bench.run_async([
+            Contender("bare await", "the call alone", ok),
+            Contender("in-memory, closed", "acquire, the call, on_result (success)", guarded(memory)),
+            Contender("shared, Redis stopped", "on local fallback: the wrapped breaker decides",
+                      guarded(shared)),
+        ], ops=ops, rounds=rounds, yield_every=every)  # fmt: skip
         await shared.aclose()
         await shared_open.aclose()
         await client.aclose()
 
-    print(f"{'case':<46}{'ns/call':>9}{'over bare':>11}{'x in-memory':>13}")
-    rows = [
-        ("bare await", base, None),
-        ("in-memory acquire/on_result, closed", mem, mem),
-        ("shared acquire/on_result, closed", shr, mem),
-        ("shared, Redis stopped (local fallback)", fallback, mem),
-        ("in-memory acquire, open (rejected)", mem_rej, mem_rej),
-        ("shared acquire, open (rejected)", shr_rej, mem_rej),
+    _bench.print_table(results, "shared breaker beside the in-memory one", unit="call",
+                       against=["bare await", "in-memory, closed"])
+    _bench.print_table(fallback, "Redis stopped", unit="call", against=["bare await", "in-memory, closed"])
+    closed = over_bare(results, "shared, closed", "in-memory, closed", "bare await")
+    local = over_bare(fallback, "shared, Redis stopped", "in-memory, closed", "bare await")
+    mem_ns = results.median("in-memory, closed") - results.median("bare await")
+    shr_ns = results.median("shared, closed") - results.median("bare await")
+    targets = [
+        Target("shared closed-path cost vs in-memory (each minus the bare call)", closed[0], 2.0,
+               f"{shr_ns:.0f} ns vs {mem_ns:.0f} ns; rounds {closed[1]:.2f}-{closed[2]:.2f}"),
+        Target("shared on local fallback vs in-memory (each minus the bare call)", local[0], 2.0,
+               f"rounds {local[1]:.2f}-{local[2]:.2f}"),
+        _bench.ratio_target(results, "shared rejection vs in-memory rejection", "shared, open",
+                            "in-memory, open", 2.0),
     ]
-    for label, ns, ref in rows:
-        over = ns - base if "acquire/" in label or "fallback" in label else ns
-        ratio = "" if ref is None else f"{ns / ref:.2f}"
-        print(f"{label:<46}{ns:>9.0f}{over:>11.0f}{ratio:>13}")
-    print(f"breaker cost alone (minus bare): in-memory {mem - base:.0f} ns, shared {shr - base:.0f} ns "
-          f"-> {(shr - base) / max(mem - base, 1e-9):.2f}x (target <= 2x)")
-    print(f"(n={n} calls per round, median of {repeats} rounds, yield every {every} calls; "
-          f"the shared window in Redis holds {calls_in_redis} calls, so the batches did arrive)")
+    gaps = _bench.print_targets(targets)
+    print(f"({ops} calls per round, {rounds} rounds, a yield every {every} calls; {syncs} syncs with Redis "
+          f"during the rounds, one per {(rounds + 1) * ops * 2 / max(syncs, 1):,.0f} calls of the two shared "
+          f"contenders; the shared window holds {calls_in_redis} calls, so the batches did arrive)")
+    return gaps
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=100_000, help="calls per round (1..1,000,000)")
-    parser.add_argument("--repeats", type=int, default=7, help="rounds per case (1..50)")
+    parser.add_argument("--ops", type=int, default=20_000, help="calls per round (1..1,000,000)")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds (1..50)")
     parser.add_argument("--yield-every", type=int, default=10, help="calls between loop yields (1..1000)")
     args = parser.parse_args()
-    if not (1 <= args.n <= 1_000_000 and 1 <= args.repeats <= 50 and 1 <= args.yield_every <= 1000):
-        parser.error("--n in 1..1,000,000, --repeats in 1..50, --yield-every in 1..1000")
-    asyncio.run(main(args.n, args.repeats, args.yield_every))
+    if not (1 <= args.ops <= 1_000_000 and 1 <= args.rounds <= 50 and 1 <= args.yield_every <= 1000):
+        parser.error("--ops in 1..1,000,000, --rounds in 1..50, --yield-every in 1..1000")
+    sys.exit(asyncio.run(main(args.ops, args.rounds, args.yield_every)))

@@ -89,6 +89,26 @@ async def test_outcomes_are_batched_not_sent_per_call(client: Any, fake_clock: F
         await a.aclose()
 
 
+async def test_a_full_batch_is_sent_at_once_in_order(client: Any, fake_clock: FakeClock) -> None:
+    a = await replica(client, fake_clock, minimum_calls=100, window_size=100, batch_size=5,
+                      flush_interval_s=5.0, staleness_s=6.0).start()
+    try:
+        _, window_key, _ = a.keys
+        succeed(a, 2)
+        fail(a, 1)
+        a.on_result(a.acquire(), 120.0, None)  # slow success (the default slow_call_duration_s is 60)
+        await asyncio.sleep(0.05)
+        assert await client.strlen(window_key) == 0  # 4 of 5: the batch waits for the interval
+        succeed(a, 1)  # the fifth outcome fills the batch: sent now, not after 5 s
+        for _ in range(100):
+            if await client.strlen(window_key) == 5:
+                break
+            await asyncio.sleep(0.01)
+        assert await client.get(window_key) == bytes([0, 0, 1, 2, 0])  # the codes, in call order
+    finally:
+        await a.aclose()
+
+
 async def test_a_joining_replica_writes_nothing(client: Any, fake_clock: FakeClock) -> None:
     a = await replica(client, fake_clock).start()
     assert await client.keys("*") == []  # a fresh breaker on an empty Redis writes nothing either

@@ -48,7 +48,7 @@ from .._clock import Clock, monotonic
 from .._errors import BreakerOpen, ConfigError
 from ..breakers import BreakerState, CircuitBreaker, classify_outcome, register_breaker
 from ._hold import HoldTrial, LocalHold
-from ._link import LinkBusy, RedisLink, SharedStateUnavailable
+from ._link import LinkBusy, RedisLink, Script, SharedStateUnavailable
 from ._scripts import BREAKER_REPORT, BREAKER_SET_STATE, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE
 
 __all__ = ["SharedCircuitBreaker", "breaker_keys", "encode_key_part"]
@@ -166,6 +166,68 @@ class SharedCircuitBreaker:
     :meth:`aclose`; it also starts itself on first use inside a running event loop.
     """
 
+    # Slots, as the in-memory breaker has: with its fifty attributes, an instance dict would no longer
+    # share its keys (CPython shares up to 30), and every attribute read on the closed path would
+    # cost a dict lookup.
+    __slots__ = (
+        "__weakref__",
+        "_base",
+        "_batch",
+        "_batch_size",
+        "_birth",
+        "_birth_arg",
+        "_closing",
+        "_config",
+        "_epoch",
+        "_error_class",
+        "_flush_interval_s",
+        "_hold",
+        "_jitter",
+        "_lease_ids",
+        "_link",
+        "_mode",
+        "_no_permit_until",
+        "_now",
+        "_oks",
+        "_oks_room",
+        "_opts",
+        "_pending",
+        "_permits",
+        "_prefetched",
+        "_report",
+        "_report_keys",
+        "_rng",
+        "_script_keys",
+        "_seq",
+        "_seq_key",
+        "_set_state",
+        "_side_tasks",
+        "_slow_classifier",
+        "_slow_s",
+        "_state",
+        "_static_args",
+        "_sync_lock",
+        "_task",
+        "_trial_acquire",
+        "_trial_done",
+        "_trial_lease_s",
+        "_trial_lock",
+        "_trial_outbox",
+        "_trials",
+        "_ttl_ms",
+        "_unacked",
+        "_until",
+        "_wake",
+        "bus",
+        "classifier",
+        "clock",
+        "keys",
+        "name",
+        "replica_id",
+        "staleness_s",
+        "wrapped",
+    )
+
     def __init__(
         self,
         breaker: CircuitBreaker,
@@ -220,7 +282,8 @@ class SharedCircuitBreaker:
         self._jitter: float = opts["open_jitter"]
         self._permits: int = opts["half_open_permits"]
         open_max = opts["open_max_s"]
-        self._static_args = [
+        self._static_args = [str(arg).encode() for arg in (
+            self._ttl_ms,
             opts["window_type"],
             opts["window_size"],
             opts["minimum_calls"],
@@ -231,10 +294,11 @@ class SharedCircuitBreaker:
             repr(float(opts["open_for_s"])),
             repr(float(opts["open_backoff_multiplier"])),
             0 if math.isinf(open_max) else repr(float(open_max)),
-        ]
+        )]
         # The epoch a state's first change moves to: random per replica (never the seeded rng), so
         # that tokens from before a Redis restart never match an epoch after it.
         self._birth = random.SystemRandom().randrange(1, 2**46)
+        self._birth_arg = str(self._birth).encode()
         self.replica_id = f"{os.getpid():x}-{random.SystemRandom().getrandbits(40):010x}"
         self.keys = breaker_keys(name, key_prefix)
         self._seq_key = f"{self.keys[0].rsplit(':', 1)[0]}:seq:{self.replica_id}"
@@ -242,10 +306,13 @@ class SharedCircuitBreaker:
                                probe_every_s=probe_every_s, clock=link_clock)
         self._link.on_degraded.append(self._go_local)
         self._link.on_restored.append(self._wake_up)
-        self._report = redis.register_script(BREAKER_REPORT)
-        self._trial_acquire = redis.register_script(BREAKER_TRIAL_ACQUIRE)
-        self._trial_done = redis.register_script(BREAKER_TRIAL_DONE)
-        self._set_state = redis.register_script(BREAKER_SET_STATE)
+        self._report = Script(redis, BREAKER_REPORT, 4)
+        self._trial_acquire = Script(redis, BREAKER_TRIAL_ACQUIRE, 3)
+        self._trial_done = Script(redis, BREAKER_TRIAL_DONE, 3)
+        self._set_state = Script(redis, BREAKER_SET_STATE, 3)
+        # the keys and the arguments every script sends, encoded once (redis-py passes bytes as they are)
+        self._script_keys = [key.encode() for key in self.keys]
+        self._report_keys = [*self._script_keys, self._seq_key.encode()]
         self._lease_ids = (f"{self.replica_id}-{n}" for n in itertools.count())
 
         # The local copy of the shared state, replaced wholesale by every script reply.
@@ -258,6 +325,8 @@ class SharedCircuitBreaker:
         self._hold: LocalHold | None = None
 
         self._pending = bytearray()  # outcome codes of the current epoch, not yet sent
+        self._oks = 0  # fast successes recorded after the last code in _pending (see _fold)
+        self._oks_room = batch_size  # batch_size - len(_pending): the batch is full when _oks reaches it
         self._unacked: tuple[int, int, bytes] | None = None  # (seq, epoch, codes) sent, no reply yet
         self._seq = 0
         self._trials: dict[str, _Trial] = {}  # granted to a caller of this replica, result not back
@@ -360,17 +429,25 @@ class SharedCircuitBreaker:
         ``duration_s`` in seconds; ``exc`` the ``Exception`` raised or None. Never waits: the
         outcome joins the batch the background task sends.
         """
+        if exc is None and token == self._epoch and duration_s <= self._slow_s and self._mode is _SHARED:
+            # A fast success, the common case: counted, and folded into the batch as zero bytes
+            # when the batch is read (as the in-memory breaker folds its own). Only an int equals
+            # the epoch; a trial or a hold token never does.
+            self._oks = oks = self._oks + 1
+            if oks >= self._oks_room:
+                self._batch_full()
+            if self.bus.active:
+                self.bus.emit(events.CallOutcome(self.name, "success", duration_s, None))
+            return
         if type(token) is int:
             if token == self._epoch and self._mode is _SHARED:
-                if exc is None:
-                    code = _SLOW if duration_s > self._slow_s else 0
-                else:
-                    code = self._code(duration_s, exc)
-                    if code < 0:
-                        return
-                pending = self._pending
+                code = self._code_of(duration_s, exc)
+                if code < 0:
+                    return
+                pending = self._fold()
                 pending.append(code)
-                if len(pending) >= self._batch_size:
+                self._oks_room = room = self._batch_size - len(pending)
+                if room <= 0:
                     self._batch_full()
                 if self.bus.active:
                     self.bus.emit(events.CallOutcome(self.name, _OUTCOMES[code], duration_s,
@@ -380,7 +457,9 @@ class SharedCircuitBreaker:
                 if self._mode is _UNSYNCED:  # before the first read: for the shared window too
                     code = self._code_of(duration_s, exc)
                     if code >= 0:
-                        self._pending.append(code)
+                        pending = self._fold()
+                        pending.append(code)
+                        self._oks_room = self._batch_size - len(pending)
             elif token == self._epoch and self._hold is None:
                 # admitted on shared state, ended on local state: the local breaker counts it
                 wrapped = self.wrapped
@@ -629,20 +708,22 @@ class SharedCircuitBreaker:
     def _args(self, *extra: Any) -> list[Any]:
         spread = self._jitter * (2.0 * self._rng.random() - 1.0) if self._jitter else 0.0
         now = "" if self.clock is None else repr(float(self.clock()))
-        return [now, self._ttl_ms, *self._static_args, repr(spread), self._birth, *extra]
+        return [now, *self._static_args, repr(spread), self._birth_arg, *extra]
 
-    def _script(self, script: Any, *extra: Any) -> Awaitable[Any]:
-        return script(keys=self.keys, args=self._args(*extra))  # type: ignore[no-any-return]
+    def _script(self, script: Script, *extra: Any) -> Awaitable[Any]:
+        return script(*self._script_keys, *self._args(*extra))
 
     def _apply(self, reply: Any) -> int:
-        """Adopt a snapshot ``[extra, state, epoch, open_left_s, reason, open_base_s, permits_left]``;
+        """Adopt a snapshot ``'extra state epoch open_left_s open_base_s permits_left reason'``;
         returns extra."""
-        extra, state_s, epoch_s, left_s, reason, base_s, permits_left = reply
-        state = BreakerState(_text(state_s))
+        extra, state_s, epoch_s, left_s, base_s, permits_left, reason = _text(reply).split(" ", 6)
+        state = BreakerState(state_s)
         epoch = int(epoch_s)
         now = self._now()
         if epoch != self._epoch and self._epoch != _NO_EPOCH:
             self._pending.clear()  # recorded in an epoch that is over
+            self._oks = 0
+            self._oks_room = self._batch_size
             self._prefetched.clear()  # their leases died with the epoch
         # Half-open with every permit taken: refuse without asking again until the next sync.
         full = state is _HALF_OPEN and int(permits_left) <= 0
@@ -652,7 +733,7 @@ class SharedCircuitBreaker:
         self._until = now + float(left_s) if state is _OPEN else 0.0
         if old is not state and self._mode is _SHARED and self.bus.active:
             self.bus.emit(events.BreakerTransition(self.name, old.value, state.value, now,
-                                                   f"shared: {_text(reason)}"))
+                                                   f"shared: {reason}"))
         return int(extra)
 
     # -- sync ----------------------------------------------------------------------------------
@@ -664,14 +745,14 @@ class SharedCircuitBreaker:
             return
         try:
             await self._send_trial_results()
-            if self._unacked is None and self._pending:
+            if self._unacked is None and (self._pending or self._oks):
                 self._seq += 1
-                self._unacked = (self._seq, self._epoch, bytes(self._pending))
+                self._unacked = (self._seq, self._epoch, bytes(self._fold()))
                 self._pending = bytearray()
+                self._oks_room = self._batch_size
             seq, epoch, codes = self._unacked or (0, self._epoch, b"")
-            reply = await link.call(functools.partial(
-                self._report, keys=[*self.keys, self._seq_key],
-                args=self._args(epoch if epoch != _NO_EPOCH else -1, codes, seq)))
+            reply = await link.call(self._report, *self._report_keys,
+                                    *self._args(epoch if epoch != _NO_EPOCH else -1, codes, seq))
             self._unacked = None
             was = self.state
             self._apply(reply)
@@ -717,11 +798,20 @@ class SharedCircuitBreaker:
         if self._trial_outbox:
             await self._send_trial_results()
 
-    def _batch_full(self) -> None:
+    def _fold(self) -> bytearray:
+        """The batch of outcome codes, with the fast successes counted since its last code appended."""
         pending = self._pending
+        if self._oks:
+            pending += bytes(self._oks)  # success is code 0
+            self._oks = 0
+        return pending
+
+    def _batch_full(self) -> None:
+        pending = self._fold()
         if len(pending) >= _MAX_PENDING_BATCHES * self._batch_size:
             del pending[: len(pending) // 2]  # Redis is slow: keep the newest outcomes, bounded
-        self._wake.set()
+        self._oks_room = self._batch_size - len(pending)  # <= 0 until the batch is sent: each
+        self._wake.set()  # outcome wakes the background task again
 
     # -- local state -----------------------------------------------------------------------------
 

@@ -36,20 +36,21 @@ class Outbox:
             entry[0] = max(entry[0], refund_s)
 
     def carry(self, tenant: str, now: float) -> tuple[list[str], str]:
-        """The releases of ``tenant`` to send now: their ids, and the script's argument
-        ``"id refund_s id refund_s ..."``. Each is marked in flight until :meth:`acked` or
-        :meth:`unsent`."""
+        """The releases of ``tenant`` to send now: their ids, and the scripts' argument
+        ``" id refund_s id refund_s ..."`` (each pair after a space; "" when there is none). Each is
+        marked in flight until :meth:`acked` or :meth:`unsent`."""
         box = self._boxes.get(tenant)
         if not box:
             return [], ""
         too_old = now - self.expire_s
-        for lease_id in [k for k, v in box.items() if v[1] <= too_old and not v[2]]:
-            del box[lease_id]  # its lease has expired in Redis: nothing left to remove
         parts: list[str] = []
-        for lease_id, entry in box.items():
+        for lease_id, entry in list(box.items()):
+            if entry[1] <= too_old and not entry[2]:
+                del box[lease_id]  # its lease has expired in Redis: nothing left to remove
+                continue
             entry[2] += 1
-            parts.append(f"{lease_id} {entry[0]!r}")
-        return list(box), " ".join(parts)
+            parts.append(f" {lease_id} {entry[0]!r}")
+        return list(box), "".join(parts)
 
     def acked(self, tenant: str, ids: list[str]) -> None:
         """A command carrying ``ids`` succeeded: they are applied in Redis."""

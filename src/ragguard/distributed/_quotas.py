@@ -48,7 +48,7 @@ from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..policy import TenantQuota
 from ..quotas import WAIT, Lease, LocalQuotas
-from ._link import LinkBusy, RedisLink, SharedStateUnavailable
+from ._link import LinkBusy, RedisLink, Script, SharedStateUnavailable
 from ._outbox import Outbox
 from ._scripts import QUOTA_ADMIT, QUOTA_SYNC
 
@@ -78,7 +78,7 @@ class SharedLease(Lease):
 
     def __init__(self, tenant: str, keys: list[str], lease_id: str, refund_s: float, started: float,
                  *, shared: bool, counted: bool, local: Lease | None = None) -> None:
-        super().__init__(cast(Any, None), started)
+        super().__init__(None, started)  # type: ignore[arg-type]  # no local bucket
         self.tenant = tenant
         self.keys = keys
         self.lease_id = lease_id
@@ -92,18 +92,21 @@ class SharedLease(Lease):
 class _Plan:
     """What every admission of one tenant sends, worked out once per tenant and quota."""
 
-    __slots__ = ("arg", "keys", "maxc", "quota", "refund_s", "script_keys", "unlimited")
+    __slots__ = ("keys", "maxc", "may_queue", "quota", "refund_s", "script_args", "unlimited")
 
     def __init__(self, quota: TenantQuota, keys: list[str], lease_s: float, queue_ttl_s: float) -> None:
         rate = quota.rate_per_s or 0.0
         burst = (quota.burst or max(1, math.ceil(rate))) if rate else 1
         self.quota = quota
         self.keys = keys
-        self.script_keys = keys[:5]  # the admission script's (all but the local-lease share)
         self.unlimited = quota.max_concurrency is None and quota.rate_per_s is None
         self.maxc = quota.max_concurrency or 0
+        self.may_queue = 1 if self.maxc else 0
         self.refund_s = 1.0 / rate if rate else 0.0
-        self.arg = f"{self.maxc} {float(rate)!r} {burst} {lease_s!r} {queue_ttl_s!r}"
+        # the admission script's keys (all but the local-lease share) and its plan argument, encoded
+        # once: redis-py passes bytes through as they are
+        plan = f"{self.maxc} {float(rate)!r} {burst} {lease_s!r} {queue_ttl_s!r}"
+        self.script_args = (*(key.encode() for key in keys[:5]), plan.encode())
 
 
 def _seconds(option: str, value: object) -> float:
@@ -181,8 +184,8 @@ class RedisQuotas:
         self._link.on_restored.append(self._on_restored)
         self._queue_ttl_s = 4 * self._max_poll_s + 2 * self._link.timeout_s
         self._plans: dict[str, _Plan] = {}
-        self._admit = redis.register_script(QUOTA_ADMIT)
-        self._sync = redis.register_script(QUOTA_SYNC)
+        self._admit = Script(redis, QUOTA_ADMIT, 5)
+        self._sync = Script(redis, QUOTA_SYNC, 5)
         self._ids = itertools.count()
         self._running: dict[str, SharedLease] = {}
         self._outbox = Outbox(expire_s=self.lease_s)
@@ -266,12 +269,11 @@ class RedisQuotas:
         while True:
             wait_left = give_up - loop.time() if budget else 0.0
             ops, releases = self._carry(tenant)
-            args = [
-                "" if self.clock is None else repr(float(self.clock())), lease_id, plan.arg,
-                f"{wait_left!r} {1 if maxc else 0}" if wait_left > 0 else "0 0", releases,
-            ]
+            # the script's request argument: 'now id wait_s may_queue' then the releases carried
+            request = (f"{'-' if self.clock is None else repr(float(self.clock()))} {lease_id} "
+                       f"{f'{wait_left!r} {plan.may_queue}' if wait_left > 0 else '0 0'}{releases}")
             try:
-                reply = await self._link.call(self._admit, keys=plan.script_keys, args=args)
+                reply = await self._link.call(self._admit, *plan.script_args, request)
             except LinkBusy:
                 # Nothing was sent: the client's pool is empty (backpressure, not an outage).
                 self._outbox.unsent(tenant, ops)
@@ -290,9 +292,13 @@ class RedisQuotas:
                 self._queue_release(tenant, lease_id, refund)  # the script may have run
                 raise
             self._outbox.acked(tenant, ops)
+            if reply == b"ok 0" or reply == "ok 0":  # admitted, to start now: the common case
+                return self._admitted(tenant, keys, lease_id, refund, maxc > 0, loop)
             verdict, number = (reply.decode() if isinstance(reply, bytes) else str(reply)).split()
             if verdict == "ok":
-                return await self._admitted(tenant, keys, lease_id, refund, float(number), maxc > 0)
+                lease = self._admitted(tenant, keys, lease_id, refund, maxc > 0, loop)
+                await self._start_after(lease, float(number), loop)
+                return lease
             if verdict == "rate":
                 raise self._reject(tenant, float(number), "deadline" if by_deadline else "rate")
             if verdict != "queued":
@@ -367,23 +373,24 @@ class RedisQuotas:
                                            self._queue_ttl_s)
         return plan
 
-    async def _admitted(self, tenant: str, keys: list[str], lease_id: str, refund: float,
-                        delay: float, counted: bool) -> SharedLease:
-        loop = asyncio.get_running_loop()
+    def _admitted(self, tenant: str, keys: list[str], lease_id: str, refund: float, counted: bool,
+                  loop: asyncio.AbstractEventLoop) -> SharedLease:
         lease = SharedLease(tenant, keys, lease_id, refund, loop.time(), shared=True, counted=counted)
         if counted:
             lease.local = self.fallback.take_slot(tenant)
             if self._renewer is None or self._renewer.done():
                 self._renewer = loop.create_task(self._renew_forever(), name="ragguard-quota-leases")
         self._running[lease_id] = lease
-        if delay > 0:
-            try:
-                await asyncio.sleep(delay)
-            except BaseException:
-                self._give_back(lease, refund=True)
-                raise
-            lease.started = loop.time()
         return lease
+
+    async def _start_after(self, lease: SharedLease, delay: float, loop: asyncio.AbstractEventLoop) -> None:
+        """Sleep off a rate reservation; a cancelled wait gives the lease and its token back."""
+        try:
+            await asyncio.sleep(delay)
+        except BaseException:
+            self._give_back(lease, refund=True)
+            raise
+        lease.started = loop.time()
 
     async def _acquire_local(self, tenant: str, quota: TenantQuota) -> Lease | None:
         local = self.fallback.admit_now(tenant)
@@ -485,7 +492,7 @@ class RedisQuotas:
         args = ["" if self.clock is None else repr(float(self.clock())), repr(self.lease_s), mode,
                 len(lease_ids), *lease_ids, releases]
         try:
-            await self._link.call(self._sync, keys=quota_keys(tenant, self._prefix)[:5], args=args)
+            await self._link.call(self._sync, *quota_keys(tenant, self._prefix)[:5], *args)
         except BaseException as exc:
             self._outbox.unsent(tenant, ops)
             if isinstance(exc, SharedStateUnavailable):
@@ -498,8 +505,11 @@ class RedisQuotas:
 
     async def _renew_forever(self) -> None:
         every = self.lease_s / 3
-        while self._running and not self._closed:
+        while not self._closed:
             await asyncio.sleep(every)
+            if not self._running:
+                return  # the next admission starts it again (checked after the sleep: a task per
+                #         period at most, not one per request when calls are shorter than a turn)
             if self._link.degraded:
                 continue
             by_tenant: dict[str, list[str]] = {}
@@ -526,8 +536,13 @@ class RedisQuotas:
         loop = asyncio.get_running_loop()
         for tenant in list(self._adopting):
             leases = [lease for lease in self._running.values() if lease.counted and lease.tenant == tenant]
+            ids = [lease.lease_id for lease in leases]
             try:
-                if await self._sync_tenant(tenant, [lease.lease_id for lease in leases], "adopt"):
+                # A first command after an outage may outlast the timeout (a reconnection, a
+                # NOSCRIPT and its reload): one more try, or the leases would stay out of Redis
+                # until the next outage. A second failure degrades the link; the restore adopts.
+                if await self._sync_tenant(tenant, ids, "adopt") or (
+                        not self._link.degraded and await self._sync_tenant(tenant, ids, "adopt")):
                     for lease in leases:
                         lease.in_redis = True
             finally:

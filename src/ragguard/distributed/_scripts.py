@@ -16,8 +16,9 @@ Breaker keys (``<tag>`` is ``{<prefix>:breaker:<name>}``, the name percent-encod
 The breaker scripts mirror ``ragguard.breakers.CircuitBreaker`` (the same window arithmetic and
 transitions); outcome codes are its ``FAILED | SLOW`` bits. Every write refreshes the keys' TTL
 (``ttl_ms``, lengthened by the time left open); a script that changes nothing writes nothing.
-Every reply is the snapshot ``{extra, state, epoch, open_left_s, reason, open_base_s,
-trial_permits_left}``: the replica keeps durations, never the server's absolute times.
+Every reply is the snapshot ``'extra state epoch open_left_s open_base_s trial_permits_left reason'``,
+one string (redis-py parses a bulk string several times faster than an array; the reason, which has
+spaces, comes last): the replica keeps durations, never the server's absolute times.
 
 Epochs count state changes. A state's first change moves the epoch from 0 to a random ``birth``
 chosen by the replica (< 2^46, exact in Lua's doubles), so tokens from before a Redis restart never
@@ -192,7 +193,8 @@ local function snapshot(extra)
   if st.state == 'half_open' then
     avail = permits - st.trial_calls - redis.call('ZCOUNT', T, '(' .. fmt(now), '+inf')
   end
-  return {extra, st.state, string.format('%d', st.epoch), fmt(left), st.reason, fmt(st.open_base), avail}
+  return string.format('%d %s %d %s %s %d %s', extra, st.state, st.epoch, fmt(left), fmt(st.open_base), avail,
+    st.reason)
 end
 """
 
@@ -202,7 +204,10 @@ BREAKER_REPORT = _BREAKER_PRELUDE + r"""
 -- per outcome code; ARGV[17]: the batch's sequence number. A batch whose
 -- sequence number was already applied is a resend after a lost reply: counted once only.
 -- Codes are applied in order and the rules checked after each, as the in-memory breaker does;
--- the codes after a trip are dropped (the window they belonged to is over).
+-- the codes after a trip are dropped (the window they belonged to is over). A success cannot trip
+-- the breaker once calls >= min_calls and both rates are under their thresholds (it lowers both
+-- rates and ends the run of failures), and neither can the successes after it: such a run of
+-- successes, the bulk of a healthy batch, is applied at once with a few string operations.
 local expected, codes, seq = tonumber(ARGV[15]), ARGV[16], tonumber(ARGV[17])
 local k = #codes
 if k > 0 then
@@ -218,38 +223,63 @@ if k > 0 and st.state == 'closed' and (st.epoch == expected or expected == -1) t
   local sec = math.floor(now)
   local tc, tf, ts = 0, 0, 0
   if wtype ~= 'count' then advance(sec) end
+  local function quiet()  -- a success now could trip nothing
+    return st.calls >= min_calls and st.failures * 100 < f_thr * st.calls and st.slow * 100 < s_thr * st.calls
+  end
   local i, tripped = 1, false
   while i <= k and not tripped do
-    local m = math.min(wsize, k - i + 1)
-    local old = nil
-    if wtype == 'count' then old = ring_read(st.pos, m) end
-    local n = 0
-    for j = 1, m do
-      local code = string.byte(codes, i + j - 1)
-      local failed, slow = code % 2, math.floor(code / 2)
+    if string.byte(codes, i) == 0 and quiet() then
+      local r = (string.find(codes, '[^%z]', i) or k + 1) - i  -- the run of successes from i
+      st.consecutive = 0
       if wtype == 'count' then
-        if st.calls >= wsize then
-          local o = string.byte(old, j)
-          st.failures = st.failures - o % 2
-          st.slow = st.slow - math.floor(o / 2)
+        -- the first `grow` successes fill the window, the others replace its oldest codes (a run
+        -- as long as the window replaces every code there was)
+        local span = math.min(r, wsize)
+        local grow = math.max(0, math.min(r, wsize - st.calls))
+        local gone = string.sub(ring_read(st.pos, span), grow + 1)
+        st.failures = st.failures - select(2, string.gsub(gone, '[\1\3]', ''))
+        st.slow = st.slow - select(2, string.gsub(gone, '[\2\3]', ''))
+        st.calls = st.calls + grow
+        ring_write(st.pos, string.rep('\0', span))
+        st.pos = (st.pos + r) % wsize
+      else
+        st.calls = st.calls + r
+        tc = tc + r
+      end
+      i = i + r
+    else
+      local m = math.min(wsize, k - i + 1)
+      local old = nil
+      if wtype == 'count' then old = ring_read(st.pos, m) end
+      local n = 0
+      for j = 1, m do
+        local code = string.byte(codes, i + j - 1)
+        if code == 0 and j > 1 and quiet() then break end  -- the run of successes goes in bulk
+        local failed, slow = code % 2, math.floor(code / 2)
+        if wtype == 'count' then
+          if st.calls >= wsize then
+            local o = string.byte(old, j)
+            st.failures = st.failures - o % 2
+            st.slow = st.slow - math.floor(o / 2)
+          else
+            st.calls = st.calls + 1
+          end
         else
           st.calls = st.calls + 1
+          tc, tf, ts = tc + 1, tf + failed, ts + slow
         end
-      else
-        st.calls = st.calls + 1
-        tc, tf, ts = tc + 1, tf + failed, ts + slow
+        st.failures = st.failures + failed
+        st.slow = st.slow + slow
+        if failed == 1 then st.consecutive = st.consecutive + 1 else st.consecutive = 0 end
+        n = j
+        if check() then tripped = true break end
       end
-      st.failures = st.failures + failed
-      st.slow = st.slow + slow
-      if failed == 1 then st.consecutive = st.consecutive + 1 else st.consecutive = 0 end
-      n = j
-      if check() then tripped = true break end
+      if wtype == 'count' then
+        ring_write(st.pos, string.sub(codes, i, i + n - 1))
+        st.pos = (st.pos + n) % wsize
+      end
+      i = i + n
     end
-    if wtype == 'count' then
-      ring_write(st.pos, string.sub(codes, i, i + n - 1))
-      st.pos = (st.pos + n) % wsize
-    end
-    i = i + n
   end
   if tc > 0 then
     local b = sec % wsize
@@ -327,7 +357,7 @@ save()
 return snapshot(1)
 """
 
-_QUOTA_PRELUDE = _NOW + r"""
+_QUOTA_PRELUDE = r"""
 local L, G, Q, X, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local queued = nil  -- requests in the queue, read once
 
@@ -338,6 +368,7 @@ end
 
 -- Give back one admission: its lease (or rate-only grant), its place in the queue, and its rate
 -- token when asked to (refund > 0) and only if the admission was still recorded (idempotent).
+-- Numbers go to redis.call as numbers: Redis formats them exactly (%.17g), with no Lua string.
 local function release(id, refund)
   local removed = redis.call('ZREM', L, id)
   if removed == 0 then removed = redis.call('ZREM', R, id) end
@@ -346,29 +377,36 @@ local function release(id, refund)
     queued = queued - 1
   end
   if refund > 0 and removed > 0 and redis.call('EXISTS', G) == 1 then
-    redis.call('INCRBYFLOAT', G, fmt(-refund))
+    redis.call('INCRBYFLOAT', G, -refund)
   end
 end
 """
 
 QUOTA_ADMIT = _QUOTA_PRELUDE + r"""
--- ARGV (few arguments: each one costs the client time to pack):
---   [1] now ('' = TIME), [2] request id,
---   [3] the tenant's plan: 'max_concurrency (0 = none) rate_per_s (0 = none) burst lease_s queue_ttl_s',
---   [4] 'wait_s may_queue': seconds a rate reservation may wait, 1 when the request may queue,
---   [5] 'id refund_s id refund_s ...': releases this replica made that Redis has not acknowledged
---       yet (they ride on this command).
+-- Two arguments (each one costs the client time to pack and the server time to parse):
+--   ARGV[1] the tenant's plan, the same for each of its requests (the client encodes it once):
+--           'max_concurrency (0 = none) rate_per_s (0 = none) burst lease_s queue_ttl_s'
+--   ARGV[2] the request: 'now id wait_s may_queue' then ' id refund_s' per release this replica
+--           made that Redis has not acknowledged yet (they ride on this command); now '-' = TIME,
+--           wait_s: seconds a rate reservation may wait, may_queue 1 when the request may queue.
 -- Returns one string (a bulk reply parses faster than an array): 'ok <delay_s>' (admitted; start
 -- after delay_s), 'queued <requests ahead>', 'concurrency <requests ahead>' or 'rate <retry_after_s>'.
--- A few commands in the common case: expired leases and waiters are swept only when they matter.
--- A queued request's place is its arrival on the server's clock (TIME), whatever ARGV[1] says.
-local id = ARGV[2]
-local maxc, rate, burst, lease_s, queue_ttl = string.match(ARGV[3], '(%S+) (%S+) (%S+) (%S+) (%S+)')
+-- The common case (a slot and a token free, nobody queued) is eight commands: TIME, the carried
+-- release (ZREM), ZCARD of the queue and of the leases, GET and SET of tat, ZADD and PTTL of the
+-- leases. Expired leases and waiters are swept only when they matter.
+-- A queued request's place is its arrival on the server's clock (TIME), whatever 'now' says.
+local maxc, rate, burst, lease_s, queue_ttl = string.match(ARGV[1], '(%S+) (%S+) (%S+) (%S+) (%S+)')
 maxc, rate, burst, lease_s, queue_ttl = tonumber(maxc), tonumber(rate), tonumber(burst), tonumber(lease_s),
   tonumber(queue_ttl)
-local budget, may_queue = string.match(ARGV[4], '(%S+) (%S+)')
+local now, id, budget, may_queue, carried = string.match(ARGV[2], '(%S+) (%S+) (%S+) (%S+)(.*)')
+if now == '-' then
+  local t = redis.call('TIME')
+  now = t[1] + t[2] / 1000000
+else
+  now = tonumber(now)
+end
 budget, may_queue = tonumber(budget), may_queue == '1'
-for lease, refund in string.gmatch(ARGV[5], '(%S+) (%S+)') do release(lease, tonumber(refund)) end
+for lease, refund in string.gmatch(carried, '(%S+) (%S+)') do release(lease, tonumber(refund)) end
 
 local function leave_queue()
   redis.call('ZREM', Q, id)
@@ -379,7 +417,7 @@ local rank = false
 if maxc > 0 then
   local ahead = queue_len()
   if ahead > 0 then  -- waiters first: drop those that stopped asking, then find this one's place
-    local gone = redis.call('ZRANGEBYSCORE', X, '-inf', fmt(now), 'LIMIT', 0, 100)
+    local gone = redis.call('ZRANGEBYSCORE', X, '-inf', now, 'LIMIT', 0, 100)
     for _, w in ipairs(gone) do
       redis.call('ZREM', Q, w)
       redis.call('ZREM', X, w)
@@ -389,16 +427,16 @@ if maxc > 0 then
   end
   local held = redis.call('ZCARD', L)
   if maxc - held <= ahead then  -- full: leases of crashed replicas may have expired
-    redis.call('ZREMRANGEBYSCORE', L, '-inf', fmt(now))
+    redis.call('ZREMRANGEBYSCORE', L, '-inf', now)
     held = redis.call('ZCARD', L)
   end
   if maxc - held <= ahead then
     if may_queue then
       if not rank then
         local t = redis.call('TIME')
-        redis.call('ZADD', Q, fmt(tonumber(t[1]) + tonumber(t[2]) / 1000000), id)
+        redis.call('ZADD', Q, t[1] + t[2] / 1000000, id)
       end
-      redis.call('ZADD', X, fmt(now + queue_ttl), id)
+      redis.call('ZADD', X, now + queue_ttl, id)
       local ttl = math.ceil(queue_ttl * 2000)
       redis.call('PEXPIRE', Q, ttl)
       redis.call('PEXPIRE', X, ttl)
@@ -419,27 +457,28 @@ if rate > 0 then
     delay = 0
   elseif delay > budget then
     if rank then leave_queue() end
-    return 'rate ' .. fmt(delay)
+    return 'rate ' .. string.format('%.17g', delay)
   end
-  redis.call('SET', G, fmt(tat), 'PX', math.ceil((tat - now) * 1000) + 1000)
+  redis.call('SET', G, tat, 'PX', math.ceil((tat - now) * 1000) + 1000)
 end
 if maxc > 0 then
-  redis.call('ZADD', L, fmt(now + lease_s), id)
+  redis.call('ZADD', L, now + lease_s, id)
   -- the set outlives every lease in it: extended (to 2 x lease_s) once its TTL runs below lease_s
   if redis.call('PTTL', L) < lease_s * 1000 then redis.call('PEXPIRE', L, math.ceil(lease_s * 2000)) end
   if rank then leave_queue() end
 elseif rate > 0 then
-  redis.call('ZREMRANGEBYSCORE', R, '-inf', fmt(now))
-  redis.call('ZADD', R, fmt(now + lease_s), id)
+  redis.call('ZREMRANGEBYSCORE', R, '-inf', now)
+  redis.call('ZADD', R, now + lease_s, id)
   redis.call('PEXPIRE', R, math.ceil(lease_s * 1000))
 end
-return 'ok ' .. fmt(delay)
+if delay == 0 then return 'ok 0' end
+return 'ok ' .. string.format('%.17g', delay)
 """
 
-QUOTA_SYNC = _QUOTA_PRELUDE + r"""
+QUOTA_SYNC = _NOW + _QUOTA_PRELUDE + r"""
 -- ARGV: [1] now ('' = TIME), [2] lease_s, [3] 'renew' (extend leases still there) or 'adopt' (put
 -- back every lease this replica runs: after an outage, with those admitted locally meanwhile),
--- [4] n, [5..4+n] lease ids, [5+n] 'id refund_s id refund_s ...' releases. Returns the leases written.
+-- [4] n, [5..4+n] lease ids, [5+n] ' id refund_s id refund_s ...' releases. Returns the leases written.
 local lease_s, adopt, n = tonumber(ARGV[2]), ARGV[3] == 'adopt', tonumber(ARGV[4])
 local expiry = fmt(now + lease_s)
 local written = 0
