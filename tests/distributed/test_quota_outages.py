@@ -14,7 +14,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from distributed_helpers import make_client, until
+from distributed_helpers import PATIENT_S, make_client, until
 
 from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota
 from ragguard.distributed import RedisQuotas, SharedStateDegraded, quota_keys
@@ -149,8 +149,13 @@ async def test_no_lease_outlives_its_call_after_a_blip(redis_server: Any, fault_
 
 
 async def test_after_a_burst_every_one_at_a_time_request_is_admitted(redis_server: Any) -> None:
-    client = make_client(redis_server.host, redis_server.port, max_connections=64)
-    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), redis=client)
+    # Patient timeouts (the subject is leaked leases, not a slow Redis): with the 0.25 s default a
+    # loaded machine can time out two admissions of the burst in a row, and a degraded link does
+    # not send its releases at close, so leases would stay in Redis without any leak.
+    client = make_client(redis_server.host, redis_server.port, max_connections=64,
+                         socket_timeout=PATIENT_S, socket_connect_timeout=PATIENT_S)
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), redis=client,
+              redis_options={"quotas": {"redis_timeout_s": PATIENT_S}})
     flight = InFlight()
     try:
         await asyncio.gather(*(flight.run(g, "acme", 0.01) for _ in range(200)), return_exceptions=True)

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from distributed_helpers import make_client
 
 from ragguard import ConfigError, FakeClock, Guard, InvalidInput, Policy, QuotaExceeded, TenantQuota
 from ragguard.distributed import RedisQuotas, SharedLease, quota_keys
@@ -94,16 +95,25 @@ async def test_rate_is_gcra_across_replicas(client: Any, fake_clock: FakeClock) 
         await close_all(rs)
 
 
-async def test_a_rate_reservation_within_max_wait_is_slept_off(client: Any) -> None:
-    (a,) = rs = replicas(client, TenantQuota(rate_per_s=20.0, burst=1, max_wait_s=1.0), n=1)
+async def test_a_rate_reservation_within_max_wait_is_slept_off(redis_server: Any,
+                                                                fake_clock: FakeClock) -> None:
+    # The quota's time stands still (a fake clock), so the second call's reservation is exactly
+    # one interval (50 ms) ahead however long the machine takes between the calls; what it sleeps
+    # is real time. A patient link: a command that waits for the CPU must not degrade to the
+    # local fallback, which would admit at once.
+    client = make_client(redis_server.host, redis_server.port, socket_timeout=2.0, socket_connect_timeout=2.0)
+    quota = TenantQuota(rate_per_s=20.0, burst=1, max_wait_s=1.0)
+    (a,) = rs = replicas(client, quota, n=1, clock=fake_clock, redis_timeout_s=2.0)
     try:
         loop = asyncio.get_running_loop()
         await a.acquire("acme")
         t0 = loop.time()
         await a.acquire("acme")
-        assert 0.03 <= loop.time() - t0 <= 0.5
+        assert 0.045 <= loop.time() - t0 < quota.max_wait_s  # the reservation, not the whole wait
+        assert a.shared
     finally:
         await close_all(rs)
+        await client.aclose()
 
 
 async def test_a_concurrency_waiter_is_admitted_when_a_slot_frees(client: Any) -> None:
