@@ -25,6 +25,9 @@ BREAKER_PATIENT_S = 0.8
 """The shared breaker's patient ``redis_timeout_s``: below its default ``staleness_s`` (1 s) less
 its ``flush_interval_s`` (0.1 s), as the breaker requires."""
 
+PATIENT = {"quotas": {"redis_timeout_s": PATIENT_S}, "breakers": {"redis_timeout_s": BREAKER_PATIENT_S}}
+"""``Guard(redis_options=PATIENT)``: patient links for its quotas and breakers."""
+
 
 def make_client(host: str, port: int, **kw: Any) -> aredis.Redis:
     """A client as docs/distributed.md recommends: short socket timeouts, no retries of its own."""
