@@ -54,9 +54,13 @@ phases:
 async def test_tiny_demo_run(tmp_path: Path) -> None:
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text(TINY_SCENARIO)
+    # The greedy tenant's 15 requests/s of 30-word answers hand over about 550 tokens/s of the
+    # model's on an idle machine, 500 with a core taken by another process, 150 on a starved one:
+    # the demo's pace (600 tokens/s) bites only on its overrun phase, which this run holds for
+    # 0.6 s. Paced well below the greedy flow, it must bite whatever the machine's speed.
     options = DemoOptions(
         duration_s=5.0, scenario=scenario, out_dir=tmp_path / "out", backends_in_process=True,
-        progress=False, capacity=16, seed=11,
+        progress=False, capacity=16, seed=11, greedy_tokens_per_s=300.0,
     )
     report = await run_demo_async(options)
 
@@ -86,6 +90,7 @@ async def test_tiny_demo_run(tmp_path: Path) -> None:
     assert all(v["paced_streams"] == 0 for t, v in streams.items() if t != options.greedy_tenant)
     # paced, the greedy tenant's model tokens stay within its rate plus its burst (GCRA)
     rate = guarded["paced_tokens_per_s"][options.greedy_tenant]
+    assert rate == options.greedy_tokens_per_s
     horizon = options.run_duration_s + options.client_timeout_s
     assert streams[options.greedy_tenant]["tokens"] <= rate * horizon + GREEDY_TOKEN_BURST
 
@@ -105,6 +110,8 @@ def test_options_are_validated() -> None:
         DemoOptions(concurrency=0)
     with pytest.raises(ConfigError):
         DemoOptions(greedy_tenant="acme")
+    with pytest.raises(ConfigError):
+        DemoOptions(greedy_tokens_per_s=0)
     with pytest.raises(ConfigError):
         DemoOptions(redis_url="http://nope")
     assert DemoOptions(quick=True).run_duration_s < DemoOptions().run_duration_s

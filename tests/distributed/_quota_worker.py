@@ -1,7 +1,9 @@
 """One replica of the multi-process quota accuracy test (run as a script by test_quota_accuracy).
 
-Usage: python _quota_worker.py PORT START_AT DURATION_S CALLERS SEED
-Prints one JSON line: admission times (wall clock), the peak in-flight count seen through a
+Usage: python _quota_worker.py PORT DURATION_S CALLERS SEED
+Prints ``ready`` once imported and connected, then reads the start time (wall clock, one line on
+stdin: every replica starts together however long the others took to start), runs, and prints
+one JSON line: admission times (wall clock), the peak in-flight count seen through a
 Redis-side counter, rejections by reason, and whether this replica ever left shared state.
 
 In the last TAIL_S seconds (after the window the rate is measured in) every call holds its slot
@@ -29,7 +31,7 @@ IN_FLIGHT = "test:in_flight"
 TAIL_S, TAIL_HOLD_S = 0.5, 0.5
 
 
-async def main(port: int, start_at: float, duration_s: float, callers: int, seed: int) -> dict[str, Any]:
+async def main(port: int, duration_s: float, callers: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     degraded: list[Any] = []
     events.bus.subscribe(lambda e: degraded.append(e) if isinstance(e, SharedStateDegraded) else None)
@@ -40,6 +42,9 @@ async def main(port: int, start_at: float, duration_s: float, callers: int, seed
     admitted: list[float] = []
     rejected = {"rate": 0, "concurrency": 0}
     peak = 0
+    await client.ping()
+    print("ready", flush=True)
+    start_at = float(sys.stdin.readline())
     end = start_at + duration_s
     await asyncio.sleep(max(0.0, start_at - time.time()))
 
@@ -55,13 +60,15 @@ async def main(port: int, start_at: float, duration_s: float, callers: int, seed
             admitted.append(time.time())
             try:
                 peak = max(peak, int(await client.incr(IN_FLIGHT)))
-                # while the rate is measured: mostly short calls, a quarter longer ones, about 5.6
-                # in flight on average (50 x 0.1125 s): 10 slots carry ~89/s, so a full bulkhead
-                # seldom wastes rate tokens; then the tail fills the bulkhead for certain
+                # while the rate is measured: mostly short calls, a quarter longer ones, 2 in
+                # flight on average (50 x 0.04 s): 10 slots carry 250/s, and still more than the
+                # rate when a loaded machine stretches every call by 0.1 s (its loop's lag, the
+                # release's trip), so a full bulkhead does not waste rate tokens; then the tail
+                # fills the bulkhead for certain
                 if time.time() >= end - TAIL_S:
                     hold_s = TAIL_HOLD_S
                 else:
-                    hold_s = 0.3 if crng.random() < 0.25 else 0.05
+                    hold_s = 0.1 if crng.random() < 0.25 else 0.02
                 await asyncio.sleep(hold_s)
                 await client.decr(IN_FLIGHT)
             finally:
@@ -74,6 +81,6 @@ async def main(port: int, start_at: float, duration_s: float, callers: int, seed
 
 
 if __name__ == "__main__":
-    port, start_at, duration_s, callers, seed = sys.argv[1:6]
-    result = asyncio.run(main(int(port), float(start_at), float(duration_s), int(callers), int(seed)))
+    port, duration_s, callers, seed = sys.argv[1:5]
+    result = asyncio.run(main(int(port), float(duration_s), int(callers), int(seed)))
     print(json.dumps(result))

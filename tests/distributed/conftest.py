@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aredis
-from distributed_helpers import make_client
+from distributed_helpers import PATIENT_S, make_client
 
 from ragguard import events
 
@@ -20,7 +20,10 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def client(redis_server: Any) -> AsyncIterator[aredis.Redis]:
-    c = make_client(redis_server.host, redis_server.port)
+    """A client straight to ``redis_server``, with patient socket timeouts (``PATIENT_S``): no test
+    slows Redis through it, so only a loaded machine could make it time out."""
+    c = make_client(redis_server.host, redis_server.port, socket_timeout=PATIENT_S,
+                    socket_connect_timeout=PATIENT_S)
     try:
         yield c
     finally:

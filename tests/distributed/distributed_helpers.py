@@ -14,6 +14,20 @@ from redis.backoff import NoBackoff
 from ragguard import Policy
 from ragguard.policy import BreakerPolicy, StagePolicy
 
+PATIENT_S = 2.0
+"""Redis link (``redis_timeout_s``) and socket timeouts for tests whose subject is not a timeout.
+
+The 0.25 s link default is tight on a loaded 2-core machine: a command can wait that long for a
+CPU, and one timed-out command leaves a replica unsynced (or, repeated, on its local fallback)
+without any outage. A stopped Redis refuses connections at once, so outages still show at once."""
+
+BREAKER_PATIENT_S = 0.8
+"""The shared breaker's patient ``redis_timeout_s``: below its default ``staleness_s`` (1 s) less
+its ``flush_interval_s`` (0.1 s), as the breaker requires."""
+
+PATIENT = {"quotas": {"redis_timeout_s": PATIENT_S}, "breakers": {"redis_timeout_s": BREAKER_PATIENT_S}}
+"""``Guard(redis_options=PATIENT)``: patient links for its quotas and breakers."""
+
 
 def make_client(host: str, port: int, **kw: Any) -> aredis.Redis:
     """A client as docs/distributed.md recommends: short socket timeouts, no retries of its own."""

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from distributed_helpers import breaker_policy, until
+from distributed_helpers import BREAKER_PATIENT_S, PATIENT_S, breaker_policy, until
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 
 def cluster_client(cluster: Any) -> RedisCluster:
+    # patient timeouts (see PATIENT_S): the outage here is a stopped master, refused at once
     return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes],
-                        socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+                        socket_timeout=PATIENT_S, socket_connect_timeout=PATIENT_S,
+                        retry=Retry(NoBackoff(), 0))
 
 
 async def slots_of(client: RedisCluster, keys: list[str]) -> set[int]:
@@ -30,6 +32,7 @@ async def slots_of(client: RedisCluster, keys: list[str]) -> set[int]:
 
 
 def breaker(client: Any, name: str, clock: FakeClock, prefix: str, **options: Any) -> SharedCircuitBreaker:
+    options.setdefault("redis_timeout_s", BREAKER_PATIENT_S)
     return SharedCircuitBreaker(CircuitBreaker(name, minimum_calls=2, window_size=2, open_for_s=5.0),
                                 client, clock=clock, key_prefix=prefix, **options)
 
@@ -42,7 +45,7 @@ async def test_breakers_and_quotas_run_on_a_cluster_one_slot_each(redis_cluster_
     tenants = ["acme", "globex", "initech", "umbrella"]
     breakers = [await breaker(client, n, fake_clock, "t-slots").start() for n in names]
     quotas = RedisQuotas(lambda t: TenantQuota(max_concurrency=2, rate_per_s=100.0), client,
-                         key_prefix="t-slots")
+                         key_prefix="t-slots", redis_timeout_s=PATIENT_S)
     try:
         masters = set()
         for b in breakers:
@@ -76,7 +79,9 @@ async def test_breakers_and_quotas_run_on_a_cluster_one_slot_each(redis_cluster_
 async def test_a_crowd_on_a_cluster_sends_at_most_the_permitted_trials(redis_cluster_session: Any) -> None:
     client = cluster_client(redis_cluster_session)
     g = Guard(breaker_policy("search", minimum_calls=4, window_size=4, half_open_permits=2, open_for_s=0.3),
-              redis=client, redis_prefix="t-crowd")
+              redis=client, redis_prefix="t-crowd",
+              redis_options={"breakers": {"redis_timeout_s": BREAKER_PATIENT_S},
+                             "quotas": {"redis_timeout_s": PATIENT_S}})
     reached = 0
 
     async def search() -> str:
@@ -121,7 +126,8 @@ async def test_a_master_restarted_mid_run(redis_cluster: Any, fake_clock: FakeCl
     elsewhere = on_master(cluster, prefix, names, 0, breaker_keys)
     clients = [cluster_client(cluster) for _ in range(2)]
     quota = TenantQuota(max_concurrency=3)
-    a_quotas, b_quotas = (RedisQuotas(lambda t: quota, c, key_prefix=prefix, probe_every_s=0.2, holder_id=h)
+    a_quotas, b_quotas = (RedisQuotas(lambda t: quota, c, key_prefix=prefix, probe_every_s=0.2, holder_id=h,
+                                      redis_timeout_s=PATIENT_S)
                           for c, h in zip(clients, ("a", "b"), strict=True))
     a_break, b_break = (breaker(c, stage, fake_clock, prefix, probe_every_s=0.2) for c in clients)
     a_other = breaker(clients[0], elsewhere, fake_clock, prefix, probe_every_s=0.2)

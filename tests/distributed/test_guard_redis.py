@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from distributed_helpers import PATIENT
 
 import ragguard
 from ragguard import BreakerState, Guard, Policy, QuotaExceeded, TenantQuota
@@ -15,8 +16,8 @@ pytestmark = pytest.mark.anyio
 
 async def test_two_guards_on_one_redis_share_quota_and_breaker_state(client: Any) -> None:
     policy = Policy(tenants={"acme": TenantQuota(max_concurrency=1, max_wait_s=0.3)})
-    a = Guard(policy, redis=client, redis_prefix="t-share")
-    b = Guard(policy, redis=client, redis_prefix="t-share")
+    a = Guard(policy, redis=client, redis_prefix="t-share", redis_options=PATIENT)
+    b = Guard(policy, redis=client, redis_prefix="t-share", redis_options=PATIENT)
     try:
         assert isinstance(a.quotas, RedisQuotas)
         assert isinstance(a.breaker("vector_store"), SharedCircuitBreaker)

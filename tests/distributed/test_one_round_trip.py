@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from distributed_helpers import evalsha_calls, make_client, until
+from distributed_helpers import PATIENT_S, evalsha_calls, make_client, until
 
 from ragguard import QuotaExceeded, TenantQuota
 from ragguard.distributed import LocalLease, RedisQuotas, quota_keys
@@ -20,7 +20,7 @@ QUOTA = TenantQuota(max_concurrency=5, rate_per_s=1e6, burst=1000)
 
 
 async def test_a_request_costs_one_round_trip(client: Any) -> None:
-    q = RedisQuotas(lambda t: QUOTA, client)
+    q = RedisQuotas(lambda t: QUOTA, client, redis_timeout_s=PATIENT_S)
     try:
         q.release(await q.acquire("acme"))  # scripts loaded, connection open
         await asyncio.sleep(0.05)
@@ -38,7 +38,7 @@ async def test_a_request_costs_one_round_trip(client: Any) -> None:
 
 
 async def test_local_lease_admits_without_a_round_trip(client: Any) -> None:
-    q = RedisQuotas(lambda t: QUOTA, client, local_lease=LocalLease(period_s=0.5))
+    q = RedisQuotas(lambda t: QUOTA, client, local_lease=LocalLease(period_s=0.5), redis_timeout_s=PATIENT_S)
     try:
         first = await q.acquire("acme")  # the first request waits for the first share
         q.release(first)

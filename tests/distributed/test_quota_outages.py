@@ -14,10 +14,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from distributed_helpers import make_client, until
+from distributed_helpers import PATIENT_S, make_client, until
 
 from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota
 from ragguard.distributed import RedisQuotas, SharedStateDegraded, quota_keys
+from ragguard.distributed._link import SharedStateUnavailable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -115,6 +116,44 @@ async def test_redis_counts_the_requests_the_fallback_admitted(redis_server: Any
         await direct.aclose()
 
 
+async def test_an_adoption_that_fails_once_is_tried_again(redis_server: Any, fault_proxy: Any) -> None:
+    """The link is back (the probe's PING answered) but the first adoption command fails: one
+    timeout on a loaded machine, or on a cluster a master not back yet. The leases run here must
+    still reach Redis (then another replica sees them), not stay uncounted until they end."""
+    proxy = fault_proxy(redis_server)
+    client = make_client(proxy.host, proxy.port)
+    direct = make_client(redis_server.host, redis_server.port)
+    quota = TenantQuota(max_concurrency=4)
+    q = RedisQuotas(lambda t: quota, client, probe_every_s=0.2, holder_id="blipped")
+    other = RedisQuotas(lambda t: quota, direct, holder_id="other")
+    call = q._link.call
+    failed: list[str] = []
+
+    async def first_adoption_fails(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if "adopt" in kwargs.get("args", ()) and not failed:
+            failed.append("adopt")
+            raise SharedStateUnavailable("quotas: AttemptTimeout (injected)")
+        return await call(fn, *args, **kwargs)
+
+    q._link.call = first_adoption_fails  # type: ignore[method-assign]
+    try:
+        proxy.stop()
+        local = [await admitted(q) for _ in range(3)]
+        assert not q.shared and all(lease is not None for lease in local)
+        proxy.restart()
+        assert await until(lambda: q.shared, 3.0) < 3.0
+        assert await until(lambda: q.held() == 3, 3.0) < 3.0  # in Redis after all
+        assert failed == ["adopt"] and q.shared  # one failure: the link stayed up
+        assert await direct.zcard(quota_keys("acme")[0]) == 3
+        from_other = [await admitted(other) for _ in range(4)]
+        assert sum(lease is not None for lease in from_other) == 1  # 3 + 1 = max_concurrency
+    finally:
+        await q.aclose()
+        await other.aclose()
+        await client.aclose()
+        await direct.aclose()
+
+
 async def test_no_lease_outlives_its_call_after_a_blip(redis_server: Any, fault_proxy: Any) -> None:
     proxy = fault_proxy(redis_server)
     client = make_client(proxy.host, proxy.port)
@@ -149,8 +188,13 @@ async def test_no_lease_outlives_its_call_after_a_blip(redis_server: Any, fault_
 
 
 async def test_after_a_burst_every_one_at_a_time_request_is_admitted(redis_server: Any) -> None:
-    client = make_client(redis_server.host, redis_server.port, max_connections=64)
-    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), redis=client)
+    # Patient timeouts (the subject is leaked leases, not a slow Redis): with the 0.25 s default a
+    # loaded machine can time out two admissions of the burst in a row, and a degraded link does
+    # not send its releases at close, so leases would stay in Redis without any leak.
+    client = make_client(redis_server.host, redis_server.port, max_connections=64,
+                         socket_timeout=PATIENT_S, socket_connect_timeout=PATIENT_S)
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), redis=client,
+              redis_options={"quotas": {"redis_timeout_s": PATIENT_S}})
     flight = InFlight()
     try:
         await asyncio.gather(*(flight.run(g, "acme", 0.01) for _ in range(200)), return_exceptions=True)

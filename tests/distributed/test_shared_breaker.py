@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from distributed_helpers import BREAKER_PATIENT_S
 
 from ragguard import BreakerOpen, BreakerState, CircuitBreaker, ConfigError, FakeClock, Guard
 from ragguard.distributed import SharedCircuitBreaker, breaker_keys
@@ -19,7 +20,9 @@ CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.H
 
 def replica(client: Any, clock: Any, name: str = "search", **options: Any) -> SharedCircuitBreaker:
     shared = {k: options.pop(k) for k in list(options) if k in {"trial_lease_s", "staleness_s",
-                                                                  "flush_interval_s", "batch_size"}}
+                                                                  "flush_interval_s", "batch_size",
+                                                                  "redis_timeout_s"}}
+    shared.setdefault("redis_timeout_s", BREAKER_PATIENT_S)  # no test here is about a slow Redis
     options.setdefault("minimum_calls", 4)
     options.setdefault("window_size", 4)
     options.setdefault("half_open_permits", 2)
@@ -358,7 +361,7 @@ async def test_the_shared_window_matches_the_in_memory_breaker(client: Any, fake
                                 slow_call_duration_s=1.0, consecutive_failures_threshold=4)
     ref = CircuitBreaker("reference", clock=fake_clock, **opts)
     b = await SharedCircuitBreaker(CircuitBreaker("mirror", **opts), client, clock=fake_clock,
-                                   batch_size=10_000).start()
+                                   batch_size=10_000, redis_timeout_s=BREAKER_PATIENT_S).start()
     rng = random.Random(7)
     trips = 0
     try:

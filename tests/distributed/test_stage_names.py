@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from distributed_helpers import breaker_policy
+from distributed_helpers import PATIENT, breaker_policy
 from redis.crc import key_slot
 
 from ragguard import BreakerState, Guard, Policy
@@ -26,7 +26,7 @@ def policy_for(names: list[str]) -> Policy:
 
 
 async def test_any_stage_name_trips_its_own_shared_breaker(client: Any) -> None:
-    g = Guard(policy_for(NAMES), redis=client)
+    g = Guard(policy_for(NAMES), redis=client, redis_options=PATIENT)
 
     async def down() -> str:
         raise ConnectionRefusedError("down")

@@ -67,6 +67,8 @@ class DemoOptions:
     - ``seed``: seeds the arrival plan, the questions drawn and the faults' draws.
     - ``tenants`` well-behaved tenants at ``rate_per_s`` each, plus ``greedy_tenant`` at
       ``greedy_factor`` times that rate.
+    - ``greedy_tokens_per_s``: the greedy tenant's generated tokens are paced to this rate in the
+      guarded run (beyond a burst of ``GREEDY_TOKEN_BURST``; > 0, default 600).
     - ``client_timeout_s``: every request's gRPC deadline; ``slo_s``: goodput counts answers
       within it.
     - ``backends_in_process``: run the backends in this event loop instead of a child process.
@@ -85,6 +87,7 @@ class DemoOptions:
     rate_per_s: float = 2.5
     greedy_tenant: str = "hoarder"
     greedy_factor: float = 10.0
+    greedy_tokens_per_s: float = GREEDY_TOKENS_PER_S
     client_timeout_s: float = 5.0
     slo_s: float = 1.0
     backends_in_process: bool = False
@@ -100,7 +103,7 @@ class DemoOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000:
                 raise ConfigError(f"{name} must be an int in 1..10000, got {reprlib.repr(value)}", field=name)
-        for name in ("rate_per_s", "greedy_factor", "client_timeout_s", "slo_s"):
+        for name in ("rate_per_s", "greedy_factor", "greedy_tokens_per_s", "client_timeout_s", "slo_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a positive number, got {reprlib.repr(value)}", field=name)
@@ -452,7 +455,7 @@ def _guarded_service(
             options.greedy_tenant: TenantQuota(
                 max_concurrency=4, rate_per_s=greedy_rate * 0.6, burst=max(1, math.ceil(greedy_rate * 0.2)),
                 max_wait_s=0.05, timeout_s=2.0,
-                tokens_per_s=GREEDY_TOKENS_PER_S, token_burst=GREEDY_TOKEN_BURST,
+                tokens_per_s=options.greedy_tokens_per_s, token_burst=GREEDY_TOKEN_BURST,
             )
         },
     )

@@ -190,6 +190,7 @@ class RedisQuotas:
         self._running: dict[str, SharedLease] = {}
         self._outbox = Outbox(expire_s=self.lease_s)
         self._adopting: dict[str, asyncio.Event] = {}  # tenant -> set when its leases are back in Redis
+        self._restores = 0  # link restorations so far: an adoption gives way to a newer one
         self._freed: dict[str, asyncio.Event] = {}
         self._hold_ewma_s: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -354,7 +355,10 @@ class RedisQuotas:
                 async with asyncio.timeout(2 * self._link.timeout_s):
                     await self._flush_all()
         if self._tasks:
-            await asyncio.wait(self._tasks, timeout=2 * self._link.timeout_s)
+            _, pending = await asyncio.wait(self._tasks, timeout=2 * self._link.timeout_s)
+            for task in pending:  # an adoption still trying (or waiting to try again)
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         await self._link.aclose()
 
     async def __aenter__(self) -> RedisQuotas:
@@ -523,6 +527,7 @@ class RedisQuotas:
     def _on_restored(self) -> None:
         if self._closed:
             return
+        self._restores += 1
         for lease in self._running.values():
             if lease.counted:
                 self._adopting.setdefault(lease.tenant, asyncio.Event())
@@ -532,21 +537,36 @@ class RedisQuotas:
 
     async def _adopt_all(self) -> None:
         """Put every lease this replica runs back into Redis (renewals stopped while it was away,
-        and the fallback admitted some), together with the releases made meanwhile."""
+        and the fallback admitted some), together with the releases made meanwhile.
+
+        A tenant whose adoption fails while the link stays up (one timeout, or on a cluster a
+        master not back yet when another answered the probe) is tried again every
+        ``probe_every_s``: left out, its running calls would hold no slot in Redis, and the other
+        replicas would admit past the limit. A degraded link, a newer restoration or close ends it.
+        """
         loop = asyncio.get_running_loop()
-        for tenant in list(self._adopting):
-            leases = [lease for lease in self._running.values() if lease.counted and lease.tenant == tenant]
-            ids = [lease.lease_id for lease in leases]
-            try:
-                # A first command after an outage may outlast the timeout (a reconnection, a
-                # NOSCRIPT and its reload): one more try, or the leases would stay out of Redis
-                # until the next outage. A second failure degrades the link; the restore adopts.
-                if await self._sync_tenant(tenant, ids, "adopt") or (
-                        not self._link.degraded and await self._sync_tenant(tenant, ids, "adopt")):
-                    for lease in leases:
-                        lease.in_redis = True
-            finally:
-                self._adopting.pop(tenant).set()
+        round_ = self._restores
+        while True:
+            failed: list[str] = []
+            for tenant in list(self._adopting):
+                leases = [lease for lease in self._running.values()
+                          if lease.counted and lease.tenant == tenant]
+                try:
+                    if await self._sync_tenant(tenant, [lease.lease_id for lease in leases], "adopt"):
+                        for lease in leases:
+                            lease.in_redis = True
+                    else:
+                        failed.append(tenant)
+                finally:
+                    event = self._adopting.pop(tenant, None)
+                    if event is not None:
+                        event.set()
+            if failed:
+                await asyncio.sleep(self._link.probe_every_s)
+            if not failed or self._closed or self._link.degraded or round_ != self._restores:
+                break
+            for tenant in failed:
+                self._adopting.setdefault(tenant, asyncio.Event())
         if any(lease.in_redis for lease in self._running.values()) and (
             self._renewer is None or self._renewer.done()
         ):

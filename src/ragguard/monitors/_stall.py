@@ -1,7 +1,9 @@
 """Event-loop stall detector: a watchdog thread, and a heartbeat on the loop while it is busy.
 
-Two modes, chosen at each loop heartbeat from the loop thread's own CPU time since the previous
-one (``time.thread_time``: at least half a core means busy):
+Two modes, chosen at each loop heartbeat from the time the loop thread wanted a CPU since the
+previous one (at least half the time means busy): the CPU time it used plus, on Linux, the time
+it waited, runnable, for a CPU (``/proc``'s ``schedstat``), so a busy loop on a machine whose cores
+are shared (a loaded host, a throttled container) is still busy; ``time.thread_time`` elsewhere:
 
 * Idle mode (an I/O-bound service). Every ``check_interval_s`` (20 ms by default) the watchdog
   thread looks at the loop thread's innermost frame (``sys._current_frames()``). A loop waiting in
@@ -189,6 +191,7 @@ class StallDetector:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_tid = 0
         self._loop_cpu_clock: int | None = None
+        self._demand_fd: int | None = None  # the loop thread's /proc schedstat, while started
         # The frames under the loop (id -> code): a sample stops there. The code is checked too:
         # the frame that ran start()'s callback is gone once it returns, and a later frame (a
         # sample's innermost one, even) can reuse its id, which cut samples short at random.
@@ -217,6 +220,7 @@ class StallDetector:
         self._loop = loop = asyncio.get_running_loop()
         self._loop_tid = threading.get_ident()
         self._loop_cpu_clock = _cpu_clock_of(self._loop_tid)
+        self._demand_fd = _open_schedstat()
         self._base = {id(f): f.f_code for f in _frames_below_loop(sys._getframe(1))}
         self._handoff.acquire(blocking=False)
         self._resume.acquire(blocking=False)
@@ -224,7 +228,7 @@ class StallDetector:
             self._probe_sent = 0.0
             self._busy = False
             self._samples = []
-            self._schedule(loop, time.monotonic(), time.thread_time(), _IDLE_BEAT_S)
+            self._schedule(loop, time.monotonic(), self._demand(), _IDLE_BEAT_S)
         self._thread = threading.Thread(target=self._watch, name="ragguard-stall-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -241,6 +245,9 @@ class StallDetector:
         if self._thread is not None:
             self._thread = None
             _release(self._handoff)
+        if self._demand_fd is not None:
+            os.close(self._demand_fd)
+            self._demand_fd = None
         self._loop = None
         self._base = {}
 
@@ -285,7 +292,7 @@ class StallDetector:
             loop.call_soon(self._beat, seq, time.monotonic())
 
     def _beat(self, seq: int, arrived: float) -> None:
-        now, cpu = time.monotonic(), time.thread_time()
+        now, cpu = time.monotonic(), self._demand()
         loop = self._loop
         with self._lock:
             if loop is None or seq != self._seq:
@@ -403,6 +410,19 @@ class StallDetector:
             frame = frame.f_back
         return tuple(out)
 
+    def _demand(self) -> float:
+        """Seconds the calling (loop) thread ran or waited, runnable, for a CPU: its schedstat's
+        first two numbers (nanoseconds) where the file was opened, else its CPU time."""
+        fd = self._demand_fd
+        if fd is not None:
+            try:
+                ran_ns, waited_ns = os.pread(fd, 64, 0).split()[:2]
+                return (int(ran_ns) + int(waited_ns)) / 1e9
+            except (OSError, ValueError):
+                self._demand_fd = None
+                os.close(fd)
+        return time.thread_time()
+
     def _loop_cpu(self) -> float:
         clock = self._loop_cpu_clock
         if clock is None:
@@ -421,6 +441,21 @@ def _cpu_clock_of(thread_id: int) -> int | None:
     except (AttributeError, OSError):
         return None
     return clock
+
+
+def _open_schedstat() -> int | None:
+    """The calling thread's ``/proc/thread-self/schedstat`` (Linux: nanoseconds run, nanoseconds
+    waited on a run queue, time slices) opened for ``os.pread``, or None where it is missing."""
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        int(os.pread(fd, 64, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        os.close(fd)
+        return None
+    return fd
 
 
 def _release(lock: threading.Lock) -> None:
