@@ -8,7 +8,6 @@ import pytest
 from core_helpers import Recorder
 
 import ragguard
-from ragguard.events import bus
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -33,9 +32,5 @@ def deadline_clock() -> ragguard.FakeClock:
 
 @pytest.fixture
 def events() -> Iterator[Recorder]:
-    rec = Recorder()
-    unsubscribe = bus.subscribe(rec)
-    try:
+    with Recorder() as rec:  # subscribed to the global bus until the test ends
         yield rec
-    finally:
-        unsubscribe()

@@ -11,23 +11,9 @@ import anyio
 import pytest
 
 import ragguard
+from ragguard.testing import EventRecorder
 
-
-class Recorder:
-    """Collects the events of the global bus (delivered on a later loop iteration)."""
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def __call__(self, event: Any) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
-
-    async def settle(self) -> None:
-        for _ in range(5):
-            await anyio.sleep(0)
+Recorder = EventRecorder  # the fixtures' ``events``: ragguard.testing's recorder
 
 
 async def no_sleep(seconds: float) -> None:

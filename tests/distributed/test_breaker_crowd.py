@@ -11,6 +11,8 @@ cancellation and lost replies, against a real redis-server (and a fault proxy fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -182,27 +184,24 @@ async def test_local_fallback_starts_from_the_last_shared_state(redis_server: An
         await client.aclose()
 
 
-async def test_a_cancelled_half_open_wait_gives_its_permit_back(
-    redis_server: Any, fault_proxy: Any, fake_clock: FakeClock
-) -> None:
+@contextlib.asynccontextmanager
+async def half_open_behind_a_proxy(
+    redis_server: Any, fault_proxy: Any, clock: FakeClock, latency_s: float, **a_options: Any
+) -> AsyncIterator[tuple[Any, SharedCircuitBreaker, SharedCircuitBreaker, Any]]:
+    """Replica ``a`` reaches Redis through a fault proxy, ``b`` directly (one trial permit each);
+    ``b`` trips the breaker, its open time passes, ``a`` reads that, and then ``a``'s replies come
+    ``latency_s`` late. Yields (proxy, a, b, the direct client) and closes all of it."""
     proxy = fault_proxy(redis_server)
     slow = make_client(proxy.host, proxy.port, socket_timeout=2.0)
     direct = make_client(redis_server.host, redis_server.port)
-    a = await shared(slow, fake_clock, half_open_permits=1, redis_timeout_s=1.0).start()
-    b = await shared(direct, fake_clock, half_open_permits=1).start()
+    a = await shared(slow, clock, half_open_permits=1, **a_options).start()
+    b = await shared(direct, clock, half_open_permits=1).start()
     try:
         await trip(b)
-        fake_clock.advance(5.0)
+        clock.advance(5.0)
         await a.refresh()
-        proxy.set_latency(to_client_s=0.3)
-        waiter = asyncio.create_task(a.acquire_async())
-        await asyncio.sleep(0.15)  # the script ran in Redis (the permit is granted) ...
-        assert await direct.zcard(b.keys[2]) == 1
-        waiter.cancel()  # ... and the caller goes away before the reply arrives
-        with pytest.raises(asyncio.CancelledError):
-            await waiter
-        proxy.heal()
-        assert await b_gets_the_permit_within(b, 2.0) < 1.5  # not trial_lease_s (10 s)
+        proxy.set_latency(to_client_s=latency_s)
+        yield proxy, a, b, direct
     finally:
         await a.aclose()
         await b.aclose()
@@ -223,54 +222,46 @@ async def b_gets_the_permit_within(b: SharedCircuitBreaker, limit_s: float) -> f
     return await until(lambda: bool(got), limit_s, try_b)
 
 
+async def test_a_cancelled_half_open_wait_gives_its_permit_back(
+    redis_server: Any, fault_proxy: Any, fake_clock: FakeClock
+) -> None:
+    async with half_open_behind_a_proxy(
+        redis_server, fault_proxy, fake_clock, 0.3, redis_timeout_s=1.0
+    ) as (proxy, a, b, direct):
+        waiter = asyncio.create_task(a.acquire_async())
+        await asyncio.sleep(0.15)  # the script ran in Redis (the permit is granted) ...
+        assert await direct.zcard(b.keys[2]) == 1
+        waiter.cancel()  # ... and the caller goes away before the reply arrives
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        proxy.heal()
+        assert await b_gets_the_permit_within(b, 2.0) < 1.5  # not trial_lease_s (10 s)
+
+
 async def test_a_reply_slower_than_the_timeout_gives_its_permit_back(
     redis_server: Any, fault_proxy: Any, fake_clock: FakeClock
 ) -> None:
-    proxy = fault_proxy(redis_server)
-    slow = make_client(proxy.host, proxy.port, socket_timeout=2.0)
-    direct = make_client(redis_server.host, redis_server.port)
     # two slow replies take a's link off Redis; its probe (every 0.3 s) brings it back after the heal
-    a = await shared(slow, fake_clock, half_open_permits=1, redis_timeout_s=0.2, probe_every_s=0.3).start()
-    b = await shared(direct, fake_clock, half_open_permits=1).start()
-    try:
-        await trip(b)
-        fake_clock.advance(5.0)
-        await a.refresh()
-        proxy.set_latency(to_client_s=0.4)
+    async with half_open_behind_a_proxy(
+        redis_server, fault_proxy, fake_clock, 0.4, redis_timeout_s=0.2, probe_every_s=0.3
+    ) as (proxy, a, b, direct):
         with pytest.raises(BreakerOpen):
             await a.acquire_async()  # granted in Redis, but the reply outlasts redis_timeout_s
         assert await direct.zcard(b.keys[2]) == 1
         await asyncio.sleep(0.5)
         proxy.heal()
         assert await b_gets_the_permit_within(b, 2.0) < 1.5  # not trial_lease_s (10 s)
-    finally:
-        await a.aclose()
-        await b.aclose()
-        await slow.aclose()
-        await direct.aclose()
 
 
 async def test_a_background_prefetch_cut_short_gives_its_permit_back(
     redis_server: Any, fault_proxy: Any, fake_clock: FakeClock
 ) -> None:
-    proxy = fault_proxy(redis_server)
-    slow = make_client(proxy.host, proxy.port, socket_timeout=2.0)
-    direct = make_client(redis_server.host, redis_server.port)
-    a = await shared(slow, fake_clock, half_open_permits=1, redis_timeout_s=1.0).start()
-    b = await shared(direct, fake_clock, half_open_permits=1).start()
-    try:
-        await trip(b)
-        fake_clock.advance(5.0)
-        await a.refresh()
-        proxy.set_latency(to_client_s=0.3)
+    async with half_open_behind_a_proxy(
+        redis_server, fault_proxy, fake_clock, 0.3, redis_timeout_s=1.0
+    ) as (proxy, a, b, _direct):
         with pytest.raises(BreakerOpen):
             a.acquire()  # a synchronous caller: a permit is fetched in the background for the next
         await asyncio.sleep(0.45)  # the permit is granted in Redis, its reply on the way ...
         await a.aclose()  # ... when the replica shuts down
         proxy.heal()
         assert await b_gets_the_permit_within(b, 2.0) < 1.5
-    finally:
-        await a.aclose()
-        await b.aclose()
-        await slow.aclose()
-        await direct.aclose()

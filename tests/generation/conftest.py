@@ -7,8 +7,6 @@ from collections.abc import Iterator
 import pytest
 from gen_helpers import Recorder
 
-from ragguard.events import bus
-
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -22,9 +20,5 @@ def _isolated_registry(isolated_registry: None) -> None:
 
 @pytest.fixture
 def events() -> Iterator[Recorder]:
-    rec = Recorder()
-    unsubscribe = bus.subscribe(rec)
-    try:
+    with Recorder() as rec:  # subscribed to the global bus until the test ends
         yield rec
-    finally:
-        unsubscribe()

@@ -8,25 +8,12 @@ from typing import Any, TypeVar
 
 import ragguard
 from ragguard import BreakerPolicy, FakeClock, GenerationPolicy, Policy, RetryPolicy, StagePolicy, TenantQuota
+from ragguard.testing import EventRecorder
 
 T = TypeVar("T")
 
 
-class Recorder:
-    """Collects the events of the global bus (delivered on a later loop iteration)."""
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def __call__(self, event: Any) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
-
-    async def settle(self) -> None:
-        for _ in range(5):
-            await asyncio.sleep(0)
+Recorder = EventRecorder  # the fixtures' ``events``: ragguard.testing's recorder
 
 
 def answer_policy(
