@@ -15,9 +15,11 @@ changes one of them should not leak it into the next test::
 
 - :func:`fresh_guard` builds a Guard (policy as :func:`ragguard.configure` takes it) on a
   :class:`~ragguard.FakeClock` by default, makes it the default registry, and puts the previous
-  one back on :meth:`FreshGuard.restore` (or at the end of its ``with`` block). Time then passes
-  only when the test says so: ``g.clock.advance(5)`` opens a half-open window, expires a deadline,
-  fires an attempt timeout; retry backoff and rate waits advance the clock themselves.
+  one back on :meth:`FreshGuard.restore` (or at the end of its ``with`` block). It is a
+  discrete-event clock: ``g.clock.advance(5)`` opens a half-open window, expires a deadline, fires
+  an attempt timeout; and whenever every task waits while one sleeps on the clock (a fake
+  dependency's ``await g.clock.sleep(0.05)``, a retry's backoff, a rate wait), time jumps to the next
+  sleeper or timer due, so concurrent calls overlap as in real time (see :class:`~ragguard.FakeClock`).
 - :class:`EventRecorder` subscribes to :data:`ragguard.events.bus` (events are delivered on the
   next loop iteration: ``await recorder.settle()`` before reading them).
 - :func:`reset` forgets the default registry, uninstalls the process-wide chaos injector and forgets

@@ -18,8 +18,10 @@ Fixtures, available in any suite once ragguard is installed:
 
 The fake clock drives only what is built on it: with the ``guard`` fixture it is wired for you, so
 ``fake_clock.advance(s)`` moves that Guard's breakers, quotas, deadlines, retry backoff and attempt
-timeouts (and a retry's backoff or a rate wait advances it by itself). Without ``guard``, pass it
-yourself: ``Guard(clock=fake_clock)`` or ``ragguard.configure(policy, clock=fake_clock)``.
+timeouts; and when every task waits while one sleeps on it (a retry's backoff, a rate wait, a fake
+dependency's ``await fake_clock.sleep(s)``) it jumps to the next sleeper or timer due by itself (a
+discrete-event clock: see :class:`ragguard.FakeClock`). Without ``guard``, pass it yourself:
+``Guard(clock=fake_clock)`` or ``ragguard.configure(policy, clock=fake_clock)``.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def fake_clock() -> FakeClock:
-    """A :class:`ragguard.FakeClock` starting at 0.0 seconds; advance it instead of sleeping.
+    """A :class:`ragguard.FakeClock` starting at 0.0 seconds (discrete-event: sleepers on it wake
+    in time order by themselves); advance it instead of sleeping.
 
     It drives the ``guard`` fixture's Guard; elsewhere pass it as ``clock=`` to what you build."""
     return FakeClock()
