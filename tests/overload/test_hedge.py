@@ -221,3 +221,127 @@ async def test_on_the_loops_clock_the_hedge_starts_from_a_timer_and_fast_calls_m
         assert len(created) == 1
     finally:
         loop.set_task_factory(factory)
+
+
+@pytest.mark.anyio
+async def test_a_hedged_stage_on_the_documented_test_guard_keeps_fake_time() -> None:
+    """fresh_guard's auto-advancing FakeClock: the hedge's start is the clock's timer, which never
+    moves time by itself, so a 10 ms call under a 50 ms deadline answers at 10 ms; a slow call is
+    hedged at its delay, on the same discrete-event time."""
+    from ragguard.testing import fresh_guard
+
+    policy = {"stages": {"search": {"hedge": {"min_samples": 5, "budget_min_per_s": 1.0}}}}
+    with fresh_guard(policy) as g:
+        clock = g.clock
+        assert isinstance(clock, FakeClock)
+        _warm(g, 0.1)
+        latencies = [0.01]
+
+        @g.guard("search")
+        async def search(q: str) -> str:
+            latency = latencies.pop(0)
+            await clock.sleep(latency)
+            return f"{q} after {latency}"
+
+        with g.deadline(0.05):
+            assert await search("fast") == "fast after 0.01"
+        assert clock() == pytest.approx(0.01)
+        state = hedge_state(g.stage("search"))
+        assert (state.fired, state.refused, state.skipped) == (0, 0, 0)
+
+        latencies[:] = [5.0, 0.02]  # the first leg hangs; the hedge, sent at 0.1 s, answers at 0.12 s
+        start = clock()
+        assert await search("slow") == "slow after 0.02"
+        assert clock() - start == pytest.approx(0.12)
+        assert (state.fired, state.won) == (1, 1)
+
+
+@pytest.mark.anyio
+async def test_concurrent_hedged_calls_overlap_on_the_fake_clock() -> None:
+    from ragguard.testing import fresh_guard
+
+    policy = {"stages": {"search": {"hedge": {"min_samples": 5, "budget_min_per_s": 10.0}}}}
+    with fresh_guard(policy) as g:
+        clock = g.clock
+        assert isinstance(clock, FakeClock)
+        _warm(g, 0.1)
+        plan = [0.05] * 9 + [3.0, 0.04]  # the tenth call hangs; its hedge answers
+
+        @g.guard("search")
+        async def search(i: int) -> float:
+            await clock.sleep(plan.pop(0))
+            return clock()
+
+        done = await asyncio.gather(*(search(i) for i in range(10)))
+    assert done == [pytest.approx(0.05)] * 9 + [pytest.approx(0.14)]
+    assert hedge_state(g.stage("search")).won == 1
+
+
+@pytest.mark.anyio
+async def test_a_hedge_with_no_time_left_is_neither_sent_nor_charged() -> None:
+    """At the hedge delay the deadline leaves less than min_attempt_s: the timeout layer would refuse
+    the leg, so no hedge is counted, announced or charged to the budget (one hedge per window here),
+    and the next slow call still gets its hedge."""
+    from ragguard.events import bus
+    from ragguard.testing import EventRecorder
+
+    clock = FakeClock(auto_advance=False)
+    policy = Policy(stages={"search": StagePolicy(min_attempt_s=0.05, hedge=HedgePolicy(
+        min_samples=5, budget_ratio=0.0, budget_min_per_s=0.1, budget_window_s=10.0))})
+    g = Guard(policy, clock=clock, rng=random.Random(1))
+    _warm(g, 0.1)
+    dep = Dependency(clock, [(0.11, "first"), (1.0, "slow"), (0.05, "hedge")])
+    search = g.guard("search")(dep)
+    state = hedge_state(g.stage("search"))
+
+    async def within_deadline() -> str:
+        with g.deadline(0.12):
+            return await search("q")
+
+    with EventRecorder(bus) as seen:
+        first = asyncio.create_task(within_deadline())
+        await settle()
+        clock.advance(0.1)  # the hedge delay: only 0.02 s of the deadline are left
+        await settle()
+        assert state.fired == 0 and dep.started == 1
+        clock.advance(0.01)
+        await settle()
+        assert await first == "first"
+        second = asyncio.create_task(search("q"))
+        await settle()
+        clock.advance(0.1)
+        await settle()
+        assert dep.started == 3  # the one hedge of the window was not spent above
+        clock.advance(0.05)
+        await settle()
+        assert await second == "hedge"
+        await seen.settle()
+    assert (state.fired, state.won, state.refused, state.skipped) == (1, 1, 0, 1)
+    assert [type(e).__name__ for e in seen.events if type(e).__name__ == "HedgeFired"] == ["HedgeFired"]
+
+
+@pytest.mark.anyio
+async def test_a_hedge_an_inner_layer_refuses_gives_its_budget_back() -> None:
+    """The adaptive limit sheds the second leg before it reaches the dependency: not counted as sent,
+    its budget given back (one hedge per window here), so a later call can still hedge."""
+    clock = FakeClock(auto_advance=False)
+    policy = Policy(stages={"search": StagePolicy(
+        hedge=HedgePolicy(min_samples=5, budget_ratio=0.0, budget_min_per_s=0.1, budget_window_s=10.0),
+        adaptive=AdaptivePolicy(min_limit=1, initial_limit=1, max_limit=1, probe_limit=1, probe_samples=1,
+                                max_queue=0.0, early_queue=0.0),
+    )})
+    g = Guard(policy, clock=clock, rng=random.Random(1))
+    _warm(g, 0.1)
+    dep = Dependency(clock, [(0.01, "probe"), (0.5, "first")])
+    search = g.guard("search")(dep)
+    for expected in ("probe", "first"):  # the first ends the limit's start-up probe: the limit is 1
+        task = asyncio.create_task(search("q"))
+        for _ in range(60):
+            await settle()
+            clock.advance(0.01)
+        assert await task == expected
+    state = hedge_state(g.stage("search"))
+    assert state.fired == 0 and dep.started == 2  # the second call's hedge was shed by the limit of 1
+    assert limiters(g)["search"].shed_reasons == {"limit": 1}
+    assert state.blocked == 1
+    assert state.budget.try_spend()  # type: ignore[attr-defined]  # the window's one hedge is still there

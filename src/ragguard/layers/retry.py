@@ -120,6 +120,20 @@ class RetryBudget:
         self._cur_retries += 1
         return True
 
+    def refund(self) -> None:
+        """Give back one retry taken by :meth:`try_spend` that was never sent (a hedge refused
+        before it reached the dependency): from the current second, else the latest one holding
+        one."""
+        if self._cur_retries > 0:
+            self._cur_retries -= 1
+            return
+        for sec in sorted(self._buckets, reverse=True):
+            calls, retries = self._buckets[sec]
+            if retries > 0:
+                self._buckets[sec] = (calls, retries - 1)
+                self._past_retries -= 1
+                return
+
 
 Strategy = Callable[[tenacity.RetryCallState], Any]
 """A tenacity strategy: ``stop`` and ``retry`` return a bool, ``wait`` the seconds to sleep."""

@@ -136,7 +136,8 @@ def status(guard: Guard) -> dict[str, Any]:
 
         {stage: {"limit": {...AdaptiveLimiter.status()}, "throttle": {"probability": float,
                  "requests": int, "accepts": int, "refused": int},
-                 "hedge": {"delay_s": float | None, "fired": int, "won": int}}}
+                 "hedge": {"delay_s": float | None, "fired": int, "won": int, "refused": int,
+                           "skipped": int, "blocked": int}}}
     """
     out: dict[str, Any] = {}
     for name in guard.stage_names():

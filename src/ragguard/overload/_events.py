@@ -46,7 +46,10 @@ class Throttled:
 
 @dataclass(frozen=True, slots=True)
 class HedgeFired:
-    """Stage ``stage`` sent a second attempt after ``delay_s`` seconds without an answer."""
+    """Stage ``stage`` sent a second attempt after ``delay_s`` seconds without an answer: emitted
+    when the second leg reaches the dependency (past the stage's throttle, adaptive limit, breaker
+    and attempt timer), so a hedge an inner layer refused, or one the deadline left no time for,
+    is never announced."""
 
     stage: str
     tenant: str

@@ -57,12 +57,24 @@ class LatencyTracker:
 
 
 class HedgeState:
-    """One stage's hedging state: its latency tracker, its budget (any object with ``on_call(now)``
-    and ``try_spend() -> bool``, e.g. :class:`ragguard.layers.retry.RetryBudget`), and counters:
-    ``fired`` hedges sent, ``won`` hedges that answered first, ``refused`` hedges the budget
-    refused."""
+    """One stage's hedging state: its latency tracker, its budget (any object with ``on_call(now)``,
+    ``try_spend() -> bool`` and ``refund()``, e.g. :class:`ragguard.layers.retry.RetryBudget`), and
+    counters: ``fired`` hedges sent (their leg reached the dependency), ``won`` hedges that answered
+    first, ``refused`` hedges the budget refused, ``skipped`` hedges not started because the
+    deadline left too little time, ``blocked`` hedges started but refused by an inner layer (or
+    cancelled) before they reached the dependency (their budget given back)."""
 
-    __slots__ = ("budget", "fired", "max_delay_s", "min_delay_s", "refused", "tracker", "won")
+    __slots__ = (
+        "blocked",
+        "budget",
+        "fired",
+        "max_delay_s",
+        "min_delay_s",
+        "refused",
+        "skipped",
+        "tracker",
+        "won",
+    )
 
     def __init__(
         self, tracker: LatencyTracker, budget: object, *, min_delay_s: float, max_delay_s: float | None
@@ -74,6 +86,8 @@ class HedgeState:
         self.fired = 0
         self.won = 0
         self.refused = 0
+        self.skipped = 0
+        self.blocked = 0
 
     def delay(self) -> float | None:
         """Seconds to wait before hedging a call now, None while too few latencies are known."""
@@ -86,4 +100,11 @@ class HedgeState:
         return q
 
     def status(self) -> dict[str, object]:
-        return {"delay_s": self.delay(), "fired": self.fired, "won": self.won, "refused": self.refused}
+        return {
+            "delay_s": self.delay(),
+            "fired": self.fired,
+            "won": self.won,
+            "refused": self.refused,
+            "skipped": self.skipped,
+            "blocked": self.blocked,
+        }
