@@ -126,3 +126,61 @@ def test_outside_pressure_backs_the_limit_off_once_per_window() -> None:
         limit.press(float(now))
     assert limit.limit == 1  # never below the floor
     assert not math.isnan(limit.limit)
+
+
+def test_the_start_up_probe_never_goes_below_min_limit() -> None:
+    limit = GradientLimit(LimitSettings(min_limit=4, initial_limit=8), now=0.0, rng=random.Random(1))
+    assert limit.probing and limit.limit == 4  # probe_limit 3 is below the floor
+    high = GradientLimit(LimitSettings(max_limit=2, initial_limit=2), now=0.0, rng=random.Random(1))
+    assert high.probing and high.limit == 2  # nor above the ceiling
+
+
+def test_a_limit_between_1_and_2_admits_a_second_call() -> None:
+    """Admission compares the calls in flight with the float limit: 1.5 admits two."""
+    from ragguard import FakeClock
+    from ragguard.overload import AdaptiveLimiter, QueueSettings
+
+    clock = FakeClock(auto_advance=False)
+    lim = AdaptiveLimiter(
+        "s",
+        LimitSettings(min_limit=1, initial_limit=1, max_limit=8, probe_limit=1, probe_samples=1, window_s=0.1,
+                      min_samples=1),
+        QueueSettings(), clock=clock, rng=random.Random(1), timers=clock,
+    )
+    permit = lim.try_acquire("a")
+    assert permit is not None
+    lim.release(permit, 0.01)  # ends the start-up probe: the baseline is 10 ms
+    clock.advance(0.2)
+    permit = lim.try_acquire("a")
+    assert permit is not None
+    lim.release(permit, 0.014)  # within tolerance, above the slow-start band: 1 + (2 - 1) / 2
+    assert lim.gradient.limit == pytest.approx(1.5)
+    assert lim.limit == 2
+    assert lim.try_acquire("a") is not None and lim.try_acquire("b") is not None
+    assert lim.try_acquire("c") is None
+
+
+def test_a_limit_far_below_the_dependencys_level_doubles_per_window() -> None:
+    """Slow start: while a window's latency is within half the tolerance of the baseline (no queue
+    to speak of) and the calls in flight use the limit, the limit doubles per window."""
+    limit = GradientLimit(LimitSettings(min_limit=1, initial_limit=1, max_limit=1000, probe_limit=1,
+                                        probe_samples=1, window_s=0.1, min_samples=1), now=0.0,
+                          rng=random.Random(1))
+    limit.sample(0.0, 0.01, 1)  # the probe
+    seen = []
+    t = 0.0
+    for _ in range(6):
+        t += 0.11
+        n = math.ceil(limit.limit)
+        limit.sample(t, 0.01, n)
+        seen.append(limit.limit)
+    assert seen == [2, 4, 8, 16, 32, 64]
+
+
+def test_a_window_far_over_the_tolerance_halves_the_limit_from_what_was_in_use() -> None:
+    limit = GradientLimit(LimitSettings(initial_limit=200, max_limit=256, probe_samples=1, window_s=0.1,
+                                        min_samples=1), now=0.0, rng=random.Random(1))
+    limit.sample(0.0, 0.01, 1)  # the probe: baseline 10 ms; the limit is back at 200
+    assert limit.limit == 200
+    limit.sample(0.1, 0.1, 40)  # ten times the baseline, 40 in flight: the limit above 40 protected nothing
+    assert limit.limit == 20

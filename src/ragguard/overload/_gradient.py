@@ -1,29 +1,40 @@
 """The adaptive concurrency limit: a gradient of the dependency's latency against its baseline.
 
 Our own algorithm, after Envoy's adaptive concurrency filter and Netflix's Gradient2 (no code is
-shared). Latency samples of finished calls are gathered in windows of ``window_s`` seconds (at
-least ``min_samples`` each); at the end of a window, with ``rtt`` the window's ``percentile``
-latency and ``min_rtt`` the baseline::
+shared), with TCP's slow start and multiplicative decrease. Latency samples of finished calls are
+gathered in windows of ``window_s`` seconds (at least ``min_samples`` each); at the end of a window,
+with ``rtt`` the window's ``percentile`` latency, ``min_rtt`` the baseline and ``used`` the most
+calls in flight during the window::
 
-    gradient  = min_rtt * (1 + tolerance) / rtt                        # Envoy's (minRTT + buffer) / RTT
-    target    = limit + sqrt(limit)            if gradient >= 1        # within tolerance: grow
-              = limit * max(0.5, gradient)     otherwise               # above it: shrink in proportion
-    target    = min(target, max(limit, growth * max_in_flight))        # failsafe-go: grow only while used
-    limit     = clamp(limit + smoothing * (target - limit), floor, ceiling)
+    gradient = min_rtt * (1 + tolerance) / rtt                       # Envoy's (minRTT + buffer) / RTT
+    cap      = max(limit, growth * used)                             # failsafe-go: grow only while used
+    if rtt <= min_rtt * (1 + tolerance / 2):                         # no queue to speak of
+        limit = min(2 * limit, cap)                                  #   slow start: double
+    elif gradient >= 1:                                              # within tolerance
+        limit += smoothing * (min(limit + sqrt(limit), cap) - limit) #   grow gently
+    else:                                                            # past it: shrink from what was used
+        level = min(limit, used)
+        limit = level / 2                        if gradient <= 0.5  #   a queue of twice the tolerance
+              = level + smoothing * (level * gradient - level)       #   else in proportion
+    limit = clamp(limit, min_limit, max_limit)
 
 so the limit settles where the dependency's latency is its baseline plus the tolerance: for a
-dependency of K parallel workers, about K x (1 + tolerance). Unlike Envoy's and Gradient2's
-``gradient x limit + headroom``, the sqrt(limit) headroom is added only while the latency is within
-tolerance: at the small limits of a nearly serial dependency a standing headroom would keep a queue
-of several calls (and twice the latency) for good. The limit grows only while the calls in flight
-use it: a limit nobody reaches does not drift up to the ceiling and then let a burst through.
+dependency of K parallel workers, about K x (1 + tolerance), and gets there from any start within a
+few windows (a limit far below it doubles each window; one far above it halves). Unlike Envoy's and
+Gradient2's ``gradient x limit + headroom``, the sqrt(limit) headroom is added only while the
+latency is within tolerance: at the small limits of a nearly serial dependency a standing headroom
+would keep a queue of several calls (and twice the latency) for good. The limit grows only while
+the calls in flight use it (a limit nobody reaches does not drift up to the ceiling and then let a
+burst through), and shrinks from what was in use (a limit above the calls in flight protected
+nothing). Admission compares the calls in flight with the float limit: a limit of 1.5 admits two
+calls (:func:`admits`).
 
 The baseline is re-measured every ``probe_interval_s`` seconds, the start of each probe delayed by
 a random share (up to ``probe_jitter``) of the interval drawn from the Guard's seeded rng, so that
 replicas do not probe together (Envoy's minRTT window): for ``probe_samples`` calls the limit is
-pinned to ``probe_limit``, and the probe's ``percentile`` latency becomes ``min_rtt``. A probe also
-starts when the limit has sat at its floor for 5 windows (the baseline may be stale). A window
-whose latency is below the baseline lowers the baseline at once.
+pinned to ``probe_limit`` (within ``min_limit`` and ``max_limit``), and the probe's ``percentile``
+latency becomes ``min_rtt``. A probe also starts when the limit has sat at its floor for 5 windows
+(the baseline may be stale). A window whose latency is below the baseline lowers the baseline at once.
 
 Pressure from outside (event-loop lag, a starved Redis pool, out-of-memory) multiplies the limit
 by ``backoff``, at most once per window.
@@ -35,7 +46,13 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["GradientLimit", "LimitSettings"]
+__all__ = ["GradientLimit", "LimitSettings", "admits"]
+
+
+def admits(limit: float) -> int:
+    """How many calls a (float) limit admits at once: calls in flight < limit, so ceil(limit), at
+    least 1 (a hair over an integer, from float arithmetic, does not count)."""
+    return max(1, math.ceil(limit - 1e-9))
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +82,8 @@ class GradientLimit:
     """The limit of one stage (see the module docstring). ``now`` values are the Guard clock's
     seconds; ``rng`` (a seeded :class:`random.Random`) draws the probes' jitter.
 
-    ``limit`` is the current limit (a float; the admission compares in-flight calls with it);
+    ``limit`` is the current limit (a float; the admission compares in-flight calls with it, so
+    it admits :func:`admits` (``ceil``) calls at once);
     ``min_rtt`` the baseline in seconds (None until the first probe ends); ``probing`` whether a
     baseline probe is under way."""
 
@@ -102,7 +120,7 @@ class GradientLimit:
         # the first baseline is measured at once: start in a probe
         self.probing = True
         self._saved_limit = self.limit
-        self.limit = float(min(settings.probe_limit, settings.max_limit))
+        self.limit = _probe_limit(settings)
         self._probe: list[float] = []
         self.next_probe = math.inf
 
@@ -159,13 +177,19 @@ class GradientLimit:
             self.min_rtt = base = rtt
         limit = self.limit
         gradient = base * (1.0 + s.tolerance) / rtt if rtt > 0 else 2.0
-        if gradient >= 1.0:
+        if rtt <= base * (1.0 + s.tolerance / 2):  # no queue to speak of: slow start, unsmoothed
+            new = min(2.0 * limit, max(limit, s.growth * used))
+        elif gradient >= 1.0:
             target = min(limit + math.sqrt(limit), max(limit, s.growth * used))
-        else:
-            target = limit * max(0.5, gradient)
-        new = limit + s.smoothing * (target - limit)
+            new = limit + s.smoothing * (target - limit)
+        else:  # too slow: shrink from what was in use (a limit above it protected nothing)
+            level = min(limit, max(float(used), 1.0))
+            if gradient <= 0.5:  # a queue of more than twice the tolerance: halve it at once
+                new = 0.5 * level
+            else:
+                new = level + s.smoothing * (level * gradient - level)
         new = min(float(s.max_limit), max(float(s.min_limit), new))
-        changed = int(new) != int(limit)
+        changed = admits(new) != admits(limit)
         self.limit = new
         self.changes += changed
         if new <= s.min_limit:
@@ -184,7 +208,7 @@ class GradientLimit:
         s = self.settings
         self.probing = True
         self._saved_limit = self.limit
-        self.limit = float(min(max(s.probe_limit, s.min_limit), s.max_limit))
+        self.limit = _probe_limit(s)
         self._probe = []
         self._floor_windows = 0
         self.changes += 1
@@ -200,6 +224,11 @@ class GradientLimit:
         self._window_start = now
         self.next_probe = now + s.probe_interval_s * (1.0 + self.rng.uniform(0.0, s.probe_jitter))
         self.changes += 1
+
+
+def _probe_limit(s: LimitSettings) -> float:
+    """The limit during a baseline probe: ``probe_limit``, within the floor and the ceiling."""
+    return float(min(max(s.probe_limit, s.min_limit), s.max_limit))
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -34,7 +34,7 @@ from .._errors import Overloaded
 from .._timeouts import wheel_for
 from ..events import bus
 from ._events import LimitChanged, LoadShed
-from ._gradient import GradientLimit, LimitSettings
+from ._gradient import GradientLimit, LimitSettings, admits
 from ._priority import PRIORITIES, RANK
 
 __all__ = ["AdaptiveLimiter", "Permit", "QueueSettings"]
@@ -111,7 +111,7 @@ class AdaptiveLimiter:
         self._timers = timers
         self._weight_of = weight_of
         self.gradient = GradientLimit(limit, now=clock(), rng=rng)
-        self.cap = max(1, int(self.gradient.limit))
+        self.cap = admits(self.gradient.limit)
         self.in_flight = 0
         self.waiters: list[_Waiter] = []
         self._usage: dict[str, _Usage] = {}
@@ -250,7 +250,7 @@ class AdaptiveLimiter:
 
     def _limit_changed(self) -> None:
         old = self.cap
-        self.cap = max(1, int(self.gradient.limit))
+        self.cap = admits(self.gradient.limit)
         if bus.active and self.cap != old:
             g = self.gradient
             bus.emit(LimitChanged(self.stage, old, self.cap, g.min_rtt, g.last_rtt, g.probing, self.clock()))

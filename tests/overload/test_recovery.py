@@ -1,0 +1,178 @@
+"""The adaptive limit against a simulated dependency of K workers, through a Guard on the
+discrete-event FakeClock: Poisson arrivals, every call of the stage through its adaptive layer and
+attempt timer, the dependency's latency its workers' service time plus its own queue.
+
+Done when: from any starting limit, and after an outage that drove the limit down, within 2 s the
+limit admits at least 90% of the dependency's capacity (K calls in flight) and stays there, no
+higher than its documented level (K x (1 + tolerance)) by more than a few calls, and the stage serves
+at least 90% of what the dependency can (all of a load below capacity)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+
+from ragguard import AdaptivePolicy, BreakerPolicy, FakeClock, Guard, Overloaded, Policy, StagePolicy
+from ragguard.overload import limiters
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+SERVICE_S = 0.02  # one worker's time per call: capacity K / 0.02 calls a second
+TOLERANCE = 0.5  # AdaptivePolicy's default
+
+
+class Workers:
+    """A dependency of ``k`` workers: a call takes a free worker for about ``SERVICE_S`` (seeded
+    jitter, +-10%) or waits for one, first come first served. Between ``down`` times it hangs
+    (an outage: only the attempt timer ends the call)."""
+
+    def __init__(
+        self, clock: FakeClock, k: int, rng: random.Random, down: tuple[float, float] | None
+    ) -> None:
+        self.clock = clock
+        self.k = k
+        self.rng = rng
+        self.down = down
+        self.busy = 0
+        self.queue: deque[asyncio.Future[None]] = deque()
+
+    async def __call__(self) -> str:
+        down = self.down
+        if down is not None and down[0] <= self.clock() < down[1]:
+            await self.clock.sleep(3600.0)
+        if self.busy < self.k:
+            self.busy += 1
+        else:
+            turn = asyncio.get_running_loop().create_future()
+            self.queue.append(turn)
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():
+                    self._hand_on()  # given a worker just as it was cancelled: pass it on
+                else:
+                    self.queue.remove(turn)
+                raise
+        try:
+            await self.clock.sleep(SERVICE_S * self.rng.uniform(0.9, 1.1))
+        finally:
+            self._hand_on()
+        return "ok"
+
+    def _hand_on(self) -> None:
+        while self.queue:
+            turn = self.queue.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.busy -= 1
+
+
+@dataclass
+class Run:
+    served: list[float] = field(default_factory=list)  # clock times of answers
+    shed: list[float] = field(default_factory=list)  # clock times of calls shed
+    limits: list[tuple[float, int]] = field(default_factory=list)  # (clock time, calls admitted at once)
+
+    def served_per_s(self, start: float, end: float) -> float:
+        return sum(start <= t < end for t in self.served) / (end - start)
+
+    def shed_per_s(self, start: float, end: float) -> float:
+        return sum(start <= t < end for t in self.shed) / (end - start)
+
+
+async def simulate(
+    *,
+    k: int,
+    load: float,
+    initial: int,
+    until_s: float,
+    down: tuple[float, float] | None = None,
+    seed: int = 1,
+) -> Run:
+    clock = FakeClock()
+    policy = Policy(stages={"dep": StagePolicy(
+        timeout_s=0.5,
+        breaker=BreakerPolicy(kind="none"),
+        adaptive=AdaptivePolicy(min_limit=1, initial_limit=initial, max_limit=max(256, initial)),
+    )})
+    g = Guard(policy, clock=clock, rng=random.Random(seed))
+    rng = random.Random(seed)
+    call = g.guard("dep")(Workers(clock, k, rng, down))
+    run = Run()
+
+    async def one() -> None:
+        try:
+            await call()
+        except Overloaded:
+            run.shed.append(clock())
+        except Exception:  # a timed-out call (the outage): neither served nor shed
+            pass
+        else:
+            run.served.append(clock())
+
+    async def sample() -> None:
+        while True:
+            limiter = limiters(g).get("dep")
+            if limiter is not None and not limiter.gradient.probing:
+                run.limits.append((clock(), limiter.limit))
+            await clock.sleep(0.01)
+
+    rate = load * k / SERVICE_S
+    sampler = asyncio.create_task(sample())
+    calls: set[asyncio.Task[None]] = set()
+    while clock() < until_s:
+        await clock.sleep(rng.expovariate(rate))
+        task = asyncio.create_task(one())
+        calls.add(task)
+        task.add_done_callback(calls.discard)
+    await asyncio.gather(*calls)
+    sampler.cancel()
+    return run
+
+
+def _check_recovered(run: Run, *, k: int, load: float, since: float) -> None:
+    capacity = k / SERVICE_S
+    later = [(t, n) for t, n in run.limits if t >= since + 2.0]
+    assert later, "no limit samples after the recovery"
+    if load > 1.0:  # overloaded: the limit must admit the dependency's capacity, not pile on a queue
+        low, high = 0.9 * k, (1 + TOLERANCE) * k * 1.25 + 2
+        assert all(low <= n <= high for _, n in later), [n for _, n in later if not low <= n <= high][:10]
+    served = run.served_per_s(since + 2.0, since + 4.0)
+    assert served >= 0.9 * min(load, 1.0) * capacity, (served, capacity)
+
+
+@pytest.mark.parametrize("k", [4, 8, 32])
+@pytest.mark.parametrize("load", [0.75, 1.5])
+@pytest.mark.parametrize("start", ["floor", "capacity", "ceiling"])
+async def test_from_any_starting_limit_the_limit_reaches_capacity_within_2_s(
+    k: int, load: float, start: str
+) -> None:
+    initial = {"floor": 1, "capacity": k, "ceiling": 256}[start]
+    run = await simulate(k=k, load=load, initial=initial, until_s=4.5)
+    _check_recovered(run, k=k, load=load, since=0.0)
+
+
+@pytest.mark.parametrize("k", [8, 32])
+@pytest.mark.parametrize("load", [0.75, 1.5])
+async def test_after_an_outage_the_limit_is_back_at_capacity_within_2_s_of_recovery(
+    k: int, load: float
+) -> None:
+    run = await simulate(k=k, load=load, initial=k, until_s=10.5, down=(2.0, 6.0))
+    at_recovery = [n for t, n in run.limits if t < 6.0][-1]
+    assert at_recovery <= max(3, k // 4)  # the outage drove the limit down
+    _check_recovered(run, k=k, load=load, since=6.0)
+
+
+async def test_a_limit_between_1_and_2_admits_two_calls_and_grows() -> None:
+    """The stuck-at-1 case of a lightly loaded stage: 300 calls/s offered to 8 workers of 20 ms
+    (400/s), starting at the floor. Admission compares the calls in flight with the float limit, so
+    a limit in [1, 2) admits a second call and the limit can grow."""
+    run = await simulate(k=8, load=0.75, initial=1, until_s=3.0)
+    assert max(n for _, n in run.limits) > 1
+    assert run.served_per_s(1.0, 3.0) >= 0.9 * 300, run.served_per_s(1.0, 3.0)
+    assert run.shed_per_s(1.0, 3.0) <= 0.05 * 300, run.shed_per_s(1.0, 3.0)
