@@ -133,13 +133,21 @@ class QuotaExceeded(RagguardError):
 class Overloaded(RagguardError):
     """Stage ``stage`` shed the call to protect its dependency (or the service) from overload.
 
-    ``reason`` is ``"limit"`` (the adaptive concurrency limit is full and the call could not
-    queue), ``"queue"`` (it queued and was shed, or waited out its ``max_wait_s``), ``"deadline"``
-    (the wait would outlast the request's deadline) or ``"throttled"`` (client-side adaptive
-    throttling: the dependency has been rejecting calls); ``priority`` the call's priority name
-    and ``tenant`` its tenant; ``retry_after_s`` an estimate, in seconds, of when a retry could
-    be admitted (about one round trip of the dependency while shedding). Front doors answer it
-    with UNAVAILABLE / 503 and ``Retry-After``.
+    ``reason`` says when it was shed:
+
+    - ``"limit"``: on arrival, the adaptive concurrency limit full and no place to queue: the
+      queue was full (``max_queue`` x limit, or 0), its gradual rejection chose this call, or
+      ``max_wait_s`` is 0;
+    - ``"queue"``: it queued, then was shed to make room for a more important arrival (a higher
+      priority, a lighter tenant), or waited out ``max_wait_s`` without a slot;
+    - ``"deadline"``: the request's deadline set its wait: it left no time to queue (less than the
+      stage's ``min_attempt_s``), or the wait it allowed ran out before a slot freed;
+    - ``"throttled"``: client-side adaptive throttling refused it before it was sent (the
+      dependency has been rejecting most recent calls).
+
+    ``priority`` is the call's priority name and ``tenant`` its tenant; ``retry_after_s`` an
+    estimate, in seconds, of when a retry could be admitted (about one round trip of the dependency
+    while shedding). Front doors answer it with UNAVAILABLE / 503 and ``Retry-After``.
     """
 
     def __init__(

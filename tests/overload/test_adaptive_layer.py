@@ -23,6 +23,7 @@ from ragguard import (
     Policy,
     StagePolicy,
     TenantQuota,
+    ThrottlePolicy,
 )
 from ragguard.asgi._status import http_status_for
 from ragguard.grpc import GuardServerInterceptor, status_for
@@ -261,3 +262,59 @@ def test_a_generic_breaker_does_not_count_a_nested_stages_shedding() -> None:
 
     assert not counts_by_default(Overloaded("inner", 0.1, "limit"))
     assert counts_by_default(RuntimeError("the dependency failed"))
+
+
+@pytest.mark.anyio
+async def test_each_overloaded_reason_is_given_when_its_docstring_says() -> None:
+    """limit: no place to queue on arrival (max_queue 0, max_wait_s 0); queue: waited out max_wait_s;
+    deadline: the deadline left no time to queue, or the wait it allowed ran out; throttled: refused
+    by client-side throttling. Each reason is documented with its case."""
+    clock = FakeClock(auto_advance=False)
+
+    async def reason_of(g: Guard, *, deadline_s: float | None = None, advance_s: float = 0.0) -> str:
+        dep = Gate()
+        search = g.guard("search")(dep)
+        held = [asyncio.create_task(_as(g, "acme", search, "q")) for _ in range(2)]  # the limit: 2
+        await settle()
+
+        async def one() -> Any:
+            with g.deadline(deadline_s):
+                return await _as(g, "acme", search, "q")
+
+        over = asyncio.create_task(one())
+        await settle()
+        clock.advance(advance_s)
+        await settle()
+        with pytest.raises(Overloaded) as shed:
+            await over
+        for _ in held:
+            dep.open_one()
+        await asyncio.gather(*held)
+        return shed.value.reason
+
+    assert await reason_of(Guard(_policy(max_queue=0.0, early_queue=0.0), clock=clock)) == "limit"
+    assert await reason_of(Guard(_policy(max_wait_s=0.0), clock=clock)) == "limit"
+    assert await reason_of(Guard(_policy(max_wait_s=0.5), clock=clock), advance_s=0.6) == "queue"
+    cut = Guard(_policy(max_wait_s=0.5), clock=clock)
+    assert await reason_of(cut, deadline_s=0.2, advance_s=0.3) == "deadline"
+    no_time = Guard(Policy(stages={"search": StagePolicy(min_attempt_s=0.1, adaptive=AdaptivePolicy(
+        min_limit=1, initial_limit=2, max_limit=2, probe_limit=2, probe_samples=1))}), clock=clock)
+    assert await reason_of(no_time, deadline_s=0.05) == "deadline"
+
+    throttled = Guard(Policy(stages={"llm": StagePolicy(throttle=ThrottlePolicy(max_reject=0.9))}),
+                      clock=clock, rng=random.Random(1))
+
+    @throttled.guard("llm")
+    async def llm() -> str:
+        raise Overloaded("provider", 1.0, "limit")  # the dependency rejects every call
+
+    reasons = set()
+    for _ in range(50):
+        with pytest.raises(Overloaded) as refused:
+            await llm()
+        reasons.add(refused.value.reason)
+    assert "throttled" in reasons
+
+    doc = Overloaded.__doc__ or ""
+    for reason in ("limit", "queue", "deadline", "throttled"):
+        assert f'- ``"{reason}"``: ' in doc, reason

@@ -55,12 +55,13 @@ class AdaptiveLayer:
         tenant = current_tenant()
         priority = _priority.get() or self._quota_of(tenant).priority
         wait = self.max_wait_s
+        by_deadline = False
         expiry = _deadline.get()
         if expiry is not None:
             left = expiry.at - expiry.clock() - self.min_attempt_s
             if left < wait:
-                wait = left
-        return await self.limiter.acquire(tenant, priority, wait)
+                wait, by_deadline = left, True
+        return await self.limiter.acquire(tenant, priority, wait, by_deadline)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
         limiter = self.limiter

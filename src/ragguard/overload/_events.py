@@ -24,8 +24,8 @@ class LimitChanged:
 
 @dataclass(frozen=True, slots=True)
 class LoadShed:
-    """Stage ``stage`` shed a ``priority`` call of ``tenant`` for ``reason`` (limit, queue,
-    deadline) at clock time ``at``."""
+    """Stage ``stage`` shed a ``priority`` call of ``tenant`` for ``reason`` (``limit``, ``queue``
+    or ``deadline``, as :class:`~ragguard.Overloaded` gives them) at clock time ``at``."""
 
     stage: str
     tenant: str

@@ -73,9 +73,10 @@ class _Usage:
 
 
 class _Waiter:
-    __slots__ = ("event", "outcome", "priority", "rank", "seq", "tenant")
+    __slots__ = ("event", "out_of_time", "outcome", "priority", "rank", "seq", "tenant")
 
-    def __init__(self, tenant: str, priority: str, seq: int) -> None:
+    def __init__(self, tenant: str, priority: str, seq: int, out_of_time: str = "queue") -> None:
+        self.out_of_time = out_of_time  # the reason given when its wait runs out
         self.tenant = tenant
         self.priority = priority
         self.rank = RANK[priority]
@@ -142,14 +143,16 @@ class AdaptiveLimiter:
         usage.at = now
         return Permit(tenant, now, self.in_flight)
 
-    async def acquire(self, tenant: str, priority: str, wait_s: float) -> Permit:
-        """Queue a call of ``tenant`` at ``priority`` for at most ``wait_s`` seconds (the caller cuts
-        it to the deadline). Raises :class:`~ragguard.Overloaded` when shed or out of time."""
+    async def acquire(self, tenant: str, priority: str, wait_s: float, by_deadline: bool = False) -> Permit:
+        """Queue a call of ``tenant`` at ``priority`` for at most ``wait_s`` seconds; ``by_deadline``:
+        the caller cut ``wait_s`` to what the request's deadline leaves. Raises
+        :class:`~ragguard.Overloaded` when shed or out of time (reason ``deadline`` when the deadline
+        set the wait, see :class:`~ragguard.Overloaded`)."""
         if self.in_flight < self.cap and not self.waiters:
             return self._admit(tenant, self.clock())
-        if wait_s <= 0.0:
-            raise self._reject(tenant, priority, "deadline")
-        waiter = _Waiter(tenant, priority, next(self._seq))
+        if wait_s <= 0.0:  # no time to queue at all
+            raise self._reject(tenant, priority, "deadline" if by_deadline else "limit")
+        waiter = _Waiter(tenant, priority, next(self._seq), "deadline" if by_deadline else "queue")
         self._enqueue(waiter)  # raises Overloaded when the arrival itself is shed
         loop = running_loop()
         if loop is None:  # trio: the loop's own clock bounds the wait
@@ -185,7 +188,7 @@ class AdaptiveLimiter:
             return outcome
         if outcome is None:  # out of time in the queue
             self._remove(waiter)
-            outcome = self._reject(waiter.tenant, waiter.priority, "queue")
+            outcome = self._reject(waiter.tenant, waiter.priority, waiter.out_of_time)
         raise outcome
 
     def _abandon(self, waiter: _Waiter) -> None:
