@@ -54,6 +54,13 @@ def test_ragguard_bench_quick_orders_the_contenders(tmp_path: Path) -> None:
     if report["reference"]["knee_rps"] > 1.01 * report["capacity_rps"]:
         assert "above capacity, as a queue fed at capacity grows too slowly" in text, text[:600]
     assert {t["target"] for t in report["targets"]} >= {
-        "adaptive knee >= 1.5x hand-composed's",
+        "adaptive holds goodput to >= 1.5x the load where hand-composed's collapses",
         "unguarded collapses at 2x the knee (goodput < 50% of the knee's)",
     }
+    headline = next(t for t in report["targets"] if "collapses" in t["target"] and "holds" in t["target"])
+    assert 0.0 <= headline["confidence"] <= 1.0  # every round's requests were kept to resample
+    assert "knees (seed rule): adaptive" in text
+    # the tables read whole at 80 columns (a pipe's width): no cell is cut short (the progress
+    # lines, "bench ...", are one line each, whatever their length)
+    assert "…" not in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines() if not line.startswith("bench")) <= 80

@@ -189,8 +189,11 @@ async def test_no_queue_sheds_at_once_and_the_deadline_refuses_a_wait_it_cannot_
         await lim.acquire("b", "critical", 5.0)
     assert info.value.reason == "limit" and info.value.retry_after_s > 0
     with pytest.raises(Overloaded) as info:
-        await lim.acquire("b", "critical", 0.0)
+        await lim.acquire("b", "critical", 0.0, by_deadline=True)  # the deadline left no time to wait
     assert info.value.reason == "deadline"
+    with pytest.raises(Overloaded) as info:
+        await lim.acquire("b", "critical", 0.0)  # no wait allowed (max_wait_s 0): no place to queue
+    assert info.value.reason == "limit"
     assert "overloaded" in str(info.value) and "'b'" in str(info.value)
 
 

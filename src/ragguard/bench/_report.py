@@ -1,11 +1,27 @@
-"""What ``ragguard bench`` measured: per-step summaries, the knee, the targets, table, JSON, PNG.
+"""What ``ragguard bench`` measured: per-step summaries, the knees, the targets, table, JSON, PNG.
 
-The knee is the seed benchmark's dual-threshold rule: the first step whose P95 latency is above
-1.3 x the contender's baseline (its first, lightest step) *and* whose error rate is above 1.5 x
-its baseline error rate (at least 1 percentage point: 1.5 x 0 would make any single error a
-knee), so one noisy metric cannot mark it. Latencies are those clients saw, refusals included;
-goodput is answers per second within the deadline; well-behaved tenants are the four that stay
-within their share.
+Two knees per contender, each found on every request of every round of a step, pooled:
+
+- the *knee* is the seed benchmark's dual-threshold rule: the first step whose P95 latency is
+  above 1.3 x the contender's baseline (its first, lightest step) *and* whose error rate is above
+  1.5 x its baseline error rate (at least 1 percentage point: 1.5 x 0 would make any single error
+  a knee). Latencies are those clients saw, refusals included. The unguarded service's knee is
+  the reference load ("the knee", "2x the knee");
+- the *collapse* is the first step from which on goodput (answers per second within the deadline)
+  stays below 90% of the best goodput of the steps before it: where more load buys less work for
+  good (a dip that a heavier step climbs out of is noise, not a collapse).
+
+A load shedder passes the knee's error threshold at any load past capacity (the excess is refused)
+and its P95 passes 1.3 x whenever its latency tolerance is wider than 30%, so its knee marks where
+it starts shedding, not where it breaks; the headline compares collapses instead (the adaptive
+contender holds its goodput at least 1.5 x as far as the hand-composed stack), and the knees are
+printed beside it.
+
+Each step holds a few hundred requests, so a knee comes with a confidence: knees and collapses are
+found again in ``BOOTSTRAP_RESAMPLES`` bootstrap resamples (each step's requests drawn with
+replacement, seeded), and a target on them is MET only when it holds in at least
+``KNEE_CONFIDENCE`` (95%) of them, a one-sided 95% bootstrap confidence (Efron and Tibshirani, *An
+Introduction to the Bootstrap*, 13.3). A share is a rate's Wilson score bound (97.5% one-sided).
 """
 
 from __future__ import annotations
@@ -23,6 +39,12 @@ from ..demo.loadgen import RequestRecord
 __all__ = ["BenchReport", "StepSummary", "find_knee", "summarize_step"]
 
 P95_FACTOR = 1.3
+COLLAPSE_FACTOR = 0.9
+KNEE_CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 400
+KNEE_RATIO = 1.5
+MAX_SHED_BELOW_KNEE = 0.02
+SHED = ("overloaded", "unavailable")  # refused by the service itself (a tenant's quota aside)
 MIN_RANKING_WINDOW_S = 4.0
 """The shortest "after" window of the capacity-halving run that ranks the contenders: at 80% of
 the old capacity the queue grows by 0.3 x capacity a second, so a 1 s deadline breaks an unguarded
@@ -48,6 +70,14 @@ class StepSummary:
     shed_by_priority: dict[str, int]
     outcomes: dict[str, int]
     well_behaved_outcomes: dict[str, int]
+    window_s: float = 0.0  # seconds measured (summed over rounds)
+    ok_ms: tuple[float, ...] = field(default=(), repr=False)  # answered requests' latencies
+    failed_ms: tuple[float, ...] = field(default=(), repr=False)  # every other request's
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the requests' latencies are kept (what the knee's confidence resamples)."""
+        return bool(self.ok_ms or self.failed_ms)
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -92,13 +122,19 @@ def summarize_step(
         shed_by_priority=shed,
         outcomes=outcomes,
         well_behaved_outcomes=wb_outcomes,
+        window_s=steady_s,
+        ok_ms=tuple(round(r.latency_s * 1000, 1) for r in ok),
+        failed_ms=tuple(round(r.latency_s * 1000, 1) for r in records if r.outcome != "ok"),
     )
 
 
 def merge_rounds(rounds: Sequence[StepSummary]) -> StepSummary:
-    """The median of each number over the rounds of one step (counts summed)."""
+    """One step over its rounds: the latency quantiles and the error rate of every request of every
+    round pooled (when kept), the median of each other number, counts summed."""
     if len(rounds) == 1:
         return rounds[0]
+    ok_ms = tuple(v for r in rounds for v in r.ok_ms)
+    failed_ms = tuple(v for r in rounds for v in r.failed_ms)
 
     def med(name: str) -> float:
         return float(statistics.median(getattr(r, name) for r in rounds))
@@ -110,33 +146,100 @@ def merge_rounds(rounds: Sequence[StepSummary]) -> StepSummary:
                 out[k] = out.get(k, 0) + v
         return out
 
+    pooled = ok_ms + failed_ms
+    requests = sum(r.requests for r in rounds)
+
+    def quantile(name: str, q: float) -> float:
+        return _quantile(pooled, q) if pooled else med(name)
+
     return StepSummary(
         offered_rps=rounds[0].offered_rps,
-        requests=sum(r.requests for r in rounds),
+        requests=requests,
         goodput_rps=med("goodput_rps"),
-        error_rate=med("error_rate"),
-        p50_ms=med("p50_ms"),
-        p95_ms=med("p95_ms"),
-        p99_ms=med("p99_ms"),
+        error_rate=len(failed_ms) / len(pooled) if pooled else med("error_rate"),
+        p50_ms=quantile("p50_ms", 0.5),
+        p95_ms=quantile("p95_ms", 0.95),
+        p99_ms=quantile("p99_ms", 0.99),
         well_behaved_success=med("well_behaved_success"),
         well_behaved_p99_ms=med("well_behaved_p99_ms"),
         shed_by_priority=total("shed_by_priority"),
         outcomes=total("outcomes"),
         well_behaved_outcomes=total("well_behaved_outcomes"),
+        window_s=sum(r.window_s for r in rounds),
+        ok_ms=ok_ms,
+        failed_ms=failed_ms,
     )
 
 
 def find_knee(steps: Sequence[StepSummary]) -> int | None:
     """The index of the knee step (see the module docstring), None when no step breaks both."""
-    if not steps:
+    return _knee([(s.p95_ms, s.error_rate) for s in steps])
+
+
+def find_collapse(steps: Sequence[StepSummary]) -> int | None:
+    """The index of the collapse step (see the module docstring), None when goodput holds."""
+    return _collapse([s.goodput_rps for s in steps])
+
+
+def _knee(points: Sequence[tuple[float, float]]) -> int | None:
+    """The knee of steps given as (P95 ms, error rate), lightest first."""
+    if not points:
         return None
-    base = steps[0]
-    for i, s in enumerate(steps[1:], start=1):
-        if s.p95_ms > P95_FACTOR * base.p95_ms and s.error_rate > max(
-            ERROR_FACTOR * base.error_rate, ERROR_FLOOR
-        ):
+    base_p95, base_err = points[0]
+    for i, (p95, err) in enumerate(points[1:], start=1):
+        if p95 > P95_FACTOR * base_p95 and err > max(ERROR_FACTOR * base_err, ERROR_FLOOR):
             return i
     return None
+
+
+def _collapse(goodputs: Sequence[float]) -> int | None:
+    """The first step from which on every step's goodput is below ``COLLAPSE_FACTOR`` x the best
+    of the steps before it (a dip that a heavier step climbs out of is not a collapse)."""
+    found = None
+    best_before = [max(goodputs[:i]) for i in range(1, len(goodputs))]
+    for i in range(len(goodputs) - 1, 0, -1):
+        if goodputs[i] >= COLLAPSE_FACTOR * best_before[i - 1]:
+            break
+        if all(g < COLLAPSE_FACTOR * best_before[i - 1] for g in goodputs[i:]):
+            found = i
+    return found
+
+
+def resample(
+    steps: Sequence[StepSummary], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> tuple[list[int | None], list[int | None]] | None:
+    """The knee and the collapse (step indices, None: none) of each of ``resamples`` bootstrap
+    resamples of ``steps``: each step's requests drawn with replacement (numpy, seeded). None when
+    the steps kept no latencies."""
+    if not steps or not all(s.sampled and s.window_s > 0 for s in steps):
+        return None
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    columns = []
+    for s in steps:
+        latencies = np.asarray(s.ok_ms + s.failed_ms, dtype=float)
+        n, n_ok = len(latencies), len(s.ok_ms)
+        picks = rng.integers(0, n, size=(resamples, n))
+        p95 = np.quantile(latencies[picks], 0.95, axis=1, method="inverted_cdf")
+        ok = (picks < n_ok).sum(axis=1)
+        columns.append((p95, 1.0 - ok / n, ok / s.window_s))
+    knees = [_knee([(float(c[0][b]), float(c[1][b])) for c in columns]) for b in range(resamples)]
+    collapses = [_collapse([float(c[2][b]) for c in columns]) for b in range(resamples)]
+    return knees, collapses
+
+
+def ratio_share(
+    offered: Sequence[float], mine: Sequence[int | None], theirs: Sequence[int | None], ratio: float
+) -> float:
+    """The share of paired resamples in which step ``mine`` offers at least ``ratio`` x the load of
+    step ``theirs`` (None for mine: beyond the top step, counted at the top step's load; None for
+    theirs: no ratio, not counted as holding)."""
+    held = 0
+    for m, t in zip(mine, theirs, strict=True):
+        if t is not None:
+            held += (offered[-1] if m is None else offered[m]) >= ratio * offered[t]
+    return held / len(mine) if mine else 0.0
 
 
 @dataclass
@@ -153,6 +256,7 @@ class BenchReport:
     timings_s: dict[str, float] = field(default_factory=dict)
     json_path: Path | None = None
     chart_path: Path | None = None
+    _resamples: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # -- derived ----------------------------------------------------------------------------------
 
@@ -175,6 +279,79 @@ class BenchReport:
                 return k, i, True
         return k, len(self.offered_rps) - 1, False
 
+    def resampled(self, name: str) -> tuple[list[int | None], list[int | None]] | None:
+        """:func:`resample` of contender ``name``'s steps (seeded by its place), kept once made."""
+        cache = self._resamples
+        if name not in cache:
+            seed = list(self.steps).index(name) + 1 if name in self.steps else 0
+            cache[name] = resample(self.steps.get(name, []), seed=seed)
+        return cache[name]  # type: ignore[no-any-return]
+
+    def collapses(self) -> dict[str, int | None]:
+        return {name: find_collapse(steps) for name, steps in self.steps.items()}
+
+    def _collapse_target(self) -> dict[str, Any]:
+        """The headline: the adaptive contender holds its goodput to at least ``KNEE_RATIO`` x the
+        load where the hand-composed stack's collapses, in ``KNEE_CONFIDENCE`` of the resamples."""
+        offered, top = self.offered_rps, self.offered_rps[-1]
+        collapses = self.collapses()
+        hand, adapt = collapses["hand-composed"], collapses["ragguard-adaptive"]
+        target = f"adaptive holds goodput to >= {KNEE_RATIO:g}x the load where hand-composed's collapses"
+        if hand is None:
+            return {"target": target, "met": False, "confidence": None,
+                    "detail": f"hand-composed's goodput holds up to {top:.0f} rps: no ratio to measure"}
+        a = top if adapt is None else offered[adapt]
+        ok = a >= KNEE_RATIO * offered[hand]
+        where = f"no collapse up to {top:.0f} rps" if adapt is None else f"collapses at {a:.0f} rps"
+        text = f"adaptive {where}, hand-composed at {offered[hand]:.0f} rps ({'>= ' if adapt is None else ''}"
+        text += f"{a / offered[hand]:.2f}x)"
+        share = None
+        mine, theirs = self.resampled("ragguard-adaptive"), self.resampled("hand-composed")
+        if mine is not None and theirs is not None:
+            share = ratio_share(offered, mine[1], theirs[1], KNEE_RATIO)
+            ok = ok and share >= KNEE_CONFIDENCE
+            text += f"; holds in {share:.0%} of {BOOTSTRAP_RESAMPLES} resamples (MET: {KNEE_CONFIDENCE:.0%})"
+        return {"target": target, "met": ok, "detail": text, "confidence": share}
+
+    def _shed_target(self, below: Sequence[StepSummary]) -> dict[str, Any]:
+        """Below the reference knee the adaptive contender refuses (itself, quotas aside) under
+        ``MAX_SHED_BELOW_KNEE`` of the requests, with 97.5% confidence (Wilson's upper bound)."""
+        from ._stats import wilson
+
+        requests = sum(s.requests for s in below)
+        shed = sum(s.outcomes.get(o, 0) for s in below for o in SHED)
+        high = wilson(shed, requests)[1]
+        return {
+            "target": f"below the knee, the adaptive service sheds < {MAX_SHED_BELOW_KNEE:.0%} of requests",
+            "met": requests > 0 and high < MAX_SHED_BELOW_KNEE,
+            "detail": f"{shed} of {requests} requests up to {below[-1].offered_rps:.0f} rps "
+            f"({shed / max(requests, 1):.1%}; at most {high:.1%} with 97.5% confidence)",
+            "confidence": high,
+        }
+
+    def knee_note(self) -> str | None:
+        """The seed rule's knees of the adaptive and hand-composed contenders, their ratio and the
+        share of resamples where it reaches ``KNEE_RATIO`` (information: see the module docstring)."""
+        knees = self.knees()
+        if "hand-composed" not in knees or "ragguard-adaptive" not in knees:
+            return None
+        offered, top = self.offered_rps, self.offered_rps[-1]
+        hand, adapt = knees["hand-composed"], knees["ragguard-adaptive"]
+
+        def at(i: int | None) -> str:
+            return f"none up to {top:.0f} rps" if i is None else f"{offered[i]:.0f} rps"
+
+        text = f"knees (seed rule): adaptive {at(adapt)}, hand-composed {at(hand)}"
+        if hand is not None:
+            a = top if adapt is None else offered[adapt]
+            text += f" ({'>= ' if adapt is None else ''}{a / offered[hand]:.2f}x"
+            mine, theirs = self.resampled("ragguard-adaptive"), self.resampled("hand-composed")
+            if mine is not None and theirs is not None:
+                share = ratio_share(offered, mine[0], theirs[0], KNEE_RATIO)
+                text += f"; >= {KNEE_RATIO:g}x in {share:.0%} of resamples"
+            text += ")"
+        return text + ": a load shedder's knee marks where it starts shedding, not where it breaks"
+
     def knee_rps(self, name: str) -> float | None:
         k = self.knees().get(name)
         return None if k is None else self.offered_rps[k]
@@ -184,20 +361,11 @@ class BenchReport:
         out: list[dict[str, Any]] = []
         k, k2, exact = self.reference()
         deadline_ms = float(self.options["deadline_s"]) * 1000
-        top = self.offered_rps[-1]
-        hand, adapt = self.knee_rps("hand-composed"), self.knee_rps("ragguard-adaptive")
         if "hand-composed" in self.steps and "ragguard-adaptive" in self.steps:
-            if hand is None:
-                ok, text = False, f"hand-composed shows no knee up to {top:.0f} rps: no ratio to measure"
-            elif adapt is None:
-                ok = top >= 1.5 * hand
-                text = (
-                    f"adaptive: no knee up to {top:.0f} rps (> {top / hand:.2f}x hand-composed's {hand:.0f})"
-                )
-            else:
-                ok = adapt >= 1.5 * hand
-                text = f"adaptive knee {adapt:.0f} rps = {adapt / hand:.2f}x hand-composed's {hand:.0f} rps"
-            out.append({"target": "adaptive knee >= 1.5x hand-composed's", "met": ok, "detail": text})
+            out.append(self._collapse_target())
+        a = self.steps.get("ragguard-adaptive")
+        if a is not None and k > 0:
+            out.append(self._shed_target(a[:k]))
         a = self.steps.get("ragguard-adaptive")
         if a is not None:
             s2 = a[k2]
@@ -249,19 +417,55 @@ class BenchReport:
             "options": self.options,
             "capacity_rps": self.capacity_rps,
             "offered_rps": self.offered_rps,
-            "knee_rule": {"p95_factor": P95_FACTOR, "error_factor": ERROR_FACTOR, "error_floor": ERROR_FLOOR},
+            "knee_rule": {
+                "p95_factor": P95_FACTOR,
+                "error_factor": ERROR_FACTOR,
+                "error_floor": ERROR_FLOOR,
+                "confidence": KNEE_CONFIDENCE,
+                "bootstrap_resamples": BOOTSTRAP_RESAMPLES,
+            },
             "reference": {
                 "knee_rps": self.offered_rps[k],
                 "twice_knee_rps": self.offered_rps[k2],
                 "twice_exact": exact,
             },
             "knees_rps": {n: (None if i is None else self.offered_rps[i]) for n, i in knees.items()},
-            "steps": {n: [asdict(s) for s in steps] for n, steps in self.steps.items()},
-            "rounds": {n: [[asdict(s) for s in r] for r in rounds] for n, rounds in self.rounds.items()},
+            "steps": {n: [_summary(s, samples=False) for s in steps] for n, steps in self.steps.items()},
+            "rounds": {n: [[_summary(s) for s in r] for r in rounds] for n, rounds in self.rounds.items()},
             "halving": self.halving,
             "targets": self.targets(),
             "timings_s": self.timings_s,
         }
+
+    @classmethod
+    def read_json(cls, path: Path) -> BenchReport:
+        """A report written by :meth:`write_json` (every round's requests: the same knees, tables
+        and targets)."""
+        data = json.loads(path.read_text())
+
+        def step(d: dict[str, Any]) -> StepSummary:
+            fields: dict[str, Any] = {k: (math.nan if v is None else v) for k, v in d.items()}
+            for key in ("ok_ms", "failed_ms"):
+                fields[key] = tuple(d.get(key) or ())
+            return StepSummary(**fields)
+
+        rounds = {n: [[step(s) for s in r] for r in rs] for n, rs in data["rounds"].items()}
+        steps = {
+            n: [merge_rounds([r[i] for r in rs]) for i in range(len(data["offered_rps"]))] if rs and rs[0]
+            else [step(s) for s in data["steps"][n]]
+            for n, rs in rounds.items()
+        }
+        report = cls(
+            options=data["options"],
+            capacity_rps=data["capacity_rps"],
+            offered_rps=data["offered_rps"],
+            steps=steps,
+            rounds=rounds,
+            halving=data.get("halving") or {},
+            timings_s=data.get("timings_s") or {},
+        )
+        report.json_path = path
+        return report
 
     def write_json(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -270,7 +474,9 @@ class BenchReport:
         return path
 
     def table(self) -> Any:
-        """The rich table of the run."""
+        """The rich table of the run: whole in an 80-column terminal (headers on two lines, no
+        vertical rules)."""
+        from rich import box
         from rich.table import Table
 
         k, k2, exact = self.reference()
@@ -280,34 +486,65 @@ class BenchReport:
                 f"ragguard bench: knee = {self.offered_rps[k]:.0f} rps ({self._knee_note(k)}), "
                 f"2x = {self.offered_rps[k2]:.0f} rps{'' if exact else ' (last step)'}; "
                 f"dependency capacity ~{self.capacity_rps:.0f} rps"
-            )
+            ),
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            collapse_padding=True,
         )
         for col in (
             "contender",
-            "knee rps",
-            "goodput@knee",
-            "goodput@2x",
-            "P95@2x ms",
-            "P99@2x ms",
-            "well-behaved ok@2x",
-            "w-b P99@2x ms",
-            "shed@2x batch/inter.",
+            "knee\nrps",
+            "collapse\nrps",
+            "goodput\n@knee",
+            "goodput\n@2x",
+            "P95\n@2x ms",
+            "P99\n@2x ms",
         ):
-            t.add_column(col, justify="left" if col == "contender" else "right")
+            t.add_column(col, justify="left" if col == "contender" else "right", no_wrap=True)
+        collapses = self.collapses()
+        top = f">{self.offered_rps[-1]:.0f}"
         for name, steps in self.steps.items():
             s1, s2 = steps[k], steps[k2]
-            knee = knees[name]
-            shed = s2.shed_by_priority
+            knee, collapse = knees[name], collapses[name]
             t.add_row(
                 name,
-                f">{self.offered_rps[-1]:.0f}" if knee is None else f"{self.offered_rps[knee]:.0f}",
+                top if knee is None else f"{self.offered_rps[knee]:.0f}",
+                top if collapse is None else f"{self.offered_rps[collapse]:.0f}",
                 f"{s1.goodput_rps:.1f}",
                 f"{s2.goodput_rps:.1f}",
                 f"{s2.p95_ms:.0f}",
                 f"{s2.p99_ms:.0f}",
-                f"{s2.well_behaved_success:.1%}",
+            )
+        t.caption = self.knee_note()
+        return t
+
+    def tenants_table(self) -> Any:
+        """At twice the knee, by tenant: the well-behaved tenants' success and P99, and the
+        requests shed by priority (whole in an 80-column terminal)."""
+        from rich import box
+        from rich.table import Table
+
+        _, k2, _ = self.reference()
+        t = Table(
+            title=f"at 2x the knee ({self.offered_rps[k2]:.0f} rps), by tenant",
+            box=box.SIMPLE_HEAD,
+            show_edge=False,
+            pad_edge=False,
+            collapse_padding=True,
+        )
+        for col in ("contender", "well-behaved\nsuccess", "well-behaved\nP99 ms", "shed\nbatch",
+                    "shed\ninteractive"):
+            t.add_column(col, justify="left" if col == "contender" else "right", no_wrap=True)
+        for name, steps in self.steps.items():
+            s2 = steps[k2]
+            shed = s2.shed_by_priority
+            t.add_row(
+                name,
+                _percent(s2.well_behaved_success),
                 f"{s2.well_behaved_p99_ms:.0f}",
-                f"{shed.get('batch', 0)}/{shed.get('interactive', 0)}",
+                str(shed.get("batch", 0)),
+                str(shed.get("interactive", 0)),
             )
         return t
 
@@ -346,12 +583,16 @@ class BenchReport:
         return line
 
     def targets_table(self) -> Any:
+        """The targets, MET or GAP, with what was measured: whole in an 80-column terminal."""
+        from rich import box
         from rich.table import Table
 
-        t = Table(title="targets (ratios within this one run)")
-        t.add_column("target")
-        t.add_column("")
-        t.add_column("measured")
+        t = Table(
+            title="targets (ratios within this one run)", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
+        )
+        t.add_column("target", ratio=5)
+        t.add_column("", no_wrap=True)
+        t.add_column("measured", ratio=6)
         for row in self.targets():
             t.add_row(row["target"], "[green]MET[/green]" if row["met"] else "[red]GAP[/red]", row["detail"])
         return t
@@ -411,6 +652,22 @@ class BenchReport:
         plt.close(fig)
         self.chart_path = path
         return path
+
+
+def _percent(share: float) -> str:
+    """``share`` (0..1) as a percentage of at most five characters: 100%, 99.6%, 0.0%."""
+    if math.isnan(share):
+        return "-"
+    return "100%" if share >= 0.9995 else f"{share:.1%}"
+
+
+def _summary(step: StepSummary, *, samples: bool = True) -> dict[str, Any]:
+    """``step`` as JSON: the requests' latencies (ms) only where asked (a round's; a merged step's
+    are its rounds' together)."""
+    out = asdict(step)
+    if not samples:
+        del out["ok_ms"], out["failed_ms"]
+    return out
 
 
 def _clean(value: Any) -> Any:

@@ -463,9 +463,7 @@ async def run_bench_async(options: BenchOptions) -> BenchReport:
     if options.progress:
         from rich.console import Console
 
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=140)  # a log or a pipe: tables at their natural width
+        console = Console()  # the tables read whole at 80 columns, a log's or a pipe's width too
     started = time.monotonic()
     steps, warm, steady, rounds, _ = options.plan()
     total = len(steps) * len(options.contenders) * rounds + (
@@ -518,6 +516,7 @@ async def run_bench_async(options: BenchOptions) -> BenchReport:
         await anyio.to_thread.run_sync(report.write_chart, options.out_dir / "bench.png")
     if console is not None:
         console.print(report.table())
+        console.print(report.tenants_table())
         console.print(report.targets_table())
         if halving:
             console.print(report.halving_line())

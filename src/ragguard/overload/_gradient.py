@@ -12,10 +12,10 @@ calls in flight during the window::
         limit = min(2 * limit, cap)                                  #   slow start: double
     elif gradient >= 1:                                              # within tolerance
         limit += smoothing * (min(limit + sqrt(limit), cap) - limit) #   grow gently
-    else:                                                            # past it: shrink from what was used
-        level = min(limit, used)
-        limit = level / 2                        if gradient <= 0.5  #   a queue of twice the tolerance
-              = level + smoothing * (level * gradient - level)       #   else in proportion
+    elif gradient <= 0.5:                                            # a queue of twice the tolerance
+        limit = min(limit, used) / 2                                 #   halve what was in use, at once
+    else:                                                            # past the tolerance
+        limit += smoothing * (limit * gradient - limit)              #   shrink in proportion
     limit = clamp(limit, min_limit, max_limit)
 
 so the limit settles where the dependency's latency is its baseline plus the tolerance: for a
@@ -25,8 +25,8 @@ Gradient2's ``gradient x limit + headroom``, the sqrt(limit) headroom is added o
 latency is within tolerance: at the small limits of a nearly serial dependency a standing headroom
 would keep a queue of several calls (and twice the latency) for good. The limit grows only while
 the calls in flight use it (a limit nobody reaches does not drift up to the ceiling and then let a
-burst through), and shrinks from what was in use (a limit above the calls in flight protected
-nothing). Admission compares the calls in flight with the float limit: a limit of 1.5 admits two
+burst through), and a large excess halves what was in use (a limit above the calls in flight
+protected nothing). Admission compares the calls in flight with the float limit: a limit of 1.5 admits two
 calls (:func:`admits`).
 
 The baseline is re-measured every ``probe_interval_s`` seconds, the start of each probe delayed by
@@ -34,7 +34,8 @@ a random share (up to ``probe_jitter``) of the interval drawn from the Guard's s
 replicas do not probe together (Envoy's minRTT window): for ``probe_samples`` calls the limit is
 pinned to ``probe_limit`` (within ``min_limit`` and ``max_limit``), and the probe's ``percentile``
 latency becomes ``min_rtt``. A probe also starts when the limit has sat at its floor for 5 windows
-(the baseline may be stale). A window whose latency is below the baseline lowers the baseline at once.
+(the baseline may be stale). Two windows in a row whose latency is below the baseline lower it to the
+larger of the two (one window may be a lucky few samples: the baseline must not ratchet down to noise).
 
 Pressure from outside (event-loop lag, a starved Redis pool, out-of-memory) multiplies the limit
 by ``backoff``, at most once per window.
@@ -88,6 +89,7 @@ class GradientLimit:
     baseline probe is under way."""
 
     __slots__ = (
+        "_below",
         "_floor_windows",
         "_max_in_flight",
         "_pressed_at",
@@ -115,6 +117,7 @@ class GradientLimit:
         self._window_start = now
         self._max_in_flight = 0
         self._floor_windows = 0
+        self._below: float | None = None  # the last window's latency, when it was under the baseline
         self._pressed_at = -math.inf
         self.changes = 0
         # the first baseline is measured at once: start in a probe
@@ -146,6 +149,11 @@ class GradientLimit:
             return True
         return False
 
+    @property
+    def saved_limit(self) -> float:
+        """The limit a probe under way will give back when it ends (the limit itself otherwise)."""
+        return self._saved_limit if self.probing else self.limit
+
     def press(self, now: float) -> bool:
         """Outside pressure (loop lag, pool wait, out-of-memory): multiply the limit by
         ``backoff``, at most once per window; True when it changed."""
@@ -173,8 +181,16 @@ class GradientLimit:
         self._max_in_flight = 0
         self._window_start = now
         base = self.min_rtt
-        if base is None or rtt < base:
+        if base is None:
             self.min_rtt = base = rtt
+        elif rtt < base:  # two windows in a row under the baseline lower it (one may be noise)
+            if self._below is not None:
+                self.min_rtt = base = max(rtt, self._below)
+                self._below = None
+            else:
+                self._below = rtt
+        else:
+            self._below = None
         limit = self.limit
         gradient = base * (1.0 + s.tolerance) / rtt if rtt > 0 else 2.0
         if rtt <= base * (1.0 + s.tolerance / 2):  # no queue to speak of: slow start, unsmoothed
@@ -182,12 +198,10 @@ class GradientLimit:
         elif gradient >= 1.0:
             target = min(limit + math.sqrt(limit), max(limit, s.growth * used))
             new = limit + s.smoothing * (target - limit)
-        else:  # too slow: shrink from what was in use (a limit above it protected nothing)
-            level = min(limit, max(float(used), 1.0))
-            if gradient <= 0.5:  # a queue of more than twice the tolerance: halve it at once
-                new = 0.5 * level
-            else:
-                new = level + s.smoothing * (level * gradient - level)
+        elif gradient <= 0.5:  # a queue of twice the tolerance: halve what was in use, at once
+            new = 0.5 * min(limit, max(float(used), 1.0))  # (a limit above it protected nothing)
+        else:  # past the tolerance: shrink in proportion
+            new = limit + s.smoothing * (limit * gradient - limit)
         new = min(float(s.max_limit), max(float(s.min_limit), new))
         changed = admits(new) != admits(limit)
         self.limit = new

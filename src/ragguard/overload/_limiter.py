@@ -10,7 +10,9 @@ The queue is bounded and rejects gradually, after failsafe-go's adaptive limiter
 call with a probability rising linearly to 1 at the bound (drawn from the Guard's seeded rng). The
 call shed is the worst of the queue and the arrival: the lowest priority, then the heaviest tenant
 (the most calls in flight, queued and admitted lately at this stage, per unit of the tenant's
-``weight``), then the newest. A shed call raises :class:`~ragguard.Overloaded`.
+``weight``), then the newest. A shed call raises :class:`~ragguard.Overloaded`. While a baseline
+probe pins the limit low, the queue keeps the size of the limit the probe will give back (a probe
+measures the dependency; it does not shrink the room to wait).
 
 Every wait is on the Guard's clock: a queued call's wait is bounded by the clock's own timers (a
 :class:`~ragguard.FakeClock`'s) or the loop's timer wheel, as attempt timeouts are.
@@ -202,8 +204,10 @@ class AdaptiveLimiter:
     def _enqueue(self, waiter: _Waiter) -> None:
         q = self.queue
         waiting = len(self.waiters)
-        bound = math.ceil(q.max_queue * self.cap)
-        early = q.early_queue * self.cap
+        g = self.gradient
+        size = admits(g.saved_limit) if g.probing else self.cap  # a probe pins the limit, not the queue
+        bound = math.ceil(q.max_queue * size)
+        early = q.early_queue * size
         shed = waiting >= bound
         if not shed and waiting >= early and bound > early:
             shed = self.rng.random() < (waiting - early + 1) / (bound - early + 1)
