@@ -345,3 +345,18 @@ async def test_a_hedge_an_inner_layer_refuses_gives_its_budget_back() -> None:
     assert limiters(g)["search"].shed_reasons == {"limit": 1}
     assert state.blocked == 1
     assert state.budget.try_spend()  # type: ignore[attr-defined]  # the window's one hedge is still there
+
+
+@pytest.mark.anyio
+@pytest.mark.ragguard_policy({"stages": {"search": {"hedge": {"min_samples": 5, "budget_min_per_s": 1.0}}}})
+async def test_the_pytest_guard_fixture_hedges_on_fake_time(guard: Any, fake_clock: FakeClock) -> None:
+    """The plugin's ``guard`` fixture (a fresh Guard on ``fake_clock``): a fast call keeps its time
+    under a deadline shorter than the hedge delay, a hung one is hedged at the delay."""
+    _warm(guard, 0.1)
+    dep = Dependency(fake_clock, [(0.01, "fast"), (60.0, "hung"), (0.03, "hedge")])
+    search = guard.guard("search")(dep)
+    with guard.deadline(0.05):
+        assert await search("q") == "fast"
+    assert fake_clock() == pytest.approx(0.01)
+    assert await search("q") == "hedge"
+    assert fake_clock() == pytest.approx(0.01 + 0.1 + 0.03)
