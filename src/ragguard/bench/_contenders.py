@@ -295,7 +295,7 @@ def bench_policy(tenants: Sequence[TenantPlan], *, adaptive: bool, deadline_s: f
 ADAPTIVE = AdaptivePolicy(
     min_limit=1,
     initial_limit=4,
-    max_limit=64,
+    max_limit=32,  # twice the calls in flight at capacity with latency at the tolerance's edge
     # latency up to 3.5x the baseline before the limit shrinks: the service's own latency (its
     # in-process rerank on shared cores, the dependency's queue) reaches 2-3x the unloaded one
     # below the dependency's capacity, where nothing should be shed

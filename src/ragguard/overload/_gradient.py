@@ -12,10 +12,10 @@ calls in flight during the window::
         limit = min(2 * limit, cap)                                  #   slow start: double
     elif gradient >= 1:                                              # within tolerance
         limit += smoothing * (min(limit + sqrt(limit), cap) - limit) #   grow gently
-    else:                                                            # past it: shrink from what was used
-        level = min(limit, used)
-        limit = level / 2                        if gradient <= 0.5  #   a queue of twice the tolerance
-              = level + smoothing * (level * gradient - level)       #   else in proportion
+    elif gradient <= 0.5:                                            # a queue of twice the tolerance
+        limit = min(limit, used) / 2                                 #   halve what was in use, at once
+    else:                                                            # past the tolerance
+        limit += smoothing * (limit * gradient - limit)              #   shrink in proportion
     limit = clamp(limit, min_limit, max_limit)
 
 so the limit settles where the dependency's latency is its baseline plus the tolerance: for a
@@ -25,8 +25,8 @@ Gradient2's ``gradient x limit + headroom``, the sqrt(limit) headroom is added o
 latency is within tolerance: at the small limits of a nearly serial dependency a standing headroom
 would keep a queue of several calls (and twice the latency) for good. The limit grows only while
 the calls in flight use it (a limit nobody reaches does not drift up to the ceiling and then let a
-burst through), and shrinks from what was in use (a limit above the calls in flight protected
-nothing). Admission compares the calls in flight with the float limit: a limit of 1.5 admits two
+burst through), and a large excess halves what was in use (a limit above the calls in flight
+protected nothing). Admission compares the calls in flight with the float limit: a limit of 1.5 admits two
 calls (:func:`admits`).
 
 The baseline is re-measured every ``probe_interval_s`` seconds, the start of each probe delayed by
@@ -198,12 +198,10 @@ class GradientLimit:
         elif gradient >= 1.0:
             target = min(limit + math.sqrt(limit), max(limit, s.growth * used))
             new = limit + s.smoothing * (target - limit)
-        else:  # past the tolerance: shrink from what was in use (a limit above it protected nothing)
-            level = min(limit, max(float(used), 1.0))
-            if gradient <= 0.5:  # a queue of twice the tolerance: halve it at once
-                new = 0.5 * level
-            else:  # in proportion
-                new = level + s.smoothing * (level * gradient - level)
+        elif gradient <= 0.5:  # a queue of twice the tolerance: halve what was in use, at once
+            new = 0.5 * min(limit, max(float(used), 1.0))  # (a limit above it protected nothing)
+        else:  # past the tolerance: shrink in proportion
+            new = limit + s.smoothing * (limit * gradient - limit)
         new = min(float(s.max_limit), max(float(s.min_limit), new))
         changed = admits(new) != admits(limit)
         self.limit = new
