@@ -8,7 +8,7 @@ calls in flight during the window::
 
     gradient = min_rtt * (1 + tolerance) / rtt                       # Envoy's (minRTT + buffer) / RTT
     cap      = max(limit, growth * used)                             # failsafe-go: grow only while used
-    if rtt <= min_rtt * (1 + tolerance / 2):                         # no queue to speak of
+    if rtt <= min_rtt * (1 + min(tolerance / 2, 0.25)):              # no queue to speak of
         limit = min(2 * limit, cap)                                  #   slow start: double
     elif gradient >= 1:                                              # within tolerance
         limit += smoothing * (min(limit + sqrt(limit), cap) - limit) #   grow gently
@@ -20,7 +20,9 @@ calls in flight during the window::
 
 so the limit settles where the dependency's latency is its baseline plus the tolerance: for a
 dependency of K parallel workers, about K x (1 + tolerance), and gets there from any start within a
-few windows (a limit far below it doubles each window; one far above it halves). Unlike Envoy's and
+few windows (a limit far below it doubles each window; one far above it halves). "No queue to speak
+of" is within half the tolerance and at most 25% of the baseline: a generous tolerance does not widen
+it (slow start under load would double the limit on a lucky window). Unlike Envoy's and
 Gradient2's ``gradient x limit + headroom``, the sqrt(limit) headroom is added only while the
 latency is within tolerance: at the small limits of a nearly serial dependency a standing headroom
 would keep a queue of several calls (and twice the latency) for good. The limit grows only while
@@ -193,7 +195,7 @@ class GradientLimit:
             self._below = None
         limit = self.limit
         gradient = base * (1.0 + s.tolerance) / rtt if rtt > 0 else 2.0
-        if rtt <= base * (1.0 + s.tolerance / 2):  # no queue to speak of: slow start, unsmoothed
+        if rtt <= base * (1.0 + min(s.tolerance / 2, 0.25)):  # no queue to speak of: slow start
             new = min(2.0 * limit, max(limit, s.growth * used))
         elif gradient >= 1.0:
             target = min(limit + math.sqrt(limit), max(limit, s.growth * used))
