@@ -10,7 +10,8 @@ a callable (plain or ``async``) that returns
   ``x-priority`` may raise the tenant's configured priority; anyone may lower it);
 - ``None``: the request carries no identity. It runs as the door's ``anonymous`` tenant
   (``"default"`` unless configured otherwise), or, with ``anonymous=None``, is refused as
-  :class:`~ragguard.Unauthenticated`.
+  :class:`~ragguard.Unauthenticated` (whose HTTP challenge is the resolver's ``challenge``
+  attribute when it has one, else ``Bearer``).
 
 A resolver refuses a request by raising :class:`~ragguard.Unauthenticated` (no valid
 credentials: HTTP 401, gRPC UNAUTHENTICATED), :class:`~ragguard.PermissionDenied` (known, but not
@@ -80,7 +81,8 @@ class Caller:
     ``"ipv4:127.0.0.1:50321"``), None when unknown. ``scope`` (HTTP): the ASGI scope, for TLS or
     server extensions. ``context`` (gRPC): the ``grpc.aio.ServicerContext``, for
     ``auth_context()`` (the client certificate's names under mutual TLS) and
-    ``peer_identities()``.
+    ``peer_identities()``. A Caller is valid while the resolver it was given to runs: keep what
+    you need of it, not the Caller (grpc's context must not be used after its call ended).
     """
 
     __slots__ = ("context", "door", "method", "scope")
@@ -202,15 +204,17 @@ class APIKeyResolver:
     ``keys``: API key -> tenant id, or an :class:`Identity` for a trusted caller. Only SHA-256
     digests of the keys are kept, and a lookup compares digests, so neither the time it takes nor
     anything this object holds gives a key away. No key: None (the door's anonymous tenant). An
-    unknown key: :class:`~ragguard.Unauthenticated`. Raises :class:`~ragguard.ConfigError` for an
-    empty key, a bad tenant id (named by its tenant, never by its key) or a bad header name.
+    unknown key: :class:`~ragguard.Unauthenticated`, whose HTTP challenge (``challenge``) is
+    ``Bearer`` for ``authorization``, else ``APIKey header="<header>"``. Raises
+    :class:`~ragguard.ConfigError` for an empty key, a bad tenant id (named by its tenant, never
+    by its key) or a bad header name.
     """
 
-    __slots__ = ("_digests", "_scheme", "header")
+    __slots__ = ("_digests", "challenge", "header")
 
     def __init__(self, keys: Mapping[str, str | Identity], *, header: str = API_KEY_HEADER) -> None:
         self.header = check_field_name("header", header)
-        self._scheme = "Bearer" if self.header == "authorization" else f'APIKey header="{self.header}"'
+        self.challenge = "Bearer" if self.header == "authorization" else f'APIKey header="{self.header}"'
         if not isinstance(keys, Mapping):
             raise ConfigError(
                 f"APIKeyResolver: keys must be a mapping of API key to tenant, got {type(keys).__name__}"
@@ -237,11 +241,11 @@ class APIKeyResolver:
         if self.header == "authorization":
             scheme, _, key = key.partition(" ")
             if scheme.lower() != "bearer":
-                raise Unauthenticated("authorization must be 'Bearer <API key>'", challenge=self._scheme)
+                raise Unauthenticated("authorization must be 'Bearer <API key>'", challenge=self.challenge)
             key = key.strip()
         identity = self._digests.get(_digest(key))
         if identity is None:
-            raise Unauthenticated("unknown API key", challenge=self._scheme)
+            raise Unauthenticated("unknown API key", challenge=self.challenge)
         return identity
 
     def __repr__(self) -> str:
@@ -295,7 +299,11 @@ async def resolve_identity(resolver: TenantResolver, caller: Caller, anonymous: 
         return found
     if found is None:
         if anonymous is None:
-            raise Unauthenticated("this service needs credentials: the request carries none")
+            challenge = getattr(resolver, "challenge", None)
+            raise Unauthenticated(
+                "this service needs credentials: the request carries none",
+                challenge=challenge if isinstance(challenge, str) else "Bearer",
+            )
         return anonymous
     _report(resolver, found, f"returned a {type(found).__name__}, not a tenant id, an Identity or None")
     raise Unauthenticated()

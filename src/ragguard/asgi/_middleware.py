@@ -203,12 +203,14 @@ async def _refuse(send: Send, exc: Unauthenticated | PermissionDenied) -> None:
 class _BodyReader:
     """The app's ``receive()``, bounding how long the app waits for the request body: at most
     ``body_timeout_s`` in all, and never past the request's deadline. Once the body is complete,
-    messages (the disconnect) pass through unbounded; once a wait was cut, every later
-    ``receive()`` says the client is gone."""
+    messages (the disconnect) pass through unbounded. Once a wait was cut, every later
+    ``receive()`` says the client is gone, and the response asks the server to close the
+    connection (``connection: close``): the rest of the body will never be read."""
 
-    __slots__ = ("_cut", "_done", "_left", "_receive", "_total")
+    __slots__ = ("_cut", "_done", "_exchange", "_left", "_receive", "_total")
 
-    def __init__(self, receive: Receive, body_timeout_s: float | None) -> None:
+    def __init__(self, exchange: _Exchange, receive: Receive, body_timeout_s: float | None) -> None:
+        self._exchange = exchange
         self._receive = receive
         self._total = self._left = body_timeout_s
         self._done = self._cut = False
@@ -228,6 +230,7 @@ class _BodyReader:
                 message = await self._receive()
             if cut.cancelled_caught:
                 self._cut = True
+                self._exchange._send = _closing(self._exchange._send)
                 if left is None or (deadline_left is not None and deadline_left <= left):
                     raise DeadlineExceeded("request body", deadline_left, "the client had not sent all of it")
                 raise InvalidInput(
@@ -238,6 +241,17 @@ class _BodyReader:
         if message["type"] != "http.request" or not message.get("more_body", False):
             self._done = True  # complete (or the client left): waiting for the disconnect is not bounded
         return message
+
+
+def _closing(send: Send) -> Send:
+    """``send``, adding ``connection: close`` to the response's start (RFC 9110 section 9.6)."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+
+    return closing
 
 
 class _Exchange:
@@ -297,7 +311,7 @@ class _Exchange:
     async def _serve(
         self, scope: Scope, request: TenantContext, limit: deadline, receive: Receive
     ) -> Exception | None:
-        body = _BodyReader(receive, self._middleware.body_timeout_s)
+        body = _BodyReader(self, receive, self._middleware.body_timeout_s)
         try:
             with limit:
                 async with request:
