@@ -362,11 +362,11 @@ async def test_a_sent_priority_lowers_never_raises_unless_trusted(kind: str) -> 
             await priority("ops", None),
             await priority("ops", "urgent"),
         ]
+    assert untrusted == ["batch", "batch", "interactive", "batch", "interactive", "INVALID_ARGUMENT"]
     async with door(kind, endpoint, tenant_resolver=HeaderResolver(trusted=True)) as ask:
         trusted = [await priority("nightly", "critical"), await priority("ops", "batch")]
     async with door(kind, endpoint, tenant_resolver=APIKeyResolver(KEYS)) as ask:
         keyed = await ask([("x-api-key", "key-ops-91c2"), ("x-priority", "critical")])
-    assert untrusted == ["batch", "batch", "interactive", "batch", "interactive", "INVALID_ARGUMENT"]
     assert trusted == ["critical", "batch"]
     assert keyed.body == {"tenant": "ops", "priority": "critical"}  # ops' key is a trusted Identity
 

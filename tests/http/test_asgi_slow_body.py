@@ -130,7 +130,7 @@ async def test_a_trickled_body_holds_the_slot_no_longer_than_body_timeout(cancel
 
 async def test_the_deadline_cuts_a_trickled_body() -> None:
     guard = _guard()
-    app = RagguardMiddleware(slow_app(guard), guard=guard, body_timeout_s=None)
+    app = RagguardMiddleware(slow_app(guard), guard=guard)  # the default body_timeout_s is 10 s
     with running(app) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             tricklers = await _hold_every_slot(url, {"x-request-timeout-ms": "800"})
