@@ -134,8 +134,9 @@ def _peak_rss_mib(pid: int) -> float:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak RSS from /proc")
 async def test_refused_snappy_bombs_do_not_grow_the_server() -> None:
     """The issue's measurement: 100 concurrent calls, each a ~197 KB block expanding to exactly the
-    4 MiB limit, from one tenant allowed 2 at once; the server's peak RSS grows by about the two
-    admitted requests, not by 100 decompressed ones (about 400 MiB before the fix)."""
+    4 MiB limit, from one tenant allowed 2 at once: the server's peak RSS grows by the wire
+    buffers and the two admitted requests (+36 to +45 MiB measured), not by 98 refused requests
+    decompressed first (+113 to +153 MiB measured before the fix)."""
     env = {**os.environ, "GRPC_VERBOSITY": "ERROR"}
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "snappy_server.py"), "2", "1.0"],
@@ -170,4 +171,4 @@ async def test_refused_snappy_bombs_do_not_grow_the_server() -> None:
         f"\nserver peak RSS {before:.0f} MiB -> {after:.0f} MiB (+{growth:.0f} MiB) for 100 x {len(BOMB)} B"
     )
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 95
-    assert growth < 100, f"the server's peak RSS grew by {growth:.0f} MiB"
+    assert growth < 75, f"the server's peak RSS grew by {growth:.0f} MiB"

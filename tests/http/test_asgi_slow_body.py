@@ -61,22 +61,28 @@ class Trickler:
         self.task = asyncio.create_task(self._trickle(reader, writer))
 
     async def _trickle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        answer = asyncio.create_task(reader.read(65536))
+        reading = asyncio.create_task(self._read(reader))
         try:
-            while self.sent < BODY and not answer.done():
+            while self.sent < BODY and not self.answer:
                 writer.write(b"x")
                 await writer.drain()
                 self.sent += 1
-                await asyncio.wait({answer}, timeout=0.2)
-            self.answer = await asyncio.wait_for(answer, 5)
-            while chunk := await asyncio.wait_for(reader.read(65536), 5):  # until the server closes
-                self.answer += chunk
-            self.closed = True
-        except (TimeoutError, ConnectionError):
-            pass
+                await asyncio.wait({reading}, timeout=0.2)
+        except ConnectionError:
+            pass  # the server closed the connection while a byte was on its way
+        try:
+            await asyncio.wait_for(reading, 5)
         finally:
-            answer.cancel()
             writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        """Everything the server sends, until it closes the connection."""
+        try:
+            while chunk := await reader.read(65536):
+                self.answer += chunk
+        except ConnectionError:
+            pass
+        self.closed = True
 
     def status(self) -> int | None:
         if not self.answer.startswith(b"HTTP/1.1 "):
