@@ -8,8 +8,9 @@ turns each request into a tenant block with the caller's deadline, and ragguard'
 503 and 504 with Retry-After. The tenant comes from the caller's API key (APIKeyResolver), not from
 a header the caller could fill in with any tenant it likes. The embedding provider is called over
 HTTP through GuardTransport, which hands it the tenant and what is left of the deadline, and turns
-its 429/503 into errors the breakers understand. Needs ragguard's http extra: ``pip install '/path/to/ragguard[http]'`` (from a
-checkout: ``pip install '.[http]'``; ``ragguard`` on PyPI is another project).
+its 429/503 into errors the breakers understand. Needs ragguard's http extra:
+``pip install '/path/to/ragguard[http]'`` (from a checkout: ``pip install '.[http]'``;
+``ragguard`` on PyPI is another project).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ._context import DEFAULT_TENANT, validate_tenant_id
+from ._context import validate_tenant_id
 from ._errors import ConfigError, InvalidInput, PermissionDenied, Unauthenticated
 from ._http import TENANT_HEADER, check_field_name
 from ._validate import bounded
@@ -132,8 +132,18 @@ class HttpCaller(Caller):
         self.method = scope.get("path", "")
 
     def values(self, name: str) -> tuple[str | bytes, ...]:
-        key = name.lower().encode("latin-1")
+        key = _field_key(name)
         return tuple(v.decode("latin-1") for k, v in self.scope["headers"] if k == key)
+
+    def header(self, name: str) -> str | None:
+        key = _field_key(name)
+        found: bytes | None = None
+        for k, v in self.scope["headers"]:
+            if k == key:
+                if found is not None:
+                    return super().header(name)  # raises: sent more than once
+                found = v
+        return None if found is None else found.decode("latin-1")
 
     @property
     def peer(self) -> str | None:
@@ -142,6 +152,19 @@ class HttpCaller(Caller):
             return None
         host, port = client[0], client[1]
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+_field_keys: dict[str, bytes] = {}
+
+
+def _field_key(name: str) -> bytes:
+    """``name`` as an ASGI header name (lowercase latin-1 bytes), memoised for names in code."""
+    key = _field_keys.get(name)
+    if key is None:
+        key = name.lower().encode("latin-1")
+        if len(_field_keys) < 256:
+            _field_keys[name] = key
+    return key
 
 
 class GrpcCaller(Caller):
@@ -275,24 +298,56 @@ def check_anonymous(anonymous: object) -> Identity | None:
         raise ConfigError(f"anonymous: {exc}", field="anonymous") from None
 
 
-ANONYMOUS = Identity(DEFAULT_TENANT)
+_REFUSALS = (Unauthenticated, PermissionDenied, InvalidInput)
 _reported: set[tuple[type, type]] = set()
+_plain: dict[str, Identity] = {}
+"""The untrusted Identity of each tenant id a resolver returned as a str, kept (at most 4096, the
+oldest half forgotten when full) so the common case allocates nothing per request."""
 
 
-async def resolve_identity(resolver: TenantResolver, caller: Caller, anonymous: Identity | None) -> Identity:
-    """Who ``caller`` is, by ``resolver``; raises Unauthenticated, PermissionDenied or
-    InvalidInput to refuse it (see the module docstring)."""
+def resolve_identity(
+    resolver: TenantResolver, caller: Caller, anonymous: Identity | None
+) -> Identity | Awaitable[Identity]:
+    """Who ``caller`` is, by ``resolver``: the Identity, or an awaitable of it when the resolver
+    is async. Raises (or the awaitable raises) Unauthenticated, PermissionDenied or InvalidInput
+    to refuse it (see the module docstring)."""
     try:
         found: Any = resolver(caller)
-        if inspect.isawaitable(found):
-            found = await found
-    except (Unauthenticated, PermissionDenied, InvalidInput):
+    except _REFUSALS:
         raise
     except Exception as exc:
-        _report(resolver, exc, f"raised {type(exc).__name__}")
-        raise Unauthenticated() from exc
+        raise _broken(resolver, exc) from exc
+    if type(found) is not str and inspect.isawaitable(found):
+        return _resolved_later(resolver, found, anonymous)
+    return _identity(resolver, found, anonymous)
+
+
+async def _resolved_later(
+    resolver: TenantResolver, found: Awaitable[Any], anonymous: Identity | None
+) -> Identity:
+    try:
+        result = await found
+    except _REFUSALS:
+        raise
+    except Exception as exc:
+        raise _broken(resolver, exc) from exc
+    return _identity(resolver, result, anonymous)
+
+
+def _broken(resolver: TenantResolver, exc: Exception) -> Unauthenticated:
+    _report(resolver, exc, f"raised {type(exc).__name__}")
+    return Unauthenticated()
+
+
+def _identity(resolver: TenantResolver, found: object, anonymous: Identity | None) -> Identity:
     if type(found) is str:
-        return Identity(found)
+        identity = _plain.get(found)
+        if identity is None:
+            if len(_plain) >= 4096:
+                for old in list(_plain)[:2048]:
+                    del _plain[old]
+            identity = _plain[found] = Identity(found)
+        return identity
     if isinstance(found, Identity):
         if type(found.tenant) is not str:
             validate_tenant_id(found.tenant)  # raises InvalidInput

@@ -18,6 +18,7 @@ from .._http import DEGRADED_HEADER, TENANT_HEADER, TIMEOUT_HEADER, check_field_
 from .._identity import (
     HeaderResolver,
     HttpCaller,
+    Identity,
     TenantResolver,
     check_anonymous,
     check_resolver,
@@ -149,7 +150,9 @@ class RagguardMiddleware:
         exchange = _Exchange(self, receive, send)
         caller = HttpCaller(scope)
         try:
-            identity = await resolve_identity(self.tenant_resolver, caller, self._anonymous)
+            identity = resolve_identity(self.tenant_resolver, caller, self._anonymous)
+            if not isinstance(identity, Identity):
+                identity = await identity  # an async resolver
             budget = None
             if self.timeout_header is not None:
                 raw_timeout = caller.header(self.timeout_header)

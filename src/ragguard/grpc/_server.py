@@ -202,7 +202,9 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         """Who the call is and the priority it runs at; fails the call when its resolver refuses."""
         caller = GrpcCaller(context, method, metadata)
         try:
-            identity = await resolve_identity(self.tenant_resolver, caller, self._anonymous)
+            identity = resolve_identity(self.tenant_resolver, caller, self._anonymous)
+            if not isinstance(identity, Identity):
+                identity = await identity  # an async resolver
             return identity, request_priority(caller, identity, registry.policy)
         except Unauthenticated as exc:
             code, details = grpc.StatusCode.UNAUTHENTICATED, str(exc)
