@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import pickle
+import shutil
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -417,3 +420,104 @@ def test_door_options_are_checked() -> None:
     with pytest.raises(ragguard.ConfigError):
         APIKeyResolver({"": "acme"})
     assert "key-acme" not in repr(APIKeyResolver(KEYS))
+
+
+# --- the gRPC auth context: the tenant from the client certificate (docs/grpc.md) -------------
+
+
+def certificate_tenant(caller: Caller) -> str | None:  # as written in docs/grpc.md
+    names = caller.context.auth_context().get("x509_common_name")
+    return names[0].decode() if names else None  # the server checked the chain (mutual TLS)
+
+
+def _certificates(tmp: Path) -> dict[str, bytes]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate whose CN is acme."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp, check=True, capture_output=True)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=test-ca")
+    (tmp / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, cn, ext in (("server", "127.0.0.1", ["-extfile", "san.ext"]), ("client", "acme", [])):
+        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "1",
+            *ext,
+        )
+    return {p.name: p.read_bytes() for p in tmp.iterdir() if p.suffix in (".pem", ".key")}
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="makes its certificates with openssl")
+async def test_the_tenant_from_the_client_certificate_under_mutual_tls(tmp_path: Path) -> None:
+    pem = _certificates(tmp_path)
+    endpoint = Endpoint(guard_of(acme=TenantQuota(priority="batch")))
+    server = aio.server(
+        interceptors=[GuardServerInterceptor(guard=endpoint.guard, tenant_resolver=certificate_tenant)]
+    )
+
+    async def handler(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        return json.dumps(await endpoint.answer("whoami")).encode()
+
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "t.Door", {"Ask": grpc.unary_unary_rpc_method_handler(handler)}
+            ),
+        )
+    )
+    credentials = grpc.ssl_server_credentials(
+        [(pem["server.key"], pem["server.pem"])], root_certificates=pem["ca.pem"], require_client_auth=True
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    await server.start()
+    client = grpc.ssl_channel_credentials(pem["ca.pem"], pem["client.key"], pem["client.pem"])
+    try:
+        async with aio.secure_channel(f"127.0.0.1:{port}", client) as channel:
+            answer = await channel.unary_unary("/t.Door/Ask")(
+                b"", metadata=(("x-tenant-id", "globex"),), timeout=10
+            )
+    finally:
+        await server.stop(None)
+    assert json.loads(answer) == {"tenant": "acme", "priority": "batch"}
+
+
+def test_a_broken_resolver_is_logged_with_its_traceback_the_first_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from ragguard import _identity
+
+    class Broken:
+        def __call__(self, caller: Caller) -> str:
+            raise LookupError("the key store is down")
+
+    caller = _identity.HttpCaller({"type": "http", "path": "/", "headers": []})
+    with caplog.at_level(logging.INFO, logger="ragguard.identity"):
+        for _ in range(2):
+            with pytest.raises(Unauthenticated) as info:
+                _identity.resolve_identity(Broken(), caller, None)
+            assert isinstance(info.value.__cause__, LookupError)
+    first, second = [r for r in caplog.records if r.name == "ragguard.identity"]
+    assert (first.levelno, second.levelno) == (logging.WARNING, logging.INFO)
+    assert first.exc_info is not None and second.exc_info is None
+
+
+def test_refusal_messages_are_bounded_and_pickle() -> None:
+    long = Unauthenticated("x" * 500, challenge="APIKey")
+    assert len(str(long)) == 200 and str(long).endswith("...")
+    again = pickle.loads(pickle.dumps(long))
+    assert (str(again), again.challenge) == (str(long), "APIKey")
+    denied = pickle.loads(pickle.dumps(PermissionDenied("no")))
+    assert str(denied) == "no"

@@ -35,14 +35,24 @@ def slow_app(guard: ragguard.Guard) -> FastAPI:
     async def whoami() -> dict[str, Any]:
         return {"tenant": ragguard.current_tenant()}
 
+    @app.post("/json")
+    async def parsed(body: dict[str, Any]) -> dict[str, Any]:  # FastAPI reads the body itself
+        return {"keys": len(body)}
+
+    @app.post("/late")
+    async def late(request: Request) -> dict[str, Any]:
+        await asyncio.sleep(1.5)  # the app's own time, with the whole body already sent
+        return {"size": len(await request.body())}
+
     return app
 
 
 class Trickler:
     """A raw HTTP/1.1 client that claims tenant acme and sends its body one byte at a time."""
 
-    def __init__(self, url: str, headers: dict[str, str]) -> None:
+    def __init__(self, url: str, headers: dict[str, str], path: str = "/upload") -> None:
         self.url = urlsplit(url)
+        self.path = path
         self.headers = headers
         self.answer = b""
         self.sent = 0
@@ -53,8 +63,8 @@ class Trickler:
         reader, writer = await asyncio.open_connection(self.url.hostname, self.url.port)
         fields = "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
         head = (
-            f"POST /upload HTTP/1.1\r\nhost: {self.url.netloc}\r\ncontent-type: application/octet-stream\r\n"
-            f"content-length: {BODY}\r\n{fields}\r\n"
+            f"POST {self.path} HTTP/1.1\r\nhost: {self.url.netloc}\r\n"
+            f"content-type: application/json\r\ncontent-length: {BODY}\r\n{fields}\r\n"
         )
         writer.write(head.encode())
         await writer.drain()
@@ -171,3 +181,24 @@ def test_body_timeout_must_be_positive_seconds(bad: Any) -> None:
     with pytest.raises(ragguard.ConfigError) as info:
         RagguardMiddleware(slow_app(_guard()), body_timeout_s=bad)
     assert info.value.field == "body_timeout_s"
+
+
+async def test_time_the_app_spends_elsewhere_does_not_count() -> None:
+    guard = _guard()
+    app = RagguardMiddleware(slow_app(guard), guard=guard, body_timeout_s=1.0)
+    with running(app) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            reply = await client.post("/late", content=b"z" * 3000, headers={"x-tenant-id": "acme"})
+    assert (reply.status_code, reply.json()) == (200, {"size": 3000})
+
+
+async def test_fastapi_answers_its_own_400_for_a_body_parameter_cut_short() -> None:
+    guard = _guard()
+    app = RagguardMiddleware(slow_app(guard), guard=guard, body_timeout_s=0.5)
+    with running(app) as url:
+        trickler = Trickler(url, {"x-tenant-id": "acme"}, path="/json")
+        await trickler.start()
+        assert trickler.task is not None
+        await trickler.task
+    assert trickler.status() == 400 and b"There was an error parsing the body" in trickler.answer
+    assert trickler.closed and trickler.sent < BODY // 2
