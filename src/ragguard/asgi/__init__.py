@@ -11,7 +11,7 @@ before the first item answer its own status (see :func:`primed` and docs/generat
 
 The tenant comes from a tenant resolver (:class:`APIKeyResolver`, a verified token's claim, or
 :class:`HeaderResolver`, the default: the ``x-tenant-id`` field as sent, to trust only behind a
-proxy that sets it); see :mod:`ragguard._identity` and docs/http.md.
+proxy that sets it); see docs/http.md.
 
 Field names (shared with :mod:`ragguard.httpx`, so ragguard services chain): ``x-tenant-id``,
 ``x-request-timeout-ms`` in, ``retry-after``, ``retry-after-ms``, ``ragguard-degraded`` out.
