@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from ._context import validate_tenant_id
+from ._context import MAX_TENANT_ID_LEN, validate_tenant_id
 from ._errors import ConfigError, InvalidInput, PermissionDenied, Unauthenticated
 from ._http import TENANT_HEADER, check_field_name
 from ._validate import bounded
@@ -301,8 +301,9 @@ def check_anonymous(anonymous: object) -> Identity | None:
 _REFUSALS = (Unauthenticated, PermissionDenied, InvalidInput)
 _reported: set[tuple[type, type]] = set()
 _plain: dict[str, Identity] = {}
-"""The untrusted Identity of each tenant id a resolver returned as a str, kept (at most 4096, the
-oldest half forgotten when full) so the common case allocates nothing per request."""
+"""The untrusted Identity of each tenant id a resolver returned as a str, kept (at most 4096 ids of
+at most 64 characters, the oldest half forgotten when full) so the common case allocates nothing
+per request."""
 
 
 def resolve_identity(
@@ -343,10 +344,12 @@ def _identity(resolver: TenantResolver, found: object, anonymous: Identity | Non
     if type(found) is str:
         identity = _plain.get(found)
         if identity is None:
-            if len(_plain) >= 4096:
-                for old in list(_plain)[:2048]:
-                    del _plain[old]
-            identity = _plain[found] = Identity(found)
+            identity = Identity(found)
+            if len(found) <= MAX_TENANT_ID_LEN:  # a longer one is no tenant id: never kept
+                if len(_plain) >= 4096:
+                    for old in list(_plain)[:2048]:
+                        del _plain[old]
+                _plain[found] = identity
         return identity
     if isinstance(found, Identity):
         if type(found.tenant) is not str:
