@@ -109,8 +109,9 @@ class TenantQuota(_Model):
       it ends, however it ends, >= 1.
     - ``token_window_s``: the quota's window, seconds, > 0 (default 60: tokens per minute).
     - ``priority``: the priority of the tenant's requests at the stages' adaptive limits
-      (``critical``, ``interactive`` or ``batch``; a front door's ``x-priority`` header or
-      :func:`ragguard.overload.priority` overrides it per request). Over a limit, lower
+      (``critical``, ``interactive`` or ``batch``; a front door's ``x-priority`` header may lower
+      it per request, and raise it only for a trusted caller; :func:`ragguard.overload.priority`
+      in code overrides it). Over a limit, lower
       priorities are shed first.
     - ``weight``: the tenant's share when shedding within one priority (> 0, default 1): the
       tenant whose usage per unit of weight is highest is shed first.

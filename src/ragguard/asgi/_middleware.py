@@ -13,10 +13,21 @@ import anyio
 
 from .._compat import running_loop
 from .._context import DEFAULT_TENANT
-from .._errors import ConfigError, InvalidInput
+from .._errors import ConfigError, DeadlineExceeded, InvalidInput, PermissionDenied, Unauthenticated
 from .._http import DEGRADED_HEADER, TENANT_HEADER, TIMEOUT_HEADER, check_field_name, parse_timeout_ms
-from ..deadline import deadline
-from ..overload._priority import PRIORITY_HEADER, parse_priority, reset_priority, set_priority
+from .._identity import (
+    HeaderResolver,
+    HttpCaller,
+    Identity,
+    TenantResolver,
+    check_anonymous,
+    check_resolver,
+    request_priority,
+    resolve_identity,
+)
+from .._validate import seconds
+from ..deadline import deadline, remaining
+from ..overload._priority import reset_priority, set_priority
 from ._status import Headers, http_status_for, json_body
 
 if TYPE_CHECKING:
@@ -41,14 +52,26 @@ class RagguardMiddleware:
 
     Per request, before the app runs:
 
-    - the request's priority comes from the ``x-priority`` field (see :mod:`ragguard.overload`);
-    - the tenant id comes from the ``tenant_header`` field (default ``x-tenant-id``); without it
-      the request runs as the default tenant; a malformed id answers 400 with ragguard's message;
+    - the tenant comes from ``tenant_resolver`` (see :mod:`ragguard.asgi` and
+      :class:`~ragguard.asgi.Caller`): a callable, plain or async, given the request and
+      returning its tenant id, an :class:`~ragguard.asgi.Identity` or None. The default,
+      ``HeaderResolver(tenant_header)``, takes the ``x-tenant-id`` field as sent: trust it only
+      behind a proxy that sets it. A request with no identity runs as the ``anonymous`` tenant
+      (default ``"default"``; None refuses it with 401). A resolver's Unauthenticated answers 401
+      with ``WWW-Authenticate``, PermissionDenied 403, InvalidInput 400 (a malformed id, a field
+      sent twice); any other error or result of the resolver 401, logged;
+    - the request's priority comes from the ``x-priority`` field (see :mod:`ragguard.overload`):
+      it may lower the tenant's configured priority, and raise it only for a trusted identity;
     - the ``timeout_header`` field (default ``x-request-timeout-ms``: the caller's remaining
       budget in milliseconds) becomes the ragguard deadline; the tenant's ``timeout_s`` may
       shorten it; a malformed value answers 400;
     - the tenant's quota admits the request (``guard.tenant(id)``; the default registry, looked
       up per request, when ``guard`` is None); over quota answers 429.
+
+    The request body reaches the app under the deadline and ``body_timeout_s`` (default 10 s,
+    None for no bound): once the app has waited that long in all for body chunks, or the deadline
+    passes while it waits, its ``receive()`` raises InvalidInput (400) or DeadlineExceeded (504),
+    so a client that trickles its body cannot hold the tenant's slot past either.
 
     Inside the app, :func:`ragguard.current_tenant`, :func:`ragguard.remaining` and
     :func:`ragguard.degraded` work in endpoints, dependencies and their child tasks.
@@ -83,8 +106,11 @@ class RagguardMiddleware:
         app: ASGIApp,
         *,
         guard: Guard | None = None,
+        tenant_resolver: TenantResolver | None = None,
+        anonymous: str | None = DEFAULT_TENANT,
         tenant_header: str = TENANT_HEADER,
         timeout_header: str | None = TIMEOUT_HEADER,
+        body_timeout_s: float | None = 10.0,
         exempt_paths: Iterable[str] = ("/health", "/metrics"),
         degraded_header: str | None = DEGRADED_HEADER,
         ratelimit_fields: bool = True,
@@ -97,14 +123,22 @@ class RagguardMiddleware:
         self.app = app
         self._guard = guard
         self.tenant_header = check_field_name("tenant_header", tenant_header)
+        if tenant_resolver is None:
+            tenant_resolver = HeaderResolver(self.tenant_header)
+        elif tenant_header != TENANT_HEADER:
+            raise ConfigError("RagguardMiddleware: give tenant_resolver or tenant_header, not both")
+        self.tenant_resolver = check_resolver(tenant_resolver)
+        self.anonymous = anonymous
+        self._anonymous = check_anonymous(anonymous)
+        self.body_timeout_s = (
+            None if body_timeout_s is None else seconds("body_timeout_s", body_timeout_s, max_s=86_400)
+        )
         self.timeout_header = (
             None if timeout_header is None else check_field_name("timeout_header", timeout_header)
         )
         self.degraded_header = (
             None if degraded_header is None else check_field_name("degraded_header", degraded_header)
         )
-        self._tenant_key = self.tenant_header.encode()
-        self._timeout_key = None if self.timeout_header is None else self.timeout_header.encode()
         self.exempt_paths = _paths(exempt_paths)
         self.ratelimit_fields = bool(ratelimit_fields)
         self.cancel_on_disconnect = bool(cancel_on_disconnect)
@@ -113,24 +147,24 @@ class RagguardMiddleware:
         if scope["type"] != "http" or self._exempt(scope):
             await self.app(scope, receive, send)
             return
-        raw_tenant = raw_timeout = raw_priority = None
-        for key, value in scope["headers"]:
-            if key == self._tenant_key:
-                raw_tenant = value
-            elif key == self._timeout_key:
-                raw_timeout = value
-            elif key == _PRIORITY_KEY:
-                raw_priority = value
         exchange = _Exchange(self, receive, send)
+        caller = HttpCaller(scope)
         try:
-            tenant_id = DEFAULT_TENANT if raw_tenant is None else raw_tenant.decode("latin-1")
+            identity = resolve_identity(self.tenant_resolver, caller, self._anonymous)
+            if not isinstance(identity, Identity):
+                identity = await identity  # an async resolver
             budget = None
-            if raw_timeout is not None:
-                budget = parse_timeout_ms(raw_timeout.decode("latin-1"), self.timeout_header or "")
+            if self.timeout_header is not None:
+                raw_timeout = caller.header(self.timeout_header)
+                if raw_timeout is not None:
+                    budget = parse_timeout_ms(raw_timeout, self.timeout_header)
             registry = self._guard if self._guard is not None else _default_guard()
-            request = registry.tenant(tenant_id)  # a bad id raises InvalidInput here
+            request = registry.tenant(identity.tenant)  # a bad id raises InvalidInput here
             limit = registry.deadline(budget)  # on the Guard's clock
-            priority = None if raw_priority is None else parse_priority(raw_priority)
+            priority = request_priority(caller, identity, registry.policy)
+        except (Unauthenticated, PermissionDenied) as exc:
+            await _refuse(send, exc)
+            return
         except InvalidInput as exc:
             await exchange.finish(exc)
             return
@@ -153,7 +187,74 @@ class RagguardMiddleware:
         return any(path == p or path.startswith(p + "/") for p in self.exempt_paths)
 
 
-_PRIORITY_KEY = PRIORITY_HEADER.encode()
+async def _refuse(send: Send, exc: Unauthenticated | PermissionDenied) -> None:
+    """Answer a request its tenant resolver refused: 401 (with the challenge) or 403."""
+    payload = json_body({"detail": str(exc), "error": type(exc).__name__})
+    headers: Headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    if isinstance(exc, Unauthenticated):
+        code = 401
+        headers.append((b"www-authenticate", exc.challenge.encode("latin-1", "replace")))
+    else:
+        code = 403
+    await send({"type": "http.response.start", "status": code, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+class _BodyReader:
+    """The app's ``receive()``, bounding how long the app waits for the request body: at most
+    ``body_timeout_s`` in all, and never past the request's deadline. Once the body is complete,
+    messages (the disconnect) pass through unbounded. Once a wait was cut, every later
+    ``receive()`` says the client is gone, and the response asks the server to close the
+    connection (``connection: close``): the rest of the body will never be read."""
+
+    __slots__ = ("_cut", "_done", "_exchange", "_left", "_receive", "_total")
+
+    def __init__(self, exchange: _Exchange, receive: Receive, body_timeout_s: float | None) -> None:
+        self._exchange = exchange
+        self._receive = receive
+        self._total = self._left = body_timeout_s
+        self._done = self._cut = False
+
+    async def __call__(self) -> Message:
+        if self._done:
+            return await self._receive()
+        if self._cut:
+            return {"type": "http.disconnect"}
+        left, deadline_left = self._left, remaining()
+        if left is None and deadline_left is None:
+            message = await self._receive()
+        else:
+            wait = min(x for x in (left, deadline_left) if x is not None)
+            start = anyio.current_time()
+            with anyio.move_on_after(wait) as cut:
+                message = await self._receive()
+            if cut.cancelled_caught:
+                self._cut = True
+                self._exchange._send = _closing(self._exchange._send)
+                if left is None or (deadline_left is not None and deadline_left <= left):
+                    raise DeadlineExceeded("request body", deadline_left, "the client had not sent all of it")
+                raise InvalidInput(
+                    f"the request body did not arrive within body_timeout_s ({self._total:g} s)"
+                )
+            if left is not None:
+                self._left = left - (anyio.current_time() - start)
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self._done = True  # complete (or the client left): waiting for the disconnect is not bounded
+        return message
+
+
+def _closing(send: Send) -> Send:
+    """``send``, adding ``connection: close`` to the response's start (RFC 9110 section 9.6)."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+
+    return closing
 
 
 class _Exchange:
@@ -213,11 +314,12 @@ class _Exchange:
     async def _serve(
         self, scope: Scope, request: TenantContext, limit: deadline, receive: Receive
     ) -> Exception | None:
+        body = _BodyReader(self, receive, self._middleware.body_timeout_s)
         try:
             with limit:
                 async with request:
                     self.request = request
-                    await self._middleware.app(scope, receive, self.send)
+                    await self._middleware.app(scope, body, self.send)
         except Exception as exc:
             return exc
         finally:
