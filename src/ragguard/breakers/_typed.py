@@ -2,7 +2,7 @@
 
 | breaker | counts as failure | trips on | open | min calls |
 |---|---|---|---|---|
-| EmbeddingTimeoutBreaker | outages; timeouts, calls over 3 s as slow | slow/failure rate >= 50 % | 60 s | 10 |
+| EmbeddingTimeoutBreaker | outages; timeouts, calls over 3 s: slow | slow/failure rate >= 50 % | 60 s | 10 |
 | VectorStoreUnavailableBreaker | outages and timeouts | failure rate >= 50 % | 120 s | 5 |
 | RerankOOMBreaker | outages (out of memory among them) and timeouts | 3 consecutive failures | 300 s | 3 |
 
@@ -101,7 +101,8 @@ class RerankOOMBreaker(_TypedBreaker):
     Defaults: failures are outages (:func:`~ragguard.breakers.counts_outages`), out-of-memory
     errors among them, and timeouts; other errors pass through uncounted;
     ``consecutive_failures_threshold=3``, ``minimum_calls=3``, ``window_size=10`` calls, the
-    failure-rate rule at 100 %, ``open_for_s=300.0``, and one trial call when half-open (``half_open_permits=1``: a trial on a GPU is expensive). Rejects with
+    failure-rate rule at 100 %, ``open_for_s=300.0``, and one trial call when half-open
+    (``half_open_permits=1``: a trial on a GPU is expensive). Rejects with
     :class:`ragguard.RerankOutOfMemory`. Name defaults to ``"rerank"``.
     """
 
