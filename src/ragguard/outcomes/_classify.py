@@ -29,6 +29,7 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from .._errors import (
@@ -46,7 +47,7 @@ from .._errors import (
 )
 from .._errors import ConfigError as _ConfigError
 from ._builtin import builtin
-from ._kinds import Kind, Outcome
+from ._kinds import Kind, Outcome, clamp_wait
 
 __all__ = [
     "CANCELLED",
@@ -198,15 +199,27 @@ def classify(exc: BaseException | None) -> Outcome:
         return SUCCESS
     if not isinstance(exc, Exception):
         return CANCELLED
-    own = _OWN.get(type(exc))
-    if own is not None:
-        return own
-    return _deep(exc, 0)
+    outcome = _OWN.get(type(exc)) or _deep(exc, 0)
+    if outcome.retry_after_s is None:
+        # an error that carries the wait itself (ragguard's refusals, a user's error with a
+        # ``retry_after_s`` attribute) states it
+        stated = clamp_wait(getattr(exc, "retry_after_s", None))
+        if stated is not None:
+            return replace(outcome, retry_after_s=stated)
+    return outcome
 
 
 def kind_of(exc: BaseException | None) -> Kind:
-    """``classify(exc).kind``."""
-    return classify(exc).kind
+    """``classify(exc).kind``, without building an outcome for ragguard's own errors (the layers'
+    question on the failure path)."""
+    if exc is None:
+        return Kind.SUCCESS
+    if not isinstance(exc, Exception):
+        return Kind.CANCELLED
+    own = _OWN.get(type(exc))
+    if own is not None:
+        return own.kind
+    return _deep(exc, 0).kind
 
 
 def _deep(exc: BaseException, depth: int) -> Outcome:

@@ -47,6 +47,10 @@ def from_grpc_code(name: str, details: str = "", trailing: Any = None) -> Outcom
         if "memory" in details.lower():
             return Outcome(Kind.FAILURE, reason="out_of_memory")
         return Outcome.of(Kind.REJECTION, retry_after_s=wait, reason="status")
+    if name == "UNAVAILABLE" and wait is not None:
+        # the server says when to come back (gRFC A6 pushback, a ragguard server's open breaker or
+        # shedding): a rejection, not an outage
+        return Outcome.of(Kind.REJECTION, retry_after_s=wait, reason="status")
     if name in _FAILURES:
         text = details.lower()
         reached = not any(marker in text for marker in _NEVER_SENT)

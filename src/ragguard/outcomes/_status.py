@@ -21,12 +21,16 @@ def from_http_status(status: object, headers: Any = None) -> Outcome | None:
     """The outcome of an HTTP response with ``status`` (None for a status below 400 or not a
     number), the wait from ``headers`` (:func:`ragguard._http.stated_wait`) attached.
 
-    408, 504 and 524 are timeouts; 429 and 529 rejections; other 5xx failures; other 4xx the
-    caller's errors (``reason`` ``request``, ``auth``, ``not_found``, ``conflict`` or ``status``)."""
+    408, 504 and 524 are timeouts; 429 and 529 rejections, and so is a 503 that states a wait
+    (RFC 9110: the server is overloaded or in maintenance and says when to come back, as a
+    ragguard service's open breaker or shedding does); other 5xx failures; other 4xx the caller's
+    errors (``reason`` ``request``, ``auth``, ``not_found``, ``conflict`` or ``status``)."""
     if isinstance(status, bool) or not isinstance(status, int) or status < 400:
         return None
-    if status in (429, 529):
-        return Outcome.of(Kind.REJECTION, retry_after_s=stated_wait(headers), reason="status", status=status)
+    if status in (429, 503, 529):
+        wait = stated_wait(headers)
+        if status != 503 or wait is not None:
+            return Outcome.of(Kind.REJECTION, retry_after_s=wait, reason="status", status=status)
     if status in (408, 504, 524):
         return Outcome.of(Kind.TIMEOUT, retry_after_s=stated_wait(headers), reason="status", status=status)
     if status >= 500:
