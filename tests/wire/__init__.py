@@ -13,7 +13,7 @@ the first byte, a stall or an error event mid-stream, a TCP reset).
 """
 
 from ._faults import Fault, Faults
-from ._http import HttpWire, sse
+from ._http import HttpWire, serving, sse
 from .anthropic_api import OVERLOADED, AnthropicWire, anthropic_error
 from .elastic_api import ElasticWire, elastic_error
 from .openai_api import OpenAIWire, openai_error
@@ -33,5 +33,6 @@ __all__ = [
     "elastic_error",
     "openai_error",
     "qdrant_error",
+    "serving",
     "sse",
 ]

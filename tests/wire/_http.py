@@ -21,7 +21,7 @@ from starlette.responses import Response, StreamingResponse
 
 from ._faults import Fault, Faults
 
-__all__ = ["HttpWire", "sse"]
+__all__ = ["HttpWire", "serving", "sse"]
 
 
 def sse(data: Any, event: str | None = None) -> str:
@@ -136,30 +136,34 @@ class HttpWire:
     @contextmanager
     def running(self) -> Iterator[str]:
         """Serve on a free loopback port from a thread; yields the base URL."""
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app,
-            log_level="critical",
-            loop="asyncio",
-            http="h11",
-            timeout_graceful_shutdown=1,
-            lifespan="off",
-        )
-        self.server = server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        try:
-            for _ in range(1000):
-                if server.started or not thread.is_alive():
-                    break
-                time.sleep(0.01)
-            if not server.started:
-                raise RuntimeError("uvicorn did not start within 10 s")
-            self.url = f"http://127.0.0.1:{port}"
-            yield self.url
-        finally:
-            server.should_exit = True
-            thread.join(10)
-            sock.close()
+        with serving(self.app) as (url, server):
+            self.server = server
+            self.url = url
+            yield url
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Serve the ASGI ``app`` with uvicorn on a free loopback port from a thread; yields the base
+    URL and the server."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="critical", loop="asyncio", http="h11", timeout_graceful_shutdown=1, lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(1000):
+            if server.started or not thread.is_alive():
+                break
+            time.sleep(0.01)
+        if not server.started:
+            raise RuntimeError("uvicorn did not start within 10 s")
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
