@@ -19,7 +19,6 @@ from fastapi import FastAPI
 from grpc import aio
 from qdrant_client import grpc as qgrpc
 from qdrant_client.grpc import points_service_pb2_grpc
-from wire import OVERLOADED, AnthropicWire, Fault, OpenAIWire, QdrantGrpcWire, serving
 
 import ragguard
 from ragguard import BreakerPolicy, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota, ThrottlePolicy
@@ -27,6 +26,7 @@ from ragguard.asgi import RagguardMiddleware
 from ragguard.breakers import BreakerState
 from ragguard.grpc import GuardServerInterceptor, client_interceptors
 from ragguard.httpx import GuardTransport
+from wire import OVERLOADED, AnthropicWire, Fault, OpenAIWire, QdrantGrpcWire, serving
 
 pytestmark = pytest.mark.anyio
 
