@@ -382,3 +382,28 @@ async def test_redis(closed_port: int, silent_port: int) -> None:
     )
     _is(classify(await _raised(silent.ping())), Kind.TIMEOUT)
     await silent.aclose()
+
+
+# -- torch / CUDA out of memory -----------------------------------------------------------------
+
+
+def test_torch_out_of_memory_by_name_and_message() -> None:
+    """CI has no torch: its errors are matched by class name and message, as torch 2.13 (CPU wheel,
+    tried once) raises them: ``torch.OutOfMemoryError`` (also ``torch.cuda.OutOfMemoryError``, a
+    RuntimeError) for an accelerator, a plain RuntimeError from the CPU allocator."""
+    oom = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch"})
+    assert classify(oom("CUDA out of memory. Tried to allocate 20.00 GiB")).out_of_memory
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 1125899906842624 bytes."
+    )
+    assert classify(cpu).out_of_memory and classify(cpu).kind is Kind.FAILURE
+    assert not classify(RuntimeError("index out of range")).out_of_memory
+
+
+def test_real_torch_out_of_memory() -> None:
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError) as info:
+        torch.empty(1 << 50, dtype=torch.uint8)  # a petabyte: the CPU allocator refuses
+    assert classify(info.value).out_of_memory
+    assert classify(torch.OutOfMemoryError("CUDA out of memory")).out_of_memory

@@ -117,7 +117,7 @@ def parse_pushback_ms(value: object) -> float | None:
     return _clamped(int(text) / 1000.0)
 
 
-_MAX_VALUE = 128
+_MAX_VALUE = 1024
 _MAX_DIGITS = 15  # more milliseconds than that is far past the cap
 
 
