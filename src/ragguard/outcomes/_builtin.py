@@ -8,14 +8,23 @@ import errno
 
 from ._kinds import Kind, Outcome
 
-__all__ = ["OUT_OF_MEMORY", "builtin", "connection_errno_reached", "is_oom_message", "message_of"]
+__all__ = [
+    "BROKEN_CONNECTION",
+    "OUT_OF_MEMORY",
+    "REFUSED_CONNECTION",
+    "TIMED_OUT",
+    "builtin",
+    "connection_errno_reached",
+    "is_oom_message",
+    "message_of",
+]
 
 _MAX_MESSAGE = 4096
 
 OUT_OF_MEMORY = Outcome(Kind.FAILURE, reason="out_of_memory")
-_REFUSED_CONNECTION = Outcome(Kind.FAILURE, reached=False, reason="connection")
-_BROKEN_CONNECTION = Outcome(Kind.FAILURE, reached=True, reason="connection")
-_TIMEOUT = Outcome(Kind.TIMEOUT, reason="timeout")
+REFUSED_CONNECTION = Outcome(Kind.FAILURE, reached=False, reason="connection")
+BROKEN_CONNECTION = Outcome(Kind.FAILURE, reached=True, reason="connection")
+TIMED_OUT = Outcome(Kind.TIMEOUT, reason="timeout")
 _INPUT = Outcome(Kind.CALLER_ERROR, reached=False, reason="input")
 
 _TIMEOUT_NAMES = frozenset({
@@ -77,11 +86,11 @@ def is_oom_message(exc: BaseException) -> bool:
 def builtin(exc: BaseException) -> Outcome | None:
     """The outcome of a standard-library error, or of one recognised by class name or message."""
     if isinstance(exc, ConnectionRefusedError):
-        return _REFUSED_CONNECTION
+        return REFUSED_CONNECTION
     if isinstance(exc, ConnectionError):  # reset, aborted, broken pipe
-        return _BROKEN_CONNECTION
+        return BROKEN_CONNECTION
     if isinstance(exc, TimeoutError):  # asyncio.TimeoutError, socket.timeout, anyio's fail_after
-        return _TIMEOUT
+        return TIMED_OUT
     if isinstance(exc, MemoryError):
         return OUT_OF_MEMORY
     names = {cls.__name__ for cls in type(exc).__mro__}
@@ -90,11 +99,11 @@ def builtin(exc: BaseException) -> Outcome | None:
             return OUT_OF_MEMORY
         reached = connection_errno_reached(exc.errno)
         if reached is not None:
-            return _BROKEN_CONNECTION if reached else _REFUSED_CONNECTION
+            return BROKEN_CONNECTION if reached else REFUSED_CONNECTION
         if "gaierror" in names:
-            return _REFUSED_CONNECTION
+            return REFUSED_CONNECTION
         if exc.errno is None and any(m in message_of(exc) for m in _CONNECTION_MESSAGES):
-            return _REFUSED_CONNECTION
+            return REFUSED_CONNECTION
     if not _OOM_NAMES.isdisjoint(names):
         return OUT_OF_MEMORY
     if isinstance(exc, RuntimeError) or any(
@@ -103,17 +112,17 @@ def builtin(exc: BaseException) -> Outcome | None:
         if is_oom_message(exc):
             return OUT_OF_MEMORY
     if not _TIMEOUT_NAMES.isdisjoint(names):
-        return _TIMEOUT
+        return TIMED_OUT
     if not _UNREACHED_NAMES.isdisjoint(names):
-        return _REFUSED_CONNECTION
+        return REFUSED_CONNECTION
     if not _BROKEN_NAMES.isdisjoint(names):
-        return _BROKEN_CONNECTION
+        return BROKEN_CONNECTION
     if isinstance(exc, (ValueError, TypeError)):
         return _INPUT  # the caller's bad input (a validation error, a wrong argument)
     if any("Pool" in n or "Connection" in n for n in names) and any(
         m in message_of(exc) for m in _CONNECTION_MESSAGES
     ):
-        return _REFUSED_CONNECTION
+        return REFUSED_CONNECTION
     return None
 
 

@@ -46,7 +46,7 @@ from .._errors import (
     VectorStoreUnavailable,
 )
 from .._errors import ConfigError as _ConfigError
-from ._builtin import builtin
+from ._builtin import BROKEN_CONNECTION, OUT_OF_MEMORY, REFUSED_CONNECTION, TIMED_OUT, builtin
 from ._kinds import Kind, Outcome, clamp_wait
 
 __all__ = [
@@ -88,9 +88,17 @@ _OWN: dict[type[BaseException], Outcome] = {
     InvalidInput: _INPUT,
     _ConfigError: _INPUT,
     CorruptPayload: _INPUT,
+    # the standard library's usual failures, whose outcome their exact type says
+    ConnectionRefusedError: REFUSED_CONNECTION,
+    ConnectionResetError: BROKEN_CONNECTION,
+    ConnectionAbortedError: BROKEN_CONNECTION,
+    BrokenPipeError: BROKEN_CONNECTION,
+    TimeoutError: TIMED_OUT,
+    MemoryError: OUT_OF_MEMORY,
 }
-"""ragguard's own errors by exact type: the outcomes of the failure path's usual errors in one
-look-up (subclasses are found by isinstance in :func:`_own`)."""
+"""ragguard's own errors and the standard library's usual failures by exact type: the outcomes of
+the failure path's usual errors in one look-up (subclasses are found by isinstance in
+:func:`_own` and :func:`~ragguard.outcomes._builtin.builtin`)."""
 
 # -- the registry -----------------------------------------------------------------------------
 
