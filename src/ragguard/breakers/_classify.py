@@ -16,7 +16,7 @@ the retry, fallback and throttle layers can never disagree about a call:
 
 from __future__ import annotations
 
-from ..outcomes import Kind, classify
+from ..outcomes import Kind, classify, kind_of
 
 __all__ = [
     "counts_by_default",
@@ -36,7 +36,7 @@ def is_timeout(exc: BaseException) -> bool:
     :class:`ragguard.StageTimeout`, trio's ``TooSlowError``, redis, httpx and aiohttp timeouts,
     HTTP 408/504, gRPC ``DEADLINE_EXCEEDED``, the SDKs' ``APITimeoutError``. Never a
     :class:`ragguard.DeadlineExceeded` (the caller's budget), whatever it was raised from."""
-    return classify(exc).kind is Kind.TIMEOUT
+    return kind_of(exc) is Kind.TIMEOUT
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -59,7 +59,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 def counts_outages(exc: BaseException) -> bool:
     """The classifier of every typed breaker: a dependency failure or a timeout (see the module
     docstring). An embedding provider that is down opens its breaker as surely as a slow one."""
-    return classify(exc).kind in _OUTAGE
+    return kind_of(exc) in _OUTAGE
 
 
 def counts_by_default(exc: BaseException) -> bool:
@@ -67,4 +67,4 @@ def counts_by_default(exc: BaseException) -> bool:
     errors no classifier recognises (most likely the dependency's client failing in its own
     way). Not counted: the caller's errors, the dependency's rejections, ragguard's refusals,
     the request's deadline (see the module docstring)."""
-    return classify(exc).kind in _GENERIC
+    return kind_of(exc) in _GENERIC

@@ -345,8 +345,13 @@ class RetryLayer:
         )
         # the classes each kind matches before any closer look (a ConnectionError is a dependency
         # failure...): the usual failures of an idempotent stage are told apart by one isinstance
+        # (a stage that is not idempotent is sure only of a refused connection: it never left)
         self._sure: tuple[type[BaseException], ...] = (
-            () if self._any or not idempotent else tuple(_SURE[k] for k in kinds if k in _SURE)
+            ()
+            if self._any
+            else tuple(_SURE[k] for k in kinds if k in _SURE)
+            if idempotent
+            else (ConnectionRefusedError,) if "connection" in kinds else ()
         )
         # A policy's own strategies (RetryPolicy.stop/wait/retry) join the policy's rules (see
         # RetryPolicy); ``stop``/``wait``/``retry`` given here replace them outright.
