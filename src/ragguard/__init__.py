@@ -1,8 +1,8 @@
 """ragguard: resilience middleware for retrieval-augmented generation pipelines.
 
 One flat public namespace; everything else lives in private modules or the sub-packages
-(``ragguard.breakers``, ``ragguard.quotas``, ``ragguard.fallbacks``, ``ragguard.chaos``,
-``ragguard.grpc``, ``ragguard.asgi``, ``ragguard.httpx``, ``ragguard.buffers``,
+(``ragguard.breakers``, ``ragguard.outcomes``, ``ragguard.quotas``, ``ragguard.fallbacks``,
+``ragguard.chaos``, ``ragguard.grpc``, ``ragguard.asgi``, ``ragguard.httpx``, ``ragguard.buffers``,
 ``ragguard.monitors``, ``ragguard.metrics``, ``ragguard.overload``).
 """
 
@@ -32,6 +32,8 @@ from .breakers import (
 )
 from .deadline import deadline, remaining
 from .guard import Guard, configure, default_guard, guard, tenant
+from .outcomes import Kind as OutcomeKind
+from .outcomes import Outcome, register_classifier
 from .overload import priority
 from .policy import (
     AdaptivePolicy,
@@ -63,6 +65,8 @@ __all__ = [
     "Guard",
     "HedgePolicy",
     "InvalidInput",
+    "Outcome",
+    "OutcomeKind",
     "Overloaded",
     "Policy",
     "QuotaExceeded",
@@ -84,6 +88,7 @@ __all__ = [
     "degraded",
     "guard",
     "priority",
+    "register_classifier",
     "remaining",
     "tenant",
 ]

@@ -35,6 +35,7 @@ from .breakers import EmbeddingTimeoutBreaker, RerankOOMBreaker, VectorStoreUnav
 from .breakers._options import NUMBER_OPTIONS, BreakerConfig, check_option
 
 __all__ = [
+    "IDEMPOTENT_PRESETS",
     "MAX_ERRORS_SHOWN",
     "MAX_POLICY_VALUES",
     "STANDARD_STAGES",
@@ -55,7 +56,7 @@ MAX_POLICY_VALUES = 1_000_000
 """The most values (mappings, lists and scalars, counted after YAML aliases expand) a policy holds."""
 
 BreakerKind = Literal["embedding_timeout", "vector_store_unavailable", "rerank_oom", "generic", "none"]
-RetryOn = Literal["connection", "timeout", "out_of_memory", "any"]
+RetryOn = Literal["connection", "timeout", "out_of_memory", "rejection", "any"]
 Priority = Literal["critical", "interactive", "batch"]
 OverloadSignal = Literal["loop_lag", "pool_wait", "out_of_memory"]
 
@@ -199,9 +200,17 @@ class RetryPolicy(_Model):
     - ``attempts``: total attempts including the first (1 = no retry), 1-20.
     - backoff: exponential from ``initial_backoff_s`` times ``multiplier`` per retry, capped at
       ``max_backoff_s``, plus uniform jitter up to ``jitter_s`` (seconds).
-    - ``retry_on``: error classes that are retried: ``connection``, ``timeout``, ``out_of_memory``,
-      ``any`` (every error the stage's breaker counts). Never cancellation, BreakerOpen,
-      QuotaExceeded or DeadlineExceeded.
+    - ``retry_on``: the outcomes (:mod:`ragguard.outcomes`) that are retried: ``connection`` (a
+      dependency failure: refused, reset, 5xx, ``UNAVAILABLE``), ``timeout``, ``out_of_memory``,
+      ``rejection`` (429, 529, ``RESOURCE_EXHAUSTED``: after the wait the dependency stated), ``any``
+      (every error the stage's breaker counts, and rejections). Never a caller's error,
+      cancellation, BreakerOpen, QuotaExceeded, Overloaded or DeadlineExceeded. A stage that is not
+      idempotent (``StagePolicy.idempotent``) retries only errors raised before its request could
+      have left (a refused connection, a connect timeout).
+    - ``max_retry_after_s``: the longest wait a dependency may state (``Retry-After``,
+      ``retry-after-ms``, rate-limit resets, gRPC pushback) that a retry sleeps for, seconds; a
+      longer stated wait, or one the deadline cannot fit, ends the retries at once so the stage's
+      fallback serves. Default 10.
     - retry budget, after Envoy and Finagle: retries may add at most ``budget_ratio`` of the
       stage's calls over the last ``budget_window_s`` seconds (Envoy's default 20%), plus
       ``budget_min_per_s`` retries per second so a quiet stage can still retry.
@@ -220,7 +229,8 @@ class RetryPolicy(_Model):
     max_backoff_s: float = Field(default=1.0, ge=0, le=300)
     multiplier: float = Field(default=2.0, ge=1, le=10)
     jitter_s: float = Field(default=0.02, ge=0, le=60)
-    retry_on: tuple[RetryOn, ...] = ("connection", "timeout")
+    retry_on: tuple[RetryOn, ...] = ("connection", "timeout", "rejection")
+    max_retry_after_s: float = Field(default=10.0, ge=0, le=86_400)
     budget_ratio: float = Field(default=0.2, ge=0, le=1)
     budget_min_per_s: float = Field(default=10.0, ge=0)
     budget_window_s: float = Field(default=10.0, gt=0, le=3600)
@@ -384,6 +394,11 @@ class StagePolicy(_Model):
     - overload (:mod:`ragguard.overload`, each None = off): ``adaptive`` an adaptive concurrency
       limit with priority shedding, ``throttle`` client-side adaptive throttling, ``hedge`` hedged
       requests (idempotent stages only).
+    - ``idempotent``: whether calling the stage twice has the effect of calling it once (a read).
+      None (the default) takes the preset's answer: the ``embedding``, ``vector_store``,
+      ``rerank`` and ``generation`` presets are idempotent reads, a stage without a preset is not.
+      A stage that is not idempotent is retried only on errors raised before its request could
+      have left, and cannot hedge (ConfigError naming ``hedge``).
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -396,10 +411,25 @@ class StagePolicy(_Model):
     rerank_min_batch: int = Field(default=4, ge=1)
     generation: GenerationPolicy = GenerationPolicy()
     preset: str | None = None
+    idempotent: bool | None = None
     adaptive: AdaptivePolicy | None = None
     throttle: ThrottlePolicy | None = None
     hedge: HedgePolicy | None = None
     layers: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def is_idempotent(self) -> bool:
+        """``idempotent``, or the preset's answer when it is None (see the class docstring)."""
+        if self.idempotent is not None:
+            return self.idempotent
+        return self.preset in IDEMPOTENT_PRESETS
+
+    @field_validator("hedge")
+    @classmethod
+    def _hedge_needs_idempotent(cls, value: HedgePolicy | None, info: Any) -> HedgePolicy | None:
+        if value is not None and info.data.get("idempotent") is False:
+            raise ValueError(_HEDGE_NOT_IDEMPOTENT)
+        return value
 
     @field_validator("layers")
     @classmethod
@@ -434,19 +464,30 @@ class StagePolicy(_Model):
         return self
 
 
+IDEMPOTENT_PRESETS = frozenset({"embedding", "vector_store", "rerank", "generation"})
+"""The presets whose stages are idempotent reads unless ``StagePolicy.idempotent`` says otherwise
+(a generation without tools has no effect at the provider; set ``idempotent: false`` for one that
+calls tools)."""
+
+_HEDGE_NOT_IDEMPOTENT = (
+    "hedge needs an idempotent stage: a hedged call runs twice; set idempotent: true (or use a "
+    "preset whose calls are reads: embedding, vector_store, rerank, generation)"
+)
+
+
 def _standard_stages() -> dict[str, StagePolicy]:
     return {
         "embedding": StagePolicy(
             preset="embedding",
             timeout_s=5.0,
             breaker=BreakerPolicy(kind="embedding_timeout"),
-            retry=RetryPolicy(attempts=2, retry_on=("connection",)),
+            retry=RetryPolicy(attempts=2, retry_on=("connection", "rejection")),
         ),
         "vector_store": StagePolicy(
             preset="vector_store",
             timeout_s=2.0,
             breaker=BreakerPolicy(kind="vector_store_unavailable"),
-            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout")),
+            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout", "rejection")),
         ),
         "rerank": StagePolicy(
             preset="rerank",
@@ -458,7 +499,7 @@ def _standard_stages() -> dict[str, StagePolicy]:
             preset="generation",
             timeout_s=None,
             breaker=BreakerPolicy(kind="generic"),
-            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout")),
+            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout", "rejection")),
         ),
     }
 
@@ -512,6 +553,8 @@ class Policy(_Model):
                 stage.breaker.config()
             except ConfigError as exc:
                 raise ConfigError(str(exc), field=f"{where}.breaker.{exc.field}") from None
+            if stage.hedge is not None and not stage.is_idempotent:
+                raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field=f"{where}.hedge")
         from ._context import validate_tenant_id
 
         for tenant_id in self.tenants:

@@ -202,3 +202,21 @@ async def test_fastapi_answers_its_own_400_for_a_body_parameter_cut_short() -> N
         await trickler.task
     assert trickler.status() == 400 and b"There was an error parsing the body" in trickler.answer
     assert trickler.closed and trickler.sent < BODY // 2
+
+
+async def test_a_deadline_passing_after_the_body_was_read_keeps_the_connection() -> None:
+    # the handler deadline and the body bound agree: only a deadline that passes while the app
+    # waits for the body is a cut body (504 "request body", connection closed); one that passes
+    # in the app's own work is the handler's 504, on a connection that stays usable
+    guard = _guard()
+    app = RagguardMiddleware(slow_app(guard), guard=guard)
+    with running(app) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            late = await client.post(
+                "/late", content=b"z" * 10, headers={"x-tenant-id": "acme", "x-request-timeout-ms": "300"}
+            )
+            again = await client.get("/whoami", headers={"x-tenant-id": "acme"})
+    assert late.status_code == 504
+    assert "request body" not in late.json()["detail"]
+    assert late.headers.get("connection") != "close"
+    assert again.status_code == 200

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._compat import running_loop
+from .._compat import current_task, running_loop
 from .._context import DEFAULT_TENANT
 from .._errors import ConfigError, DeadlineExceeded, InvalidInput, PermissionDenied, Unauthenticated
+from .._handler_deadline import handler_deadline
 from .._http import DEGRADED_HEADER, TENANT_HEADER, TIMEOUT_HEADER, check_field_name, parse_timeout_ms
 from .._identity import (
     HeaderResolver,
@@ -26,7 +27,7 @@ from .._identity import (
     resolve_identity,
 )
 from .._validate import seconds
-from ..deadline import deadline, remaining
+from ..deadline import Expiry, _deadline, deadline, remaining
 from ..overload._priority import reset_priority, set_priority
 from ._status import Headers, http_status_for, json_body
 
@@ -76,19 +77,27 @@ class RagguardMiddleware:
     Inside the app, :func:`ragguard.current_tenant`, :func:`ragguard.remaining` and
     :func:`ragguard.degraded` work in endpoints, dependencies and their child tasks.
 
-    Errors leaving the app become responses (:func:`ragguard.asgi.http_status_for`): QuotaExceeded
-    429, BreakerOpen 503, DeadlineExceeded and StageTimeout 504, InvalidInput 400, with
-    ``Retry-After`` (whole seconds, rounded up, at least 1) and ``retry-after-ms`` (exact) when a
-    wait helps. Other errors are left to the app and the server. This holds whether the
+    Errors leaving the app become responses by their outcome (:func:`ragguard.asgi.http_status_for`,
+    :mod:`ragguard.outcomes`): QuotaExceeded 429; BreakerOpen, Overloaded and a dependency's
+    rejection 503; a dependency's failure 502; DeadlineExceeded, StageTimeout and a dependency's
+    timeout 504; InvalidInput 400; with ``Retry-After`` (whole seconds, rounded up, at least 1) and
+    ``retry-after-ms`` (exact) when a wait helps; no body names an upstream URL, host or port.
+    Other errors are left to the app and the server. This holds whether the
     middleware is added with ``app.add_middleware(RagguardMiddleware)`` or wraps the whole app
     (then Starlette's error middleware has already sent its 500: it is replaced).
+
+    The request's deadline bounds the whole handler, not only its guarded stages
+    (``enforce_deadline``, default True): when it passes the handler is cancelled and the request
+    answered 504 (a stream already started is ended, SSE with a ``ragguard-error`` event).
 
     A response served in part by fallbacks names them in ``degraded_header`` (default
     ``ragguard-degraded``), as far as they are known when the response starts.
 
     Streaming responses (SSE, chunked) hold the tenant's slot until the last chunk. When the client
     disconnects first, the app is cancelled (``cancel_on_disconnect``, default True) and the slot
-    released at once, for plain responses too. An error after the response started cannot change
+    released at once, for plain responses too. The watch for a disconnect starts only once the app
+    waits for something (its first real await) or reads the request: an app that answers without
+    waiting costs no watcher task. An error after the response started cannot change
     its status: an SSE stream gets one ``event: ragguard-error`` with the JSON body, then every
     stream is ended cleanly and the error logged (``ragguard.asgi``; with its traceback when the
     mapping does not know it) rather than re-raised, since servers drop the connection under an
@@ -115,6 +124,7 @@ class RagguardMiddleware:
         degraded_header: str | None = DEGRADED_HEADER,
         ratelimit_fields: bool = True,
         cancel_on_disconnect: bool = True,
+        enforce_deadline: bool = True,
     ) -> None:
         if not callable(app):
             raise ConfigError(f"RagguardMiddleware: app must be an ASGI callable, got {app!r}")
@@ -142,6 +152,14 @@ class RagguardMiddleware:
         self.exempt_paths = _paths(exempt_paths)
         self.ratelimit_fields = bool(ratelimit_fields)
         self.cancel_on_disconnect = bool(cancel_on_disconnect)
+        self.enforce_deadline = bool(enforce_deadline)
+        self._later: _WatchLater | None = None
+
+    def _watch_later(self, loop: asyncio.AbstractEventLoop) -> _WatchLater:
+        later = self._later
+        if later is None or later.loop is not loop:
+            later = self._later = _WatchLater(loop)
+        return later
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self._exempt(scope):
@@ -210,13 +228,13 @@ class _BodyReader:
     ``receive()`` says the client is gone, and the response asks the server to close the
     connection (``connection: close``): the rest of the body will never be read."""
 
-    __slots__ = ("_cut", "_done", "_exchange", "_left", "_receive", "_total")
+    __slots__ = ("_cut", "_done", "_exchange", "_left", "_receive", "_total", "_waiting")
 
     def __init__(self, exchange: _Exchange, receive: Receive, body_timeout_s: float | None) -> None:
         self._exchange = exchange
         self._receive = receive
         self._total = self._left = body_timeout_s
-        self._done = self._cut = False
+        self._done = self._cut = self._waiting = False
 
     async def __call__(self) -> Message:
         if self._done:
@@ -224,6 +242,9 @@ class _BodyReader:
         if self._cut:
             return {"type": "http.disconnect"}
         left, deadline_left = self._left, remaining()
+        # a body message is awaited: a handler deadline that passes now cut the body (unread());
+        # left set when the wait raises, as a cancellation does
+        self._waiting = True
         if left is None and deadline_left is None:
             message = await self._receive()
         else:
@@ -241,9 +262,20 @@ class _BodyReader:
                 )
             if left is not None:
                 self._left = left - (anyio.current_time() - start)
+        self._waiting = False
         if message["type"] != "http.request" or not message.get("more_body", False):
             self._done = True  # complete (or the client left): waiting for the disconnect is not bounded
         return message
+
+    def unread(self, exc: DeadlineExceeded) -> DeadlineExceeded:
+        """What the deadline ``exc`` (the handler's) answers: when it passed while the app waited
+        for the body, the same 504 as a cut body read, and the connection closed (the rest of the
+        body will never be read); else ``exc`` itself."""
+        if not self._waiting or self._cut:
+            return exc
+        self._cut = True
+        self._exchange._send = _closing(self._exchange._send)
+        return DeadlineExceeded("request body", exc.budget_s, "the client had not sent all of it")
 
 
 def _closing(send: Send) -> Send:
@@ -255,6 +287,34 @@ def _closing(send: Send) -> Send:
         await send(message)
 
     return closing
+
+
+class _WatchLater:
+    """Starts the disconnect watchers of the requests still running when ``loop`` next gets
+    control: one ``call_soon`` per loop iteration for all of them, none per request, so a request
+    whose app answers without waiting costs a dict insert and delete, not a task."""
+
+    __slots__ = ("_scheduled", "exchanges", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.exchanges: dict[_Exchange, None] = {}
+        self._scheduled = False
+
+    def add(self, exchange: _Exchange) -> None:
+        self.exchanges[exchange] = None
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._start)
+
+    def discard(self, exchange: _Exchange) -> None:
+        self.exchanges.pop(exchange, None)
+
+    def _start(self) -> None:
+        self._scheduled = False
+        waiting, self.exchanges = self.exchanges, {}
+        for exchange in waiting:
+            exchange._start_watcher()
 
 
 class _Exchange:
@@ -271,7 +331,9 @@ class _Exchange:
         "_receive",
         "_running",
         "_send",
+        "_starter",
         "_taken",
+        "_watcher",
         "complete",
         "content_length",
         "disconnected",
@@ -291,6 +353,8 @@ class _Exchange:
         self._cancel: Callable[[], Any] | None = None  # cancels the app when the client leaves
         self._running = False  # the app (or its admission) is running: a disconnect cancels it
         self._cut = False  # the app was cancelled because the client left
+        self._starter: _WatchLater | None = None  # starts the watcher once the app waits
+        self._watcher: asyncio.Task[None] | None = None
         self.request: TenantContext | None = None
         self.started = False
         self.complete = False
@@ -304,7 +368,8 @@ class _Exchange:
         if not self._middleware.cancel_on_disconnect:
             failure = await self._serve(scope, request, limit, self._receive)
         else:
-            task = asyncio.current_task() if _on_asyncio() else None
+            loop = running_loop()  # None under trio
+            task = None if loop is None else current_task(loop)
             if task is not None:
                 failure = await self._serve_watched_asyncio(scope, request, limit, task)
             else:
@@ -319,20 +384,35 @@ class _Exchange:
             with limit:
                 async with request:
                     self.request = request
-                    await self._middleware.app(scope, body, self.send)
+                    expiry = _deadline.get() if self._middleware.enforce_deadline else None
+                    if expiry is None:
+                        await self._middleware.app(scope, body, self.send)
+                    else:
+                        await self._bounded(scope, body, expiry)
+        except DeadlineExceeded as exc:
+            return body.unread(exc)
         except Exception as exc:
             return exc
         finally:
             self.request = None
         return None
 
+    async def _bounded(self, scope: Scope, receive: Receive, expiry: Expiry) -> None:
+        """Run the app until the request's deadline: past it, cancel the app and raise
+        DeadlineExceeded (504), whether or not the app awaits a guarded stage."""
+        with handler_deadline(expiry):
+            await self._middleware.app(scope, receive, self.send)
+
     async def _serve_watched_asyncio(
         self, scope: Scope, request: TenantContext, limit: deadline, task: asyncio.Task[Any]
     ) -> Exception | None:
         # asyncio without a task group (which costs a loop iteration per request): the watcher
-        # cancels this task, and the cancellation is taken back here (uncancel) when it was ours
+        # cancels this task, and the cancellation is taken back here (uncancel) when it was ours.
+        # The watcher task starts only when the loop gets control while the app runs (its first
+        # real await) or when the app reads: an app that answers at once never pays for a task.
         self._cancel = task.cancel
-        watcher = asyncio.get_running_loop().create_task(self._watch())
+        self._starter = self._middleware._watch_later(task.get_loop())
+        self._starter.add(self)
         self._running = True
         failure: Exception | None = None
         try:
@@ -343,10 +423,19 @@ class _Exchange:
             return None
         finally:
             self._running = False
-            watcher.cancel()
+            if self._watcher is not None:
+                self._watcher.cancel()
+            elif self._starter is not None:
+                self._starter.discard(self)
+                self._starter = None
         if self._cut:
             task.uncancel()  # the app swallowed our cancellation
         return failure
+
+    def _start_watcher(self) -> None:
+        self._starter = None
+        if self._watcher is None and self._running:
+            self._watcher = running_loop().create_task(self._watch())  # type: ignore[union-attr]
 
     async def _serve_watched_anyio(
         self, scope: Scope, request: TenantContext, limit: deadline
@@ -455,6 +544,9 @@ class _Exchange:
     # -- what the app receives --------------------------------------------------------------
 
     async def receive(self) -> Message:
+        if self._starter is not None:  # the app reads before its first await: watch from now on
+            self._starter.discard(self)
+            self._start_watcher()
         while not self._inbox:
             if self._mail is None or self._mail.is_set():  # concurrent receivers share one event
                 self._mail = anyio.Event()
@@ -493,9 +585,6 @@ class _Exchange:
             log.debug("ragguard.asgi: receive() failed while watching for a disconnect", exc_info=True)
             self._deliver({"type": "http.disconnect"})
 
-
-def _on_asyncio() -> bool:
-    return running_loop() is not None  # None under trio
 
 
 def _paths(paths: Iterable[str]) -> tuple[str, ...]:

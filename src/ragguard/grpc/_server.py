@@ -13,6 +13,7 @@ from grpc import aio
 
 from .._context import DEFAULT_TENANT
 from .._errors import ConfigError, InvalidInput, PermissionDenied, Unauthenticated
+from .._handler_deadline import handler_deadline
 from .._identity import (
     GrpcCaller,
     HeaderResolver,
@@ -23,6 +24,7 @@ from .._identity import (
     request_priority,
     resolve_identity,
 )
+from ..deadline import _deadline
 from ..overload._priority import reset_priority, set_priority
 from ._handlers import Behavior, rebuild
 from ._status import status_for
@@ -82,10 +84,15 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     - the tenant's quota admits the call (``guard.tenant(id)``; the default registry when
       ``guard`` is None); over quota fails with RESOURCE_EXHAUSTED and ``retry-after``.
 
-    Errors leaving the handler are mapped by :func:`ragguard.grpc.status_for` (BreakerOpen to
-    UNAVAILABLE, QuotaExceeded to RESOURCE_EXHAUSTED, DeadlineExceeded to DEADLINE_EXCEEDED,
-    InvalidInput to INVALID_ARGUMENT); a status the handler set itself (``context.abort``) is
-    kept; other errors are left to gRPC. Messages a streaming handler sent before failing reach
+    Errors leaving the handler are mapped by their outcome (:func:`ragguard.grpc.status_for`,
+    :mod:`ragguard.outcomes`): BreakerOpen, Overloaded and a dependency's failure or rejection to
+    UNAVAILABLE (with ``retry-after`` trailers when a wait helps), QuotaExceeded to
+    RESOURCE_EXHAUSTED, DeadlineExceeded and timeouts to DEADLINE_EXCEEDED, InvalidInput to
+    INVALID_ARGUMENT; details never name an upstream host. A status the handler set itself
+    (``context.abort``) is kept; other errors are left to gRPC. The request's deadline (the
+    client's, or the tenant's shorter ``timeout_s``) bounds the whole handler
+    (``enforce_deadline``, default True): past it the handler is cancelled and the call fails
+    with DEADLINE_EXCEEDED. Messages a streaming handler sent before failing reach
     the client, then the status. Async handlers of all four kinds are guarded (streaming ones as
     async generators or with ``context.write()``); sync handlers pass through unguarded.
 
@@ -107,6 +114,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         anonymous: str | None = DEFAULT_TENANT,
         tenant_key: str = TENANT_KEY,
         exempt_services: Iterable[str] = EXEMPT_SERVICES,
+        enforce_deadline: bool = True,
     ) -> None:
         if (
             not isinstance(tenant_key, str)
@@ -126,6 +134,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         self.anonymous = anonymous
         self._anonymous = check_anonymous(anonymous)
         self.exempt_services = _service_names(exempt_services)
+        self.enforce_deadline = bool(enforce_deadline)
 
     async def intercept_service(
         self,
@@ -183,7 +192,12 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         try:
             with registry.deadline(client_budget(context)):
                 async with registry.tenant(identity.tenant):
-                    yield
+                    expiry = _deadline.get() if self.enforce_deadline else None
+                    if expiry is None:
+                        yield
+                    else:
+                        with handler_deadline(expiry):
+                            yield
         except aio.AbortError:
             raise  # the handler set its own status
         except Exception as exc:
