@@ -48,7 +48,7 @@ async def test_every_guard_event_becomes_a_metric() -> None:
     bus.emit(events.BreakerTransition("embedding", "closed", "open", 10.0, "slow-call rate"))
     bus.emit(events.FallbackServed("embed", "cache", "acme", "EmbeddingUnavailable"))
     bus.emit(events.QuotaRejected("acme", "rate", 0.5))
-    bus.emit(events.RetryScheduled("search", 2, 0.1, "ConnectionError"))
+    bus.emit(events.RetryScheduled("search", 2, 0.1, "ConnectionError", "acme"))
     bus.emit(events.RetryBudgetExhausted("search", "acme"))
     await _deliver()
 
@@ -76,7 +76,7 @@ async def test_every_guard_event_becomes_a_metric() -> None:
         == 1
     )
     assert value(exporter, "ragguard_quota_rejections_total", tenant="acme", reason="rate") == 1
-    assert value(exporter, "ragguard_retries_total", stage="search") == 1
+    assert value(exporter, "ragguard_retries_total", stage="search", tenant="acme") == 1
     assert value(exporter, "ragguard_retry_budget_exhausted_total", stage="search", tenant="acme") == 1
     exporter.close()
     bus.emit(events.QuotaRejected("acme", "rate", 0.5))
