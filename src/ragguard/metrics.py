@@ -688,11 +688,14 @@ _SPAN_EVENTS: dict[str, Callable[[Any], tuple[str, dict[str, Any]]]] = {
 }  # fmt: skip
 
 
+_SETTLED: Any = object()
+
+
 class _OtelTracer:
     """The :class:`ragguard.events.StageTracer` for OpenTelemetry, and the bus tap that adds each
     decision to the span current where it is made."""
 
-    __slots__ = ("_context", "_status", "_trace", "tracer", "untap")
+    __slots__ = ("_context", "_makers", "_status", "_trace", "tracer", "untap")
 
     def __init__(self, tracer: Any) -> None:
         from opentelemetry import context, trace
@@ -703,6 +706,7 @@ class _OtelTracer:
         self._context = context
         self._status = (Status, StatusCode.ERROR)
         self.untap: Callable[[], None] | None = None
+        self._makers: dict[type, Any] = {}  # event type -> its _SPAN_EVENTS entry (by its classes' names)
 
     def start(self, stage: str, tenant: str, breaker_state: str, operation: str) -> Any:
         attributes = {"ragguard.stage": stage, "ragguard.tenant": tenant}
@@ -736,18 +740,24 @@ class _OtelTracer:
 
     def record(self, event: Any) -> None:
         """The bus tap: the event as a span event of the span current where it was emitted."""
-        make = _SPAN_EVENTS.get(type(event).__name__)
-        settled = make is None and type(event).__name__ == "StreamSettled"
-        if make is None and not settled:
+        kind = type(event)
+        make = self._makers.get(kind, _MISSING)
+        if make is _MISSING:
+            names = [c.__name__ for c in kind.__mro__]
+            make = next((_SPAN_EVENTS[n] for n in names if n in _SPAN_EVENTS), None)
+            if make is None and "StreamSettled" in names:
+                make = _SETTLED
+            self._makers[kind] = make
+        if make is None:
             return
         span = self._trace.get_current_span()
         if not span.is_recording():
             return
-        if settled:
+        if make is _SETTLED:
             span.set_attribute("gen_ai.usage.output_tokens", event.tokens)
             span.set_attribute("ragguard.items", event.items)
             return
-        name, attributes = make(event)  # type: ignore[misc]
+        name, attributes = make(event)
         span.add_event(name, _attributes(attributes))
 
 

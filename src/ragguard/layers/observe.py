@@ -13,7 +13,7 @@ while the caller holds an item (the caller's own spans are not the stage's child
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .. import events
@@ -121,7 +121,7 @@ class ObserveStream(_Observe):
         opened = _Open(tracer, span, tenant, state, started, before, first_s)
         if tracer is not None:
             tracer.detach(attached)
-            head.agen = _traced(head.agen, tracer, span)
+            head.agen = _Traced(head.agen, tracer, span)
             # the span is current while the layers inside exit too (a generation stage settles its
             # tokens there): the stream driver exits what the head holds in order, innermost first
             head.held.insert(0, (_held(_Attach(tracer)), [opened]))
@@ -190,27 +190,37 @@ def _held(layer: _Attach | ObserveStream) -> Sequence[Gate]:
     return cast("Sequence[Gate]", (layer,))
 
 
-async def _traced(agen: Any, tracer: events.StageTracer, span: Any) -> AsyncIterator[Any]:
-    """``agen``'s items, read with ``span`` current (attached and detached within each read, so in
-    the reader's own context and never left current while the reader holds an item)."""
-    try:
-        while True:
-            attached = tracer.attach(span)
-            try:
-                item = await agen.__anext__()
-            except StopAsyncIteration:
-                return
-            finally:
-                tracer.detach(attached)
-            yield item
-    finally:
-        aclose = getattr(agen, "aclose", None)
+class _Traced:
+    """``agen``'s items, read with ``span`` current: attached and detached within each read (so in
+    the reader's own context, and never left current while the reader holds an item), and while
+    it closes. A class rather than an async generator: closing one that never started would not
+    close ``agen``."""
+
+    __slots__ = ("_agen", "_span", "_tracer")
+
+    def __init__(self, agen: Any, tracer: events.StageTracer, span: Any) -> None:
+        self._agen = agen
+        self._tracer = tracer
+        self._span = span
+
+    def __aiter__(self) -> _Traced:
+        return self
+
+    async def __anext__(self) -> Any:
+        attached = self._tracer.attach(self._span)
+        try:
+            return await self._agen.__anext__()
+        finally:
+            self._tracer.detach(attached)
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._agen, "aclose", None)
         if aclose is not None:
-            attached = tracer.attach(span)
+            attached = self._tracer.attach(self._span)
             try:
                 await aclose()
             finally:
-                tracer.detach(attached)
+                self._tracer.detach(attached)
 
 
 def _served_since(before: int) -> str:
