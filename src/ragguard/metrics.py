@@ -452,8 +452,7 @@ class _StateCollector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from .overload import status as overload_status
-        from .status import links, quotas
+        from .status import links, overload, quotas
 
         gauges: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in _STATE_GAUGES}
         hedges: dict[tuple[str, ...], float] = {}
@@ -464,11 +463,12 @@ class _StateCollector:
                 table[key] = table.get(key, 0.0) + float(value)
 
         for guard in self._guards():
-            for name, parts in overload_status(guard).items():
+            for name, parts in overload(guard).items():
                 stage = (self._stage(name),)
                 limit = parts.get("limit")
                 if limit is not None:
                     add(gauges["ragguard_adaptive_limit"], stage, limit["limit"])
+                    add(gauges["ragguard_adaptive_min_limit"], stage, limit.get("min_limit"))
                     add(gauges["ragguard_adaptive_in_flight"], stage, limit["in_flight"])
                     add(gauges["ragguard_adaptive_queue_length"], stage, limit["queued"])
                     add(gauges["ragguard_adaptive_min_rtt_seconds"], stage, limit["min_rtt_s"])
@@ -516,6 +516,7 @@ class _StateCollector:
 
 _STATE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ragguard_adaptive_limit": ("A stage's adaptive concurrency limit now.", ("stage",)),
+    "ragguard_adaptive_min_limit": ("A stage's adaptive limit floor (its policy's min_limit).", ("stage",)),
     "ragguard_adaptive_in_flight": ("Calls holding a stage's adaptive-limit slot now.", ("stage",)),
     "ragguard_adaptive_queue_length": ("Calls queued for a stage's adaptive limit now.", ("stage",)),
     "ragguard_adaptive_min_rtt_seconds": ("A stage's baseline (no-load) latency.", ("stage",)),

@@ -10,7 +10,10 @@ stage) come from a :class:`StatusCounts` listener, when one is given.
 
     {"ok": bool, "open": [stage, ...],
      "stages": {stage: {"breaker": {"name", "state", "retry_after_s"} | None,
-                        "limit": {...}?, "throttle": {...}?, "hedge": {...}?}},
+                        "limit": {"limit", "min_limit", "max_limit", "in_flight", "queued",
+                                  "shed": {priority: n}, ...}?,
+                        "throttle": {"probability", ...}?,
+                        "hedge": {"delay_s", "fired", "won", "refused"}?}},
      "quotas": {"backend": "local" | "redis" | <class name>, "shared": bool | None,
                 "tenants": {tenant: {"in_flight", "waiting", "max_concurrency", "rate_per_s"}},
                 "others": {"in_flight", "waiting"}},
@@ -41,18 +44,18 @@ from ._errors import ConfigError
 if TYPE_CHECKING:
     from .guard import Guard
 
-__all__ = ["StatusCounts", "StatusServer", "configured_tenants", "links", "serve", "snapshot"]
+__all__ = [
+    "StatusCounts", "StatusServer", "configured_tenants", "links", "overload", "quotas", "serve", "snapshot",
+]
 
 _NOT_CLOSED_OK = ("closed", "disabled")
 
 
 def snapshot(guard: Guard, counts: StatusCounts | None = None) -> dict[str, Any]:
     """``guard``'s status now (see the module docstring); ``counts`` adds its ``counts``."""
-    from .overload import status as overload_status
-
     stages: dict[str, Any] = {}
     not_closed: list[str] = []
-    overload = overload_status(guard)
+    parts = overload(guard)
     for name in guard.stage_names():
         breaker = guard.breaker(name)
         entry: dict[str, Any]
@@ -69,7 +72,7 @@ def snapshot(guard: Guard, counts: StatusCounts | None = None) -> dict[str, Any]
                     "retry_after_s": getattr(breaker, "retry_after_s", None),
                 }
             }
-        entry.update(overload.get(name, {}))
+        entry.update(parts.get(name, {}))
         stages[name] = entry
     out: dict[str, Any] = {
         "ok": not not_closed,
@@ -80,6 +83,21 @@ def snapshot(guard: Guard, counts: StatusCounts | None = None) -> dict[str, Any]
     }
     if counts is not None:
         out["counts"] = counts.snapshot()
+    return out
+
+
+def overload(guard: Guard) -> dict[str, Any]:
+    """Stage -> its overload layers' state (:func:`ragguard.overload.status`), each adaptive
+    limit with its policy's bounds (``min_limit``, ``max_limit``: a limit at its floor is pinned)."""
+    from .overload import status as overload_status
+
+    out = overload_status(guard)
+    for name, parts in out.items():
+        limit = parts.get("limit")
+        adaptive = guard.policy.stage(name).adaptive
+        if limit is not None and adaptive is not None:
+            limit["min_limit"] = adaptive.min_limit
+            limit["max_limit"] = adaptive.max_limit
     return out
 
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
+from metrics_helpers import http_server
 
 from ragguard import Guard, HedgePolicy, Policy, RetryPolicy, StagePolicy, events, metrics
 
@@ -47,38 +44,9 @@ def provider() -> Iterator[tuple[Any, InMemorySpanExporter]]:
         metrics.disable_tracing()
 
 
-async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-    await send({"type": "http.response.body", "body": scope["path"].encode()})
-
-
-@contextmanager
-def _server() -> Iterator[str]:
-    """A real HTTP server (uvicorn) on a free loopback port, from a thread."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(_app, log_level="warning", loop="asyncio", http="h11"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        for _ in range(1000):
-            if server.started:
-                break
-            time.sleep(0.01)
-        assert server.started
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
 @pytest.fixture
 def url() -> Iterator[str]:
-    with _server() as base:
+    with http_server() as base:
         yield base
 
 
