@@ -23,13 +23,18 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": path.encode()})
 
 
+def http_server() -> Any:
+    """Serve the status-echoing app above (see :func:`serving`)."""
+    return serving(_app)
+
+
 @contextmanager
-def http_server() -> Iterator[str]:
-    """Serve on a free loopback port from a thread; yields the base URL."""
+def serving(app: Any) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn on a free loopback port from a thread; yields the base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(_app, log_level="warning", loop="asyncio", http="h11"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", loop="asyncio", http="h11"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

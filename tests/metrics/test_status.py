@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from metrics_helpers import http_server
+from metrics_helpers import serving
 from prometheus_client.parser import text_string_to_metric_families
 
 import ragguard
@@ -105,7 +105,8 @@ async def test_status_endpoint_counts_fallbacks_sheds_and_refusals() -> None:
         raise ConnectionRefusedError("down")
 
     endpoint = StatusEndpoint(g)
-    with http_server() as _unused, _serving(endpoint) as url:
+    with serving(endpoint) as base:
+        url = f"{base}/status"
         async with httpx.AsyncClient() as client:
             first = (await client.get(url)).json()
             for _ in range(3):
@@ -122,38 +123,6 @@ async def test_status_endpoint_counts_fallbacks_sheds_and_refusals() -> None:
     assert second["counts"]["since_s"] >= 0
     assert second["quotas"]["tenants"]["acme"]["in_flight"] == 0
     endpoint.counts.close()  # type: ignore[union-attr]
-
-
-class _serving:
-    """Serve an ASGI app with uvicorn (as metrics_helpers does for its own app)."""
-
-    def __init__(self, app: Any) -> None:
-        self._app = app
-
-    def __enter__(self) -> str:
-        import socket
-        import threading
-        import time
-
-        import uvicorn
-
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self._sock = sock
-        self._server = uvicorn.Server(uvicorn.Config(self._app, log_level="warning", loop="asyncio", http="h11"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        for _ in range(1000):
-            if self._server.started:
-                break
-            time.sleep(0.01)
-        assert self._server.started
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/status"
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(10)
-        self._sock.close()
 
 
 async def test_serve_answers_status_and_metrics_for_a_service_without_asgi() -> None:
