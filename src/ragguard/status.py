@@ -246,6 +246,13 @@ class StatusServer:
             self._counts.close()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away mid-answer (a closed ragguard top): nothing to report
+
+
 def serve(
     port: int,
     guard: Guard | None = None,
@@ -301,8 +308,7 @@ def serve(
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    httpd = ThreadingHTTPServer((addr, port), Handler)
-    httpd.daemon_threads = True
+    httpd = _Server((addr, port), Handler)
     thread = threading.Thread(target=httpd.serve_forever, name="ragguard-status", daemon=True)
     thread.start()
     return StatusServer(httpd, thread, tally)
