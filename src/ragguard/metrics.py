@@ -662,28 +662,28 @@ def _attributes(items: dict[str, Any]) -> dict[str, Any]:
 
 
 # Each decision a guarded call meets, as a span event: the event's name and attributes.
-_SPAN_EVENTS: dict[str, Callable[[Any], tuple[str, dict[str, Any]]]] = {
-    "CallOutcome": lambda e: ("ragguard.attempt", {
+_SPAN_EVENTS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
+    "CallOutcome": ("ragguard.attempt", lambda e: {
         "ragguard.breaker": e.breaker, "ragguard.outcome": e.outcome,
         "ragguard.duration_s": e.duration_s, "error.type": e.error}),
-    "RetryScheduled": lambda e: ("ragguard.retry", {
+    "RetryScheduled": ("ragguard.retry", lambda e: {
         "ragguard.attempt": e.attempt, "ragguard.wait_s": e.wait_s, "error.type": e.error}),
-    "RetryBudgetExhausted": lambda e: ("ragguard.retry_budget_exhausted", {}),
-    "FallbackServed": lambda e: ("ragguard.fallback", {
+    "RetryBudgetExhausted": ("ragguard.retry_budget_exhausted", lambda e: {}),
+    "FallbackServed": ("ragguard.fallback", lambda e: {
         "ragguard.fallback": e.fallback, "error.type": e.cause}),
-    "HedgeFired": lambda e: ("ragguard.hedge", {"ragguard.delay_s": e.delay_s}),
-    "LoadShed": lambda e: ("ragguard.shed", {
+    "HedgeFired": ("ragguard.hedge", lambda e: {"ragguard.delay_s": e.delay_s}),
+    "LoadShed": ("ragguard.shed", lambda e: {
         "ragguard.reason": e.reason, "ragguard.priority": e.priority, "ragguard.tenant": e.tenant}),
-    "Throttled": lambda e: ("ragguard.throttled", {"ragguard.probability": e.probability}),
-    "CallRejected": lambda e: ("ragguard.breaker_rejected", {
+    "Throttled": ("ragguard.throttled", lambda e: {"ragguard.probability": e.probability}),
+    "CallRejected": ("ragguard.breaker_rejected", lambda e: {
         "ragguard.breaker": e.breaker, "ragguard.reason": e.state,
         "ragguard.retry_after_s": e.retry_after_s}),
-    "QuotaRejected": lambda e: ("ragguard.quota_rejected", {
+    "QuotaRejected": ("ragguard.quota_rejected", lambda e: {
         "ragguard.tenant": e.tenant, "ragguard.reason": e.reason,
         "ragguard.retry_after_s": e.retry_after_s}),
-    "StreamCut": lambda e: ("ragguard.stream_cut", {"ragguard.reason": e.budget, "ragguard.items": e.items}),
-    "FaultInjected": lambda e: ("ragguard.fault", {"ragguard.fault": e.fault}),
-    "BreakerTransition": lambda e: ("ragguard.breaker_transition", {
+    "StreamCut": ("ragguard.stream_cut", lambda e: {"ragguard.reason": e.budget, "ragguard.items": e.items}),
+    "FaultInjected": ("ragguard.fault", lambda e: {"ragguard.fault": e.fault}),
+    "BreakerTransition": ("ragguard.breaker_transition", lambda e: {
         "ragguard.breaker": e.breaker, "ragguard.from_state": e.old, "ragguard.to_state": e.new,
         "ragguard.reason": e.reason}),
 }  # fmt: skip
@@ -758,8 +758,8 @@ class _OtelTracer:
             span.set_attribute("gen_ai.usage.output_tokens", event.tokens)
             span.set_attribute("ragguard.items", event.items)
             return
-        name, attributes = make(event)
-        span.add_event(name, _attributes(attributes))
+        name, attributes = make
+        span.add_event(name, _attributes(attributes(event)))
 
 
 class StageSpan:

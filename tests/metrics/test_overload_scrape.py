@@ -262,3 +262,26 @@ def test_every_family_of_a_real_scrape_is_on_the_dashboard(overloaded: Scrapes) 
     families = {_family(n) for n in present} - counters
     dash = (EXAMPLES / "grafana-dashboard.json").read_text()
     assert {f for f in families if f not in dash} == set()
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _documented(section_start: str, section_end: str) -> set[str]:
+    text = (DOCS / "monitors.md").read_text()
+    section = text[text.index(section_start) : text.index(section_end)]
+    rows = [line for line in section.splitlines() if line.startswith("| `ragguard_")]
+    return {m for line in rows for m in re.findall(r"`(ragguard_[a-z0-9_]+)`", line.split("|")[1])}
+
+
+@pytest.mark.timeout(180)
+def test_the_docs_tables_name_what_is_emitted(overloaded: Scrapes) -> None:
+    documented = _documented("## Prometheus", "## Status")
+    present = {name for s in [*overloaded.overload, overloaded.troubled] for name in s}
+    emitted = {_family(n) for n in present}
+    histograms = {_family(n) for n in present if n.endswith("_bucket")}
+    assert len(documented) >= 30
+    assert documented - emitted == set(), "documented, never emitted"
+    assert emitted - documented == set(), "emitted, not documented"
+    for name in histograms:
+        assert not name.endswith("_total") and name in documented

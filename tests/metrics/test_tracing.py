@@ -5,8 +5,10 @@ hedge's second leg); each decision is a span event; GenAI semantic-convention at
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -277,6 +279,8 @@ async def test_otel_metrics_come_from_the_same_events() -> None:
     assert first.attributes["ragguard.stage"] == "generation" and first.count == 1
     (tokens,) = points["ragguard.stream.tokens"]
     assert tokens.value >= 2 and tokens.attributes["gen_ai.token.type"] == "output"
+    documented = _docs_column("**Metrics.**", "No tenant attribute")
+    assert documented == set(points) | {"ragguard.rejections"}  # no rejection in this run
     (fallback,) = points["ragguard.fallbacks"]
     assert fallback.attributes["ragguard.fallback"] == "cached"
     assert fallback.attributes["error.type"] == "ConnectionRefusedError"
@@ -288,3 +292,19 @@ async def test_tracing_off_leaves_no_tap_and_no_hook() -> None:
     metrics.disable_tracing()
     assert events.tracer is None and metrics._tracer is None
     assert not events.bus._taps
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _docs_column(start: str, end: str) -> set[str]:
+    """The names in the first column of docs/monitors.md's tables between ``start`` and ``end``."""
+    text = (DOCS / "monitors.md").read_text()
+    section = text[text.index(start) : text.index(end)]
+    return {m for line in section.splitlines() if line.startswith("| `")
+            for m in re.findall(r"`([a-z_.]+)`", line.split("|")[1])}  # fmt: skip
+
+
+def test_the_docs_span_event_table_names_every_span_event() -> None:
+    documented = _docs_column("One span event per decision", "The span events are added")
+    assert documented == {name for name, _ in metrics._SPAN_EVENTS.values()}
