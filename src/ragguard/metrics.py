@@ -462,8 +462,17 @@ class _StateCollector:
             if value is not None:
                 table[key] = table.get(key, 0.0) + float(value)
 
+        def read(guard: Guard) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+            try:
+                return overload(guard), quotas(guard), links(guard)
+            except RuntimeError:
+                # a scrape from prometheus-client's server thread reads while the loop changes the
+                # state: a read that raced a change (a dict resized mid-iteration) is taken again
+                return overload(guard), quotas(guard), links(guard)
+
         for guard in self._guards():
-            for name, parts in overload(guard).items():
+            parts_of, q, guard_links = read(guard)
+            for name, parts in parts_of.items():
                 stage = (self._stage(name),)
                 limit = parts.get("limit")
                 if limit is not None:
@@ -481,13 +490,12 @@ class _StateCollector:
                         add(hedges, (*stage, outcome), hedge[outcome])
                     if hedge.get("delay_s") is not None:
                         gauges["ragguard_hedge_delay_seconds"][stage] = float(hedge["delay_s"])
-            q = quotas(guard)
             for tenant, got in q["tenants"].items():
                 add(gauges["ragguard_tenant_in_flight"], (tenant,), got["in_flight"])
                 add(gauges["ragguard_tenant_waiting"], (tenant,), got["waiting"])
             add(gauges["ragguard_tenant_in_flight"], (OTHER,), q["others"]["in_flight"] or 0)
             add(gauges["ragguard_tenant_waiting"], (OTHER,), q["others"]["waiting"] or 0)
-            for link in links(guard):
+            for link in guard_links:
                 shared[link["component"]] = 0.0 if link["shared"] else 1.0
         for name, (help_text, labels) in _STATE_GAUGES.items():
             family = GaugeMetricFamily(name, help_text, labels=list(labels))

@@ -208,3 +208,28 @@ async def test_a_stream_stage_is_listed_with_its_breaker() -> None:
 
     assert [w async for w in generate("p")] == ["x"]
     assert g.status()["stages"]["generation"]["breaker"]["state"] == "closed"
+
+
+async def test_the_exporters_asgi_app_serves_a_scrape_without_created_series() -> None:
+    g = Guard(_policy())
+
+    @g.guard("retrieve")
+    async def retrieve() -> str:
+        return "ok"
+
+    exporter = PrometheusExporter(guards=g).start()
+    try:
+        await retrieve()
+        await asyncio.sleep(0.01)
+        with serving(exporter.asgi()) as base:
+            async with httpx.AsyncClient() as client:
+                got = await client.get(f"{base}/metrics")
+    finally:
+        exporter.close()
+    assert got.status_code == 200 and got.headers["content-type"].startswith("text/plain")
+    names = {s.name for f in text_string_to_metric_families(got.text) for s in f.samples}
+    assert "ragguard_stage_duration_seconds_count" in names and "ragguard_adaptive_limit" in names
+    assert not any(n.endswith("_created") for n in names)
+    kept = PrometheusExporter(guards=g, created=True, bus=ragguard.events.EventBus())
+    kept.handle(ragguard.events.QuotaRejected("acme", "rate", 0.1))
+    assert "ragguard_quota_rejections_created" in kept.scrape().decode()
