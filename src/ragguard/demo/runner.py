@@ -390,7 +390,7 @@ async def _run(
     if mode == "guarded":
         server, closers, guard = _guarded_service(shared, options, duration, redis)
         if options.status_port is not None:
-            from ..status import serve
+            from ragguard.status import serve
 
             closers.append(_closing(serve(options.status_port, guard)))
         breakers = list(BREAKERS)
