@@ -202,33 +202,13 @@ class Guard:
         return {name: st.breaker for name, st in self._stages.items() if st.breaker is not None}
 
     def status(self) -> dict[str, Any]:
-        """A JSON-ready snapshot for health endpoints::
+        """A JSON-ready snapshot for health endpoints and ``ragguard top``: breakers, adaptive
+        limits, throttles, hedges, quotas (per configured tenant and the others added up) and each
+        Redis link; see :mod:`ragguard.status` for its shape. ``ok`` is False while any breaker
+        is open, forced open or half-open (``open`` names those stages)."""
+        from .status import snapshot
 
-            {"ok": bool, "open": [stage, ...],
-             "stages": {stage: {"breaker": {"name": str, "state": str, "retry_after_s": float | None}
-                                | None}}}
-
-        ``ok`` is False while any breaker is open, forced open or half-open (``open`` names those
-        stages); fallbacks may still be serving them.
-        """
-        stages: dict[str, Any] = {}
-        not_closed: list[str] = []
-        for name, st in self._stages.items():
-            breaker = st.breaker
-            if breaker is None:
-                stages[name] = {"breaker": None}
-                continue
-            state = getattr(breaker.state, "value", str(breaker.state))
-            if state not in ("closed", "disabled"):
-                not_closed.append(name)
-            stages[name] = {
-                "breaker": {
-                    "name": breaker.name,
-                    "state": state,
-                    "retry_after_s": getattr(breaker, "retry_after_s", None),
-                }
-            }
-        return {"ok": not not_closed, "open": not_closed, "stages": stages}
+        return snapshot(self)
 
     # -- chaos ------------------------------------------------------------------------------------
 

@@ -73,6 +73,8 @@ class DemoOptions:
       within it.
     - ``backends_in_process``: run the backends in this event loop instead of a child process.
     - ``progress``: draw progress bars and the table on the console.
+    - ``status_port``: during the guarded run, serve its Guard's status (``/status``, what
+      ``ragguard top http://127.0.0.1:PORT/status`` shows) on 127.0.0.1 at this port (None: not).
     """
 
     duration_s: float | None = None
@@ -92,6 +94,7 @@ class DemoOptions:
     slo_s: float = 1.0
     backends_in_process: bool = False
     progress: bool = True
+    status_port: int | None = None
 
     def __post_init__(self) -> None:
         d = self.duration_s
@@ -107,6 +110,10 @@ class DemoOptions:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a positive number, got {reprlib.repr(value)}", field=name)
+        port = self.status_port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+            said = f"status_port must be a port 1..65535, got {reprlib.repr(port)}"
+            raise ConfigError(said, field="status_port")
         if not self.tenants:
             raise ConfigError("tenants must name at least one well-behaved tenant")
         if self.greedy_tenant in self.tenants:
@@ -222,6 +229,7 @@ def cli_main(
     quick: bool = False,
     out_dir: Path | None = Path("ragguard-report"),
     seed: int = 7,
+    status_port: int | None = None,
 ) -> int:
     """What ``ragguard demo`` calls: runs the demo, prints the table; returns the exit code (0).
 
@@ -235,6 +243,7 @@ def cli_main(
         quick=quick,
         out_dir=out_dir,
         seed=seed,
+        status_port=status_port,
     )
     run_demo(options)
     return 0
@@ -380,6 +389,10 @@ async def _run(
     generation: GenerationTally | None = None
     if mode == "guarded":
         server, closers, guard = _guarded_service(shared, options, duration, redis)
+        if options.status_port is not None:
+            from ragguard.status import serve
+
+            closers.append(_closing(serve(options.status_port, guard)))
         breakers = list(BREAKERS)
         rerank_floor = guard.policy.stage("rerank").rerank_min_batch
         paced = {t: q.tokens_per_s for t, q in guard.policy.tenants.items() if q.tokens_per_s is not None}
@@ -436,6 +449,13 @@ async def _run(
 
 
 Closer = Callable[[], Awaitable[None]]
+
+
+def _closing(server: Any) -> Closer:
+    async def close() -> None:
+        await asyncio.to_thread(server.close)
+
+    return close
 
 
 def _unguarded_service(shared: _Shared, options: DemoOptions) -> tuple[RetrievalServer, list[Closer]]:

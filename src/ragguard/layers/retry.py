@@ -481,7 +481,8 @@ class RetryLayer:
                         bus.emit(RetryBudgetExhausted(self.stage, current_tenant()))
                     raise exc
                 if bus.active:
-                    bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__))
+                    tenant = current_tenant()
+                    bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__, tenant))
                 await self.sleep(wait)
                 attempt += 1
                 call.attempt += 1
@@ -518,7 +519,8 @@ class RetryLayer:
                     raise exc
                 state.idle_for += sleep
                 if bus.active:
-                    bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, type(exc).__name__))
+                    error, tenant = type(exc).__name__, current_tenant()
+                    bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, error, tenant))
                 state.prepare_for_next_attempt()
                 await self.sleep(sleep)
                 call.attempt += 1

@@ -210,7 +210,12 @@ class LocalQuotas:
         return 0 if b is None or not b.waiters else sum(1 for w in b.waiters if not w.event.is_set())
 
     def total_in_flight(self) -> int:
+        """Requests of every tenant holding a concurrency slot now."""
         return sum(b.in_flight for b in self._buckets.values())
+
+    def total_waiting(self) -> int:
+        """Requests of every tenant queued for a slot now."""
+        return sum(self.waiting(tenant) for tenant, b in self._buckets.items() if b.waiters)
 
     # -- admission ------------------------------------------------------------------------
 
