@@ -399,6 +399,9 @@ class StagePolicy(_Model):
       ``rerank`` and ``generation`` presets are idempotent reads, a stage without a preset is not.
       A stage that is not idempotent is retried only on errors raised before its request could
       have left, and cannot hedge (ConfigError naming ``hedge``).
+    - ``max_threads``: worker threads the stage's sync functions run in at once, at most (the
+      stage's thread bulkhead, 1 to 10000, default 8; docs/sync.md). A thread a timeout stopped
+      waiting for counts until it returns; a call waits for a thread within its attempt's timeout.
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -415,6 +418,7 @@ class StagePolicy(_Model):
     adaptive: AdaptivePolicy | None = None
     throttle: ThrottlePolicy | None = None
     hedge: HedgePolicy | None = None
+    max_threads: int = Field(default=8, ge=1, le=10_000)
     layers: dict[str, Any] = Field(default_factory=dict)
 
     @property
