@@ -85,9 +85,7 @@ def build_rerank(model: Any, max_batch: int | None, sizes: list[int]) -> Any:
 async def main(model_name: str | None, max_batch: int | None, candidates: int) -> None:
     from sentence_transformers import CrossEncoder
 
-    ragguard.configure(
-        Policy(stages={"rerank": StagePolicy(preset="rerank", timeout_s=30.0, max_threads=1)})
-    )
+    ragguard.configure(Policy(stages={"rerank": StagePolicy(preset="rerank", timeout_s=30.0, max_threads=1)}))
     with tempfile.TemporaryDirectory() as tmp:
         model = CrossEncoder(model_name or tiny_cross_encoder(tmp), device="cpu")
     sizes: list[int] = []

@@ -45,6 +45,7 @@ from .policy import (
     StagePolicy,
     TenantQuota,
     ThrottlePolicy,
+    TokenLimits,
 )
 
 __version__ = "0.1.0"
@@ -79,6 +80,7 @@ __all__ = [
     "StreamTimeout",
     "TenantQuota",
     "ThrottlePolicy",
+    "TokenLimits",
     "VectorStoreUnavailable",
     "VectorStoreUnavailableBreaker",
     "configure",

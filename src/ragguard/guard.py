@@ -55,8 +55,9 @@ class Guard:
       :class:`ragguard.distributed.SharedCircuitBreaker`, under keys starting with
       ``redis_prefix``; ``redis_options`` tunes them: ``{"quotas": {...}, "breakers": {...}}``,
       keyword options of those two classes (``lease_s``, ``local_lease``, ``redis_timeout_s``,
-      ``staleness_s``...). Give the client short timeouts and no retries of its own (see
-      docs/distributed.md); call ``await guard.aclose()`` at shutdown;
+      ``staleness_s``...), and ``"tokens"`` those of :class:`ragguard.distributed.RedisTokens`,
+      the generation stages' shared token accounts. Give the client short timeouts and no
+      retries of its own (see docs/distributed.md); call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;
     - ``max_stages``: stages kept at most (stage names name code paths, not data; past the bound
       the oldest idle stages are forgotten, with a warning: idle means no live decorated function
@@ -116,10 +117,10 @@ class Guard:
         self.redis = redis
         self.redis_prefix = redis_prefix
         options = dict(redis_options or {})
-        unknown = set(options) - {"quotas", "breakers"}
+        unknown = set(options) - {"quotas", "breakers", "tokens"}
         if unknown or not all(isinstance(v, Mapping) for v in options.values()):
             raise ConfigError(
-                "redis_options must map 'quotas' and/or 'breakers' to keyword options, "
+                "redis_options must map 'quotas', 'breakers' and/or 'tokens' to keyword options, "
                 f"got {sorted(map(str, options))!r:.80}"
             )
         self.redis_options: dict[str, dict[str, Any]] = {k: dict(v) for k, v in options.items()}

@@ -18,11 +18,13 @@ from ._breaker import SharedCircuitBreaker, breaker_keys, encode_key_part
 from ._events import SharedStateDegraded, SharedStateRestored
 from ._link import RedisLink
 from ._quotas import RedisQuotas, SharedLease, quota_keys
+from ._tokens import RedisTokens, token_key
 
 __all__ = [
     "LocalLease",
     "RedisLink",
     "RedisQuotas",
+    "RedisTokens",
     "SharedCircuitBreaker",
     "SharedLease",
     "SharedStateDegraded",
@@ -30,4 +32,5 @@ __all__ = [
     "breaker_keys",
     "encode_key_part",
     "quota_keys",
+    "token_key",
 ]

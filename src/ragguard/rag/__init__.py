@@ -21,7 +21,7 @@ from ._presets import (
     register_preset,
 )
 from ._rerank import BatchLimiter, score_of
-from ._tokens import TokenAccounts, count_tokens, token_accounts
+from ._tokens import TokenAccounts, Usage, count_tokens, token_accounts
 
 __all__ = [
     "PRESETS",
@@ -32,6 +32,7 @@ __all__ = [
     "GenerationPreset",
     "RerankPreset",
     "TokenAccounts",
+    "Usage",
     "VectorStorePreset",
     "count_tokens",
     "empty_framework_cache",
