@@ -22,9 +22,10 @@ script runs on the one node that owns the tenant::
 - **Pacing** (shared ``tat``, one EVALSHA per block): a stream's items take their tokens from a
   block this replica took from the tenant's pacing buckets, and an item the block cannot cover
   takes the next block, waiting what the buckets say (``block_s`` of the rate per block, at least
-  the item's tokens, at most the burst). An item is never handed over before its tokens were taken
-  in Redis, so the replicas together never hand over more than the rate allows; a block's unused
-  rest stays with its replica.
+  the item's tokens, at most the burst); the block's other tokens go no sooner. An item is never
+  handed over before its tokens were taken in Redis and their wait is over, so the replicas
+  together never hand over more than the rate allows, give or take the block each replica may
+  hold; a block's unused rest stays with its replica.
 
 When Redis is slow, down, coming back or refusing credentials the ledger follows the rules of the
 shared request quotas (:class:`~ragguard.distributed.RedisLink`, ``docs/distributed.md``): after
@@ -67,6 +68,9 @@ if TYPE_CHECKING:
 __all__ = ["RedisTokens", "shared_tokens", "token_key"]
 
 log = logging.getLogger("ragguard.distributed")
+
+_MAX_BLOCKS = 10_000
+"""Pacing blocks kept at most (per tenant and model); past it the empty ones are forgotten."""
 
 _NOW = """
 local now
@@ -156,12 +160,15 @@ def token_key(tenant: str, bucket: str, key_prefix: str = "ragguard") -> str:
 
 
 class _Block:
-    """Pacing tokens this replica took from an account's shared buckets and has not handed over."""
+    """Pacing tokens this replica took from an account's shared buckets and has not handed over,
+    and when they may be (``ready_at``, the local clock: the wait the buckets gave the block)."""
 
-    __slots__ = ("left",)
+    __slots__ = ("left", "lock", "ready_at")
 
     def __init__(self) -> None:
         self.left = 0
+        self.ready_at = 0.0
+        self.lock = asyncio.Lock()  # one take in flight per account: a replica holds one block
 
 
 class RedisTokens(TokenAccounts):
@@ -372,26 +379,41 @@ class RedisTokens(TokenAccounts):
         key = (account.tenant, account.model)
         block = self._blocks.get(key)
         if block is None:
+            if len(self._blocks) >= _MAX_BLOCKS:
+                self._forget_blocks()
             block = self._blocks[key] = _Block()
-        if block.left >= tokens:
-            block.left -= tokens
-            return 0.0
-        need = tokens - block.left
-        block.left = 0
-        return self._take(account, block, need)
+        if block.left >= tokens and not block.lock.locked():
+            return self._from_block(block, tokens)
+        return self._take(account, block, tokens)
 
-    async def _take(self, account: TokenAccount, block: _Block, need: int) -> float:
-        size = max(need, self._block_size(account))
-        args: list[Any] = [self._now()]
-        for bucket in account.paces:
-            args += [size, repr(bucket.interval_s), repr(bucket.burst_s)]
-        keys = self._keys(account, account.paces)
-        try:
-            wait = float(await self.link.call(self._script(TOKENS_PACE, len(keys)), *keys, *args))
-        except SharedStateUnavailable:
-            return self.local.pace(account, need)
-        block.left += size - need
+    def _from_block(self, block: _Block, tokens: int) -> float:
+        block.left -= tokens
+        wait = block.ready_at - self.clock()
         return wait if wait > _EPSILON_S else 0.0
+
+    async def _take(self, account: TokenAccount, block: _Block, tokens: int) -> float:
+        async with block.lock:
+            if block.left >= tokens:  # the take this one waited for covers it
+                return self._from_block(block, tokens)
+            need = tokens - block.left
+            size = max(need, self._block_size(account))
+            args: list[Any] = [self._now()]
+            for bucket in account.paces:
+                args += [size, repr(bucket.interval_s), repr(bucket.burst_s)]
+            keys = self._keys(account, account.paces)
+            try:
+                wait = float(await self.link.call(self._script(TOKENS_PACE, len(keys)), *keys, *args))
+            except SharedStateUnavailable:
+                return self.local.pace(account, tokens)
+            block.left = size - need
+            ready = self.clock() + wait
+            if ready > block.ready_at:  # the block's rest goes no sooner than this item
+                block.ready_at = ready
+            return wait if wait > _EPSILON_S else 0.0
+
+    def _forget_blocks(self) -> None:
+        for key in [k for k, b in self._blocks.items() if not b.left and not b.lock.locked()]:
+            del self._blocks[key]
 
     def _block_size(self, account: TokenAccount) -> int:
         return max(1, min(min(b.limit, math.ceil(self._block_s / b.interval_s)) for b in account.paces))
