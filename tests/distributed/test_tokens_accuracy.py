@@ -33,7 +33,7 @@ import redis
 from ragguard.distributed import token_key
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _tokens_worker import ESTIMATE, PACE_BURST, PACE_PER_S, QUOTA, WINDOW_S  # noqa: E402
+from _tokens_worker import ESTIMATE, PACE_BURST, PACE_PER_S, QUOTA, WINDOW_S
 
 WORKER = Path(__file__).with_name("_tokens_worker.py")
 PROCESSES, STREAMS, DURATION_S = 3, 10, 4.0
