@@ -32,7 +32,7 @@ from functools import partial
 from typing import Any, cast
 from weakref import WeakKeyDictionary
 
-from anyio import CapacityLimiter, to_thread
+from anyio import CapacityLimiter, WouldBlock, to_thread
 
 from .._compat import running_loop
 from .._context import _scope
@@ -146,7 +146,10 @@ class ThreadCall(Call):
 
     async def _in_thread(self, *args: Any, **kwargs: Any) -> Any:
         job = _Job(self.limiter, _poster())
-        await self.limiter.acquire_on_behalf_of(job)  # waits inside the attempt's timeout
+        try:  # a free thread: no checkpoint (anyio's awaited acquire costs a loop iteration)
+            self.limiter.acquire_on_behalf_of_nowait(job)
+        except WouldBlock:
+            await self.limiter.acquire_on_behalf_of(job)  # waits inside the attempt's timeout
         try:
             result = await to_thread.run_sync(job.run, self.target, args, kwargs, abandon_on_cancel=True)
         except BaseException:
