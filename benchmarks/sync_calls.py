@@ -24,7 +24,6 @@ import sys
 import anyio
 
 import _bench
-import ragguard
 from _bench import Contender
 from ragguard import Guard, Policy, StagePolicy
 
