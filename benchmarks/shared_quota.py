@@ -7,7 +7,7 @@ contender for ``--n`` sequential requests, in turn (the order rotating from roun
 
     bare EVALSHA           await client.evalsha(<sha of "return 1">, 0) on the same client (same
                            connection pool, socket timeout): the floor, one round trip
-    bare, same arguments   the same "return 1" sent with the admission's 5 keys and 2 arguments:
+    bare, same arguments   the same "return 1" sent with the admission's 3 keys and 2 arguments:
                            what the arguments cost (packing in redis-py, parsing in Redis)
     admission script       the admission script alone, awaited (one round trip, the same work in
                            Redis as RedisQuotas does): what is left is RedisQuotas' own Python
@@ -52,7 +52,7 @@ from ragguard import QuotaExceeded, TenantQuota
 from ragguard.chaos import RedisServer
 from ragguard.distributed import LocalLease, RedisQuotas, quota_keys
 from ragguard.distributed._link import Script
-from ragguard.distributed._scripts import QUOTA_ADMIT, QUOTA_SYNC
+from ragguard.distributed._scripts import QUOTA as QUOTA_SCRIPT
 from ragguard.quotas import LocalQuotas
 
 Body = Callable[[], Awaitable[None]]
@@ -70,15 +70,15 @@ async def cost(n: int, rounds: int) -> None:
     with RedisServer() as server:
         client = aredis.Redis(host=server.host, port=server.port, socket_timeout=1.0)
         sha = await client.script_load("return 1")
-        admit, sync = Script(client, QUOTA_ADMIT, 5), Script(client, QUOTA_SYNC, 5)
+        script = Script(client, QUOTA_SCRIPT, 3)
         shared = RedisQuotas(lambda t: QUOTA, client, holder_id="bench")
         leased = RedisQuotas(lambda t: QUOTA, client, holder_id="lease", key_prefix="lease",
                              local_lease=LocalLease(period_s=0.5))
         memory = LocalQuotas(lambda t: QUOTA)
         # the keys and the plan as RedisQuotas sends them (encoded once), the request built per call
-        keys = [k.encode() for k in quota_keys("two", "two")[:5]]
-        script_keys = [k.encode() for k in quota_keys("one", "one")[:5]]
-        plan = b"1000 1000000.0 1000 10.0 1.0"
+        keys = [k.encode() for k in quota_keys("two", "two")[:3]]
+        script_keys = [k.encode() for k in quota_keys("one", "one")[:3]]
+        plan = b"10.0 0.7 0.7 1000 1000000.0 1000"
         ids = iter(range(10**9))
 
         async def bare() -> None:
@@ -86,24 +86,23 @@ async def cost(n: int, rounds: int) -> None:
                 await client.evalsha(sha, 0)
 
         async def bare_args() -> None:
-            previous = ""
+            lease = f"bare:{next(ids)}"
             for _ in range(n):
-                lease = f"bare:{next(ids)}"
-                await client.evalsha(sha, 5, *script_keys, plan, f"- {lease} 0 0{previous}")
-                previous = f" {lease} 0.0"
+                await client.evalsha(sha, 3, *script_keys, plan, f"- {lease} 0.0 2")
 
         async def one_script() -> None:
-            previous = ""
+            # each admission takes over the slot the previous one released (flag 2), as
+            # RedisQuotas does for sequential requests
+            lease = f"one:{next(ids)}"
+            await script(*script_keys, plan, f"- {lease} 0.0 0")
             for _ in range(n):
-                lease = f"one:{next(ids)}"
-                await admit(*script_keys, plan, f"- {lease} 0 0{previous}")
-                previous = f" {lease} 0.0"
+                await script(*script_keys, plan, f"- {lease} 0.0 2")
 
         async def two_scripts() -> None:
             for _ in range(n):
                 lease = f"two:{next(ids)}"
-                await admit(*keys, plan, f"- {lease} 0 0")
-                await sync(*keys, "", "10.0", "renew", 0, f" {lease} 0.0")
+                await script(*keys, plan, f"- {lease} 0.0 0")
+                await script(*keys, plan, f"- - 0 8 {lease} 0")
 
         def quotas(q: Any) -> Body:
             async def body() -> None:

@@ -31,7 +31,7 @@ spaced by its place in the queue, at most ``max_poll_s`` apart; a release on thi
 waiters at once).
 
 When Redis is unreachable, the ``fallback`` :class:`~ragguard.quotas.LocalQuotas` admits. Every
-request Redis admitted also holds a slot there, so the fallback counts the requests still running.
+request Redis admitted that still runs then takes a slot there too, so the fallback counts them.
 When Redis answers again, the replica puts every lease it runs back into Redis (those admitted
 locally too) before it goes back to shared state; a request still waiting in the fallback then is
 decided by Redis. A request admitted locally while Redis answers (after one command timed out) is
@@ -238,6 +238,7 @@ class RedisQuotas:
         self._link = RedisLink(redis, "quotas", timeout_s=redis_timeout_s, probe_every_s=probe_every_s,
                                max_in_flight=max_in_flight, clock=link_clock, probe=probe,
                                restore=self._put_back)
+        self._link.on_degraded.append(self._count_in_fallback)
         self._link.on_restored.append(self._on_restored)
         self._link.on_reconnect.append(self._recount)
         self._queue_ttl_s = 4 * self._max_poll_s + 2 * self._link.timeout_s
@@ -455,10 +456,7 @@ class RedisQuotas:
             else:
                 self.fallback.release(lease)
             return
-        try:
-            held = asyncio.get_running_loop().time() - lease.started
-        except RuntimeError:
-            held = 0.0
+        held = monotonic() - lease.started
         old = self._hold_ewma_s.get(lease.tenant)
         if old is None and len(self._hold_ewma_s) >= 10_000:
             self._hold_ewma_s.clear()
@@ -484,10 +482,11 @@ class RedisQuotas:
 
     def _admitted(self, tenant: str, plan: _Plan, lease_id: str,
                   loop: asyncio.AbstractEventLoop) -> SharedLease:
-        lease = SharedLease(tenant, lease_id, loop.time(), shared=True, counted=plan.counted,
+        lease = SharedLease(tenant, lease_id, monotonic(), shared=True, counted=plan.counted,
                             rated=plan.rated)
         if plan.counted:
-            lease.local = self.fallback.take_slot(tenant)
+            if self._link.degraded:  # the reply came after the switch: the fallback counts it too
+                lease.local = self.fallback.take_slot(tenant)
             running = self._running.get(tenant)
             if running is None:
                 running = self._running[tenant] = {}
@@ -503,10 +502,12 @@ class RedisQuotas:
         except BaseException:
             self._give_back(lease, refund=True)
             raise
-        lease.started = loop.time()
+        lease.started = monotonic()
 
     async def _acquire_local(self, tenant: str, plan: _Plan, give_up: float, by_deadline: bool, *,
                              outage: bool) -> Lease | None:
+        if not outage:
+            self._count_in_fallback()  # (done at the switch during an outage)
         local = self.fallback.admit_now(tenant)
         waited = local is WAIT
         if waited:
@@ -522,7 +523,7 @@ class RedisQuotas:
         return self._local_lease(tenant, plan, local)
 
     def _local_lease(self, tenant: str, plan: _Plan, local: Lease) -> SharedLease:
-        lease = SharedLease(tenant, f"{self.holder_id}:{next(self._ids)}", local.started, shared=False,
+        lease = SharedLease(tenant, f"{self.holder_id}:{next(self._ids)}", monotonic(), shared=False,
                             counted=plan.counted, rated=False, local=local)
         if plan.counted:
             self._running.setdefault(tenant, {})[lease.lease_id] = lease
@@ -704,6 +705,14 @@ class RedisQuotas:
             if not all(done):
                 raise SharedStateUnavailable("quotas: the leases could not be put back")
         # still granting locally after three rounds: those go with the next commands (_on_restored)
+
+    def _count_in_fallback(self) -> None:
+        """Redis is gone: the fallback counts every request Redis admitted that still runs (each
+        takes a slot there), so that this replica never runs more than the limit across the switch."""
+        for tenant, running in self._running.items():
+            for lease in running.values():
+                if lease.shared and lease.local is None:
+                    lease.local = self.fallback.take_slot(tenant)
 
     def _on_restored(self) -> None:
         if self._closed:

@@ -378,18 +378,12 @@ QUOTA = r"""
 -- after delay_s), 'queued <requests ahead>', 'concurrency <requests ahead>' or 'rate <retry_after_s>'.
 -- The common case (one level, a slot and a token free, nobody queued, the release of the last
 -- request taken over) is six commands and one write: TIME, ZCARD of the queue, ZSCORE of 'tat',
--- ZSCORE of the lease taken over, ZCARD of the leases, then one ZADD of the lease and 'tat'.
+-- ZCARD of the leases, ZSCORE of the lease taken over, then one ZADD of the lease and 'tat'.
 -- Rate-only levels record grants (for refunds) that live grant_s; expired leases, grants and
 -- waiters are swept only when they matter. A queued request's place is its arrival on the
 -- server's clock (TIME), whatever 'now' says.
 local lease_s, grant_s, queue_ttl, spec = string.match(ARGV[1], '(%S+) (%S+) (%S+)(.*)')
 lease_s, grant_s, queue_ttl = tonumber(lease_s), tonumber(grant_s), tonumber(queue_ttl)
-local levels = {}
-for maxc, rate, burst in string.gmatch(spec, '(%S+) (%S+) (%S+)') do
-  local k = 3 * #levels
-  levels[#levels + 1] = {L = KEYS[k + 1], Q = KEYS[k + 2], X = KEYS[k + 3], maxc = tonumber(maxc),
-    rate = tonumber(rate), burst = tonumber(burst)}
-end
 local now, id, budget, flags, ops = string.match(ARGV[2], '(%S+) (%S+) (%S+) (%S+)(.*)')
 if now == '-' then
   local t = redis.call('TIME')
@@ -398,6 +392,49 @@ else
   now = tonumber(now)
 end
 budget, flags = tonumber(budget), tonumber(flags)
+
+-- The common case first, with no table and no function: one level, nothing carried, no TTL to
+-- refresh, nobody queued, a slot and a token free, and a key that exists (so it has its TTL). It
+-- writes only when it admits; any other case goes on to the general path below, which decides
+-- the same way.
+do
+  local maxc, rate, burst, more = string.match(spec, ' (%S+) (%S+) (%S+)(.*)')
+  maxc, rate = tonumber(maxc), tonumber(rate)
+  if more == '' and ops == '' and flags < 4 and (maxc == 0 or redis.call('ZCARD', KEYS[2]) == 0) then
+    local L = KEYS[1]
+    local tat = tonumber(redis.call('ZSCORE', L, 'tat'))
+    local room, exists = true, tat ~= nil
+    if maxc > 0 then
+      local held = redis.call('ZCARD', L)
+      exists = held > 0
+      if tat then held = held - 1 end
+      if flags >= 2 and redis.call('ZSCORE', L, id) then held = held - 1 end
+      room = maxc - held > 0
+    end
+    if room and exists then
+      local expiry = now + grant_s
+      if maxc > 0 then expiry = now + lease_s end
+      if rate == 0 then
+        redis.call('ZADD', L, expiry, id)
+        return 'ok 0'
+      end
+      local interval = 1 / rate
+      if not tat or tat < now then tat = now end
+      tat = tat + interval
+      if tat - now - tonumber(burst) * interval <= 1e-9 and tat - now <= lease_s then
+        redis.call('ZADD', L, expiry, id, tat, 'tat')
+        return 'ok 0'
+      end
+    end
+  end
+end
+
+local levels = {}
+for maxc, rate, burst in string.gmatch(spec, '(%S+) (%S+) (%S+)') do
+  local k = 3 * #levels
+  levels[#levels + 1] = {L = KEYS[k + 1], Q = KEYS[k + 2], X = KEYS[k + 3], maxc = tonumber(maxc),
+    rate = tonumber(rate), burst = tonumber(burst)}
+end
 
 local function tat_of(lv)  -- read once; false when there is none
   if lv.tat == nil then lv.tat = tonumber(redis.call('ZSCORE', lv.L, 'tat')) or false end
@@ -408,7 +445,7 @@ local function extend(key, ms)  -- lengthen a key's TTL to ms, never shorten it
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end
 
-for lid, op in string.gmatch(ops, '(%S+) (%S+)') do
+for lid, op in string.gmatch(ops, '(%S+) (%S+)') do  -- what the replica owes Redis
   if op == '+' then
     for _, lv in ipairs(levels) do
       if lv.maxc > 0 then redis.call('ZADD', lv.L, now + lease_s, lid) end
