@@ -252,6 +252,20 @@ class Guard:
 
     # -- requests ---------------------------------------------------------------------------------
 
+    async def start(self, *, strict: bool = False) -> Guard:
+        """Check Redis now for the shared quotas and the shared breakers built so far (each runs
+        its health probe; see docs/distributed.md); returns self. A no-op without ``redis``.
+
+        Redis unreachable: they start on local state and keep probing. Redis refusing the
+        configuration (a wrong password, a missing ACL permission, an untrusted TLS certificate):
+        logged at ERROR, then the same, or with ``strict=True`` :class:`ConfigError` naming the
+        cause (never the secret)."""
+        for component in (self.quotas, *self.breakers().values()):
+            start = getattr(component, "start", None)
+            if start is not None and getattr(component, "shared", None) is not None:
+                await start(strict=strict)
+        return self
+
     async def aclose(self) -> None:
         """Stop the background work of shared (Redis) breakers and quotas; a no-op otherwise."""
         closers, self._closers = self._closers, []

@@ -248,3 +248,73 @@ async def test_a_cancelled_admission_refunds_its_rate_token(
         await other.aclose()
         await slow.aclose()
         await direct.aclose()
+
+
+async def test_leases_lost_in_a_restart_are_counted_again_without_an_outage(redis_server: Any) -> None:
+    """Redis restarts (its data lost) while a replica runs calls and sends nothing: its link never
+    degrades, and still its calls hold their slots in Redis again within one renewal (lease_s / 3),
+    so another replica cannot admit on their behalf for long."""
+    quota = TenantQuota(max_concurrency=4)
+    a_client = make_client(redis_server.host, redis_server.port)
+    q = RedisQuotas(lambda t: quota, a_client, lease_s=1.5, holder_id="a")
+    b_client = make_client(redis_server.host, redis_server.port)
+    other = RedisQuotas(lambda t: quota, b_client, holder_id="b")
+    try:
+        running = [await q.acquire("acme") for _ in range(3)]
+        redis_server.restart()
+        assert q.shared  # nothing was sent meanwhile: no outage seen
+        left: list[int] = []
+
+        async def count() -> None:
+            left.append(await leases_in(b_client, quota_keys("acme")[0]))
+
+        assert await until(lambda: left[-1] == 3, 2.0, count) < 2.0  # put back by the renewal
+        from_other = [await admitted(other) for _ in range(4)]
+        assert sum(lease is not None for lease in from_other) == 1  # 3 + 1 = max_concurrency
+        for lease in running:
+            q.release(lease)
+    finally:
+        await q.aclose()
+        await other.aclose()
+        await a_client.aclose()
+        await b_client.aclose()
+
+
+async def test_a_request_waiting_in_the_fallback_when_redis_returns_is_decided_by_redis(
+    redis_server: Any, fault_proxy: Any
+) -> None:
+    """Issue 21 item 6: a request queued in the fallback during the outage and granted after the
+    restore used to run as a local lease Redis never counted; now Redis decides it."""
+    proxy = fault_proxy(redis_server)
+    client = make_client(proxy.host, proxy.port)
+    direct = make_client(redis_server.host, redis_server.port)
+    quota = TenantQuota(max_concurrency=2, max_wait_s=5.0)
+    q = RedisQuotas(lambda t: quota, client, probe_every_s=0.2, holder_id="q")
+    other = RedisQuotas(lambda t: TenantQuota(max_concurrency=2), direct, holder_id="other")
+    waiter: asyncio.Task[Any] | None = None
+    try:
+        proxy.stop()
+        local = [await q.acquire("acme") for _ in range(2)]  # the fallback's two slots
+        assert not q.shared
+        waiter = asyncio.create_task(q.acquire("acme"))  # queued in the fallback
+        await asyncio.sleep(0.05)
+        proxy.restart()
+        assert await until(lambda: q.shared, 3.0) < 3.0
+        assert await leases_in(direct, quota_keys("acme")[0]) == 2  # the two local leases went in first
+        with pytest.raises(QuotaExceeded):
+            await other.acquire("acme")  # 2 of 2: nobody admits on their behalf
+        q.release(local[0])  # the fallback hands its slot to the waiter, after the restore
+        got = await asyncio.wait_for(waiter, 3.0)
+        assert got.shared  # Redis admitted it (the old code ran it as a local lease)
+        assert await leases_in(direct, quota_keys("acme")[0]) == 2
+        with pytest.raises(QuotaExceeded):
+            await other.acquire("acme")
+        q.release(got)
+        q.release(local[1])
+    finally:
+        if waiter is not None and not waiter.done():
+            waiter.cancel()
+        await q.aclose()
+        await other.aclose()
+        await client.aclose()
+        await direct.aclose()

@@ -17,7 +17,7 @@ from ._borrow import LocalLease
 from ._breaker import SharedCircuitBreaker, breaker_keys, encode_key_part
 from ._events import SharedStateDegraded, SharedStateRestored
 from ._link import RedisLink
-from ._quotas import RedisQuotas, SharedLease, quota_keys
+from ._quotas import RedisQuotas, SharedLease, pool_keys, quota_keys
 
 __all__ = [
     "LocalLease",
@@ -29,5 +29,6 @@ __all__ = [
     "SharedStateRestored",
     "breaker_keys",
     "encode_key_part",
+    "pool_keys",
     "quota_keys",
 ]
