@@ -59,6 +59,7 @@ __all__ = [
     "SharedStateUnavailable",
     "config_problem",
     "is_pool_exhausted",
+    "mask_url",
 ]
 
 log = logging.getLogger("ragguard.distributed")
@@ -131,6 +132,22 @@ def config_problem(exc: BaseException, secrets: Iterable[str] = ()) -> str | Non
         if secret:
             problem = problem.replace(secret, "***")
     return problem[:500]
+
+
+_URL_PASSWORD = re.compile(r"(//[^/?#@:]*:)([^/?#]*)@")
+_QUERY_SECRET = re.compile(r"([?&](?:password|pass|pwd)=)([^&#]*)", re.IGNORECASE)
+
+
+def mask_url(url: str, text: str | None = None) -> str:
+    """``url`` with its password masked (``redis://user:***@host:6379/0``; a ``password=`` of the
+    query too), for printing and logging; works on malformed URLs as well. With ``text``: that
+    text (an error message about the URL, say) with the URL's passwords masked instead."""
+    if text is None:
+        return _QUERY_SECRET.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
+    for match in (*_URL_PASSWORD.finditer(url), *_QUERY_SECRET.finditer(url)):
+        if match.group(2):
+            text = text.replace(match.group(2), "***")
+    return text
 
 
 def client_secrets(redis: Any) -> tuple[str, ...]:
