@@ -15,7 +15,7 @@ import pytest
 from distributed_helpers import PATIENT, PATIENT_S, leases_in, make_client
 
 from ragguard import FakeClock, Guard, Policy, PoolQuota, QuotaExceeded, TenantQuota
-from ragguard.distributed import RedisQuotas, pool_keys
+from ragguard.distributed import LocalLease, RedisQuotas, SharedLease, pool_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -53,6 +53,8 @@ async def test_rotating_ids_across_replicas_share_one_default_quota(client: Any)
         async with stack:
             assert admitted == ["evil0", "evil1", "acme", "acme", "acme"]  # not 60; acme keeps its 3
             assert await leases_in(client, pool_keys()[0]) == 2
+            # the default pool covers the default quota: the pool alone is sent, no key per id
+            assert await client.keys(pool_keys(tenant="*")[0]) == []
         for g in guards:
             await g.quotas._flush_all()
         assert await leases_in(client, pool_keys()[0]) == 0
@@ -170,5 +172,21 @@ async def test_a_cancelled_admission_refunds_the_rate_of_the_tenant_and_the_pool
         lease = await q.acquire("c")  # the pool's refunded token is there again: no wait
         assert loop.time() - t0 < 0.3
         q.release(lease)
+    finally:
+        await q.aclose()
+
+
+async def test_local_lease_mode_never_covers_a_tenant_in_the_pool(client: Any) -> None:
+    policy = Policy(tenants={"acme": TenantQuota(max_concurrency=5)}, default_quota=TenantQuota(max_concurrency=1))
+    q = RedisQuotas(policy.quota, client, local_lease=LocalLease(period_s=0.2), redis_timeout_s=PATIENT_S)
+    try:
+        first = await q.acquire("guest1")
+        with pytest.raises(QuotaExceeded):
+            await q.acquire("guest2")  # the exact path: the pool's one slot is taken
+        assert isinstance(first, SharedLease) and first.shared
+        q.release(first)
+        borrowed = await q.acquire("acme")  # a listed tenant borrows its share
+        assert not isinstance(borrowed, SharedLease)
+        q.release(borrowed)
     finally:
         await q.aclose()

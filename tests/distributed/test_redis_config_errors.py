@@ -154,6 +154,10 @@ async def test_a_shared_breaker_reports_the_same_causes(acl_server: RedisServer,
             await b.start(strict=True)
         assert not b.shared
         b.on_result(b.acquire(), 0.01, None)  # its wrapped breaker decides meanwhile
+        later = SharedCircuitBreaker(CircuitBreaker("rerank"), client, redis_timeout_s=0.5)
+        later.on_result(later.acquire(), 0.01, None)  # built later, never started: its first use
+        assert await until(lambda: any("breaker:rerank" in m for m in problems(caplog)), 3.0) < 3.0
+        await later.aclose()
     finally:
         await b.aclose()
         await client.aclose()

@@ -466,6 +466,7 @@ def _guarded_service(
     policy = demo_policy(
         open_for_s=max(1.0, duration / 20),
         tenant_timeout_s=2.0,
+        known=options.tenants,  # the well-behaved tenants: each keeps its own default quota
         greedy={
             options.greedy_tenant: TenantQuota(
                 max_concurrency=4, rate_per_s=greedy_rate * 0.6, burst=max(1, math.ceil(greedy_rate * 0.2)),
