@@ -177,7 +177,8 @@ async def test_a_cancelled_admission_refunds_the_rate_of_the_tenant_and_the_pool
 
 
 async def test_local_lease_mode_never_covers_a_tenant_in_the_pool(client: Any) -> None:
-    policy = Policy(tenants={"acme": TenantQuota(max_concurrency=5)}, default_quota=TenantQuota(max_concurrency=1))
+    policy = Policy(tenants={"acme": TenantQuota(max_concurrency=5)},
+                    default_quota=TenantQuota(max_concurrency=1))
     q = RedisQuotas(policy.quota, client, local_lease=LocalLease(period_s=0.2), redis_timeout_s=PATIENT_S)
     try:
         first = await q.acquire("guest1")

@@ -106,7 +106,8 @@ def demo_policy(
         ),
     }
     base = default_quota or TenantQuota(max_concurrency=8, timeout_s=tenant_timeout_s)
-    return Policy(stages=stages, tenants={**{t: base for t in known}, **dict(greedy or {})}, default_quota=base)
+    tenants = {**{t: base for t in known}, **dict(greedy or {})}
+    return Policy(stages=stages, tenants=tenants, default_quota=base)
 
 
 class GuardedPipeline:
