@@ -1,7 +1,7 @@
 """Tenants not named in the policy share one aggregate bound (``Policy.unlisted_pool``): rotating
 tenant ids cannot multiply the default quota, and the listed tenants are never counted in it.
 
-In memory here (``LocalQuotas``, through ``Guard.tenant``); tests/distributed/test_quota_pool.py
+In memory here (``LocalQuotas``, through ``Guard.tenant``); tests/distributed/test_shared_quota_pool.py
 holds the same promises across replicas sharing Redis.
 """
 

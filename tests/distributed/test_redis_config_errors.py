@@ -229,3 +229,21 @@ async def test_a_trusted_tls_certificate_serves_the_shared_quota(tls_server: tup
     finally:
         await q.aclose()
         await client.aclose()
+
+
+async def test_a_read_only_replica_is_an_error_naming_the_cause(redis_server: Any, seen: list[Any],
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    with RedisServer(extra_args=["--replicaof", redis_server.host, str(redis_server.port)]) as replica:
+        client = make_client(replica.host, replica.port)
+        q = RedisQuotas(lambda t: QUOTA, client, probe_every_s=0.1)
+        try:
+            with pytest.raises(ConfigError, match="read-only replica"):
+                await q.start(strict=True)
+            lease = await q.acquire("acme")
+            assert lease is not None and not lease.shared  # type: ignore[attr-defined]
+            q.release(lease)
+            assert await settle(seen, 0.6) == (1, 0)  # the probe writes too: no flapping
+            assert len(problems(caplog)) == 1 and "READONLY" in problems(caplog)[0]
+        finally:
+            await q.aclose()
+            await client.aclose()

@@ -11,8 +11,8 @@ run) and, once it answers, the component's ``restore`` step (the quotas put back
 run), then the link emits :class:`SharedStateRestored` and the component goes back to Redis.
 
 Configuration is not an outage. A refused password or user (``WRONGPASS``, ``NOAUTH``), a missing
-ACL permission (``NOPERM``, or a command the probe finds denied) and a TLS failure (an untrusted or
-mismatched certificate, a failed handshake) switch the component to local state at once and log
+ACL permission (``NOPERM``, or a command the probe finds denied), a read-only replica (``READONLY``)
+and a TLS failure (an untrusted or mismatched certificate, a failed handshake) switch the component to local state at once and log
 one ERROR naming the cause (never a secret: the client's password is masked from every message);
 the probe keeps checking, so a fixed ACL is picked up, and it never flaps: it passes only when
 every command would. :meth:`RedisLink.check` (``start(strict=True)`` of the components) raises
@@ -40,6 +40,7 @@ from redis.exceptions import (
     AuthenticationWrongNumberOfArgsError,
     NoPermissionError,
     NoScriptError,
+    ReadOnlyError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -113,6 +114,8 @@ def config_problem(exc: BaseException, secrets: Iterable[str] = ()) -> str | Non
             problem = f"authentication failed: Redis refused the username or password ({err})"
         elif isinstance(err, NoPermissionError):
             problem = f"permission denied: the ACL user may not run what ragguard needs (NOPERM {err})"
+        elif isinstance(err, ReadOnlyError):
+            problem = f"Redis is a read-only replica: point ragguard at the primary (READONLY {err})"
         elif isinstance(err, ssl.SSLCertVerificationError):
             problem = (f"TLS: the server's certificate is not trusted "
                        f"({err.verify_message or err.reason or err})")

@@ -586,8 +586,11 @@ return 'ok ' .. string.format('%.17g', delay)
 
 PROBE = r"""
 -- The health probe: returns the commands of ARGV (each 'NAME arg ...', '$k' standing for KEYS[1],
--- a key of the component's own hash tag) that the ACL user may not run, '' when it may run them
--- all (redis.acl_check_cmd, Redis >= 7; an older server checks the script and the key only).
+-- a key of the component's own hash tag, which no component uses) that the ACL user may not run,
+-- '' when it may run them all (redis.acl_check_cmd, Redis >= 7; an older server checks the script
+-- and the key only). It also writes, harmlessly (a TTL on a key that does not exist), so that a
+-- read-only replica fails it as it fails the scripts.
+redis.call('PEXPIRE', KEYS[1], 1)
 local denied = {}
 if redis.acl_check_cmd then
   for i = 1, #ARGV do
