@@ -12,8 +12,9 @@ run), then the link emits :class:`SharedStateRestored` and the component goes ba
 
 Configuration is not an outage. A refused password or user (``WRONGPASS``, ``NOAUTH``), a missing
 ACL permission (``NOPERM``, or a command the probe finds denied), a read-only replica (``READONLY``)
-and a TLS failure (an untrusted or mismatched certificate, a failed handshake) switch the component to local state at once and log
-one ERROR naming the cause (never a secret: the client's password is masked from every message);
+and a TLS failure (an untrusted or mismatched certificate, a failed handshake) switch the
+component to local state at once and log one ERROR naming the cause (never a secret: the client's
+password is masked from every message);
 the probe keeps checking, so a fixed ACL is picked up, and it never flaps: it passes only when
 every command would. :meth:`RedisLink.check` (``start(strict=True)`` of the components) raises
 :class:`~ragguard.ConfigError` for such a cause instead.
