@@ -20,6 +20,7 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 from . import _inject
 from . import metrics as _metrics
 from ._clock import Clock, monotonic, sleep_of
+from ._context import DEFAULT_TENANT
 from ._errors import ConfigError
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
@@ -106,6 +107,7 @@ class Guard:
         )
         self.per_call_quota = not (
             self.policy.default_quota.max_concurrency is None and self.policy.default_quota.rate_per_s is None
+            and self.policy.pool(DEFAULT_TENANT) is None  # calls outside a request count in the pool too
         )
         self._stages: dict[str, Stage] = {}
         self._closers: list[Callable[[], Awaitable[Any]]] = []

@@ -180,3 +180,26 @@ def test_the_default_pool_is_the_default_quota() -> None:
     assert policy.pool("x") is policy.pool("y")  # one pool for all of them
     assert policy.pool("acme") is None
     assert Policy().pool("x") is None  # nothing limited: nothing to share
+
+
+async def test_calls_outside_a_request_count_in_the_pool_too() -> None:
+    """A guarded call made outside any ``tenant(...)`` block is a request of the default tenant, an
+    unlisted one: it shares the pool, even when the default quota itself limits nothing."""
+    g = Guard(Policy(unlisted_pool=PoolQuota(max_concurrency=1)))
+    inside = anyio.Event()
+    leave = anyio.Event()
+
+    @g.guard("search")
+    async def search() -> str:
+        inside.set()
+        await leave.wait()
+        return "hits"
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(search)
+        await inside.wait()
+        with pytest.raises(QuotaExceeded):
+            async with g.tenant("guest"):
+                pass
+        leave.set()
+    assert g.quotas.pool_in_flight() == 0

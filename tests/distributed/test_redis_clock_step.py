@@ -53,7 +53,8 @@ async def test_a_step_of_the_redis_clock_moves_open_until_for_every_replica(clie
         for breaker, token in zip((a, b), tokens, strict=True):
             breaker.on_result(token, 0.01, ConnectionRefusedError("still down"))  # the trials fail
         await a.refresh()
-        await b.refresh()
+        await b.refresh()  # the second result decides ...
+        await a.refresh()  # ... and a reads the decision
         assert a.state is BreakerState.OPEN and b.state is BreakerState.OPEN  # reopened for 60 s ...
         redis_clock.now -= 3600  # ... and steps back an hour: open an hour longer, for both
         await a.refresh()

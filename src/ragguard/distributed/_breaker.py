@@ -302,8 +302,9 @@ class SharedCircuitBreaker:
         self.replica_id = f"{os.getpid():x}-{random.SystemRandom().getrandbits(40):010x}"
         self.keys = breaker_keys(name, key_prefix)
         self._seq_key = f"{self.keys[0].rsplit(':', 1)[0]}:seq:{self.replica_id}"
-        probe = Probe(redis, self.keys[0], (BREAKER_REPORT, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE,
-                                            BREAKER_SET_STATE))
+        # the probe's key: one of the breaker's hash tag that no script uses (the probe writes to it)
+        probe = Probe(redis, f"{self.keys[0].rsplit(':', 1)[0]}:probe",
+                      (BREAKER_REPORT, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE, BREAKER_SET_STATE))
         self._link = RedisLink(redis, f"breaker:{name}", timeout_s=timeout_s,
                                probe_every_s=probe_every_s, clock=link_clock, probe=probe)
         self._link.on_degraded.append(self._go_local)
