@@ -445,8 +445,10 @@ local function extend(key, ms)  -- lengthen a key's TTL to ms, never shorten it
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end
 
+local put = false  -- leases put (back): the sets they went into get their TTL refreshed
 for lid, op in string.gmatch(ops, '(%S+) (%S+)') do  -- what the replica owes Redis
   if op == '+' then
+    put = true
     for _, lv in ipairs(levels) do
       if lv.maxc > 0 then redis.call('ZADD', lv.L, now + lease_s, lid) end
     end
@@ -463,14 +465,12 @@ for lid, op in string.gmatch(ops, '(%S+) (%S+)') do  -- what the replica owes Re
   end
 end
 
-if flags >= 8 then
-  if flags % 8 >= 4 then
-    for _, lv in ipairs(levels) do
-      if lv.maxc > 0 then extend(lv.L, math.ceil(lease_s * 2000)) end
-    end
+if put or (flags >= 8 and flags % 8 >= 4) then  -- the sets outlive the leases put in them
+  for _, lv in ipairs(levels) do
+    if lv.maxc > 0 then extend(lv.L, math.ceil(lease_s * 2000)) end
   end
-  return 'ok 0'
 end
+if flags >= 8 then return 'ok 0' end
 local may_queue, reuse, refresh = flags % 2 == 1, flags % 4 >= 2, flags % 8 >= 4
 
 local function held_in(lv)  -- leases in the set, less 'tat' and the lease this request takes over
