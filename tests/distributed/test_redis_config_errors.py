@@ -247,3 +247,24 @@ async def test_a_read_only_replica_is_an_error_naming_the_cause(redis_server: An
         finally:
             await q.aclose()
             await client.aclose()
+
+
+async def test_doctor_says_redis_refused_the_configuration_not_that_it_was_unreachable(
+    acl_server: RedisServer, tmp_path: Path
+) -> None:
+    from ragguard.monitors import EventRecorder, diagnose, load_records
+
+    path = tmp_path / "events.jsonl"
+    client = acl_client(acl_server, "ragguard", password="not-it")
+    q = RedisQuotas(lambda t: QUOTA, client, probe_every_s=0.2)
+    try:
+        with EventRecorder(path=path):
+            await q.start()
+            assert not q.shared
+            await asyncio.sleep(0.01)  # listeners get the bus's events when the loop runs them
+    finally:
+        await q.aclose()
+        await client.aclose()
+    (f,) = [f for f in diagnose(load_records(path)).findings if f.kind == "shared_state"]
+    assert f.summary.startswith("shared state: Redis refused ragguard's configuration"), f.summary
+    assert "unreachable" not in f.summary
