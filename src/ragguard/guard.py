@@ -20,6 +20,7 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 from . import _inject
 from . import metrics as _metrics
 from ._clock import Clock, monotonic, sleep_of
+from ._context import DEFAULT_TENANT
 from ._errors import ConfigError
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
@@ -108,6 +109,7 @@ class Guard:
         )
         self.per_call_quota = not (
             self.policy.default_quota.max_concurrency is None and self.policy.default_quota.rate_per_s is None
+            and self.policy.pool(DEFAULT_TENANT) is None  # calls outside a request count in the pool too
         )
         self._stages: dict[str, Stage] = {}
         self._closers: list[Callable[[], Awaitable[Any]]] = []
@@ -233,6 +235,23 @@ class Guard:
         return self._chaos if self._chaos is not None else _inject.active
 
     # -- requests ---------------------------------------------------------------------------------
+
+    async def start(self, *, strict: bool = False) -> Guard:
+        """Check Redis now for the shared quotas, the shared breakers and token accounts built so
+        far (each runs its health probe; see docs/distributed.md); returns self. A no-op without
+        ``redis``.
+
+        Redis unreachable: they start on local state and keep probing. Redis refusing the
+        configuration (a wrong password, a missing ACL permission, an untrusted TLS certificate):
+        logged at ERROR, then the same, or with ``strict=True`` :class:`ConfigError` naming the
+        cause (never the secret)."""
+        from .rag._tokens import built_accounts
+
+        for component in (self.quotas, *self.breakers().values(), built_accounts(self)):
+            start = getattr(component, "start", None)
+            if start is not None and getattr(component, "shared", None) is not None:
+                await start(strict=strict)
+        return self
 
     async def aclose(self) -> None:
         """Stop the background work of shared (Redis) breakers and quotas; a no-op otherwise."""

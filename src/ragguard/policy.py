@@ -19,6 +19,7 @@ Options mirror resilience4j's names in snake_case with units (``open_for_s`` is 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import tomllib
@@ -27,7 +28,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from . import _model_errors, _validate
 from ._errors import ConfigError
@@ -44,6 +53,7 @@ __all__ = [
     "GenerationPolicy",
     "HedgePolicy",
     "Policy",
+    "PoolQuota",
     "RetryPolicy",
     "StagePolicy",
     "TenantQuota",
@@ -196,6 +206,44 @@ class TenantQuota(_Model):
     @property
     def unlimited(self) -> bool:
         return self.max_concurrency is None and self.rate_per_s is None and self.timeout_s is None
+
+
+class PoolQuota(_Model):
+    """A bound that a group of tenants share together (None means unlimited): the tenants not
+    named in :attr:`Policy.tenants` share one (:attr:`Policy.unlisted_pool`).
+
+    - ``max_concurrency``: requests of the whole group in flight at once, >= 1.
+    - ``rate_per_s``: requests of the whole group admitted per second (GCRA), > 0.
+    - ``burst``: requests admitted back to back above the rate, >= 1 (default: ceil(rate_per_s)).
+
+    Each request of a member counts against its own :class:`TenantQuota` and against the pool: it
+    is admitted only when both have a slot and a token (waiting, first come first served, up to
+    the tenant's ``max_wait_s``).
+    """
+
+    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
+    rate_per_s: float | None = Field(default=None, gt=0, le=1e9)
+    burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
+
+    @property
+    def unlimited(self) -> bool:
+        return self.max_concurrency is None and self.rate_per_s is None
+
+    def covers(self, quota: TenantQuota) -> bool:
+        """True when this pool is at least as strict as ``quota`` in concurrency, rate and burst:
+        then a member's own quota can never refuse what the pool admits (one check suffices)."""
+        if quota.max_concurrency is not None and (
+            self.max_concurrency is None or self.max_concurrency > quota.max_concurrency
+        ):
+            return False
+        if quota.rate_per_s is None:
+            return True
+        return (self.rate_per_s is not None and self.rate_per_s <= quota.rate_per_s
+                and _burst(self.burst, self.rate_per_s) <= _burst(quota.burst, quota.rate_per_s))
+
+
+def _burst(burst: int | None, rate: float) -> int:
+    return burst if burst is not None else max(1, math.ceil(rate))
 
 
 class BreakerPolicy(_Model):
@@ -595,12 +643,35 @@ class Policy(_Model):
       the fields you set override the standard values and the rest keep them. Stages not listed use
       ``default_stage``.
     - ``tenants``: tenant id -> TenantQuota; tenants not listed get ``default_quota`` each.
+    - ``unlisted_pool``: the bound the tenants not listed share all together (a
+      :class:`PoolQuota`), so that new tenant ids cannot multiply ``default_quota``. None (the
+      default): ``default_quota``'s concurrency, rate and burst, i.e. all of them together get
+      what one of them gets, like one anonymous tenant. ``{}`` (no limit) gives each its own
+      ``default_quota`` with no bound on the sum: only when every tenant id is authenticated.
+      Listed tenants are never counted in it.
     """
 
     stages: dict[str, StagePolicy] = Field(default_factory=_standard_stages)
     default_stage: StagePolicy = StagePolicy(breaker=BreakerPolicy(kind="generic"))
     tenants: dict[str, TenantQuota] = Field(default_factory=dict)
     default_quota: TenantQuota = TenantQuota()
+    unlisted_pool: PoolQuota | None = None
+    _pool: tuple[Any, PoolQuota | None] = PrivateAttr(default=(None, None))
+
+    @model_validator(mode="after")
+    def _set_pool(self) -> Policy:
+        self._pool = self._derive_pool()
+        return self
+
+    def _derive_pool(self) -> tuple[Any, PoolQuota | None]:
+        """``(what it was derived from, the pool or None)``: one object for every unlisted tenant,
+        so backends tell a changed pool by identity."""
+        given = self.unlisted_pool
+        if given is not None:
+            return given, None if given.unlimited else given
+        q = self.default_quota
+        derived = PoolQuota(max_concurrency=q.max_concurrency, rate_per_s=q.rate_per_s, burst=q.burst)
+        return q, None if derived.unlimited else derived
 
     @model_validator(mode="after")
     def _fill_standard(self) -> Policy:
@@ -631,6 +702,19 @@ class Policy(_Model):
     def stage(self, name: str) -> StagePolicy:
         """The policy of stage ``name`` (``default_stage`` when not listed)."""
         return self.stages.get(name, self.default_stage)
+
+    def pool(self, tenant_id: str) -> PoolQuota | None:
+        """The aggregate bound ``tenant_id`` shares with the other tenants not listed (see
+        ``unlisted_pool``); None for a listed tenant, or when the pool limits nothing."""
+        try:
+            if tenant_id in self.tenants:
+                return None
+        except TypeError:  # an unhashable id: not a tenant; the tenant context rejects it by name
+            return None
+        source, pool = self._pool
+        if source is not (self.unlisted_pool if self.unlisted_pool is not None else self.default_quota):
+            source, pool = self._pool = self._derive_pool()  # after model_copy(update=...)
+        return pool
 
     def quota(self, tenant_id: str) -> TenantQuota:
         """The quota of ``tenant_id`` (``default_quota`` when not listed)."""

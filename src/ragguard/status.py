@@ -104,8 +104,10 @@ def overload(guard: Guard) -> dict[str, Any]:
 def quotas(guard: Guard) -> dict[str, Any]:
     """The ``quotas`` part of :func:`snapshot`: the configured tenants one by one, the rest added up."""
     backend = guard.quotas
-    local = getattr(backend, "fallback", backend)  # a RedisQuotas mirrors its leases there
-    in_flight = getattr(local, "in_flight", None)
+    # a RedisQuotas counts this replica's requests itself; the ones waiting are queued in Redis
+    # (None: not told) or, during an outage, in its local fallback
+    local = getattr(backend, "fallback", backend)
+    in_flight = getattr(backend, "in_flight", None)
     waiting = getattr(local, "waiting", None)
     tenants: dict[str, Any] = {}
     named_in_flight = named_waiting = 0
@@ -120,7 +122,7 @@ def quotas(guard: Guard) -> dict[str, Any]:
             "max_concurrency": quota.max_concurrency,
             "rate_per_s": quota.rate_per_s,
         }
-    total = getattr(local, "total_in_flight", None)
+    total = getattr(backend, "total_in_flight", None)
     total_waiting = getattr(local, "total_waiting", None)
     others = {
         "in_flight": max(0, int(total()) - named_in_flight) if callable(total) else None,

@@ -18,6 +18,7 @@ from distributed_helpers import PATIENT_S, make_client, until
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ragguard import (
+    ConfigError,
     FakeClock,
     Guard,
     Policy,
@@ -346,3 +347,32 @@ async def test_token_buckets_run_on_a_cluster_under_one_hash_tag(redis_cluster_s
             await g.aclose()
         for c in clients:
             await c.aclose()
+
+
+async def test_start_strict_names_refused_credentials_and_a_good_client_starts_shared(redis_server: Any) -> None:
+    bad = make_client(redis_server.host, redis_server.port, password="s3cret-pw", username="nobody")
+    good = make_client(redis_server.host, redis_server.port, socket_timeout=PATIENT_S)
+    try:
+        for client_, strict_fails in ((bad, True), (good, False)):
+            g = Guard(policy(token_quota=100), redis=client_, redis_options=PATIENT)
+
+            @g.guard("answer")
+            async def answer() -> AsyncIterator[str]:
+                yield "abcd"
+
+            ledger: RedisTokens = token_accounts(g)  # type: ignore[assignment]
+            if strict_fails:
+                with pytest.raises(ConfigError, match="tokens: authentication failed") as info:
+                    await ledger.start(strict=True)
+                assert "s3cret-pw" not in str(info.value)
+                assert ledger.link.degraded
+                ledger.link.degraded = False
+                await g.start()  # not strict: the Guard starts its token accounts too, on local state
+                assert ledger.link.degraded
+            else:
+                await g.start(strict=True)
+                assert not ledger.link.degraded
+            await g.aclose()
+    finally:
+        await bad.aclose()
+        await good.aclose()

@@ -321,10 +321,6 @@ async def test_a_verified_token_resolver(kind: str) -> None:
     assert claimed.body["tenant"] == "default"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the aggregate bound for tenants not named in the policy (branch i21r, quotas/)",
-)
 @pytest.mark.parametrize("kind", DOORS)
 async def test_rotating_tenant_ids_cannot_multiply_the_default_quota(kind: str) -> None:
     # 50 ids where each unnamed tenant gets 2 slots: together they must stay within the one

@@ -118,11 +118,8 @@ class DemoOptions:
             raise ConfigError("tenants must name at least one well-behaved tenant")
         if self.greedy_tenant in self.tenants:
             raise ConfigError(f"greedy_tenant {self.greedy_tenant!r} is also listed in tenants")
-        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(
-                f"redis_url must be a redis://, rediss:// or unix:// URL, got {reprlib.repr(self.redis_url)}",
-                field="redis_url",
-            )
+        if self.redis_url is not None:
+            _check_redis_url(self.redis_url)
 
     @property
     def run_duration_s(self) -> float:
@@ -355,6 +352,24 @@ def _port(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
+def _check_redis_url(url: object) -> None:
+    """Refuse a ``--redis`` value that is no Redis URL, naming it with its password masked."""
+    from ragguard.distributed import mask_url
+
+    shown = reprlib.repr(mask_url(url)) if isinstance(url, str) else reprlib.repr(url)
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"redis_url must be a redis://, rediss:// or unix:// URL, got {shown}",
+                          field="redis_url")
+    from redis.asyncio.connection import parse_url
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        reason = reprlib.repr(mask_url(url, str(exc)))
+        raise ConfigError(f"redis_url is not a valid Redis URL ({reason}): got {shown}",
+                          field="redis_url") from None
+
+
 def _redis_client(url: str | None) -> Any:
     """A redis.asyncio client for ``--redis``: short timeouts and no retries of its own (ragguard
     falls back to local state when Redis is slow or down)."""
@@ -471,6 +486,7 @@ def _guarded_service(
     policy = demo_policy(
         open_for_s=max(1.0, duration / 20),
         tenant_timeout_s=2.0,
+        known=options.tenants,  # the well-behaved tenants: each keeps its own default quota
         greedy={
             options.greedy_tenant: TenantQuota(
                 max_concurrency=4, rate_per_s=greedy_rate * 0.6, burst=max(1, math.ceil(greedy_rate * 0.2)),
@@ -541,5 +557,7 @@ def _options_dict(options: DemoOptions, duration: float, scenario: Scenario) -> 
     out["scenario"] = str(options.scenario) if options.scenario else f"ragguard.chaos: {scenario.name}"
     out["out_dir"] = None if options.out_dir is None else str(options.out_dir)
     out["tenants"] = list(options.tenants)
-    out["redis_url"] = None if options.redis_url is None else "(set)"
+    from ragguard.distributed import mask_url
+
+    out["redis_url"] = None if options.redis_url is None else mask_url(options.redis_url)
     return out

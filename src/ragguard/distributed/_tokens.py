@@ -29,9 +29,12 @@ script runs on the one node that owns the tenant::
 
 When Redis is slow, down, coming back or refusing credentials the ledger follows the rules of the
 shared request quotas (:class:`~ragguard.distributed.RedisLink`, ``docs/distributed.md``): after
-two failed commands in a row it decides on the replica's own :class:`~ragguard.rag.TokenAccounts`
-(each replica then allows a tenant's whole token limits), logs once, emits ``SharedStateDegraded
-("tokens")``, and goes back to Redis when a PING answers; no stream fails because of it.
+two failed commands in a row (at once for a refused password, ACL permission or TLS certificate)
+it decides on the replica's own :class:`~ragguard.rag.TokenAccounts` (each replica then allows a
+tenant's whole token limits), logs once, emits ``SharedStateDegraded("tokens")``, and goes back to
+Redis when its health probe passes (the scripts load and the ACL user may run every command they
+run); no stream fails because of it. ``start(strict=True)`` raises ConfigError for a refused
+configuration instead.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ from ..rag._tokens import (
     shares,
 )
 from ._breaker import encode_key_part
-from ._link import RedisLink, Script, SharedStateUnavailable
+from ._link import Probe, RedisLink, Script, SharedStateUnavailable
 
 if TYPE_CHECKING:
     from ..guard import Guard
@@ -234,9 +237,13 @@ class RedisTokens(TokenAccounts):
         self._res_ttl_ms = int(reservation_ttl_s * 1000)
         self._holder = holder_id or f"{os.getpid()}-{random.getrandbits(32):08x}"
         self._ids = itertools.count(1)
+        probe = Probe(
+            redis, f"{{{key_prefix}:tokens:*probe}}:q:total", (TOKENS_RESERVE, TOKENS_SETTLE, TOKENS_PACE)
+        )
         self.link = RedisLink(
             redis,
             "tokens",
+            probe=probe,
             timeout_s=redis_timeout_s,
             probe_every_s=probe_every_s,
             max_in_flight=max_in_flight,
@@ -426,6 +433,14 @@ class RedisTokens(TokenAccounts):
         block = self._blocks.get((account.tenant, account.model))
         if block is not None:
             block.left += tokens
+
+    async def start(self, *, strict: bool = False) -> RedisTokens:
+        """Check Redis now with the health probe (the scripts load, the ACL user may run every
+        command they run on the token keys); returns self. Unreachable: the accounts start local
+        and keep probing; a refused configuration (password, ACL, TLS): logged at ERROR, then the
+        same, or with ``strict=True`` :class:`~ragguard.ConfigError` naming the cause."""
+        await self.link.start(strict=strict)
+        return self
 
     async def aclose(self) -> None:
         """Send the settlements under way (waiting at most a second), then stop the link's probe."""

@@ -428,6 +428,11 @@ def _spent(reservation: Reservation, used: int, input_used: int | None) -> tuple
 _of_guard: weakref.WeakKeyDictionary[Guard, TokenAccounts] = weakref.WeakKeyDictionary()
 
 
+def built_accounts(guard: Guard) -> TokenAccounts | None:
+    """``guard``'s token accounts if a generation stage built them, else None."""
+    return _of_guard.get(guard)
+
+
 def token_accounts(guard: Guard) -> TokenAccounts:
     """The token accounts of ``guard``'s tenants (created on first use; shared by every stage with
     the generation preset): inspect them in tests and dashboards (``reserved``, ``settled``).
