@@ -349,7 +349,7 @@ async def test_token_buckets_run_on_a_cluster_under_one_hash_tag(redis_cluster_s
             await c.aclose()
 
 
-async def test_start_strict_names_refused_credentials_and_a_good_client_starts_shared(redis_server: Any) -> None:
+async def test_start_strict_names_refused_credentials_and_a_good_client_starts(redis_server: Any) -> None:
     bad = make_client(redis_server.host, redis_server.port, password="s3cret-pw", username="nobody")
     good = make_client(redis_server.host, redis_server.port, socket_timeout=PATIENT_S)
     try:
