@@ -44,6 +44,9 @@ class HttpWire:
         self.app = Starlette()
         self.server: uvicorn.Server | None = None
         self.requests: list[dict[str, Any]] = []
+        # per stream served, when it ended: "complete" (every scripted event sent) or "closed" (the
+        # client went away first: the upstream call was cancelled)
+        self.stream_ends: list[str] = []
         self.url = ""
 
     def route(self, path: str, name: str, handler: Callable[..., Any], methods: list[str]) -> None:
@@ -96,6 +99,15 @@ class HttpWire:
                 return self._response(body, fault.status, extra)
 
         async def chunks() -> AsyncIterator[str]:
+            end = "closed"
+            try:
+                async for event in events_of():
+                    yield event
+                end = "complete"
+            finally:
+                self.stream_ends.append(end)
+
+        async def events_of() -> AsyncIterator[str]:
             for i, event in enumerate(events):
                 if fault is not None:
                     if fault.stall_after is not None and i == fault.stall_after:
