@@ -184,9 +184,8 @@ class GenerationPreset:
         count = given.get("tokens")
         estimate = given.get("estimate")
         usage = given.get("usage")
-        if (count is not None or estimate is not None or usage is not None) and not inspect.isasyncgenfunction(
-            fn
-        ):
+        counted = count is not None or estimate is not None or usage is not None
+        if counted and not inspect.isasyncgenfunction(fn):
             raise ConfigError(
                 "tokens=, estimate= and usage= count a stream's tokens: they apply to async generator "
                 "functions only",
