@@ -53,7 +53,14 @@ class HttpWire:
         async def endpoint(request: Request) -> Response:
             body = await request.body()
             payload = json.loads(body) if body else {}
-            self.requests.append({"route": name, "headers": dict(request.headers), "json": payload})
+            self.requests.append(
+                {
+                    "route": name,
+                    "headers": dict(request.headers),
+                    "query": dict(request.query_params),
+                    "json": payload,
+                }
+            )
             fault = self.faults.take(name)
             return await handler(request, payload, fault)
 
