@@ -10,7 +10,8 @@
     model = ChatAnthropic(model=m, rate_limiter=TenantRateLimiter())   # the tenant's rate
 
 - :class:`GuardedRunnable` runs any ``Runnable`` as a stage: ``ainvoke`` as a call, ``astream``
-  as a stream (the stage's stream budgets, commit point and token accounting when it has the
+  as a stream (chunks before the first token, a chat model's empty role chunk, come with it; the
+  stage's stream budgets, commit point and token accounting when it has the
   generation preset: each chunk's text / 4, replaced by the ``usage_metadata`` output tokens a
   chat model's chunks report), ``abatch`` as one guarded call per input (LangChain's own
   ``abatch`` over ``ainvoke``, so each input is retried or served by a fallback on its own).
@@ -35,7 +36,7 @@ from ragguard import Guard, QuotaExceeded, TenantQuota
 from ragguard.quotas import WAIT, LocalQuotas
 
 from .._extras import install_hint
-from ._common import Stages, count_text
+from ._common import Stages, count_text, held_back
 
 try:
     from langchain_core.rate_limiters import BaseRateLimiter
@@ -68,6 +69,19 @@ def _chunk_text(chunk: Any) -> int:
     if isinstance(content, list):
         return sum(count_text(p if isinstance(p, str) else p.get("text")) for p in content)
     return 1
+
+
+def _preamble(chunk: Any) -> bool:
+    """A chunk before the first token: empty text, no tool call, no usage (a chat model's role
+    chunk); held back until the first token (see :func:`~ragguard.integrations._common.held_back`)."""
+    if isinstance(chunk, str):
+        return not chunk
+    content = getattr(chunk, "content", None)
+    return (
+        content in ("", [])
+        and not getattr(chunk, "tool_call_chunks", None)
+        and not getattr(chunk, "usage_metadata", None)
+    )
 
 
 def _output_tokens(chunk: Any) -> int | None:
@@ -107,7 +121,7 @@ class GuardedRunnable(Runnable[Any, Any]):
         async def stream(input: Any, config: Any, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
             reported = 0
             seen = False
-            async for chunk in runnable.astream(input, config, **kwargs):
+            async for chunk in held_back(runnable.astream(input, config, **kwargs), _preamble):
                 n = _output_tokens(chunk)
                 if n is not None:
                     reported += n  # LangChain's chunks add up: usage_metadata is this chunk's part
