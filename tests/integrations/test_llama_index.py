@@ -16,6 +16,7 @@ from _door import Sleeps, eventually
 from fastapi import FastAPI
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.llms import MockLLM
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -83,7 +84,7 @@ class BoundedReranker(BaseNodePostprocessor):
 
     top_n: int = 3
     max_batch: int = 100
-    calls: list[int] = []
+    calls: list[int] = Field(default_factory=list)
 
     async def _apostprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> Any:
         self.calls.append(len(nodes))
@@ -164,13 +165,13 @@ async def test_a_hanging_store_is_cut_and_served_by_the_fallback(
 async def test_a_reranker_out_of_memory_scores_in_chunks_then_is_skipped() -> None:
     g = Guard()
     nodes = [NodeWithScore(node=TextNode(text="x" * n), score=1.0 / n) for n in range(1, 9)]
-    reranker = BoundedReranker(max_batch=4, calls=[])  # the floor of the learnt batch limit is 4
+    reranker = BoundedReranker(max_batch=4)  # the floor of the learnt batch limit is 4
     guarded = GuardedPostprocessor(reranker, guard=g)
     ranked = await guarded.apostprocess_nodes(nodes, query_str="q")
     assert [len(n.node.get_content()) for n in ranked] == [8, 7, 6]  # the best three of all eight
     assert reranker.calls[0] == 8 and max(reranker.calls[1:]) <= 4
     assert "chunked_rerank" in ragguard.degraded()
-    broken = GuardedPostprocessor(BoundedReranker(max_batch=0, calls=[]), guard=Guard())
+    broken = GuardedPostprocessor(BoundedReranker(max_batch=0), guard=Guard())
     skipped = await broken.apostprocess_nodes(nodes, query_str="q")
     assert [len(n.node.get_content()) for n in skipped] == [1, 2, 3]  # retrieval order, cut to top_n
 
@@ -180,7 +181,7 @@ async def test_a_query_engine_of_the_guarded_parts_answers_and_a_leaving_client_
 ) -> None:
     g = Guard()
     retriever = GuardedRetriever(WireRetriever(qdrant), guard=g)
-    reranker = GuardedPostprocessor(BoundedReranker(calls=[]), guard=g)
+    reranker = GuardedPostprocessor(BoundedReranker(), guard=g)
     engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM(), node_postprocessors=[reranker])
     answer = await engine.aquery("what is a generator?")
     assert len(answer.source_nodes) == 1 and answer.source_nodes[0].node.get_content()
