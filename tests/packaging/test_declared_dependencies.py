@@ -18,8 +18,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 SRC = ROOT / "src" / "ragguard"
-# not dev: users do not install it
-RUNTIME_EXTRAS = ("otel", "uvloop", "http", "demo", "openai", "anthropic", "langchain", "llama-index", "qdrant")
+RUNTIME_EXTRAS = (  # not dev: users do not install it
+    *("otel", "uvloop", "http", "demo"),
+    *("openai", "anthropic", "langchain", "llama-index", "qdrant"),  # ragguard.integrations
+)
 # Imported only by code that runs inside the package: trio's paths run under trio, the pytest
 # plugin runs inside pytest.
 PRESENT_WHEN_RUN = {"trio": "the trio paths run only under trio", "pytest": "the plugin runs in pytest"}

@@ -110,7 +110,7 @@ class GuardedRunnable(Runnable[Any, Any]):
     ) -> None:
         self.runnable = runnable
         self.stage = stage
-        self.name = f"Guarded{runnable.get_name()}"
+        self.name = runnable.get_name()  # the same step of the chain, guarded
         stages = Stages(guard)
         served = _as_tuple(fallback)
         count = tokens or _chunk_text
