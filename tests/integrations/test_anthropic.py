@@ -11,7 +11,7 @@ import pytest
 from _door import Sleeps, eventually, leave_after_first_chunk, streaming_app
 
 import ragguard
-from ragguard import GenerationPolicy, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota
+from ragguard import BreakerPolicy, GenerationPolicy, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota
 from ragguard.breakers import BreakerState
 from ragguard.integrations.anthropic import guard_anthropic
 from ragguard.rag import token_accounts
@@ -22,10 +22,11 @@ pytestmark = pytest.mark.anyio
 ASK = [{"role": "user", "content": "hi"}]
 
 
-def _policy(**generation: Any) -> Policy:
+def _policy(breaker: BreakerPolicy | None = None, **generation: Any) -> Policy:
     stage = StagePolicy(
         retry=RetryPolicy(attempts=3, initial_backoff_s=0, jitter_s=0),
         generation=GenerationPolicy(**generation) if generation else GenerationPolicy(),
+        **({"breaker": breaker} if breaker else {}),
     )
     return Policy(stages={"generation": stage}, tenants={"acme": TenantQuota(token_quota=10_000)})
 
@@ -48,14 +49,20 @@ async def _text(stream: Any) -> str:
 async def test_a_529_is_attempted_as_often_as_the_retry_policy_says(
     client_of: Any, anthropic_wire: AnthropicWire, sleeps: Sleeps
 ) -> None:
-    g = Guard(_policy(), sleep=sleeps)
+    breaker = BreakerPolicy(kind="generic", minimum_calls=2, failure_rate_threshold=50)
+    g = Guard(_policy(breaker=breaker), sleep=sleeps)
     client = client_of(anthropic_wire, g)
     anthropic_wire.faults.always("messages", Fault(status=529))
     with pytest.raises(anthropic.APIStatusError) as caught:
         await client.messages.create(model="c", max_tokens=64, messages=ASK, stream=True)
     assert caught.value.status_code == 529
     assert anthropic_wire.faults.seen["messages"] == 3  # no SDK retry under ragguard's
-    assert g.breaker("generation").state is BreakerState.CLOSED  # a rejection is not an outage
+    assert g.breaker("generation").state is BreakerState.CLOSED  # three rejections: not an outage
+    anthropic_wire.faults.clear()
+    anthropic_wire.faults.always("messages", Fault(status=500))
+    with pytest.raises(ragguard.BreakerOpen):  # the second failed attempt opened it
+        await client.messages.create(model="c", max_tokens=64, messages=ASK)
+    assert g.breaker("generation").state is BreakerState.OPEN  # the control: failures open it
 
 
 async def test_the_overloaded_event_inside_a_200_stream_is_retried_before_the_first_token(
