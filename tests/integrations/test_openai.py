@@ -328,3 +328,46 @@ async def test_a_client_leaving_the_front_door_cancels_the_upstream_stream(
         await eventually(lambda: token_accounts(g).open_streams("acme") == 0)
     assert first.startswith(b"Hello")
     assert token_accounts(g).reserved("acme") == 0
+
+
+# -- the generation preset's usage= option, which the wrappers use --------------------------
+
+
+def test_usage_must_be_a_function_of_a_stream() -> None:
+    g = Guard()
+    with pytest.raises(ragguard.ConfigError, match="usage"):
+
+        @g.guard("generation", usage=5)
+        async def stream() -> Any:
+            yield "a"
+
+    with pytest.raises(ragguard.ConfigError, match="usage"):
+
+        @g.guard("generation", usage=lambda item: None)
+        async def whole() -> str:
+            return "a"
+
+
+async def test_a_usage_report_below_the_count_gives_the_pacing_back() -> None:
+    clock = ragguard.FakeClock()  # auto-advance: a pacing wait moves the clock by itself
+    policy = Policy(tenants={"acme": TenantQuota(tokens_per_s=10, token_burst=1, token_quota=1000)})
+    g = Guard(policy, clock=clock)
+
+    @g.guard("generation", tokens=lambda item: 5, usage=lambda item: 1 if item == "usage" else None)
+    async def answer() -> Any:
+        yield "a"
+        yield "b"
+        yield "usage"
+
+    async with g.tenant("acme"):
+        start = clock()
+        assert [item async for item in answer()] == ["a", "b", "usage"]
+        paced = clock() - start
+        assert token_accounts(g).settled("acme") == 1  # the report replaced the 10 counted
+        again = clock()
+        assert [item async for item in answer()] == ["a", "b", "usage"]
+        repaced = clock() - again
+    # 5 + 5 tokens paced at 10/s past a burst of 1: waits of 0.4 s and 0.5 s; the report of 1 gives
+    # 9 tokens of pacing back, so the next stream starts as unpaced as the first (kept: 1.0 s)
+    assert paced == pytest.approx(0.9, abs=1e-6)
+    assert repaced == pytest.approx(0.9, abs=1e-6)
