@@ -164,3 +164,15 @@ async def test_a_client_leaving_the_front_door_cancels_the_upstream_stream(
         await eventually(lambda: token_accounts(g).open_streams("acme") == 0)
     assert b"Hello" in first
     assert anthropic_wire.requests[0]["headers"]["x-tenant-id"] == "acme"
+
+
+async def test_with_options_keeps_the_client_guarded(
+    client_of: Any, anthropic_wire: AnthropicWire, sleeps: Sleeps, closing: list[Any]
+) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+    client = client_of(anthropic_wire, g).with_options(max_retries=4)
+    closing.append(client.client)
+    anthropic_wire.faults.always("messages", Fault(status=500))
+    with pytest.raises(anthropic.InternalServerError):
+        await client.messages.create(model="c", max_tokens=64, messages=ASK)
+    assert anthropic_wire.faults.seen["messages"] == 3

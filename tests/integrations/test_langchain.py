@@ -215,3 +215,33 @@ async def test_a_client_leaving_the_front_door_cancels_the_runnables_stream(open
         await eventually(lambda: openai_wire.stream_ends == ["closed"])
         await eventually(lambda: token_accounts(g).open_streams("acme") == 0)
     assert b"Hello" in first
+
+
+async def test_a_fallback_may_be_a_callable_of_the_input(openai_wire: OpenAIWire, sleeps: Sleeps) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+
+    def canned(question: str) -> AIMessageChunk:
+        return AIMessageChunk(content=f"no model for {question!r}")
+
+    model = GuardedRunnable(WireChat(base_url=openai_wire.url), "generation", guard=g, fallback=canned)
+    openai_wire.faults.always("chat", Fault(status=503))
+    assert await _text(model) == "no model for 'hi'"
+    assert (await model.ainvoke("hi")).content == "no model for 'hi'"
+    assert "canned" in ragguard.degraded()
+
+
+def test_the_sync_rate_limiter_sleeps_its_turn_then_refuses_past_max_wait_s() -> None:
+    import time
+
+    g = Guard(Policy(tenants={"default": TenantQuota(rate_per_s=20, burst=1, max_wait_s=0.2)}))
+    limiter = TenantRateLimiter(guard=g)
+    start = time.monotonic()
+    assert limiter.acquire() is True
+    assert limiter.acquire() is True  # waited for the next token: 1/20 s
+    assert time.monotonic() - start >= 0.04
+    slow = TenantRateLimiter(
+        guard=Guard(Policy(tenants={"default": TenantQuota(rate_per_s=1, max_wait_s=0.2)}))
+    )
+    assert slow.acquire() is True
+    with pytest.raises(ragguard.QuotaExceeded):
+        slow.acquire()  # the next token is a second away: more than max_wait_s

@@ -371,3 +371,16 @@ async def test_a_usage_report_below_the_count_gives_the_pacing_back() -> None:
     # 9 tokens of pacing back, so the next stream starts as unpaced as the first (kept: 1.0 s)
     assert paced == pytest.approx(0.9, abs=1e-6)
     assert repaced == pytest.approx(0.9, abs=1e-6)
+
+
+async def test_with_options_keeps_the_client_guarded_and_without_sdk_retries(
+    client_of: Any, openai_wire: OpenAIWire, sleeps: Sleeps, closing: list[Any]
+) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+    client = client_of(openai_wire, g).with_options(max_retries=5, default_headers={"x-team": "blue"})
+    closing.append(client.client)
+    openai_wire.faults.always("chat", Fault(status=503))
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert openai_wire.faults.seen["chat"] == 3  # the stage's three attempts: max_retries=5 is not the SDK's
+    assert openai_wire.requests[-1]["headers"]["x-team"] == "blue"

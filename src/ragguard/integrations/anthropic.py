@@ -68,6 +68,12 @@ class GuardedAnthropic:
         fallback: Fallback,
     ) -> None:
         self.client = client.with_options(max_retries=0)
+        self._options: dict[str, Any] = {
+            "stages": stages,
+            "generation_stage": generation_stage,
+            "tenant_header": tenant_header,
+            "fallback": fallback,
+        }
         self.messages = Resource(
             self.client.messages,
             create=Generation(
@@ -84,6 +90,13 @@ class GuardedAnthropic:
                 include_usage=False,
             ).create,
         )
+
+    def with_options(self, **options: Any) -> GuardedAnthropic:
+        """The SDK's ``with_options`` (a timeout, headers, another base URL...), still guarded the
+        same way (and still without the SDK's retries)."""
+        return GuardedAnthropic(self.client.with_options(**options), **self._options)
+
+    copy = with_options
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)

@@ -104,6 +104,15 @@ class GuardedOpenAI:
         include_usage: bool,
     ) -> None:
         self.client = client.with_options(max_retries=0)
+        self._options: dict[str, Any] = {
+            "stages": stages,
+            "embedding_stage": embedding_stage,
+            "generation_stage": generation_stage,
+            "tenant_header": tenant_header,
+            "fallback": fallback,
+            "responses_fallback": responses_fallback,
+            "include_usage": include_usage,
+        }
         self._stages = stages
         self.embeddings = _Embeddings(self.client, stages, embedding_stage, tenant_header)
         completions = Generation(
@@ -138,6 +147,13 @@ class GuardedOpenAI:
                 wrap_events=_raising,
             ).create,
         )
+
+    def with_options(self, **options: Any) -> GuardedOpenAI:
+        """The SDK's ``with_options`` (a timeout, headers, another base URL...), still guarded the
+        same way (and still without the SDK's retries)."""
+        return GuardedOpenAI(self.client.with_options(**options), **self._options)
+
+    copy = with_options
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
