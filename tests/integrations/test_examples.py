@@ -46,23 +46,22 @@ def test_langchain_chain_streams_from_the_fallback_model(openai_wire: OpenAIWire
 
 
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
-def test_qdrant_search_serves_keyword_hits_once_the_store_is_down(
+def test_qdrant_search_answers_from_the_store_then_from_keywords_once_it_is_down(
     protocol: str, qdrant_wire: QdrantWire, qdrant_grpc_wire: QdrantGrpcWire
 ) -> None:
     if protocol == "rest":
-        qdrant_wire.faults.push("query", Fault(status=503), times=10**6)
-        args = ["--url", qdrant_wire.url]
+        wire: QdrantWire | QdrantGrpcWire = qdrant_wire
+        down, args = Fault(status=503), ["--url", qdrant_wire.url]
     else:
-        qdrant_grpc_wire.faults.push("query", Fault(grpc_code="UNAVAILABLE"), times=10**6)
-        args = ["--grpc-port", str(qdrant_grpc_wire.port)]
-    out = _run("qdrant_search.py", *args, "--queries", "4")
+        wire = qdrant_grpc_wire
+        down, args = Fault(grpc_code="UNAVAILABLE"), ["--grpc-port", str(qdrant_grpc_wire.port)]
+    wire.faults.push("query", Fault())  # the first search is answered
+    wire.faults.push("query", down, times=10**6)  # then the store is down
+    out = _run("qdrant_search.py", *args, "--queries", "5")
+    assert "query 0: [1] \n" in out
     assert out.count("(keyword_search)") == 4
     assert "vector_store breaker: open" in out
-
-
-def test_qdrant_search_answers_from_the_store_when_it_is_up(qdrant_wire: QdrantWire) -> None:
-    out = _run("qdrant_search.py", "--url", qdrant_wire.url, "--queries", "1")
-    assert "query 0: [1]" in out and "vector_store breaker: closed" in out
+    assert wire.faults.seen["query"] == 5  # one answered, four failed: 5 calls, 80% failed, open
 
 
 def test_llama_index_query_answers_from_the_keyword_retriever_when_qdrant_fails(
