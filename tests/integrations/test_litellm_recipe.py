@@ -60,6 +60,20 @@ ServiceUnavailableError = _litellm_error("ServiceUnavailableError", openai.APISt
 RateLimitError = _litellm_error("RateLimitError", openai.RateLimitError, 429)
 
 
+class APIError(openai.APIError):
+    """LiteLLM's APIError: an ``openai.APIError`` (no response) carrying the provider's status."""
+
+    __module__ = "litellm.exceptions"
+
+    def __init__(self, status_code: int, message: str, llm_provider: str, model: str) -> None:
+        self.status_code = status_code
+        self.message = f"litellm.APIError: {message}"
+        self.llm_provider = llm_provider
+        self.model = model
+        request = httpx.Request(method="POST", url="https://api.openai.com/v1")
+        super().__init__(self.message, request=request, body=None)  # type: ignore[arg-type]
+
+
 class RouterRateLimitError(ValueError):
     __module__ = "litellm.types.router"
 
@@ -153,6 +167,9 @@ def test_litellm_shaped_errors_are_classified_as_the_docs_say() -> None:
     assert classify(cooling) == ragguard.Outcome(
         Kind.REJECTION, reached=False, retry_after_s=12.5, reason="status"
     )
+    assert classify(APIError(429, "limited", "bedrock", "chat")).kind is Kind.REJECTION
+    assert classify(APIError(400, "bad input", "bedrock", "chat")).kind is Kind.CALLER_ERROR
+    assert classify(APIError(502, "bad gateway", "bedrock", "chat")).kind is Kind.FAILURE
 
 
 async def test_the_recipes_retry_moves_to_the_deployment_that_is_not_cooling_down(
