@@ -7,7 +7,9 @@ fallbacks, outside the retries and the breaker; see :mod:`ragguard.layers`):
   makes the stream's :class:`StreamRecord` and reserves the call's token estimate from the tenant's
   ``token_quota`` (waiting up to ``max_wait_s``, else QuotaExceeded); it hooks the driver's
   hand-over of items (``Head.deliver``) to count each item's tokens and pace it to the tenant's
-  ``tokens_per_s``; when the stream ends, however it ends (exhausted, failed, closed early,
+  ``tokens_per_s`` (an item for which the stage's ``usage`` function returns a number carries the
+  provider's own count of the stream's tokens so far, which replaces the count: the difference is
+  paced or given back); when the stream ends, however it ends (exhausted, failed, closed early,
   cancelled, or failed before its first item and handed to a fallback), it settles the quota with
   the real count. See :mod:`ragguard.rag._tokens` for the arithmetic.
 - :class:`StreamBudgets`, a gate of item scope: each wait for an item is bounded by the first-item
@@ -89,9 +91,16 @@ class StreamRecord:
         n = meter.count(item)
         if type(n) is not int or n < 0:
             n = _token_count(n)
+        if meter.usage is not None:
+            reported = meter.usage(item)
+            if reported is not None:  # the provider's count so far replaces ours
+                n = _token_count(reported) - self.tokens
         self.tokens += n
         account = self.account
         if account is None or not account.interval_s:
+            return None
+        if n < 0:
+            meter.accounts.unpace(account, -n)  # counted too many: their pacing is given back
             return None
         wait = meter.accounts.pace(account, n)
         return self._paced(account, n, wait) if wait else None
@@ -121,7 +130,7 @@ class TokenMeter:
 
     scope: ClassVar[Scope] = "call"
     streams: ClassVar[bool] = True
-    __slots__ = ("accounts", "count", "estimate", "estimate_tokens", "records", "sleep", "stage")
+    __slots__ = ("accounts", "count", "estimate", "estimate_tokens", "records", "sleep", "stage", "usage")
 
     def __init__(
         self,
@@ -133,8 +142,10 @@ class TokenMeter:
         estimate: Callable[..., Any] | None,
         estimate_tokens: int,
         sleep: Callable[[float], Awaitable[Any]],
+        usage: Callable[[Any], Any] | None = None,
     ) -> None:
         self.stage = stage
+        self.usage = usage
         self.records = records
         self.accounts = accounts
         self.count = count

@@ -15,7 +15,9 @@ stage called ``rerank_v2``). Arguments are declared, never guessed from keyword 
 - ``generation``: for async generator functions (a model's answer, streamed). ``tokens=`` (item ->
   int; default :func:`~ragguard.rag.count_tokens`, characters / 4) counts an item's tokens,
   ``estimate=`` (an int, or a function of the call's arguments -> int; default the policy's
-  ``generation.estimate_tokens``) what a stream reserves from its tenant's token quota. Adds the
+  ``generation.estimate_tokens``) what a stream reserves from its tenant's token quota, ``usage=``
+  (item -> int | None) the provider's own count of the stream's tokens so far when an item carries
+  one (an OpenAI usage chunk, an Anthropic ``message_delta``): it replaces the count. Adds the
   stream budgets (first item, idle, total: ``StreamTimeout``) and the tenant's token pacing and
   quota (see :mod:`ragguard.rag._generation`). A coroutine function of such a stage runs the
   generic layers only.
@@ -146,11 +148,17 @@ class RerankPreset:
 
 
 class _GenerationOptions:
-    __slots__ = ("count", "estimate")
+    __slots__ = ("count", "estimate", "usage")
 
-    def __init__(self, count: Callable[[Any], int], estimate: Callable[..., Any] | None) -> None:
+    def __init__(
+        self,
+        count: Callable[[Any], int],
+        estimate: Callable[..., Any] | None,
+        usage: Callable[[Any], Any] | None,
+    ) -> None:
         self.count = count
         self.estimate = estimate
+        self.usage = usage
 
 
 class _GenerationState:
@@ -170,20 +178,25 @@ class GenerationPreset:
 
     name = "generation"
     streams = True
-    option_names = frozenset({"tokens", "estimate"})
+    option_names = frozenset({"tokens", "estimate", "usage"})
 
     def resolve(self, fn: Callable[..., Any], given: Mapping[str, Any]) -> _GenerationOptions:
         count = given.get("tokens")
         estimate = given.get("estimate")
-        if (count is not None or estimate is not None) and not inspect.isasyncgenfunction(fn):
+        usage = given.get("usage")
+        counted = count is not None or estimate is not None or usage is not None
+        if counted and not inspect.isasyncgenfunction(fn):
             raise ConfigError(
-                "tokens= and estimate= count a stream's tokens: they apply to async generator functions only",
-                field="tokens" if count is not None else "estimate",
+                "tokens=, estimate= and usage= count a stream's tokens: they apply to async generator "
+                "functions only",
+                field="tokens" if count is not None else "estimate" if estimate is not None else "usage",
             )
-        if count is not None and not callable(count):
-            raise ConfigError(
-                f"tokens must be a function item -> int (tokens), got {type(count).__name__}", field="tokens"
-            )
+        for name, given_fn in (("tokens", count), ("usage", usage)):
+            if given_fn is not None and not callable(given_fn):
+                raise ConfigError(
+                    f"{name} must be a function item -> int (tokens), got {type(given_fn).__name__}",
+                    field=name,
+                )
         if isinstance(estimate, int) and not isinstance(estimate, bool):
             if estimate < 1:
                 raise ConfigError(f"estimate must be >= 1 (tokens), got {estimate}", field="estimate")
@@ -195,7 +208,7 @@ class GenerationPreset:
                 f"{type(estimate).__name__}",
                 field="estimate",
             )
-        return _GenerationOptions(count or count_tokens, estimate)
+        return _GenerationOptions(count or count_tokens, estimate, usage)
 
     def state(self, stage: Stage) -> _GenerationState:
         return _GenerationState(token_accounts(stage.guard))
@@ -214,6 +227,7 @@ class GenerationPreset:
             estimate=options.estimate,
             estimate_tokens=policy.generation.estimate_tokens,
             sleep=stage.guard.sleep,
+            usage=options.usage,
         )
         return (meter,)
 
