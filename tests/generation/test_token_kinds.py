@@ -114,3 +114,23 @@ async def test_bad_token_options_and_limits_are_named() -> None:
         with pytest.raises(InvalidInput, match="input_tokens"):
             await collect(negative(1))
     assert token_accounts(g).reserved("acme") == 0 and token_accounts(g).open_streams("acme") == 0
+
+
+async def test_the_usage_hook_may_report_input_tokens_too() -> None:
+    clock = FakeClock()
+    g = _guard(clock, token_quota=1000, input_token_quota=500, token_window_s=10.0)
+
+    @g.guard(
+        "answer",
+        input_tokens=300,
+        usage=lambda item: Usage(input_tokens=50, output_tokens=7) if item == "usage" else None,
+    )
+    async def answer() -> Any:
+        yield "abcd"
+        yield "usage"
+
+    async with g.tenant("acme"):
+        assert await collect(answer()) == ["abcd", "usage"]
+    accounts = token_accounts(g)
+    assert accounts.bucket_tat("acme", ":q:input") == pytest.approx(50 * 0.02)  # not the 300 estimated
+    assert accounts.settled("acme") == 57

@@ -44,13 +44,23 @@ class HttpWire:
         self.app = Starlette()
         self.server: uvicorn.Server | None = None
         self.requests: list[dict[str, Any]] = []
+        # per stream served, when it ended: "complete" (every scripted event sent) or "closed" (the
+        # client went away first: the upstream call was cancelled)
+        self.stream_ends: list[str] = []
         self.url = ""
 
     def route(self, path: str, name: str, handler: Callable[..., Any], methods: list[str]) -> None:
         async def endpoint(request: Request) -> Response:
             body = await request.body()
             payload = json.loads(body) if body else {}
-            self.requests.append({"route": name, "headers": dict(request.headers), "json": payload})
+            self.requests.append(
+                {
+                    "route": name,
+                    "headers": dict(request.headers),
+                    "query": dict(request.query_params),
+                    "json": payload,
+                }
+            )
             fault = self.faults.take(name)
             return await handler(request, payload, fault)
 
@@ -96,6 +106,15 @@ class HttpWire:
                 return self._response(body, fault.status, extra)
 
         async def chunks() -> AsyncIterator[str]:
+            end = "closed"
+            try:
+                async for event in events_of():
+                    yield event
+                end = "complete"
+            finally:
+                self.stream_ends.append(end)
+
+        async def events_of() -> AsyncIterator[str]:
             for i, event in enumerate(events):
                 if fault is not None:
                     if fault.stall_after is not None and i == fault.stall_after:

@@ -7,7 +7,9 @@ fallbacks, outside the retries and the breaker; see :mod:`ragguard.layers`):
   makes the stream's :class:`StreamRecord` and reserves the call's token estimate from the tenant's
   ``token_quota`` (waiting up to ``max_wait_s``, else QuotaExceeded); it hooks the driver's
   hand-over of items (``Head.deliver``) to count each item's tokens and pace it to the tenant's
-  ``tokens_per_s``; when the stream ends, however it ends (exhausted, failed, closed early,
+  ``tokens_per_s`` (an item for which the stage's ``usage`` function returns a number carries the
+  provider's own count of the stream's tokens so far, which replaces the count: the difference is
+  paced or given back); when the stream ends, however it ends (exhausted, failed, closed early,
   cancelled, or failed before its first item and handed to a fallback), it settles the quota with
   the real count. See :mod:`ragguard.rag._tokens` for the arithmetic.
 - :class:`StreamBudgets`, a gate of item scope: each wait for an item is bounded by the first-item
@@ -64,11 +66,11 @@ class StreamRecord:
         "kind",
         "meter",
         "paced_s",
+        "reported",
         "reservation",
         "spent_s",
         "tenant",
         "tokens",
-        "usage",
         "wait_s",
     )
 
@@ -79,7 +81,7 @@ class StreamRecord:
         self.tokens = 0
         self.input_tokens = 0
         self.reservation: Reservation = NOTHING
-        self.usage: Usage | None = None  # the provider's report, if an item carried one
+        self.reported: Usage | None = None  # the provider's report, if an item carried one
         self.wait_s = 0.0
         self.paced_s = 0.0
         self.spent_s = 0.0
@@ -94,12 +96,22 @@ class StreamRecord:
         n = meter.count(item)
         if type(n) is not int or n < 0:
             if isinstance(n, Usage):
-                self.usage = n
+                self.reported = n
                 return None
             n = _token_count(n)
+        if meter.usage is not None:
+            reported = meter.usage(item)
+            if isinstance(reported, Usage):  # input and output, settled when the stream ends
+                self.reported = reported
+                n = 0
+            elif reported is not None:  # the provider's count so far replaces ours
+                n = _token_count(reported) - self.tokens
         self.tokens += n
         account = self.account
         if account is None or not account.paces:
+            return None
+        if n < 0:
+            meter.accounts.unpace(account, -n)  # counted too many: their pacing is given back
             return None
         wait: Any = meter.accounts.pace(account, n)
         if type(wait) is float:
@@ -155,6 +167,7 @@ class TokenMeter:
         "records",
         "sleep",
         "stage",
+        "usage",
     )
 
     def __init__(
@@ -169,8 +182,10 @@ class TokenMeter:
         sleep: Callable[[float], Awaitable[Any]],
         input_tokens: Callable[..., Any] | None = None,
         model: ArgRef | Callable[..., Any] | None = None,
+        usage: Callable[[Any], Any] | None = None,
     ) -> None:
         self.stage = stage
+        self.usage = usage
         self.records = records
         self.accounts = accounts
         self.count = count
@@ -257,7 +272,7 @@ class TokenMeter:
         self.records.pop(id(call), None)
         account = record.account
         if account is not None:
-            usage = record.usage
+            usage = record.reported
             if usage is None:
                 self.accounts.settle(account, record.reservation, record.tokens)
             else:
