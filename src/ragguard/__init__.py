@@ -46,6 +46,7 @@ from .policy import (
     StagePolicy,
     TenantQuota,
     ThrottlePolicy,
+    TokenLimits,
 )
 
 __version__ = "0.1.0"
@@ -81,6 +82,7 @@ __all__ = [
     "StreamTimeout",
     "TenantQuota",
     "ThrottlePolicy",
+    "TokenLimits",
     "VectorStoreUnavailable",
     "VectorStoreUnavailableBreaker",
     "configure",

@@ -58,6 +58,7 @@ __all__ = [
     "StagePolicy",
     "TenantQuota",
     "ThrottlePolicy",
+    "TokenLimits",
 ]
 
 MAX_ERRORS_SHOWN = 20
@@ -96,6 +97,37 @@ _nesting = threading.local()
 _M = TypeVar("_M", bound=_Model)
 
 
+_MODEL_NAME_MAX = 128
+
+
+class TokenLimits(_Model):
+    """One model's token limits for a tenant (``TenantQuota.models``), on top of the tenant's own;
+    None means unlimited. The same fields, units and rules as :class:`TenantQuota`'s:
+
+    - ``tokens_per_s``, ``token_burst``: pacing of the output tokens the tenant's streams of this
+      model hand over;
+    - ``token_quota``: input + output tokens per ``token_window_s``; ``input_token_quota``: input
+      (prompt) tokens per window; ``output_token_quota``: output (generated) tokens per window.
+    """
+
+    tokens_per_s: float | None = Field(default=None, gt=0, le=1e9)
+    token_burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    input_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    output_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    token_window_s: float = Field(default=60.0, gt=0, le=31 * 86_400)
+
+    @property
+    def limits_tokens(self) -> bool:
+        """Whether any token limit is set."""
+        return not (
+            self.tokens_per_s is None
+            and self.token_quota is None
+            and self.input_token_quota is None
+            and self.output_token_quota is None
+        )
+
+
 class TenantQuota(_Model):
     """A tenant's share of the service; None means unlimited.
 
@@ -119,6 +151,13 @@ class TenantQuota(_Model):
       :class:`~ragguard.QuotaExceeded` with reason ``tokens``) and settles with its real count when
       it ends, however it ends, >= 1.
     - ``token_window_s``: the quota's window, seconds, > 0 (default 60: tokens per minute).
+    - ``input_token_quota``, ``output_token_quota``: input (prompt) and output (generated) tokens
+      per ``token_window_s``, each its own bucket, reserved and settled as ``token_quota`` is;
+      ``token_quota`` counts both together. Input tokens are what the stage's ``input_tokens=``
+      estimate or the provider's reported usage says (0 when neither is given).
+    - ``models``: model name -> :class:`TokenLimits`, limits of the tenant's streams of that model
+      on top of the tenant's own (the stage's ``model=`` option names the call's model; a model
+      not listed has the tenant's limits only). Names are 1 to 128 printable characters.
     - ``priority``: the priority of the tenant's requests at the stages' adaptive limits
       (``critical``, ``interactive`` or ``batch``; a front door's ``x-priority`` header may lower
       it per request, and raise it only for a trusted caller; :func:`ragguard.overload.priority`
@@ -137,8 +176,32 @@ class TenantQuota(_Model):
     token_burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
     token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
     token_window_s: float = Field(default=60.0, gt=0, le=31 * 86_400)
+    input_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    output_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    models: dict[str, TokenLimits] = Field(default_factory=dict)
     priority: Priority = "interactive"
     weight: float = Field(default=1.0, gt=0, le=1e6)
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: dict[str, TokenLimits]) -> dict[str, TokenLimits]:
+        for name in models:
+            if not 1 <= len(name) <= _MODEL_NAME_MAX or not name.isprintable():
+                raise ValueError(
+                    f"model names are 1 to {_MODEL_NAME_MAX} printable characters, got {name!r:.60}"
+                )
+        return models
+
+    @property
+    def limits_tokens(self) -> bool:
+        """Whether any token limit is set, the tenant's or a model's."""
+        return not (
+            self.tokens_per_s is None
+            and self.token_quota is None
+            and self.input_token_quota is None
+            and self.output_token_quota is None
+            and not any(m.limits_tokens for m in self.models.values())
+        )
 
     @property
     def unlimited(self) -> bool:
@@ -447,6 +510,9 @@ class StagePolicy(_Model):
       ``rerank`` and ``generation`` presets are idempotent reads, a stage without a preset is not.
       A stage that is not idempotent is retried only on errors raised before its request could
       have left, and cannot hedge (ConfigError naming ``hedge``).
+    - ``max_threads``: worker threads the stage's sync functions run in at once, at most (the
+      stage's thread bulkhead, 1 to 10000, default 8; docs/sync.md). A thread a timeout stopped
+      waiting for counts until it returns; a call waits for a thread within its attempt's timeout.
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -463,6 +529,7 @@ class StagePolicy(_Model):
     adaptive: AdaptivePolicy | None = None
     throttle: ThrottlePolicy | None = None
     hedge: HedgePolicy | None = None
+    max_threads: int = Field(default=8, ge=1, le=10_000)
     layers: dict[str, Any] = Field(default_factory=dict)
 
     @property

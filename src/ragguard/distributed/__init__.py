@@ -18,11 +18,13 @@ from ._breaker import SharedCircuitBreaker, breaker_keys, encode_key_part
 from ._events import SharedStateDegraded, SharedStateRestored
 from ._link import RedisLink, mask_url
 from ._quotas import RedisQuotas, SharedLease, pool_keys, quota_keys
+from ._tokens import RedisTokens, token_key
 
 __all__ = [
     "LocalLease",
     "RedisLink",
     "RedisQuotas",
+    "RedisTokens",
     "SharedCircuitBreaker",
     "SharedLease",
     "SharedStateDegraded",
@@ -32,4 +34,5 @@ __all__ = [
     "mask_url",
     "pool_keys",
     "quota_keys",
+    "token_key",
 ]

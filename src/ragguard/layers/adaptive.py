@@ -35,6 +35,7 @@ class AdaptiveLayer:
     """Admits each attempt of stage ``stage`` through ``limiter`` (see the module docstring)."""
 
     scope: ClassVar[Scope] = "attempt"
+    holds: ClassVar[bool] = True  # a permit: held until a sync call's worker thread returns
     __slots__ = ("_oom", "_quota_of", "clock", "limiter", "max_wait_s", "min_attempt_s")
 
     def __init__(self, stage: Stage, limiter: AdaptiveLimiter) -> None:
