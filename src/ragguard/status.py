@@ -34,6 +34,7 @@ import asyncio
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -183,12 +184,22 @@ class StatusCounts:
         self._counts: dict[str, dict[str, int]] = {
             "fallbacks": {}, "shed": {}, "throttled": {}, "rejected": {}, "quota_rejected": {},
         }  # fmt: skip
-        self._stop: Callable[[], None] | None = None
+        self._stop: weakref.finalize[..., Any] | None = None
 
     def start(self) -> StatusCounts:
-        """Subscribe (a no-op when already subscribed); returns self."""
+        """Subscribe (a no-op when already subscribed); returns self. The subscription lasts
+        until :meth:`close`, or until these counts are garbage (their endpoint dropped): the bus
+        holds them weakly, so a dropped endpoint does not keep every guarded call building
+        events."""
         if self._stop is None:
-            self._stop = self._bus.subscribe(self.handle)
+            ref = weakref.ref(self)
+
+            def handle(event: Any) -> None:
+                counts = ref()
+                if counts is not None:
+                    counts.handle(event)
+
+            self._stop = weakref.finalize(self, self._bus.subscribe(handle))
         return self
 
     def close(self) -> None:

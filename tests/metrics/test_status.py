@@ -233,3 +233,20 @@ async def test_the_exporters_asgi_app_serves_a_scrape_without_created_series() -
     kept = PrometheusExporter(guards=g, created=True, bus=ragguard.events.EventBus())
     kept.handle(ragguard.events.QuotaRejected("acme", "rate", 0.1))
     assert "ragguard_quota_rejections_created" in kept.scrape().decode()
+
+
+async def test_a_dropped_status_endpoint_stops_counting_and_leaves_the_bus_idle() -> None:
+    # its counts listen from its first request on; once the endpoint is gone, nobody reads them,
+    # and every guarded call in the process must not go on building events for them
+    import gc
+
+    from ragguard import events
+
+    assert not events.bus.active
+    endpoint = StatusEndpoint(Guard(Policy()))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=endpoint), base_url="http://t") as c:
+        assert (await c.get("/status")).status_code == 200
+    assert events.bus.active  # counting while the endpoint lives
+    del endpoint, c
+    gc.collect()
+    assert not events.bus.active
