@@ -36,7 +36,7 @@ def stages() -> dict[str, StagePolicy]:
         "plain": StagePolicy(),
         "adaptive": StagePolicy(adaptive=adaptive),
         "adaptive+throttle": StagePolicy(adaptive=adaptive, throttle=ThrottlePolicy()),
-        "hedge (racing)": StagePolicy(hedge=HedgePolicy(min_samples=1, min_delay_s=10.0)),
+        "hedge (racing)": StagePolicy(idempotent=True, hedge=HedgePolicy(min_samples=1, min_delay_s=10.0)),
     }
 
 

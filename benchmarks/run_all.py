@@ -41,6 +41,8 @@ BENCHMARKS = [
      "down or slow (issue 11)."),
     ("http_middleware", "The ASGI middleware's cost per request, in process (issue 12)."),
     ("monitors_overhead", "The event-loop stall detector's and the Redis pool monitor's cost."),
+    ("sync_calls", "What `@guard` on a sync function costs the event loop beside the bare `anyio.to_thread` hop "
+     "(issue 24)."),
 ]
 
 

@@ -5,10 +5,12 @@
 
 The endpoint is plain FastAPI: it calls guarded stages and returns their answer. RagguardMiddleware
 turns each request into a tenant block with the caller's deadline, and ragguard's errors into 429,
-503 and 504 with Retry-After. The embedding provider is called over HTTP through GuardTransport,
-which hands it the tenant and what is left of the deadline, and turns its 429/503 into errors the
-breakers understand. Needs ragguard's http extra: ``pip install '/path/to/ragguard[http]'`` (from a
-checkout: ``pip install '.[http]'``; ``ragguard`` on PyPI is another project).
+503 and 504 with Retry-After. The tenant comes from the caller's API key (APIKeyResolver), not from
+a header the caller could fill in with any tenant it likes. The embedding provider is called over
+HTTP through GuardTransport, which hands it the tenant and what is left of the deadline, and turns
+its 429/503 into errors the breakers understand. Needs ragguard's http extra:
+``pip install '/path/to/ragguard[http]'`` (from a checkout: ``pip install '.[http]'``;
+``ragguard`` on PyPI is another project).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import uvicorn
 from fastapi import FastAPI
 
 import ragguard
-from ragguard.asgi import RagguardMiddleware, StatusEndpoint
+from ragguard.asgi import APIKeyResolver, RagguardMiddleware, StatusEndpoint
 from ragguard.httpx import GuardTransport
 
 DOCS = {
@@ -84,9 +86,15 @@ async def ask(q: str) -> dict[str, Any]:
 
 
 app.add_route("/health", StatusEndpoint())  # exempt from quotas; Guard.status() as JSON
-# tenant, deadline, quota, and every status mapping; /provider stands in for the external
-# embedding service, so its traffic is not this service's to count
-app.add_middleware(RagguardMiddleware, exempt_paths=("/health", "/metrics", "/provider"))
+# who is calling (by API key; a request without one runs as the "default" tenant), deadline, quota,
+# and every status mapping; /provider stands in for the external embedding service, so its
+# traffic is not this service's to count. In a real service the keys come from a secret store.
+ACME_KEY = "demo-key-acme-4b1f"
+app.add_middleware(
+    RagguardMiddleware,
+    tenant_resolver=APIKeyResolver({ACME_KEY: "acme"}),
+    exempt_paths=("/health", "/metrics", "/provider"),
+)
 app.mount("/provider", provider)
 
 PROVIDER_URL = "http://127.0.0.1:8000/provider"
@@ -95,7 +103,7 @@ PROVIDER_URL = "http://127.0.0.1:8000/provider"
 async def tour(base: str) -> None:
     global store_up
     async with httpx.AsyncClient(base_url=base) as client:
-        acme = {"x-tenant-id": "acme", "x-request-timeout-ms": "2000"}
+        acme = {"x-api-key": ACME_KEY, "x-request-timeout-ms": "2000"}
         ok = await client.get("/ask", params={"q": "what do quotas do?"}, headers=acme)
         print("200:", ok.status_code, ok.json())
         await client.get("/ask", params={"q": "again"}, headers=acme)  # acme's burst is 2
@@ -109,8 +117,13 @@ async def tour(base: str) -> None:
         print("degraded:", served.status_code, "ragguard-degraded:", served.headers.get("ragguard-degraded"))
         spent = await client.get("/ask", params={"q": "late"}, headers={"x-request-timeout-ms": "0"})
         print("504:", spent.status_code, spent.json()["detail"])
-        bad = await client.get("/ask", params={"q": "who?"}, headers={"x-tenant-id": "no spaces allowed"})
-        print("400:", bad.status_code, bad.json()["detail"])
+        unknown = await client.get("/ask", params={"q": "who?"}, headers={"x-api-key": "guessed"})
+        challenge = unknown.headers["www-authenticate"]
+        print("401:", unknown.status_code, unknown.json()["detail"], f"(WWW-Authenticate: {challenge})")
+        claimed = await client.get("/ask", params={"q": "quotas"}, headers={"x-tenant-id": "acme"})
+        print("claimed acme:", claimed.status_code, "ran as", claimed.json()["tenant"])
+        twice = await client.get("/ask", params={"q": "who?"}, headers=[("x-api-key", ACME_KEY)] * 2)
+        print("400:", twice.status_code, twice.json()["detail"])
         health = await client.get("/health")
         print("health:", health.status_code, health.json()["open"])
 

@@ -2,8 +2,9 @@
 
     .venv/bin/python examples/grpc_service.py
 
-The server admits each call under the caller's tenant quota, bounds it by the caller's deadline,
-maps ragguard errors to gRPC statuses and sends Snappy-compressed hits to clients that ask.
+The server knows the caller's tenant by its API key (x-api-key metadata), admits each call under
+that tenant's quota, bounds it by the caller's deadline, maps ragguard errors to gRPC statuses and
+sends Snappy-compressed hits to clients that ask.
 The client propagates its tenant and deadline and gets errors its breakers understand.
 No protoc: messages are JSON bytes.
 """
@@ -23,6 +24,7 @@ from grpc import aio
 
 import ragguard
 from ragguard.grpc import (
+    APIKeyResolver,
     GuardServerInterceptor,
     RemoteQuotaExceeded,
     SnappyServerInterceptor,
@@ -32,6 +34,8 @@ from ragguard.grpc import (
 
 SERVICE = "demo.Search"
 POLICY = ragguard.Policy(tenants={"acme": ragguard.TenantQuota(max_concurrency=1, timeout_s=2.0)})
+ACME_KEY = "demo-key-acme-4b1f"  # in a real service: from a secret store
+ACME = (("x-api-key", ACME_KEY),)
 
 
 def encode(obj: Any) -> bytes:
@@ -59,7 +63,11 @@ async def search(
 
 
 async def serve(guard: ragguard.Guard) -> tuple[aio.Server, int]:
-    server = aio.server(interceptors=[GuardServerInterceptor(guard=guard), SnappyServerInterceptor()])
+    # the guard first: a call its tenant's quota refuses is never decompressed
+    keys = APIKeyResolver({ACME_KEY: "acme"})
+    server = aio.server(
+        interceptors=[GuardServerInterceptor(guard=guard, tenant_resolver=keys), SnappyServerInterceptor()]
+    )
     handler = grpc.unary_stream_rpc_method_handler(
         search, request_deserializer=decode, response_serializer=encode
     )
@@ -77,7 +85,7 @@ async def main() -> None:
     try:
         async with client.tenant("acme"):
             with ragguard.deadline(1.5):
-                hits = [hit async for hit in stub({"query": "circuit breakers", "k": 3})]
+                hits = [hit async for hit in stub({"query": "circuit breakers", "k": 3}, metadata=ACME)]
         for hit in hits:
             size = len(hit["text"])
             print(f"hit {hit['rank']}: tenant={hit['tenant']} budget_s={hit['budget_s']} text={size} B")
@@ -86,11 +94,16 @@ async def main() -> None:
         async def one(query: str) -> str:
             async with client.tenant("acme"):
                 try:
-                    return f"{len([h async for h in stub({'query': query, 'k': 5})])} hits"
+                    return f"{len([h async for h in stub({'query': query, 'k': 5}, metadata=ACME)])} hits"
                 except RemoteQuotaExceeded as exc:
                     return f"refused: retry after {exc.retry_after_s:.3f}s ({exc.code().name})"
 
         print("concurrent:", await asyncio.gather(one("first"), one("second")))
+
+        # Claiming the tenant in metadata is not its API key: the call runs as "default".
+        forged = (("x-tenant-id", "acme"),)
+        claimed = [hit async for hit in stub({"query": "quotas", "k": 1}, metadata=forged)]
+        print("claimed acme: ran as", claimed[0]["tenant"])
 
         try:
             [hit async for hit in stub({"query": ""})]

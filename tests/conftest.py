@@ -24,10 +24,12 @@ def isolated_registry() -> Iterator[None]:
     before the test. Folders whose tests build guards request it from an autouse fixture."""
     guard_mod = importlib.import_module("ragguard.guard")  # ``ragguard.guard`` is the decorator
     saved = guard_mod._default
-    listeners = list(bus._listeners)
+    listeners, taps = list(bus._listeners), list(bus._taps)
     try:
         yield
     finally:
         guard_mod._default = saved
         _inject.uninstall()
         bus._listeners[:] = listeners
+        bus._taps[:] = taps
+        bus._refresh()  # ``active`` follows: a listener left by the test must not keep it True

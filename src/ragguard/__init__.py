@@ -1,8 +1,8 @@
 """ragguard: resilience middleware for retrieval-augmented generation pipelines.
 
 One flat public namespace; everything else lives in private modules or the sub-packages
-(``ragguard.breakers``, ``ragguard.quotas``, ``ragguard.fallbacks``, ``ragguard.chaos``,
-``ragguard.grpc``, ``ragguard.asgi``, ``ragguard.httpx``, ``ragguard.buffers``,
+(``ragguard.breakers``, ``ragguard.outcomes``, ``ragguard.quotas``, ``ragguard.fallbacks``,
+``ragguard.chaos``, ``ragguard.grpc``, ``ragguard.asgi``, ``ragguard.httpx``, ``ragguard.buffers``,
 ``ragguard.monitors``, ``ragguard.metrics``, ``ragguard.overload``).
 """
 
@@ -32,6 +32,8 @@ from .breakers import (
 )
 from .deadline import deadline, remaining
 from .guard import Guard, configure, default_guard, guard, tenant
+from .outcomes import Kind as OutcomeKind
+from .outcomes import Outcome, register_classifier
 from .overload import priority
 from .policy import (
     AdaptivePolicy,
@@ -39,10 +41,12 @@ from .policy import (
     GenerationPolicy,
     HedgePolicy,
     Policy,
+    PoolQuota,
     RetryPolicy,
     StagePolicy,
     TenantQuota,
     ThrottlePolicy,
+    TokenLimits,
 )
 
 __version__ = "0.1.0"
@@ -63,8 +67,11 @@ __all__ = [
     "Guard",
     "HedgePolicy",
     "InvalidInput",
+    "Outcome",
+    "OutcomeKind",
     "Overloaded",
     "Policy",
+    "PoolQuota",
     "QuotaExceeded",
     "RagguardError",
     "RerankOOMBreaker",
@@ -75,6 +82,7 @@ __all__ = [
     "StreamTimeout",
     "TenantQuota",
     "ThrottlePolicy",
+    "TokenLimits",
     "VectorStoreUnavailable",
     "VectorStoreUnavailableBreaker",
     "configure",
@@ -84,6 +92,7 @@ __all__ = [
     "degraded",
     "guard",
     "priority",
+    "register_classifier",
     "remaining",
     "tenant",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from contextvars import ContextVar
+from typing import Any
 
 from ._errors import InvalidInput
 from ._validate import bounded
@@ -23,13 +24,16 @@ _TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
 
 
 class RequestScope:
-    """One request's mutable record, created by ``tenant(...)``: which fallbacks served it."""
+    """One request's mutable record, created by ``tenant(...)``: which fallbacks served it, and
+    the worker threads its sync calls stopped waiting for that still run (``threads``, a
+    :class:`ragguard.pipeline._threads.Pending`, None until one is)."""
 
-    __slots__ = ("fallbacks", "tenant")
+    __slots__ = ("fallbacks", "tenant", "threads")
 
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         self.fallbacks: list[str] | None = None  # allocated by the first fallback only
+        self.threads: Any = None
 
     def __repr__(self) -> str:
         return f"RequestScope(tenant={self.tenant!r}, fallbacks={self.fallbacks!r})"

@@ -12,6 +12,8 @@ Every rejection ragguard makes on a caller's behalf derives from one root::
      +-- DeadlineExceeded              the request's time budget is spent
      +-- StageTimeout (TimeoutError)   one attempt ran past the stage's own ``timeout_s``
      |    +-- StreamTimeout            a stream's first-item, idle or total budget ran out
+     +-- Unauthenticated               a front door's tenant resolver could not say who is calling
+     +-- PermissionDenied              the caller is known but may not use this service
      +-- InvalidInput (ValueError)     the caller's mistake: bad tenant id, bad option
      |    +-- ConfigError              a policy value out of range, named by field
      |    +-- CorruptPayload           a compressed message that does not decode
@@ -35,12 +37,14 @@ __all__ = [
     "EmbeddingUnavailable",
     "InvalidInput",
     "Overloaded",
+    "PermissionDenied",
     "QuotaExceeded",
     "RagguardError",
     "RerankOutOfMemory",
     "StageTimeout",
     "StreamBudget",
     "StreamTimeout",
+    "Unauthenticated",
     "VectorStoreUnavailable",
 ]
 
@@ -178,6 +182,44 @@ def _rebuild_overloaded(
     stage: str, retry_after_s: float, reason: str, priority: str, tenant: str
 ) -> Overloaded:
     return Overloaded(stage, retry_after_s, reason, priority=priority, tenant=tenant)
+
+
+_MAX_DETAIL = 200
+
+
+class Unauthenticated(RagguardError):
+    """The request carries no credentials a front door's tenant resolver accepts: a missing,
+    unknown or unverifiable key or token. HTTP 401 with ``WWW-Authenticate: <challenge>``
+    (RFC 9110 ``challenge``, default ``Bearer``); gRPC UNAUTHENTICATED. ``detail`` is the message
+    (cut to 200 characters); never put the credential itself in it.
+    """
+
+    def __init__(self, detail: str = "the request's credentials are missing or invalid", *,
+                 challenge: str = "Bearer") -> None:
+        self.detail = _cut(detail)
+        self.challenge = challenge
+        super().__init__(self.detail)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_unauthenticated, (self.detail, self.challenge))
+
+
+def _rebuild_unauthenticated(detail: str, challenge: str) -> Unauthenticated:
+    return Unauthenticated(detail, challenge=challenge)
+
+
+class PermissionDenied(RagguardError):
+    """The caller is known but may not use this service (or this tenant): HTTP 403; gRPC
+    PERMISSION_DENIED. ``detail`` is the message (cut to 200 characters)."""
+
+    def __init__(self, detail: str = "the caller may not use this service") -> None:
+        self.detail = _cut(detail)
+        super().__init__(self.detail)
+
+
+def _cut(detail: object) -> str:
+    text = str(detail)
+    return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
 
 
 class DeadlineExceeded(RagguardError):

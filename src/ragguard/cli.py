@@ -1,4 +1,4 @@
-"""The ``ragguard`` command: ``ragguard demo``, ``bench``, ``doctor`` and ``version``."""
+"""The ``ragguard`` command: ``ragguard demo``, ``bench``, ``doctor``, ``top`` and ``version``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ._validate import for_cli, shown
 # The command-line option of each options field a command sets: its errors name what the user typed.
 DEMO_FLAGS = {
     "duration_s": "--duration", "concurrency": "--concurrency", "scenario": "--scenario",
-    "redis_url": "--redis", "out_dir": "--out", "seed": "--seed",
+    "redis_url": "--redis", "out_dir": "--out", "seed": "--seed", "status_port": "--status-port",
 }
 BENCH_FLAGS = {
     "steps": "--steps", "steady_s": "--steady", "rounds": "--rounds", "block_ms": "--block-ms",
@@ -121,6 +121,14 @@ def demo(
     seed: Annotated[
         int, typer.Option(metavar="N", help="Seeds the arrival plan, the questions asked and the faults.")
     ] = 7,
+    status_port: Annotated[
+        int | None,
+        typer.Option(
+            "--status-port", metavar="PORT", show_default="none",
+            help="During the guarded run, serve its status on 127.0.0.1:PORT/status, for "
+            "`ragguard top http://127.0.0.1:PORT/status`.",
+        ),
+    ] = None,
 ) -> None:
     """Run a real RAG service under chaos twice, unguarded and guarded, and compare them.
 
@@ -147,6 +155,7 @@ def demo(
             quick=quick,
             out_dir=out,
             seed=seed,
+            status_port=status_port,
         )
     except ConfigError as exc:
         _refuse("demo", exc, DEMO_FLAGS)
@@ -258,6 +267,43 @@ def doctor(
     if json_output:
         argv.append("--json")
     raise typer.Exit(doctor_main(argv))
+
+
+@app.command(short_help="Live view of a running service's status: breakers, limits, tenants.")
+def top(
+    url: Annotated[
+        str,
+        typer.Argument(
+            metavar="URL", show_default=False,
+            help="The service's status endpoint, e.g. http://127.0.0.1:8000/health (a StatusEndpoint, "
+            "ragguard.status.serve, or ragguard demo --status-port).",
+        ),
+    ],
+    interval: Annotated[
+        float, typer.Option("--interval", "-n", metavar="SECONDS", help="Seconds between two polls.")
+    ] = 1.0,
+    once: Annotated[
+        bool, typer.Option("--once", show_default="off", help="Print one frame and exit (for scripts).")
+    ] = False,
+) -> None:
+    """Show a running service's breakers (state, time left open), adaptive limits, tenants' slots,
+    and fallbacks, sheds and refusals per second, redrawn in place until Ctrl-C.
+
+    Exit status: 0 done, 2 a bad option.
+    """
+    problem = None
+    if not url.startswith(("http://", "https://")):
+        problem = f"URL must start with http:// or https://, got {shown(url)}"
+    elif not 0.1 <= interval <= 3600:
+        problem = f"--interval must be 0.1..3600 seconds, got {interval!r}"
+    if problem is not None:
+        typer.secho(f"ragguard top: {problem}", fg="red", err=True)
+        raise typer.Exit(2)
+    from rich.console import Console
+
+    from ._top import Top
+
+    Top(url, interval_s=interval).run(Console(), once=once)
 
 
 @app.command()

@@ -7,6 +7,14 @@ that raises or is slow cannot break or delay the call that produced the event. A
 raises is logged once and kept.
 
 When nobody listens, producers check :attr:`EventBus.active` first and build no event at all.
+
+A *tap* (:meth:`EventBus.tap`) is the one exception to "never inside the call": it runs synchronously
+where the event is emitted, in the producing call's context, for what must happen there (ragguard's
+OpenTelemetry tracer adds each decision as an event of the span current at that moment). It must be
+quick and never wait; one that raises is logged once and kept.
+
+:data:`tracer` is the hook through which the observe layer opens a span per guarded stage; it is
+None (no span, no cost) until :func:`ragguard.metrics.enable_tracing` sets it.
 """
 
 from __future__ import annotations
@@ -34,10 +42,14 @@ __all__ = [
     "QuotaRejected",
     "RetryBudgetExhausted",
     "RetryScheduled",
+    "StageCompleted",
+    "StageTracer",
     "StreamCut",
     "StreamSettled",
     "bus",
+    "error_type",
     "quick_init",
+    "tracer",
 ]
 
 log = logging.getLogger("ragguard.events")
@@ -108,6 +120,29 @@ class CallOutcome:
     error: str | None = None
 
 
+@quick_init
+@dataclass(frozen=True, slots=True)
+class StageCompleted:
+    """Guarded stage ``stage`` ended for ``tenant`` after ``duration_s`` seconds.
+
+    ``outcome`` is ``success``, ``fallback`` (answered by ``fallback``), ``error`` or
+    ``cancelled``; ``breaker_state`` the stage breaker's state when it ran ("" when none);
+    ``error`` the class name of the error it ended with ("" when none: see
+    :func:`ragguard.metrics.error_type`); ``first_item_s`` for a stream, the seconds until its
+    first item reached the caller (None for a call, or a stream that failed before it).
+    Emitted by the observe layer (and :func:`ragguard.metrics.otel_span`) when the bus has listeners.
+    """
+
+    stage: str
+    tenant: str
+    outcome: str
+    duration_s: float
+    fallback: str = ""
+    breaker_state: str = ""
+    error: str = ""
+    first_item_s: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class CallRejected:
     """Breaker ``breaker`` rejected a call while ``state``; ``retry_after_s`` as in BreakerOpen."""
@@ -138,12 +173,14 @@ class QuotaRejected:
 
 @dataclass(frozen=True, slots=True)
 class RetryScheduled:
-    """Stage ``stage`` will retry: attempt ``attempt`` (2 = first retry) after ``wait_s`` seconds."""
+    """Stage ``stage`` will retry: attempt ``attempt`` (2 = first retry) after ``wait_s`` seconds,
+    for tenant ``tenant``; ``error`` is the class name of the failed attempt's error."""
 
     stage: str
     attempt: int
     wait_s: float
     error: str
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,12 +232,14 @@ class EventBus:
         "_parent",
         "_pending",
         "_scheduled",
+        "_taps",
         "_warned",
         "active",
     )
 
     def __init__(self, parent: EventBus | None = None) -> None:
         self._listeners: list[Callable[[Any], Any]] = []
+        self._taps: list[Callable[[Any], Any]] = []
         self._parent = parent
         self._children: weakref.WeakSet[EventBus] = weakref.WeakSet()
         self._pending: deque[tuple[EventBus, Any]] = deque()
@@ -215,7 +254,7 @@ class EventBus:
 
     def _refresh(self) -> None:
         parent = self._parent
-        self.active = bool(self._listeners) or (parent is not None and parent.active)
+        self.active = bool(self._listeners or self._taps) or (parent is not None and parent.active)
         for child in list(self._children):
             child._refresh()
 
@@ -235,11 +274,36 @@ class EventBus:
 
         return unsubscribe
 
+    def tap(self, fn: Callable[[Any], Any]) -> Callable[[], None]:
+        """Call ``fn(event)`` synchronously inside every :meth:`emit` that reaches this bus, in the
+        emitting call's own context (see the module docstring); returns a function that removes it.
+        ``fn`` must be quick and never wait; an exception it raises is logged once and dropped."""
+        if not callable(fn):
+            raise TypeError(f"tap must be callable, got {fn!r}")
+        self._taps.append(fn)
+        self._refresh()
+
+        def untap() -> None:
+            try:
+                self._taps.remove(fn)
+            except ValueError:
+                pass
+            self._refresh()
+
+        return untap
+
     def emit(self, event: Any) -> None:
-        """Queue ``event`` for this bus's listeners and its parents'; never raises."""
+        """Queue ``event`` for this bus's listeners and its parents' (and hand it to their taps
+        at once); never raises."""
         b: EventBus | None = self
         root = self
         while b is not None:
+            if b._taps:
+                for fn in tuple(b._taps):
+                    try:
+                        fn(event)
+                    except Exception:
+                        b._failed(fn)
             if b._listeners:
                 root._pending.append((b, event))
             b = b._parent
@@ -327,3 +391,32 @@ async def _guarded(awaitable: Any) -> None:
 
 bus = EventBus()
 """The global bus: metrics exporters, monitors and ``ragguard doctor`` subscribe here."""
+
+
+class StageTracer(Protocol):
+    """What the observe layer asks to trace one guarded stage (ragguard.metrics implements it for
+    OpenTelemetry). ``start`` opens the stage's span; ``attach`` makes it current (returns a token
+    for ``detach``, which must run in the same context); ``end`` closes it with the outcome
+    (``success``, ``fallback``, ``error``, ``cancelled``), the error (None unless ``error``), the
+    fallback that served ("" when none) and, for a stream, the seconds to its first item."""
+
+    def start(self, stage: str, tenant: str, breaker_state: str, operation: str) -> Any: ...
+
+    def attach(self, span: Any) -> Any: ...
+
+    def detach(self, token: Any) -> None: ...
+
+    def end(
+        self, span: Any, outcome: str, exc: BaseException | None, fallback: str, first_item_s: float | None
+    ) -> None: ...
+
+
+def error_type(exc: BaseException | None) -> str:
+    """The ``error.type`` of an error, as spans, metrics and events name it: the exception's class
+    name for now ("" for None). The one place to change when the outcome classification (one
+    answer per call: failure, rejection, timeout, caller error) names errors instead."""
+    return "" if exc is None else type(exc).__name__
+
+
+tracer: StageTracer | None = None
+"""The stage tracer, None while tracing is off (set by :func:`ragguard.metrics.enable_tracing`)."""

@@ -20,6 +20,7 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 from . import _inject
 from . import metrics as _metrics
 from ._clock import Clock, monotonic, sleep_of
+from ._context import DEFAULT_TENANT
 from ._errors import ConfigError
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
@@ -27,6 +28,7 @@ from .events import bus
 from .layers import Bound, Stage
 from .layers.breaker import adapt_breaker
 from .pipeline import Call, Chain
+from .pipeline._threads import ThreadCall, limiter_for
 from .policy import Policy
 from .quotas import LocalQuotas, QuotaBackend, TenantContext
 from .rag import PRESETS, preset
@@ -54,8 +56,9 @@ class Guard:
       :class:`ragguard.distributed.SharedCircuitBreaker`, under keys starting with
       ``redis_prefix``; ``redis_options`` tunes them: ``{"quotas": {...}, "breakers": {...}}``,
       keyword options of those two classes (``lease_s``, ``local_lease``, ``redis_timeout_s``,
-      ``staleness_s``...). Give the client short timeouts and no retries of its own (see
-      docs/distributed.md); call ``await guard.aclose()`` at shutdown;
+      ``staleness_s``...), and ``"tokens"`` those of :class:`ragguard.distributed.RedisTokens`,
+      the generation stages' shared token accounts. Give the client short timeouts and no
+      retries of its own (see docs/distributed.md); call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;
     - ``max_stages``: stages kept at most (stage names name code paths, not data; past the bound
       the oldest idle stages are forgotten, with a warning: idle means no live decorated function
@@ -106,6 +109,7 @@ class Guard:
         )
         self.per_call_quota = not (
             self.policy.default_quota.max_concurrency is None and self.policy.default_quota.rate_per_s is None
+            and self.policy.pool(DEFAULT_TENANT) is None  # calls outside a request count in the pool too
         )
         self._stages: dict[str, Stage] = {}
         self._closers: list[Callable[[], Awaitable[Any]]] = []
@@ -115,10 +119,10 @@ class Guard:
         self.redis = redis
         self.redis_prefix = redis_prefix
         options = dict(redis_options or {})
-        unknown = set(options) - {"quotas", "breakers"}
+        unknown = set(options) - {"quotas", "breakers", "tokens"}
         if unknown or not all(isinstance(v, Mapping) for v in options.values()):
             raise ConfigError(
-                "redis_options must map 'quotas' and/or 'breakers' to keyword options, "
+                "redis_options must map 'quotas', 'breakers' and/or 'tokens' to keyword options, "
                 f"got {sorted(map(str, options))!r:.80}"
             )
         self.redis_options: dict[str, dict[str, Any]] = {k: dict(v) for k, v in options.items()}
@@ -202,33 +206,13 @@ class Guard:
         return {name: st.breaker for name, st in self._stages.items() if st.breaker is not None}
 
     def status(self) -> dict[str, Any]:
-        """A JSON-ready snapshot for health endpoints::
+        """A JSON-ready snapshot for health endpoints and ``ragguard top``: breakers, adaptive
+        limits, throttles, hedges, quotas (per configured tenant and the others added up) and each
+        Redis link; see :mod:`ragguard.status` for its shape. ``ok`` is False while any breaker
+        is open, forced open or half-open (``open`` names those stages)."""
+        from .status import snapshot
 
-            {"ok": bool, "open": [stage, ...],
-             "stages": {stage: {"breaker": {"name": str, "state": str, "retry_after_s": float | None}
-                                | None}}}
-
-        ``ok`` is False while any breaker is open, forced open or half-open (``open`` names those
-        stages); fallbacks may still be serving them.
-        """
-        stages: dict[str, Any] = {}
-        not_closed: list[str] = []
-        for name, st in self._stages.items():
-            breaker = st.breaker
-            if breaker is None:
-                stages[name] = {"breaker": None}
-                continue
-            state = getattr(breaker.state, "value", str(breaker.state))
-            if state not in ("closed", "disabled"):
-                not_closed.append(name)
-            stages[name] = {
-                "breaker": {
-                    "name": breaker.name,
-                    "state": state,
-                    "retry_after_s": getattr(breaker, "retry_after_s", None),
-                }
-            }
-        return {"ok": not not_closed, "open": not_closed, "stages": stages}
+        return snapshot(self)
 
     # -- chaos ------------------------------------------------------------------------------------
 
@@ -251,6 +235,23 @@ class Guard:
         return self._chaos if self._chaos is not None else _inject.active
 
     # -- requests ---------------------------------------------------------------------------------
+
+    async def start(self, *, strict: bool = False) -> Guard:
+        """Check Redis now for the shared quotas, the shared breakers and token accounts built so
+        far (each runs its health probe; see docs/distributed.md); returns self. A no-op without
+        ``redis``.
+
+        Redis unreachable: they start on local state and keep probing. Redis refusing the
+        configuration (a wrong password, a missing ACL permission, an untrusted TLS certificate):
+        logged at ERROR, then the same, or with ``strict=True`` :class:`ConfigError` naming the
+        cause (never the secret)."""
+        from .rag._tokens import built_accounts
+
+        for component in (self.quotas, *self.breakers().values(), built_accounts(self)):
+            start = getattr(component, "start", None)
+            if start is not None and getattr(component, "shared", None) is not None:
+                await start(strict=strict)
+        return self
 
     async def aclose(self) -> None:
         """Stop the background work of shared (Redis) breakers and quotas; a no-op otherwise."""
@@ -326,7 +327,9 @@ class GuardDecorator(Protocol):
     @overload
     def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
     @overload
-    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, AsyncGenerator[Y, None]]: ...
+    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, AsyncGenerator[Y, None]]: ...  # type: ignore[overload-overlap]
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
 
 def guard(
@@ -336,7 +339,10 @@ def guard(
     breaker: Any = None,
     **preset_options: Any,
 ) -> GuardDecorator:
-    """Guard an async function (or async generator function) as stage ``stage``.
+    """Guard an async function (or async generator function) as stage ``stage``; a sync function
+    becomes an async one that runs it in a worker thread under the same layers (docs/sync.md: a
+    timeout stops the waiting, not the thread, and what the call holds stays held until the
+    thread returns).
 
     - ``fallback``: a callable, or a sequence of them tried in order, called with the same
       arguments when the stage fails in a way its breaker counts, the dependency is unreachable
@@ -350,8 +356,8 @@ def guard(
       are, a position or a name, default 0), ``candidates=`` (rerank: where the candidate list is,
       default 1) and ``score=`` (rerank: a reranked item's score, default its ``score``).
 
-    Raises ConfigError at decoration for a bad option, a sync function, or a preset option the
-    function's signature does not have. At call time, raises what the call raised when no fallback
+    Raises ConfigError at decoration for a bad option, a sync generator function, or a preset
+    option the function's signature does not have. At call time, raises what the call raised when no fallback
     serves, or BreakerOpen, QuotaExceeded, DeadlineExceeded, StageTimeout.
     """
     return cast(
@@ -395,11 +401,17 @@ def _decorator(stage: str, registry: Guard | Callable[[], Guard], options: Mappi
         stream = inspect.isasyncgenfunction(fn)
         # every callable has a __call__: test that it is async, else a sync function slips through
         method = getattr(fn, "__call__", None)  # noqa: B004 - the method itself, not callability
-        if not stream and not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(method)):
+        threaded = not stream and not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(method))
+        if threaded and (inspect.isgeneratorfunction(fn) or inspect.isgeneratorfunction(method)):
             raise ConfigError(
-                f"guard({stage!r}) needs an async def function or async generator, got {fn!r:.80}"
+                f"guard({stage!r}) does not guard a sync generator function ({fn!r:.60}): its "
+                "items would each cross a thread and could not be closed while one waits; guard "
+                "an async generator (an async client's stream) instead"
             )
-        bound = Bound(stage, fn, stream=stream, fallbacks=fallbacks, breaker=breaker, options=preset_options)
+        bound = Bound(
+            stage, fn, stream=stream, fallbacks=fallbacks, breaker=breaker, options=preset_options,
+            threaded=threaded,
+        )
         fixed = registry if isinstance(registry, Guard) else None
         _check_preset(fixed or cast(Callable[[], Guard], registry)(), bound)
         slot = _Compiled(None, None, None)
@@ -426,6 +438,17 @@ def _decorator(stage: str, registry: Guard | Callable[[], Guard], options: Mappi
         compiled(fixed if fixed is not None else get_guard())  # type: ignore[misc]
         # built at decoration: a bad breaker or preset option fails here, and the stage is listed by
         # Guard.status() before its first call
+
+        if threaded:
+
+            @functools.wraps(fn)
+            async def guarded_sync(*args: Any, **kwargs: Any) -> Any:
+                g = fixed if fixed is not None else get_guard()  # type: ignore[misc]
+                c = compiled(g)
+                return await chain(g).root.run(ThreadCall(stage, fn, args, kwargs, limiter_for(c.stage)))
+
+            guarded_sync.__ragguard_stage__ = stage  # type: ignore[attr-defined]
+            return guarded_sync
 
         if stream:
 

@@ -1,27 +1,31 @@
-"""Prometheus and OpenTelemetry export of ragguard's events.
+"""Prometheus and OpenTelemetry export of ragguard's events and state.
 
 Prometheus (prometheus-client, a core dependency)::
 
     exporter = ragguard.metrics.PrometheusExporter().start()   # subscribes to ragguard.events.bus
-    exporter.serve(9464)                                        # or scrape exporter.registry yourself
+    app.mount("/metrics", exporter.asgi())                      # an ASGI app; or exporter.serve(9464)
 
 Metrics live in a dedicated ``CollectorRegistry`` unless one is passed. Names follow Prometheus
 conventions: ``ragguard_`` prefix, ``_seconds`` for durations, ``_total`` for counters, labels
-``stage``, ``tenant``, ``outcome``, ``breaker``, ``fallback``. Tenant, stage and breaker labels are
-capped: the first ``max_tenants`` tenants (``max_stages`` stages, ``max_breakers`` breakers) seen keep
-their name, every later one is folded into ``"other"``, so generated names cannot grow a scrape
-without bound.
+``stage``, ``tenant``, ``outcome``, ``breaker``, ``fallback``. Counters and histograms come from
+events; gauges of what is true now (adaptive limits, calls in flight and queued, tenants' slots,
+hedges, shared-state links) are read from the Guards' state at scrape time (:mod:`ragguard.status`).
+Tenant labels: every tenant the policy names keeps its own; of the others, the first
+``max_tenants`` seen keep their id and the rest fold into ``"other"`` (stage and breaker labels are
+capped the same way), so generated ids cannot grow a scrape without bound. No ``_created``
+series unless ``created=True``.
 
 OpenTelemetry (ragguard's optional ``otel`` extra): :func:`enable_tracing` turns on a span per
-guarded stage opened by :func:`otel_span`; without it, or without opentelemetry-api installed,
-``otel_span`` costs one branch.
+guarded stage, current while the stage runs, with a span event per decision (attempt, retry,
+fallback, hedge, shed, rejection) and the GenAI semantic conventions' attributes;
+:class:`OTelMetrics` records the same events as OpenTelemetry metrics. Without them, or without
+opentelemetry-api installed, a guarded call pays one branch.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -29,19 +33,24 @@ from . import _validate as v
 from . import events
 from ._errors import ConfigError
 from ._extras import install_hint
+from .events import StageCompleted, error_type
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
+    from .guard import Guard
+
 __all__ = [
     "BREAKER_STATES",
     "DEFAULT_LATENCY_BUCKETS_S",
+    "OTelMetrics",
     "PrometheusExporter",
     "StageCompleted",
     "StageSpan",
     "disable_tracing",
     "enable_tracing",
+    "error_type",
     "otel_span",
 ]
 
@@ -51,24 +60,6 @@ DEFAULT_LATENCY_BUCKETS_S: tuple[float, ...] = (
 BREAKER_STATES: tuple[str, ...] = ("closed", "open", "half_open", "forced_open", "disabled")
 STALL_BUCKETS_S: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 OTHER = "other"
-
-
-@events.quick_init
-@dataclass(frozen=True, slots=True)
-class StageCompleted:
-    """Guarded stage ``stage`` ended for ``tenant`` after ``duration_s`` seconds.
-
-    ``outcome`` is ``success``, ``fallback`` (answered by ``fallback``), ``error`` or
-    ``cancelled``; ``breaker_state`` the stage breaker's state when it ran ("" when none).
-    Emitted by :func:`otel_span` when the bus has listeners.
-    """
-
-    stage: str
-    tenant: str
-    outcome: str
-    duration_s: float
-    fallback: str = ""
-    breaker_state: str = ""
 
 
 # -- Prometheus -----------------------------------------------------------------------------------
@@ -83,42 +74,88 @@ def _prometheus() -> Any:
 
 
 class _Capped:
-    """Label values kept as seen for the first ``limit`` distinct ones, the rest become ``other``."""
+    """Label values kept as seen for the first ``limit`` distinct ones, the rest become ``other``.
 
-    __slots__ = ("limit", "seen")
+    ``named()`` (optional): the values that always keep their own label and do not count against
+    ``limit`` (the tenants a policy names), asked only for a value not seen yet."""
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = ("_named", "capped", "limit", "seen")
+
+    def __init__(self, limit: int, named: Callable[[], frozenset[str]] | None = None) -> None:
         self.limit = limit
         self.seen: set[str] = set()
+        self.capped = 0
+        self._named = named
 
     def __call__(self, value: str) -> str:
         if value in self.seen:
             return value
-        if len(self.seen) < self.limit:
+        named = self._named
+        if named is not None and value in named():
             self.seen.add(value)
+            return value
+        if self.capped < self.limit:
+            self.seen.add(value)
+            self.capped += 1
             return value
         return OTHER
 
 
+def _guards_of(guards: Any) -> Callable[[], list[Guard]]:
+    """``guards`` (None: the default registry, looked up each time; a Guard; a sequence of them)
+    as a function returning the list."""
+    if guards is None:
+
+        def default() -> list[Guard]:
+            from .guard import default_guard
+
+            return [default_guard()]
+
+        return default
+    given = list(guards) if isinstance(guards, (list, tuple)) else [guards]
+    for g in given:
+        if not callable(getattr(g, "stage_names", None)):
+            raise ConfigError(f"PrometheusExporter: guards must be ragguard.Guard objects, got {g!r:.60}")
+    return lambda: given
+
+
+class _Named:
+    """The tenant ids the Guards' policies name, recomputed when a policy object changes."""
+
+    __slots__ = ("_guards", "_names", "_policies")
+
+    def __init__(self, guards: Callable[[], list[Guard]]) -> None:
+        self._guards = guards
+        self._policies: tuple[int, ...] = ()
+        self._names: frozenset[str] = frozenset()
+
+    def __call__(self) -> frozenset[str]:
+        guards = self._guards()
+        policies = tuple(id(g.policy) for g in guards)
+        if policies != self._policies:
+            self._names = frozenset().union(*(g.policy.tenants for g in guards))
+            self._policies = policies
+        return self._names
+
+
 class PrometheusExporter:
-    """Turns every ragguard event on ``bus`` into Prometheus metrics in ``registry``.
+    """Turns every ragguard event on ``bus`` into Prometheus metrics in ``registry``, and reads the
+    Guards' live state at scrape time.
 
     ``registry`` default: a new dedicated ``CollectorRegistry``; ``bus`` default
-    :data:`ragguard.events.bus`; ``max_tenants``, ``max_stages``, ``max_breakers`` (each >= 1,
-    default 100): distinct tenant, stage and breaker labels before the rest fold into ``"other"``
-    (a breaker folded into ``"other"`` has no ``ragguard_breaker_state`` series: one gauge cannot
-    hold the states of many breakers); ``latency_buckets_s`` histogram bounds in seconds;
-    ``pools`` also export the gauges and wait histograms of every live
-    :class:`ragguard.monitors.MonitoredConnectionPool`. Raises ConfigError for bad options.
+    :data:`ragguard.events.bus`; ``guards``: the :class:`~ragguard.Guard` (or a sequence of them)
+    whose adaptive limits, hedges, throttles, tenants' slots and Redis links are read at scrape
+    time and whose policies name the tenants that always keep their own label (default: the
+    default registry, looked up at each scrape); ``max_tenants``, ``max_stages``,
+    ``max_breakers`` (each >= 1, default 100): distinct tenant ids not named in a policy, stage
+    and breaker names before the rest fold into ``"other"`` (a breaker folded into ``"other"``
+    has no ``ragguard_breaker_state`` series: one gauge cannot hold the states of many breakers);
+    ``latency_buckets_s`` histogram bounds in seconds; ``pools`` also export the gauges and wait
+    histograms of every live :class:`ragguard.monitors.MonitoredConnectionPool`; ``created``:
+    keep prometheus-client's ``_created`` series (one per labelled counter and histogram; off by
+    default). Raises ConfigError for bad options.
 
-    Metrics (all listed in docs/monitors.md): ``ragguard_stage_duration_seconds``,
-    ``ragguard_call_duration_seconds``, ``ragguard_calls_rejected_total``, ``ragguard_breaker_state``,
-    ``ragguard_breaker_transitions_total``, ``ragguard_fallbacks_served_total``,
-    ``ragguard_quota_rejections_total``, ``ragguard_retries_total``,
-    ``ragguard_retry_budget_exhausted_total``, ``ragguard_faults_injected_total``,
-    ``ragguard_streams_cut_total``, ``ragguard_stream_tokens_total``,
-    ``ragguard_stream_paced_seconds_total``,
-    ``ragguard_loop_stalls_total``, ``ragguard_loop_stall_duration_seconds``, ``ragguard_redis_pool_*``.
+    Every metric is listed in docs/monitors.md (a test checks the table against a scrape).
     """
 
     def __init__(
@@ -126,11 +163,13 @@ class PrometheusExporter:
         *,
         registry: CollectorRegistry | None = None,
         bus: events.EventBus | None = None,
+        guards: Guard | Sequence[Guard] | None = None,
         max_tenants: int = 100,
         max_stages: int = 100,
         max_breakers: int = 100,
         latency_buckets_s: tuple[float, ...] = DEFAULT_LATENCY_BUCKETS_S,
         pools: bool = True,
+        created: bool = False,
     ) -> None:
         v.count("max_tenants", max_tenants, 1)
         v.count("max_stages", max_stages, 1)
@@ -144,14 +183,22 @@ class PrometheusExporter:
         pc = _prometheus()
         self.registry: CollectorRegistry = pc.CollectorRegistry() if registry is None else registry
         self._bus = events.bus if bus is None else bus
-        self._tenant = _Capped(max_tenants)
+        self._guards = _guards_of(guards)
+        self._tenant = _Capped(max_tenants, _Named(self._guards))
         self._stage_label = _Capped(max_stages)
         self._breaker = _Capped(max_breakers)
         self._unsubscribe: Callable[[], None] | None = None
-        r = self.registry
+        # the metrics live in an inner registry; the one scraped sees them through _Export, which
+        # drops the _created samples unless asked for
+        r = self._inner = pc.CollectorRegistry()
+        self.registry.register(_Export(r, created))
         self.stage_duration = pc.Histogram(
             "ragguard_stage_duration_seconds", "Guarded stage latency, fallbacks included.",
             ["stage", "tenant", "outcome"], buckets=buckets, registry=r,
+        )  # fmt: skip
+        self.first_item = pc.Histogram(
+            "ragguard_stream_first_item_seconds", "Time to a guarded stream's first item (first chunk).",
+            ["stage"], buckets=buckets, registry=r,
         )  # fmt: skip
         self.call_duration = pc.Histogram(
             "ragguard_call_duration_seconds", "Latency of calls through a circuit breaker.",
@@ -175,10 +222,18 @@ class PrometheusExporter:
         self.quota_rejections = pc.Counter(
             "ragguard_quota_rejections", "Calls refused by a tenant quota.", ["tenant", "reason"], registry=r
         )
-        self.retries = pc.Counter("ragguard_retries", "Retries scheduled.", ["stage"], registry=r)
+        self.retries = pc.Counter("ragguard_retries", "Retries scheduled.", ["stage", "tenant"], registry=r)
         self.retry_budget = pc.Counter(
             "ragguard_retry_budget_exhausted", "Retries refused because the retry budget was spent.",
             ["stage", "tenant"], registry=r,
+        )  # fmt: skip
+        self.shed = pc.Counter(
+            "ragguard_load_shed", "Calls an adaptive limit shed (reason: limit, queue, deadline).",
+            ["stage", "tenant", "priority", "reason"], registry=r,
+        )  # fmt: skip
+        self.throttled = pc.Counter(
+            "ragguard_throttled", "Calls refused locally by client-side throttling.", ["stage", "tenant"],
+            registry=r,
         )  # fmt: skip
         self.faults = pc.Counter(
             "ragguard_faults_injected",
@@ -213,6 +268,9 @@ class PrometheusExporter:
         )
         # The series alerts key on exist from the start, so rate() and absent() behave.
         self.stalls.inc(0)
+        # SharedStateDegraded / Restored seen, for links no live Guard shows (1 = on local state)
+        self._links: dict[str, float] = {}
+        r.register(_StateCollector(self._guards, self._stage_label, self._links))
         if pools:
             r.register(_PoolCollector())
         self._handlers: dict[type, Callable[[Any], None] | None] = {}
@@ -225,6 +283,10 @@ class PrometheusExporter:
             "QuotaRejected": self._quota,
             "RetryScheduled": self._retry,
             "RetryBudgetExhausted": self._budget,
+            "LoadShed": self._shed,
+            "Throttled": self._throttled,
+            "SharedStateDegraded": self._degraded,
+            "SharedStateRestored": self._restored,
             "FaultInjected": self._fault,
             "StreamCut": self._cut,
             "StreamSettled": self._settled,
@@ -257,8 +319,16 @@ class PrometheusExporter:
         """The registry in the Prometheus text format (what a scrape returns)."""
         return bytes(_prometheus().generate_latest(self.registry))
 
+    def asgi(self) -> Any:
+        """An ASGI app answering every request with a scrape of the registry (prometheus-client's
+        ``make_asgi_app``): ``app.mount("/metrics", exporter.asgi())`` in FastAPI or Starlette.
+        Exempt its path from the tenant middleware (``/metrics`` is exempt by default)."""
+        return _prometheus().make_asgi_app(registry=self.registry)
+
     def serve(self, port: int, addr: str = "127.0.0.1") -> Any:
-        """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread (prometheus-client's server)."""
+        """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread (prometheus-client's
+        server): for a service without an HTTP server of its own, such as a gRPC one (see also
+        :func:`ragguard.status.serve`, which serves the status and these metrics together)."""
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ConfigError(f"PrometheusExporter.serve: port must be 0..65535, got {port!r}")
         return _prometheus().start_http_server(port, addr, registry=self.registry)
@@ -280,6 +350,9 @@ class PrometheusExporter:
     def _stage(self, e: StageCompleted) -> None:
         stage = self._stage_label(e.stage)
         self.stage_duration.labels(stage, self._tenant(e.tenant), e.outcome).observe(e.duration_s)
+        first = getattr(e, "first_item_s", None)
+        if first is not None:
+            self.first_item.labels(stage).observe(first)
 
     def _call(self, e: events.CallOutcome) -> None:
         self.call_duration.labels(self._breaker(e.breaker), e.outcome).observe(e.duration_s)
@@ -298,10 +371,27 @@ class PrometheusExporter:
         self.quota_rejections.labels(self._tenant(e.tenant), e.reason).inc()
 
     def _retry(self, e: events.RetryScheduled) -> None:
-        self.retries.labels(self._stage_label(e.stage)).inc()
+        self.retries.labels(self._stage_label(e.stage), self._tenant(getattr(e, "tenant", "") or "")).inc()
 
     def _budget(self, e: events.RetryBudgetExhausted) -> None:
         self.retry_budget.labels(self._stage_label(e.stage), self._tenant(e.tenant)).inc()
+
+    def _shed(self, e: Any) -> None:
+        stage, tenant = self._stage_label(e.stage), self._tenant(e.tenant)
+        self.shed.labels(stage, tenant, e.priority, e.reason).inc()
+
+    def _throttled(self, e: Any) -> None:
+        self.throttled.labels(self._stage_label(e.stage), self._tenant(e.tenant)).inc()
+
+    def _degraded(self, e: Any) -> None:
+        self._remember_link(e.component, 1.0)
+
+    def _restored(self, e: Any) -> None:
+        self._remember_link(e.component, 0.0)
+
+    def _remember_link(self, component: str, value: float) -> None:
+        if component in self._links or len(self._links) < 1000:
+            self._links[component] = value
 
     def _fault(self, e: Any) -> None:
         self.faults.labels(self._stage_label(e.stage), e.fault).inc()
@@ -328,6 +418,125 @@ class PrometheusExporter:
 
 
 _MISSING: Any = object()
+
+
+class _Export:
+    """The exporter's metrics as the scraped registry sees them: the inner registry's families,
+    without their ``_created`` samples unless ``created``."""
+
+    def __init__(self, inner: Any, created: bool) -> None:
+        self._inner = inner
+        self._created = created
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._inner.collect():
+            if not self._created:
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class _StateCollector:
+    """The gauges of what is true now, read from the Guards at scrape time (nothing runs on a
+    guarded call for them): adaptive limits, hedges, throttles, tenants' slots, Redis links."""
+
+    def __init__(
+        self, guards: Callable[[], list[Guard]], stage: Callable[[str], str], links: dict[str, float]
+    ) -> None:
+        self._guards = guards
+        self._stage = stage
+        self._links = links
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from .status import links, overload, quotas
+
+        gauges: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in _STATE_GAUGES}
+        hedges: dict[tuple[str, ...], float] = {}
+        shared = dict(self._links)
+
+        def add(table: dict[tuple[str, ...], float], key: tuple[str, ...], value: float | None) -> None:
+            if value is not None:
+                table[key] = table.get(key, 0.0) + float(value)
+
+        def read(guard: Guard) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+            try:
+                return overload(guard), quotas(guard), links(guard)
+            except RuntimeError:
+                # a scrape from prometheus-client's server thread reads while the loop changes the
+                # state: a read that raced a change (a dict resized mid-iteration) is taken again
+                return overload(guard), quotas(guard), links(guard)
+
+        for guard in self._guards():
+            parts_of, q, guard_links = read(guard)
+            for name, parts in parts_of.items():
+                stage = (self._stage(name),)
+                limit = parts.get("limit")
+                if limit is not None:
+                    add(gauges["ragguard_adaptive_limit"], stage, limit["limit"])
+                    add(gauges["ragguard_adaptive_min_limit"], stage, limit.get("min_limit"))
+                    add(gauges["ragguard_adaptive_in_flight"], stage, limit["in_flight"])
+                    add(gauges["ragguard_adaptive_queue_length"], stage, limit["queued"])
+                    add(gauges["ragguard_adaptive_min_rtt_seconds"], stage, limit["min_rtt_s"])
+                throttle = parts.get("throttle")
+                if throttle is not None:
+                    gauges["ragguard_throttle_probability"][stage] = float(throttle["probability"])
+                hedge = parts.get("hedge")
+                if hedge is not None:
+                    for outcome in ("fired", "won", "refused"):
+                        add(hedges, (*stage, outcome), hedge[outcome])
+                    if hedge.get("delay_s") is not None:
+                        gauges["ragguard_hedge_delay_seconds"][stage] = float(hedge["delay_s"])
+            for tenant, got in q["tenants"].items():
+                add(gauges["ragguard_tenant_in_flight"], (tenant,), got["in_flight"])
+                add(gauges["ragguard_tenant_waiting"], (tenant,), got["waiting"])
+            add(gauges["ragguard_tenant_in_flight"], (OTHER,), q["others"]["in_flight"] or 0)
+            add(gauges["ragguard_tenant_waiting"], (OTHER,), q["others"]["waiting"] or 0)
+            for link in guard_links:
+                shared[link["component"]] = 0.0 if link["shared"] else 1.0
+        for name, (help_text, labels) in _STATE_GAUGES.items():
+            family = GaugeMetricFamily(name, help_text, labels=list(labels))
+            for key, value in gauges[name].items():
+                family.add_metric(list(key), value)
+            yield family
+        counter = CounterMetricFamily(
+            "ragguard_hedges", "Hedges per stage: fired, won (answered first), refused (budget).",
+            labels=["stage", "outcome"],
+        )  # fmt: skip
+        for key, value in hedges.items():
+            counter.add_metric(list(key), value)
+        yield counter
+        degraded = GaugeMetricFamily(
+            "ragguard_shared_state_degraded",
+            "1 while a component (quotas, breaker:<name>) runs on local state instead of Redis.",
+            labels=["component"],
+        )
+        for component, value in shared.items():
+            degraded.add_metric([component], value)
+        yield degraded
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+_STATE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ragguard_adaptive_limit": ("A stage's adaptive concurrency limit now.", ("stage",)),
+    "ragguard_adaptive_min_limit": ("A stage's adaptive limit floor (its policy's min_limit).", ("stage",)),
+    "ragguard_adaptive_in_flight": ("Calls holding a stage's adaptive-limit slot now.", ("stage",)),
+    "ragguard_adaptive_queue_length": ("Calls queued for a stage's adaptive limit now.", ("stage",)),
+    "ragguard_adaptive_min_rtt_seconds": ("A stage's baseline (no-load) latency.", ("stage",)),
+    "ragguard_throttle_probability": ("Share of calls client-side throttling refuses now.", ("stage",)),
+    "ragguard_hedge_delay_seconds": ("How long a stage waits before hedging now.", ("stage",)),
+    "ragguard_tenant_in_flight": (
+        "Requests holding a tenant's concurrency slot now (policy tenants; other: the rest).", ("tenant",)
+    ),
+    "ragguard_tenant_waiting": (
+        "Requests queued for a tenant's slot now (policy tenants; other: the rest).", ("tenant",)
+    ),
+}
 
 
 class _PoolCollector:
@@ -423,10 +632,11 @@ def _le(bound: float) -> str:
 # -- OpenTelemetry --------------------------------------------------------------------------------
 
 _tracer: Any = None
+"""The OpenTelemetry tracer while tracing is on (read by the Guard to choose the observed chain)."""
 
 
 def enable_tracing(tracer_provider: Any = None) -> None:
-    """Open an OpenTelemetry span per guarded stage from now on.
+    """Open an OpenTelemetry span per guarded stage from now on (see docs/monitors.md).
 
     ``tracer_provider``: an ``opentelemetry.trace.TracerProvider`` (default: the global one).
     Raises ImportError with an install hint when opentelemetry-api is missing.
@@ -437,13 +647,127 @@ def enable_tracing(tracer_provider: Any = None) -> None:
     except ImportError as exc:
         raise ImportError(f"OpenTelemetry tracing needs opentelemetry-api: {install_hint('otel')}") from exc
     provider = trace.get_tracer_provider() if tracer_provider is None else tracer_provider
-    _tracer = provider.get_tracer("ragguard")
+    disable_tracing()
+    tracer = _OtelTracer(provider.get_tracer("ragguard"))
+    tracer.untap = events.bus.tap(tracer.record)
+    events.tracer = tracer
+    _tracer = tracer.tracer
 
 
 def disable_tracing() -> None:
     """Stop opening spans (``otel_span`` becomes a no-op again unless the bus has listeners)."""
     global _tracer
+    current = events.tracer
+    if isinstance(current, _OtelTracer):
+        events.tracer = None
+        if current.untap is not None:
+            current.untap()
     _tracer = None
+
+
+def _attributes(items: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in items.items() if v is not None and v != ""}
+
+
+# Each decision a guarded call meets, as a span event: the event's name and attributes.
+_SPAN_EVENTS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
+    "CallOutcome": ("ragguard.attempt", lambda e: {
+        "ragguard.breaker": e.breaker, "ragguard.outcome": e.outcome,
+        "ragguard.duration_s": e.duration_s, "error.type": e.error}),
+    "RetryScheduled": ("ragguard.retry", lambda e: {
+        "ragguard.attempt": e.attempt, "ragguard.wait_s": e.wait_s, "error.type": e.error}),
+    "RetryBudgetExhausted": ("ragguard.retry_budget_exhausted", lambda e: {}),
+    "FallbackServed": ("ragguard.fallback", lambda e: {
+        "ragguard.fallback": e.fallback, "error.type": e.cause}),
+    "HedgeFired": ("ragguard.hedge", lambda e: {"ragguard.delay_s": e.delay_s}),
+    "LoadShed": ("ragguard.shed", lambda e: {
+        "ragguard.reason": e.reason, "ragguard.priority": e.priority, "ragguard.tenant": e.tenant}),
+    "Throttled": ("ragguard.throttled", lambda e: {"ragguard.probability": e.probability}),
+    "CallRejected": ("ragguard.breaker_rejected", lambda e: {
+        "ragguard.breaker": e.breaker, "ragguard.reason": e.state,
+        "ragguard.retry_after_s": e.retry_after_s}),
+    "QuotaRejected": ("ragguard.quota_rejected", lambda e: {
+        "ragguard.tenant": e.tenant, "ragguard.reason": e.reason,
+        "ragguard.retry_after_s": e.retry_after_s}),
+    "StreamCut": ("ragguard.stream_cut", lambda e: {"ragguard.reason": e.budget, "ragguard.items": e.items}),
+    "FaultInjected": ("ragguard.fault", lambda e: {"ragguard.fault": e.fault}),
+    "BreakerTransition": ("ragguard.breaker_transition", lambda e: {
+        "ragguard.breaker": e.breaker, "ragguard.from_state": e.old, "ragguard.to_state": e.new,
+        "ragguard.reason": e.reason}),
+}  # fmt: skip
+
+
+_SETTLED: Any = object()
+
+
+class _OtelTracer:
+    """The :class:`ragguard.events.StageTracer` for OpenTelemetry, and the bus tap that adds each
+    decision to the span current where it is made."""
+
+    __slots__ = ("_context", "_makers", "_status", "_trace", "tracer", "untap")
+
+    def __init__(self, tracer: Any) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import Status, StatusCode
+
+        self.tracer = tracer
+        self._trace = trace
+        self._context = context
+        self._status = (Status, StatusCode.ERROR)
+        self.untap: Callable[[], None] | None = None
+        self._makers: dict[type, Any] = {}  # event type -> its _SPAN_EVENTS entry (by its classes' names)
+
+    def start(self, stage: str, tenant: str, breaker_state: str, operation: str) -> Any:
+        attributes = {"ragguard.stage": stage, "ragguard.tenant": tenant}
+        if breaker_state:
+            attributes["ragguard.breaker_state"] = breaker_state
+        if operation:
+            attributes["gen_ai.operation.name"] = operation
+        return self.tracer.start_span(f"ragguard.{stage}", attributes=attributes)
+
+    def attach(self, span: Any) -> Any:
+        return self._context.attach(self._trace.set_span_in_context(span))
+
+    def detach(self, token: Any) -> None:
+        self._context.detach(token)
+
+    def end(
+        self, span: Any, outcome: str, exc: BaseException | None, fallback: str, first_item_s: float | None
+    ) -> None:
+        if fallback:
+            span.set_attribute("ragguard.fallback", fallback)
+        if first_item_s is not None:
+            span.set_attribute("gen_ai.response.time_to_first_chunk", first_item_s)
+        span.set_attribute("ragguard.outcome", outcome)
+        if outcome == "error" and exc is not None:
+            kind = error_type(exc)
+            span.set_attribute("error.type", kind)
+            span.record_exception(exc)
+            status, error = self._status
+            span.set_status(status(error, kind))
+        span.end()
+
+    def record(self, event: Any) -> None:
+        """The bus tap: the event as a span event of the span current where it was emitted."""
+        kind = type(event)
+        make = self._makers.get(kind, _MISSING)
+        if make is _MISSING:
+            names = [c.__name__ for c in kind.__mro__]
+            make = next((_SPAN_EVENTS[n] for n in names if n in _SPAN_EVENTS), None)
+            if make is None and "StreamSettled" in names:
+                make = _SETTLED
+            self._makers[kind] = make
+        if make is None:
+            return
+        span = self._trace.get_current_span()
+        if not span.is_recording():
+            return
+        if make is _SETTLED:
+            span.set_attribute("gen_ai.usage.output_tokens", event.tokens)
+            span.set_attribute("ragguard.items", event.items)
+            return
+        name, attributes = make
+        span.add_event(name, _attributes(attributes(event)))
 
 
 class StageSpan:
@@ -454,8 +778,9 @@ class StageSpan:
     """
 
     __slots__ = (
-        "_bus", "_clock", "breaker_state", "fallback", "outcome", "span", "stage", "started", "tenant",
-    )
+        "_attached", "_bus", "_clock", "_tracer", "breaker_state", "fallback", "outcome", "span", "stage",
+        "started", "tenant",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -465,6 +790,7 @@ class StageSpan:
         span: Any,
         bus: events.EventBus | None,
         clock: Callable[[], float] = time.monotonic,
+        tracer: _OtelTracer | None = None,
     ) -> None:
         self.stage = stage
         self.tenant = tenant
@@ -474,6 +800,8 @@ class StageSpan:
         self.span = span
         self._bus = bus
         self._clock = clock
+        self._tracer = tracer
+        self._attached: Any = None
         self.started = clock()
 
     def set_breaker_state(self, state: str) -> None:
@@ -483,13 +811,13 @@ class StageSpan:
 
     def set_fallback(self, fallback: str) -> None:
         self.fallback = fallback
-        if self.span is not None:
-            self.span.set_attribute("ragguard.fallback", fallback)
 
     def set_outcome(self, outcome: str) -> None:
         self.outcome = outcome
 
     def __enter__(self) -> StageSpan:
+        if self._tracer is not None and self.span is not None:
+            self._attached = self._tracer.attach(self.span)
         return self
 
     def __exit__(
@@ -500,20 +828,18 @@ class StageSpan:
                 self.outcome = "fallback" if self.fallback else "success"
             else:
                 self.outcome = "error" if isinstance(exc, Exception) else "cancelled"
-        span = self.span
-        if span is not None:
-            span.set_attribute("ragguard.outcome", self.outcome)
-            if exc is not None and isinstance(exc, Exception):
-                from opentelemetry.trace import Status, StatusCode
-
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            span.end()
+        tracer = self._tracer
+        if tracer is not None and self.span is not None:
+            if self._attached is not None:
+                tracer.detach(self._attached)
+                self._attached = None
+            tracer.end(self.span, self.outcome, exc, self.fallback, None)
         bus = self._bus
         if bus is not None and bus.active:
+            error = error_type(exc) if self.outcome == "error" else ""
             bus.emit(
                 StageCompleted(self.stage, self.tenant, self.outcome, self._clock() - self.started,
-                               self.fallback, self.breaker_state)
+                               self.fallback, self.breaker_state, error)
             )  # fmt: skip
 
 
@@ -550,23 +876,111 @@ def otel_span(
     bus: events.EventBus | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Any:
-    """A context manager around one guarded stage: an OpenTelemetry span and a StageCompleted event.
+    """A context manager around one stage of your own: a span (current inside the block) and a
+    StageCompleted event, as a guarded stage has.
 
     The span (when :func:`enable_tracing` was called) is named ``ragguard.<stage>`` and carries
     ``ragguard.stage``, ``ragguard.tenant``, ``ragguard.breaker_state``, ``ragguard.fallback``
-    and ``ragguard.outcome``; an exception is recorded and sets the status to ERROR (a
-    cancellation does not). On exit a :class:`StageCompleted` is emitted on ``bus`` (default
-    :data:`ragguard.events.bus`) when it has listeners. With neither, it returns a shared no-op.
-    ``clock`` (monotonic seconds) times the stage. Yields a :class:`StageSpan`.
+    and ``ragguard.outcome``; an exception is recorded, sets ``error.type`` and the status to
+    ERROR (a cancellation does not). On exit a :class:`StageCompleted` is emitted on ``bus``
+    (default :data:`ragguard.events.bus`) when it has listeners. With neither, it returns a
+    shared no-op. ``clock`` (monotonic seconds) times the stage. Yields a :class:`StageSpan`.
     """
     b = events.bus if bus is None else bus
-    tracer = _tracer
+    tracer = events.tracer if isinstance(events.tracer, _OtelTracer) else None
     if tracer is None and not b.active:
         return _NO_SPAN
-    span = None
-    if tracer is not None:
-        attributes = {"ragguard.stage": stage, "ragguard.tenant": tenant}
-        if breaker_state:
-            attributes["ragguard.breaker_state"] = breaker_state
-        span = tracer.start_span(f"ragguard.{stage}", attributes=attributes)
-    return StageSpan(stage, tenant, breaker_state, span, b, clock)
+    span = None if tracer is None else tracer.start(stage, tenant, breaker_state, "")
+    return StageSpan(stage, tenant, breaker_state, span, b, clock, tracer)
+
+
+# -- OpenTelemetry metrics ------------------------------------------------------------------------
+
+
+class OTelMetrics:
+    """ragguard's events as OpenTelemetry metrics, beside (or instead of) Prometheus.
+
+    A listener of ``bus`` (default :data:`ragguard.events.bus`) from :meth:`start` on, recording
+    on a meter named ``ragguard`` of ``meter_provider`` (default: the global one):
+
+    - ``ragguard.stage.duration`` (histogram, s): ``ragguard.stage``, ``ragguard.outcome``,
+      ``error.type`` when it failed;
+    - ``ragguard.stage.time_to_first_chunk`` (histogram, s): a guarded stream's first item;
+    - ``ragguard.stream.tokens`` (counter, {token}): tokens of generation streams,
+      ``gen_ai.token.type`` ``output``;
+    - ``ragguard.rejections`` (counter, {call}): ``ragguard.rejection`` (``breaker``, ``quota``,
+      ``shed``, ``throttle``), ``ragguard.reason`` and the stage (breaker) it happened at;
+    - ``ragguard.fallbacks`` (counter, {call}): ``ragguard.stage``, ``ragguard.fallback`` and the
+      ``error.type`` it answered for.
+
+    No tenant attribute (a tenant id is unbounded). Raises ImportError with an install hint when
+    opentelemetry-api is missing.
+    """
+
+    def __init__(self, meter_provider: Any = None, *, bus: events.EventBus | None = None) -> None:
+        try:
+            from opentelemetry import metrics as otel_metrics
+        except ImportError as exc:
+            hint = install_hint("otel")
+            raise ImportError(f"OpenTelemetry metrics need opentelemetry-api: {hint}") from exc
+        provider = otel_metrics.get_meter_provider() if meter_provider is None else meter_provider
+        meter = provider.get_meter("ragguard")
+        self._bus = events.bus if bus is None else bus
+        self._stop: Callable[[], None] | None = None
+        self.duration = meter.create_histogram(
+            "ragguard.stage.duration", unit="s", description="Guarded stage latency, fallbacks included."
+        )
+        self.first_chunk = meter.create_histogram(
+            "ragguard.stage.time_to_first_chunk", unit="s",
+            description="Time to a guarded stream's first item.",
+        )
+        self.tokens = meter.create_counter(
+            "ragguard.stream.tokens", unit="{token}", description="Tokens counted in generation streams."
+        )
+        self.rejections = meter.create_counter(
+            "ragguard.rejections", unit="{call}", description="Calls ragguard refused, by kind and reason."
+        )
+        self.fallbacks = meter.create_counter(
+            "ragguard.fallbacks", unit="{call}", description="Answers served by a fallback."
+        )
+
+    def start(self) -> OTelMetrics:
+        """Subscribe to the bus; returns self. Starting twice is a no-op."""
+        if self._stop is None:
+            self._stop = self._bus.subscribe(self.handle)
+        return self
+
+    def close(self) -> None:
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop()
+
+    def handle(self, e: Any) -> None:
+        """Record one event (the bus listener). Unknown event types are ignored."""
+        kind = type(e).__name__
+        if kind == "StageCompleted":
+            attributes = {"ragguard.stage": e.stage, "ragguard.outcome": e.outcome}
+            error = getattr(e, "error", "")
+            if error:
+                attributes["error.type"] = error
+            self.duration.record(e.duration_s, attributes)
+            first = getattr(e, "first_item_s", None)
+            if first is not None:
+                self.first_chunk.record(first, {"ragguard.stage": e.stage})
+        elif kind == "StreamSettled":
+            if e.tokens:
+                self.tokens.add(e.tokens, {"ragguard.stage": e.stage, "gen_ai.token.type": "output"})
+        elif kind == "FallbackServed":
+            self.fallbacks.add(1, {"ragguard.stage": e.stage, "ragguard.fallback": e.fallback,
+                                   "error.type": e.cause})  # fmt: skip
+        elif kind == "CallRejected":
+            self._rejected("breaker", e.state, {"ragguard.breaker": e.breaker})
+        elif kind == "QuotaRejected":
+            self._rejected("quota", e.reason, {})
+        elif kind == "LoadShed":
+            self._rejected("shed", e.reason, {"ragguard.stage": e.stage})
+        elif kind == "Throttled":
+            self._rejected("throttle", "throttled", {"ragguard.stage": e.stage})
+
+    def _rejected(self, rejection: str, reason: str, where: dict[str, str]) -> None:
+        self.rejections.add(1, {"ragguard.rejection": rejection, "ragguard.reason": reason, **where})

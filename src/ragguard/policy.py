@@ -19,6 +19,7 @@ Options mirror resilience4j's names in snake_case with units (``open_for_s`` is 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import tomllib
@@ -27,7 +28,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from . import _model_errors, _validate
 from ._errors import ConfigError
@@ -35,6 +44,7 @@ from .breakers import EmbeddingTimeoutBreaker, RerankOOMBreaker, VectorStoreUnav
 from .breakers._options import NUMBER_OPTIONS, BreakerConfig, check_option
 
 __all__ = [
+    "IDEMPOTENT_PRESETS",
     "MAX_ERRORS_SHOWN",
     "MAX_POLICY_VALUES",
     "STANDARD_STAGES",
@@ -43,10 +53,12 @@ __all__ = [
     "GenerationPolicy",
     "HedgePolicy",
     "Policy",
+    "PoolQuota",
     "RetryPolicy",
     "StagePolicy",
     "TenantQuota",
     "ThrottlePolicy",
+    "TokenLimits",
 ]
 
 MAX_ERRORS_SHOWN = 20
@@ -55,7 +67,7 @@ MAX_POLICY_VALUES = 1_000_000
 """The most values (mappings, lists and scalars, counted after YAML aliases expand) a policy holds."""
 
 BreakerKind = Literal["embedding_timeout", "vector_store_unavailable", "rerank_oom", "generic", "none"]
-RetryOn = Literal["connection", "timeout", "out_of_memory", "any"]
+RetryOn = Literal["connection", "timeout", "out_of_memory", "rejection", "any"]
 Priority = Literal["critical", "interactive", "batch"]
 OverloadSignal = Literal["loop_lag", "pool_wait", "out_of_memory"]
 
@@ -85,6 +97,37 @@ _nesting = threading.local()
 _M = TypeVar("_M", bound=_Model)
 
 
+_MODEL_NAME_MAX = 128
+
+
+class TokenLimits(_Model):
+    """One model's token limits for a tenant (``TenantQuota.models``), on top of the tenant's own;
+    None means unlimited. The same fields, units and rules as :class:`TenantQuota`'s:
+
+    - ``tokens_per_s``, ``token_burst``: pacing of the output tokens the tenant's streams of this
+      model hand over;
+    - ``token_quota``: input + output tokens per ``token_window_s``; ``input_token_quota``: input
+      (prompt) tokens per window; ``output_token_quota``: output (generated) tokens per window.
+    """
+
+    tokens_per_s: float | None = Field(default=None, gt=0, le=1e9)
+    token_burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    input_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    output_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    token_window_s: float = Field(default=60.0, gt=0, le=31 * 86_400)
+
+    @property
+    def limits_tokens(self) -> bool:
+        """Whether any token limit is set."""
+        return not (
+            self.tokens_per_s is None
+            and self.token_quota is None
+            and self.input_token_quota is None
+            and self.output_token_quota is None
+        )
+
+
 class TenantQuota(_Model):
     """A tenant's share of the service; None means unlimited.
 
@@ -108,9 +151,17 @@ class TenantQuota(_Model):
       :class:`~ragguard.QuotaExceeded` with reason ``tokens``) and settles with its real count when
       it ends, however it ends, >= 1.
     - ``token_window_s``: the quota's window, seconds, > 0 (default 60: tokens per minute).
+    - ``input_token_quota``, ``output_token_quota``: input (prompt) and output (generated) tokens
+      per ``token_window_s``, each its own bucket, reserved and settled as ``token_quota`` is;
+      ``token_quota`` counts both together. Input tokens are what the stage's ``input_tokens=``
+      estimate or the provider's reported usage says (0 when neither is given).
+    - ``models``: model name -> :class:`TokenLimits`, limits of the tenant's streams of that model
+      on top of the tenant's own (the stage's ``model=`` option names the call's model; a model
+      not listed has the tenant's limits only). Names are 1 to 128 printable characters.
     - ``priority``: the priority of the tenant's requests at the stages' adaptive limits
-      (``critical``, ``interactive`` or ``batch``; a front door's ``x-priority`` header or
-      :func:`ragguard.overload.priority` overrides it per request). Over a limit, lower
+      (``critical``, ``interactive`` or ``batch``; a front door's ``x-priority`` header may lower
+      it per request, and raise it only for a trusted caller; :func:`ragguard.overload.priority`
+      in code overrides it). Over a limit, lower
       priorities are shed first.
     - ``weight``: the tenant's share when shedding within one priority (> 0, default 1): the
       tenant whose usage per unit of weight is highest is shed first.
@@ -125,12 +176,74 @@ class TenantQuota(_Model):
     token_burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
     token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
     token_window_s: float = Field(default=60.0, gt=0, le=31 * 86_400)
+    input_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    output_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
+    models: dict[str, TokenLimits] = Field(default_factory=dict)
     priority: Priority = "interactive"
     weight: float = Field(default=1.0, gt=0, le=1e6)
+
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: dict[str, TokenLimits]) -> dict[str, TokenLimits]:
+        for name in models:
+            if not 1 <= len(name) <= _MODEL_NAME_MAX or not name.isprintable():
+                raise ValueError(
+                    f"model names are 1 to {_MODEL_NAME_MAX} printable characters, got {name!r:.60}"
+                )
+        return models
+
+    @property
+    def limits_tokens(self) -> bool:
+        """Whether any token limit is set, the tenant's or a model's."""
+        return not (
+            self.tokens_per_s is None
+            and self.token_quota is None
+            and self.input_token_quota is None
+            and self.output_token_quota is None
+            and not any(m.limits_tokens for m in self.models.values())
+        )
 
     @property
     def unlimited(self) -> bool:
         return self.max_concurrency is None and self.rate_per_s is None and self.timeout_s is None
+
+
+class PoolQuota(_Model):
+    """A bound that a group of tenants share together (None means unlimited): the tenants not
+    named in :attr:`Policy.tenants` share one (:attr:`Policy.unlisted_pool`).
+
+    - ``max_concurrency``: requests of the whole group in flight at once, >= 1.
+    - ``rate_per_s``: requests of the whole group admitted per second (GCRA), > 0.
+    - ``burst``: requests admitted back to back above the rate, >= 1 (default: ceil(rate_per_s)).
+
+    Each request of a member counts against its own :class:`TenantQuota` and against the pool: it
+    is admitted only when both have a slot and a token (waiting, first come first served, up to
+    the tenant's ``max_wait_s``).
+    """
+
+    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
+    rate_per_s: float | None = Field(default=None, gt=0, le=1e9)
+    burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
+
+    @property
+    def unlimited(self) -> bool:
+        return self.max_concurrency is None and self.rate_per_s is None
+
+    def covers(self, quota: TenantQuota) -> bool:
+        """True when this pool is at least as strict as ``quota`` in concurrency, rate and burst:
+        then a member's own quota can never refuse what the pool admits (one check suffices)."""
+        if quota.max_concurrency is not None and (
+            self.max_concurrency is None or self.max_concurrency > quota.max_concurrency
+        ):
+            return False
+        if quota.rate_per_s is None:
+            return True
+        return (self.rate_per_s is not None and self.rate_per_s <= quota.rate_per_s
+                and _burst(self.burst, self.rate_per_s) <= _burst(quota.burst, quota.rate_per_s))
+
+
+def _burst(burst: int | None, rate: float) -> int:
+    return burst if burst is not None else max(1, math.ceil(rate))
 
 
 class BreakerPolicy(_Model):
@@ -198,9 +311,17 @@ class RetryPolicy(_Model):
     - ``attempts``: total attempts including the first (1 = no retry), 1-20.
     - backoff: exponential from ``initial_backoff_s`` times ``multiplier`` per retry, capped at
       ``max_backoff_s``, plus uniform jitter up to ``jitter_s`` (seconds).
-    - ``retry_on``: error classes that are retried: ``connection``, ``timeout``, ``out_of_memory``,
-      ``any`` (every error the stage's breaker counts). Never cancellation, BreakerOpen,
-      QuotaExceeded or DeadlineExceeded.
+    - ``retry_on``: the outcomes (:mod:`ragguard.outcomes`) that are retried: ``connection`` (a
+      dependency failure: refused, reset, 5xx, ``UNAVAILABLE``), ``timeout``, ``out_of_memory``,
+      ``rejection`` (429, 529, ``RESOURCE_EXHAUSTED``: after the wait the dependency stated), ``any``
+      (every error the stage's breaker counts, and rejections). Never a caller's error,
+      cancellation, BreakerOpen, QuotaExceeded, Overloaded or DeadlineExceeded. A stage that is not
+      idempotent (``StagePolicy.idempotent``) retries only errors raised before its request could
+      have left (a refused connection, a connect timeout).
+    - ``max_retry_after_s``: the longest wait a dependency may state (``Retry-After``,
+      ``retry-after-ms``, rate-limit resets, gRPC pushback) that a retry sleeps for, seconds; a
+      longer stated wait, or one the deadline cannot fit, ends the retries at once so the stage's
+      fallback serves. Default 10.
     - retry budget, after Envoy and Finagle: retries may add at most ``budget_ratio`` of the
       stage's calls over the last ``budget_window_s`` seconds (Envoy's default 20%), plus
       ``budget_min_per_s`` retries per second so a quiet stage can still retry.
@@ -219,7 +340,8 @@ class RetryPolicy(_Model):
     max_backoff_s: float = Field(default=1.0, ge=0, le=300)
     multiplier: float = Field(default=2.0, ge=1, le=10)
     jitter_s: float = Field(default=0.02, ge=0, le=60)
-    retry_on: tuple[RetryOn, ...] = ("connection", "timeout")
+    retry_on: tuple[RetryOn, ...] = ("connection", "timeout", "rejection")
+    max_retry_after_s: float = Field(default=10.0, ge=0, le=86_400)
     budget_ratio: float = Field(default=0.2, ge=0, le=1)
     budget_min_per_s: float = Field(default=10.0, ge=0)
     budget_window_s: float = Field(default=10.0, gt=0, le=3600)
@@ -383,6 +505,14 @@ class StagePolicy(_Model):
     - overload (:mod:`ragguard.overload`, each None = off): ``adaptive`` an adaptive concurrency
       limit with priority shedding, ``throttle`` client-side adaptive throttling, ``hedge`` hedged
       requests (idempotent stages only).
+    - ``idempotent``: whether calling the stage twice has the effect of calling it once (a read).
+      None (the default) takes the preset's answer: the ``embedding``, ``vector_store``,
+      ``rerank`` and ``generation`` presets are idempotent reads, a stage without a preset is not.
+      A stage that is not idempotent is retried only on errors raised before its request could
+      have left, and cannot hedge (ConfigError naming ``hedge``).
+    - ``max_threads``: worker threads the stage's sync functions run in at once, at most (the
+      stage's thread bulkhead, 1 to 10000, default 8; docs/sync.md). A thread a timeout stopped
+      waiting for counts until it returns; a call waits for a thread within its attempt's timeout.
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -395,10 +525,26 @@ class StagePolicy(_Model):
     rerank_min_batch: int = Field(default=4, ge=1)
     generation: GenerationPolicy = GenerationPolicy()
     preset: str | None = None
+    idempotent: bool | None = None
     adaptive: AdaptivePolicy | None = None
     throttle: ThrottlePolicy | None = None
     hedge: HedgePolicy | None = None
+    max_threads: int = Field(default=8, ge=1, le=10_000)
     layers: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def is_idempotent(self) -> bool:
+        """``idempotent``, or the preset's answer when it is None (see the class docstring)."""
+        if self.idempotent is not None:
+            return self.idempotent
+        return self.preset in IDEMPOTENT_PRESETS
+
+    @field_validator("hedge")
+    @classmethod
+    def _hedge_needs_idempotent(cls, value: HedgePolicy | None, info: Any) -> HedgePolicy | None:
+        if value is not None and info.data.get("idempotent") is False:
+            raise ValueError(_HEDGE_NOT_IDEMPOTENT)
+        return value
 
     @field_validator("layers")
     @classmethod
@@ -433,19 +579,30 @@ class StagePolicy(_Model):
         return self
 
 
+IDEMPOTENT_PRESETS = frozenset({"embedding", "vector_store", "rerank", "generation"})
+"""The presets whose stages are idempotent reads unless ``StagePolicy.idempotent`` says otherwise
+(a generation without tools has no effect at the provider; set ``idempotent: false`` for one that
+calls tools)."""
+
+_HEDGE_NOT_IDEMPOTENT = (
+    "hedge needs an idempotent stage: a hedged call runs twice; set idempotent: true (or use a "
+    "preset whose calls are reads: embedding, vector_store, rerank, generation)"
+)
+
+
 def _standard_stages() -> dict[str, StagePolicy]:
     return {
         "embedding": StagePolicy(
             preset="embedding",
             timeout_s=5.0,
             breaker=BreakerPolicy(kind="embedding_timeout"),
-            retry=RetryPolicy(attempts=2, retry_on=("connection",)),
+            retry=RetryPolicy(attempts=2, retry_on=("connection", "rejection")),
         ),
         "vector_store": StagePolicy(
             preset="vector_store",
             timeout_s=2.0,
             breaker=BreakerPolicy(kind="vector_store_unavailable"),
-            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout")),
+            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout", "rejection")),
         ),
         "rerank": StagePolicy(
             preset="rerank",
@@ -457,7 +614,7 @@ def _standard_stages() -> dict[str, StagePolicy]:
             preset="generation",
             timeout_s=None,
             breaker=BreakerPolicy(kind="generic"),
-            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout")),
+            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout", "rejection")),
         ),
     }
 
@@ -486,12 +643,35 @@ class Policy(_Model):
       the fields you set override the standard values and the rest keep them. Stages not listed use
       ``default_stage``.
     - ``tenants``: tenant id -> TenantQuota; tenants not listed get ``default_quota`` each.
+    - ``unlisted_pool``: the bound the tenants not listed share all together (a
+      :class:`PoolQuota`), so that new tenant ids cannot multiply ``default_quota``. None (the
+      default): ``default_quota``'s concurrency, rate and burst, i.e. all of them together get
+      what one of them gets, like one anonymous tenant. ``{}`` (no limit) gives each its own
+      ``default_quota`` with no bound on the sum: only when every tenant id is authenticated.
+      Listed tenants are never counted in it.
     """
 
     stages: dict[str, StagePolicy] = Field(default_factory=_standard_stages)
     default_stage: StagePolicy = StagePolicy(breaker=BreakerPolicy(kind="generic"))
     tenants: dict[str, TenantQuota] = Field(default_factory=dict)
     default_quota: TenantQuota = TenantQuota()
+    unlisted_pool: PoolQuota | None = None
+    _pool: tuple[Any, PoolQuota | None] = PrivateAttr(default=(None, None))
+
+    @model_validator(mode="after")
+    def _set_pool(self) -> Policy:
+        self._pool = self._derive_pool()
+        return self
+
+    def _derive_pool(self) -> tuple[Any, PoolQuota | None]:
+        """``(what it was derived from, the pool or None)``: one object for every unlisted tenant,
+        so backends tell a changed pool by identity."""
+        given = self.unlisted_pool
+        if given is not None:
+            return given, None if given.unlimited else given
+        q = self.default_quota
+        derived = PoolQuota(max_concurrency=q.max_concurrency, rate_per_s=q.rate_per_s, burst=q.burst)
+        return q, None if derived.unlimited else derived
 
     @model_validator(mode="after")
     def _fill_standard(self) -> Policy:
@@ -511,6 +691,8 @@ class Policy(_Model):
                 stage.breaker.config()
             except ConfigError as exc:
                 raise ConfigError(str(exc), field=f"{where}.breaker.{exc.field}") from None
+            if stage.hedge is not None and not stage.is_idempotent:
+                raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field=f"{where}.hedge")
         from ._context import validate_tenant_id
 
         for tenant_id in self.tenants:
@@ -520,6 +702,19 @@ class Policy(_Model):
     def stage(self, name: str) -> StagePolicy:
         """The policy of stage ``name`` (``default_stage`` when not listed)."""
         return self.stages.get(name, self.default_stage)
+
+    def pool(self, tenant_id: str) -> PoolQuota | None:
+        """The aggregate bound ``tenant_id`` shares with the other tenants not listed (see
+        ``unlisted_pool``); None for a listed tenant, or when the pool limits nothing."""
+        try:
+            if tenant_id in self.tenants:
+                return None
+        except TypeError:  # an unhashable id: not a tenant; the tenant context rejects it by name
+            return None
+        source, pool = self._pool
+        if source is not (self.unlisted_pool if self.unlisted_pool is not None else self.default_quota):
+            source, pool = self._pool = self._derive_pool()  # after model_copy(update=...)
+        return pool
 
     def quota(self, tenant_id: str) -> TenantQuota:
         """The quota of ``tenant_id`` (``default_quota`` when not listed)."""

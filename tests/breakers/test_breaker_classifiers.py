@@ -16,7 +16,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ragguard import DeadlineExceeded, InvalidInput
-from ragguard.breakers import counts_by_default, is_connection_error, is_out_of_memory, is_timeout
+from ragguard.breakers import (
+    counts_by_default,
+    counts_outages,
+    is_connection_error,
+    is_out_of_memory,
+    is_timeout,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -69,7 +75,7 @@ def test_real_redis_client_against_a_dead_port() -> None:
     assert is_connection_error(exc)
 
 
-def test_real_redis_timeout_is_both_a_timeout_and_connection_class(silent_port: int) -> None:
+def test_real_redis_timeout_is_a_timeout_that_every_breaker_counts(silent_port: int) -> None:
     async def ping() -> Exception:
         client = redis.asyncio.Redis(host="127.0.0.1", port=silent_port, socket_timeout=0.2,
                                      socket_connect_timeout=2,
@@ -81,7 +87,8 @@ def test_real_redis_timeout_is_both_a_timeout_and_connection_class(silent_port: 
 
     exc = asyncio.run(ping())
     assert isinstance(exc, redis.exceptions.TimeoutError)
-    assert is_timeout(exc) and is_connection_error(exc)
+    assert is_timeout(exc) and not is_connection_error(exc)
+    assert counts_outages(exc)  # a timeout is an outage to every typed breaker
 
 
 def test_real_redis_pool_exhausted(redis_server: object) -> None:
@@ -182,7 +189,7 @@ def test_httpx_errors_matched_by_class_name() -> None:
     pool = type("PoolTimeout", (timeout,), {"__module__": "httpx"})
     assert is_timeout(read_timeout("read")) and not is_connection_error(read_timeout("read"))
     assert is_connection_error(connect("refused")) and not is_timeout(connect("refused"))
-    assert is_connection_error(pool("pool exhausted")) and is_timeout(pool("pool exhausted"))
+    assert is_timeout(pool("pool exhausted")) and not is_connection_error(pool("pool exhausted"))
     status = _library_error("httpx", "HTTPStatusError")
     assert not (is_timeout(status("404")) or is_connection_error(status("404")))
 

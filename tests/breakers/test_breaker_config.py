@@ -25,6 +25,7 @@ from ragguard.breakers import (
     RerankOOMBreaker,
     classify_outcome,
     counts_by_default,
+    counts_outages,
     is_timeout,
     outcome_name,
 )
@@ -59,7 +60,7 @@ def test_typed_breakers_show_their_presets_in_the_config() -> None:
     config = EmbeddingTimeoutBreaker().config
     assert (config.slow_call_duration_s, config.slow_call_rate_threshold) == (3.0, 50.0)
     assert config.window_size == 20
-    assert config.classifier is is_timeout and config.slow_classifier is is_timeout
+    assert config.classifier is counts_outages and config.slow_classifier is is_timeout
     assert RerankOOMBreaker(open_for_s=30).config.open_for_s == 30.0
     # a config rebuilds the same breaker: options() are the breaker's keyword options
     again = CircuitBreaker("again", **EmbeddingTimeoutBreaker().config.options())

@@ -180,7 +180,9 @@ def test_the_retry_budget_keeps_its_sums_as_it_moves(ops: list[tuple[str, float]
 
 
 def _garbage_of(run: Any, times: int) -> int:
-    gc.collect()
+    for _ in range(5):  # earlier tests' garbage can take more than one pass (finalizers)
+        if not gc.collect():
+            break
     gc.disable()
     try:
         for _ in range(times):

@@ -604,15 +604,15 @@ async def test_bad_guard_options_raise_config_error_naming_them(
         assert name in str(info.value)
 
 
-async def test_guard_rejects_bad_stage_names_and_sync_functions() -> None:
+async def test_guard_rejects_bad_stage_names_and_sync_generator_functions() -> None:
     for bad in ("", None, 3):
         with pytest.raises(ConfigError):
             Guard().guard(bad)  # type: ignore[arg-type]
 
-    def sync(x: int) -> int:
-        return x
+    def sync(x: int) -> Any:
+        yield x
 
-    with pytest.raises(ConfigError, match="async"):
+    with pytest.raises(ConfigError, match="async generator"):
         Guard().guard("s")(sync)
 
 

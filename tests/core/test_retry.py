@@ -35,6 +35,7 @@ def _guard(
     clock: Any = None,
     sleep: Any = no_sleep,
     min_attempt_s: float = 0.0,
+    idempotent: bool = True,
     **retry: Any,
 ) -> Guard:
     retry.setdefault("jitter_s", 0.0)
@@ -42,6 +43,7 @@ def _guard(
         breaker=breaker or BreakerPolicy(kind="none"),
         retry=RetryPolicy(**retry),
         min_attempt_s=min_attempt_s,
+        idempotent=idempotent,  # a read: these tests are about the retries themselves
     )
     options: dict[str, Any] = {"sleep": sleep}
     if clock is not None:
@@ -173,6 +175,7 @@ async def test_jitter_comes_from_the_guards_rng() -> None:
                         retry=RetryPolicy(
                             attempts=3, retry_on=("connection",), initial_backoff_s=0.1, jitter_s=0.05
                         ),
+                        idempotent=True,
                     )
                 }
             ),

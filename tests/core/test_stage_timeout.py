@@ -79,7 +79,9 @@ async def test_a_stage_timeout_is_retried_as_a_timeout() -> None:
     clock = FakeClock()
     retry = RetryPolicy(attempts=3, retry_on=("timeout",), jitter_s=0.0, initial_backoff_s=0.5)
     g = Guard(
-        Policy(stages={"dep": StagePolicy(timeout_s=1.0, retry=retry, breaker=BreakerPolicy(kind="none"))}),
+        Policy(stages={"dep": StagePolicy(
+            timeout_s=1.0, retry=retry, breaker=BreakerPolicy(kind="none"), idempotent=True,
+        )}),
         clock=clock,
     )
     attempts = 0

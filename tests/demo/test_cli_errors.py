@@ -46,3 +46,11 @@ def test_a_long_bad_value_is_shown_bounded() -> None:
     assert len(text) < 200
     text = refused("demo", "--redis", "y" * 500)
     assert "--redis must be" in text and "..." in text and len(text) < 200, text
+
+
+@pytest.mark.parametrize("url", ["http://:hunter2-pw@127.0.0.1:6379", "redis://:hunter2-pw@127.0.0.1:port/0",
+                                 "redis://user:hunter2-pw@[::1", "ftp://h/0?password=hunter2-pw"])
+def test_a_bad_redis_url_is_refused_with_its_password_masked(url: str) -> None:
+    text = refused("demo", "--redis", url)
+    assert "ragguard demo: --redis " in text and "Traceback" not in text, text
+    assert "hunter2" not in text and "***" in text, text  # not even the first characters of it

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ragguard.cli import app
 
-COMMANDS = ("demo", "bench", "doctor", "version")
+COMMANDS = ("demo", "bench", "doctor", "top", "version")
 
 
 def help_text(*args: str) -> str:

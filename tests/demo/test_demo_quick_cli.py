@@ -47,7 +47,13 @@ def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
     assert guarded["ttft_ms"]["p95"] < unguarded["ttft_ms"]["p95"]
     assert guarded["stream_cuts"]["first_item"] + guarded["stream_cuts"]["idle"] > 0
     streams, greedy = guarded["streams_by_tenant"], report["greedy_tenants"][0]
-    assert streams[greedy]["paced_streams"] > 0, "the greedy tenant is paced"
+    # the greedy tenant asks for about twice its pacing rate when the machine keeps up; a busy
+    # machine serves it less, and a tenant whose streams together stay under the rate is not
+    # paced: only then may no stream have waited
+    rate_s = report["options"]["greedy_tokens_per_s"] * report["options"]["duration_s"]
+    assert streams[greedy]["paced_streams"] > 0 or streams[greedy]["tokens"] < 0.5 * rate_s, (
+        f"the greedy tenant is paced: {streams[greedy]}"
+    )
     assert all(v["paced_streams"] == 0 for t, v in streams.items() if t != greedy), "the others are not"
     horizon = report["options"]["duration_s"] + report["options"]["client_timeout_s"]
     rate = guarded["paced_tokens_per_s"][greedy]

@@ -1,5 +1,6 @@
 """`ragguard demo --redis` with Redis down, run as a user runs it: the run goes on on local state,
-its event log records the switch, and `ragguard doctor` reports the outage."""
+its event log records the switch, and `ragguard doctor` reports the outage. The URL's password is
+printed nowhere (issue 21, item 9)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+SECRET = "hunter2-Pa55"
+
+
 @pytest.mark.timeout(180)
 def test_demo_with_redis_down_records_the_outage_for_doctor(tmp_path: Path) -> None:
-    url = f"redis://127.0.0.1:{_free_port()}/0"
+    url = f"redis://:{SECRET}@127.0.0.1:{_free_port()}/0"
     demo = subprocess.run(
         [sys.executable, "-m", "ragguard.cli", "demo", "--quick", "--duration", "2", "--redis", url,
          "--out", "r2"],
         capture_output=True, text=True, timeout=170, cwd=tmp_path,
     )
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    written = "".join(p.read_text(errors="replace") for p in (tmp_path / "r2").glob("*.js*"))
+    assert SECRET not in demo.stdout + demo.stderr + written
+    assert json.loads((tmp_path / "r2" / "report.json").read_text())["options"]["redis_url"].startswith(
+        "redis://:***@127.0.0.1:")
     warned = [line for line in demo.stderr.splitlines() if "Redis unreachable" in line]
     assert warned, demo.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "r2" / "events.jsonl").read_text().splitlines()]

@@ -58,3 +58,8 @@ async def evalsha_calls(client: Any) -> int:
     """How many EVALSHA commands the server has run since its start (INFO commandstats)."""
     stats = await client.info("commandstats")
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def leases_in(client: Any, key: Any) -> int:
+    """The leases in a quota's lease set (ZCARD, less its ``tat`` member: the rate's state)."""
+    return int(await client.zcard(key)) - (1 if await client.zscore(key, "tat") is not None else 0)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ragguard.distributed._link import RedisLink, Script
-from ragguard.distributed._scripts import QUOTA_ADMIT
+from ragguard.distributed._scripts import QUOTA
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
 
@@ -59,5 +59,33 @@ async def test_script_is_loaded_again_after_noscript(client: Any) -> None:
     assert await script(b"k", "v") == b"vk"
     await client.script_flush()  # a restarted or flushed Redis has forgotten every script
     assert await script(b"k", "w") == b"wk"
-    admit = Script(client, QUOTA_ADMIT, 5)
-    assert admit.sha == (await client.script_load(QUOTA_ADMIT))  # the SHA1 redis-py would send
+    admit = Script(client, QUOTA, 3)
+    assert admit.sha == (await client.script_load(QUOTA))  # the SHA1 redis-py would send
+
+
+async def test_the_health_probes_leave_the_components_keys_alone(client: Any) -> None:
+    """The probe writes (so that a read-only replica fails it) only to a key of its own."""
+    from ragguard import CircuitBreaker, TenantQuota
+    from ragguard.distributed import RedisQuotas, SharedCircuitBreaker, quota_keys
+
+    b = SharedCircuitBreaker(CircuitBreaker("probed", minimum_calls=2, window_size=2, open_for_s=60.0),
+                             client, redis_timeout_s=0.8)
+    q = RedisQuotas(lambda t: TenantQuota(max_concurrency=2, rate_per_s=10.0), client)
+    try:
+        await b.start(strict=True)
+        for _ in range(2):
+            b.on_result(b.acquire(), 0.01, ConnectionRefusedError("down"))
+        await b.refresh()
+        lease = await q.acquire("acme")
+        watched = [b.keys[0], quota_keys("acme")[0]]
+        before = [await client.pttl(k) for k in watched]
+        for _ in range(5):
+            await b._link.check()
+            await q._link.check()
+        after = [await client.pttl(k) for k in watched]
+        assert all(t > 1000 for t in after) and all(a <= bb for a, bb in zip(after, before, strict=True))
+        assert (await client.hget(b.keys[0], "state")) == b"open"
+        q.release(lease)
+    finally:
+        await b.aclose()
+        await q.aclose()

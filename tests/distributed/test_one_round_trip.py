@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from distributed_helpers import PATIENT_S, evalsha_calls, make_client, until
+from distributed_helpers import PATIENT_S, evalsha_calls, leases_in, make_client, until
 
 from ragguard import QuotaExceeded, TenantQuota
 from ragguard.distributed import LocalLease, RedisQuotas, quota_keys
@@ -32,7 +32,7 @@ async def test_a_request_costs_one_round_trip(client: Any) -> None:
         # admission came to carry it within release_delay_s (a stall of the loop, on a busy machine)
         assert 100 <= scripts <= 105, scripts
         assert await until(lambda: q.pending_releases() == 0, 1.0) < 1.0  # the last one, too
-        assert await client.zcard(quota_keys("acme")[0]) == 0
+        assert await leases_in(client, quota_keys("acme")[0]) == 0
     finally:
         await q.aclose()
 
@@ -50,7 +50,7 @@ async def test_local_lease_admits_without_a_round_trip(client: Any) -> None:
         with pytest.raises(QuotaExceeded) as info:  # the replica's slots, one replica: all five
             await q.acquire("acme")
         assert info.value.reason == "concurrency"
-        assert await client.zcard(quota_keys("acme")[0]) == 5  # the borrowed slots are leases
+        assert await leases_in(client, quota_keys("acme")[0]) == 5  # the borrowed slots are leases
         for lease in held:
             q.release(lease)
     finally:
@@ -82,7 +82,7 @@ async def test_replicas_in_local_lease_mode_never_hold_more_slots_than_the_limit
 
     async def watch() -> None:
         for _ in range(40):
-            slots_seen.append(int(await clients[0].zcard(quota_keys("acme")[0])))
+            slots_seen.append(int(await leases_in(clients[0], quota_keys("acme")[0])))
             await asyncio.sleep(0.02)
 
     try:

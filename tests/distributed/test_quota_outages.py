@@ -14,7 +14,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from distributed_helpers import PATIENT_S, make_client, until
+from distributed_helpers import PATIENT_S, leases_in, make_client, until
 
 from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota
 from ragguard.distributed import RedisQuotas, SharedStateDegraded, quota_keys
@@ -105,8 +105,8 @@ async def test_redis_counts_the_requests_the_fallback_admitted(redis_server: Any
         assert not q.shared and all(lease is not None for lease in local)  # by the fallback
         proxy.restart()
         assert await until(lambda: q.shared, 3.0) < 3.0
-        assert await until(lambda: q.held() == 3, 1.0) < 1.0  # q put its three into Redis
-        assert await direct.zcard(quota_keys("acme")[0]) == 3
+        assert q.held() == 3 and q.uncounted() == 0  # q put its three into Redis before it came back
+        assert await leases_in(direct, quota_keys("acme")[0]) == 3
         from_other = [await admitted(other) for _ in range(4)]
         assert sum(lease is not None for lease in from_other) == 1  # 3 + 1 = max_concurrency
     finally:
@@ -116,35 +116,37 @@ async def test_redis_counts_the_requests_the_fallback_admitted(redis_server: Any
         await direct.aclose()
 
 
-async def test_an_adoption_that_fails_once_is_tried_again(redis_server: Any, fault_proxy: Any) -> None:
-    """The link is back (the probe's PING answered) but the first adoption command fails: one
-    timeout on a loaded machine, or on a cluster a master not back yet. The leases run here must
-    still reach Redis (then another replica sees them), not stay uncounted until they end."""
+async def test_a_put_back_that_fails_once_is_tried_again(redis_server: Any, fault_proxy: Any) -> None:
+    """The probe answered but the first command putting the leases back fails (one timeout on a
+    loaded machine, or on a cluster a master not back yet). The replica stays on local state and
+    tries again: it is back on shared state only once Redis counts every lease it runs, so another
+    replica never admits on its behalf."""
     proxy = fault_proxy(redis_server)
     client = make_client(proxy.host, proxy.port)
     direct = make_client(redis_server.host, redis_server.port)
     quota = TenantQuota(max_concurrency=4)
     q = RedisQuotas(lambda t: quota, client, probe_every_s=0.2, holder_id="blipped")
     other = RedisQuotas(lambda t: quota, direct, holder_id="other")
-    call = q._link.call
+    call = q._link.call_restoring
     failed: list[str] = []
+    counted_when_back: list[int] = []
 
-    async def first_adoption_fails(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if "adopt" in args and not failed:  # the sync script's mode, among its arguments
-            failed.append("adopt")
+    async def first_put_back_fails(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append("put back")
             raise SharedStateUnavailable("quotas: AttemptTimeout (injected)")
         return await call(fn, *args, **kwargs)
 
-    q._link.call = first_adoption_fails  # type: ignore[method-assign]
+    q._link.call_restoring = first_put_back_fails  # type: ignore[method-assign]
+    q._link.on_restored.append(lambda: counted_when_back.append(q.uncounted()))
     try:
         proxy.stop()
         local = [await admitted(q) for _ in range(3)]
         assert not q.shared and all(lease is not None for lease in local)
         proxy.restart()
         assert await until(lambda: q.shared, 3.0) < 3.0
-        assert await until(lambda: q.held() == 3, 3.0) < 3.0  # in Redis after all
-        assert failed == ["adopt"] and q.shared  # one failure: the link stayed up
-        assert await direct.zcard(quota_keys("acme")[0]) == 3
+        assert failed == ["put back"] and counted_when_back == [0]  # back only once all were in
+        assert await leases_in(direct, quota_keys("acme")[0]) == 3 and q.held() == 3
         from_other = [await admitted(other) for _ in range(4)]
         assert sum(lease is not None for lease in from_other) == 1  # 3 + 1 = max_concurrency
     finally:
@@ -162,7 +164,7 @@ async def test_no_lease_outlives_its_call_after_a_blip(redis_server: Any, fault_
     leases_key = quota_keys("acme")[0]
     try:
         running = [await q.acquire("acme") for _ in range(3)]
-        assert await direct.zcard(leases_key) == 3
+        assert await leases_in(direct, leases_key) == 3
         proxy.stop()  # a short loss of Redis (its data stays) ...
         await admitted(q)
         await admitted(q)
@@ -174,7 +176,7 @@ async def test_no_lease_outlives_its_call_after_a_blip(redis_server: Any, fault_
         left: list[int] = []
 
         async def count() -> None:
-            left.append(await direct.zcard(leases_key))
+            left.append(await leases_in(direct, leases_key))
 
         assert await until(lambda: left[-1] == 0, 2.0, count) < 2.0  # zero leases once calls end
         again = [await q.acquire("acme") for _ in range(3)]  # nothing in flight: all admitted
@@ -201,7 +203,7 @@ async def test_after_a_burst_every_one_at_a_time_request_is_admitted(redis_serve
         for _ in range(40):
             await flight.run(g, "acme", 0.0)  # raises QuotaExceeded if a lease leaked
         await g.aclose()
-        assert await client.zcard(quota_keys("acme")[0]) == 0
+        assert await leases_in(client, quota_keys("acme")[0]) == 0
     finally:
         await g.aclose()
         await client.aclose()
@@ -245,4 +247,74 @@ async def test_a_cancelled_admission_refunds_its_rate_token(
         await q.aclose()
         await other.aclose()
         await slow.aclose()
+        await direct.aclose()
+
+
+async def test_leases_lost_in_a_restart_are_counted_again_without_an_outage(redis_server: Any) -> None:
+    """Redis restarts (its data lost) while a replica runs calls and sends nothing: its link never
+    degrades, and still its calls hold their slots in Redis again within one renewal (lease_s / 3),
+    so another replica cannot admit on their behalf for long."""
+    quota = TenantQuota(max_concurrency=4)
+    a_client = make_client(redis_server.host, redis_server.port)
+    q = RedisQuotas(lambda t: quota, a_client, lease_s=1.5, holder_id="a")
+    b_client = make_client(redis_server.host, redis_server.port)
+    other = RedisQuotas(lambda t: quota, b_client, holder_id="b")
+    try:
+        running = [await q.acquire("acme") for _ in range(3)]
+        redis_server.restart()
+        assert q.shared  # nothing was sent meanwhile: no outage seen
+        left: list[int] = []
+
+        async def count() -> None:
+            left.append(await leases_in(b_client, quota_keys("acme")[0]))
+
+        assert await until(lambda: left[-1] == 3, 2.0, count) < 2.0  # put back by the renewal
+        from_other = [await admitted(other) for _ in range(4)]
+        assert sum(lease is not None for lease in from_other) == 1  # 3 + 1 = max_concurrency
+        for lease in running:
+            q.release(lease)
+    finally:
+        await q.aclose()
+        await other.aclose()
+        await a_client.aclose()
+        await b_client.aclose()
+
+
+async def test_a_request_waiting_in_the_fallback_when_redis_returns_is_decided_by_redis(
+    redis_server: Any, fault_proxy: Any
+) -> None:
+    """Issue 21 item 6: a request queued in the fallback during the outage and granted after the
+    restore used to run as a local lease Redis never counted; now Redis decides it."""
+    proxy = fault_proxy(redis_server)
+    client = make_client(proxy.host, proxy.port)
+    direct = make_client(redis_server.host, redis_server.port)
+    quota = TenantQuota(max_concurrency=2, max_wait_s=5.0)
+    q = RedisQuotas(lambda t: quota, client, probe_every_s=0.2, holder_id="q")
+    other = RedisQuotas(lambda t: TenantQuota(max_concurrency=2), direct, holder_id="other")
+    waiter: asyncio.Task[Any] | None = None
+    try:
+        proxy.stop()
+        local = [await q.acquire("acme") for _ in range(2)]  # the fallback's two slots
+        assert not q.shared
+        waiter = asyncio.create_task(q.acquire("acme"))  # queued in the fallback
+        await asyncio.sleep(0.05)
+        proxy.restart()
+        assert await until(lambda: q.shared, 3.0) < 3.0
+        assert await leases_in(direct, quota_keys("acme")[0]) == 2  # the two local leases went in first
+        with pytest.raises(QuotaExceeded):
+            await other.acquire("acme")  # 2 of 2: nobody admits on their behalf
+        q.release(local[0])  # the fallback hands its slot to the waiter, after the restore
+        got = await asyncio.wait_for(waiter, 3.0)
+        assert got.shared  # Redis admitted it (the old code ran it as a local lease)
+        assert await leases_in(direct, quota_keys("acme")[0]) == 2
+        with pytest.raises(QuotaExceeded):
+            await other.acquire("acme")
+        q.release(got)
+        q.release(local[1])
+    finally:
+        if waiter is not None and not waiter.done():
+            waiter.cancel()
+        await q.aclose()
+        await other.aclose()
+        await client.aclose()
         await direct.aclose()

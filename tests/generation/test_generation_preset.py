@@ -121,7 +121,7 @@ async def test_a_tenant_without_token_limits_gets_no_account() -> None:
 
     async with g.tenant("acme"):
         assert await collect(model()) == ["a"]
-    assert ragguard.rag.token_accounts(g)._accounts == {}
+    assert ragguard.rag.token_accounts(g)._tenants == {}
     assert issubclass(StreamTimeout, ragguard.StageTimeout)
 
 

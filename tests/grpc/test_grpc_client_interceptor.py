@@ -26,6 +26,7 @@ from ragguard.grpc import (
     RemoteUnavailable,
     client_interceptors,
 )
+from ragguard.outcomes import Kind, classify
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -104,14 +105,16 @@ async def test_deadline_exceeded_becomes_a_timeout(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["Unary", "StreamWrite", "ClientStream", "BidiWrite"])
-async def test_resource_exhausted_becomes_quota_exceeded_with_retry_after(kind: str) -> None:
+async def test_resource_exhausted_becomes_a_rejection_with_retry_after(kind: str) -> None:
     async with serving(Behaviors(), [GuardServerInterceptor()]) as target, guarded_channel(target) as ch:
         async with client_guard().tenant("acme"):
             with pytest.raises(RemoteQuotaExceeded) as info:
                 await call_kind(ch, kind, b"quota")
     err = info.value
-    assert isinstance(err, QuotaExceeded) and isinstance(err, ragguard.RagguardError)
+    # the dependency's rejection, not this service's own quota refusal
+    assert not isinstance(err, QuotaExceeded) and not isinstance(err, ragguard.RagguardError)
     assert (err.tenant, err.retry_after_s, err.reason) == ("acme", 2.5, "remote")
+    assert classify(err).kind is Kind.REJECTION and classify(err).retry_after_s == 2.5
     assert not is_connection_error(err) and not is_timeout(err)
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -168,8 +171,9 @@ async def test_a_typed_breaker_opens_on_remote_unavailable_with_no_extra_code() 
     assert breaker.state == BreakerState.OPEN
 
 
-async def test_remote_quota_exceeded_maps_back_to_resource_exhausted_upstream() -> None:
-    # downstream throttles; the upstream service forwards the pushback to its own caller
+async def test_remote_quota_exceeded_maps_to_unavailable_with_the_wait_upstream() -> None:
+    # downstream throttles; the upstream service forwards the pushback to its own caller as
+    # UNAVAILABLE (its caller is not over *its* quota: a dependency of the service is)
     async with serving(Behaviors(), [GuardServerInterceptor()]) as down, guarded_channel(down) as down_ch:
 
         async def upstream(request: bytes, context: aio.ServicerContext[bytes, bytes]) -> bytes:
@@ -191,8 +195,9 @@ async def test_remote_quota_exceeded_maps_back_to_resource_exhausted_upstream() 
                     await up_ch.unary_unary("/t.Up/Q")(b"quota", metadata=(("x-tenant-id", "acme"),))
         finally:
             await server.stop(None)
-    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert dict(info.value.trailing_metadata())["retry-after"] == "2.500"
+    assert "127.0.0.1" not in info.value.details()
 
 
 @pytest.mark.parametrize("key", ["X-Tenant", "tenant-bin", "", None])

@@ -18,3 +18,4 @@ def test_example_runs_and_exits() -> None:
     assert done.stdout.count("tenant=acme") == 3
     assert "refused: retry after" in done.stdout
     assert "bad input: INVALID_ARGUMENT" in done.stdout
+    assert "claimed acme: ran as default" in done.stdout

@@ -21,8 +21,8 @@ def test_example_runs_and_exits() -> None:
     assert lines[1].endswith('RateLimit="rate";r=0;t=1')
     assert lines[2] == "degraded: 200 ragguard-degraded: keyword_search"
     assert lines[3].startswith("504: 504 deadline exceeded")
-    # the whole message, not one cut mid-word ("...: u"): the middleware bounds what it echoes
-    assert lines[4] == ("400: 400 invalid tenant id 'no spaces allowed': use 1-64 characters from "
-                        "A-Z a-z 0-9 . _ : @ -, starting with a letter or digit")
-    assert lines[5] == "health: 200 ['vector_store']"
+    assert lines[4] == '401: 401 unknown API key (WWW-Authenticate: APIKey header="x-api-key")'
+    assert lines[5] == "claimed acme: 200 ran as default"  # a tenant header is not an API key
+    assert lines[6] == "400: 400 x-api-key was sent 2 times; send it once"
+    assert lines[7] == "health: 200 ['vector_store']"
     assert "RagguardMiddleware" in EXAMPLE.read_text() and "status_code ==" not in EXAMPLE.read_text()

@@ -24,6 +24,7 @@ from ragguard.breakers import (
     is_timeout,
 )
 from ragguard.httpx import GuardTransport, RemoteQuotaExceeded, RemoteUnavailable, retry_after_of
+from ragguard.outcomes import Kind, classify
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -146,28 +147,32 @@ async def test_429_and_503_become_typed_errors_with_retry_after_s() -> None:
             with pytest.raises(RemoteUnavailable) as forced:
                 await http.get("/raise/breaker_forced")
     quota = throttled.value
-    assert isinstance(quota, QuotaExceeded) and isinstance(quota, httpx.HTTPStatusError)
+    # the dependency's rejection, not this service's quota refusal
+    assert not isinstance(quota, QuotaExceeded) and isinstance(quota, httpx.HTTPStatusError)
     assert (quota.tenant, quota.reason, quota.retry_after_s) == ("acme", "remote", 0.5)
     assert quota.response.status_code == 429 and quota.response.json()["error"] == "QuotaExceeded"
+    assert classify(quota).kind is Kind.REJECTION and classify(quota).retry_after_s == 0.5
     assert not is_connection_error(quota)
     down = unavailable.value
-    assert isinstance(down, ConnectionError) and is_connection_error(down)
+    assert isinstance(down, ConnectionError)
     assert down.retry_after_s == 1.251  # the exact retry-after-ms, not the rounded Retry-After
     assert down.request.url.path == "/raise/breaker"
-    assert forced.value.retry_after_s is None
+    # a 503 that says when to come back is a rejection; one that does not, an outage
+    assert classify(down).kind is Kind.REJECTION and not is_connection_error(down)
+    assert forced.value.retry_after_s is None and is_connection_error(forced.value)
 
 
 async def test_a_vector_store_breaker_counts_503s_and_not_429s() -> None:
     breaker = VectorStoreUnavailableBreaker(minimum_calls=2, window_size=2, clock=FakeClock())
     with running(downstream(guard_with())) as url:
         async with client(url) as http:
-            for _ in range(2):
-                with pytest.raises(RemoteQuotaExceeded):
-                    await breaker.call(http.get, "/raise/quota")
-            assert breaker.state == BreakerState.CLOSED
+            for path in ("/raise/quota", "/raise/breaker"):  # 429, and 503 with Retry-After
+                with pytest.raises((RemoteQuotaExceeded, RemoteUnavailable)):
+                    await breaker.call(http.get, path)
+            assert breaker.state == BreakerState.CLOSED  # rejections: the dependency is up
             for _ in range(2):
                 with pytest.raises(RemoteUnavailable):
-                    await breaker.call(http.get, "/raise/breaker")
+                    await breaker.call(http.get, "/raise/breaker_forced")  # 503, no wait stated
     assert breaker.state == BreakerState.OPEN
 
 
@@ -197,9 +202,11 @@ async def test_two_ragguard_services_chain() -> None:
                 refused = await http.get("/ask", headers=headers)
     assert first["downstream"]["tenant"] == "acme"
     assert 0 < first["downstream"]["remaining"] <= first["remaining"] + 0.01 <= 3.01
-    # the downstream's 429 reaches the original caller with the same wait
-    assert refused.status_code == 429
+    # the downstream's 429 reaches the original caller as 503 (the caller is not over *its*
+    # quota: a dependency of the service is) with the same wait
+    assert refused.status_code == 503
     assert refused.headers["retry-after-ms"] == "250" and refused.headers["retry-after"] == "1"
+    assert refused.json()["outcome"] == "rejection" and "127.0.0.1" not in refused.text
 
 
 def test_retry_after_fields() -> None:

@@ -48,7 +48,7 @@ async def test_every_guard_event_becomes_a_metric() -> None:
     bus.emit(events.BreakerTransition("embedding", "closed", "open", 10.0, "slow-call rate"))
     bus.emit(events.FallbackServed("embed", "cache", "acme", "EmbeddingUnavailable"))
     bus.emit(events.QuotaRejected("acme", "rate", 0.5))
-    bus.emit(events.RetryScheduled("search", 2, 0.1, "ConnectionError"))
+    bus.emit(events.RetryScheduled("search", 2, 0.1, "ConnectionError", "acme"))
     bus.emit(events.RetryBudgetExhausted("search", "acme"))
     await _deliver()
 
@@ -76,7 +76,7 @@ async def test_every_guard_event_becomes_a_metric() -> None:
         == 1
     )
     assert value(exporter, "ragguard_quota_rejections_total", tenant="acme", reason="rate") == 1
-    assert value(exporter, "ragguard_retries_total", stage="search") == 1
+    assert value(exporter, "ragguard_retries_total", stage="search", tenant="acme") == 1
     assert value(exporter, "ragguard_retry_budget_exhausted_total", stage="search", tenant="acme") == 1
     exporter.close()
     bus.emit(events.QuotaRejected("acme", "rate", 0.5))
@@ -275,3 +275,32 @@ async def test_generation_streams_become_metrics() -> None:
     assert value(exporter, "ragguard_streams_cut_total", stage="generation", budget="idle") == 2
     assert value(exporter, "ragguard_stream_tokens_total", stage="generation", tenant="greedy") == 150
     assert value(exporter, "ragguard_stream_paced_seconds_total", stage="generation", tenant="greedy") == 2.0
+
+
+async def test_configured_tenants_keep_their_labels_after_100_junk_ids(isolated_registry: None) -> None:
+    # issue 21 item 8: the first 100 ids seen took every tenant label, the policy's tenants included
+    import ragguard
+
+    ragguard.configure(ragguard.Policy(tenants={"acme": ragguard.TenantQuota(max_concurrency=2)}))
+    exporter = PrometheusExporter(pools=False).start()  # the default registry's policy names acme
+
+    @ragguard.guard("lookup")
+    async def lookup() -> str:
+        return "ok"
+
+    try:
+        for i in range(100):
+            async with ragguard.tenant(f"junk{i}"):
+                await lookup()
+        async with ragguard.tenant("acme"):
+            await lookup()
+        async with ragguard.tenant("junk100"):
+            await lookup()
+        await _deliver()
+        tenants = _label_values(exporter, "ragguard_stage_duration_seconds_count", "tenant")
+    finally:
+        exporter.close()
+    assert "acme" in tenants, "a tenant the policy names keeps its own series"
+    assert "junk100" not in tenants and "other" in tenants
+    assert len(tenants) == 102  # 100 junk ids, other, acme
+    assert value(exporter, "ragguard_tenant_in_flight", tenant="acme") == 0

@@ -18,6 +18,7 @@ from ragguard.overload import limiters
 def _guard(clock: FakeClock, **hedge: Any) -> Guard:
     hedge.setdefault("budget_min_per_s", 1.0)  # a quiet stage may hedge its first calls
     policy = Policy(stages={"search": StagePolicy(
+        idempotent=True,
         hedge=HedgePolicy(min_samples=5, **hedge),
         adaptive=AdaptivePolicy(min_limit=32, initial_limit=32, max_limit=32, probe_limit=32, max_queue=0.0,
                                 early_queue=0.0),
@@ -195,8 +196,8 @@ async def test_cancelling_a_hedged_call_releases_every_slot() -> None:
 async def test_on_the_loops_clock_the_hedge_starts_from_a_timer_and_fast_calls_make_no_task() -> None:
     """A Guard on real monotonic time: the hedge's start is a loop timer (a task only when a hedge
     is sent). Real time, kept to tens of milliseconds."""
-    g = Guard(Policy(stages={"search": StagePolicy(hedge=HedgePolicy(min_samples=5, budget_min_per_s=10.0))}),
-              rng=random.Random(1))
+    stage = StagePolicy(idempotent=True, hedge=HedgePolicy(min_samples=5, budget_min_per_s=10.0))
+    g = Guard(Policy(stages={"search": stage}), rng=random.Random(1))
     state = hedge_state(g.stage("search"))
     for _ in range(20):
         state.tracker.add(0.02)

@@ -81,13 +81,15 @@ def test_history_is_windowed_on_the_guard_clock() -> None:
 
 
 class _Status(grpc.aio.AioRpcError):  # type: ignore[misc]
-    def __init__(self, code: grpc.StatusCode) -> None:
-        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), "x")
+    def __init__(self, code: grpc.StatusCode, *trailing: tuple[str, str]) -> None:
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailing), "x")
 
 
 def test_what_counts_as_a_rejection() -> None:
     assert is_rejection(_Status(grpc.StatusCode.RESOURCE_EXHAUSTED))
-    assert is_rejection(_Status(grpc.StatusCode.UNAVAILABLE))
+    # UNAVAILABLE is an outage (the breaker's), unless the server says when to come back
+    assert not is_rejection(_Status(grpc.StatusCode.UNAVAILABLE))
+    assert is_rejection(_Status(grpc.StatusCode.UNAVAILABLE, ("grpc-retry-pushback-ms", "250")))
     assert not is_rejection(_Status(grpc.StatusCode.DEADLINE_EXCEEDED))
     assert not is_rejection(TimeoutError())
     assert is_rejection(Overloaded("x", 0.1, "limit"))

@@ -1,5 +1,6 @@
 """Every third-party package ragguard's code imports is declared in pyproject.toml, by ragguard
-itself: in its dependencies or in one of the extras users install (otel, uvloop, http, demo).
+itself: in its dependencies or in one of the extras users install (otel, uvloop, http, demo, and the
+integrations' openai, anthropic, langchain, llama-index, qdrant).
 
 A package that only arrives through another one (sniffio came with older anyio and httpx, and with
 trio in the dev extra) works on the machine that wrote the import and fails on a user's: ``pip
@@ -17,7 +18,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 SRC = ROOT / "src" / "ragguard"
-RUNTIME_EXTRAS = ("otel", "uvloop", "http", "demo")  # not dev: users do not install it
+RUNTIME_EXTRAS = (  # not dev: users do not install it
+    *("otel", "uvloop", "http", "demo"),
+    *("openai", "anthropic", "langchain", "llama-index", "qdrant"),  # ragguard.integrations
+)
 # Imported only by code that runs inside the package: trio's paths run under trio, the pytest
 # plugin runs inside pytest.
 PRESENT_WHEN_RUN = {"trio": "the trio paths run only under trio", "pytest": "the plugin runs in pytest"}

@@ -35,6 +35,7 @@ def _trip_on_first(**extra: Any) -> BreakerPolicy:
 
 
 def _guard(clock: FakeClock, **stage: Any) -> Guard:
+    stage.setdefault("idempotent", True)  # reads: these tests are about calls and streams alike
     return Guard(Policy(stages={"tokens": StagePolicy(**stage), "answer": StagePolicy(**stage)}), clock=clock)
 
 

@@ -19,6 +19,11 @@ async def tokens(prompt: str) -> AsyncIterator[str]:
     yield prompt
 
 
+@guard("rerank")
+def predict(pairs: list[tuple[str, str]]) -> list[float]:  # sync: run in a worker thread
+    return [0.0 for _ in pairs]
+
+
 breaker = CircuitBreaker("llm", failure_rate_threshold=50.0, minimum_calls=10)
 
 
@@ -35,10 +40,11 @@ async def use() -> None:
         async for token in tokens("x"):
             chunk: str = token
         left: float | None = ragguard.remaining()
+        scores: list[float] = await predict([("q", "d")])
     g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=2)}))
     async with g.tenant("acme"):
         pass
-    del vectors, text, direct, chunk, left
+    del vectors, text, direct, chunk, left, scores
 
 
 async def closes_a_guarded_stream() -> list[str]:

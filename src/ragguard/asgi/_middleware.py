@@ -11,12 +11,24 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._compat import running_loop
+from .._compat import current_task, running_loop
 from .._context import DEFAULT_TENANT
-from .._errors import ConfigError, InvalidInput
+from .._errors import ConfigError, DeadlineExceeded, InvalidInput, PermissionDenied, Unauthenticated
+from .._handler_deadline import handler_deadline
 from .._http import DEGRADED_HEADER, TENANT_HEADER, TIMEOUT_HEADER, check_field_name, parse_timeout_ms
-from ..deadline import deadline
-from ..overload._priority import PRIORITY_HEADER, parse_priority, reset_priority, set_priority
+from .._identity import (
+    HeaderResolver,
+    HttpCaller,
+    Identity,
+    TenantResolver,
+    check_anonymous,
+    check_resolver,
+    request_priority,
+    resolve_identity,
+)
+from .._validate import seconds
+from ..deadline import Expiry, _deadline, deadline, remaining
+from ..overload._priority import reset_priority, set_priority
 from ._status import Headers, http_status_for, json_body
 
 if TYPE_CHECKING:
@@ -41,31 +53,51 @@ class RagguardMiddleware:
 
     Per request, before the app runs:
 
-    - the request's priority comes from the ``x-priority`` field (see :mod:`ragguard.overload`);
-    - the tenant id comes from the ``tenant_header`` field (default ``x-tenant-id``); without it
-      the request runs as the default tenant; a malformed id answers 400 with ragguard's message;
+    - the tenant comes from ``tenant_resolver`` (see :mod:`ragguard.asgi` and
+      :class:`~ragguard.asgi.Caller`): a callable, plain or async, given the request and
+      returning its tenant id, an :class:`~ragguard.asgi.Identity` or None. The default,
+      ``HeaderResolver(tenant_header)``, takes the ``x-tenant-id`` field as sent: trust it only
+      behind a proxy that sets it. A request with no identity runs as the ``anonymous`` tenant
+      (default ``"default"``; None refuses it with 401). A resolver's Unauthenticated answers 401
+      with ``WWW-Authenticate``, PermissionDenied 403, InvalidInput 400 (a malformed id, a field
+      sent twice); any other error or result of the resolver 401, logged;
+    - the request's priority comes from the ``x-priority`` field (see :mod:`ragguard.overload`):
+      it may lower the tenant's configured priority, and raise it only for a trusted identity;
     - the ``timeout_header`` field (default ``x-request-timeout-ms``: the caller's remaining
       budget in milliseconds) becomes the ragguard deadline; the tenant's ``timeout_s`` may
       shorten it; a malformed value answers 400;
     - the tenant's quota admits the request (``guard.tenant(id)``; the default registry, looked
       up per request, when ``guard`` is None); over quota answers 429.
 
+    The request body reaches the app under the deadline and ``body_timeout_s`` (default 10 s,
+    None for no bound): once the app has waited that long in all for body chunks, or the deadline
+    passes while it waits, its ``receive()`` raises InvalidInput (400) or DeadlineExceeded (504),
+    so a client that trickles its body cannot hold the tenant's slot past either.
+
     Inside the app, :func:`ragguard.current_tenant`, :func:`ragguard.remaining` and
     :func:`ragguard.degraded` work in endpoints, dependencies and their child tasks.
 
-    Errors leaving the app become responses (:func:`ragguard.asgi.http_status_for`): QuotaExceeded
-    429, BreakerOpen 503, DeadlineExceeded and StageTimeout 504, InvalidInput 400, with
-    ``Retry-After`` (whole seconds, rounded up, at least 1) and ``retry-after-ms`` (exact) when a
-    wait helps. Other errors are left to the app and the server. This holds whether the
+    Errors leaving the app become responses by their outcome (:func:`ragguard.asgi.http_status_for`,
+    :mod:`ragguard.outcomes`): QuotaExceeded 429; BreakerOpen, Overloaded and a dependency's
+    rejection 503; a dependency's failure 502; DeadlineExceeded, StageTimeout and a dependency's
+    timeout 504; InvalidInput 400; with ``Retry-After`` (whole seconds, rounded up, at least 1) and
+    ``retry-after-ms`` (exact) when a wait helps; no body names an upstream URL, host or port.
+    Other errors are left to the app and the server. This holds whether the
     middleware is added with ``app.add_middleware(RagguardMiddleware)`` or wraps the whole app
     (then Starlette's error middleware has already sent its 500: it is replaced).
+
+    The request's deadline bounds the whole handler, not only its guarded stages
+    (``enforce_deadline``, default True): when it passes the handler is cancelled and the request
+    answered 504 (a stream already started is ended, SSE with a ``ragguard-error`` event).
 
     A response served in part by fallbacks names them in ``degraded_header`` (default
     ``ragguard-degraded``), as far as they are known when the response starts.
 
     Streaming responses (SSE, chunked) hold the tenant's slot until the last chunk. When the client
     disconnects first, the app is cancelled (``cancel_on_disconnect``, default True) and the slot
-    released at once, for plain responses too. An error after the response started cannot change
+    released at once, for plain responses too. The watch for a disconnect starts only once the app
+    waits for something (its first real await) or reads the request: an app that answers without
+    waiting costs no watcher task. An error after the response started cannot change
     its status: an SSE stream gets one ``event: ragguard-error`` with the JSON body, then every
     stream is ended cleanly and the error logged (``ragguard.asgi``; with its traceback when the
     mapping does not know it) rather than re-raised, since servers drop the connection under an
@@ -83,12 +115,16 @@ class RagguardMiddleware:
         app: ASGIApp,
         *,
         guard: Guard | None = None,
+        tenant_resolver: TenantResolver | None = None,
+        anonymous: str | None = DEFAULT_TENANT,
         tenant_header: str = TENANT_HEADER,
         timeout_header: str | None = TIMEOUT_HEADER,
+        body_timeout_s: float | None = 10.0,
         exempt_paths: Iterable[str] = ("/health", "/metrics"),
         degraded_header: str | None = DEGRADED_HEADER,
         ratelimit_fields: bool = True,
         cancel_on_disconnect: bool = True,
+        enforce_deadline: bool = True,
     ) -> None:
         if not callable(app):
             raise ConfigError(f"RagguardMiddleware: app must be an ASGI callable, got {app!r}")
@@ -97,40 +133,56 @@ class RagguardMiddleware:
         self.app = app
         self._guard = guard
         self.tenant_header = check_field_name("tenant_header", tenant_header)
+        if tenant_resolver is None:
+            tenant_resolver = HeaderResolver(self.tenant_header)
+        elif tenant_header != TENANT_HEADER:
+            raise ConfigError("RagguardMiddleware: give tenant_resolver or tenant_header, not both")
+        self.tenant_resolver = check_resolver(tenant_resolver)
+        self.anonymous = anonymous
+        self._anonymous = check_anonymous(anonymous)
+        self.body_timeout_s = (
+            None if body_timeout_s is None else seconds("body_timeout_s", body_timeout_s, max_s=86_400)
+        )
         self.timeout_header = (
             None if timeout_header is None else check_field_name("timeout_header", timeout_header)
         )
         self.degraded_header = (
             None if degraded_header is None else check_field_name("degraded_header", degraded_header)
         )
-        self._tenant_key = self.tenant_header.encode()
-        self._timeout_key = None if self.timeout_header is None else self.timeout_header.encode()
         self.exempt_paths = _paths(exempt_paths)
         self.ratelimit_fields = bool(ratelimit_fields)
         self.cancel_on_disconnect = bool(cancel_on_disconnect)
+        self.enforce_deadline = bool(enforce_deadline)
+        self._later: _WatchLater | None = None
+
+    def _watch_later(self, loop: asyncio.AbstractEventLoop) -> _WatchLater:
+        later = self._later
+        if later is None or later.loop is not loop:
+            later = self._later = _WatchLater(loop)
+        return later
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self._exempt(scope):
             await self.app(scope, receive, send)
             return
-        raw_tenant = raw_timeout = raw_priority = None
-        for key, value in scope["headers"]:
-            if key == self._tenant_key:
-                raw_tenant = value
-            elif key == self._timeout_key:
-                raw_timeout = value
-            elif key == _PRIORITY_KEY:
-                raw_priority = value
         exchange = _Exchange(self, receive, send)
+        caller = HttpCaller(scope)
         try:
-            tenant_id = DEFAULT_TENANT if raw_tenant is None else raw_tenant.decode("latin-1")
+            identity = resolve_identity(self.tenant_resolver, caller, self._anonymous)
+            if not isinstance(identity, Identity):
+                identity = await identity  # an async resolver
             budget = None
-            if raw_timeout is not None:
-                budget = parse_timeout_ms(raw_timeout.decode("latin-1"), self.timeout_header or "")
+            if self.timeout_header is not None:
+                raw_timeout = caller.header(self.timeout_header)
+                if raw_timeout is not None:
+                    budget = parse_timeout_ms(raw_timeout, self.timeout_header)
             registry = self._guard if self._guard is not None else _default_guard()
-            request = registry.tenant(tenant_id)  # a bad id raises InvalidInput here
+            request = registry.tenant(identity.tenant)  # a bad id raises InvalidInput here
             limit = registry.deadline(budget)  # on the Guard's clock
-            priority = None if raw_priority is None else parse_priority(raw_priority)
+            priority = request_priority(caller, identity, registry.policy)
+        except (Unauthenticated, PermissionDenied) as exc:
+            await _refuse(send, exc)
+            return
         except InvalidInput as exc:
             await exchange.finish(exc)
             return
@@ -153,7 +205,116 @@ class RagguardMiddleware:
         return any(path == p or path.startswith(p + "/") for p in self.exempt_paths)
 
 
-_PRIORITY_KEY = PRIORITY_HEADER.encode()
+async def _refuse(send: Send, exc: Unauthenticated | PermissionDenied) -> None:
+    """Answer a request its tenant resolver refused: 401 (with the challenge) or 403."""
+    payload = json_body({"detail": str(exc), "error": type(exc).__name__})
+    headers: Headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    if isinstance(exc, Unauthenticated):
+        code = 401
+        headers.append((b"www-authenticate", exc.challenge.encode("latin-1", "replace")))
+    else:
+        code = 403
+    await send({"type": "http.response.start", "status": code, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+class _BodyReader:
+    """The app's ``receive()``, bounding how long the app waits for the request body: at most
+    ``body_timeout_s`` in all, and never past the request's deadline. Once the body is complete,
+    messages (the disconnect) pass through unbounded. Once a wait was cut, every later
+    ``receive()`` says the client is gone, and the response asks the server to close the
+    connection (``connection: close``): the rest of the body will never be read."""
+
+    __slots__ = ("_cut", "_done", "_exchange", "_left", "_receive", "_total", "_waiting")
+
+    def __init__(self, exchange: _Exchange, receive: Receive, body_timeout_s: float | None) -> None:
+        self._exchange = exchange
+        self._receive = receive
+        self._total = self._left = body_timeout_s
+        self._done = self._cut = self._waiting = False
+
+    async def __call__(self) -> Message:
+        if self._done:
+            return await self._receive()
+        if self._cut:
+            return {"type": "http.disconnect"}
+        left, deadline_left = self._left, remaining()
+        # a body message is awaited: a handler deadline that passes now cut the body (unread());
+        # left set when the wait raises, as a cancellation does
+        self._waiting = True
+        if left is None and deadline_left is None:
+            message = await self._receive()
+        else:
+            wait = min(x for x in (left, deadline_left) if x is not None)
+            start = anyio.current_time()
+            with anyio.move_on_after(wait) as cut:
+                message = await self._receive()
+            if cut.cancelled_caught:
+                self._cut = True
+                self._exchange._send = _closing(self._exchange._send)
+                if left is None or (deadline_left is not None and deadline_left <= left):
+                    raise DeadlineExceeded("request body", deadline_left, "the client had not sent all of it")
+                raise InvalidInput(
+                    f"the request body did not arrive within body_timeout_s ({self._total:g} s)"
+                )
+            if left is not None:
+                self._left = left - (anyio.current_time() - start)
+        self._waiting = False
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self._done = True  # complete (or the client left): waiting for the disconnect is not bounded
+        return message
+
+    def unread(self, exc: DeadlineExceeded) -> DeadlineExceeded:
+        """What the deadline ``exc`` (the handler's) answers: when it passed while the app waited
+        for the body, the same 504 as a cut body read, and the connection closed (the rest of the
+        body will never be read); else ``exc`` itself."""
+        if not self._waiting or self._cut:
+            return exc
+        self._cut = True
+        self._exchange._send = _closing(self._exchange._send)
+        return DeadlineExceeded("request body", exc.budget_s, "the client had not sent all of it")
+
+
+def _closing(send: Send) -> Send:
+    """``send``, adding ``connection: close`` to the response's start (RFC 9110 section 9.6)."""
+
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+
+    return closing
+
+
+class _WatchLater:
+    """Starts the disconnect watchers of the requests still running when ``loop`` next gets
+    control: one ``call_soon`` per loop iteration for all of them, none per request, so a request
+    whose app answers without waiting costs a dict insert and delete, not a task."""
+
+    __slots__ = ("_scheduled", "exchanges", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.exchanges: dict[_Exchange, None] = {}
+        self._scheduled = False
+
+    def add(self, exchange: _Exchange) -> None:
+        self.exchanges[exchange] = None
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._start)
+
+    def discard(self, exchange: _Exchange) -> None:
+        self.exchanges.pop(exchange, None)
+
+    def _start(self) -> None:
+        self._scheduled = False
+        waiting, self.exchanges = self.exchanges, {}
+        for exchange in waiting:
+            exchange._start_watcher()
 
 
 class _Exchange:
@@ -170,7 +331,9 @@ class _Exchange:
         "_receive",
         "_running",
         "_send",
+        "_starter",
         "_taken",
+        "_watcher",
         "complete",
         "content_length",
         "disconnected",
@@ -190,6 +353,8 @@ class _Exchange:
         self._cancel: Callable[[], Any] | None = None  # cancels the app when the client leaves
         self._running = False  # the app (or its admission) is running: a disconnect cancels it
         self._cut = False  # the app was cancelled because the client left
+        self._starter: _WatchLater | None = None  # starts the watcher once the app waits
+        self._watcher: asyncio.Task[None] | None = None
         self.request: TenantContext | None = None
         self.started = False
         self.complete = False
@@ -203,7 +368,8 @@ class _Exchange:
         if not self._middleware.cancel_on_disconnect:
             failure = await self._serve(scope, request, limit, self._receive)
         else:
-            task = asyncio.current_task() if _on_asyncio() else None
+            loop = running_loop()  # None under trio
+            task = None if loop is None else current_task(loop)
             if task is not None:
                 failure = await self._serve_watched_asyncio(scope, request, limit, task)
             else:
@@ -213,24 +379,40 @@ class _Exchange:
     async def _serve(
         self, scope: Scope, request: TenantContext, limit: deadline, receive: Receive
     ) -> Exception | None:
+        body = _BodyReader(self, receive, self._middleware.body_timeout_s)
         try:
             with limit:
                 async with request:
                     self.request = request
-                    await self._middleware.app(scope, receive, self.send)
+                    expiry = _deadline.get() if self._middleware.enforce_deadline else None
+                    if expiry is None:
+                        await self._middleware.app(scope, body, self.send)
+                    else:
+                        await self._bounded(scope, body, expiry)
+        except DeadlineExceeded as exc:
+            return body.unread(exc)
         except Exception as exc:
             return exc
         finally:
             self.request = None
         return None
 
+    async def _bounded(self, scope: Scope, receive: Receive, expiry: Expiry) -> None:
+        """Run the app until the request's deadline: past it, cancel the app and raise
+        DeadlineExceeded (504), whether or not the app awaits a guarded stage."""
+        with handler_deadline(expiry):
+            await self._middleware.app(scope, receive, self.send)
+
     async def _serve_watched_asyncio(
         self, scope: Scope, request: TenantContext, limit: deadline, task: asyncio.Task[Any]
     ) -> Exception | None:
         # asyncio without a task group (which costs a loop iteration per request): the watcher
-        # cancels this task, and the cancellation is taken back here (uncancel) when it was ours
+        # cancels this task, and the cancellation is taken back here (uncancel) when it was ours.
+        # The watcher task starts only when the loop gets control while the app runs (its first
+        # real await) or when the app reads: an app that answers at once never pays for a task.
         self._cancel = task.cancel
-        watcher = asyncio.get_running_loop().create_task(self._watch())
+        self._starter = self._middleware._watch_later(task.get_loop())
+        self._starter.add(self)
         self._running = True
         failure: Exception | None = None
         try:
@@ -241,10 +423,19 @@ class _Exchange:
             return None
         finally:
             self._running = False
-            watcher.cancel()
+            if self._watcher is not None:
+                self._watcher.cancel()
+            elif self._starter is not None:
+                self._starter.discard(self)
+                self._starter = None
         if self._cut:
             task.uncancel()  # the app swallowed our cancellation
         return failure
+
+    def _start_watcher(self) -> None:
+        self._starter = None
+        if self._watcher is None and self._running:
+            self._watcher = running_loop().create_task(self._watch())  # type: ignore[union-attr]
 
     async def _serve_watched_anyio(
         self, scope: Scope, request: TenantContext, limit: deadline
@@ -353,6 +544,9 @@ class _Exchange:
     # -- what the app receives --------------------------------------------------------------
 
     async def receive(self) -> Message:
+        if self._starter is not None:  # the app reads before its first await: watch from now on
+            self._starter.discard(self)
+            self._start_watcher()
         while not self._inbox:
             if self._mail is None or self._mail.is_set():  # concurrent receivers share one event
                 self._mail = anyio.Event()
@@ -391,9 +585,6 @@ class _Exchange:
             log.debug("ragguard.asgi: receive() failed while watching for a disconnect", exc_info=True)
             self._deliver({"type": "http.disconnect"})
 
-
-def _on_asyncio() -> bool:
-    return running_loop() is not None  # None under trio
 
 
 def _paths(paths: Iterable[str]) -> tuple[str, ...]:

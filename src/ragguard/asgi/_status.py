@@ -1,25 +1,34 @@
-"""How ragguard errors become HTTP responses.
+"""How errors become HTTP responses: by their outcome (:mod:`ragguard.outcomes`), so a
+dependency's error maps as surely as ragguard's own.
 
-==========================  ======  =============================================================
-error                       status  headers
-==========================  ======  =============================================================
-QuotaExceeded               429     ``Retry-After`` (whole seconds, rounded up, >= 1),
-                                    ``retry-after-ms`` (exact), ``RateLimit`` (see below)
-QuotaExceeded (deadline)    504     (the wait for a slot or token outlasted the deadline)
-BreakerOpen                 503     ``Retry-After`` and ``retry-after-ms`` when the breaker knows
-Overloaded                  503     ``Retry-After`` and ``retry-after-ms`` (shed by an adaptive
-                                    limit or throttle)
-DeadlineExceeded            504
-StageTimeout                504     (a dependency was slower than its stage allows)
-InvalidInput (ValueError)   400     (bad tenant id, bad timeout field, corrupt payload)
-anything else               --      left to the application and the server (500)
-==========================  ======  =============================================================
+==================================  ======  =========================================================
+error (its outcome)                 status  headers
+==================================  ======  =========================================================
+QuotaExceeded (ragguard's quota)    429     ``Retry-After`` (whole seconds, rounded up, >= 1),
+                                            ``retry-after-ms`` (exact), ``RateLimit`` (see below)
+QuotaExceeded (deadline)            504     (the wait for a slot or token outlasted the deadline)
+BreakerOpen                         503     ``Retry-After`` and ``retry-after-ms`` when the breaker knows
+Overloaded                          503     ``Retry-After`` and ``retry-after-ms`` (shed by an adaptive
+                                            limit or throttle)
+DeadlineExceeded                    504
+StageTimeout, a dependency timeout  504     (a dependency was slower than its stage allows)
+a dependency's rejection (429,      503     ``Retry-After`` and ``retry-after-ms``: the wait it stated,
+529, RESOURCE_EXHAUSTED)                    else 1 s (the caller is not over *its* quota: no 429)
+a dependency's failure (refused,    502     (503 for out of memory); the wait it stated, if any
+reset, 5xx, UNAVAILABLE)
+InvalidInput (ValueError)           400     (bad tenant id, bad timeout field, corrupt payload)
+a dependency's 400/413/422          400     (the request was invalid; other 4xx from a dependency: 502)
+anything else                       --      left to the application and the server (500)
+==================================  ======  =========================================================
 
-The body is JSON: ``{"detail": str(error), "error": "<class name>", "retry_after_s": float}``
-(``retry_after_s`` only when there is a wait to tell). An error that cut a stream adds ``"items"``
-(how many items the caller had been sent) and, for :class:`~ragguard.StreamTimeout`, ``"budget"``
+The body is JSON: ``{"detail": ..., "error": "<class name>", "outcome": "<kind>", "retry_after_s":
+float}`` (``retry_after_s`` only when there is a wait to tell). ``detail`` is ragguard's message for
+its own errors and a general sentence for a dependency's ("a dependency of this service failed"): no
+body names an upstream URL, host or port. An error that cut a stream adds ``"items"`` (how many
+items the caller had been sent) and, for :class:`~ragguard.StreamTimeout`, ``"budget"``
 (``first_item``, ``idle`` or ``total``); in an SSE stream they reach the client in the
-``ragguard-error`` event.
+``ragguard-error`` event. Every wait is clamped (a day at most; ``1e308`` or infinity included):
+formatting one never raises.
 
 ``RateLimit`` follows the IETF draft "RateLimit header fields for HTTP"
 (draft-ietf-httpapi-ratelimit-headers, -08 onwards): on a 429 refused by the tenant's concurrency
@@ -35,21 +44,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._errors import (
-    BreakerOpen,
-    DeadlineExceeded,
-    InvalidInput,
-    Overloaded,
-    QuotaExceeded,
-    StageTimeout,
-    StreamTimeout,
-)
+from .._errors import QuotaExceeded, StreamTimeout
 from .._http import (
     RETRY_AFTER_HEADER,
     RETRY_AFTER_MS_HEADER,
     format_retry_after,
     format_retry_after_ms,
 )
+from ..outcomes import classify
+from ..outcomes._doors import door_answer
 
 __all__ = ["HttpStatus", "http_status_for"]
 
@@ -69,34 +72,38 @@ def _wait_headers(seconds: float | None) -> Headers:
     ]
 
 
+_STATUSES = {
+    "quota": 429,
+    "quota_deadline": 504,
+    "unavailable": 503,
+    "deadline": 504,
+    "failure": 502,
+    "rejection": 503,
+    "invalid": 400,
+    "precondition": 502,
+}
+
+
 def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> HttpStatus | None:
     """The (status, headers, JSON body) that ``exc`` maps to, or None to leave it to the app.
 
     ``ratelimit_fields``: add the draft ``RateLimit`` field to a quota's 429 (see the module
-    docstring). Header names are lowercase bytes, as ASGI wants them.
+    docstring). Header names are lowercase bytes, as ASGI wants them. Never raises for any wait.
     """
-    status: int
-    headers: Headers = []
-    wait: float | None = None
-    if isinstance(exc, QuotaExceeded):
-        if exc.reason == "deadline":
-            status = 504
-        else:
-            status, wait = 429, exc.retry_after_s
-            headers = _wait_headers(wait)
-            if ratelimit_fields and exc.reason in _QUOTA_POLICIES:
-                reset = format_retry_after(exc.retry_after_s)
-                headers.append((b"ratelimit", f'"{exc.reason}";r=0;t={reset}'.encode()))
-    elif isinstance(exc, (BreakerOpen, Overloaded)):
-        status, wait = 503, exc.retry_after_s
-        headers = _wait_headers(wait)
-    elif isinstance(exc, (DeadlineExceeded, StageTimeout)):
-        status = 504
-    elif isinstance(exc, InvalidInput):
-        status = 400
-    else:
+    outcome = classify(exc)
+    answer = door_answer(exc, outcome)
+    if answer is None:
         return None
-    body: dict[str, Any] = {"detail": str(exc), "error": type(exc).__name__}
+    what, wait, detail = answer
+    status = _STATUSES[what]
+    if what == "failure" and outcome.out_of_memory:
+        status = 503
+    headers = _wait_headers(wait)
+    if what == "quota" and ratelimit_fields and isinstance(exc, QuotaExceeded):
+        if exc.reason in _QUOTA_POLICIES:
+            reset = format_retry_after(wait or 0.0)
+            headers.append((b"ratelimit", f'"{exc.reason}";r=0;t={reset}'.encode()))
+    body: dict[str, Any] = {"detail": detail, "error": type(exc).__name__, "outcome": outcome.kind.value}
     if wait is not None:
         body["retry_after_s"] = round(wait, 6)
     if isinstance(exc, StreamTimeout):

@@ -267,6 +267,7 @@ def bench_policy(tenants: Sequence[TenantPlan], *, adaptive: bool, deadline_s: f
             timeout_s=deadline_s / 2,
             breaker=BreakerPolicy(kind="vector_store_unavailable", **common),
             retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout"), initial_backoff_s=0.02),
+            idempotent=True,
             hedge=HedgePolicy(quantile=0.95, min_delay_s=0.01) if adaptive else None,
         ),
         "rank": StagePolicy(

@@ -1,7 +1,9 @@
 """What one call's end means to a breaker: :func:`classify_outcome` and the outcome codes.
 
 The in-memory breaker and the Redis-shared one classify with this one function, so a call counts
-the same way whichever breaker records it. A code is the ``FAILED | SLOW`` bits of the sliding
+the same way whichever breaker records it; the classifiers it asks (``config.classifier``: every
+breaker kind's default is a question about :func:`ragguard.outcomes.classify`) are the same
+answer every other layer reads. A code is the ``FAILED | SLOW`` bits of the sliding
 windows (see ``_window``), or :data:`IGNORED`::
 
     SUCCESS 0, FAILURE 1, SLOW_SUCCESS 2, SLOW_FAILURE 3, IGNORED -1

@@ -35,7 +35,7 @@ names the fallbacks that served this request alone.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -69,10 +69,12 @@ def demo_policy(
     tenant_timeout_s: float = 2.0,
     greedy: Mapping[str, TenantQuota] | None = None,
     default_quota: TenantQuota | None = None,
+    known: Iterable[str] = (),
 ) -> Policy:
     """The demo's policy: short attempt timeouts and quick-to-trip breakers that stay open
     ``open_for_s`` seconds (scaled to the run), a ``tenant_timeout_s`` deadline per request, the
-    given tenants' quotas (the greedy one) and ``default_quota`` for everyone else.
+    given tenants' quotas (the greedy one), ``default_quota`` for each ``known`` tenant (listed, so
+    each keeps its own) and for everyone else (who share one, as tenants not listed do).
 
     Raises ConfigError for an ``open_for_s`` that is not a positive number of seconds."""
     if not (open_for_s > 0 and math.isfinite(open_for_s)):
@@ -104,7 +106,8 @@ def demo_policy(
         ),
     }
     base = default_quota or TenantQuota(max_concurrency=8, timeout_s=tenant_timeout_s)
-    return Policy(stages=stages, tenants=dict(greedy or {}), default_quota=base)
+    tenants = {**{t: base for t in known}, **dict(greedy or {})}
+    return Policy(stages=stages, tenants=tenants, default_quota=base)
 
 
 class GuardedPipeline:

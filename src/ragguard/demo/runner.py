@@ -73,6 +73,8 @@ class DemoOptions:
       within it.
     - ``backends_in_process``: run the backends in this event loop instead of a child process.
     - ``progress``: draw progress bars and the table on the console.
+    - ``status_port``: during the guarded run, serve its Guard's status (``/status``, what
+      ``ragguard top http://127.0.0.1:PORT/status`` shows) on 127.0.0.1 at this port (None: not).
     """
 
     duration_s: float | None = None
@@ -92,6 +94,7 @@ class DemoOptions:
     slo_s: float = 1.0
     backends_in_process: bool = False
     progress: bool = True
+    status_port: int | None = None
 
     def __post_init__(self) -> None:
         d = self.duration_s
@@ -107,15 +110,16 @@ class DemoOptions:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a positive number, got {reprlib.repr(value)}", field=name)
+        port = self.status_port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+            said = f"status_port must be a port 1..65535, got {reprlib.repr(port)}"
+            raise ConfigError(said, field="status_port")
         if not self.tenants:
             raise ConfigError("tenants must name at least one well-behaved tenant")
         if self.greedy_tenant in self.tenants:
             raise ConfigError(f"greedy_tenant {self.greedy_tenant!r} is also listed in tenants")
-        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(
-                f"redis_url must be a redis://, rediss:// or unix:// URL, got {reprlib.repr(self.redis_url)}",
-                field="redis_url",
-            )
+        if self.redis_url is not None:
+            _check_redis_url(self.redis_url)
 
     @property
     def run_duration_s(self) -> float:
@@ -222,6 +226,7 @@ def cli_main(
     quick: bool = False,
     out_dir: Path | None = Path("ragguard-report"),
     seed: int = 7,
+    status_port: int | None = None,
 ) -> int:
     """What ``ragguard demo`` calls: runs the demo, prints the table; returns the exit code (0).
 
@@ -235,6 +240,7 @@ def cli_main(
         quick=quick,
         out_dir=out_dir,
         seed=seed,
+        status_port=status_port,
     )
     run_demo(options)
     return 0
@@ -346,6 +352,24 @@ def _port(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
+def _check_redis_url(url: object) -> None:
+    """Refuse a ``--redis`` value that is no Redis URL, naming it with its password masked."""
+    from ragguard.distributed import mask_url
+
+    shown = reprlib.repr(mask_url(url)) if isinstance(url, str) else reprlib.repr(url)
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"redis_url must be a redis://, rediss:// or unix:// URL, got {shown}",
+                          field="redis_url")
+    from redis.asyncio.connection import parse_url
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        reason = reprlib.repr(mask_url(url, str(exc)))
+        raise ConfigError(f"redis_url is not a valid Redis URL ({reason}): got {shown}",
+                          field="redis_url") from None
+
+
 def _redis_client(url: str | None) -> Any:
     """A redis.asyncio client for ``--redis``: short timeouts and no retries of its own (ragguard
     falls back to local state when Redis is slow or down)."""
@@ -380,6 +404,10 @@ async def _run(
     generation: GenerationTally | None = None
     if mode == "guarded":
         server, closers, guard = _guarded_service(shared, options, duration, redis)
+        if options.status_port is not None:
+            from ragguard.status import serve
+
+            closers.append(_closing(serve(options.status_port, guard)))
         breakers = list(BREAKERS)
         rerank_floor = guard.policy.stage("rerank").rerank_min_batch
         paced = {t: q.tokens_per_s for t, q in guard.policy.tenants.items() if q.tokens_per_s is not None}
@@ -438,6 +466,13 @@ async def _run(
 Closer = Callable[[], Awaitable[None]]
 
 
+def _closing(server: Any) -> Closer:
+    async def close() -> None:
+        await asyncio.to_thread(server.close)
+
+    return close
+
+
 def _unguarded_service(shared: _Shared, options: DemoOptions) -> tuple[RetrievalServer, list[Closer]]:
     clients = BackendClients(shared.addresses)
     pipeline = UnguardedPipeline(clients, shared.reranker, shared.passages, PipelineSettings())
@@ -451,6 +486,7 @@ def _guarded_service(
     policy = demo_policy(
         open_for_s=max(1.0, duration / 20),
         tenant_timeout_s=2.0,
+        known=options.tenants,  # the well-behaved tenants: each keeps its own default quota
         greedy={
             options.greedy_tenant: TenantQuota(
                 max_concurrency=4, rate_per_s=greedy_rate * 0.6, burst=max(1, math.ceil(greedy_rate * 0.2)),
@@ -521,5 +557,7 @@ def _options_dict(options: DemoOptions, duration: float, scenario: Scenario) -> 
     out["scenario"] = str(options.scenario) if options.scenario else f"ragguard.chaos: {scenario.name}"
     out["out_dir"] = None if options.out_dir is None else str(options.out_dir)
     out["tenants"] = list(options.tenants)
-    out["redis_url"] = None if options.redis_url is None else "(set)"
+    from ragguard.distributed import mask_url
+
+    out["redis_url"] = None if options.redis_url is None else mask_url(options.redis_url)
     return out

@@ -16,18 +16,23 @@ answers again. See ``docs/distributed.md`` for the failure model and its measure
 from ._borrow import LocalLease
 from ._breaker import SharedCircuitBreaker, breaker_keys, encode_key_part
 from ._events import SharedStateDegraded, SharedStateRestored
-from ._link import RedisLink
-from ._quotas import RedisQuotas, SharedLease, quota_keys
+from ._link import RedisLink, mask_url
+from ._quotas import RedisQuotas, SharedLease, pool_keys, quota_keys
+from ._tokens import RedisTokens, token_key
 
 __all__ = [
     "LocalLease",
     "RedisLink",
     "RedisQuotas",
+    "RedisTokens",
     "SharedCircuitBreaker",
     "SharedLease",
     "SharedStateDegraded",
     "SharedStateRestored",
     "breaker_keys",
     "encode_key_part",
+    "mask_url",
+    "pool_keys",
     "quota_keys",
+    "token_key",
 ]

@@ -145,8 +145,10 @@ class LocalLease:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2 * self._owner._link.timeout_s):
                     await share.ready.wait()
-        if share.quota is None:  # Redis did not answer: the ordinary path decides
-            return cast(Lease | None, await self._owner._acquire_local(tenant, quota))
+        if share.quota is None:  # Redis did not answer: the fallback decides
+            owner = self._owner
+            return cast(Lease | None, await owner._acquire_local(
+                tenant, owner._plan_of(tenant), asyncio.get_running_loop().time(), False, outage=False))
         if quota.max_concurrency is not None and not share.slots:
             share.short = True
             raise self._owner._reject(tenant, self.period_s, "concurrency")
@@ -175,7 +177,7 @@ class LocalLease:
         owner = self._owner
         for tenant, share in self._shares.items():  # give the slots back now rather than in 2 periods
             for slot in share.slots:
-                owner._queue_release(tenant, slot, 0.0)
+                owner._queue_release(tenant, slot, 0)
             share.slots = []
 
     # -- internals ------------------------------------------------------------------------------
@@ -223,7 +225,7 @@ class LocalLease:
         share.short = False
         try:
             _share, granted_rate, kept, granted = await owner._link.call(
-                functools.partial(self._script, keys=[keys[0], keys[5]], args=args))
+                functools.partial(self._script, keys=[keys[0], keys[3]], args=args))
         except SharedStateUnavailable:
             return  # keep the current share; covers() lets it go after two periods
         share.slots = share.slots[: int(kept)] + [f"{prefix}{i}" for i in range(1, int(granted) + 1)]

@@ -48,7 +48,7 @@ from .._clock import Clock, monotonic
 from .._errors import BreakerOpen, ConfigError
 from ..breakers import BreakerState, CircuitBreaker, classify_outcome, register_breaker
 from ._hold import HoldTrial, LocalHold
-from ._link import LinkBusy, RedisLink, Script, SharedStateUnavailable
+from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable
 from ._scripts import BREAKER_REPORT, BREAKER_SET_STATE, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE
 
 __all__ = ["SharedCircuitBreaker", "breaker_keys", "encode_key_part"]
@@ -302,8 +302,11 @@ class SharedCircuitBreaker:
         self.replica_id = f"{os.getpid():x}-{random.SystemRandom().getrandbits(40):010x}"
         self.keys = breaker_keys(name, key_prefix)
         self._seq_key = f"{self.keys[0].rsplit(':', 1)[0]}:seq:{self.replica_id}"
+        # the probe's key: one of the breaker's hash tag that no script uses (the probe writes to it)
+        probe = Probe(redis, f"{self.keys[0].rsplit(':', 1)[0]}:probe",
+                      (BREAKER_REPORT, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE, BREAKER_SET_STATE))
         self._link = RedisLink(redis, f"breaker:{name}", timeout_s=timeout_s,
-                               probe_every_s=probe_every_s, clock=link_clock)
+                               probe_every_s=probe_every_s, clock=link_clock, probe=probe)
         self._link.on_degraded.append(self._go_local)
         self._link.on_restored.append(self._wake_up)
         self._report = Script(redis, BREAKER_REPORT, 4)
@@ -524,11 +527,16 @@ class SharedCircuitBreaker:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> SharedCircuitBreaker:
-        """Read the shared state (writing nothing) and start the background task; returns self.
+    async def start(self, *, strict: bool = False) -> SharedCircuitBreaker:
+        """Check Redis with the health probe, read the shared state (writing nothing) and start the
+        background task; returns self.
 
-        When Redis does not answer, the breaker starts on local state and keeps trying.
+        When Redis does not answer, the breaker starts on local state and keeps trying. When Redis
+        refuses the configuration (a wrong password, a missing ACL permission, an untrusted TLS
+        certificate) it is logged at ERROR and the same happens, or with ``strict=True``
+        :class:`~ragguard.ConfigError` names the cause (never the secret).
         """
+        await self._link.start(strict=strict)
         if self._task is None:
             loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._run(), name=f"ragguard-breaker-{self.name}")

@@ -5,7 +5,12 @@ another command too: Redis applies releases idempotently, and so no admission of
 overtake a release it made before (a replica always sees its own releases, as in memory). A release
 leaves the outbox when a command carrying it succeeds, or once the lease it removes would have
 expired in Redis anyway (``expire_s`` after it was queued). A release sent in no command for
-``delay_s`` is due: the background sends it on its own.
+``delay_s`` is due: the background sends it on its own. A release sent in no command yet may
+instead be taken over by the tenant's next admission (:meth:`take_fresh`): that request reuses the
+lease id, and its slot passes on without a write.
+
+Each release carries a code for the script: 0, plus 1 to refund its rate token, plus 2 to take it
+out of the queues too (a request that may have queued).
 """
 
 from __future__ import annotations
@@ -16,28 +21,43 @@ __all__ = ["Outbox"]
 
 
 class Outbox:
-    """``tenant -> lease id -> [refund_s, queued_at, commands carrying it]``; times in monotonic s."""
+    """``tenant -> lease id -> [code, queued_at, commands carrying it]``; times in monotonic s."""
 
     __slots__ = ("_boxes", "expire_s")
 
     def __init__(self, expire_s: float) -> None:
-        self._boxes: dict[str, dict[str, list[float]]] = {}
+        self._boxes: dict[str, dict[str, list[float]]] = {}  # [code, queued_at, in flight]
         self.expire_s = expire_s
 
     def __len__(self) -> int:
         return sum(len(box) for box in self._boxes.values())
 
-    def add(self, tenant: str, lease_id: str, refund_s: float, now: float) -> None:
+    def add(self, tenant: str, lease_id: str, code: int, now: float) -> None:
         box = self._boxes.setdefault(tenant, {})
         entry = box.get(lease_id)
         if entry is None:
-            box[lease_id] = [refund_s, now, 0]
+            box[lease_id] = [code, now, 0]
         else:
-            entry[0] = max(entry[0], refund_s)
+            entry[0] = int(entry[0]) | code
+
+    def take_fresh(self, tenant: str) -> str | None:
+        """Remove and return the id of a plain release of ``tenant`` that no command carried yet
+        (None when there is none): the caller's request takes over its slot."""
+        box = self._boxes.get(tenant)
+        if not box:
+            return None
+        for lease_id in reversed(box):
+            entry = box[lease_id]
+            if not entry[0] and not entry[2]:
+                del box[lease_id]
+                if not box:
+                    del self._boxes[tenant]
+                return lease_id
+        return None
 
     def carry(self, tenant: str, now: float) -> tuple[list[str], str]:
-        """The releases of ``tenant`` to send now: their ids, and the scripts' argument
-        ``" id refund_s id refund_s ..."`` (each pair after a space; "" when there is none). Each is
+        """The releases of ``tenant`` to send now: their ids, and the script's operations
+        ``" id code id code ..."`` (each pair after a space; "" when there is none). Each is
         marked in flight until :meth:`acked` or :meth:`unsent`."""
         box = self._boxes.get(tenant)
         if not box:
@@ -49,7 +69,7 @@ class Outbox:
                 del box[lease_id]  # its lease has expired in Redis: nothing left to remove
                 continue
             entry[2] += 1
-            parts.append(f" {lease_id} {entry[0]!r}")
+            parts.append(f" {lease_id} {int(entry[0])}")
         return list(box), "".join(parts)
 
     def acked(self, tenant: str, ids: list[str]) -> None:

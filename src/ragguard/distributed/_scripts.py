@@ -24,14 +24,16 @@ Epochs count state changes. A state's first change moves the epoch from 0 to a r
 chosen by the replica (< 2^46, exact in Lua's doubles), so tokens from before a Redis restart never
 match an epoch after it.
 
-Quota keys (``<tag>`` is ``{<prefix>:quota:<tenant>}``)::
+Quota keys (``<tag>`` is ``{<prefix>:quota:<tenant>}``; the tenants that share the unlisted pool
+have theirs under the pool's tag, ``{<prefix>:quota:*unlisted}:<tenant>``, next to the pool's own,
+so that one script sees both)::
 
-    <tag>:leases   ZSET  lease id (holder:n) -> expiry; one per in-flight call
-    <tag>:tat      STRING GCRA theoretical arrival time (seconds)
+    <tag>:leases   ZSET  lease id (holder:n) -> expiry, one per in-flight call (for a level with a
+                         rate and no concurrency limit: recent admissions, so that a cancelled
+                         one can have its rate refunded, once); and the member 'tat' -> the GCRA
+                         theoretical arrival time (seconds)
     <tag>:queue    ZSET  waiting request id -> arrival time (first come, first served)
     <tag>:qexp     ZSET  waiting request id -> expiry (a waiter that stops asking leaves the queue)
-    <tag>:grants   ZSET  recent admission id -> expiry, for tenants with a rate and no concurrency
-                         limit (so a cancelled admission can have its rate refunded, once)
     <tag>:share    HASH  local-lease mode: holder -> demand (requests/s) and expiry
 
 Rate is the Generic Cell Rate Algorithm (ATM Forum TM 4.0), the same arithmetic as
@@ -48,9 +50,9 @@ __all__ = [
     "BREAKER_SET_STATE",
     "BREAKER_TRIAL_ACQUIRE",
     "BREAKER_TRIAL_DONE",
-    "QUOTA_ADMIT",
+    "PROBE",
+    "QUOTA",
     "QUOTA_SHARE",
-    "QUOTA_SYNC",
 ]
 
 _NOW = r"""
@@ -357,141 +359,250 @@ save()
 return snapshot(1)
 """
 
-_QUOTA_PRELUDE = r"""
-local L, G, Q, X, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local queued = nil  -- requests in the queue, read once
-
-local function queue_len()
-  if queued == nil then queued = redis.call('ZCARD', Q) end
-  return queued
-end
-
--- Give back one admission: its lease (or rate-only grant), its place in the queue, and its rate
--- token when asked to (refund > 0) and only if the admission was still recorded (idempotent).
--- Numbers go to redis.call as numbers: Redis formats them exactly (%.17g), with no Lua string.
-local function release(id, refund)
-  local removed = redis.call('ZREM', L, id)
-  if removed == 0 then removed = redis.call('ZREM', R, id) end
-  if queue_len() > 0 and redis.call('ZREM', Q, id) == 1 then
-    redis.call('ZREM', X, id)
-    queued = queued - 1
-  end
-  if refund > 0 and removed > 0 and redis.call('EXISTS', G) == 1 then
-    redis.call('INCRBYFLOAT', G, -refund)
-  end
-end
-"""
-
-QUOTA_ADMIT = _QUOTA_PRELUDE + r"""
--- Two arguments (each one costs the client time to pack and the server time to parse):
---   ARGV[1] the tenant's plan, the same for each of its requests (the client encodes it once):
---           'max_concurrency (0 = none) rate_per_s (0 = none) burst lease_s queue_ttl_s'
---   ARGV[2] the request: 'now id wait_s may_queue' then ' id refund_s' per release this replica
---           made that Redis has not acknowledged yet (they ride on this command); now '-' = TIME,
---           wait_s: seconds a rate reservation may wait, may_queue 1 when the request may queue.
+QUOTA = r"""
+-- One script for a tenant's admissions and for the operations a replica sends alone (releases,
+-- renewals, leases put back after an outage). A request counts against one or two levels: the
+-- tenant's own quota and the pool it shares with other tenants (a level the other covers is left
+-- out by the replica), each with three keys: KEYS[3i-2] L (the lease set: lease id -> expiry, and
+-- the member 'tat' scored by the GCRA theoretical arrival time), KEYS[3i-1] Q (the queue: waiter
+-- -> arrival), KEYS[3i] X (waiter -> expiry).
+--   ARGV[1] the plan, encoded once per tenant: 'lease_s grant_s queue_ttl' then ' maxc rate burst'
+--           per level (maxc 0: no concurrency limit; rate 0: none)
+--   ARGV[2] the request: 'now id wait_s flags' then ' id op' per operation carried; now '-' = TIME;
+--           flags: 1 may queue, 2 id is a lease this replica released (the new request takes over
+--           its slot: its release is not sent), 4 refresh the keys' TTL, 8 operations only (no
+--           admission); op '+' puts the lease in (or renews it: expiry now + lease_s), a digit
+--           releases it: +1 refunds its rate token (once: only if it was still recorded), +2 takes
+--           it out of the queues too
 -- Returns one string (a bulk reply parses faster than an array): 'ok <delay_s>' (admitted; start
 -- after delay_s), 'queued <requests ahead>', 'concurrency <requests ahead>' or 'rate <retry_after_s>'.
--- The common case (a slot and a token free, nobody queued) is eight commands: TIME, the carried
--- release (ZREM), ZCARD of the queue and of the leases, GET and SET of tat, ZADD and PTTL of the
--- leases. Expired leases and waiters are swept only when they matter.
--- A queued request's place is its arrival on the server's clock (TIME), whatever 'now' says.
-local maxc, rate, burst, lease_s, queue_ttl = string.match(ARGV[1], '(%S+) (%S+) (%S+) (%S+) (%S+)')
-maxc, rate, burst, lease_s, queue_ttl = tonumber(maxc), tonumber(rate), tonumber(burst), tonumber(lease_s),
-  tonumber(queue_ttl)
-local now, id, budget, may_queue, carried = string.match(ARGV[2], '(%S+) (%S+) (%S+) (%S+)(.*)')
+-- The common case (one level, a slot and a token free, nobody queued, the release of the last
+-- request taken over) is six commands and one write: TIME, ZCARD of the queue, ZSCORE of 'tat',
+-- ZCARD of the leases, ZSCORE of the lease taken over, then one ZADD of the lease and 'tat'.
+-- Rate-only levels record grants (for refunds) that live grant_s; expired leases, grants and
+-- waiters are swept only when they matter. A queued request's place is its arrival on the
+-- server's clock (TIME), whatever 'now' says.
+local lease_s, grant_s, queue_ttl, spec = string.match(ARGV[1], '(%S+) (%S+) (%S+)(.*)')
+lease_s, grant_s, queue_ttl = tonumber(lease_s), tonumber(grant_s), tonumber(queue_ttl)
+local now, id, budget, flags, ops = string.match(ARGV[2], '(%S+) (%S+) (%S+) (%S+)(.*)')
 if now == '-' then
   local t = redis.call('TIME')
   now = t[1] + t[2] / 1000000
 else
   now = tonumber(now)
 end
-budget, may_queue = tonumber(budget), may_queue == '1'
-for lease, refund in string.gmatch(carried, '(%S+) (%S+)') do release(lease, tonumber(refund)) end
+budget, flags = tonumber(budget), tonumber(flags)
 
-local function leave_queue()
-  redis.call('ZREM', Q, id)
-  redis.call('ZREM', X, id)
+-- The common case first, with no table and no function: one level, nothing carried, no TTL to
+-- refresh, nobody queued, a slot and a token free, and a key that exists (so it has its TTL). It
+-- writes only when it admits; any other case goes on to the general path below, which decides
+-- the same way.
+do
+  local maxc, rate, burst, more = string.match(spec, ' (%S+) (%S+) (%S+)(.*)')
+  maxc, rate = tonumber(maxc), tonumber(rate)
+  if more == '' and ops == '' and flags < 4 and (maxc == 0 or redis.call('ZCARD', KEYS[2]) == 0) then
+    local L = KEYS[1]
+    local tat = tonumber(redis.call('ZSCORE', L, 'tat'))
+    local room, exists = true, tat ~= nil
+    if maxc > 0 then
+      local held = redis.call('ZCARD', L)
+      exists = held > 0
+      if tat then held = held - 1 end
+      if flags >= 2 and redis.call('ZSCORE', L, id) then held = held - 1 end
+      room = maxc - held > 0
+    end
+    if room and exists then
+      local expiry = now + grant_s
+      if maxc > 0 then expiry = now + lease_s end
+      if rate == 0 then
+        redis.call('ZADD', L, expiry, id)
+        return 'ok 0'
+      end
+      local interval = 1 / rate
+      if not tat or tat < now then tat = now end
+      tat = tat + interval
+      if tat - now - tonumber(burst) * interval <= 1e-9 and tat - now <= lease_s then
+        redis.call('ZADD', L, expiry, id, tat, 'tat')
+        return 'ok 0'
+      end
+    end
+  end
 end
 
-local rank = false
-if maxc > 0 then
-  local ahead = queue_len()
-  if ahead > 0 then  -- waiters first: drop those that stopped asking, then find this one's place
-    local gone = redis.call('ZRANGEBYSCORE', X, '-inf', now, 'LIMIT', 0, 100)
-    for _, w in ipairs(gone) do
-      redis.call('ZREM', Q, w)
-      redis.call('ZREM', X, w)
+local levels = {}
+for maxc, rate, burst in string.gmatch(spec, '(%S+) (%S+) (%S+)') do
+  local k = 3 * #levels
+  levels[#levels + 1] = {L = KEYS[k + 1], Q = KEYS[k + 2], X = KEYS[k + 3], maxc = tonumber(maxc),
+    rate = tonumber(rate), burst = tonumber(burst)}
+end
+
+local function tat_of(lv)  -- read once; false when there is none
+  if lv.tat == nil then lv.tat = tonumber(redis.call('ZSCORE', lv.L, 'tat')) or false end
+  return lv.tat
+end
+
+local function extend(key, ms)  -- lengthen a key's TTL to ms, never shorten it
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+
+local put = false  -- leases put (back): the sets they went into get their TTL refreshed
+for lid, op in string.gmatch(ops, '(%S+) (%S+)') do  -- what the replica owes Redis
+  if op == '+' then
+    put = true
+    for _, lv in ipairs(levels) do
+      if lv.maxc > 0 then redis.call('ZADD', lv.L, now + lease_s, lid) end
     end
-    rank = redis.call('ZRANK', Q, id)
-    if rank then ahead = rank else ahead = redis.call('ZCARD', Q) end
-  end
-  local held = redis.call('ZCARD', L)
-  if maxc - held <= ahead then  -- full: leases of crashed replicas may have expired
-    redis.call('ZREMRANGEBYSCORE', L, '-inf', now)
-    held = redis.call('ZCARD', L)
-  end
-  if maxc - held <= ahead then
-    if may_queue then
-      if not rank then
-        local t = redis.call('TIME')
-        redis.call('ZADD', Q, t[1] + t[2] / 1000000, id)
+  else
+    op = tonumber(op)
+    for _, lv in ipairs(levels) do
+      local removed = redis.call('ZREM', lv.L, lid)
+      if op >= 2 and redis.call('ZREM', lv.Q, lid) == 1 then redis.call('ZREM', lv.X, lid) end
+      if op % 2 == 1 and removed == 1 and lv.rate > 0 and tat_of(lv) then
+        lv.tat = lv.tat - 1 / lv.rate
+        redis.call('ZADD', lv.L, lv.tat, 'tat')
       end
-      redis.call('ZADD', X, now + queue_ttl, id)
-      local ttl = math.ceil(queue_ttl * 2000)
-      redis.call('PEXPIRE', Q, ttl)
-      redis.call('PEXPIRE', X, ttl)
-      return 'queued ' .. ahead
     end
-    if rank then leave_queue() end
+  end
+end
+
+if put or (flags >= 8 and flags % 8 >= 4) then  -- the sets outlive the leases put in them
+  for _, lv in ipairs(levels) do
+    if lv.maxc > 0 then extend(lv.L, math.ceil(lease_s * 2000)) end
+  end
+end
+if flags >= 8 then return 'ok 0' end
+local may_queue, reuse, refresh = flags % 2 == 1, flags % 4 >= 2, flags % 8 >= 4
+
+local function held_in(lv)  -- leases in the set, less 'tat' and the lease this request takes over
+  local n = redis.call('ZCARD', lv.L)
+  lv.card = n
+  if tat_of(lv) then n = n - 1 end
+  if reuse and redis.call('ZSCORE', lv.L, id) then n = n - 1 end
+  return n
+end
+
+local ahead, full = 0, false
+for _, lv in ipairs(levels) do
+  if lv.maxc > 0 then
+    local a = 0
+    if redis.call('ZCARD', lv.Q) > 0 then  -- waiters first: drop those that stopped asking
+      local gone = redis.call('ZRANGEBYSCORE', lv.X, '-inf', now, 'LIMIT', 0, 100)
+      for _, w in ipairs(gone) do
+        redis.call('ZREM', lv.Q, w)
+        redis.call('ZREM', lv.X, w)
+      end
+      lv.rank = redis.call('ZRANK', lv.Q, id)
+      if lv.rank then a = lv.rank else a = redis.call('ZCARD', lv.Q) end
+    end
+    local held = held_in(lv)
+    if lv.maxc - held <= a then  -- full: leases of crashed replicas may have expired
+      redis.call('ZREMRANGEBYSCORE', lv.L, '-inf', now)
+      lv.tat = nil
+      held = held_in(lv)
+    end
+    if lv.maxc - held <= a then full = true end
+    if a > ahead then ahead = a end
+  end
+end
+
+local function leave()  -- refused: out of every queue, and the slot taken over is given back
+  for _, lv in ipairs(levels) do
+    if lv.rank then
+      redis.call('ZREM', lv.Q, id)
+      redis.call('ZREM', lv.X, id)
+    end
+    if reuse then redis.call('ZREM', lv.L, id) end
+  end
+end
+
+if full then
+  if not may_queue then
+    leave()
     return 'concurrency ' .. ahead
   end
-end
-local delay = 0
-if rate > 0 then
-  local interval = 1 / rate
-  local tat = tonumber(redis.call('GET', G)) or now
-  if tat < now then tat = now end
-  tat = tat + interval
-  delay = tat - now - burst * interval
-  if delay <= 1e-9 then
-    delay = 0
-  elseif delay > budget then
-    if rank then leave_queue() end
-    return 'rate ' .. string.format('%.17g', delay)
+  local arrival = nil
+  for _, lv in ipairs(levels) do
+    if reuse then redis.call('ZREM', lv.L, id) end
+    if lv.maxc > 0 then
+      if not lv.rank then
+        if arrival == nil then
+          local t = redis.call('TIME')
+          arrival = t[1] + t[2] / 1000000
+        end
+        redis.call('ZADD', lv.Q, arrival, id)
+      end
+      redis.call('ZADD', lv.X, now + queue_ttl, id)
+      local ttl = math.ceil(queue_ttl * 2000)
+      redis.call('PEXPIRE', lv.Q, ttl)
+      redis.call('PEXPIRE', lv.X, ttl)
+    end
   end
-  redis.call('SET', G, tat, 'PX', math.ceil((tat - now) * 1000) + 1000)
+  return 'queued ' .. ahead
 end
-if maxc > 0 then
-  redis.call('ZADD', L, now + lease_s, id)
-  -- the set outlives every lease in it: extended (to 2 x lease_s) once its TTL runs below lease_s
-  if redis.call('PTTL', L) < lease_s * 1000 then redis.call('PEXPIRE', L, math.ceil(lease_s * 2000)) end
-  if rank then leave_queue() end
-elseif rate > 0 then
-  redis.call('ZREMRANGEBYSCORE', R, '-inf', now)
-  redis.call('ZADD', R, now + lease_s, id)
-  redis.call('PEXPIRE', R, math.ceil(lease_s * 1000))
+
+local delay = 0
+for _, lv in ipairs(levels) do
+  if lv.rate > 0 then
+    local interval = 1 / lv.rate
+    local tat = tat_of(lv) or now
+    if tat < now then tat = now end
+    lv.next_tat = tat + interval
+    local d = lv.next_tat - now - lv.burst * interval
+    if d > delay then delay = d end
+  end
+end
+if delay <= 1e-9 then
+  delay = 0
+elseif delay > budget then
+  leave()
+  return 'rate ' .. string.format('%.17g', delay)
+end
+
+for _, lv in ipairs(levels) do
+  local expiry, horizon = now + lease_s, now + lease_s
+  if lv.maxc == 0 then
+    expiry = now + grant_s
+    if refresh then redis.call('ZREMRANGEBYSCORE', lv.L, '-inf', now) end  -- expired grants
+  end
+  if lv.rate > 0 then
+    redis.call('ZADD', lv.L, expiry, id, lv.next_tat, 'tat')
+    if lv.next_tat > horizon then horizon = lv.next_tat end
+  else
+    redis.call('ZADD', lv.L, expiry, id)
+  end
+  if lv.rank then
+    redis.call('ZREM', lv.Q, id)
+    redis.call('ZREM', lv.X, id)
+  end
+  -- The set outlives what is in it: a new set gets a TTL at once (one lease_s more than its
+  -- horizon), and every replica refreshes it at least every lease_s / 2 (flag 4).
+  if refresh or lv.card == 0 or (lv.maxc == 0 and not lv.tat) or horizon - now > lease_s then
+    extend(lv.L, math.ceil((horizon - now + lease_s) * 1000))
+  end
 end
 if delay == 0 then return 'ok 0' end
 return 'ok ' .. string.format('%.17g', delay)
 """
 
-QUOTA_SYNC = _NOW + _QUOTA_PRELUDE + r"""
--- ARGV: [1] now ('' = TIME), [2] lease_s, [3] 'renew' (extend leases still there) or 'adopt' (put
--- back every lease this replica runs: after an outage, with those admitted locally meanwhile),
--- [4] n, [5..4+n] lease ids, [5+n] ' id refund_s id refund_s ...' releases. Returns the leases written.
-local lease_s, adopt, n = tonumber(ARGV[2]), ARGV[3] == 'adopt', tonumber(ARGV[4])
-local expiry = fmt(now + lease_s)
-local written = 0
-for i = 5, 4 + n do
-  if adopt then
-    written = written + redis.call('ZADD', L, 'CH', expiry, ARGV[i])
-  else
-    written = written + redis.call('ZADD', L, 'XX', 'CH', expiry, ARGV[i])
+PROBE = r"""
+-- The health probe: returns the commands of ARGV (each 'NAME arg ...', '$k' standing for KEYS[1],
+-- a key of the component's own hash tag, which no component uses) that the ACL user may not run,
+-- '' when it may run them all (redis.acl_check_cmd, Redis >= 7; an older server checks the script
+-- and the key only). It also writes, harmlessly (a TTL on a key that does not exist), so that a
+-- read-only replica fails it as it fails the scripts.
+redis.call('PEXPIRE', KEYS[1], 1)
+local denied = {}
+if redis.acl_check_cmd then
+  for i = 1, #ARGV do
+    local parts = {}
+    for w in string.gmatch(ARGV[i], '%S+') do
+      if w == '$k' then w = KEYS[1] end
+      parts[#parts + 1] = w
+    end
+    if not redis.acl_check_cmd(unpack(parts)) then denied[#denied + 1] = parts[1] end
   end
 end
-if written > 0 then redis.call('PEXPIRE', L, math.ceil(lease_s * 2000)) end
-for lease, refund in string.gmatch(ARGV[5 + n] or '', '(%S+) (%S+)') do release(lease, tonumber(refund)) end
-return written
+return table.concat(denied, ' ')
 """
 
 QUOTA_SHARE = _NOW + r"""
@@ -550,6 +661,7 @@ if maxc > 0 then
     end
   end
   local free = maxc - redis.call('ZCARD', leases)
+  if redis.call('ZSCORE', leases, 'tat') then free = free + 1 end  -- the rate's member, not a slot
   while kept + granted < take and free > 0 do
     granted = granted + 1
     free = free - 1

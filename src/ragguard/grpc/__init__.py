@@ -1,8 +1,13 @@
 """gRPC (grpc.aio) integration: guarded servers, context-propagating clients, Snappy messages.
 
-Server::
+Server (the tenant from a resolver: :class:`APIKeyResolver`, a verified token, the client
+certificate in ``auth_context()``, or the default :class:`HeaderResolver`, metadata
+``x-tenant-id`` as sent, to trust only behind a proxy that sets it; see docs/grpc.md)::
 
-    server = grpc.aio.server(interceptors=[GuardServerInterceptor(), SnappyServerInterceptor()])
+    server = grpc.aio.server(interceptors=[
+        GuardServerInterceptor(tenant_resolver=APIKeyResolver(keys)),
+        SnappyServerInterceptor(),       # after the guard: refused calls are never decompressed
+    ])
 
 Client::
 
@@ -10,6 +15,8 @@ Client::
     channel = snappy_channel(channel)          # optional: ask for Snappy responses
 """
 
+from .._errors import PermissionDenied, Unauthenticated
+from .._identity import API_KEY_HEADER, APIKeyResolver, Caller, HeaderResolver, Identity, TenantResolver
 from ._client import client_interceptors
 from ._compression import (
     ACCEPT_ENCODING_KEY,
@@ -30,6 +37,7 @@ from ._status import PUSHBACK_KEY, RETRY_AFTER_KEY, STREAM_BUDGET_KEY, STREAM_IT
 
 __all__ = [
     "ACCEPT_ENCODING_KEY",
+    "API_KEY_HEADER",
     "ENCODING_KEY",
     "EXEMPT_SERVICES",
     "PUSHBACK_KEY",
@@ -37,13 +45,20 @@ __all__ = [
     "STREAM_BUDGET_KEY",
     "STREAM_ITEMS_KEY",
     "TENANT_KEY",
+    "APIKeyResolver",
+    "Caller",
     "GuardServerInterceptor",
+    "HeaderResolver",
+    "Identity",
+    "PermissionDenied",
     "RemoteCallError",
     "RemoteDeadlineExceeded",
     "RemoteQuotaExceeded",
     "RemoteUnavailable",
     "SnappyServerInterceptor",
     "SnappyWire",
+    "TenantResolver",
+    "Unauthenticated",
     "client_budget",
     "client_interceptors",
     "remote_error",

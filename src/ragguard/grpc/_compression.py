@@ -22,6 +22,7 @@ serializer marks or not, so the choice holds for all four RPC kinds and both str
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from contextlib import aclosing
 from typing import Any
@@ -32,6 +33,7 @@ from grpc import aio
 from .._errors import ConfigError, CorruptPayload
 from ..buffers import SnappyCodec
 from ..buffers._codec import byte_view
+from . import _server
 from ._handlers import Behavior, first_value, rebuild
 
 __all__ = [
@@ -41,6 +43,9 @@ __all__ = [
     "SnappyWire",
     "snappy_channel",
 ]
+
+log = logging.getLogger("ragguard.grpc")
+_GUARD_MODULE = _server.__name__  # the behaviors a GuardServerInterceptor wraps are defined there
 
 ACCEPT_ENCODING_KEY = "ragguard-accept-encoding"
 ENCODING_KEY = "ragguard-encoding"
@@ -191,14 +196,27 @@ async def _invalid_argument(context: aio.ServicerContext[Any, Any], error: Excep
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
 
-def _answering_corrupt_requests(behavior: Behavior, request_streaming: bool) -> Behavior:
-    """``behavior``, failing the call with INVALID_ARGUMENT when a request did not decode: a unary
-    request arrives as a :class:`_Refused`; a streamed one raises CorruptPayload in the handler."""
+async def _opened(decode: Deserializer | None, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+    """A unary request, decoded now (``decode`` None: a streamed request, decoded as it is read);
+    a request that does not decode fails the call with INVALID_ARGUMENT."""
+    if decode is None:
+        return request
+    try:
+        return decode(request)
+    except Exception as exc:
+        await _invalid_argument(context, exc)
+
+
+def _answering_corrupt_requests(behavior: Behavior, decode: Deserializer | None) -> Behavior:
+    """``behavior``, whose unary request arrives as the marked bytes and is decoded (``decode``)
+    only when the behavior runs: inside the tenant admission of a GuardServerInterceptor listed
+    before this interceptor, so a refused call is never decompressed. A request that does not
+    decode fails the call with INVALID_ARGUMENT; a streamed one raises CorruptPayload in the
+    handler as it is read."""
     if inspect.isasyncgenfunction(behavior):
 
         async def checked_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            if type(request) is _Refused:
-                await _invalid_argument(context, request.error)
+            request = await _opened(decode, request, context)
             try:
                 async with aclosing(behavior(request, context)) as responses:
                     async for response in responses:
@@ -209,8 +227,7 @@ def _answering_corrupt_requests(behavior: Behavior, request_streaming: bool) -> 
         return checked_stream
 
     async def checked(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        if type(request) is _Refused:
-            await _invalid_argument(context, request.error)
+        request = await _opened(decode, request, context)
         try:
             return await behavior(request, context)
         except CorruptPayload as exc:
@@ -226,12 +243,21 @@ class SnappyServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     Other calls get their method handler untouched. A marked request message that does not
     decode fails the call with INVALID_ARGUMENT (async handlers; a sync handler's call fails in
     gRPC's deserialization step with UNKNOWN), and the server goes on serving.
+
+    A unary request is decompressed only when its handler runs, not in gRPC's deserialization
+    step: listed after :class:`~ragguard.grpc.GuardServerInterceptor`
+    (``interceptors=[GuardServerInterceptor(), SnappyServerInterceptor()]``), that is after the
+    call's tenant was admitted, so a call its quota refuses is never decompressed and at most the
+    admitted calls hold decompressed requests (each at most the codec's ``max_message_bytes``).
+    A streamed request's messages are decompressed as the handler reads them. Listed the other
+    way round, requests are decompressed before admission, and a warning says so once.
     """
 
     def __init__(self, *, wire: SnappyWire | None = None) -> None:
         if wire is not None and not isinstance(wire, SnappyWire):
             raise ConfigError(f"wire must be a SnappyWire, got {type(wire).__name__}")
         self.wire = wire if wire is not None else SnappyWire()
+        self._warned = False
 
     async def intercept_service(
         self,
@@ -250,15 +276,22 @@ class SnappyServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         serializer = wire.serializer(handler.response_serializer) if accepts else handler.response_serializer
         if not marked:
             return rebuild(handler, response_serializer=serializer)
-        deserializer = wire.deserializer(handler.request_deserializer)
+        deserializer: Deserializer | None = wire.deserializer(handler.request_deserializer)
         behavior = _behavior_of(handler)
         if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
             return rebuild(handler, request_deserializer=deserializer, response_serializer=serializer)
-        if not handler.request_streaming:
-            deserializer = _not_raising(deserializer)  # checked by the behavior, before it runs
+        if getattr(behavior, "__module__", None) == _GUARD_MODULE and not self._warned:
+            self._warned = True
+            log.warning(
+                "SnappyServerInterceptor is listed before GuardServerInterceptor: requests are "
+                "decompressed before their tenant is admitted; list GuardServerInterceptor first"
+            )
+        decode = None if handler.request_streaming else deserializer
+        if decode is not None:
+            deserializer = None  # the marked bytes: decoded by the behavior, once admitted
 
         def wrap(behavior: Behavior, request_streaming: bool, response_streaming: bool) -> Behavior:
-            return _answering_corrupt_requests(behavior, request_streaming)
+            return _answering_corrupt_requests(behavior, decode)
 
         return rebuild(handler, wrap=wrap, request_deserializer=deserializer, response_serializer=serializer)
 

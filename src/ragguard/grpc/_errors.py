@@ -5,20 +5,21 @@ and ``except grpc.aio.AioRpcError`` still catches it) and also a class the break
 
     grpc.aio.AioRpcError
      +-- RemoteCallError
-          +-- RemoteUnavailable        (ConnectionError)  UNAVAILABLE: connection class
-          +-- RemoteDeadlineExceeded   (TimeoutError)     DEADLINE_EXCEEDED: timeout class
-          +-- RemoteQuotaExceeded      (ragguard.QuotaExceeded)  RESOURCE_EXHAUSTED
+          +-- RemoteUnavailable        (ConnectionError)  UNAVAILABLE: a dependency failure (a
+          |                                               rejection when it states a wait)
+          +-- RemoteDeadlineExceeded   (TimeoutError)     DEADLINE_EXCEEDED: a timeout
+          +-- RemoteQuotaExceeded                         RESOURCE_EXHAUSTED: a rejection
 
 Each carries ``retry_after_s``: the seconds the server asked the client to wait, read from the
 ``retry-after`` trailer, else from ``grpc-retry-pushback-ms`` (None when it sent neither; 0.0 for
 RESOURCE_EXHAUSTED, whose ``retry_after_s`` is always a float).
 
-RESOURCE_EXHAUSTED is a :class:`~ragguard.QuotaExceeded`, not a connection error: the server is
-up and throttling this tenant, so no breaker should open for every tenant because of it (an
-"out of memory" detail is still classified as out-of-memory by the rerank breaker, by its
-message). A ragguard server re-raising it maps it back to RESOURCE_EXHAUSTED with the same
-``retry-after``, so the pushback reaches the original caller. The original AioRpcError is the
-``__cause__``.
+RESOURCE_EXHAUSTED is the dependency's rejection (:func:`ragguard.outcomes.classify`), not
+ragguard's own quota refusal, so it is no :class:`~ragguard.QuotaExceeded`: no breaker counts it
+(an "out of memory" detail is a failure, out of memory), the throttle does, the retry waits its
+``retry-after``, the stage's fallback serves it, and a ragguard server it reaches answers
+UNAVAILABLE with the same wait (the caller is not over *its* quota). The original AioRpcError is
+the ``__cause__``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import grpc
 from grpc.aio import AioRpcError
 
-from .._errors import QuotaExceeded
 from ._status import retry_after_of
 
 __all__ = [
@@ -70,8 +70,8 @@ class RemoteDeadlineExceeded(RemoteCallError, TimeoutError):
     """DEADLINE_EXCEEDED: the call outlived its timeout (a TimeoutError)."""
 
 
-class RemoteQuotaExceeded(RemoteCallError, QuotaExceeded):
-    """RESOURCE_EXHAUSTED: the server throttled tenant ``tenant`` (a ragguard QuotaExceeded).
+class RemoteQuotaExceeded(RemoteCallError):
+    """RESOURCE_EXHAUSTED: the server throttled the call made for tenant ``tenant`` (a rejection).
 
     ``retry_after_s`` is the server's ``retry-after`` (else ``grpc-retry-pushback-ms``) in
     seconds, 0.0 when it sent neither; ``reason`` is ``"remote"``.

@@ -12,9 +12,21 @@ import grpc
 from grpc import aio
 
 from .._context import DEFAULT_TENANT
-from .._errors import ConfigError, InvalidInput
-from ..overload._priority import PRIORITY_HEADER, parse_priority, reset_priority, set_priority
-from ._handlers import Behavior, first_value, rebuild
+from .._errors import ConfigError, InvalidInput, PermissionDenied, Unauthenticated
+from .._handler_deadline import handler_deadline
+from .._identity import (
+    GrpcCaller,
+    HeaderResolver,
+    Identity,
+    TenantResolver,
+    check_anonymous,
+    check_resolver,
+    request_priority,
+    resolve_identity,
+)
+from ..deadline import _deadline
+from ..overload._priority import reset_priority, set_priority
+from ._handlers import Behavior, rebuild
 from ._status import status_for
 
 if TYPE_CHECKING:
@@ -54,20 +66,33 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
     Per call, before the handler runs:
 
-    - the tenant id comes from metadata ``tenant_key`` (default ``x-tenant-id``); without it the
-      call runs as the default tenant; a malformed id fails with INVALID_ARGUMENT;
+    - the tenant comes from ``tenant_resolver``: a callable, plain or async, given the call as a
+      :class:`~ragguard.grpc.Caller` (metadata, peer, and the servicer context for
+      ``auth_context()``) and returning its tenant id, an :class:`~ragguard.grpc.Identity` or
+      None. The default, ``HeaderResolver(tenant_key)``, takes metadata ``x-tenant-id`` as sent:
+      trust it only behind a proxy that sets it. A call with no identity runs as the
+      ``anonymous`` tenant (default ``"default"``; None refuses it with UNAUTHENTICATED). A
+      resolver's Unauthenticated fails the call with UNAUTHENTICATED, PermissionDenied with
+      PERMISSION_DENIED, InvalidInput (a malformed id, a key sent twice) with INVALID_ARGUMENT;
+      any other error or result of the resolver with UNAUTHENTICATED, logged;
     - the request's priority comes from metadata ``x-priority`` (``critical``, ``interactive`` or
-      ``batch``; without it, the tenant's quota's), read by the stages' adaptive limits; a bad
-      value fails with INVALID_ARGUMENT;
+      ``batch``), read by the stages' adaptive limits: it may lower the tenant's configured
+      priority, and raise it only for a trusted identity; a bad value fails with
+      INVALID_ARGUMENT;
     - the client's deadline (``context.time_remaining()``) becomes the ragguard deadline, or no
       deadline when the client set none;
     - the tenant's quota admits the call (``guard.tenant(id)``; the default registry when
       ``guard`` is None); over quota fails with RESOURCE_EXHAUSTED and ``retry-after``.
 
-    Errors leaving the handler are mapped by :func:`ragguard.grpc.status_for` (BreakerOpen to
-    UNAVAILABLE, QuotaExceeded to RESOURCE_EXHAUSTED, DeadlineExceeded to DEADLINE_EXCEEDED,
-    InvalidInput to INVALID_ARGUMENT); a status the handler set itself (``context.abort``) is
-    kept; other errors are left to gRPC. Messages a streaming handler sent before failing reach
+    Errors leaving the handler are mapped by their outcome (:func:`ragguard.grpc.status_for`,
+    :mod:`ragguard.outcomes`): BreakerOpen, Overloaded and a dependency's failure or rejection to
+    UNAVAILABLE (with ``retry-after`` trailers when a wait helps), QuotaExceeded to
+    RESOURCE_EXHAUSTED, DeadlineExceeded and timeouts to DEADLINE_EXCEEDED, InvalidInput to
+    INVALID_ARGUMENT; details never name an upstream host. A status the handler set itself
+    (``context.abort``) is kept; other errors are left to gRPC. The request's deadline (the
+    client's, or the tenant's shorter ``timeout_s``) bounds the whole handler
+    (``enforce_deadline``, default True): past it the handler is cancelled and the call fails
+    with DEADLINE_EXCEEDED. Messages a streaming handler sent before failing reach
     the client, then the status. Async handlers of all four kinds are guarded (streaming ones as
     async generators or with ``context.write()``); sync handlers pass through unguarded.
 
@@ -85,8 +110,11 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         self,
         *,
         guard: Guard | None = None,
+        tenant_resolver: TenantResolver | None = None,
+        anonymous: str | None = DEFAULT_TENANT,
         tenant_key: str = TENANT_KEY,
         exempt_services: Iterable[str] = EXEMPT_SERVICES,
+        enforce_deadline: bool = True,
     ) -> None:
         if (
             not isinstance(tenant_key, str)
@@ -96,9 +124,17 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             raise ConfigError(
                 f"tenant_key must be a lowercase ASCII metadata key (not '-bin'), got {tenant_key!r}"
             )
+        if tenant_resolver is None:
+            tenant_resolver = HeaderResolver(tenant_key)
+        elif tenant_key != TENANT_KEY:
+            raise ConfigError("GuardServerInterceptor: give tenant_resolver or tenant_key, not both")
         self._guard = guard
         self.tenant_key = tenant_key
+        self.tenant_resolver = check_resolver(tenant_resolver)
+        self.anonymous = anonymous
+        self._anonymous = check_anonymous(anonymous)
         self.exempt_services = _service_names(exempt_services)
+        self.enforce_deadline = bool(enforce_deadline)
 
     async def intercept_service(
         self,
@@ -112,18 +148,15 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             name = handler_call_details.method
             if name[1 : name.rfind("/")] in self.exempt_services:
                 return handler
+        method = handler_call_details.method
         metadata = handler_call_details.invocation_metadata
-        raw = first_value(metadata, self.tenant_key)
-        raw_priority = first_value(metadata, PRIORITY_HEADER)
 
         def wrap(behavior: Behavior, request_streaming: bool, response_streaming: bool) -> Behavior:
-            return self._wrap(behavior, raw, raw_priority)
+            return self._wrap(behavior, method, metadata)
 
         return rebuild(handler, wrap=wrap)
 
-    def _wrap(
-        self, behavior: Behavior, raw_tenant: str | bytes | None, raw_priority: str | bytes | None = None
-    ) -> Behavior:
+    def _wrap(self, behavior: Behavior, method: str = "", metadata: Any = None) -> Behavior:
         scope = self._scope
         if inspect.isasyncgenfunction(behavior):
             # Driven with context.write() from the call's task, not handed to grpc.aio as a
@@ -133,7 +166,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
             async def guarded_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> None:
                 async with (
-                    scope(context, raw_tenant, raw_priority),
+                    scope(context, method, metadata),
                     aclosing(behavior(request, context)) as responses,
                 ):
                     async for response in responses:
@@ -143,7 +176,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         if inspect.iscoroutinefunction(behavior):
 
             async def guarded(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-                async with scope(context, raw_tenant, raw_priority):
+                async with scope(context, method, metadata):
                     return await behavior(request, context)
 
             return guarded
@@ -151,20 +184,20 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
 
     @asynccontextmanager
     async def _scope(
-        self,
-        context: aio.ServicerContext[Any, Any],
-        raw_tenant: str | bytes | None,
-        raw_priority: str | bytes | None = None,
+        self, context: aio.ServicerContext[Any, Any], method: str, metadata: Any
     ) -> AsyncIterator[None]:
-        token = None
+        registry = self._guard if self._guard is not None else _default_guard()
+        identity, priority = await self._identify(context, method, metadata, registry)
+        token = None if priority is None else set_priority(priority)
         try:
-            tenant_id = _tenant_id(raw_tenant)
-            if raw_priority is not None:
-                token = set_priority(parse_priority(raw_priority))
-            registry = self._guard if self._guard is not None else _default_guard()
             with registry.deadline(client_budget(context)):
-                async with registry.tenant(tenant_id):
-                    yield
+                async with registry.tenant(identity.tenant):
+                    expiry = _deadline.get() if self.enforce_deadline else None
+                    if expiry is None:
+                        yield
+                    else:
+                        with handler_deadline(expiry):
+                            yield
         except aio.AbortError:
             raise  # the handler set its own status
         except Exception as exc:
@@ -176,6 +209,25 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         finally:
             if token is not None:
                 reset_priority(token)
+
+    async def _identify(
+        self, context: aio.ServicerContext[Any, Any], method: str, metadata: Any, registry: Guard
+    ) -> tuple[Identity, str | None]:
+        """Who the call is and the priority it runs at; fails the call when its resolver refuses."""
+        caller = GrpcCaller(context, method, metadata)
+        try:
+            identity = resolve_identity(self.tenant_resolver, caller, self._anonymous)
+            if not isinstance(identity, Identity):
+                identity = await identity  # an async resolver
+            return identity, request_priority(caller, identity, registry.policy)
+        except Unauthenticated as exc:
+            code, details = grpc.StatusCode.UNAUTHENTICATED, str(exc)
+        except PermissionDenied as exc:
+            code, details = grpc.StatusCode.PERMISSION_DENIED, str(exc)
+        except InvalidInput as exc:
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        await context.abort(code, details)
+        raise AssertionError("context.abort() returned")  # it raises AbortError
 
 
 def _service_names(names: Iterable[str]) -> frozenset[str]:
@@ -190,14 +242,6 @@ def _service_names(names: Iterable[str]) -> frozenset[str]:
             )
         checked.append(name)
     return frozenset(checked)
-
-
-def _tenant_id(raw: str | bytes | None) -> str:
-    if raw is None:
-        return DEFAULT_TENANT
-    if isinstance(raw, bytes):
-        raise InvalidInput("tenant id metadata must be text, not binary")
-    return raw
 
 
 def _default_guard() -> Guard:

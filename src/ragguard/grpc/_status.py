@@ -1,25 +1,33 @@
-"""How ragguard errors become gRPC statuses (server side), and how clients read the pushback.
+"""How errors become gRPC statuses (server side), by their outcome (:mod:`ragguard.outcomes`),
+and how clients read the pushback.
 
-==========================  ==================  ==============================================
-error                       status              trailing metadata
-==========================  ==================  ==============================================
-QuotaExceeded               RESOURCE_EXHAUSTED  ``retry-after``: seconds, e.g. ``"0.250"``, and
-                                                ``grpc-retry-pushback-ms``: ``"250"``
-QuotaExceeded (deadline)    DEADLINE_EXCEEDED   (the wait for a slot or token outlasted it)
-BreakerOpen                 UNAVAILABLE         both, when the breaker knows the wait
-Overloaded                  UNAVAILABLE         both (shed by an adaptive limit or throttle)
-DeadlineExceeded            DEADLINE_EXCEEDED
-StageTimeout                DEADLINE_EXCEEDED   (a dependency was slower than its stage allows)
-StreamTimeout               DEADLINE_EXCEEDED   ``ragguard-stream-budget``: ``first_item``,
-                                                ``idle`` or ``total``
-(a stream cut by either)                        ``ragguard-stream-items``: the messages sent
-InvalidInput (ValueError)   INVALID_ARGUMENT    (bad tenant id, bad option, corrupt payload)
-anything else               unchanged           (gRPC reports UNKNOWN)
-==========================  ==================  ==============================================
+=================================  ===================  ==============================================
+error (its outcome)                status               trailing metadata
+=================================  ===================  ==============================================
+QuotaExceeded (ragguard's quota)   RESOURCE_EXHAUSTED   ``retry-after``: seconds, e.g. ``"0.250"``, and
+                                                        ``grpc-retry-pushback-ms``: ``"250"``
+QuotaExceeded (deadline)           DEADLINE_EXCEEDED    (the wait for a slot or token outlasted it)
+BreakerOpen                        UNAVAILABLE          both, when the breaker knows the wait
+Overloaded                         UNAVAILABLE          both (shed by an adaptive limit or throttle)
+DeadlineExceeded                   DEADLINE_EXCEEDED
+StageTimeout, a dependency's       DEADLINE_EXCEEDED    (a dependency was slower than its stage allows)
+timeout
+StreamTimeout                      DEADLINE_EXCEEDED    ``ragguard-stream-budget``: ``first_item``,
+                                                        ``idle`` or ``total``
+(a stream cut by either)                                ``ragguard-stream-items``: the messages sent
+a dependency's rejection           UNAVAILABLE          both: the wait it stated, else 1 s
+a dependency's failure             UNAVAILABLE          both, when it stated a wait
+InvalidInput (ValueError)          INVALID_ARGUMENT     (bad tenant id, bad option, corrupt payload)
+a dependency's invalid request     INVALID_ARGUMENT     (other caller errors of a dependency:
+                                                        FAILED_PRECONDITION)
+anything else                      unchanged            (gRPC reports UNKNOWN)
+=================================  ===================  ==============================================
 
+A dependency's error is described in general words (no upstream URL, host or port in ``details``).
 ``grpc-retry-pushback-ms`` is what stock gRPC retry policies read (gRFC A6: the client waits
 that many milliseconds before its next attempt); ``retry-after`` keeps the exact value for
-ragguard clients and for people reading trailers.
+ragguard clients and for people reading trailers. Every wait parsed or formatted is clamped to a
+day (``1e308``, infinity, a 40-digit pushback included): none raises.
 """
 
 from __future__ import annotations
@@ -28,15 +36,9 @@ import math
 
 import grpc
 
-from .._errors import (
-    BreakerOpen,
-    DeadlineExceeded,
-    InvalidInput,
-    Overloaded,
-    QuotaExceeded,
-    StageTimeout,
-    StreamTimeout,
-)
+from .._errors import DeadlineExceeded, StageTimeout, StreamTimeout
+from ..outcomes import MAX_STATED_WAIT_S, clamp_wait, classify
+from ..outcomes._doors import door_answer
 
 __all__ = [
     "PUSHBACK_KEY",
@@ -60,44 +62,63 @@ STREAM_ITEMS_KEY = "ragguard-stream-items"
 Status = tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]
 
 
+def _clamped(seconds: float) -> float:
+    wait = clamp_wait(seconds)
+    return 0.0 if wait is None else wait
+
+
 def format_retry_after(seconds: float) -> str:
-    """``seconds`` as a ``retry-after`` value: decimal seconds with millisecond precision."""
-    return f"{max(0.0, seconds):.3f}"
+    """``seconds`` as a ``retry-after`` value: decimal seconds with millisecond precision (clamped
+    to [0, a day]; never raises)."""
+    return f"{_clamped(seconds):.3f}"
 
 
 def _pushback_ms(seconds: float) -> str:
     # whole milliseconds, rounded up: a client that waits this long never comes back too early
-    return str(math.ceil(round(max(0.0, seconds) * 1000.0, 6)))
+    return str(math.ceil(round(_clamped(seconds) * 1000.0, 6)))
 
 
 def retry_trailers(seconds: float | None) -> tuple[tuple[str, str], ...]:
-    """The trailing metadata that tells a client to wait ``seconds`` (none when None)."""
-    if seconds is None or not math.isfinite(seconds):
+    """The trailing metadata that tells a client to wait ``seconds`` (none when None or NaN; an
+    infinite or huge wait is told as a day)."""
+    if seconds is None or clamp_wait(seconds) is None:
         return ()
     return ((RETRY_AFTER_KEY, format_retry_after(seconds)), (PUSHBACK_KEY, _pushback_ms(seconds)))
 
 
 def parse_retry_after(value: object) -> float | None:
-    """A ``retry-after`` metadata value in seconds, or None when absent or not a finite number >= 0."""
+    """A ``retry-after`` metadata value in seconds, or None when absent or not a number >= 0;
+    clamped to [0, a day] (``1e308`` and ``inf`` are a day); never raises."""
     if isinstance(value, bytes):
         value = value.decode("ascii", "replace")
-    if not isinstance(value, str):
+    if not isinstance(value, str) or len(value) > _MAX_VALUE:
         return None
     try:
         seconds = float(value.strip())
     except ValueError:
         return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    if seconds != seconds or seconds < 0:  # NaN, negative
+        return None
+    return _clamped(seconds)
 
 
 def parse_pushback_ms(value: object) -> float | None:
     """A ``grpc-retry-pushback-ms`` value in seconds, or None: a negative or unreadable value means
-    "do not retry" in gRFC A6, which gives no wait to honour."""
+    "do not retry" in gRFC A6, which gives no wait to honour. Clamped to [0, a day]."""
     if isinstance(value, bytes):
         value = value.decode("ascii", "replace")
-    if not isinstance(value, str) or not value.strip().isdigit():
+    if not isinstance(value, str) or len(value) > _MAX_VALUE:
         return None
-    return int(value.strip()) / 1000.0
+    text = value.strip()
+    if not text.isdigit() or not text.isascii():
+        return None
+    if len(text) > _MAX_DIGITS:
+        return MAX_STATED_WAIT_S
+    return _clamped(int(text) / 1000.0)
+
+
+_MAX_VALUE = 1024
+_MAX_DIGITS = 15  # more milliseconds than that is far past the cap
 
 
 def retry_after_of(metadata: object) -> float | None:
@@ -127,16 +148,25 @@ def _stream_trailers(exc: DeadlineExceeded | StageTimeout) -> tuple[tuple[str, s
     return (items,)
 
 
+_CODES = {
+    "quota": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "quota_deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "unavailable": grpc.StatusCode.UNAVAILABLE,
+    "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "failure": grpc.StatusCode.UNAVAILABLE,
+    "rejection": grpc.StatusCode.UNAVAILABLE,
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
 def status_for(exc: BaseException) -> Status | None:
-    """The (code, details, trailing metadata) that ``exc`` maps to, or None to leave it to gRPC."""
-    if isinstance(exc, QuotaExceeded):
-        if exc.reason == "deadline":
-            return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), ()
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), retry_trailers(exc.retry_after_s)
-    if isinstance(exc, (BreakerOpen, Overloaded)):
-        return grpc.StatusCode.UNAVAILABLE, str(exc), retry_trailers(exc.retry_after_s)
-    if isinstance(exc, (DeadlineExceeded, StageTimeout)):
-        return grpc.StatusCode.DEADLINE_EXCEEDED, str(exc), _stream_trailers(exc)
-    if isinstance(exc, InvalidInput):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(exc), ()
-    return None
+    """The (code, details, trailing metadata) that ``exc`` maps to, or None to leave it to gRPC.
+    Never raises for any wait."""
+    answer = door_answer(exc, classify(exc))
+    if answer is None:
+        return None
+    what, wait, detail = answer
+    if what == "deadline" and isinstance(exc, (DeadlineExceeded, StageTimeout)):
+        return _CODES[what], detail, _stream_trailers(exc)
+    return _CODES[what], detail, retry_trailers(wait)

@@ -1,43 +1,38 @@
-"""Errors the transport raises for throttled and unavailable answers, shaped for the typed breakers.
+"""Errors the transport raises for throttled and unavailable answers.
 
 Each is an :class:`httpx.HTTPStatusError` (``request``, ``response`` work, and
-``except httpx.HTTPStatusError`` still catches it) and also a class the breakers classify, as
-:mod:`ragguard.grpc` does for gRPC statuses::
+``except httpx.HTTPStatusError`` still catches it); :func:`ragguard.outcomes.classify` reads it by
+its status, as any ``HTTPStatusError``::
 
     httpx.HTTPStatusError
      +-- RemoteStatusError
-          +-- RemoteUnavailable     (ConnectionError)         503: connection class
-          +-- RemoteQuotaExceeded   (ragguard.QuotaExceeded)  429
+          +-- RemoteUnavailable     (ConnectionError)  503: a dependency failure (every breaker
+          |                                            counts it), a rejection when it states a wait
+          +-- RemoteQuotaExceeded                      429: a dependency rejection
 
-429 is a :class:`~ragguard.QuotaExceeded`, not a connection error: the server is up and
-throttling this tenant, so no breaker opens for every tenant because of it. A ragguard service
-that lets it escape answers its own caller 429 with the same wait, so the pushback travels
-back. 503 is a :class:`ConnectionError`: the vector-store and embedding breakers count it.
+A 429 is the dependency's rejection, not ragguard's own quota refusal (it is no longer a
+:class:`~ragguard.QuotaExceeded`): no breaker counts it, the throttle does, the retry waits what it
+states (up to the stage's ``max_retry_after_s``), the stage's fallback serves it, and a front door
+that it reaches answers 503 with ``Retry-After`` (the caller is not over *its* quota).
 
 Each carries ``retry_after_s``: seconds from ``retry-after-ms`` when the server sent it (exact),
-else from ``Retry-After`` (delay-seconds or an HTTP-date); None when it sent neither, 0.0 for a
-429 (whose ``retry_after_s`` is always a float).
+else ``Retry-After`` (delay-seconds or an HTTP-date), else the rate-limit resets
+(``x-ratelimit-reset-requests`` / ``-tokens``), clamped to a day; None when it sent none, 0.0 for
+a 429 (whose ``retry_after_s`` is always a float).
 """
 
 from __future__ import annotations
 
 import httpx
 
-from .._errors import QuotaExceeded
-from .._http import RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER, parse_retry_after, parse_retry_after_ms
+from .._http import stated_wait
 
 __all__ = ["RemoteQuotaExceeded", "RemoteStatusError", "RemoteUnavailable", "retry_after_of"]
 
 
 def retry_after_of(headers: httpx.Headers) -> float | None:
     """The wait, in seconds, that response ``headers`` ask for (see the module docstring)."""
-    exact = headers.get(RETRY_AFTER_MS_HEADER)
-    if exact is not None:
-        seconds = parse_retry_after_ms(exact)
-        if seconds is not None:
-            return seconds
-    value = headers.get(RETRY_AFTER_HEADER)
-    return None if value is None else parse_retry_after(value)
+    return stated_wait(headers)
 
 
 class RemoteStatusError(httpx.HTTPStatusError):
@@ -63,8 +58,8 @@ class RemoteUnavailable(RemoteStatusError, ConnectionError):
     """503: the server is up but cannot serve now (a ConnectionError)."""
 
 
-class RemoteQuotaExceeded(RemoteStatusError, QuotaExceeded):
-    """429: the server throttled tenant ``tenant`` (a ragguard QuotaExceeded).
+class RemoteQuotaExceeded(RemoteStatusError):
+    """429: the server throttled the call made for tenant ``tenant`` (a dependency's rejection).
 
     ``retry_after_s``: the server's wait in seconds, 0.0 when it sent none; ``reason``: ``"remote"``.
     """

@@ -38,8 +38,9 @@ class GuardTransport(httpx.AsyncBaseTransport):
       raised (the httpx timeout is its ``__context__``): the caller's short budget says nothing
       of the server, so the breakers do not count it. A request whose deadline is already spent
       is not sent.
-    - a 429 answer raises :class:`RemoteQuotaExceeded` and a 503 :class:`RemoteUnavailable`, both
-      with ``retry_after_s`` from ``retry-after-ms`` or ``Retry-After`` (see
+    - a 429 answer raises :class:`RemoteQuotaExceeded` (a dependency's rejection) and a 503
+      :class:`RemoteUnavailable` (a failure, or a rejection when it states a wait), both with
+      ``retry_after_s`` from ``retry-after-ms``, ``Retry-After`` or the rate-limit resets (see
       :mod:`ragguard.httpx._errors`); their body is read first, so ``exc.response.text`` works.
       ``raise_statuses=False`` hands every response back unchanged.
 
@@ -88,7 +89,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         return response
 
     async def _within(self, request: httpx.Request, at: Expiry) -> httpx.Response:
-        what = f"http {request.method} {request.url.host}"
+        what = f"http {request.method}"  # no host: a front door shows this stage name to callers
         left = at.left()
         if left <= 0.0:
             raise DeadlineExceeded(what, None, "no time left to send the request")

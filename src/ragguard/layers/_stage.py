@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from .._clock import Clock
 from ..breakers import Breaker, counts_by_default
 from ..pipeline import Chain, Layer
+from ..pipeline._threads import held
 from ..policy import StagePolicy
 from .breaker import make_breaker
 from .fallback import Fallback, UserFallback
@@ -55,10 +56,11 @@ class Bound:
 
     ``fallbacks`` are the user's, in order; ``breaker`` the one given (adapted), False for none,
     or None (the policy's);
-    ``options`` the preset keywords as given, resolved per preset on first use (:meth:`resolved`).
+    ``options`` the preset keywords as given, resolved per preset on first use (:meth:`resolved`);
+    ``threaded``: a sync function, run in worker threads (:mod:`ragguard.pipeline._threads`).
     """
 
-    __slots__ = ("_resolved", "breaker", "fallbacks", "fn", "options", "stage", "stream")
+    __slots__ = ("_resolved", "breaker", "fallbacks", "fn", "options", "stage", "stream", "threaded")
 
     def __init__(
         self,
@@ -69,10 +71,12 @@ class Bound:
         fallbacks: Sequence[Callable[..., Any]] = (),
         breaker: Breaker | Literal[False] | None = None,
         options: Mapping[str, Any] | None = None,
+        threaded: bool = False,
     ) -> None:
         self.stage = stage
         self.fn = fn
         self.stream = stream
+        self.threaded = threaded
         self.fallbacks: tuple[Fallback, ...] = tuple(UserFallback(f) for f in fallbacks)
         self.breaker = breaker
         self.options: dict[str, Any] = dict(options or {})
@@ -145,7 +149,8 @@ class Stage:
         """Compile ``bound``'s chain of layers (see :mod:`ragguard.layers`)."""
         from . import build_layers
 
-        return Chain(build_layers(self, bound, observed=observed))
+        layers = build_layers(self, bound, observed=observed)
+        return Chain(held(layers) if bound.threaded else layers)
 
     def __repr__(self) -> str:
         return f"<Stage {self.name!r} preset={None if self.preset is None else self.preset.name!r}>"

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._context import current_tenant
 from .._errors import DeadlineExceeded
-from ..breakers import is_out_of_memory, is_timeout
 from ..deadline import _deadline
+from ..outcomes import Kind, classify
 from ..overload import AdaptiveLimiter, limiter_for
 from ..overload._priority import _priority
 from ..pipeline import WAIT, Call, Scope
@@ -35,6 +35,7 @@ class AdaptiveLayer:
     """Admits each attempt of stage ``stage`` through ``limiter`` (see the module docstring)."""
 
     scope: ClassVar[Scope] = "attempt"
+    holds: ClassVar[bool] = True  # a permit: held until a sync call's worker thread returns
     __slots__ = ("_oom", "_quota_of", "clock", "limiter", "max_wait_s", "min_attempt_s")
 
     def __init__(self, stage: Stage, limiter: AdaptiveLimiter) -> None:
@@ -71,13 +72,13 @@ class AdaptiveLayer:
             limiter.release(token, self.clock() - token.started)
         elif not isinstance(exc, Exception):
             limiter.release(token, None)  # cancelled: says nothing of the dependency
-        elif is_timeout(exc) or isinstance(exc, DeadlineExceeded):
+        elif (outcome := classify(exc)).kind is Kind.TIMEOUT or isinstance(exc, DeadlineExceeded):
             elapsed = self.clock() - token.started
             base = limiter.gradient.min_rtt or 0.0
             limiter.release(token, elapsed if elapsed > base else None)  # slow: a (long) sample
         else:
             limiter.release(token, None)
-            if self._oom and is_out_of_memory(exc):
+            if self._oom and outcome.out_of_memory:
                 limiter.press("out_of_memory")
         return None
 

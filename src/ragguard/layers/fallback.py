@@ -7,12 +7,14 @@ is named in :func:`ragguard.degraded`. One that misses (:class:`FallbackMiss`, e
 the cache) or raises hands over to the next; when none answers, the original error is raised with a
 note naming what each fallback did.
 
-A fallback serves after an error its stage's breaker counts, an unreachable or timed-out
-dependency, an open breaker, a call shed by an overload layer (:class:`~ragguard.Overloaded`: the
-dependency is saturated, and a cheap local answer is what a fallback is for) or a spent deadline
-(``fallback_on: breaker``, the default), or after
-any error (``fallback_on: any``); never after a quota rejection (a tenant over its share is not
-served another way) or a cancellation. For a stream, only before its first item (the commit
+When a fallback serves is read from :func:`ragguard.outcomes.classify` (``fallback_on: breaker``,
+the default): after a dependency's failure, rejection (429, 529, ``RESOURCE_EXHAUSTED``: the
+dependency is saturated, and a cheap local answer is what a fallback is for) or timeout, an open
+breaker, a call shed by an overload layer (:class:`~ragguard.Overloaded`), a spent deadline, or an
+error no classifier knows that the stage's breaker counts; never after a caller's error (a bad
+request is passed to the caller as it is). ``fallback_on: any`` serves after any error. Neither
+serves after a quota refusal (a tenant over its share is not served another way) or a
+cancellation. For a stream, only before its first item (the commit
 point); a fallback of a stream may return an async iterable or an iterable of items.
 """
 
@@ -23,10 +25,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._context import current_tenant, mark_degraded
-from .._errors import BreakerOpen, DeadlineExceeded, Overloaded, QuotaExceeded
+from .._errors import QuotaExceeded
 from .._validate import bounded
-from ..breakers import is_connection_error, is_timeout
 from ..events import FallbackServed, bus
+from ..outcomes import Kind, kind_of
 from ..pipeline import Call
 
 if TYPE_CHECKING:
@@ -117,19 +119,23 @@ def applies_for(
     counts: Callable[[BaseException], bool] | None, fallback_on: str
 ) -> Callable[[BaseException], bool]:
     """When a stage's fallbacks serve (see the module docstring): ``counts`` is the stage breaker's
-    classifier (None without a breaker: every error but a caller's ValueError/TypeError)."""
+    classifier (None without a breaker: every error no classifier knows is served)."""
+    serve_any = fallback_on == "any"
 
     def applies(exc: BaseException) -> bool:
         if isinstance(exc, QuotaExceeded):
-            return False
-        if isinstance(exc, (BreakerOpen, DeadlineExceeded, Overloaded)) or fallback_on == "any":
-            return True
-        if counts is None:
-            return not isinstance(exc, (ValueError, TypeError))
-        # the dependency failed: what its breaker counts, and any unreachable or timed-out call
-        return bool(counts(exc)) or is_connection_error(exc) or is_timeout(exc)
+            return False  # the tenant's own share: not served another way
+        kind = kind_of(exc)
+        if kind in _SERVED or serve_any:
+            return kind is not Kind.CANCELLED
+        if kind is Kind.UNKNOWN:
+            return counts is None or bool(counts(exc))
+        return False  # a caller's error: passed on as it is
 
     return applies
+
+
+_SERVED = frozenset({Kind.FAILURE, Kind.REJECTION, Kind.TIMEOUT, Kind.REFUSED, Kind.DEADLINE})
 
 
 def build(stage: Stage, bound: Bound) -> FallbackLayer | None:

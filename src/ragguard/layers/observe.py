@@ -1,49 +1,70 @@
-"""Observation: an OpenTelemetry span and a :class:`ragguard.metrics.StageCompleted` event per call.
+"""Observation: a span and a :class:`ragguard.events.StageCompleted` event per guarded call or stream.
 
-A gate of call scope, outermost in the chain, so it sees the call as its caller does (fallbacks
-included) and, for a stream, the whole stream. The observed chain is a separate compiled chain that
-a guarded function picks only while tracing is on or the event bus has listeners: unobserved calls
-pay nothing for it.
+Outermost in the chain, so it sees the call as its caller does (fallbacks included) and, for a
+stream, the whole stream. The observed chain is a separate compiled chain that a guarded function
+picks only while tracing is on or the event bus has listeners: unobserved calls pay nothing for it.
+
+The span comes from :data:`ragguard.events.tracer` (set by :func:`ragguard.metrics.enable_tracing`)
+and is *current* while the stage's own code runs, so spans made inside it (an SDK's, httpx's) are
+its children: for a call, from its start to its end (a hedge's second leg, a task started inside,
+inherits it); for a stream, while it opens, while each item is read, and while it closes, but never
+while the caller holds an item (the caller's own spans are not the stage's children).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from .. import metrics as _metrics
+from .. import events
 from .._clock import Clock
 from .._context import DEFAULT_TENANT, _scope, current_tenant, degraded, degraded_count
 from ..breakers import BreakerState
-from ..events import bus
-from ..pipeline import Call, Scope
+from ..events import StageCompleted, bus, error_type
+from ..pipeline import Call, Gate, Scope
 
 if TYPE_CHECKING:
     from ..breakers import Breaker
+    from ..pipeline._drivers import Head
     from ._stage import Bound, Stage
 
-__all__ = ["ObserveLayer", "build"]
+__all__ = ["OPERATIONS", "ObserveLayer", "ObserveStream", "build"]
+
+OPERATIONS: dict[str, str] = {"embedding": "embeddings", "vector_store": "retrieval", "generation": "chat"}
+"""A stage preset -> its ``gen_ai.operation.name`` (OpenTelemetry GenAI semantic conventions);
+stages of other presets (rerank has no such operation) or none carry no ``gen_ai`` attributes."""
 
 
-class ObserveLayer:
-    """Opens a span when a call of ``stage`` enters (only while tracing: listeners alone need no
-    span object); closes it with the outcome and emits StageCompleted when it exits."""
+class _Observe:
+    """What the call's and the stream's observe layers share: the stage and how to read its state."""
 
-    scope: ClassVar[Scope] = "call"
-    __slots__ = ("breaker", "clock", "stage")
+    __slots__ = ("breaker", "clock", "operation", "stage")
 
-    def __init__(self, stage: str, breaker: Breaker | None, clock: Clock) -> None:
+    def __init__(self, stage: str, breaker: Breaker | None, clock: Clock, operation: str = "") -> None:
         self.stage = stage
         self.breaker = breaker
         self.clock = clock
+        self.operation = operation
 
-    def enter(self, call: Call) -> Any:
+    def _state(self) -> str:
         breaker = self.breaker
         if breaker is None:
-            state = ""
-        else:
-            st = breaker.state
-            state = _STATE_NAMES.get(st) or str(getattr(st, "value", st))
-        if _metrics._tracer is None:
+            return ""
+        st = breaker.state
+        return _STATE_NAMES.get(st) or str(getattr(st, "value", st))
+
+
+class ObserveLayer(_Observe):
+    """The observe gate of a call: opens (and makes current) a span when the call enters, while
+    tracing; closes it with the outcome and emits StageCompleted when it exits."""
+
+    scope: ClassVar[Scope] = "call"
+    __slots__ = ()
+
+    def enter(self, call: Call) -> Any:
+        state = self._state()
+        tracer = events.tracer
+        if tracer is None:
             # listeners only: no span object, the StageCompleted is made on exit from this token;
             # current_tenant() and degraded_count(), inlined for a call inside a request
             scope = _scope.get()
@@ -51,37 +72,190 @@ class ObserveLayer:
                 return None, DEFAULT_TENANT, state, self.clock(), degraded_count()
             served = scope.fallbacks
             return None, scope.tenant, state, self.clock(), 0 if served is None else len(served)
-        span = _metrics.otel_span(self.stage, current_tenant(), breaker_state=state, clock=self.clock)
-        span.__enter__()
-        return span, "", state, 0.0, degraded_count()
+        tenant = current_tenant()
+        span = tracer.start(self.stage, tenant, state, self.operation)
+        return (tracer, span, tracer.attach(span)), tenant, state, self.clock(), degraded_count()
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        span, tenant, state, started, before = token
-        scope = _scope.get()
-        if scope is not None:  # degraded() of a request, inlined
-            served = scope.fallbacks
-            fallback = served[-1] if served is not None and len(served) > before else ""
-        else:
-            fallback = degraded()[-1] if degraded_count() > before else ""
-        if span is not None:
-            if fallback:
-                span.set_fallback(fallback)
-            span.__exit__(None if exc is None else type(exc), exc, None)
-        elif bus.active:  # what StageSpan.__exit__ emits (see ragguard.metrics.otel_span)
-            if exc is None:
-                outcome = "fallback" if fallback else "success"
-            else:
-                outcome = "error" if isinstance(exc, Exception) else "cancelled"
-            duration_s = self.clock() - started
-            bus.emit(_metrics.StageCompleted(self.stage, tenant, outcome, duration_s, fallback, state))
+        traced, tenant, state, started, before = token
+        fallback = _served_since(before)
+        if traced is not None:
+            tracer, span, attached = traced
+            tracer.detach(attached)
+            tracer.end(span, _outcome(exc, fallback), exc, fallback, None)
+        if bus.active:
+            _completed(self.stage, tenant, exc, fallback, state, self.clock() - started, None)
         return None
+
+
+class ObserveStream(_Observe):
+    """The observe layer of a stream: a wrapper around its opening that keeps the span current
+    while the stream's own code runs (see the module docstring) and ends it, with StageCompleted,
+    when the stream ends however it ends (the stream driver exits it with the others it holds)."""
+
+    scope: ClassVar[Scope] = "call"
+    streams: ClassVar[bool] = True
+    __slots__ = ()
+
+    async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:
+        state = self._state()
+        tenant = current_tenant()
+        before = degraded_count()
+        started = self.clock()
+        tracer = events.tracer
+        span = attached = None
+        if tracer is not None:
+            span = tracer.start(self.stage, tenant, state, self.operation)
+            attached = tracer.attach(span)
+        try:
+            head: Head = await proceed()
+        except BaseException as exc:
+            if tracer is not None:
+                tracer.detach(attached)
+            self._end(_Open(tracer, span, tenant, state, started, before, None), exc)
+            raise
+        first_s = None if head.done else self.clock() - started
+        opened = _Open(tracer, span, tenant, state, started, before, first_s)
+        if tracer is not None:
+            tracer.detach(attached)
+            head.agen = _Traced(head.agen, tracer, span)
+            # the span is current while the layers inside exit too (a generation stage settles its
+            # tokens there): the stream driver exits what the head holds in order, innermost first
+            head.held.insert(0, (_held(_Attach(tracer)), [opened]))
+        head.held.append((_held(self), [opened]))
+        return head
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        self._end(token, exc)
+        return None
+
+    def _end(self, opened: _Open, exc: BaseException | None) -> None:
+        fallback = _served_since(opened.before)
+        tracer = opened.tracer
+        if tracer is not None:
+            if opened.attached is not None:
+                tracer.detach(opened.attached)
+                opened.attached = None
+            tracer.end(opened.span, _outcome(exc, fallback), exc, fallback, opened.first_item_s)
+        if bus.active:
+            took = self.clock() - opened.started
+            _completed(self.stage, opened.tenant, exc, fallback, opened.state, took, opened.first_item_s)
+
+
+class _Open:
+    """One observed stream between its opening and its end."""
+
+    __slots__ = ("attached", "before", "first_item_s", "span", "started", "state", "tenant", "tracer")
+
+    def __init__(
+        self,
+        tracer: events.StageTracer | None,
+        span: Any,
+        tenant: str,
+        state: str,
+        started: float,
+        before: int,
+        first_item_s: float | None,
+    ) -> None:
+        self.tracer = tracer
+        self.span = span
+        self.tenant = tenant
+        self.state = state
+        self.started = started
+        self.before = before
+        self.first_item_s = first_item_s
+        self.attached: Any = None
+
+
+class _Attach:
+    """Held first by an observed stream's head: when the stream ends, makes its span current for
+    the exits of the layers inside (the :class:`ObserveStream` exit, held last, detaches it)."""
+
+    scope: ClassVar[Scope] = "call"
+    __slots__ = ("tracer",)
+
+    def __init__(self, tracer: events.StageTracer) -> None:
+        self.tracer = tracer
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        token.attached = self.tracer.attach(token.span)
+        return None
+
+
+def _held(layer: _Attach | ObserveStream) -> Sequence[Gate]:
+    """``layer`` as the stream driver holds a gate until the stream ends (only its ``exit`` is called)."""
+    return cast("Sequence[Gate]", (layer,))
+
+
+class _Traced:
+    """``agen``'s items, read with ``span`` current: attached and detached within each read (so in
+    the reader's own context, and never left current while the reader holds an item), and while
+    it closes. A class rather than an async generator: closing one that never started would not
+    close ``agen``."""
+
+    __slots__ = ("_agen", "_span", "_tracer")
+
+    def __init__(self, agen: Any, tracer: events.StageTracer, span: Any) -> None:
+        self._agen = agen
+        self._tracer = tracer
+        self._span = span
+
+    def __aiter__(self) -> _Traced:
+        return self
+
+    async def __anext__(self) -> Any:
+        attached = self._tracer.attach(self._span)
+        try:
+            return await self._agen.__anext__()
+        finally:
+            self._tracer.detach(attached)
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._agen, "aclose", None)
+        if aclose is not None:
+            attached = self._tracer.attach(self._span)
+            try:
+                await aclose()
+            finally:
+                self._tracer.detach(attached)
+
+
+def _served_since(before: int) -> str:
+    """The last fallback that served the current request since it had served ``before`` ("" if none)."""
+    scope = _scope.get()
+    if scope is not None:  # degraded() of a request, inlined
+        served = scope.fallbacks
+        return served[-1] if served is not None and len(served) > before else ""
+    return degraded()[-1] if degraded_count() > before else ""
+
+
+def _outcome(exc: BaseException | None, fallback: str) -> str:
+    if exc is None:
+        return "fallback" if fallback else "success"
+    return "error" if isinstance(exc, Exception) else "cancelled"
+
+
+def _completed(
+    stage: str,
+    tenant: str,
+    exc: BaseException | None,
+    fallback: str,
+    state: str,
+    duration_s: float,
+    first_item_s: float | None,
+) -> None:
+    outcome = _outcome(exc, fallback)
+    error = error_type(exc) if outcome == "error" else ""
+    bus.emit(StageCompleted(stage, tenant, outcome, duration_s, fallback, state, error, first_item_s))
 
 
 _STATE_NAMES: dict[Any, str] = {state: state.value for state in BreakerState}
 
 
-def build(stage: Stage, bound: Bound) -> ObserveLayer | None:
-    return ObserveLayer(stage.name, stage.breaker, stage.clock)
+def build(stage: Stage, bound: Bound) -> ObserveLayer | ObserveStream:
+    operation = "" if stage.preset is None else OPERATIONS.get(stage.preset.name, "")
+    kind = ObserveStream if bound.stream else ObserveLayer
+    return kind(stage.name, stage.breaker, stage.clock, operation)

@@ -27,6 +27,7 @@ class QuotaLayer:
 
     scope: ClassVar[Scope] = "call"
     exits_none: ClassVar[bool] = False  # admitted on entry to the request: nothing to release
+    holds: ClassVar[bool] = True  # a slot: held until a sync call's worker thread returns
     __slots__ = ("quotas",)
 
     def __init__(self, quotas: QuotaBackend) -> None:

@@ -1,16 +1,21 @@
 """Deadline-aware retries (run by tenacity) and the retry budget that stops retry storms.
 
 A recovery: nothing runs until an attempt fails with an error the stage retries (``retry_on``:
-connection, timeout, out of memory, or anything the breaker counts; never a cancellation or a
-rejection by ragguard itself). Then the layer's own loop drives the retries with tenacity's
+dependency failures, timeouts, out of memory, a dependency's rejections, or anything the breaker
+counts, as :func:`ragguard.outcomes.classify` says; never a caller's error, a cancellation or a
+refusal by ragguard itself). A stage that is not idempotent retries only errors raised before its
+request could have left (``Outcome.reached`` False: a refused connection, a connect timeout), never
+after a timeout or a reset mid-request. Then the layer's own loop drives the retries with tenacity's
 strategy objects (built once per layer, from small strategies that compose as tenacity intends; a
 caller may pass its own ``stop``, ``wait`` and ``retry``), asking them exactly as tenacity's
 ``AsyncRetrying`` would, in the same order, with a fresh ``tenacity.RetryCallState`` per call:
 
 - stop after ``attempts``, or when the next attempt could not start before the deadline with
   ``min_attempt_s`` left (the upcoming sleep included), or when the retry budget refuses;
-- wait exponentially with seeded jitter, cut to the deadline, and at least the ``retry_after_s``
-  an error carries (a dependency's ``Retry-After``): a wait that cannot fit the deadline stops;
+- wait exponentially with seeded jitter, cut to the deadline, and at least the wait the dependency
+  stated (``Outcome.retry_after_s``: ``Retry-After``, ``retry-after-ms``, rate-limit resets, gRPC
+  pushback); a stated wait over ``max_retry_after_s``, or one the deadline cannot fit, stops at
+  once, so the stage's fallback serves instead of a caller waiting for hours;
 - sleep with the Guard's time source (a :class:`~ragguard.FakeClock` in tests).
 
 The retry budget (after Envoy's and Finagle's) lets retries add at most ``budget_ratio`` of the
@@ -37,9 +42,9 @@ import tenacity
 
 from .._context import current_tenant
 from .._errors import RagguardError, StageTimeout
-from ..breakers import is_connection_error, is_out_of_memory, is_timeout
 from ..deadline import _deadline, remaining
 from ..events import RetryBudgetExhausted, RetryScheduled, bus
+from ..outcomes import Kind, Outcome, classify
 from ..pipeline import Call, Scope
 from ..policy import RetryPolicy
 
@@ -48,11 +53,13 @@ if TYPE_CHECKING:
 
 __all__ = ["RetryBudget", "RetryLayer", "build", "make_budget"]
 
-_KINDS: dict[str, Callable[[BaseException], bool]] = {
-    "connection": is_connection_error,
-    "timeout": is_timeout,
-    "out_of_memory": is_out_of_memory,
+_KINDS: dict[str, Callable[[Outcome], bool]] = {
+    "connection": lambda o: o.kind is Kind.FAILURE and o.reason != "out_of_memory",
+    "timeout": lambda o: o.kind is Kind.TIMEOUT,
+    "out_of_memory": lambda o: o.out_of_memory,
+    "rejection": lambda o: o.kind is Kind.REJECTION,
 }
+_NEVER = frozenset({Kind.CALLER_ERROR, Kind.CANCELLED, Kind.REFUSED, Kind.DEADLINE, Kind.SUCCESS})
 
 
 class RetryBudget:
@@ -155,12 +162,25 @@ class _DeadlineStop(tenacity.stop.stop_base):
 
 
 def retry_after_of(exc: BaseException | None) -> float:
-    """The wait in seconds an error asks for (its ``retry_after_s``: a dependency's Retry-After),
-    0.0 when it asks for none."""
-    after = getattr(exc, "retry_after_s", None)
-    if isinstance(after, (int, float)) and not isinstance(after, bool) and after > 0:
-        return float(after)
-    return 0.0
+    """The wait in seconds the dependency stated with an error (``classify(exc).retry_after_s``,
+    clamped), 0.0 when it stated none."""
+    if exc is None:
+        return 0.0
+    return classify(exc).retry_after_s or 0.0
+
+
+class _StatedWaitStop(tenacity.stop.stop_base):
+    """Stop when the dependency stated a wait longer than ``max_after_s``: no retry waits for it,
+    so the stage's fallback serves at once."""
+
+    def __init__(self, max_after_s: float) -> None:
+        self.max_after_s = max_after_s
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        outcome = retry_state.outcome
+        if outcome is None or not outcome.failed:
+            return False
+        return retry_after_of(outcome.exception()) > self.max_after_s
 
 
 class _CutWait(tenacity.wait.wait_base):
@@ -283,10 +303,14 @@ class RetryLayer:
     scope: ClassVar[Scope] = "call"
     exits: ClassVar[bool] = False
     __slots__ = (
+        "_any",
         "_attempts",
         "_backoffs",
+        "_counts",
+        "_idempotent",
         "_jitter_s",
         "_kinds",
+        "_max_after_s",
         "_min_left",
         "_native",
         "_sure",
@@ -316,6 +340,7 @@ class RetryLayer:
         stop: Strategy | None = None,
         wait: Strategy | None = None,
         retry: Strategy | None = None,
+        idempotent: bool = True,
     ) -> None:
         self.stage = stage
         self.policy = policy
@@ -325,13 +350,22 @@ class RetryLayer:
         self.rng = rng
         self.sleep = sleep
         kinds = policy.retry_on
-        self._kinds: tuple[Callable[[BaseException], bool], ...] = (
-            (counts,) if "any" in kinds else tuple(_KINDS[k] for k in kinds)
+        self._any = "any" in kinds
+        self._counts = counts
+        self._idempotent = idempotent
+        self._max_after_s = policy.max_retry_after_s
+        self._kinds: tuple[Callable[[Outcome], bool], ...] = (
+            (_KINDS["rejection"],) if self._any else tuple(_KINDS[k] for k in kinds)
         )
-        # the classes each kind matches before any closer look (is_connection_error of a
-        # ConnectionError is True...): the usual failures are told apart by one isinstance
+        # the classes each kind matches before any closer look (a ConnectionError is a dependency
+        # failure...): the usual failures of an idempotent stage are told apart by one isinstance
+        # (a stage that is not idempotent is sure only of a refused connection: it never left)
         self._sure: tuple[type[BaseException], ...] = (
-            () if "any" in kinds else tuple(_SURE[k] for k in kinds)
+            ()
+            if self._any
+            else tuple(_SURE[k] for k in kinds if k in _SURE)
+            if idempotent
+            else (ConnectionRefusedError,) if "connection" in kinds else ()
         )
         # A policy's own strategies (RetryPolicy.stop/wait/retry) join the policy's rules (see
         # RetryPolicy); ``stop``/``wait``/``retry`` given here replace them outright.
@@ -339,13 +373,14 @@ class RetryLayer:
             stop = tenacity.stop_any(  # (plain callables as well as strategy objects)
                 tenacity.stop_after_attempt(policy.attempts),
                 _DeadlineStop(min_attempt_s),
+                _StatedWaitStop(policy.max_retry_after_s),
                 policy.stop,
                 _BudgetStop(self._spend),
             )
         if wait is None and policy.wait is not None:
             wait = _CutWait(policy, min_attempt_s, rng, base=policy.wait)
         if retry is None and policy.retry is not None:
-            retry = tenacity.retry_all(tenacity.retry_if_exception(_not_a_rejection), policy.retry)
+            retry = tenacity.retry_all(tenacity.retry_if_exception(self._may_repeat), policy.retry)
         # The policy's strategies, asked inline by recover(): stop after ``attempts``, or when the
         # deadline would leave less than ``_min_left`` after the wait, or when the budget refuses;
         # wait tenacity's exponential backoff for the attempt (computed once here, by tenacity),
@@ -363,22 +398,35 @@ class RetryLayer:
         # strategy, or a callable of a RetryCallState returning bool / seconds / bool)
         if stop is None:
             stop = tenacity.stop_after_attempt(policy.attempts) | _DeadlineStop(min_attempt_s)
-            stop = stop | _BudgetStop(self._spend)
+            stop = stop | _StatedWaitStop(policy.max_retry_after_s) | _BudgetStop(self._spend)
         self.stop: Strategy = stop
         self.wait: Strategy = wait if wait is not None else _CutWait(policy, min_attempt_s, rng)
         self.retry: Strategy = retry if retry is not None else tenacity.retry_if_exception(self.retryable)
 
     def retryable(self, exc: BaseException) -> bool:
-        """True when ``exc`` may be retried: one of the stage's ``retry_on`` kinds, and neither a
-        cancellation nor a rejection by ragguard (a stage timeout is a timeout, and retryable)."""
+        """True when ``exc`` may be retried: its outcome is one of the stage's ``retry_on`` kinds,
+        not a caller's error, a cancellation or a refusal by ragguard (a stage timeout is a
+        timeout, and retryable); for a stage that is not idempotent, only when the request cannot
+        have reached the dependency."""
         if not _not_a_rejection(exc):
             return False  # tenacity hands cancellations to the predicate too: never retry them
         if isinstance(exc, self._sure):
             return True
+        return self._retries(exc, classify(exc))
+
+    def _may_repeat(self, exc: BaseException) -> bool:
+        """Neither a cancellation nor a refusal by ragguard, and for a stage that is not
+        idempotent an error raised before the request could have left (a user's ``retry``
+        predicate is asked only then)."""
+        return _not_a_rejection(exc) and (self._idempotent or not classify(exc).reached)
+
+    def _retries(self, exc: BaseException, outcome: Outcome) -> bool:
+        if outcome.kind in _NEVER or (outcome.reached and not self._idempotent):
+            return False
         for kind in self._kinds:
-            if kind(exc):
+            if kind(outcome):
                 return True
-        return False
+        return self._any and bool(self._counts(exc))
 
     def enter(self, call: Call) -> Any:
         if call.attempt == 1:  # budget.on_call(clock()), inlined: every call passes here
@@ -403,7 +451,7 @@ class RetryLayer:
         # is charged only for a retry that happens), RetryScheduled, the sleep.
         try:
             attempt = 1  # the number of the attempt that failed with ``exc``
-            retryable, sure = self.retryable, self._sure
+            sure = self._sure
             backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
             while True:
                 # retryable(exc), with its usual answer first (exc is an Exception here)
@@ -411,10 +459,17 @@ class RetryLayer:
                     outer = call.recoverable
                     if outer is not None and outer(exc):
                         raise exc
+                    after = retry_after_of(exc) if getattr(exc, "retry_after_s", None) is not None else 0.0
                 else:
                     outer = call.recoverable
-                    if not retryable(exc) or (outer is not None and outer(exc)):
+                    if not _not_a_rejection(exc):
                         raise exc
+                    outcome = classify(exc)
+                    if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
+                        raise exc
+                    after = outcome.retry_after_s or 0.0
+                if after > self._max_after_s:
+                    raise exc  # the dependency asks for more than this stage would ever wait
                 wait = backoffs[attempt - 1]
                 if jitter_s:
                     wait += self.rng.uniform(0.0, jitter_s)
@@ -427,10 +482,8 @@ class RetryLayer:
                     left = expiry.at - expiry.clock()
                     if wait > left - min_left:
                         wait = left - min_left if left > min_left else 0.0
-                if getattr(exc, "retry_after_s", None) is not None:  # a dependency's Retry-After
-                    after = retry_after_of(exc)
-                    if after > wait:
-                        wait = after
+                if after > wait:  # the wait the dependency stated
+                    wait = after
                 if expiry is not None:
                     # the time left read again, as _DeadlineStop does after _CutWait: a wait cut to
                     # leave exactly min_left is stopped once any time has passed since
@@ -442,7 +495,8 @@ class RetryLayer:
                         bus.emit(RetryBudgetExhausted(self.stage, current_tenant()))
                     raise exc
                 if bus.active:
-                    bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__))
+                    tenant = current_tenant()
+                    bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__, tenant))
                 await self.sleep(wait)
                 attempt += 1
                 call.attempt += 1
@@ -479,7 +533,8 @@ class RetryLayer:
                     raise exc
                 state.idle_for += sleep
                 if bus.active:
-                    bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, type(exc).__name__))
+                    error, tenant = type(exc).__name__, current_tenant()
+                    bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, error, tenant))
                 state.prepare_for_next_attempt()
                 await self.sleep(sleep)
                 call.attempt += 1
@@ -526,4 +581,5 @@ def build(stage: Stage, bound: Bound) -> RetryLayer | None:
         clock=stage.clock,
         rng=stage.guard.rng,
         sleep=stage.guard.sleep,
+        idempotent=stage.policy.is_idempotent,
     )

@@ -3,8 +3,9 @@ would refuse anyway (Google SRE book; see :mod:`ragguard.overload._throttle`).
 
 A gate of attempt scope, outside the adaptive limit and the breaker. ``enter`` counts the attempt
 and refuses it with the throttle's probability (:class:`~ragguard.Overloaded`, reason
-``throttled``); ``exit`` counts it accepted unless the dependency rejected it (RESOURCE_EXHAUSTED,
-UNAVAILABLE, 429, 503, a nested service's quota or overload error). An attempt that never reached
+``throttled``); ``exit`` counts it accepted unless the dependency rejected it (a ``REJECTION`` as
+:func:`ragguard.outcomes.classify` says: 429, 529, ``RESOURCE_EXHAUSTED``, an overload event in a
+stream; or a nested stage's quota or overload refusal). An attempt that never reached
 the dependency (this stage's own breaker or limit refused it, or the deadline was spent) is not
 counted at all.
 """

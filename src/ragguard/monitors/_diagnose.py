@@ -15,8 +15,10 @@ Rules, most telling first:
                                deadline) and when; the most refused first.
 ``fallbacks_served``           which stage answered from which fallback, how often, what share of
                                its answers (from the recorder's counts), and the errors behind it.
-``shared_state``               Redis unreachable: which components (quotas, shared breakers) ran
-                               on local state, for how long, why, and whether they were back.
+``shared_state``               Redis unreachable, or refusing ragguard's credentials, ACL
+                               permissions or TLS (said apart): which components (quotas, shared
+                               breakers) ran on local state, for how long, why, and whether they
+                               were back.
 ``connection_leak``            a connection held too long, with the stack that acquired it.
 ``pool_exhausted``             pool exhaustion with no stall around it: the pool is too small for
                                this concurrency, or connections leak.
@@ -635,7 +637,7 @@ class _Rules:
                 outages[component] += 1
                 reasons.setdefault(component, str(r.get("reason", "")))
                 why = v.bounded(str(r["reason"]), 120)
-                self.moment(at, f"Redis unreachable: {component} on local state ({why})")
+                self.moment(at, f"{_redis_problem(str(r['reason']))}: {component} on local state ({why})")
             else:
                 since = down_since.pop(component, None)
                 down = float(r["degraded_for_s"]) if _finite(r["degraded_for_s"]) else 0.0
@@ -653,8 +655,13 @@ class _Rules:
         longest = max(local_s.get(c, 0.0) for c in components)
         more = len(components) - 8
         shown = ", ".join(components[:8]) + (f" and {more} more" if more > 0 else "")
+        misconfigured = all(reasons.get(c, "").startswith(_MISCONFIGURED) for c in components)
+        what = (
+            "Redis refused ragguard's configuration (credentials, ACL permissions or TLS: fix the "
+            "client's settings; waiting will not help)" if misconfigured else "Redis unreachable"
+        )
         summary = (
-            f"shared state: Redis unreachable, ran on local state for {_s(longest)} (component "
+            f"shared state: {what}, ran on local state for {_s(longest)} (component "
             f"{shown}); calls were not failed for it, but quotas and breakers were counted per process"
         )
         if still and len(still) == len(components):
@@ -842,3 +849,14 @@ def _events_file(given: str | None) -> str:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(doctor_main())
+
+
+_MISCONFIGURED = "misconfigured:"
+"""How a SharedStateDegraded's reason starts when Redis refused ragguard's credentials, ACL
+permissions or TLS (``distributed._link``), rather than being unreachable."""
+
+
+def _redis_problem(reason: str) -> str:
+    if reason.startswith(_MISCONFIGURED):
+        return "Redis refused ragguard's configuration"
+    return "Redis unreachable"

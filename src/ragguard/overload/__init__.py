@@ -14,7 +14,8 @@ more work than it can do. Each is configured per stage in its :class:`~ragguard.
 - :class:`AdaptiveThrottle`: Google SRE's client-side throttling;
 - hedged requests: :mod:`ragguard.layers.hedge`.
 
-A request's priority comes from :func:`priority` (or a front door's ``x-priority`` header), else
+A request's priority comes from :func:`priority` (or a front door's ``x-priority`` header, which
+lowers it and raises it only for a trusted caller), else
 its tenant's quota (:class:`~ragguard.TenantQuota` ``priority``). Every refusal is a
 :class:`~ragguard.Overloaded` carrying ``retry_after_s`` (UNAVAILABLE / 503 at the front doors).
 Event-loop lag and Redis pool waits reach the limits through :func:`watch`; out-of-memory errors

@@ -1,5 +1,9 @@
 """A request's priority: set by a front door (a header) or by the code, else the tenant's quota's.
 
+A priority the client sends (``x-priority``) can lower its tenant's configured priority, never
+raise it, unless the door's tenant resolver says the caller is trusted
+(:func:`sent_priority`); the code's own ``with priority(...)`` is always taken as written.
+
 Three levels, after the criticality classes of Google's SRE book: ``critical`` (shed last: a
 health check, a paying user's answer the page waits for), ``interactive`` (the default: a person
 is waiting) and ``batch`` (shed first: indexing, evaluation jobs, prefetching). Over an adaptive
@@ -16,7 +20,15 @@ from typing import Literal
 from .._errors import InvalidInput
 from .._validate import shown
 
-__all__ = ["PRIORITIES", "PRIORITY_HEADER", "Priority", "current_priority", "parse_priority", "priority"]
+__all__ = [
+    "PRIORITIES",
+    "PRIORITY_HEADER",
+    "Priority",
+    "current_priority",
+    "parse_priority",
+    "priority",
+    "sent_priority",
+]
 
 Priority = Literal["critical", "interactive", "batch"]
 PRIORITIES: tuple[str, ...] = ("batch", "interactive", "critical")
@@ -38,6 +50,19 @@ def parse_priority(value: object) -> str:
         if name in RANK:
             return name
     raise InvalidInput(f"priority must be one of {', '.join(PRIORITIES)}; got {shown(value)}")
+
+
+def sent_priority(value: object, configured: str, *, trusted: bool = False) -> str | None:
+    """The priority a front door runs a request at whose client sent ``value`` (a priority name,
+    or bytes of one) and whose tenant's quota says ``configured``: as sent when the caller is
+    ``trusted``, else at most ``configured``. None when the tenant's own applies (nothing sent,
+    or an untrusted client asked for as much or more). InvalidInput for a bad name."""
+    if value is None:
+        return None
+    name = parse_priority(value)
+    if trusted or RANK[name] < RANK[configured]:
+        return name
+    return None
 
 
 def current_priority() -> str | None:

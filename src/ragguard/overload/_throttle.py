@@ -20,32 +20,22 @@ import math
 import random
 
 from .._clock import Clock
-from .._errors import Overloaded, QuotaExceeded
+from ..outcomes import Kind, classify
 
 __all__ = ["AdaptiveThrottle", "is_rejection"]
 
-_REJECTING_CODES = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE"})
-_REJECTING_HTTP = frozenset({429, 503})
-
 
 def is_rejection(exc: BaseException) -> bool:
-    """True when ``exc`` says the dependency refused the call for lack of capacity: a gRPC
-    RESOURCE_EXHAUSTED or UNAVAILABLE status, an HTTP 429 or 503 (ragguard's httpx errors carry
-    it), a :class:`~ragguard.QuotaExceeded` or :class:`~ragguard.Overloaded` raised by the
-    dependency (a nested guarded service). Not a timeout: a slow answer was still accepted."""
-    if isinstance(exc, (QuotaExceeded, Overloaded)):
-        return True
-    code = getattr(exc, "code", None)
-    if callable(code) and callable(getattr(exc, "details", None)):
-        try:
-            name = getattr(code(), "name", None)
-        except Exception:
-            name = None
-        if name in _REJECTING_CODES:
-            return True
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    return isinstance(status, int) and status in _REJECTING_HTTP
+    """True when ``exc`` says the dependency refused the call for lack of capacity
+    (:func:`ragguard.outcomes.classify` says ``REJECTION``: 429, 529, 503 with a stated wait,
+    ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE`` with pushback, Anthropic's ``overloaded_error``
+    inside a stream, the SDKs' ``RateLimitError``), or a :class:`~ragguard.QuotaExceeded` or
+    :class:`~ragguard.Overloaded` raised by the dependency (a nested guarded stage). Not a
+    timeout (a slow answer was still accepted) nor a failure (an outage is the breaker's)."""
+    outcome = classify(exc)
+    return outcome.kind is Kind.REJECTION or (
+        outcome.kind is Kind.REFUSED and outcome.reason in ("quota", "overloaded")
+    )
 
 
 class AdaptiveThrottle:

@@ -56,7 +56,9 @@ class Call:
     - ``task``: the asyncio task running the call, once a layer looked it up (the timeout layer
       does when it arms a timer), else None;
     - ``loop``: the asyncio loop a stream's items are read on, once the stream driver looked it up
-      (an async generator stays on one loop), else None.
+      (an async generator stays on one loop), else None;
+    - ``threads``: for a sync function's call, the worker threads it stopped waiting for that
+      still run (:class:`ragguard.pipeline._threads.Pending`), else None.
     """
 
     # Not slotted on purpose: the fields a layer may set later (attempt, started, task...) are class
@@ -71,6 +73,7 @@ class Call:
     items: int = 0
     task: Any = None
     loop: Any = None
+    threads: Any = None
 
     def __init__(
         self,
@@ -103,7 +106,10 @@ class Gate(Protocol):
     that outcome stand, or an exception to raise in its place. A gate whose ``exit`` does nothing
     may say so with a class attribute ``exits = False``: the drivers then never call it; one whose
     ``exit`` does nothing for the token None (no timer was armed, no slot taken) with
-    ``exits_none = False``: the call driver then skips it for that token.
+    ``exits_none = False``: the call driver then skips it for that token. A gate whose ``exit``
+    releases a permit (a slot, a concurrency permit) says ``holds = True``: in a sync function's
+    chain its exit then waits for a worker thread the call stopped waiting for
+    (:mod:`ragguard.pipeline._threads`).
     """
 
     scope: ClassVar[Scope]

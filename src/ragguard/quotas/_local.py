@@ -7,6 +7,11 @@ not over-granted; a raised one wakes as many waiters as it frees). Rate is the G
 Algorithm (ATM Forum TM 4.0; the same arithmetic as a token bucket of ``burst`` tokens refilled at
 ``rate_per_s``): one number per tenant, the theoretical arrival time.
 
+Tenants may share a pool (``pool_for``; from a :class:`~ragguard.Policy`, the tenants it does not
+list share ``unlisted_pool``): a member's request takes a slot and a token of its own quota and of
+the pool's, so that new tenant ids cannot multiply the default quota. A pool at least as strict as
+the member's own quota (the default pool is the default quota) is the only check made.
+
 A refusal's ``retry_after_s`` is an estimate, not a guess: for rate, exactly when the next token is
 due; for concurrency, when the refused caller's turn would come if every call in flight is held
 for the usual time (see :meth:`LocalQuotas._slot_eta`).
@@ -29,7 +34,7 @@ from .._clock import Clock, monotonic, move_on_after, sleep_of
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
-from ..policy import TenantQuota
+from ..policy import Policy, PoolQuota, TenantQuota
 
 __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]
 
@@ -38,19 +43,24 @@ class Lease:
     """What one admitted request holds: give it back with ``QuotaBackend.release``.
 
     ``started``: when it was admitted (the quotas' clock, seconds); ``slot``: whether it holds a
-    concurrency slot (the tenant had a concurrency limit when it was admitted)."""
+    concurrency slot (the tenant had a concurrency limit when it was admitted); ``pool``: the
+    pool whose concurrency slot it holds too, if any."""
 
-    __slots__ = ("_released", "bucket", "slot", "started")
+    __slots__ = ("_released", "bucket", "pool", "slot", "started")
 
     def __init__(self, bucket: _Bucket, started: float, slot: bool = False) -> None:
         self.bucket = bucket
         self.started = started
         self.slot = slot
+        self.pool: _Bucket | None = None
         self._released = False
 
 
 _UNKNOWN_HOLD_S = 0.01  # the hold time assumed before any call has released a slot
 _ETA_SCAN = 10_000  # at most this many calls in flight are looked at per refusal
+
+POOL_NAME = "*unlisted"
+"""The name of the pool the unlisted tenants share (not a valid tenant id: no tenant is named so)."""
 
 WAIT: Any = object()
 """Returned by ``QuotaBackend.admit_now`` when admission needs ``await acquire()``."""
@@ -94,6 +104,7 @@ class _Bucket:
         "in_flight",
         "interval_s",
         "limit",
+        "pool",
         "prune_at",
         "quota",
         "tat",
@@ -102,8 +113,10 @@ class _Bucket:
         "waiters",
     )
 
-    def __init__(self, tenant: str, quota: TenantQuota, now: float) -> None:
+    def __init__(self, tenant: str, quota: TenantQuota | PoolQuota, now: float,
+                 pool: _Bucket | None = None) -> None:
         self.tenant = tenant
+        self.pool = pool  # the bucket of the pool this tenant shares, if any
         self.in_flight = 0
         # Leases that took a slot, oldest first; released ones are dropped lazily (see hold()),
         # and the whole list once nothing is held. None: nothing held.
@@ -115,7 +128,7 @@ class _Bucket:
         self.used = True  # admitted since the last eviction sweep (see LocalQuotas._evict)
         self.adopt(quota)
 
-    def adopt(self, quota: TenantQuota) -> None:
+    def adopt(self, quota: TenantQuota | PoolQuota) -> None:
         """Take ``quota``'s limits (precomputed for the admission fast path)."""
         self.quota = quota
         self.limit, self.interval_s, self.burst_s = _limits(quota)
@@ -123,6 +136,11 @@ class _Bucket:
     def hold(self, started: float) -> Lease:
         """A lease on one of this bucket's slots (``in_flight`` already counts it)."""
         lease = Lease(self, started, True)
+        self.keep(lease)
+        return lease
+
+    def keep(self, lease: Lease) -> None:
+        """Record ``lease`` among the holders of one of this bucket's slots."""
         holders = self.holders
         if holders is None:
             self.holders = [lease]
@@ -130,7 +148,6 @@ class _Bucket:
             holders.append(lease)
             if len(holders) > self.prune_at:
                 self.prune()
-        return lease
 
     def prune(self) -> None:
         """Drop released leases; next time once ``in_flight + 32`` more were admitted (so the
@@ -146,10 +163,10 @@ class _Bucket:
         return self.in_flight == 0 and not self.waiters
 
 
-_limits_of: dict[int, tuple[TenantQuota, tuple[int | None, float, float]]] = {}
+_limits_of: dict[int, tuple[TenantQuota | PoolQuota, tuple[int | None, float, float]]] = {}
 
 
-def _limits(quota: TenantQuota) -> tuple[int | None, float, float]:
+def _limits(quota: TenantQuota | PoolQuota) -> tuple[int | None, float, float]:
     """``(max_concurrency, seconds per token, burst in seconds)`` of ``quota``, computed once per
     quota object and shared (the floats of 100,000 tenants of one quota are one set of floats)."""
     got = _limits_of.get(id(quota))
@@ -175,7 +192,10 @@ class LocalQuotas:
     seconds: rates, hold times, ``retry_after_s`` and the queueing waits all follow it (a wait for
     a rate token sleeps with ``sleep``, default the clock's own, see :func:`ragguard._clock.sleep_of`;
     a wait for a slot is bounded on the clock's timers when it has them, e.g. a FakeClock).
-    Raises ConfigError for ``max_tenants`` < 1.
+    ``pool_for(tenant)`` gives the :class:`~ragguard.PoolQuota` the tenant shares with every other
+    tenant it gives one for (None: none), read with its quota; default: when ``quota_for`` is a
+    Policy's ``quota`` method, the policy's :meth:`~ragguard.Policy.pool` (the unlisted tenants
+    share ``unlisted_pool``), else no pool. Raises ConfigError for ``max_tenants`` < 1.
 
     Idle tenants are forgotten once ``max_tenants`` are tracked, least recently used first, so a
     flood of tenant ids cannot grow memory without bound (an idle tenant holds about 250 bytes:
@@ -189,13 +209,16 @@ class LocalQuotas:
         clock: Clock = monotonic,
         max_tenants: int = 100_000,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
+        pool_for: Callable[[str], PoolQuota | None] | None = None,
     ) -> None:
         v.count("max_tenants", max_tenants, 1)
         self._quota_for = quota_for
+        self._pool_for = pool_for if pool_for is not None else policy_pool_of(quota_for)
         self._clock = clock
         self._sleep = sleep if sleep is not None else sleep_of(clock)
         self._max_tenants = max_tenants
         self._buckets: dict[str, _Bucket] = {}
+        self._pool: _Bucket | None = None  # the shared pool's bucket (one pool per backend)
 
     # -- inspection -----------------------------------------------------------------------
 
@@ -210,7 +233,16 @@ class LocalQuotas:
         return 0 if b is None or not b.waiters else sum(1 for w in b.waiters if not w.event.is_set())
 
     def total_in_flight(self) -> int:
+        """Requests of every tenant holding a concurrency slot now."""
         return sum(b.in_flight for b in self._buckets.values())
+
+    def total_waiting(self) -> int:
+        """Requests of every tenant queued for a slot now."""
+        return sum(self.waiting(tenant) for tenant, b in self._buckets.items() if b.waiters)
+
+    def pool_in_flight(self) -> int:
+        """Requests holding a slot of the shared pool now (0 without a pool)."""
+        return 0 if self._pool is None else self._pool.in_flight
 
     # -- admission ------------------------------------------------------------------------
 
@@ -220,7 +252,7 @@ class LocalQuotas:
         bucket = self._buckets.get(tenant)
         if bucket is None:
             quota = self._quota_for(tenant)
-            if quota.max_concurrency is None and quota.rate_per_s is None:
+            if quota.max_concurrency is None and quota.rate_per_s is None and not self._pooled(tenant):
                 return None
             # a tenant seen for the first time (or again after it was forgotten) is admitted here
             # too: its fresh bucket has a free slot and a token
@@ -230,10 +262,18 @@ class LocalQuotas:
             return WAIT
         now = self._clock()
         interval = bucket.interval_s
+        tat = 0.0
         if interval:
             tat = (bucket.tat if bucket.tat > now else now) + interval
             if tat - now - bucket.burst_s > 1e-9:
                 return WAIT
+        pool = bucket.pool
+        if pool is not None:
+            if not self._pool_admits(pool, now):
+                return WAIT
+            if pool.limit is not None:
+                pool.in_flight += 1
+        if interval:
             bucket.tat = tat
         bucket.used = True
         if limit is not None:  # bucket.hold(now), inlined: this is the hot path
@@ -246,51 +286,88 @@ class LocalQuotas:
                 holders.append(lease)
                 if len(holders) > bucket.prune_at:
                     bucket.prune()
-            return lease
-        return Lease(bucket, now)
+        else:
+            lease = Lease(bucket, now)
+        if pool is not None and pool.limit is not None:
+            lease.pool = pool
+            pool.keep(lease)
+        return lease
+
+    @staticmethod
+    def _pool_admits(pool: _Bucket, now: float) -> bool:
+        """Take the pool's rate token now if it has a slot and a token (the caller takes the slot)."""
+        limit = pool.limit
+        if limit is not None and (pool.in_flight >= limit or pool.waiters):
+            return False
+        interval = pool.interval_s
+        if interval:
+            tat = (pool.tat if pool.tat > now else now) + interval
+            if tat - now - pool.burst_s > 1e-9:
+                return False
+            pool.tat = tat
+        return True
 
     async def acquire(self, tenant: str) -> Lease | None:
         """Admit one request of ``tenant``, waiting FIFO up to the quota's ``max_wait_s`` (cut to
-        the request's deadline). Returns a lease (None when the tenant is unlimited).
+        the request's deadline). Returns a lease (None when the tenant is unlimited and in no pool).
 
         Raises :class:`~ragguard.QuotaExceeded` with ``reason`` ``rate``, ``concurrency`` or
         ``deadline`` and the seconds after which a retry could be admitted.
         """
         quota = self._quota_for(tenant)
-        if quota.max_concurrency is None and quota.rate_per_s is None:
-            return None
         now = self._clock()
         bucket = self._buckets.get(tenant)
         if bucket is None or bucket.quota is not quota:
+            if quota.max_concurrency is None and quota.rate_per_s is None and not self._pooled(tenant):
+                return None
             bucket = self._bucket(tenant, quota, now)
+        elif bucket.limit is None and not bucket.interval_s and bucket.pool is None:
+            return None  # unlimited
+        pool = bucket.pool
+        pool_quota = None if pool is None else pool.quota
         wait_budget = quota.max_wait_s
         left = remaining()
         limited_by_deadline = left is not None and left < wait_budget
         if limited_by_deadline:
             wait_budget = left  # type: ignore[assignment]
         reserved = 0.0
-        if quota.rate_per_s is not None:
-            reserved = self._reserve(bucket, quota, now, wait_budget, limited_by_deadline)
+        rated: list[tuple[_Bucket, TenantQuota | PoolQuota]] = []  # buckets whose token it took
+        try:
+            for b, q in ((bucket, quota), (pool, pool_quota)):
+                if b is not None and q is not None and q.rate_per_s is not None:
+                    delay = self._reserve(b, q, tenant, now, wait_budget, limited_by_deadline)
+                    reserved = max(reserved, delay)
+                    rated.append((b, q))
             if reserved > 0.0:
-                try:
-                    await self._sleep(reserved)
-                except BaseException:
-                    self._refund(bucket, quota)
-                    raise
-        if quota.max_concurrency is not None:
-            if bucket.in_flight < quota.max_concurrency and not bucket.waiters:
-                bucket.in_flight += 1
-            else:
-                try:
-                    await self._wait_for_slot(bucket, quota, wait_budget - reserved, limited_by_deadline)
-                except BaseException:
-                    if quota.rate_per_s is not None:
-                        self._refund(bucket, quota)  # a refused request spends no rate
-                    raise
+                await self._sleep(reserved)
+            start = self._clock()
+            slots: list[_Bucket] = []  # buckets whose slot it took
+            try:
+                for b, q in ((bucket, quota), (pool, pool_quota)):
+                    if b is None or q is None or q.max_concurrency is None:
+                        continue
+                    if b.in_flight < q.max_concurrency and not b.waiters:
+                        b.in_flight += 1
+                    else:
+                        budget = wait_budget - reserved - (self._clock() - start)
+                        await self._wait_for_slot(b, q, tenant, budget, limited_by_deadline)
+                    slots.append(b)
+            except BaseException:
+                for b in slots:  # a refused request holds no slot
+                    b.in_flight -= 1
+                    self._hand_off(b)
+                raise
+        except BaseException:
+            for b, q in rated:
+                self._refund(b, q)  # a refused request spends no rate
+            raise
         bucket.used = True
-        if quota.max_concurrency is not None:
-            return bucket.hold(self._clock())
-        return Lease(bucket, self._clock())
+        now = self._clock()
+        lease = bucket.hold(now) if bucket in slots else Lease(bucket, now)
+        if pool is not None and pool in slots:
+            lease.pool = pool
+            pool.keep(lease)
+        return lease
 
     def release(self, lease: Lease | None) -> None:
         """Give back the slot ``lease`` holds (idempotent: a second release does nothing).
@@ -300,10 +377,16 @@ class LocalQuotas:
         if lease is None or lease._released:
             return
         lease._released = True
-        if not lease.slot:
+        pool = lease.pool
+        if pool is None and not lease.slot:
             return
-        bucket = lease.bucket
         held = self._clock() - lease.started
+        if pool is not None:
+            self._free(pool, held)
+        if lease.slot:
+            self._free(lease.bucket, held)
+
+    def _free(self, bucket: _Bucket, held: float) -> None:
         bucket.hold_ewma_s = held if bucket.hold_ewma_s == 0.0 else 0.8 * bucket.hold_ewma_s + 0.2 * held
         bucket.in_flight -= 1
         if bucket.waiters:
@@ -313,45 +396,81 @@ class LocalQuotas:
 
     def take_slot(self, tenant: str) -> Lease | None:
         """Count one running request of ``tenant`` that was admitted elsewhere (the Redis quotas,
-        whose fallback this is), without waiting and without spending rate; None when the tenant
-        has no concurrency limit. It may take the tenant past its limit: new requests then wait.
-        Give it back with :meth:`give_slot`."""
+        whose fallback this is), without waiting and without spending rate; None when neither the
+        tenant nor its pool has a concurrency limit. It may take the tenant (or its pool) past its
+        limit: new requests then wait. Give it back with :meth:`give_slot`."""
         quota = self._quota_for(tenant)
-        if quota.max_concurrency is None:
-            return None
         now = self._clock()
         bucket = self._buckets.get(tenant)
         if bucket is None or bucket.quota is not quota:
+            if quota.max_concurrency is None and not self._pooled(tenant):
+                return None
             bucket = self._bucket(tenant, quota, now)
-        bucket.in_flight += 1
-        return bucket.hold(now)
+        pool = bucket.pool
+        if pool is not None and pool.limit is not None:
+            pool.in_flight += 1
+        else:
+            pool = None
+        if bucket.limit is not None:
+            bucket.in_flight += 1
+            lease = bucket.hold(now)
+        elif pool is None:
+            return None
+        else:
+            lease = Lease(bucket, now)
+        if pool is not None:
+            lease.pool = pool
+            pool.keep(lease)
+        return lease
 
     def give_slot(self, lease: Lease | None) -> None:
         """Give back a slot from :meth:`take_slot` (idempotent): to the oldest waiter, unless the
-        tenant is over its limit (then the count just drops)."""
+        tenant (or its pool) is over its limit (then the count just drops)."""
         if lease is None or lease._released:
             return
-        bucket = lease.bucket
-        if bucket.limit is not None and bucket.in_flight > bucket.limit:
-            lease._released = True
-            bucket.in_flight -= 1
-            return
-        self.release(lease)
+        lease._released = True
+        held = self._clock() - lease.started
+        for b in (lease.bucket if lease.slot else None, lease.pool):
+            if b is None:
+                continue
+            if b.limit is not None and b.in_flight > b.limit:
+                b.in_flight -= 1  # over its limit: nobody may take this slot
+            else:
+                self._free(b, held)
 
     # -- internals ------------------------------------------------------------------------
 
+    def _pooled(self, tenant: str) -> bool:
+        return self._pool_for is not None and self._pool_for(tenant) is not None
+
     def _bucket(self, tenant: str, quota: TenantQuota, now: float) -> _Bucket:
+        pool = self._pool_bucket(tenant, now)
         old = self._buckets.get(tenant)
         if old is not None:
             # the policy changed: keep the live counts, adopt the new limits (a raised
             # concurrency limit admits as many waiters as it frees, now)
+            old.pool = pool
             old.adopt(quota)
             self._grant(old)
             return old
         if len(self._buckets) >= self._max_tenants:
             self._evict(now)
-        bucket = self._buckets[tenant] = _Bucket(tenant, quota, now)
+        bucket = self._buckets[tenant] = _Bucket(tenant, quota, now, pool)
         return bucket
+
+    def _pool_bucket(self, tenant: str, now: float) -> _Bucket | None:
+        """The bucket of the pool ``tenant`` shares (None: it shares none); one per backend, kept
+        out of the tenants' map so that eviction never forgets it; a changed pool is adopted."""
+        pool_quota = None if self._pool_for is None else self._pool_for(tenant)
+        if pool_quota is None:
+            return None
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = _Bucket(POOL_NAME, pool_quota, now)
+        elif pool.quota is not pool_quota:
+            pool.adopt(pool_quota)
+            self._grant(pool)
+        return pool
 
     def _evict(self, now: float) -> None:
         """Forget tenants down to 90% of ``max_tenants``, least recently used first: idle ones,
@@ -379,7 +498,8 @@ class LocalQuotas:
                         del buckets[key]
 
     def _reserve(
-        self, bucket: _Bucket, quota: TenantQuota, now: float, wait_budget: float, by_deadline: bool
+        self, bucket: _Bucket, quota: TenantQuota | PoolQuota, tenant: str, now: float, wait_budget: float,
+        by_deadline: bool,
     ) -> float:
         rate = quota.rate_per_s
         assert rate is not None
@@ -391,20 +511,20 @@ class LocalQuotas:
             bucket.tat = tat
             return 0.0
         if delay > wait_budget:
-            raise self._reject(bucket.tenant, delay, "deadline" if by_deadline else "rate")
+            raise self._reject(tenant, delay, "deadline" if by_deadline else "rate")
         bucket.tat = tat
         return delay
 
-    def _refund(self, bucket: _Bucket, quota: TenantQuota) -> None:
+    def _refund(self, bucket: _Bucket, quota: TenantQuota | PoolQuota) -> None:
         assert quota.rate_per_s is not None
         bucket.tat -= 1.0 / quota.rate_per_s
 
     async def _wait_for_slot(
-        self, bucket: _Bucket, quota: TenantQuota, budget: float, by_deadline: bool
+        self, bucket: _Bucket, quota: TenantQuota | PoolQuota, tenant: str, budget: float, by_deadline: bool
     ) -> None:
         if budget <= 0.0:
             raise self._reject(
-                bucket.tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency"
+                tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency"
             )
         waiter = _Waiter()
         if bucket.waiters is None:
@@ -433,7 +553,7 @@ class LocalQuotas:
             return
         self._abandon(bucket, waiter)
         raise self._reject(
-            bucket.tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency"
+            tenant, self._slot_eta(bucket, quota), "deadline" if by_deadline else "concurrency"
         )
 
     @staticmethod
@@ -453,10 +573,12 @@ class LocalQuotas:
 
     def _hand_off(self, bucket: _Bucket) -> None:
         """A slot was given back: re-read the tenant's quota (so a changed limit applies to this
-        hand-off) and grant the waiters what the current limit allows."""
-        quota = self._quota_for(bucket.tenant)
-        if quota is not bucket.quota:
-            bucket.adopt(quota)
+        hand-off) and grant the waiters what the current limit allows. (A pool's limits are
+        re-read whenever a member's quota is.)"""
+        if bucket is not self._pool:
+            quota = self._quota_for(bucket.tenant)
+            if quota is not bucket.quota:
+                bucket.adopt(quota)
         self._grant(bucket)
 
     @staticmethod
@@ -475,7 +597,7 @@ class LocalQuotas:
         if not waiters:
             bucket.waiters = None
 
-    def _slot_eta(self, bucket: _Bucket, quota: TenantQuota) -> float:
+    def _slot_eta(self, bucket: _Bucket, quota: TenantQuota | PoolQuota) -> float:
         """Seconds until a concurrency slot could be the refused caller's (at least 1 ms).
 
         Each call in flight is expected to hold its slot for the usual hold time ``H`` (a moving
@@ -519,6 +641,15 @@ class LocalQuotas:
         if bus.active:
             bus.emit(QuotaRejected(tenant, reason, retry_after_s))
         return QuotaExceeded(tenant, retry_after_s, reason)
+
+
+def policy_pool_of(quota_for: Callable[[str], TenantQuota]) -> Callable[[str], PoolQuota | None] | None:
+    """The policy's :meth:`~ragguard.Policy.pool` when ``quota_for`` is a Policy's ``quota``
+    method (the unlisted tenants then share its pool), else None."""
+    owner = getattr(quota_for, "__self__", None)
+    if isinstance(owner, Policy) and getattr(quota_for, "__func__", None) is Policy.quota:
+        return owner.pool
+    return None
 
 
 def _cancel_requests() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextvars import Token
+from functools import partial
 from itertools import islice
 from types import TracebackType
 from typing import Any
@@ -46,7 +47,9 @@ class TenantContext(RequestScope):
     Entering raises :class:`~ragguard.QuotaExceeded` when the tenant is over quota; inside, the
     tenant's ``timeout_s`` is the deadline (or the caller's, if shorter), guarded calls are
     attributed to the tenant, and :func:`ragguard.degraded` reports the fallbacks that served it.
-    A bad tenant id raises :class:`~ragguard.InvalidInput` (a ValueError) at construction. The
+    A bad tenant id raises :class:`~ragguard.InvalidInput` (a ValueError) at construction. A
+    worker thread of a sync guarded call that the request stopped waiting for keeps the slot
+    until it returns (docs/sync.md). The
     context is itself the request's scope (``async with tenant("acme") as scope``). ``clock``
     (monotonic seconds) is the one the tenant's deadline is set on (the Guard's).
     """
@@ -59,6 +62,7 @@ class TenantContext(RequestScope):
         hit = _valid.get(tenant_id) if type(tenant_id) is str else None
         self.tenant = hit if hit is not None else _checked(tenant_id)
         self.fallbacks = None
+        self.threads = None
         self._backend = backend
         self._quota = quota
         self._lease: Any = None
@@ -103,4 +107,8 @@ class TenantContext(RequestScope):
         finally:
             lease, self._lease = self._lease, None
             if lease is not None:
-                self._backend.release(lease)
+                threads = self.threads
+                if threads is not None and threads.count:  # a sync call's thread still runs
+                    threads.hold(partial(self._backend.release, lease))
+                else:
+                    self._backend.release(lease)

@@ -4,11 +4,13 @@ generation stages add to their layers (see :mod:`ragguard.rag._presets` for the 
 ``EmbeddingCache`` is the embedding stage's cache, ``BatchLimiter`` the rerank stage's learnt batch
 limit, :func:`token_accounts` a Guard's per-tenant token accounts (the generation stage's pacing and
 token quota), :func:`count_tokens` the default token counter; :func:`register_preset` adds a preset
-of your own.
+of your own; :func:`release_memory_on_oom` empties an ML framework's cached memory after an
+out-of-memory error (the CrossEncoder recipe of docs/sync.md).
 """
 
 from ._args import ArgRef
 from ._cache import EmbeddingCache, normalise_text
+from ._memory import empty_framework_cache, release_memory_on_oom
 from ._presets import (
     PRESETS,
     EmbeddingPreset,
@@ -19,7 +21,7 @@ from ._presets import (
     register_preset,
 )
 from ._rerank import BatchLimiter, score_of
-from ._tokens import TokenAccounts, count_tokens, token_accounts
+from ._tokens import TokenAccounts, Usage, count_tokens, token_accounts
 
 __all__ = [
     "PRESETS",
@@ -30,11 +32,14 @@ __all__ = [
     "GenerationPreset",
     "RerankPreset",
     "TokenAccounts",
+    "Usage",
     "VectorStorePreset",
     "count_tokens",
+    "empty_framework_cache",
     "normalise_text",
     "preset",
     "register_preset",
+    "release_memory_on_oom",
     "score_of",
     "token_accounts",
 ]

@@ -7,7 +7,9 @@ fallbacks, outside the retries and the breaker; see :mod:`ragguard.layers`):
   makes the stream's :class:`StreamRecord` and reserves the call's token estimate from the tenant's
   ``token_quota`` (waiting up to ``max_wait_s``, else QuotaExceeded); it hooks the driver's
   hand-over of items (``Head.deliver``) to count each item's tokens and pace it to the tenant's
-  ``tokens_per_s``; when the stream ends, however it ends (exhausted, failed, closed early,
+  ``tokens_per_s`` (an item for which the stage's ``usage`` function returns a number carries the
+  provider's own count of the stream's tokens so far, which replaces the count: the difference is
+  paced or given back); when the stream ends, however it ends (exhausted, failed, closed early,
   cancelled, or failed before its first item and handed to a fallback), it settles the quota with
   the real count. See :mod:`ragguard.rag._tokens` for the arithmetic.
 - :class:`StreamBudgets`, a gate of item scope: each wait for an item is bounded by the first-item
@@ -44,7 +46,8 @@ from ..deadline import _deadline
 from ..events import StreamCut, StreamSettled, bus
 from ..pipeline import WAIT, Call, Scope
 from ..policy import GenerationPolicy
-from ._tokens import TokenAccount, TokenAccounts
+from ._args import ArgRef
+from ._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts, Usage
 
 __all__ = ["StreamBudgets", "StreamRecord", "TokenMeter"]
 
@@ -59,10 +62,12 @@ class StreamRecord:
         "account",
         "entered",
         "handle",
+        "input_tokens",
         "kind",
         "meter",
         "paced_s",
-        "reserved",
+        "reported",
+        "reservation",
         "spent_s",
         "tenant",
         "tokens",
@@ -74,7 +79,9 @@ class StreamRecord:
         self.tenant = tenant
         self.account = account
         self.tokens = 0
-        self.reserved = 0
+        self.input_tokens = 0
+        self.reservation: Reservation = NOTHING
+        self.reported: Usage | None = None  # the provider's report, if an item carried one
         self.wait_s = 0.0
         self.paced_s = 0.0
         self.spent_s = 0.0
@@ -88,13 +95,28 @@ class StreamRecord:
         meter = self.meter
         n = meter.count(item)
         if type(n) is not int or n < 0:
+            if isinstance(n, Usage):
+                self.reported = n
+                return None
             n = _token_count(n)
+        if meter.usage is not None:
+            reported = meter.usage(item)
+            if isinstance(reported, Usage):  # input and output, settled when the stream ends
+                self.reported = reported
+                n = 0
+            elif reported is not None:  # the provider's count so far replaces ours
+                n = _token_count(reported) - self.tokens
         self.tokens += n
         account = self.account
-        if account is None or not account.interval_s:
+        if account is None or not account.paces:
             return None
-        wait = meter.accounts.pace(account, n)
-        return self._paced(account, n, wait) if wait else None
+        if n < 0:
+            meter.accounts.unpace(account, -n)  # counted too many: their pacing is given back
+            return None
+        wait: Any = meter.accounts.pace(account, n)
+        if type(wait) is float:
+            return self._paced(account, n, wait) if wait else None
+        return self._paced_shared(account, n, wait)  # a shared ledger's round trip
 
     async def _paced(self, account: TokenAccount, n: int, wait: float) -> None:
         try:
@@ -103,6 +125,20 @@ class StreamRecord:
             self.meter.accounts.unpace(account, n)  # never handed over: its place goes to the next
             raise
         self.paced_s += wait
+
+    async def _paced_shared(self, account: TokenAccount, n: int, pending: Awaitable[float]) -> None:
+        try:
+            wait = await pending
+        except BaseException:
+            self.meter.accounts.unpace(account, n)
+            raise
+        if wait:
+            await self._paced(account, n, wait)
+
+    @property
+    def reserved(self) -> int:
+        """Input + output tokens the stream reserved."""
+        return self.reservation.total
 
 
 def _token_count(n: Any) -> int:
@@ -121,7 +157,18 @@ class TokenMeter:
 
     scope: ClassVar[Scope] = "call"
     streams: ClassVar[bool] = True
-    __slots__ = ("accounts", "count", "estimate", "estimate_tokens", "records", "sleep", "stage")
+    __slots__ = (
+        "accounts",
+        "count",
+        "estimate",
+        "estimate_tokens",
+        "input_tokens",
+        "model",
+        "records",
+        "sleep",
+        "stage",
+        "usage",
+    )
 
     def __init__(
         self,
@@ -129,27 +176,39 @@ class TokenMeter:
         records: dict[int, StreamRecord],
         accounts: TokenAccounts,
         *,
-        count: Callable[[Any], int],
+        count: Callable[[Any], Any],
         estimate: Callable[..., Any] | None,
         estimate_tokens: int,
         sleep: Callable[[float], Awaitable[Any]],
+        input_tokens: Callable[..., Any] | None = None,
+        model: ArgRef | Callable[..., Any] | None = None,
+        usage: Callable[[Any], Any] | None = None,
     ) -> None:
         self.stage = stage
+        self.usage = usage
         self.records = records
         self.accounts = accounts
         self.count = count
         self.estimate = estimate
         self.estimate_tokens = estimate_tokens
+        self.input_tokens = input_tokens
+        self.model = model
         self.sleep = sleep
 
     def enter(self, call: Call) -> Any:
         tenant = current_tenant()
         accounts = self.accounts
-        account = accounts.open(tenant)
+        account = accounts.open(tenant, None if self.model is None else self._model(call))
         record = StreamRecord(self, tenant, account)
         if account is not None and account.limits:
             try:
-                record.reserved, record.wait_s = accounts.reserve(account, self._estimate(call))
+                record.input_tokens = self._input_tokens(call)
+                estimate = self._estimate(call)
+                if accounts.shared:  # a round trip to Redis: in enter_async
+                    record.reservation = Reservation((), record.input_tokens, estimate, 0)
+                    self.records[id(call)] = record
+                    return WAIT
+                record.reservation, record.wait_s = accounts.reserve(account, estimate, record.input_tokens)
             except BaseException:
                 accounts.close(account)
                 raise
@@ -159,7 +218,14 @@ class TokenMeter:
     async def enter_async(self, call: Call) -> Any:
         record = self.records[id(call)]
         try:
-            await self.sleep(record.wait_s)  # the reservation is made: wait for its tokens
+            if self.accounts.shared and not record.reservation.taken and record.account is not None:
+                wanted = record.reservation
+                record.reservation = NOTHING  # until Redis answers: nothing to settle
+                record.reservation, record.wait_s = await self.accounts.reserve_async(
+                    record.account, wanted.output, wanted.input
+                )
+            if record.wait_s:
+                await self.sleep(record.wait_s)  # the reservation is made: wait for its tokens
         except BaseException as exc:
             self._end(call, record, exc)
             raise
@@ -185,11 +251,33 @@ class TokenMeter:
             raise InvalidInput(f"estimate: must return an int >= 1 (tokens), got {n!r:.40}")
         return n
 
+    def _input_tokens(self, call: Call) -> int:
+        given = self.input_tokens
+        if given is None:
+            return 0
+        n = given(*call.args, **call.kwargs)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidInput(f"input_tokens: must return an int >= 0 (tokens), got {n!r:.40}")
+        return n
+
+    def _model(self, call: Call) -> str | None:
+        given = self.model
+        if isinstance(given, ArgRef):
+            name = given.get(call.args, call.kwargs)
+        else:
+            name = given(*call.args, **call.kwargs)  # type: ignore[misc]
+        return name if isinstance(name, str) else None  # not a name: the tenant's limits only
+
     def _end(self, call: Call, record: StreamRecord, exc: BaseException | None) -> None:
         self.records.pop(id(call), None)
         account = record.account
         if account is not None:
-            self.accounts.settle(account, record.reserved, record.tokens)
+            usage = record.reported
+            if usage is None:
+                self.accounts.settle(account, record.reservation, record.tokens)
+            else:
+                used = record.tokens if usage.output_tokens is None else usage.output_tokens
+                self.accounts.settle(account, record.reservation, used, usage.input_tokens)
             self.accounts.close(account)
         if bus.active:
             outcome = "ok" if exc is None else "error" if isinstance(exc, Exception) else "cancelled"

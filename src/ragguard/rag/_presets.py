@@ -15,7 +15,13 @@ stage called ``rerank_v2``). Arguments are declared, never guessed from keyword 
 - ``generation``: for async generator functions (a model's answer, streamed). ``tokens=`` (item ->
   int; default :func:`~ragguard.rag.count_tokens`, characters / 4) counts an item's tokens,
   ``estimate=`` (an int, or a function of the call's arguments -> int; default the policy's
-  ``generation.estimate_tokens``) what a stream reserves from its tenant's token quota. Adds the
+  ``generation.estimate_tokens``) what a stream reserves from its tenant's token quota,
+  ``input_tokens=`` (an int, or a function of the call's arguments -> int; default 0) its input
+  (prompt) tokens, ``model=`` (a parameter position or name, or a function of the call's arguments
+  -> str) the model whose limits (``TenantQuota.models``) apply too, ``usage=`` (item -> int |
+  Usage | None) the provider's own count of the stream's output tokens so far when an item carries
+  one (an OpenAI usage chunk, an Anthropic ``message_delta``): it replaces the count (a
+  :class:`~ragguard.rag.Usage`, from ``usage=`` or ``tokens=``, also gives the input tokens). Adds the
   stream budgets (first item, idle, total: ``StreamTimeout``) and the tenant's token pacing and
   quota (see :mod:`ragguard.rag._generation`). A coroutine function of such a stage runs the
   generic layers only.
@@ -146,11 +152,38 @@ class RerankPreset:
 
 
 class _GenerationOptions:
-    __slots__ = ("count", "estimate")
+    __slots__ = ("count", "estimate", "input_tokens", "model", "usage")
 
-    def __init__(self, count: Callable[[Any], int], estimate: Callable[..., Any] | None) -> None:
+    def __init__(
+        self,
+        count: Callable[[Any], Any],
+        estimate: Callable[..., Any] | None,
+        input_tokens: Callable[..., Any] | None = None,
+        model: ArgRef | Callable[..., Any] | None = None,
+        usage: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.count = count
         self.estimate = estimate
+        self.input_tokens = input_tokens
+        self.model = model
+        self.usage = usage
+
+
+def _per_call(value: Any, option: str, least: int) -> Callable[..., Any] | None:
+    """An int option (tokens) or a function of the call's arguments, as a function (None: not given)."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < least:
+            raise ConfigError(f"{option} must be >= {least} (tokens), got {value}", field=option)
+        return lambda *args, **kwargs: value
+    if not callable(value):
+        raise ConfigError(
+            f"{option} must be an int (tokens) or a function of the call's arguments -> int, got "
+            f"{type(value).__name__}",
+            field=option,
+        )
+    return value  # type: ignore[no-any-return]
 
 
 class _GenerationState:
@@ -164,38 +197,39 @@ class _GenerationState:
         self.records: dict[int, StreamRecord] = {}
 
 
+_GENERATION_OPTIONS = ("tokens", "estimate", "input_tokens", "model", "usage")
+
+
 class GenerationPreset:
     """``generation``: stream budgets (``first_item_s``, ``idle_s``, ``total_s``) and the tenant's
     token pacing and quota, for async generator functions (see the module docstring)."""
 
     name = "generation"
     streams = True
-    option_names = frozenset({"tokens", "estimate"})
+    option_names = frozenset(_GENERATION_OPTIONS)
 
     def resolve(self, fn: Callable[..., Any], given: Mapping[str, Any]) -> _GenerationOptions:
         count = given.get("tokens")
-        estimate = given.get("estimate")
-        if (count is not None or estimate is not None) and not inspect.isasyncgenfunction(fn):
+        usage = given.get("usage")
+        named = [n for n in _GENERATION_OPTIONS if given.get(n) is not None]
+        if named and not inspect.isasyncgenfunction(fn):
             raise ConfigError(
-                "tokens= and estimate= count a stream's tokens: they apply to async generator functions only",
-                field="tokens" if count is not None else "estimate",
+                f"{'= and '.join(named)}= count a stream's tokens: they apply to async generator "
+                "functions only",
+                field=named[0],
             )
-        if count is not None and not callable(count):
-            raise ConfigError(
-                f"tokens must be a function item -> int (tokens), got {type(count).__name__}", field="tokens"
-            )
-        if isinstance(estimate, int) and not isinstance(estimate, bool):
-            if estimate < 1:
-                raise ConfigError(f"estimate must be >= 1 (tokens), got {estimate}", field="estimate")
-            fixed = estimate
-            estimate = lambda *args, **kwargs: fixed  # noqa: E731 - the call's arguments do not matter
-        elif estimate is not None and not callable(estimate):
-            raise ConfigError(
-                "estimate must be an int (tokens) or a function of the call's arguments -> int, got "
-                f"{type(estimate).__name__}",
-                field="estimate",
-            )
-        return _GenerationOptions(count or count_tokens, estimate)
+        for name, given_fn in (("tokens", count), ("usage", usage)):
+            if given_fn is not None and not callable(given_fn):
+                raise ConfigError(
+                    f"{name} must be a function item -> int (tokens), got {type(given_fn).__name__}",
+                    field=name,
+                )
+        estimate = _per_call(given.get("estimate"), "estimate", 1)
+        input_tokens = _per_call(given.get("input_tokens"), "input_tokens", 0)
+        model = given.get("model")
+        if model is not None and not callable(model):
+            model = ArgRef.resolve(fn, model, "model")
+        return _GenerationOptions(count or count_tokens, estimate, input_tokens, model, usage)
 
     def state(self, stage: Stage) -> _GenerationState:
         return _GenerationState(token_accounts(stage.guard))
@@ -214,6 +248,9 @@ class GenerationPreset:
             estimate=options.estimate,
             estimate_tokens=policy.generation.estimate_tokens,
             sleep=stage.guard.sleep,
+            input_tokens=options.input_tokens,
+            model=options.model,
+            usage=options.usage,
         )
         return (meter,)
 

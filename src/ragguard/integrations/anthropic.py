@@ -1,0 +1,127 @@
+"""The Anthropic SDK's ``AsyncAnthropic`` client, guarded: ``pip install '/path/to/ragguard[anthropic]'``.
+
+::
+
+    from anthropic import AsyncAnthropic
+    from ragguard.integrations.anthropic import guard_anthropic
+
+    client = guard_anthropic(AsyncAnthropic(), tenant_header="x-tenant-id")
+    stream = await client.messages.create(model=m, max_tokens=512, messages=msgs, stream=True)
+    async for event in stream: ...
+
+:func:`guard_anthropic` returns a client whose ``messages.create`` runs as the generation stage
+(``generation_stage``, default ``generation``), as :mod:`ragguard.integrations.openai` runs chat
+completions: a stream is opened up to its first token (``message_start``, ``content_block_start``
+and ``ping`` come with the first ``content_block_delta``) and runs under the stage's budgets and
+commit point; ``max_tokens`` is reserved from the tenant's token quota and the stream settles with
+the ``output_tokens`` of its ``message_delta`` (a whole message: its ``usage.output_tokens``); an
+``overloaded_error`` event inside a stream that began with HTTP 200 is a rejection, retried or
+replaced before the first token like a 529. The SDK's retries are off, its timeout is the
+attempt's bound, ``tenant_header`` carries the tenant; the rest of the client is its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ragguard import Guard
+
+from ._common import Stages, count_text, needs
+from ._llm import Fallback, Generation, Resource
+
+__all__ = ["GuardedAnthropic", "guard_anthropic"]
+
+
+def guard_anthropic(
+    client: Any,
+    *,
+    guard: Guard | None = None,
+    generation_stage: str = "generation",
+    tenant_header: str | None = None,
+    fallback: Fallback = None,
+) -> GuardedAnthropic:
+    """``client`` (an ``anthropic.AsyncAnthropic``) guarded by ``guard`` (None: the default
+    registry at each call); ``fallback`` serves ``messages.create`` (called with its keyword
+    arguments) when the stage fails before the first token. Raises ConfigError for a bad
+    ``guard``; ImportError with the install command when ``anthropic`` is missing."""
+    needs("anthropic", "anthropic")
+    return GuardedAnthropic(
+        client,
+        stages=Stages(guard),
+        generation_stage=generation_stage,
+        tenant_header=tenant_header,
+        fallback=fallback,
+    )
+
+
+class GuardedAnthropic:
+    """What :func:`guard_anthropic` returns: ``messages.create`` guarded; ``client`` is the SDK
+    client it calls (retries off); other attributes are that client's."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        stages: Stages,
+        generation_stage: str,
+        tenant_header: str | None,
+        fallback: Fallback,
+    ) -> None:
+        self.client = client.with_options(max_retries=0)
+        self._options: dict[str, Any] = {
+            "stages": stages,
+            "generation_stage": generation_stage,
+            "tenant_header": tenant_header,
+            "fallback": fallback,
+        }
+        self.messages = Resource(
+            self.client.messages,
+            create=Generation(
+                self.client.messages,
+                stages,
+                generation_stage,
+                tenant_header,
+                fallback,
+                is_preamble=_preamble,
+                tokens=_tokens,
+                usage=_usage,
+                whole_usage=_whole_usage,
+                budget=("max_tokens",),
+                include_usage=False,
+            ).create,
+        )
+
+    def with_options(self, **options: Any) -> GuardedAnthropic:
+        """The SDK's ``with_options`` (a timeout, headers, another base URL...), still guarded the
+        same way (and still without the SDK's retries)."""
+        return GuardedAnthropic(self.client.with_options(**options), **self._options)
+
+    copy = with_options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+_PREAMBLE = frozenset({"message_start", "content_block_start", "ping"})
+
+
+def _preamble(event: Any) -> bool:
+    return getattr(event, "type", None) in _PREAMBLE
+
+
+def _tokens(event: Any) -> int:
+    if getattr(event, "type", None) != "content_block_delta":
+        return 0
+    delta = event.delta
+    return count_text(getattr(delta, "text", None), getattr(delta, "partial_json", None))
+
+
+def _usage(event: Any) -> int | None:
+    if getattr(event, "type", None) != "message_delta" or event.usage is None:
+        return None
+    return int(event.usage.output_tokens)
+
+
+def _whole_usage(message: Any) -> int | None:
+    usage = getattr(message, "usage", None)
+    return None if usage is None else int(usage.output_tokens)

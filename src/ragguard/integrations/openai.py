@@ -1,0 +1,279 @@
+"""The OpenAI SDK's ``AsyncOpenAI`` client (and any OpenAI-compatible server: vLLM, TGI, a
+gateway, by ``base_url``), guarded: ``pip install '/path/to/ragguard[openai]'``.
+
+::
+
+    from openai import AsyncOpenAI
+    from ragguard.integrations.openai import guard_openai
+
+    client = guard_openai(AsyncOpenAI(base_url=url), tenant_header="x-tenant-id")
+    vectors = await client.embeddings.create(model="text-embedding-3-small", input=texts)
+    stream = await client.chat.completions.create(model="gpt-4o-mini", messages=m, stream=True)
+    async for chunk in stream: ...
+
+:func:`guard_openai` returns a client whose
+
+- ``embeddings.create`` runs as the embedding stage (``embedding_stage``, default ``embedding``):
+  its timeout, breaker, retries and the embedding cache, keyed by the model, ``dimensions``,
+  ``encoding_format`` and the text, which answers (a response of the cached vectors, usage 0)
+  when the provider fails;
+- ``chat.completions.create`` and ``responses.create`` run as the generation stage
+  (``generation_stage``, default ``generation``). A stream is opened up to its first token
+  before ``create`` returns (what fails before it raises there, as the SDK's HTTP errors do), then
+  runs under the stage's first-item, idle and total budgets and its commit point; the events a
+  server sends before the first token (a role-only chunk, ``response.created``...) come with it.
+  Its tokens are reserved from the tenant's token quota (``max_completion_tokens`` /
+  ``max_tokens`` / ``max_output_tokens`` times ``n``, else the stage's ``estimate_tokens``),
+  counted per chunk and replaced by the usage the stream reports (chat streams ask for it with
+  ``stream_options={"include_usage": True}`` unless the call says otherwise; that extra usage
+  chunk is counted and not shown). A call without ``stream=True`` is a stream of one item, the
+  whole response: its first-item budget bounds it, and its usage settles its tokens.
+
+Every attempt is one HTTP request: the SDK's own retries are off (``max_retries=0``), so the
+stage's retry policy is the only loop; the SDK's timeout is the attempt's bound (the smallest of
+the caller's ``timeout=``, the stage's ``timeout_s`` and the deadline left) plus
+:data:`~ragguard.integrations._common.SDK_TIMEOUT_GRACE_S`; ``tenant_header`` names a header that
+carries :func:`ragguard.current_tenant` on every request. Anything else of the client
+(``models.list()``, ``files``...) is the client's own, with retries off and unguarded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ragguard import Guard
+
+from ._common import Stages, count_text, needs, sdk_options
+from ._llm import Fallback, Generation, Resource
+
+__all__ = ["GuardedOpenAI", "guard_openai"]
+
+
+def guard_openai(
+    client: Any,
+    *,
+    guard: Guard | None = None,
+    embedding_stage: str = "embedding",
+    generation_stage: str = "generation",
+    tenant_header: str | None = None,
+    fallback: Fallback = None,
+    responses_fallback: Fallback = None,
+    include_usage: bool = True,
+) -> GuardedOpenAI:
+    """``client`` (an ``openai.AsyncOpenAI``, or ``AsyncAzureOpenAI``) guarded by ``guard`` (None:
+    the default registry at each call); see the module docstring.
+
+    ``fallback``: a callable or a sequence of them for ``chat.completions.create``, called with
+    the same keyword arguments when the stage fails before the first token (another client's
+    ``chat.completions.create``, or an ``async def`` of your own returning a stream for
+    ``stream=True``, a completion otherwise); ``responses_fallback`` the same for
+    ``responses.create``. ``include_usage=False`` never adds ``stream_options`` (for a server that
+    refuses it; tokens are then the chunks' text / 4).
+
+    Raises ConfigError for a bad ``guard``; ImportError with the install command when ``openai``
+    is missing."""
+    needs("openai", "openai")
+    return GuardedOpenAI(
+        client,
+        stages=Stages(guard),
+        embedding_stage=embedding_stage,
+        generation_stage=generation_stage,
+        tenant_header=tenant_header,
+        fallback=fallback,
+        responses_fallback=responses_fallback,
+        include_usage=include_usage,
+    )
+
+
+class GuardedOpenAI:
+    """What :func:`guard_openai` returns: ``embeddings``, ``chat.completions`` and ``responses``
+    guarded; ``client`` is the SDK client it calls (retries off); other attributes are that
+    client's."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        stages: Stages,
+        embedding_stage: str,
+        generation_stage: str,
+        tenant_header: str | None,
+        fallback: Fallback,
+        responses_fallback: Fallback,
+        include_usage: bool,
+    ) -> None:
+        self.client = client.with_options(max_retries=0)
+        self._options: dict[str, Any] = {
+            "stages": stages,
+            "embedding_stage": embedding_stage,
+            "generation_stage": generation_stage,
+            "tenant_header": tenant_header,
+            "fallback": fallback,
+            "responses_fallback": responses_fallback,
+            "include_usage": include_usage,
+        }
+        self._stages = stages
+        self.embeddings = _Embeddings(self.client, stages, embedding_stage, tenant_header)
+        completions = Generation(
+            self.client.chat.completions,
+            stages,
+            generation_stage,
+            tenant_header,
+            fallback,
+            is_preamble=_chat_preamble,
+            tokens=_chat_tokens,
+            usage=_chat_usage,
+            whole_usage=_whole_chat_usage,
+            budget=("max_completion_tokens", "max_tokens"),
+            include_usage=include_usage,
+        ).create
+        chat = self.client.chat
+        self.chat = Resource(chat, completions=Resource(chat.completions, create=completions))
+        self.responses = Resource(
+            self.client.responses,
+            create=Generation(
+                self.client.responses,
+                stages,
+                generation_stage,
+                tenant_header,
+                responses_fallback,
+                is_preamble=_responses_preamble,
+                tokens=_responses_tokens,
+                usage=_responses_usage,
+                whole_usage=_whole_responses_usage,
+                budget=("max_output_tokens",),
+                include_usage=False,
+                wrap_events=_raising,
+            ).create,
+        )
+
+    def with_options(self, **options: Any) -> GuardedOpenAI:
+        """The SDK's ``with_options`` (a timeout, headers, another base URL...), still guarded the
+        same way (and still without the SDK's retries)."""
+        return GuardedOpenAI(self.client.with_options(**options), **self._options)
+
+    copy = with_options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+# -- embeddings -----------------------------------------------------------------------------
+
+
+class _Rows(list[Any]):
+    """The vectors of an embedding response, in order, carrying the response (what the cache
+    stores row by row, and what the caller gets back whole)."""
+
+    response: Any = None
+
+
+class _Embeddings:
+    def __init__(self, client: Any, stages: Stages, stage: str, tenant_header: str | None) -> None:
+        self._client = client
+        self._stages = stages
+        self._stage = stage
+        self._tenant_header = tenant_header
+
+        async def embed(keys: list[str] | None, kwargs: dict[str, Any]) -> _Rows:
+            options = sdk_options(stages, stage, kwargs, tenant_header)
+            response = await client.embeddings.create(**options)
+            rows = _Rows(d.embedding for d in sorted(response.data, key=lambda d: d.index))
+            rows.response = response
+            return rows
+
+        self._embed = stages.decorate(stage, embed, texts="keys")
+
+    async def create(self, **kwargs: Any) -> Any:
+        """``client.embeddings.create(**kwargs)`` as the embedding stage: the SDK's
+        ``CreateEmbeddingResponse``, or one built from the stage's cache when the provider failed
+        and every text was cached (``ragguard.degraded()`` names ``embedding_cache``)."""
+        given = kwargs.get("input")
+        texts = [given] if isinstance(given, str) else given
+        keys = None
+        if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
+            model, dimensions, form = (kwargs.get(k) for k in ("model", "dimensions", "encoding_format"))
+            keys = [f"{model!r}|{dimensions!r}|{form!r}|{t}" for t in texts]
+        rows = await self._embed(keys, kwargs)
+        if isinstance(rows, _Rows):
+            return rows.response
+        return _cached_response(rows, kwargs.get("model"))
+
+
+def _cached_response(rows: list[Any], model: Any) -> Any:
+    types = needs("openai.types", "openai")
+    usage = needs("openai.types.create_embedding_response", "openai").Usage(prompt_tokens=0, total_tokens=0)
+    data = [types.Embedding(embedding=row, index=i, object="embedding") for i, row in enumerate(rows)]
+    return types.CreateEmbeddingResponse(data=data, model=str(model), object="list", usage=usage)
+
+
+# -- generation -----------------------------------------------------------------------------
+
+
+async def _raising(events: Any) -> AsyncIterator[Any]:
+    """The Responses API's events, an ``error`` or ``response.failed`` event raised as the SDK's
+    ``APIError`` (the SDK yields them as events), so the stage counts the failure and retries or
+    falls back before the first token, as it does for a chat stream's error."""
+    async for event in events:
+        kind = getattr(event, "type", None)
+        if kind == "error" or kind == "response.failed":
+            openai = needs("openai", "openai")
+            error = getattr(getattr(event, "response", None), "error", None) or event
+            code, message = getattr(error, "code", None), getattr(error, "message", None)
+            body = {"type": kind, "code": code, "message": message}
+            raise openai.APIError(str(message or kind), request=events.response.request, body=body)
+        yield event
+
+
+def _chat_preamble(chunk: Any) -> bool:
+    if getattr(chunk, "usage", None) is not None:
+        return False
+    for choice in getattr(chunk, "choices", None) or ():
+        delta = choice.delta
+        if choice.finish_reason or delta.content or delta.tool_calls or getattr(delta, "refusal", None):
+            return False
+    return True
+
+
+def _chat_tokens(chunk: Any) -> int:
+    n = 0
+    for choice in getattr(chunk, "choices", None) or ():
+        delta = choice.delta
+        n += count_text(delta.content, getattr(delta, "refusal", None))
+        for call in delta.tool_calls or ():
+            n += count_text(getattr(call.function, "arguments", None) if call.function else None)
+    return n
+
+
+def _chat_usage(chunk: Any) -> int | None:
+    usage = getattr(chunk, "usage", None)
+    return None if usage is None else int(usage.completion_tokens)
+
+
+_whole_chat_usage = _chat_usage
+
+
+_RESPONSES_PREAMBLE = frozenset(
+    {"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"}
+)
+
+
+def _responses_preamble(event: Any) -> bool:
+    return getattr(event, "type", None) in _RESPONSES_PREAMBLE
+
+
+def _responses_tokens(event: Any) -> int:
+    kind = getattr(event, "type", "")
+    return count_text(getattr(event, "delta", None)) if kind.endswith(".delta") else 0
+
+
+def _responses_usage(event: Any) -> int | None:
+    if getattr(event, "type", None) != "response.completed":
+        return None
+    return _whole_responses_usage(event.response)
+
+
+def _whole_responses_usage(response: Any) -> int | None:
+    usage = getattr(response, "usage", None)
+    return None if usage is None else int(usage.output_tokens)

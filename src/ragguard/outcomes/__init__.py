@@ -1,0 +1,45 @@
+"""What the dependency said: one classification of a call's outcome, read by every layer.
+
+::
+
+    from ragguard.outcomes import Kind, classify
+
+    outcome = classify(exc)          # Outcome(kind=Kind.REJECTION, reached=True, retry_after_s=2.0, ...)
+
+Every breaker kind, the retry layer, the throttle, the adaptive limit, fallbacks and both front
+doors ask :func:`classify`, so they can never disagree about a call. The kinds (:class:`Kind`):
+success; dependency failure (refused, reset, 5xx, ``UNAVAILABLE``, out of memory); dependency
+rejection (429, 529, ``RESOURCE_EXHAUSTED``, an overload event inside a stream) with the wait it
+stated; timeout; caller error (4xx other than 408/429, bad input, auth, not found, context length);
+cancelled; ragguard's own refusal (open breaker, quota, shed); the request's own deadline; and
+unknown. ``Outcome.reached`` says whether the request may already have reached the dependency,
+which decides whether a non-idempotent stage may retry it.
+
+Classifiers for the clients RAG services call load only when an error of their package is seen:
+httpx/httpx2/httpcore (ragguard's ``GuardTransport`` errors included), grpc (ragguard's
+interceptor errors included), redis, openai, anthropic, LiteLLM, qdrant-client (REST and gRPC),
+elasticsearch/elastic-transport, opensearch-py and torch's out-of-memory errors.
+:func:`register_classifier` adds your own ahead of them. docs/outcomes.md has the table of what
+each layer and front door does with each kind.
+"""
+
+from ._classify import (
+    OutcomeClassifier,
+    classify,
+    kind_of,
+    register_classifier,
+    unregister_classifier,
+)
+from ._kinds import MAX_STATED_WAIT_S, Kind, Outcome, clamp_wait
+
+__all__ = [
+    "MAX_STATED_WAIT_S",
+    "Kind",
+    "Outcome",
+    "OutcomeClassifier",
+    "clamp_wait",
+    "classify",
+    "kind_of",
+    "register_classifier",
+    "unregister_classifier",
+]

@@ -1,0 +1,134 @@
+"""The kinds of a call's outcome and the :class:`Outcome` record every layer reads.
+
+::
+
+    Outcome
+     kind            one of Kind (below)
+     reached         the request may already have reached the dependency (False: it cannot have:
+                     a refused connection, a local refusal); a non-idempotent stage retries only
+                     when this is False
+     retry_after_s   the wait the dependency stated (Retry-After, retry-after-ms, rate-limit
+                     resets, gRPC pushback), in seconds, clamped to [0, MAX_STATED_WAIT_S]; None
+                     when it stated none
+     reason          a finer word within the kind (see REASONS)
+     status          the HTTP status (or 0) the outcome was read from, when there was one
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+__all__ = [
+    "MAX_STATED_WAIT_S",
+    "REASONS",
+    "Kind",
+    "Outcome",
+    "clamp_wait",
+]
+
+MAX_STATED_WAIT_S = 86_400.0
+"""The longest wait (seconds) a parsed or formatted wait can be: one day. A dependency stating more
+(``Retry-After: 9999999999``, a date decades ahead, ``1e308``) is read as stating this much."""
+
+
+class Kind(enum.Enum):
+    """What one call's end says about its dependency (values are the names used in events/docs).
+
+    - ``SUCCESS``: it answered.
+    - ``FAILURE``: the dependency failed: connection refused or reset, unreachable, a 5xx,
+      gRPC ``UNAVAILABLE``/``INTERNAL``, out of memory. Counted by every breaker kind.
+    - ``REJECTION``: the dependency refused the call for lack of capacity (429, 529,
+      ``RESOURCE_EXHAUSTED``, an overload event inside a stream), often stating a wait.
+    - ``TIMEOUT``: the dependency was too slow (a timeout, 408, 504, ``DEADLINE_EXCEEDED``, the
+      stage's own ``timeout_s``). Counted by every breaker kind.
+    - ``CALLER_ERROR``: the request was wrong (4xx other than 408/429, bad input, auth, not found,
+      context length): never counted against the dependency, never retried, passed on as it is.
+    - ``CANCELLED``: the call was cancelled (not an ``Exception``): no outcome at all.
+    - ``REFUSED``: ragguard itself refused the call before it could reach the dependency (an open
+      breaker, the tenant's quota, an adaptive limit or throttle shedding it).
+    - ``DEADLINE``: the request's own time budget ran out (the caller's, not the dependency's).
+    - ``UNKNOWN``: no classifier recognises the error (most likely a bug in the calling code):
+      only the generic breaker counts it, and a front door leaves it to the application.
+    """
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    REJECTION = "rejection"
+    TIMEOUT = "timeout"
+    CALLER_ERROR = "caller_error"
+    CANCELLED = "cancelled"
+    REFUSED = "refused"
+    DEADLINE = "deadline"
+    UNKNOWN = "unknown"
+
+
+REASONS = {
+    Kind.FAILURE: ("connection", "status", "protocol", "out_of_memory", "stream"),
+    Kind.REJECTION: ("status", "stream"),
+    Kind.TIMEOUT: ("timeout", "status", "stage"),
+    Kind.CALLER_ERROR: ("input", "request", "auth", "not_found", "conflict", "status"),
+    Kind.REFUSED: ("breaker", "quota", "overloaded"),
+}
+"""The ``reason`` words each kind uses (a user's classifier may use others)."""
+
+
+def clamp_wait(seconds: object) -> float | None:
+    """``seconds`` as a stated wait: a float in [0, :data:`MAX_STATED_WAIT_S`], None when it is
+    not a number (NaN, a string, a bool). Never raises: ``inf`` and ``1e308`` clamp to the cap."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return None
+    try:
+        value = float(seconds)
+    except (OverflowError, ValueError):  # an int too large for a float
+        return MAX_STATED_WAIT_S if seconds > 0 else 0.0
+    if math.isnan(value):
+        return None
+    if value <= 0.0:
+        return 0.0
+    return value if value < MAX_STATED_WAIT_S else MAX_STATED_WAIT_S
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One call's outcome as every layer and front door reads it (see the module docstring).
+
+    Build one with :meth:`of` to have ``retry_after_s`` clamped."""
+
+    kind: Kind
+    reached: bool = True
+    retry_after_s: float | None = None
+    reason: str = ""
+    status: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        kind: Kind,
+        *,
+        reached: bool = True,
+        retry_after_s: object = None,
+        reason: str = "",
+        status: int = 0,
+    ) -> Outcome:
+        """An outcome with ``retry_after_s`` clamped by :func:`clamp_wait` (never raises)."""
+        return cls(kind, bool(reached), clamp_wait(retry_after_s), reason, status)
+
+    @property
+    def counts_as_outage(self) -> bool:
+        """True for a dependency failure or timeout: what every breaker kind counts."""
+        return self.kind is Kind.FAILURE or self.kind is Kind.TIMEOUT
+
+    @property
+    def from_dependency(self) -> bool:
+        """True when the dependency itself said something bad (failure, rejection, timeout)."""
+        return self.kind in _FROM_DEPENDENCY
+
+    @property
+    def out_of_memory(self) -> bool:
+        """True for a failure that ran out of (host or accelerator) memory."""
+        return self.kind is Kind.FAILURE and self.reason == "out_of_memory"
+
+
+_FROM_DEPENDENCY = frozenset({Kind.FAILURE, Kind.REJECTION, Kind.TIMEOUT})

@@ -1,0 +1,327 @@
+"""What a Guard is doing now, as one JSON-ready snapshot: :func:`snapshot` (behind
+:meth:`ragguard.Guard.status`, the ASGI :class:`~ragguard.asgi.StatusEndpoint`, :func:`serve` and
+``ragguard top``).
+
+Everything is read from live state through public methods, when asked: nothing runs on a guarded
+call for it. The counts that only events carry (fallbacks served, calls shed or throttled, per
+stage) come from a :class:`StatusCounts` listener, when one is given.
+
+::
+
+    {"ok": bool, "open": [stage, ...],
+     "stages": {stage: {"breaker": {"name", "state", "retry_after_s"} | None,
+                        "limit": {"limit", "min_limit", "max_limit", "in_flight", "queued",
+                                  "shed": {priority: n}, ...}?,
+                        "throttle": {"probability", ...}?,
+                        "hedge": {"delay_s", "fired", "won", "refused"}?}},
+     "quotas": {"backend": "local" | "redis" | <class name>, "shared": bool | None,
+                "tenants": {tenant: {"in_flight", "waiting", "max_concurrency", "rate_per_s"}},
+                "others": {"in_flight", "waiting"}},
+     "links": [{"component": "quotas" | "breaker:<name>", "shared": bool}],
+     "counts": {"fallbacks": {stage: n}, "shed": {stage: n}, "throttled": {stage: n},
+                "rejected": {breaker: n}, "quota_rejected": {tenant: n}, "since_s": float}?}
+
+``ok`` is False while any breaker is open, forced open or half-open (``open`` names those
+stages): fallbacks may still be serving them. ``tenants`` lists the tenants the policy names;
+``others`` adds up every other tenant (so a leaked slot shows as an ``in_flight`` that does not
+come back to 0). ``in_flight`` and ``waiting`` are this process's requests (for shared quotas too:
+Redis counts every replica's); ``waiting`` is None where the backend cannot tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from . import events
+from ._errors import ConfigError
+
+if TYPE_CHECKING:
+    from .guard import Guard
+
+__all__ = [
+    "StatusCounts", "StatusServer", "configured_tenants", "links", "overload", "quotas", "serve", "snapshot",
+]
+
+_NOT_CLOSED_OK = ("closed", "disabled")
+
+
+def snapshot(guard: Guard, counts: StatusCounts | None = None) -> dict[str, Any]:
+    """``guard``'s status now (see the module docstring); ``counts`` adds its ``counts``."""
+    stages: dict[str, Any] = {}
+    not_closed: list[str] = []
+    parts = overload(guard)
+    for name in guard.stage_names():
+        breaker = guard.breaker(name)
+        entry: dict[str, Any]
+        if breaker is None:
+            entry = {"breaker": None}
+        else:
+            state = _state_name(breaker.state)
+            if state not in _NOT_CLOSED_OK:
+                not_closed.append(name)
+            entry = {
+                "breaker": {
+                    "name": breaker.name,
+                    "state": state,
+                    "retry_after_s": getattr(breaker, "retry_after_s", None),
+                }
+            }
+        entry.update(parts.get(name, {}))
+        stages[name] = entry
+    out: dict[str, Any] = {
+        "ok": not not_closed,
+        "open": not_closed,
+        "stages": stages,
+        "quotas": quotas(guard),
+        "links": links(guard),
+    }
+    if counts is not None:
+        out["counts"] = counts.snapshot()
+    return out
+
+
+def overload(guard: Guard) -> dict[str, Any]:
+    """Stage -> its overload layers' state (:func:`ragguard.overload.status`), each adaptive
+    limit with its policy's bounds (``min_limit``, ``max_limit``: a limit at its floor is pinned)."""
+    from .overload import status as overload_status
+
+    out = overload_status(guard)
+    for name, parts in out.items():
+        limit = parts.get("limit")
+        adaptive = guard.policy.stage(name).adaptive
+        if limit is not None and adaptive is not None:
+            limit["min_limit"] = adaptive.min_limit
+            limit["max_limit"] = adaptive.max_limit
+    return out
+
+
+def quotas(guard: Guard) -> dict[str, Any]:
+    """The ``quotas`` part of :func:`snapshot`: the configured tenants one by one, the rest added up."""
+    backend = guard.quotas
+    # a RedisQuotas counts this replica's requests itself; the ones waiting are queued in Redis
+    # (None: not told) or, during an outage, in its local fallback
+    local = getattr(backend, "fallback", backend)
+    in_flight = getattr(backend, "in_flight", None)
+    waiting = getattr(local, "waiting", None)
+    tenants: dict[str, Any] = {}
+    named_in_flight = named_waiting = 0
+    for tenant, quota in guard.policy.tenants.items():
+        n = int(in_flight(tenant)) if callable(in_flight) else 0
+        w = int(waiting(tenant)) if callable(waiting) else None
+        named_in_flight += n
+        named_waiting += w or 0
+        tenants[tenant] = {
+            "in_flight": n,
+            "waiting": w,
+            "max_concurrency": quota.max_concurrency,
+            "rate_per_s": quota.rate_per_s,
+        }
+    total = getattr(backend, "total_in_flight", None)
+    total_waiting = getattr(local, "total_waiting", None)
+    others = {
+        "in_flight": max(0, int(total()) - named_in_flight) if callable(total) else None,
+        "waiting": max(0, int(total_waiting()) - named_waiting) if callable(total_waiting) else None,
+    }
+    kind = type(backend).__name__
+    shared = getattr(backend, "shared", None)
+    return {
+        "backend": {"LocalQuotas": "local", "RedisQuotas": "redis"}.get(kind, kind),
+        "shared": shared if isinstance(shared, bool) else None,
+        "tenants": tenants,
+        "others": others,
+    }
+
+
+def links(guard: Guard) -> list[dict[str, Any]]:
+    """Each Redis link of ``guard`` (its shared quotas, each shared breaker): on shared state or not."""
+    out: list[dict[str, Any]] = []
+    shared = getattr(guard.quotas, "shared", None)
+    if isinstance(shared, bool):
+        out.append({"component": "quotas", "shared": shared})
+    for breaker in guard.breakers().values():
+        flag = getattr(breaker, "shared", None)
+        if isinstance(flag, bool):
+            out.append({"component": f"breaker:{breaker.name}", "shared": flag})
+    return out
+
+
+def configured_tenants(guard: Guard) -> frozenset[str]:
+    """The tenant ids ``guard``'s policy names (each keeps its own metric labels)."""
+    return frozenset(guard.policy.tenants)
+
+
+def _state_name(state: Any) -> str:
+    return str(getattr(state, "value", state))
+
+
+class StatusCounts:
+    """Counts what only events tell, per stage: fallbacks served, calls shed and throttled; per
+    breaker, calls it rejected; per tenant, quota refusals. A listener of ``bus`` (default
+    :data:`ragguard.events.bus`) from :meth:`start` on: while it listens, guarded calls build
+    their events (as for any listener). At most ``max_keys`` names per count (later ones add to
+    ``"other"``). ``clock``: monotonic seconds, for ``since_s``."""
+
+    def __init__(
+        self,
+        *,
+        bus: events.EventBus | None = None,
+        max_keys: int = 200,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
+            raise ConfigError(f"StatusCounts: max_keys must be an int >= 1, got {max_keys!r}")
+        self._bus = events.bus if bus is None else bus
+        self._max = max_keys
+        self._clock = clock
+        self._since = clock()
+        self._counts: dict[str, dict[str, int]] = {
+            "fallbacks": {}, "shed": {}, "throttled": {}, "rejected": {}, "quota_rejected": {},
+        }  # fmt: skip
+        self._stop: weakref.finalize[..., Any] | None = None
+
+    def start(self) -> StatusCounts:
+        """Subscribe (a no-op when already subscribed); returns self. The subscription lasts
+        until :meth:`close`, or until these counts are garbage (their endpoint dropped): the bus
+        holds them weakly, so a dropped endpoint does not keep every guarded call building
+        events."""
+        if self._stop is None:
+            ref = weakref.ref(self)
+
+            def handle(event: Any) -> None:
+                counts = ref()
+                if counts is not None:
+                    counts.handle(event)
+
+            self._stop = weakref.finalize(self, self._bus.subscribe(handle))
+        return self
+
+    def close(self) -> None:
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop()
+
+    @property
+    def started(self) -> bool:
+        return self._stop is not None
+
+    def handle(self, event: Any) -> None:
+        kind = type(event).__name__
+        if kind == "FallbackServed":
+            self._add("fallbacks", event.stage)
+        elif kind == "LoadShed":
+            self._add("shed", event.stage)
+        elif kind == "Throttled":
+            self._add("throttled", event.stage)
+        elif kind == "CallRejected":
+            self._add("rejected", event.breaker)
+        elif kind == "QuotaRejected":
+            self._add("quota_rejected", event.tenant)
+
+    def _add(self, count: str, key: str) -> None:
+        table = self._counts[count]
+        if key not in table and len(table) >= self._max:
+            key = "other"
+        table[key] = table.get(key, 0) + 1
+
+    def snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: dict(table) for name, table in self._counts.items()}
+        out["since_s"] = round(self._clock() - self._since, 3)
+        return out
+
+
+# -- serving over HTTP without an ASGI server (a gRPC service) -------------------------------------
+
+
+class StatusServer:
+    """What :func:`serve` returns: ``address`` (host, port), ``url`` of the status route;
+    :meth:`close` stops the server thread (and the counts it started)."""
+
+    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread, counts: StatusCounts | None):
+        self._httpd = httpd
+        self._thread = thread
+        self._counts = counts
+        host, port = httpd.server_address[:2]
+        self.address: tuple[str, int] = (str(host), int(port))
+        self.url = f"http://{self.address[0]}:{self.address[1]}/status"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+        if self._counts is not None:
+            self._counts.close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away mid-answer (a closed ragguard top): nothing to report
+
+
+def serve(
+    port: int,
+    guard: Guard | None = None,
+    *,
+    addr: str = "127.0.0.1",
+    exporter: Any = None,
+    counts: bool = True,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> StatusServer:
+    """Serve ``GET /status`` (the :func:`snapshot` JSON; ``/health`` too) and, given a
+    :class:`ragguard.metrics.PrometheusExporter` as ``exporter``, ``GET /metrics``, over HTTP on
+    ``addr:port`` from a daemon thread: the way for a service without an ASGI server (a gRPC one).
+
+    The snapshot is taken on ``loop`` (default: the running loop, so call this from the service's
+    loop), never in the server's thread, so it reads the Guard as its own calls leave it.
+    ``guard`` default: the default registry, looked up per request; ``counts``: also count
+    fallbacks, sheds and rejections (a :class:`StatusCounts`, subscribed now). Port 0 picks a free
+    one (see ``StatusServer.address``). Raises ConfigError for a bad port, RuntimeError without a loop.
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+        raise ConfigError(f"status.serve: port must be 0..65535, got {port!r}")
+    target = loop if loop is not None else asyncio.get_running_loop()
+    tally = StatusCounts().start() if counts else None
+
+    def take() -> dict[str, Any]:
+        async def on_loop() -> dict[str, Any]:
+            from .guard import default_guard
+
+            return snapshot(guard if guard is not None else default_guard(), tally)
+
+        return asyncio.run_coroutine_threadsafe(on_loop(), target).result(timeout=5)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path in ("/status", "/health", ""):
+                try:
+                    body = json.dumps(take(), separators=(",", ":")).encode()
+                    kind, code = "application/json", 200
+                except Exception as exc:  # the loop is gone or too busy to answer in time
+                    body, kind, code = f"status unavailable: {type(exc).__name__}".encode(), "text/plain", 503
+            elif path == "/metrics" and exporter is not None:
+                body, kind, code = exporter.scrape(), "text/plain; version=0.0.4; charset=utf-8", 200
+            else:
+                body, kind, code = b"not found", "text/plain", 404
+            self.send_response(code)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            self.send_header("cache-control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    httpd = _Server((addr, port), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, name="ragguard-status", daemon=True)
+    thread.start()
+    return StatusServer(httpd, thread, tally)

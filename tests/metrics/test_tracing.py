@@ -1,0 +1,310 @@
+"""Spans of guarded stages with the real OpenTelemetry SDK (in-memory exporters): the stage span
+is current while the stage runs, so httpx's own instrumentation nests under it (calls, streams, a
+hedge's second leg); each decision is a span event; GenAI semantic-convention attributes."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from metrics_helpers import http_server
+
+from ragguard import Guard, HedgePolicy, Policy, RetryPolicy, StagePolicy, events, metrics
+
+sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor  # noqa: E402
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.trace import StatusCode  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _isolated(isolated_registry: None) -> None:
+    pass
+
+
+@pytest.fixture
+def provider() -> Iterator[tuple[Any, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    tracer_provider = sdk_trace.TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    metrics.enable_tracing(tracer_provider)
+    try:
+        yield tracer_provider, exporter
+    finally:
+        metrics.disable_tracing()
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with http_server() as base:
+        yield base
+
+
+def _client(tracer_provider: Any) -> httpx.AsyncClient:
+    client = httpx.AsyncClient()
+    HTTPXClientInstrumentor.instrument_client(client, tracer_provider=tracer_provider)
+    return client
+
+
+def _by_name(exporter: InMemorySpanExporter) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for span in exporter.get_finished_spans():
+        out.setdefault(span.name, []).append(span)
+    return out
+
+
+def _is_child(child: Any, parent: Any) -> bool:
+    return child.parent is not None and child.parent.span_id == parent.context.span_id
+
+
+async def test_an_httpx_span_inside_a_guarded_call_is_the_stage_spans_child(
+    provider: tuple[Any, InMemorySpanExporter], url: str
+) -> None:
+    tracer_provider, exporter = provider
+    g = Guard(Policy())
+    async with _client(tracer_provider) as client:
+
+        @g.guard("vector_store")
+        async def search(query: str) -> str:
+            return (await client.get(f"{url}/search")).text
+
+        assert await search("q") == "/search"
+    spans = _by_name(exporter)
+    (stage,) = spans["ragguard.vector_store"]
+    (http,) = spans["GET"]
+    assert _is_child(http, stage)
+    assert stage.attributes["gen_ai.operation.name"] == "retrieval"
+    assert stage.attributes["ragguard.stage"] == "vector_store"
+    assert stage.attributes["ragguard.outcome"] == "success"
+    assert trace.get_current_span() is trace.INVALID_SPAN  # nothing left attached
+
+
+async def test_a_stream_nests_its_reads_but_not_the_callers_spans(
+    provider: tuple[Any, InMemorySpanExporter], url: str
+) -> None:
+    tracer_provider, exporter = provider
+    g = Guard(Policy())
+    caller = tracer_provider.get_tracer("caller")
+    async with _client(tracer_provider) as client:
+
+        @g.guard("generation")
+        async def generate(prompt: str) -> AsyncIterator[str]:
+            for word in ("alpha", "beta", "gamma"):
+                got = (await client.get(f"{url}/{word}")).text
+                yield got.strip("/") + " "
+
+        words = []
+        async for word in generate("p"):
+            with caller.start_as_current_span("caller-work"):
+                words.append(word)
+    assert words == ["alpha ", "beta ", "gamma "]
+    spans = _by_name(exporter)
+    (stage,) = spans["ragguard.generation"]
+    assert len(spans["GET"]) == 3
+    assert all(_is_child(http, stage) for http in spans["GET"])
+    assert not any(_is_child(work, stage) for work in spans["caller-work"])
+    assert all(work.parent is None for work in spans["caller-work"])
+    assert stage.attributes["gen_ai.operation.name"] == "chat"
+    assert 0 < stage.attributes["gen_ai.response.time_to_first_chunk"] < stage.end_time / 1e9
+    assert stage.attributes["gen_ai.usage.output_tokens"] >= 3
+    assert stage.attributes["ragguard.items"] == 3
+    assert stage.attributes["ragguard.outcome"] == "success"
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+async def test_a_stream_closed_early_ends_its_span_and_detaches(
+    provider: tuple[Any, InMemorySpanExporter], url: str
+) -> None:
+    tracer_provider, exporter = provider
+    g = Guard(Policy())
+    async with _client(tracer_provider) as client:
+
+        @g.guard("generation")
+        async def generate(prompt: str) -> AsyncIterator[str]:
+            try:
+                while True:
+                    yield (await client.get(f"{url}/w")).text
+            finally:
+                await client.get(f"{url}/closing")  # cleanup inside the stage is its child too
+
+        stream = generate("p")
+        assert await stream.__anext__() == "/w"
+        await stream.aclose()
+    spans = _by_name(exporter)
+    (stage,) = spans["ragguard.generation"]
+    assert stage.attributes["ragguard.outcome"] == "cancelled"
+    assert all(_is_child(http, stage) for http in spans["GET"]) and len(spans["GET"]) == 2
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+async def test_the_hedges_second_leg_is_the_stage_spans_child(
+    provider: tuple[Any, InMemorySpanExporter], url: str
+) -> None:
+    tracer_provider, exporter = provider
+    hedge = HedgePolicy(min_samples=5, samples=16, quantile=0.5, budget_ratio=1.0, budget_min_per_s=100)
+    g = Guard(Policy(stages={"lookup": StagePolicy(hedge=hedge, idempotent=True)}))
+    legs = 0
+    async with _client(tracer_provider) as client:
+
+        @g.guard("lookup", breaker=False)
+        async def lookup(key: str) -> str:
+            nonlocal legs
+            legs += 1
+            if key == "slow" and legs == 1:
+                await asyncio.sleep(5)  # the first leg hangs: the hedge answers
+            return (await client.get(f"{url}/{key}")).text
+
+        for _ in range(6):
+            legs = 0
+            assert await lookup("warm") == "/warm"
+        exporter.clear()
+        legs = 0
+        assert await lookup("slow") == "/slow"
+    spans = _by_name(exporter)
+    (stage,) = spans["ragguard.lookup"]
+    (http,) = spans["GET"]  # only the second leg reached the server
+    assert _is_child(http, stage)
+    assert [e.name for e in stage.events] == ["ragguard.hedge"]
+    assert stage.events[0].attributes["ragguard.delay_s"] > 0
+
+
+async def test_a_retried_then_fallback_call_records_each_decision(
+    provider: tuple[Any, InMemorySpanExporter],
+) -> None:
+    _, exporter = provider
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens: a real connection refused, from httpx
+    retry = RetryPolicy(attempts=3, initial_backoff_s=0.001, jitter_s=0.0)
+    g = Guard(Policy(stages={"vector_store": StagePolicy(retry=retry)}))
+
+    async def keyword_search(query: str) -> str:
+        return "from keywords"
+
+    async with httpx.AsyncClient() as client:
+
+        @g.guard("vector_store", fallback=keyword_search)
+        async def search(query: str) -> str:
+            return (await client.get(f"http://127.0.0.1:{port}/")).text
+
+        assert await search("q") == "from keywords"
+    (stage,) = _by_name(exporter)["ragguard.vector_store"]
+    named = [(e.name, dict(e.attributes or {})) for e in stage.events]
+    assert [n for n, _ in named] == [
+        "ragguard.attempt", "ragguard.retry", "ragguard.attempt", "ragguard.retry", "ragguard.attempt",
+        "ragguard.fallback",
+    ]  # fmt: skip
+    attempts = [a for n, a in named if n == "ragguard.attempt"]
+    assert all(a["error.type"] == "ConnectError" and a["ragguard.outcome"] == "failure" for a in attempts)
+    retries = [a for n, a in named if n == "ragguard.retry"]
+    assert [a["ragguard.attempt"] for a in retries] == [2, 3]
+    assert all(a["error.type"] == "ConnectError" and a["ragguard.wait_s"] >= 0 for a in retries)
+    assert named[-1][1] == {"ragguard.fallback": "keyword_search", "error.type": "ConnectError"}
+    assert stage.attributes["ragguard.outcome"] == "fallback"
+    assert stage.attributes["ragguard.fallback"] == "keyword_search"
+    assert stage.status.status_code is not StatusCode.ERROR
+
+
+async def test_an_error_sets_error_type_and_a_rejection_is_an_event(
+    provider: tuple[Any, InMemorySpanExporter],
+) -> None:
+    _, exporter = provider
+    g = Guard(Policy())
+
+    @g.guard("embedding")
+    async def embed(texts: list[str]) -> list[float]:
+        raise ValueError("a caller's bad input")
+
+    with pytest.raises(ValueError):
+        await embed(["x"])
+    breaker = g.breaker("embedding")
+    breaker.force_open()
+    with pytest.raises(Exception, match="open"):
+        await embed(["x"])
+    failed, rejected = _by_name(exporter)["ragguard.embedding"]
+    assert failed.attributes["error.type"] == "ValueError"
+    assert failed.attributes["gen_ai.operation.name"] == "embeddings"
+    assert failed.status.status_code is StatusCode.ERROR
+    assert rejected.events[0].name == "ragguard.breaker_rejected"
+    assert rejected.events[0].attributes["ragguard.reason"] == "forced_open"
+    assert rejected.attributes["error.type"] == "EmbeddingUnavailable"
+
+
+async def test_otel_metrics_come_from_the_same_events() -> None:
+    reader = InMemoryMetricReader()
+    recorder = metrics.OTelMetrics(MeterProvider(metric_readers=[reader])).start()
+    try:
+        g = Guard(Policy())
+
+        async def cached(texts: list[str]) -> list[float]:
+            return [0.0]
+
+        @g.guard("embedding", fallback=cached)
+        async def embed(texts: list[str]) -> list[float]:
+            raise ConnectionRefusedError
+
+        @g.guard("generation")
+        async def generate(prompt: str) -> AsyncIterator[str]:
+            for word in ("one ", "two "):
+                yield word
+
+        assert await embed(["x"]) == [0.0]
+        assert [w async for w in generate("p")] == ["one ", "two "]
+        await asyncio.sleep(0.01)  # the bus delivers on the next loop iterations
+    finally:
+        recorder.close()
+    data = reader.get_metrics_data()
+    points: dict[str, list[Any]] = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                points[metric.name] = list(metric.data.data_points)
+    stages = {p.attributes["ragguard.stage"]: p for p in points["ragguard.stage.duration"]}
+    assert stages["embedding"].attributes["ragguard.outcome"] == "fallback" and stages["embedding"].count == 1
+    assert stages["generation"].attributes["ragguard.outcome"] == "success"
+    (first,) = points["ragguard.stage.time_to_first_chunk"]
+    assert first.attributes["ragguard.stage"] == "generation" and first.count == 1
+    (tokens,) = points["ragguard.stream.tokens"]
+    assert tokens.value >= 2 and tokens.attributes["gen_ai.token.type"] == "output"
+    documented = _docs_column("**Metrics.**", "No tenant attribute")
+    assert documented == set(points) | {"ragguard.rejections"}  # no rejection in this run
+    (fallback,) = points["ragguard.fallbacks"]
+    assert fallback.attributes["ragguard.fallback"] == "cached"
+    assert fallback.attributes["error.type"] == "ConnectionRefusedError"
+
+
+async def test_tracing_off_leaves_no_tap_and_no_hook() -> None:
+    metrics.enable_tracing(sdk_trace.TracerProvider())
+    assert events.tracer is not None and events.bus.active
+    metrics.disable_tracing()
+    assert events.tracer is None and metrics._tracer is None
+    assert not events.bus._taps
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _docs_column(start: str, end: str) -> set[str]:
+    """The names in the first column of docs/monitors.md's tables between ``start`` and ``end``."""
+    text = (DOCS / "monitors.md").read_text()
+    section = text[text.index(start) : text.index(end)]
+    return {m for line in section.splitlines() if line.startswith("| `")
+            for m in re.findall(r"`([a-z_.]+)`", line.split("|")[1])}  # fmt: skip
+
+
+def test_the_docs_span_event_table_names_every_span_event() -> None:
+    documented = _docs_column("One span event per decision", "The span events are added")
+    assert documented == {name for name, _ in metrics._SPAN_EVENTS.values()}

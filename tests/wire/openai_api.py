@@ -1,0 +1,209 @@
+"""A server that speaks the OpenAI API as the ``openai`` SDK reads it: embeddings, chat completions
+(whole, or streamed as SSE ending in ``[DONE]``, with a usage chunk when the request asks for
+``stream_options={"include_usage": true}``), the Responses API (whole, or streamed as typed
+``response.*`` events ending in ``response.completed`` with its usage), error bodies
+``{"error": {...}}`` and the headers of rate limits (``retry-after``, ``retry-after-ms``,
+``x-ratelimit-*``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ._faults import Fault
+from ._http import HttpWire, sse
+
+__all__ = ["OpenAIWire", "openai_error"]
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "requests",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+def openai_error(status: int, *, code: str | None = None, message: str = "") -> dict[str, Any]:
+    """The error body OpenAI sends with ``status``."""
+    return {
+        "error": {
+            "message": message or f"error {status}",
+            "type": _TYPES.get(status, "server_error"),
+            "param": None,
+            "code": code,
+        }
+    }
+
+
+class OpenAIWire(HttpWire):
+    """``/v1/embeddings``, ``/v1/chat/completions`` and ``/v1/responses`` (routes ``embeddings``,
+    ``chat`` and ``responses``). A completion is ``tokens``, one per chunk or delta; its usage
+    says ``3`` prompt tokens and ``completion_tokens`` (default: one per token) completion ones."""
+
+    error_body = staticmethod(openai_error)
+
+    def __init__(
+        self,
+        *,
+        tokens: tuple[str, ...] = ("Hello", " from", " the", " wire"),
+        completion_tokens: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.tokens = tokens
+        self.completion_tokens = completion_tokens
+        self.route("/v1/embeddings", "embeddings", self._embeddings, ["POST"])
+        self.route("/v1/chat/completions", "chat", self._chat, ["POST"])
+        self.route("/v1/responses", "responses", self._responses, ["POST"])
+
+    def _used(self) -> int:
+        return len(self.tokens) if self.completion_tokens is None else self.completion_tokens
+
+    async def _embeddings(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
+        inputs = payload.get("input", [])
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        data = [
+            {"object": "embedding", "index": i, "embedding": [float(len(t)), 0.5, 0.25]}
+            for i, t in enumerate(texts)
+        ]
+        ok = {
+            "object": "list",
+            "data": data,
+            "model": payload.get("model", "m"),
+            "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)},
+        }
+        return await self.answer(request, fault, ok)
+
+    async def _chat(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
+        model = payload.get("model", "m")
+        created = int(time.time())
+        if not payload.get("stream"):
+            ok = {
+                "id": "chatcmpl-wire",
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "".join(self.tokens)},
+                        "finish_reason": "stop",
+                        "logprobs": None,
+                    }
+                ],
+                "usage": self._chat_usage(),
+            }
+            return await self.answer(request, fault, ok)
+
+        def chunk(delta: dict[str, Any], finish: str | None) -> str:
+            return sse(
+                {
+                    "id": "chatcmpl-wire",
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+            )
+
+        events = [chunk({"role": "assistant", "content": ""}, None)]
+        events += [chunk({"content": token}, None) for token in self.tokens]
+        events.append(chunk({}, "stop"))
+        if (payload.get("stream_options") or {}).get("include_usage"):
+            usage = {
+                "id": "chatcmpl-wire",
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": self._chat_usage(),
+            }
+            events.append(sse(usage))
+        events.append("data: [DONE]\n\n")
+        return await self.stream(request, fault, events)
+
+    def _chat_usage(self) -> dict[str, int]:
+        used = self._used()
+        return {"prompt_tokens": 3, "completion_tokens": used, "total_tokens": 3 + used}
+
+    async def _responses(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
+        used = self._used()
+        text = "".join(self.tokens)
+        message = {
+            "id": "msg_wire",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+        response: dict[str, Any] = {
+            "id": "resp_wire",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": payload.get("model", "m"),
+            "status": "completed",
+            "output": [message],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": 3,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": used,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 3 + used,
+            },
+        }
+        if not payload.get("stream"):
+            return await self.answer(request, fault, response)
+        opening = {**response, "status": "in_progress", "output": [], "usage": None}
+        item = {**message, "status": "in_progress", "content": []}
+        seq = iter(range(10_000))
+
+        def event(kind: str, **fields: Any) -> str:
+            return sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
+
+        events = [
+            event("response.created", response=opening),
+            event("response.in_progress", response=opening),
+            event("response.output_item.added", output_index=0, item=item),
+            event(
+                "response.content_part.added",
+                item_id="msg_wire",
+                output_index=0,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": []},
+            ),
+        ]
+        events += [
+            event(
+                "response.output_text.delta",
+                item_id="msg_wire",
+                output_index=0,
+                content_index=0,
+                delta=token,
+                logprobs=[],
+            )
+            for token in self.tokens
+        ]
+        events += [
+            event(
+                "response.output_text.done",
+                item_id="msg_wire",
+                output_index=0,
+                content_index=0,
+                text=text,
+                logprobs=[],
+            ),
+            event("response.output_item.done", output_index=0, item=message),
+            event("response.completed", response=response),
+        ]
+        return await self.stream(request, fault, events)
+
+    def error_event(self, event: dict[str, Any]) -> str:
+        return sse({"error": event})
