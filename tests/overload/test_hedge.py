@@ -231,7 +231,7 @@ async def test_a_hedged_stage_on_the_documented_test_guard_keeps_fake_time() -> 
     hedged at its delay, on the same discrete-event time."""
     from ragguard.testing import fresh_guard
 
-    policy = {"stages": {"search": {"hedge": {"min_samples": 5, "budget_min_per_s": 1.0}}}}
+    policy = {"stages": {"search": {"idempotent": True, "hedge": {"min_samples": 5, "budget_min_per_s": 1.0}}}}
     with fresh_guard(policy) as g:
         clock = g.clock
         assert isinstance(clock, FakeClock)
@@ -261,7 +261,7 @@ async def test_a_hedged_stage_on_the_documented_test_guard_keeps_fake_time() -> 
 async def test_concurrent_hedged_calls_overlap_on_the_fake_clock() -> None:
     from ragguard.testing import fresh_guard
 
-    policy = {"stages": {"search": {"hedge": {"min_samples": 5, "budget_min_per_s": 10.0}}}}
+    policy = {"stages": {"search": {"idempotent": True, "hedge": {"min_samples": 5, "budget_min_per_s": 10.0}}}}
     with fresh_guard(policy) as g:
         clock = g.clock
         assert isinstance(clock, FakeClock)
@@ -287,7 +287,7 @@ async def test_a_hedge_with_no_time_left_is_neither_sent_nor_charged() -> None:
     from ragguard.testing import EventRecorder
 
     clock = FakeClock(auto_advance=False)
-    policy = Policy(stages={"search": StagePolicy(min_attempt_s=0.05, hedge=HedgePolicy(
+    policy = Policy(stages={"search": StagePolicy(min_attempt_s=0.05, idempotent=True, hedge=HedgePolicy(
         min_samples=5, budget_ratio=0.0, budget_min_per_s=0.1, budget_window_s=10.0))})
     g = Guard(policy, clock=clock, rng=random.Random(1))
     _warm(g, 0.1)
@@ -327,6 +327,7 @@ async def test_a_hedge_an_inner_layer_refuses_gives_its_budget_back() -> None:
     its budget given back (one hedge per window here), so a later call can still hedge."""
     clock = FakeClock(auto_advance=False)
     policy = Policy(stages={"search": StagePolicy(
+        idempotent=True,
         hedge=HedgePolicy(min_samples=5, budget_ratio=0.0, budget_min_per_s=0.1, budget_window_s=10.0),
         adaptive=AdaptivePolicy(min_limit=1, initial_limit=1, max_limit=1, probe_limit=1, probe_samples=1,
                                 max_queue=0.0, early_queue=0.0),
@@ -349,7 +350,7 @@ async def test_a_hedge_an_inner_layer_refuses_gives_its_budget_back() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.ragguard_policy({"stages": {"search": {"hedge": {"min_samples": 5, "budget_min_per_s": 1.0}}}})
+@pytest.mark.ragguard_policy({"stages": {"search": {"idempotent": True, "hedge": {"min_samples": 5, "budget_min_per_s": 1.0}}}})
 async def test_the_pytest_guard_fixture_hedges_on_fake_time(guard: Any, fake_clock: FakeClock) -> None:
     """The plugin's ``guard`` fixture (a fresh Guard on ``fake_clock``): a fast call keeps its time
     under a deadline shorter than the hedge delay, a hung one is hedged at the delay."""

@@ -24,6 +24,7 @@ def anyio_backend() -> Any:
 
 def _guard(clock: Any) -> Guard:
     policy = Policy(stages={"search": StagePolicy(
+        idempotent=True,
         hedge=HedgePolicy(min_samples=5, budget_min_per_s=1.0),
         adaptive=AdaptivePolicy(min_limit=32, initial_limit=32, max_limit=32, probe_limit=32, max_queue=0.0,
                                 early_queue=0.0),
