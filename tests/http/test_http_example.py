@@ -17,8 +17,8 @@ def test_example_runs_and_exits() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("200: 200 {'tenant': 'acme'")
-    assert lines[1].startswith("429: 429 Retry-After=1 retry-after-ms=")
-    assert lines[1].endswith('RateLimit="rate";r=0;t=1')
+    assert lines[1].startswith("429: 429 Retry-After=5 retry-after-ms=")
+    assert lines[1].endswith('RateLimit="rate";r=0;t=5')
     assert lines[2] == "degraded: 200 ragguard-degraded: keyword_search"
     assert lines[3].startswith("504: 504 deadline exceeded")
     assert lines[4] == '401: 401 unknown API key (WWW-Authenticate: APIKey header="x-api-key")'
