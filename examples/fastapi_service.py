@@ -106,7 +106,7 @@ async def tour(base: str) -> None:
         acme = {"x-api-key": ACME_KEY, "x-request-timeout-ms": "2000"}
         ok = await client.get("/ask", params={"q": "what do quotas do?"}, headers=acme)
         print("200:", ok.status_code, ok.json())
-        await client.get("/ask", params={"q": "again"}, headers=acme)  # acme's burst is 2 (then one every 5 s)
+        await client.get("/ask", params={"q": "again"}, headers=acme)  # burst 2, then one per 5 s
         throttled = await client.get("/ask", params={"q": "and again"}, headers=acme)
         print(
             f"429: {throttled.status_code} Retry-After={throttled.headers['retry-after']} "

@@ -231,7 +231,8 @@ async def test_a_hedged_stage_on_the_documented_test_guard_keeps_fake_time() -> 
     hedged at its delay, on the same discrete-event time."""
     from ragguard.testing import fresh_guard
 
-    policy = {"stages": {"search": {"idempotent": True, "hedge": {"min_samples": 5, "budget_min_per_s": 1.0}}}}
+    hedge = {"min_samples": 5, "budget_min_per_s": 1.0}
+    policy = {"stages": {"search": {"idempotent": True, "hedge": hedge}}}
     with fresh_guard(policy) as g:
         clock = g.clock
         assert isinstance(clock, FakeClock)
@@ -261,7 +262,8 @@ async def test_a_hedged_stage_on_the_documented_test_guard_keeps_fake_time() -> 
 async def test_concurrent_hedged_calls_overlap_on_the_fake_clock() -> None:
     from ragguard.testing import fresh_guard
 
-    policy = {"stages": {"search": {"idempotent": True, "hedge": {"min_samples": 5, "budget_min_per_s": 10.0}}}}
+    hedge = {"min_samples": 5, "budget_min_per_s": 10.0}
+    policy = {"stages": {"search": {"idempotent": True, "hedge": hedge}}}
     with fresh_guard(policy) as g:
         clock = g.clock
         assert isinstance(clock, FakeClock)
@@ -350,7 +352,9 @@ async def test_a_hedge_an_inner_layer_refuses_gives_its_budget_back() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.ragguard_policy({"stages": {"search": {"idempotent": True, "hedge": {"min_samples": 5, "budget_min_per_s": 1.0}}}})
+@pytest.mark.ragguard_policy(
+    {"stages": {"search": {"idempotent": True, "hedge": {"min_samples": 5, "budget_min_per_s": 1.0}}}}
+)
 async def test_the_pytest_guard_fixture_hedges_on_fake_time(guard: Any, fake_clock: FakeClock) -> None:
     """The plugin's ``guard`` fixture (a fresh Guard on ``fake_clock``): a fast call keeps its time
     under a deadline shorter than the hedge delay, a hung one is hedged at the delay."""
