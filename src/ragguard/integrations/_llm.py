@@ -5,7 +5,7 @@ one item, its tokens reserved from an estimate and settled from the usage it rep
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from ._common import Stages, fallbacks, held_back, one_item, open_stream, sdk_options, streamed
 
@@ -24,6 +24,25 @@ class Resource:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._resource, name)
+
+
+class GuardedClient:
+    """An SDK client with its retries off and some resources guarded: ``with_options`` (and its
+    alias ``copy``) gives another client guarded the same way; other attributes are the client's."""
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        self.client = client.with_options(max_retries=0)
+        self._options = options
+
+    def with_options(self, **options: Any) -> Self:
+        """The SDK's ``with_options`` (a timeout, headers, another base URL...), still guarded the
+        same way (and still without the SDK's retries)."""
+        return type(self)(self.client.with_options(**options), **self._options)
+
+    copy = with_options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
 
 
 class Generation:

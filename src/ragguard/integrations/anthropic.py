@@ -27,7 +27,7 @@ from typing import Any
 from ragguard import Guard
 
 from ._common import Stages, count_text, needs
-from ._llm import Fallback, Generation, Resource
+from ._llm import Fallback, Generation, GuardedClient, Resource
 
 __all__ = ["GuardedAnthropic", "guard_anthropic"]
 
@@ -54,7 +54,7 @@ def guard_anthropic(
     )
 
 
-class GuardedAnthropic:
+class GuardedAnthropic(GuardedClient):
     """What :func:`guard_anthropic` returns: ``messages.create`` guarded; ``client`` is the SDK
     client it calls (retries off); other attributes are that client's."""
 
@@ -67,13 +67,13 @@ class GuardedAnthropic:
         tenant_header: str | None,
         fallback: Fallback,
     ) -> None:
-        self.client = client.with_options(max_retries=0)
-        self._options: dict[str, Any] = {
-            "stages": stages,
-            "generation_stage": generation_stage,
-            "tenant_header": tenant_header,
-            "fallback": fallback,
-        }
+        super().__init__(
+            client,
+            stages=stages,
+            generation_stage=generation_stage,
+            tenant_header=tenant_header,
+            fallback=fallback,
+        )
         self.messages = Resource(
             self.client.messages,
             create=Generation(
@@ -90,16 +90,6 @@ class GuardedAnthropic:
                 include_usage=False,
             ).create,
         )
-
-    def with_options(self, **options: Any) -> GuardedAnthropic:
-        """The SDK's ``with_options`` (a timeout, headers, another base URL...), still guarded the
-        same way (and still without the SDK's retries)."""
-        return GuardedAnthropic(self.client.with_options(**options), **self._options)
-
-    copy = with_options
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
 
 
 _PREAMBLE = frozenset({"message_start", "content_block_start", "ping"})

@@ -45,7 +45,7 @@ from typing import Any
 from ragguard import Guard
 
 from ._common import Stages, count_text, needs, sdk_options
-from ._llm import Fallback, Generation, Resource
+from ._llm import Fallback, Generation, GuardedClient, Resource
 
 __all__ = ["GuardedOpenAI", "guard_openai"]
 
@@ -86,7 +86,7 @@ def guard_openai(
     )
 
 
-class GuardedOpenAI:
+class GuardedOpenAI(GuardedClient):
     """What :func:`guard_openai` returns: ``embeddings``, ``chat.completions`` and ``responses``
     guarded; ``client`` is the SDK client it calls (retries off); other attributes are that
     client's."""
@@ -103,16 +103,16 @@ class GuardedOpenAI:
         responses_fallback: Fallback,
         include_usage: bool,
     ) -> None:
-        self.client = client.with_options(max_retries=0)
-        self._options: dict[str, Any] = {
-            "stages": stages,
-            "embedding_stage": embedding_stage,
-            "generation_stage": generation_stage,
-            "tenant_header": tenant_header,
-            "fallback": fallback,
-            "responses_fallback": responses_fallback,
-            "include_usage": include_usage,
-        }
+        super().__init__(
+            client,
+            stages=stages,
+            embedding_stage=embedding_stage,
+            generation_stage=generation_stage,
+            tenant_header=tenant_header,
+            fallback=fallback,
+            responses_fallback=responses_fallback,
+            include_usage=include_usage,
+        )
         self._stages = stages
         self.embeddings = _Embeddings(self.client, stages, embedding_stage, tenant_header)
         completions = Generation(
@@ -147,16 +147,6 @@ class GuardedOpenAI:
                 wrap_events=_raising,
             ).create,
         )
-
-    def with_options(self, **options: Any) -> GuardedOpenAI:
-        """The SDK's ``with_options`` (a timeout, headers, another base URL...), still guarded the
-        same way (and still without the SDK's retries)."""
-        return GuardedOpenAI(self.client.with_options(**options), **self._options)
-
-    copy = with_options
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
 
 
 # -- embeddings -----------------------------------------------------------------------------
