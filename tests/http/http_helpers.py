@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
@@ -23,6 +20,7 @@ from ragguard import (
     StageTimeout,
     VectorStoreUnavailable,
 )
+from wire._http import serving
 
 ERRORS: dict[str, Callable[[], Exception]] = {
     "quota": lambda: QuotaExceeded("acme", 2.5, "rate"),
@@ -77,32 +75,9 @@ async def eventually(predicate: Callable[[], bool], within_s: float = 5.0) -> bo
 @contextmanager
 def running(app: Any, **options: Any) -> Iterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port from a thread; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        loop="asyncio",
-        http="h11",
-        timeout_graceful_shutdown=2,
-        **options,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        for _ in range(1000):
-            if server.started or not thread.is_alive():
-                break
-            time.sleep(0.01)
-        if not server.started:
-            raise RuntimeError("uvicorn did not start within 10 s")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    settings = {"log_level": "warning", "timeout_graceful_shutdown": 2, "lifespan": "auto"}
+    with serving(app, **(settings | options)) as (url, _):
+        yield url
 
 
 def rag_app(guard: ragguard.Guard, gate: Gate) -> FastAPI:

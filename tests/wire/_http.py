@@ -162,15 +162,14 @@ class HttpWire:
 
 
 @contextmanager
-def serving(app: Any) -> Iterator[tuple[str, uvicorn.Server]]:
+def serving(app: Any, **options: Any) -> Iterator[tuple[str, uvicorn.Server]]:
     """Serve the ASGI ``app`` with uvicorn on a free loopback port from a thread; yields the base
-    URL and the server."""
+    URL and the server. ``options`` are uvicorn's (they replace these defaults)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="critical", loop="asyncio", http="h11", timeout_graceful_shutdown=1, lifespan="off"
-    )
+    settings: dict[str, Any] = {"log_level": "critical", "timeout_graceful_shutdown": 1, "lifespan": "off"}
+    config = uvicorn.Config(app, loop="asyncio", http="h11", **(settings | options))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
