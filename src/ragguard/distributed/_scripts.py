@@ -55,7 +55,7 @@ __all__ = [
     "QUOTA_SHARE",
 ]
 
-_NOW = r"""
+NOW = r"""
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -63,6 +63,10 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
+"""
+"""The prelude of a script that reads the time: ARGV[1], or Redis's own clock when it is empty."""
+
+_NOW = NOW + r"""
 local function fmt(x) return string.format('%.17g', x) end
 """
 

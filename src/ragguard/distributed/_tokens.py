@@ -64,6 +64,7 @@ from ..rag._tokens import (
 )
 from ._breaker import encode_key_part
 from ._link import Probe, RedisLink, Script, SharedStateUnavailable
+from ._scripts import NOW
 
 if TYPE_CHECKING:
     from ..guard import Guard
@@ -75,14 +76,7 @@ log = logging.getLogger("ragguard.distributed")
 _MAX_BLOCKS = 10_000
 """Pacing blocks kept at most (per tenant and model); past it the empty ones are forgotten."""
 
-_NOW = """
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-else
-  now = tonumber(ARGV[1])
-end
+_NOW = NOW + """
 local function keep(key, tat)  -- a bucket whose tat is past is full: its key may go
   local ms = math.ceil((tat - now) * 1000)
   if ms > 0 then
