@@ -195,6 +195,17 @@ def test_shedding_below_the_knee_is_bounded_with_wilson_confidence() -> None:
     shed[1] = _sampled(20, [100.0] * 970, [5.0] * 30)
     row = {t["target"]: t for t in _report({"unguarded": u, "ragguard-adaptive": shed}).targets()}[SHED_BELOW]
     assert not row["met"] and row["confidence"] > 0.02  # 1.75%, but its upper bound passes 2%
+    assert "too few" not in row["detail"]  # enough requests: the GAP is the shedding's
+
+
+def test_a_shed_target_on_too_few_requests_says_why_it_is_a_gap() -> None:
+    """A quick run's few dozen requests cannot show < 2% even with none shed: the line says so
+    (it read a GAP for 0 shed with no reason)."""
+    u = [_step(10, 100, 0), _step(20, 100, 0), _step(40, 900, 0.8, good=1)]
+    few = [_sampled(10, [100.0] * 50, []), _sampled(20, [100.0] * 62, []), _step(40, 100, 0.5)]
+    row = {t["target"]: t for t in _report({"unguarded": u, "ragguard-adaptive": few}).targets()}[SHED_BELOW]
+    assert not row["met"] and row["detail"].startswith("0 of 112 requests")
+    assert row["detail"].endswith("too few requests to show it: 189 at least")
 
 
 def test_the_tables_read_whole_in_an_80_column_terminal() -> None:
