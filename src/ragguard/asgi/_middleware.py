@@ -27,7 +27,7 @@ from .._identity import (
     resolve_identity,
 )
 from .._validate import seconds
-from ..deadline import Expiry, _deadline, deadline, remaining
+from ..deadline import Expiry, current_expiry, deadline, remaining
 from ..overload._priority import reset_priority, set_priority
 from ._status import Headers, http_status_for, json_body
 
@@ -384,7 +384,7 @@ class _Exchange:
             with limit:
                 async with request:
                     self.request = request
-                    expiry = _deadline.get() if self._middleware.enforce_deadline else None
+                    expiry = current_expiry() if self._middleware.enforce_deadline else None
                     if expiry is None:
                         await self._middleware.app(scope, body, self.send)
                     else:

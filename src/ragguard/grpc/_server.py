@@ -24,7 +24,7 @@ from .._identity import (
     request_priority,
     resolve_identity,
 )
-from ..deadline import _deadline
+from ..deadline import current_expiry
 from ..overload._priority import reset_priority, set_priority
 from ._handlers import Behavior, rebuild
 from ._status import status_for
@@ -192,7 +192,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         try:
             with registry.deadline(client_budget(context)):
                 async with registry.tenant(identity.tenant):
-                    expiry = _deadline.get() if self.enforce_deadline else None
+                    expiry = current_expiry() if self.enforce_deadline else None
                     if expiry is None:
                         yield
                     else:
