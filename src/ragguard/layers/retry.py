@@ -429,12 +429,8 @@ class RetryLayer:
         return self._any and bool(self._counts(exc))
 
     def enter(self, call: Call) -> Any:
-        if call.attempt == 1:  # budget.on_call(clock()), inlined: every call passes here
-            budget = self.budget
-            sec = int(self.clock())
-            if sec != budget._cur:
-                budget._rotate(sec)
-            budget._cur_calls += 1
+        if call.attempt == 1:
+            self.budget.on_call(self.clock())
         return None
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
@@ -490,9 +486,7 @@ class RetryLayer:
                     left = expiry.left()
                     if (left if left > 0.0 else 0.0) - wait < min_left:
                         raise exc
-                if not self.budget.try_spend():  # _spend(), inlined
-                    if bus.active:
-                        bus.emit(RetryBudgetExhausted(self.stage, current_tenant()))
+                if not self._spend():
                     raise exc
                 if bus.active:
                     tenant = current_tenant()
