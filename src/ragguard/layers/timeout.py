@@ -12,10 +12,8 @@ caller's budget ran out).
 from __future__ import annotations
 
 import asyncio
-from threading import get_ident
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .. import _compat
 from .._clock import Timers, timers_of
 from .._compat import current_task, running_loop
 from .._errors import DeadlineExceeded, StageTimeout
@@ -73,12 +71,9 @@ class TimeoutLayer:
                 return None
         call.budget_s = timeout
         call.by_deadline = by_deadline
-        # the one running-loop lookup of a call (3.11: a getpid() each): running_loop(), inlined
-        loop = _compat._loop_last
-        if loop is None or loop._thread_id != get_ident():
-            loop = running_loop()
-            if loop is None:
-                return _trio_scope(timeout)
+        loop = running_loop()  # the one running-loop lookup of a call
+        if loop is None:
+            return _trio_scope(timeout)
         call.task = task = current_task(loop)
         if task is None:  # pragma: no cover - awaited outside a task: nothing to cancel
             return None
