@@ -1,12 +1,14 @@
-"""Happy-path cost of a guarded call beside the pre-redesign code, peers and floors, in one
-interleaved run; then the same at 1, 100 and 10,000 calls in flight.
+"""Cost of a guarded call beside the code before issue 20's refactor; then the happy path beside the
+pre-redesign code, peers and floors, in one interleaved run; then the same at 1, 100 and 10,000 calls
+in flight.
 
-    .venv/bin/python benchmarks/overhead.py [--ops 2000] [--rounds 25]
+    .venv/bin/python benchmarks/overhead.py [--ops 2000] [--rounds 25] [--pre20-only]
 
 CPU time of the event loop's thread per call (``time.thread_time_ns``: time the process was
 descheduled on the shared machine is not counted), median over rounds, contenders interleaved
-round by round (see ``_bench``). "Full stack" is defined in ``_stacks``. The pre-redesign rows run
-commit ba06c64's ``Stage``, extracted at run time (see ``_baseline``).
+round by round (see ``_bench``). "Full stack" is defined in ``_stacks``, the failure path (3 refused
+attempts through the full stack) in ``failure_path``. The pre-issue-20 rows run commit f43ce80 and the
+pre-redesign rows commit ba06c64's ``Stage``, each extracted at run time (see ``_baseline``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,37 @@ from typing import Any
 import _baseline
 import _bench
 import _stacks
+import failure_path
 import ragguard
 from _bench import Contender, Target
 from ragguard.events import bus
+
+PRE20 = f"commit {_baseline.PRE_ISSUE_20}"
+
+
+async def before_issue_20(ops: int, rounds: int, pre20: Any) -> list[Target]:
+    """Issue 20 changes the structure, not the speed: the full stack, a stage with nothing configured
+    and the failure path, each beside the same thing built from the code before it, in one run."""
+    _, full = _stacks.full_stack_guard(ragguard)
+    _, old_full = _stacks.full_stack_guard(pre20)
+    failing, _ = failure_path._stage(ragguard, full=True)
+    old_failing, _ = failure_path._stage(pre20, full=True)
+    pairs = [
+        ("full stack", "the full stack (see _stacks)", full, old_full),
+        ("nothing configured", "a stage with no layer configured", _stacks.nothing_configured(ragguard),
+         _stacks.nothing_configured(pre20)),
+        ("failure path", "the full stack, 3 refused attempts (see failure_path)", failing, old_failing),
+    ]  # fmt: skip
+    contenders = []
+    for name, does, ours, theirs in pairs:
+        contenders.append(Contender(f"ragguard {name}", does, ours))
+        contenders.append(Contender(f"pre-issue-20 {name}", f"{PRE20}, the same", theirs))
+    results = await _bench.run_async(contenders, ops=ops, rounds=rounds)
+    _bench.print_table(results, f"0. against the code before issue 20 ({PRE20})", unit="call")
+    return [
+        _bench.ratio_target(results, f"{name} vs before issue 20", f"ragguard {name}", f"pre-issue-20 {name}", 1.05)
+        for name, *_ in pairs
+    ]
 
 
 async def happy_path(ops: int, rounds: int, old: Any) -> list[Target]:
@@ -146,11 +176,17 @@ async def concurrency(rounds: int, total: int, old: Any) -> list[Target]:
     return targets
 
 
-async def main(ops: int, rounds: int, total: int) -> int:
+async def main(ops: int, rounds: int, total: int, pre20_only: bool) -> int:
     _bench.header()
+    pre20, note = _baseline.load(_baseline.PRE_ISSUE_20, "ragguard_pre20", "the code before issue 20")
+    _bench.console.print(note, markup=False)
+    targets = await before_issue_20(ops, rounds, pre20) if pre20 is not None else []
+    if pre20_only:
+        _bench.print_targets(targets)
+        return 0
     old, note = _baseline.load()
     _bench.console.print(note, markup=False)
-    targets = await happy_path(ops, rounds, old)
+    targets += await happy_path(ops, rounds, old)
     targets += await concurrency(max(9, rounds // 2), total, old)  # batches move with the machine: more rounds
     _bench.print_targets(targets)
     return 0
@@ -161,5 +197,6 @@ if __name__ == "__main__":
     parser.add_argument("--ops", type=int, default=2000, help="calls per contender per round")
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--total", type=int, default=20_000, help="calls per batch in the concurrency section")
+    parser.add_argument("--pre20-only", action="store_true", help="only the section against commit f43ce80")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.ops, args.rounds, args.total)))
+    sys.exit(asyncio.run(main(args.ops, args.rounds, args.total, args.pre20_only)))

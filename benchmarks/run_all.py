@@ -17,7 +17,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 BENCHMARKS = [
-    ("overhead", "Happy path beside the pre-redesign code (issue 10), peers and floors; 1, 100, 10,000 in flight."),
+    ("overhead", "Full stack, nothing configured and the failure path beside the code before issue 20 (commit "
+     "f43ce80); the happy path beside the pre-redesign code (issue 10), peers and floors; 1, 100, 10,000 in flight."),
     ("failure_path", "A call failing 3 attempts, beside a hand-written loop, tenacity and the stock stacks."),
     ("tenants", "1, 1,000 and 100,000 tenants taking turns; bytes per idle tenant."),
     ("breaker_micro", "The breaker alone, closed and open, beside circuitbreaker, purgatory, aiobreaker, hyx."),

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from contextvars import ContextVar
+from collections.abc import Callable
+from contextvars import ContextVar, Token
 from typing import Any
 
 from ._errors import InvalidInput
@@ -40,6 +41,13 @@ class RequestScope:
 
 
 _scope: ContextVar[RequestScope | None] = ContextVar("ragguard_request", default=None)
+current_scope: Callable[[], RequestScope | None] = _scope.get
+"""The request scope opened by the innermost ``tenant(...)`` block, or None (the context
+variable's own ``get``: read by layers on every call, so no Python frame)."""
+open_scope: Callable[[RequestScope], Token[RequestScope | None]] = _scope.set
+"""Make ``scope`` the current request scope; returns the token for :func:`close_scope`."""
+close_scope: Callable[[Token[RequestScope | None]], None] = _scope.reset
+"""Put back the request scope :func:`open_scope` replaced."""
 _loose_fallbacks: ContextVar[tuple[int, tuple[str, ...]]] = ContextVar("ragguard_degraded", default=(0, ()))
 """(generation, names): the fallbacks marked outside a request in this context; names of an older
 generation than :data:`_loose_generation` are forgotten (:func:`forget_loose_fallbacks`)."""
@@ -60,11 +68,6 @@ def validate_tenant_id(tenant_id: object) -> str:
             "A-Z a-z 0-9 . _ : @ -, starting with a letter or digit"
         )
     return tenant_id
-
-
-def current_scope() -> RequestScope | None:
-    """The request scope opened by the innermost ``tenant(...)`` block, or None."""
-    return _scope.get()
 
 
 def current_tenant() -> str:

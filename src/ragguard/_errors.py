@@ -18,6 +18,9 @@ Every rejection ragguard makes on a caller's behalf derives from one root::
      |    +-- ConfigError              a policy value out of range, named by field
      |    +-- CorruptPayload           a compressed message that does not decode
 
+What each error answers at the front doors (its HTTP status and gRPC code) is one table,
+``ragguard.outcomes._doors.ANSWERS``, read by both the ASGI middleware and the gRPC interceptor.
+
 A cancelled call is not an error of ragguard's: it releases what it holds and re-raises the
 cancellation. The exception that caused a rejection, where there is one, stays reachable as
 ``__cause__``. An error that ends a stream after items were handed to the caller (the commit

@@ -15,6 +15,7 @@ deadlines too. A deadline remembers the clock it was set on, and is always read 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 from types import TracebackType
 
@@ -47,13 +48,20 @@ class Expiry:
 
 _deadline: ContextVar[Expiry | None] = ContextVar("ragguard_deadline", default=None)
 
+current_expiry: Callable[[], Expiry | None] = _deadline.get
+"""The current deadline as an :class:`Expiry`, or None: the read of the layers and the front doors
+on every call (the context variable's own ``get``, so no Python frame)."""
+
+restore: Callable[[Token[Expiry | None]], None] = _deadline.reset
+"""Put back the deadline that :func:`narrow` replaced, given the token it returned."""
+
 
 def remaining() -> float | None:
     """Seconds left in the current deadline (>= 0.0), or None when no deadline is set."""
     expiry = _deadline.get()
     if expiry is None:
         return None
-    left = expiry.at - expiry.clock()
+    left = expiry.left()
     return left if left > 0.0 else 0.0
 
 

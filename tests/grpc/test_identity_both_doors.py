@@ -88,6 +88,11 @@ class Endpoint:
         self.runs += 1
         if what == "hold":
             await self.gate.wait()
+        if what in HANDLER_REFUSALS:
+            refusal = HANDLER_REFUSALS[what][0]
+            if what.startswith("guarded"):  # from inside a guarded call, through the stage's layers
+                await self.guard.guard("authz")(_raising(refusal))()
+            raise refusal
         tenant = ragguard.current_tenant()
         priority = current_priority() or self.guard.policy.quota(tenant).priority
         return {"tenant": tenant, "priority": priority}
@@ -117,7 +122,8 @@ async def door(kind: str, endpoint: Endpoint, **options: Any) -> AsyncIterator[A
 
                 async def ask_http(fields: Fields = (), what: str = "whoami") -> Reply:  # type: ignore[assignment]
                     reply = await client.get(f"/{what}", headers=list(fields))
-                    body = reply.json()
+                    json_reply = reply.headers.get("content-type") == "application/json"
+                    body = reply.json() if json_reply else {}  # a server's own 500 is text
                     return Reply(
                         HTTP_CODES[reply.status_code], body.get("detail", ""), body, dict(reply.headers)
                     )
@@ -154,6 +160,23 @@ async def door(kind: str, endpoint: Endpoint, **options: Any) -> AsyncIterator[A
         await server.stop(None)
 
 
+def _raising(exc: Exception) -> Callable[[], Awaitable[None]]:
+    async def check() -> None:
+        raise exc
+
+    return check
+
+
+HANDLER_REFUSALS: dict[str, tuple[Exception, str, int]] = {
+    "unauthenticated": (
+        Unauthenticated("session revoked", challenge='Bearer realm="rag"'), "UNAUTHENTICATED", 401
+    ),
+    "forbidden": (PermissionDenied("acme may not read this collection"), "PERMISSION_DENIED", 403),
+    "guarded unauthenticated": (Unauthenticated("token expired"), "UNAUTHENTICATED", 401),
+    "guarded forbidden": (PermissionDenied("acme may not rerank"), "PERMISSION_DENIED", 403),
+}
+
+
 def guard_of(**tenants: TenantQuota) -> ragguard.Guard:
     return ragguard.Guard(Policy(tenants=tenants))
 
@@ -166,6 +189,27 @@ async def held(ask: Ask, endpoint: Endpoint, fields: Fields, n: int) -> list[asy
             break
         await asyncio.sleep(0.01)
     return tasks
+
+
+@pytest.mark.parametrize("case", list(HANDLER_REFUSALS))
+@pytest.mark.parametrize("kind", DOORS)
+async def test_a_refusal_raised_by_the_handler_is_401_or_403_and_unauthenticated_or_permission_denied(
+    kind: str, case: str
+) -> None:
+    """The same answer as the resolver's refusal, whether the handler raises it itself or a guarded
+    call inside it does (before the error table, the handler's refusal was a 500 / UNKNOWN)."""
+    refusal, code, status = HANDLER_REFUSALS[case]
+    endpoint = Endpoint(guard_of())
+    async with door(kind, endpoint) as ask:
+        reply = await ask(what=case)
+    assert (reply.code, reply.detail) == (code, str(refusal))
+    if kind == "http":
+        assert reply.body["error"] == type(refusal).__name__
+        assert reply.body["outcome"] == "caller_error"
+        if status == 401:
+            assert reply.headers["www-authenticate"] == refusal.challenge  # type: ignore[attr-defined]
+        else:
+            assert "www-authenticate" not in reply.headers
 
 
 # --- 1. the tenant comes from a resolver, not from the client's word --------------------------

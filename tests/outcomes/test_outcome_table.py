@@ -27,7 +27,7 @@ from ragguard import (
     StageTimeout,
     ThrottlePolicy,
 )
-from ragguard.asgi import http_status_for
+from ragguard.asgi import PermissionDenied, Unauthenticated, http_status_for
 from ragguard.breakers import (
     CircuitBreaker,
     EmbeddingTimeoutBreaker,
@@ -104,6 +104,16 @@ ROWS: dict[str, tuple[Any, Row]] = {
     "caller error: InvalidInput": (
         lambda: InvalidInput("bad"),
         Row(Kind.CALLER_ERROR, False, False, False, False, "accepted", 400, grpc.StatusCode.INVALID_ARGUMENT),
+    ),
+    "caller error: Unauthenticated": (
+        lambda: Unauthenticated("token expired"),
+        Row(Kind.CALLER_ERROR, False, False, False, False, "accepted", 401, grpc.StatusCode.UNAUTHENTICATED),
+    ),
+    "caller error: PermissionDenied": (
+        lambda: PermissionDenied("not this tenant"),
+        Row(
+            Kind.CALLER_ERROR, False, False, False, False, "accepted", 403, grpc.StatusCode.PERMISSION_DENIED
+        ),
     ),
     "caller error: a plain ValueError": (
         lambda: ValueError("bad"),

@@ -27,7 +27,7 @@ from .._identity import (
     resolve_identity,
 )
 from .._validate import seconds
-from ..deadline import Expiry, _deadline, deadline, remaining
+from ..deadline import Expiry, current_expiry, deadline, remaining
 from ..overload._priority import reset_priority, set_priority
 from ._status import Headers, http_status_for, json_body
 
@@ -180,11 +180,8 @@ class RagguardMiddleware:
             request = registry.tenant(identity.tenant)  # a bad id raises InvalidInput here
             limit = registry.deadline(budget)  # on the Guard's clock
             priority = request_priority(caller, identity, registry.policy)
-        except (Unauthenticated, PermissionDenied) as exc:
-            await _refuse(send, exc)
-            return
-        except InvalidInput as exc:
-            await exchange.finish(exc)
+        except (Unauthenticated, PermissionDenied, InvalidInput) as exc:
+            await exchange.finish(exc)  # 401 (with the challenge), 403 or 400: see _status
             return
         if priority is None:
             await exchange.run(scope, request, limit)
@@ -203,22 +200,6 @@ class RagguardMiddleware:
         if root and path.startswith(root):
             path = path[len(root) :] or "/"
         return any(path == p or path.startswith(p + "/") for p in self.exempt_paths)
-
-
-async def _refuse(send: Send, exc: Unauthenticated | PermissionDenied) -> None:
-    """Answer a request its tenant resolver refused: 401 (with the challenge) or 403."""
-    payload = json_body({"detail": str(exc), "error": type(exc).__name__})
-    headers: Headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-    ]
-    if isinstance(exc, Unauthenticated):
-        code = 401
-        headers.append((b"www-authenticate", exc.challenge.encode("latin-1", "replace")))
-    else:
-        code = 403
-    await send({"type": "http.response.start", "status": code, "headers": headers})
-    await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
 class _BodyReader:
@@ -384,7 +365,7 @@ class _Exchange:
             with limit:
                 async with request:
                     self.request = request
-                    expiry = _deadline.get() if self._middleware.enforce_deadline else None
+                    expiry = current_expiry() if self._middleware.enforce_deadline else None
                     if expiry is None:
                         await self._middleware.app(scope, body, self.send)
                     else:

@@ -1,5 +1,6 @@
 """How errors become HTTP responses: by their outcome (:mod:`ragguard.outcomes`), so a
-dependency's error maps as surely as ragguard's own.
+dependency's error maps as surely as ragguard's own; the status is the one table's
+(``ragguard.outcomes._doors.ANSWERS``, which the gRPC door reads too).
 
 ==================================  ======  =========================================================
 error (its outcome)                 status  headers
@@ -17,6 +18,8 @@ a dependency's rejection (429,      503     ``Retry-After`` and ``retry-after-ms
 a dependency's failure (refused,    502     (503 for out of memory); the wait it stated, if any
 reset, 5xx, UNAVAILABLE)
 InvalidInput (ValueError)           400     (bad tenant id, bad timeout field, corrupt payload)
+Unauthenticated                     401     ``WWW-Authenticate``: its ``challenge`` (default ``Bearer``)
+PermissionDenied                    403
 a dependency's 400/413/422          400     (the request was invalid; other 4xx from a dependency: 502)
 anything else                       --      left to the application and the server (500)
 ==================================  ======  =========================================================
@@ -44,7 +47,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._errors import QuotaExceeded, StreamTimeout
+from .._errors import QuotaExceeded, StreamTimeout, Unauthenticated
 from .._http import (
     RETRY_AFTER_HEADER,
     RETRY_AFTER_MS_HEADER,
@@ -72,18 +75,6 @@ def _wait_headers(seconds: float | None) -> Headers:
     ]
 
 
-_STATUSES = {
-    "quota": 429,
-    "quota_deadline": 504,
-    "unavailable": 503,
-    "deadline": 504,
-    "failure": 502,
-    "rejection": 503,
-    "invalid": 400,
-    "precondition": 502,
-}
-
-
 def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> HttpStatus | None:
     """The (status, headers, JSON body) that ``exc`` maps to, or None to leave it to the app.
 
@@ -94,12 +85,12 @@ def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> Htt
     answer = door_answer(exc, outcome)
     if answer is None:
         return None
-    what, wait, detail = answer
-    status = _STATUSES[what]
-    if what == "failure" and outcome.out_of_memory:
-        status = 503
+    row, wait, detail = answer
+    status = row.http_status
     headers = _wait_headers(wait)
-    if what == "quota" and ratelimit_fields and isinstance(exc, QuotaExceeded):
+    if isinstance(exc, Unauthenticated):
+        headers.append((b"www-authenticate", exc.challenge.encode("latin-1", "replace")))
+    elif row.name == "quota" and ratelimit_fields and isinstance(exc, QuotaExceeded):
         if exc.reason in _QUOTA_POLICIES:
             reset = format_retry_after(wait or 0.0)
             headers.append((b"ratelimit", f'"{exc.reason}";r=0;t={reset}'.encode()))

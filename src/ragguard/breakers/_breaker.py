@@ -21,7 +21,7 @@ success can trip nothing; it is counted (``_oks``) and added to the window in bu
 the window is written or read (:meth:`CircuitBreaker._record`, :meth:`CircuitBreaker.metrics`).
 ``_oks_until`` is the clock time before which that holds (-inf otherwise: not closed, a dirty
 window), so the test is one comparison. The breaker layer (``ragguard.layers.breaker``) takes the
-same fast path through these fields, to spare a guarded call two method calls.
+same fast path through ``acquire`` and ``on_result``.
 """
 
 from __future__ import annotations

@@ -51,17 +51,7 @@ from typing import TYPE_CHECKING, Any
 from .._clock import Clock, monotonic
 from .._errors import ConfigError, QuotaExceeded
 from ..deadline import remaining
-from ..rag._tokens import (
-    _EPSILON_S,
-    NOTHING,
-    Reservation,
-    TokenAccount,
-    TokenAccounts,
-    _spent,
-    _total,
-    refuse_or_wait,
-    shares,
-)
+from ..rag._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts, due, refuse_or_wait, shares
 from ._breaker import encode_key_part
 from ._link import Probe, RedisLink, Script, SharedStateUnavailable
 from ._scripts import NOW
@@ -333,11 +323,9 @@ class RedisTokens(TokenAccounts):
         if not int(ok):
             refuse_or_wait(account.tenant, wait, quota)  # raises, naming the reason
             raise QuotaExceeded(account.tenant, wait, "tokens")  # the deadline moved meanwhile
-        reservation = Reservation(
-            taken, input_tokens, estimate, _total(account, taken, input_tokens, estimate), ref=(ref, keys)
-        )
+        reservation = Reservation.of(account, taken, input_tokens, estimate, ref=(ref, keys))
         account.state.reserved += reservation.total
-        return reservation, wait if wait > _EPSILON_S else 0.0
+        return reservation, due(wait)
 
     def settle(
         self, account: TokenAccount, reservation: Reservation, used: int, input_used: int | None = None
@@ -348,7 +336,7 @@ class RedisTokens(TokenAccounts):
             self.local.settle(account, reservation, used, input_used)
             return
         ref, keys = reservation.ref
-        spent = _spent(reservation, used, input_used)
+        spent = reservation.spent(used, input_used)
         self._send(keys, [self._now(), ref, *_deltas(account, reservation.taken, spent)])
         state = account.state
         state.reserved -= reservation.total
@@ -389,8 +377,7 @@ class RedisTokens(TokenAccounts):
 
     def _from_block(self, block: _Block, tokens: int) -> float:
         block.left -= tokens
-        wait = block.ready_at - self.clock()
-        return wait if wait > _EPSILON_S else 0.0
+        return due(block.ready_at - self.clock())
 
     async def _take(self, account: TokenAccount, block: _Block, tokens: int) -> float:
         async with block.lock:
@@ -410,7 +397,7 @@ class RedisTokens(TokenAccounts):
             ready = self.clock() + wait
             if ready > block.ready_at:  # the block's rest goes no sooner than this item
                 block.ready_at = ready
-            return wait if wait > _EPSILON_S else 0.0
+            return due(wait)
 
     def _forget_blocks(self) -> None:
         for key in [k for k, b in self._blocks.items() if not b.left and not b.lock.locked()]:

@@ -24,7 +24,7 @@ from .._identity import (
     request_priority,
     resolve_identity,
 )
-from ..deadline import _deadline
+from ..deadline import current_expiry
 from ..overload._priority import reset_priority, set_priority
 from ._handlers import Behavior, rebuild
 from ._status import status_for
@@ -192,7 +192,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         try:
             with registry.deadline(client_budget(context)):
                 async with registry.tenant(identity.tenant):
-                    expiry = _deadline.get() if self.enforce_deadline else None
+                    expiry = current_expiry() if self.enforce_deadline else None
                     if expiry is None:
                         yield
                     else:
@@ -220,12 +220,9 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             if not isinstance(identity, Identity):
                 identity = await identity  # an async resolver
             return identity, request_priority(caller, identity, registry.policy)
-        except Unauthenticated as exc:
-            code, details = grpc.StatusCode.UNAUTHENTICATED, str(exc)
-        except PermissionDenied as exc:
-            code, details = grpc.StatusCode.PERMISSION_DENIED, str(exc)
-        except InvalidInput as exc:
-            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except (Unauthenticated, PermissionDenied, InvalidInput) as exc:
+            # UNAUTHENTICATED, PERMISSION_DENIED or INVALID_ARGUMENT: the table answers each
+            code, details, _ = status_for(exc) or (grpc.StatusCode.UNAUTHENTICATED, str(exc), ())
         await context.abort(code, details)
         raise AssertionError("context.abort() returned")  # it raises AbortError
 

@@ -1,5 +1,6 @@
 """How errors become gRPC statuses (server side), by their outcome (:mod:`ragguard.outcomes`),
-and how clients read the pushback.
+and how clients read the pushback. The code is the one table's (``ragguard.outcomes._doors.ANSWERS``,
+which the HTTP door reads too).
 
 =================================  ===================  ==============================================
 error (its outcome)                status               trailing metadata
@@ -18,6 +19,8 @@ StreamTimeout                      DEADLINE_EXCEEDED    ``ragguard-stream-budget
 a dependency's rejection           UNAVAILABLE          both: the wait it stated, else 1 s
 a dependency's failure             UNAVAILABLE          both, when it stated a wait
 InvalidInput (ValueError)          INVALID_ARGUMENT     (bad tenant id, bad option, corrupt payload)
+Unauthenticated                    UNAUTHENTICATED
+PermissionDenied                   PERMISSION_DENIED
 a dependency's invalid request     INVALID_ARGUMENT     (other caller errors of a dependency:
                                                         FAILED_PRECONDITION)
 anything else                      unchanged            (gRPC reports UNKNOWN)
@@ -38,7 +41,7 @@ import grpc
 
 from .._errors import DeadlineExceeded, StageTimeout, StreamTimeout
 from ..outcomes import MAX_STATED_WAIT_S, clamp_wait, classify
-from ..outcomes._doors import door_answer
+from ..outcomes._doors import ANSWERS, door_answer
 
 __all__ = [
     "PUSHBACK_KEY",
@@ -148,16 +151,8 @@ def _stream_trailers(exc: DeadlineExceeded | StageTimeout) -> tuple[tuple[str, s
     return (items,)
 
 
-_CODES = {
-    "quota": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "quota_deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "unavailable": grpc.StatusCode.UNAVAILABLE,
-    "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "failure": grpc.StatusCode.UNAVAILABLE,
-    "rejection": grpc.StatusCode.UNAVAILABLE,
-    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
-    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
-}
+_CODES = {name: grpc.StatusCode[row.grpc_code] for name, row in ANSWERS.items()}
+"""The table's gRPC code names as ``grpc.StatusCode`` members."""
 
 
 def status_for(exc: BaseException) -> Status | None:
@@ -166,7 +161,7 @@ def status_for(exc: BaseException) -> Status | None:
     answer = door_answer(exc, classify(exc))
     if answer is None:
         return None
-    what, wait, detail = answer
-    if what == "deadline" and isinstance(exc, (DeadlineExceeded, StageTimeout)):
-        return _CODES[what], detail, _stream_trailers(exc)
-    return _CODES[what], detail, retry_trailers(wait)
+    row, wait, detail = answer
+    if row.name == "deadline" and isinstance(exc, (DeadlineExceeded, StageTimeout)):
+        return _CODES[row.name], detail, _stream_trailers(exc)
+    return _CODES[row.name], detail, retry_trailers(wait)

@@ -10,7 +10,7 @@ import httpx
 from .._context import DEFAULT_TENANT, current_tenant
 from .._errors import ConfigError, DeadlineExceeded
 from .._http import TENANT_HEADER, TIMEOUT_HEADER, check_field_name, format_timeout_ms
-from ..deadline import Expiry, _deadline
+from ..deadline import Expiry, current_expiry
 from ._errors import RemoteQuotaExceeded, RemoteUnavailable
 
 __all__ = ["GuardTransport"]
@@ -72,7 +72,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         tenant = current_tenant()
         if tenant != DEFAULT_TENANT and self.tenant_header not in request.headers:
             request.headers[self.tenant_header] = tenant
-        expiry = _deadline.get()
+        expiry = current_expiry()
         if expiry is None:
             response = await self._transport.handle_async_request(request)
         else:

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._context import current_tenant
 from .._errors import DeadlineExceeded
-from ..deadline import _deadline
+from ..deadline import current_expiry
 from ..outcomes import Kind, classify
 from ..overload import AdaptiveLimiter, limiter_for
-from ..overload._priority import _priority
+from ..overload._priority import current_priority
 from ..pipeline import WAIT, Call, Scope
 
 if TYPE_CHECKING:
@@ -54,12 +54,12 @@ class AdaptiveLayer:
 
     async def enter_async(self, call: Call) -> Any:
         tenant = current_tenant()
-        priority = _priority.get() or self._quota_of(tenant).priority
+        priority = current_priority() or self._quota_of(tenant).priority
         wait = self.max_wait_s
         by_deadline = False
-        expiry = _deadline.get()
+        expiry = current_expiry()
         if expiry is not None:
-            left = expiry.at - expiry.clock() - self.min_attempt_s
+            left = expiry.left() - self.min_attempt_s
             if left < wait:
                 wait, by_deadline = left, True
         return await self.limiter.acquire(tenant, priority, wait, by_deadline)

@@ -27,8 +27,6 @@ from ..breakers import (
     RerankOOMBreaker,
     VectorStoreUnavailableBreaker,
 )
-from ..breakers._breaker import _CLOSED
-from ..breakers._outcome import BreakerCallOutcome
 from ..pipeline import WAIT, Call, Scope
 
 if TYPE_CHECKING:
@@ -47,42 +45,28 @@ BREAKER_KINDS: dict[str, type[CircuitBreaker]] = {
 class BreakerLayer:
     """Drives ``breaker`` (any :class:`~ragguard.breakers.Breaker`) around each attempt.
 
-    A ragguard :class:`~ragguard.breakers.CircuitBreaker` (with the stock ``acquire``,
-    ``on_result`` and ``release``) is driven through its closed fast path directly: the permit of a
-    closed breaker and a success its clean window takes in bulk (see ``ragguard.breakers._breaker``)
-    cost no method call of the breaker's, the rest goes through the protocol as for any breaker.
+    Only through its protocol: a ragguard :class:`~ragguard.breakers.CircuitBreaker` keeps its own
+    fast paths (a closed breaker's permit, a success its clean window takes in bulk) inside
+    ``acquire`` and ``on_result``.
     """
 
     scope: ClassVar[Scope] = "attempt"
-    __slots__ = ("_asks_async", "_stock", "breaker", "clock")
+    __slots__ = ("_asks_async", "breaker", "clock")
 
     def __init__(self, breaker: Breaker, clock: Clock) -> None:
         self.breaker = breaker
         self.clock = clock
         self._asks_async = isinstance(breaker, AsyncBreaker)
-        kind = type(breaker)
-        self._stock: CircuitBreaker | None = (
-            breaker
-            if isinstance(breaker, CircuitBreaker)
-            and kind.acquire is CircuitBreaker.acquire
-            and kind.on_result is CircuitBreaker.on_result
-            and kind.release is CircuitBreaker.release
-            else None
-        )
 
     def enter(self, call: Call) -> Any:
-        stock = self._stock
-        if stock is not None and stock._state is _CLOSED:
-            token = stock._epoch  # acquire(), closed: its permit is the epoch
-        else:
-            try:
-                token = self.breaker.acquire()
-            except BreakerOpen as exc:
-                # a shared breaker hands out half-open trial permits through Redis: ask it for
-                # one rather than rejecting the first callers of the half-open state
-                if self._asks_async and exc.state == "half_open":
-                    return WAIT
-                raise
+        try:
+            token = self.breaker.acquire()
+        except BreakerOpen as exc:
+            # a shared breaker hands out half-open trial permits through Redis: ask it for
+            # one rather than rejecting the first callers of the half-open state
+            if self._asks_async and exc.state == "half_open":
+                return WAIT
+            raise
         call.started = self.clock()
         return token
 
@@ -95,19 +79,7 @@ class BreakerLayer:
         breaker = self.breaker
         if exc is None:
             now = self.clock()
-            duration = now - call.started
-            stock = self._stock
-            if (
-                stock is not None
-                and now < stock._oks_until
-                and duration <= stock._slow_s
-                and token == stock._epoch
-            ):
-                if stock.bus.active:  # on_result()'s fast success, inlined
-                    stock.bus.emit(BreakerCallOutcome(stock.name, "success", duration))
-                stock._oks += 1
-            else:
-                breaker.on_result(token, duration, None, now)
+            breaker.on_result(token, now - call.started, None, now)
         elif not isinstance(exc, Exception) or isinstance(exc, DeadlineExceeded):
             breaker.release(token)
         else:
@@ -116,11 +88,7 @@ class BreakerLayer:
                 breaker.release(token)
             else:
                 now = self.clock()
-                stock = self._stock
-                if stock is not None:
-                    stock._error(token, now - call.started, exc, now)  # on_result(), for an error
-                else:
-                    breaker.on_result(token, now - call.started, exc, now)
+                breaker.on_result(token, now - call.started, exc, now)
         return None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._errors import DeadlineExceeded
-from ..deadline import _deadline
+from ..deadline import current_expiry
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:
@@ -33,9 +33,9 @@ class DeadlineLayer:
         self._min_left = min_attempt_s
 
     def enter(self, call: Call) -> Any:
-        expiry = _deadline.get()
+        expiry = current_expiry()
         if expiry is not None:
-            left = expiry.at - expiry.clock()
+            left = expiry.left()
             if left <= 0.0 or left < self._min_left:
                 raise DeadlineExceeded(self.stage, None if left <= 0.0 else left, "no budget left")
         return None

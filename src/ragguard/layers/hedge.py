@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._compat import current_task, running_loop
 from .._context import current_tenant
-from ..deadline import _deadline
+from ..deadline import current_expiry
 from ..events import bus
 from ..overload import HedgeFired, LatencyTracker
 from ..overload._hedge import HedgeState
@@ -262,9 +262,9 @@ class HedgeLayer:
         if race.settled:
             return False
         state = self.state
-        expiry = _deadline.get()
+        expiry = current_expiry()
         if expiry is not None:
-            left = expiry.at - expiry.clock()
+            left = expiry.left()
             if left <= 0.0 or left < self.min_attempt_s:
                 state.skipped += 1
                 return False

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from .. import events
 from .._clock import Clock
-from .._context import DEFAULT_TENANT, _scope, current_tenant, degraded, degraded_count
+from .._context import DEFAULT_TENANT, current_scope, current_tenant, degraded, degraded_count
 from ..breakers import BreakerState
 from ..events import StageCompleted, bus, error_type
 from ..pipeline import Call, Gate, Scope
@@ -67,7 +67,7 @@ class ObserveLayer(_Observe):
         if tracer is None:
             # listeners only: no span object, the StageCompleted is made on exit from this token;
             # current_tenant() and degraded_count(), inlined for a call inside a request
-            scope = _scope.get()
+            scope = current_scope()
             if scope is None:
                 return None, DEFAULT_TENANT, state, self.clock(), degraded_count()
             served = scope.fallbacks
@@ -225,7 +225,7 @@ class _Traced:
 
 def _served_since(before: int) -> str:
     """The last fallback that served the current request since it had served ``before`` ("" if none)."""
-    scope = _scope.get()
+    scope = current_scope()
     if scope is not None:  # degraded() of a request, inlined
         served = scope.fallbacks
         return served[-1] if served is not None and len(served) > before else ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._context import DEFAULT_TENANT, _scope
+from .._context import DEFAULT_TENANT, current_scope
 from ..pipeline import Call, Scope
 from ..quotas import QuotaBackend
 
@@ -34,7 +34,7 @@ class QuotaLayer:
         self.quotas = quotas
 
     def enter(self, call: Call) -> Any:
-        if _scope.get() is not None:
+        if current_scope() is not None:
             return None  # admitted on entry to the request
         return self.quotas.admit_now(DEFAULT_TENANT)
 

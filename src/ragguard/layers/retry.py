@@ -42,7 +42,7 @@ import tenacity
 
 from .._context import current_tenant
 from .._errors import RagguardError, StageTimeout
-from ..deadline import _deadline, remaining
+from ..deadline import current_expiry, remaining
 from ..events import RetryBudgetExhausted, RetryScheduled, bus
 from ..outcomes import Kind, Outcome, classify
 from ..pipeline import Call, Scope
@@ -429,12 +429,8 @@ class RetryLayer:
         return self._any and bool(self._counts(exc))
 
     def enter(self, call: Call) -> Any:
-        if call.attempt == 1:  # budget.on_call(clock()), inlined: every call passes here
-            budget = self.budget
-            sec = int(self.clock())
-            if sec != budget._cur:
-                budget._rotate(sec)
-            budget._cur_calls += 1
+        if call.attempt == 1:
+            self.budget.on_call(self.clock())
         return None
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
@@ -477,9 +473,9 @@ class RetryLayer:
                     # the last attempt failed: stop (the deadline and Retry-After below only
                     # shape the wait, which no retry will sleep; the jitter is drawn as before)
                     raise exc
-                expiry = _deadline.get()
+                expiry = current_expiry()
                 if expiry is not None:
-                    left = expiry.at - expiry.clock()
+                    left = expiry.left()
                     if wait > left - min_left:
                         wait = left - min_left if left > min_left else 0.0
                 if after > wait:  # the wait the dependency stated
@@ -487,12 +483,10 @@ class RetryLayer:
                 if expiry is not None:
                     # the time left read again, as _DeadlineStop does after _CutWait: a wait cut to
                     # leave exactly min_left is stopped once any time has passed since
-                    left = expiry.at - expiry.clock()
+                    left = expiry.left()
                     if (left if left > 0.0 else 0.0) - wait < min_left:
                         raise exc
-                if not self.budget.try_spend():  # _spend(), inlined
-                    if bus.active:
-                        bus.emit(RetryBudgetExhausted(self.stage, current_tenant()))
+                if not self._spend():
                     raise exc
                 if bus.active:
                     tenant = current_tenant()

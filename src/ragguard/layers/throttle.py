@@ -18,7 +18,7 @@ from .._context import current_tenant
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded
 from ..events import bus
 from ..overload import AdaptiveThrottle, Throttled, is_rejection, throttle_for
-from ..overload._priority import _priority
+from ..overload._priority import current_priority
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class ThrottleLayer:
         tenant = current_tenant()
         if bus.active:
             bus.emit(Throttled(self.stage, tenant, throttle.probability()))
-        priority = _priority.get() or self._quota_of(tenant).priority
+        priority = current_priority() or self._quota_of(tenant).priority
         raise Overloaded(self.stage, throttle.retry_after_s(), "throttled", priority=priority, tenant=tenant)
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits

@@ -12,15 +12,13 @@ caller's budget ran out).
 from __future__ import annotations
 
 import asyncio
-from threading import get_ident
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .. import _compat
 from .._clock import Timers, timers_of
 from .._compat import current_task, running_loop
 from .._errors import DeadlineExceeded, StageTimeout
-from .._timeouts import _SEQ_BITS, _SEQ_MASK, MAX_TIMEOUT_S, AttemptTimeout, wheel_for
-from ..deadline import _deadline
+from .._timeouts import MAX_TIMEOUT_S, AttemptTimeout, wheel_for
+from ..deadline import current_expiry
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:
@@ -53,14 +51,13 @@ class TimeoutLayer:
 
     def enter(self, call: Call) -> Any:
         timeout = self.timeout_s
-        expiry = _deadline.get()
+        expiry = current_expiry()
         if expiry is None:
             if timeout is None or timeout >= MAX_TIMEOUT_S:
                 return None
             by_deadline = False
         else:
-            now = expiry.clock()
-            left = expiry.at - now
+            left = expiry.left()
             if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
                 detail = (
                     f"stream cut after {call.items} items" if call.items else "no budget left for an attempt"
@@ -74,12 +71,9 @@ class TimeoutLayer:
                 return None
         call.budget_s = timeout
         call.by_deadline = by_deadline
-        # the one running-loop lookup of a call (3.11: a getpid() each): running_loop(), inlined
-        loop = _compat._loop_last
-        if loop is None or loop._thread_id != get_ident():
-            loop = running_loop()
-            if loop is None:
-                return _trio_scope(timeout)
+        loop = running_loop()  # the one running-loop lookup of a call
+        if loop is None:
+            return _trio_scope(timeout)
         call.task = task = current_task(loop)
         if task is None:  # pragma: no cover - awaited outside a task: nothing to cancel
             return None
@@ -89,15 +83,9 @@ class TimeoutLayer:
         wheel = self._wheel if loop is self._loop else self._wheel_of(loop)
         if expiry is None or expiry.clock is not wheel.now:
             return wheel.arm(task, timeout)
-        # the deadline's clock is the wheel's: no second clock read; Wheel.arm_at's usual case
-        # (the bucket the last timer went into), inlined
-        when = now + timeout
-        if wheel._last_lo <= when < wheel._last_hi:
-            wheel._sequence = sequence = (wheel._sequence + 1) & _SEQ_MASK
-            handle: int = wheel._last_base | sequence
-            wheel._last_bucket[handle] = task
-            return handle
-        return wheel.arm_at(task, when)
+        # the deadline's clock is the wheel's: no second clock read (the attempt ends its budget
+        # before the deadline, or at it when the deadline is what bounds it)
+        return wheel.arm_at(task, expiry.at - (left - timeout))
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
@@ -109,13 +97,8 @@ class TimeoutLayer:
             return self._exit_trio(call, token, exc)
         # a Guard serves one event loop at a time, so the wheel enter used is ``_wheel``
         timers = self._timers
-        if timers is None:
-            bucket = self._wheel.buckets.get(token >> _SEQ_BITS)  # Wheel.disarm's usual case, inlined
-            if bucket is not None and bucket.pop(token, None) is not None:
-                return None  # disarmed before it fired
-            timers = self._wheel
-        if not timers.disarm(token):
-            return None
+        if not (self._wheel if timers is None else timers).disarm(token):
+            return None  # disarmed before it fired
         # the timer fired: take its cancellation request back; it was a timeout only if the call
         # ended cancelled and nobody else asked to cancel the task too
         outside = call.task.uncancel() > 0

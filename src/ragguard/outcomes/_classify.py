@@ -7,7 +7,9 @@ Order of questions, first answer wins:
 2. ragguard's own errors (:class:`~ragguard.BreakerOpen`, :class:`~ragguard.QuotaExceeded`,
    :class:`~ragguard.Overloaded` are ``REFUSED``; :class:`~ragguard.DeadlineExceeded` is
    ``DEADLINE``, whatever it was raised from; :class:`~ragguard.StageTimeout` ``TIMEOUT``;
-   :class:`~ragguard.InvalidInput` ``CALLER_ERROR``), by one dict look-up of the type;
+   :class:`~ragguard.InvalidInput` ``CALLER_ERROR``, :class:`~ragguard.Unauthenticated` and
+   :class:`~ragguard.PermissionDenied` ``CALLER_ERROR`` with reason ``auth``), by one dict
+   look-up of the type;
 3. the classifiers users registered (:func:`register_classifier`), newest first;
 4. the classifier of each client package the error's class comes from (its MRO's modules:
    httpx, grpc, redis, openai, anthropic, litellm, qdrant_client, elasticsearch, opensearchpy,
@@ -39,10 +41,12 @@ from .._errors import (
     EmbeddingUnavailable,
     InvalidInput,
     Overloaded,
+    PermissionDenied,
     QuotaExceeded,
     RerankOutOfMemory,
     StageTimeout,
     StreamTimeout,
+    Unauthenticated,
     VectorStoreUnavailable,
 )
 from .._errors import ConfigError as _ConfigError
@@ -74,6 +78,7 @@ _INPUT = Outcome(Kind.CALLER_ERROR, reached=False, reason="input")
 _BREAKER = Outcome(Kind.REFUSED, reached=False, reason="breaker")
 _QUOTA = Outcome(Kind.REFUSED, reached=False, reason="quota")
 _SHED = Outcome(Kind.REFUSED, reached=False, reason="overloaded")
+_AUTH = Outcome(Kind.CALLER_ERROR, reached=False, reason="auth")
 
 _OWN: dict[type[BaseException], Outcome] = {
     BreakerOpen: _BREAKER,
@@ -86,6 +91,8 @@ _OWN: dict[type[BaseException], Outcome] = {
     StageTimeout: _STAGE_TIMEOUT,
     StreamTimeout: _STAGE_TIMEOUT,
     InvalidInput: _INPUT,
+    Unauthenticated: _AUTH,
+    PermissionDenied: _AUTH,
     _ConfigError: _INPUT,
     CorruptPayload: _INPUT,
     # the standard library's usual failures, whose outcome their exact type says
@@ -292,6 +299,8 @@ def _own(exc: BaseException) -> Outcome | None:
         return _SHED
     if isinstance(exc, InvalidInput):
         return _INPUT
+    if isinstance(exc, (Unauthenticated, PermissionDenied)):
+        return _AUTH
     return None
 
 

@@ -12,7 +12,7 @@ limit, the lowest priority is shed first, and within one priority the heaviest t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Literal
@@ -65,10 +65,10 @@ def sent_priority(value: object, configured: str, *, trusted: bool = False) -> s
     return None
 
 
-def current_priority() -> str | None:
-    """The priority set for the current context (:func:`priority`, a front door's header), or
-    None: then each stage uses the tenant's quota's ``priority``."""
-    return _priority.get()
+current_priority: Callable[[], str | None] = _priority.get
+"""The priority set for the current context (:func:`priority`, a front door's header), or
+None: then each stage uses the tenant's quota's ``priority``. (The context variable's own
+``get``: layers read it on every call, so no Python frame.)"""
 
 
 @contextmanager

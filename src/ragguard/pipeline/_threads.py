@@ -35,7 +35,7 @@ from weakref import WeakKeyDictionary
 from anyio import CapacityLimiter, WouldBlock, to_thread
 
 from .._compat import running_loop
-from .._context import _scope
+from .._context import current_scope
 from ._contract import Call, Gate, Layer, Scope
 
 __all__ = ["HeldGate", "Pending", "ThreadCall", "held", "limiter_for"]
@@ -166,7 +166,7 @@ class ThreadCall(Call):
         if mine is None:
             mine = self.threads = Pending()
         holders = [mine]
-        scope = _scope.get()
+        scope = current_scope()
         if scope is not None:
             theirs = scope.threads
             if theirs is None:

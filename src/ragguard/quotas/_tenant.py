@@ -9,8 +9,8 @@ from types import TracebackType
 from typing import Any
 
 from .._clock import Clock, monotonic
-from .._context import MAX_TENANT_ID_LEN, RequestScope, _scope, validate_tenant_id
-from ..deadline import Expiry, _deadline
+from .._context import MAX_TENANT_ID_LEN, RequestScope, close_scope, open_scope, validate_tenant_id
+from ..deadline import Expiry, narrow, restore
 from ..policy import TenantQuota
 from ._local import WAIT, QuotaBackend
 
@@ -83,12 +83,9 @@ class TenantContext(RequestScope):
             lease = await backend.acquire(self.tenant)
         self._lease = lease
         timeout_s = self._quota.timeout_s
-        if timeout_s is not None:  # narrow(timeout_s, clock), inlined: once per request
-            outer = _deadline.get()
-            if outer is None or outer.at - outer.clock() > timeout_s:
-                clock = self._clock
-                self._deadline_token = _deadline.set(Expiry(clock() + timeout_s, clock))
-        self._token = _scope.set(self)
+        if timeout_s is not None:
+            self._deadline_token = narrow(timeout_s, self._clock)
+        self._token = open_scope(self)
         return self
 
     async def __aexit__(
@@ -100,10 +97,10 @@ class TenantContext(RequestScope):
         token, self._token = self._token, None
         try:
             if token is not None:
-                _scope.reset(token)
+                close_scope(token)
             dl_token, self._deadline_token = self._deadline_token, None
             if dl_token is not None:
-                _deadline.reset(dl_token)
+                restore(dl_token)
         finally:
             lease, self._lease = self._lease, None
             if lease is not None:

@@ -42,7 +42,7 @@ from .._compat import current_task, running_loop
 from .._context import current_tenant
 from .._errors import InvalidInput, StreamBudget, StreamTimeout
 from .._timeouts import MAX_TIMEOUT_S, wheel_for
-from ..deadline import _deadline
+from ..deadline import current_expiry
 from ..events import StreamCut, StreamSettled, bus
 from ..pipeline import WAIT, Call, Scope
 from ..policy import GenerationPolicy
@@ -353,8 +353,8 @@ class StreamBudgets:
                 budget, kind = left, "total"
         if budget is None or budget >= MAX_TIMEOUT_S:
             return record
-        expiry = _deadline.get()
-        if expiry is not None and expiry.at - expiry.clock() <= budget:
+        expiry = current_expiry()
+        if expiry is not None and expiry.left() <= budget:
             return record  # the deadline comes first: the timeout layer cuts
         if self.timeout_s is not None and self.timeout_s <= budget:
             return record  # so does the stage's own timeout

@@ -230,6 +230,28 @@ class Reservation:
         self.total = total
         self.ref = ref
 
+    @classmethod
+    def of(
+        cls, account: TokenAccount, taken: tuple[int, ...], input_n: int, output_n: int, ref: Any = None
+    ) -> Reservation:
+        """The reservation of ``taken`` (per quota bucket of ``account``) for ``input_n`` input and
+        ``output_n`` output tokens: its total, each kind at most what its buckets let it take."""
+        caps = [input_n + output_n, input_n, output_n]
+        for (kind, _), n in zip(account.quotas, taken, strict=True):
+            caps[kind] = min(caps[kind], n)
+        return cls(taken, input_n, output_n, min(caps[0], caps[1] + caps[2]), ref)
+
+    def spent(self, used: int, input_used: int | None) -> tuple[int, int, int]:
+        """The tokens a stream that reserved this used, by kind (total, input, output): ``used``
+        output tokens and ``input_used`` input tokens (None: the input estimate)."""
+        inp = self.input if input_used is None else input_used
+        return inp + used, inp, used
+
+
+def due(wait_s: float) -> float:
+    """``wait_s``, or 0.0 when it is a nanosecond or less (float noise of a bucket already due)."""
+    return wait_s if wait_s > _EPSILON_S else 0.0
+
 
 NOTHING = Reservation((), 0, 0, 0)
 """The reservation of a stream whose account has no quota."""
@@ -356,9 +378,7 @@ class TokenAccounts:
         wait = refuse_or_wait(account.tenant, max(w for _, w in steps), account.state.quota)
         for (_, bucket), (tat, _) in zip(account.quotas, steps, strict=True):
             bucket.tat = tat
-        reservation = Reservation(
-            taken, input_tokens, estimate, _total(account, taken, input_tokens, estimate)
-        )
+        reservation = Reservation.of(account, taken, input_tokens, estimate)
         account.state.reserved += reservation.total
         return reservation, wait
 
@@ -374,7 +394,7 @@ class TokenAccounts:
         """End a stream that reserved ``reservation`` and used ``used`` output tokens and
         ``input_used`` input tokens (None: its input estimate): each quota bucket is charged the
         real count of its kind (the difference given back or owed), the reservation released."""
-        spent = _spent(reservation, used, input_used)
+        spent = reservation.spent(used, input_used)
         for (kind, bucket), n in zip(account.quotas, reservation.taken, strict=False):
             bucket.tat += (spent[kind] - n) * bucket.interval_s
         state = account.state
@@ -393,7 +413,7 @@ class TokenAccounts:
             bucket.tat = tat
             if w > wait:
                 wait = w
-        return wait if wait > _EPSILON_S else 0.0
+        return due(wait)
 
     def unpace(self, account: TokenAccount, tokens: int) -> None:
         """Give back ``tokens`` paced and never handed over (the wait was cancelled)."""
@@ -409,20 +429,6 @@ class TokenAccounts:
             if len(self._tenants) <= target:
                 return
             del self._tenants[tenant]
-
-
-def _total(account: TokenAccount, taken: tuple[int, ...], input_n: int, output_n: int) -> int:
-    """Input + output tokens a reservation holds: each kind at most what its buckets let it take."""
-    caps = [input_n + output_n, input_n, output_n]
-    for (kind, _), n in zip(account.quotas, taken, strict=True):
-        caps[kind] = min(caps[kind], n)
-    return min(caps[0], caps[1] + caps[2])
-
-
-def _spent(reservation: Reservation, used: int, input_used: int | None) -> tuple[int, int, int]:
-    """The tokens a stream used, by kind (total, input, output)."""
-    inp = reservation.input if input_used is None else input_used
-    return inp + used, inp, used
 
 
 _of_guard: weakref.WeakKeyDictionary[Guard, TokenAccounts] = weakref.WeakKeyDictionary()
