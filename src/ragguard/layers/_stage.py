@@ -126,7 +126,7 @@ class Stage:
     def layer_policy(self, name: str) -> Any:
         """The stage's options for the registered layer ``name`` (its policy model), or None when
         the stage's policy has no ``layers`` entry for it (see :func:`ragguard.layers.register_layer`)."""
-        return self.policy.layers.get(name)
+        return self.policy.layer(name)
 
     def preset_layers(self, bound: Bound) -> Sequence[Layer]:
         return () if self.preset is None else self.preset.layers(self, bound)
