@@ -133,8 +133,18 @@ def register(
     before: str | None = None,
     after: str | None = None,
 ) -> None:
-    """Place a user layer next to the layer named ``before`` or ``after`` (see
-    :func:`ragguard.layers.register_layer`, which is this function)."""
+    """Add a layer of your own to every stage's chain, next to the layer named ``before`` or
+    ``after`` (exactly one; see :data:`ragguard.layers.REGISTRY` for the names and their order,
+    outermost first). This is :func:`ragguard.layers.register_layer`.
+
+    ``build(stage, bound) -> layer | None`` is called once per decorated function and Guard (None
+    leaves the layer out of that chain); ``policy`` is the layer's options model (a pydantic model
+    or any class taking the options as keywords): a stage's ``layers: {name: {...}}`` entry is
+    validated by it when the policy loads, or, for a policy loaded before this call, when a Guard
+    builds the stage; ``stage.layer_policy(name)`` returns it (None when the stage has no entry).
+    Registering a name again replaces it in place. Chains compiled before are rebuilt on their
+    next call. Raises ConfigError for a built-in name, a bad position or a builder that is not
+    callable."""
     global _entries
     if not isinstance(name, str) or not name.isidentifier():
         raise ConfigError(f"register_layer: name must be an identifier, got {name!r:.60}")

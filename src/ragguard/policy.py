@@ -268,9 +268,13 @@ class StagePolicy(Options):
     - rerank (``rerank`` preset): ``rerank_min_batch`` is the floor the batch is halved down to.
     - ``generation`` (``generation`` preset): the stream budgets and the token estimate
       (:class:`GenerationPolicy`).
-    - ``layers``: the options of layers added with :func:`ragguard.layers.register_layer`, by layer
-      name, each validated by that layer's own policy model (an unknown name is an error); a
-      layer with no entry here is left out of the stage's chain unless it says otherwise.
+    - ``layers``: every configured layer's options by layer name, each validated by that layer's
+      own options model: the built-in layers' (``retry``, ``hedge``, ``throttle``, ``adaptive``,
+      ``breaker``: usually written at the stage's top level, as fields) and those of layers added
+      with :func:`ragguard.layers.register_layer`. Options for a name no layer has registered yet
+      are kept as given and validated when a Guard builds the stage (ConfigError naming the
+      field, or the unknown layer); a layer with no entry is left out of the stage's chain
+      unless it says otherwise (``retry`` and ``breaker`` run with their models' defaults).
     - overload (:mod:`ragguard.overload`, each None = off): ``adaptive`` an adaptive concurrency
       limit with priority shedding, ``throttle`` client-side adaptive throttling, ``hedge`` hedged
       requests (idempotent stages only).

@@ -1,30 +1,15 @@
-"""The layers of a guarded stage, one file each, and the registry that orders them.
+"""The layers of a guarded stage, one file each, in the order of the layer registry.
 
-:data:`REGISTRY` lists every layer's builder, outermost first; a stage's chain holds the layers
-whose builder returns one (a layer that is not configured is left out)::
+:data:`REGISTRY` lists every layer's builder, outermost first (read from
+:mod:`ragguard._registry`, the one table); a stage's chain holds the layers whose builder returns
+one (a layer that is not configured is left out). docs/layers.md gives the order and its reasons.
 
-    observe    span + StageCompleted (only in the observed chain)
-    fallback   the fallback chain (the preset's and the user's)
-    deadline   refuse a call that cannot finish in time, before it queues
-    quota      the default tenant's admission for calls outside a request
-    preset     the RAG preset's layers around the attempts (embedding-cache tap, chunked rerank,
-               the generation stage's token meter)
-    retry      tenacity, deadline-aware, within the retry budget
-    hedge      a second attempt after about the stage's P95 (idempotent stages)
-    throttle   client-side adaptive throttling of a rejecting dependency
-    adaptive   the adaptive concurrency limit: a slot per attempt, priority shedding
-    breaker    a permit before each attempt, the outcome after
-    preset_attempt  the RAG preset's layers inside each attempt (the generation stage's
-               first-item, idle and total budgets: retried and counted like the attempt)
-    timeout    each attempt bounded by min(stage timeout, deadline left)
-    chaos      faults injected into the call (only while an injector is installed)
-
-A new layer is one file with a ``build(stage, bound) -> layer | None`` function, one policy model
-(a field of :class:`ragguard.StagePolicy`), and one line here. From outside the package, the same
-three things: a file, a policy model, and one :func:`register_layer` line, which inserts the
-builder next to a named layer; the stage's options then live under ``layers: {name: {...}}`` in
-its policy (``StagePolicy.layers``), validated by that model, and ``stage.layer_policy(name)``
-hands them to the builder (see ``examples/custom_layer.py``).
+A new layer is one file with its options model at the top and a ``build(stage, bound) -> layer |
+None`` function, and one entry in the registry. From outside the package: a file, a model, and one
+:func:`register_layer` call, which inserts the builder next to a named layer, before or after a
+policy naming it is loaded; the stage's options live under ``layers: {name: {...}}`` in its
+policy, validated by that model, and ``stage.layer_policy(name)`` hands them to the builder (see
+``examples/custom_layer.py``).
 """
 
 from __future__ import annotations
