@@ -45,7 +45,7 @@ stages:
     idempotent: true
     retry: {attempts: 3}
     hedge: {quantile: 0.9}
-    layers: {slow_calls: {threshold_s: 0.5}}   # a layer of your own (ragguard.layers.register_layer)
+    layers: {bulkhead: {max_concurrent: 4}}    # a layer of your own (examples/custom_layer.py)
 tenants:
   acme: {max_concurrency: 8, rate_per_s: 20}
 ```

@@ -33,9 +33,9 @@ def _load_example() -> ModuleType:
 
 @pytest.fixture
 def unregistered() -> Iterator[None]:
-    unregister_layer("slow_calls")
+    unregister_layer("bulkhead")
     yield
-    unregister_layer("slow_calls")
+    unregister_layer("bulkhead")
 
 
 def _chain_names(guard: Guard, stage: str) -> list[str]:
@@ -46,43 +46,43 @@ def _chain_names(guard: Guard, stage: str) -> list[str]:
     return [type(layer).__name__ for layer in chain.layers]
 
 
-GOOD = {"stages": {"search": {"layers": {"slow_calls": {"threshold_s": 0.5}}}}}
-BAD = {"stages": {"search": {"layers": {"slow_calls": {"threshold_s": -1}}}}}
+GOOD = {"stages": {"search": {"layers": {"bulkhead": {"max_concurrent": 2}}}}}
+BAD = {"stages": {"search": {"layers": {"bulkhead": {"max_concurrent": 0}}}}}
 
 
 def test_registered_before_the_policy_loads(unregistered: None) -> None:
     _load_example()
     policy = Policy.parse(GOOD)
-    assert "SlowCallLog" in _chain_names(Guard(policy), "search")
+    assert "Bulkhead" in _chain_names(Guard(policy), "search")
     with pytest.raises(ConfigError) as bad:
         Policy.parse(BAD)  # refused at load, naming the field
-    assert bad.value.field == "stages.search.layers.slow_calls.threshold_s"
-    assert "greater than 0" in str(bad.value)
+    assert bad.value.field == "stages.search.layers.bulkhead.max_concurrent"
+    assert "greater than or equal to 1" in str(bad.value)
 
 
 def test_registered_after_the_policy_loads(unregistered: None) -> None:
     policy = Policy.parse(GOOD)  # no such layer yet: its options are kept as given
     bad_policy = Policy.parse(BAD)
-    with pytest.raises(ConfigError, match="unknown layer 'slow_calls'") as early:
+    with pytest.raises(ConfigError, match="unknown layer 'bulkhead'") as early:
         Guard(policy).stage("search")  # and a Guard cannot build the stage while none is
-    assert early.value.field == "stages.search.layers.slow_calls"
+    assert early.value.field == "stages.search.layers.bulkhead"
     module = _load_example()
-    options = Guard(policy).stage("search").layer_policy("slow_calls")
-    assert isinstance(options, module.SlowCallPolicy) and options.threshold_s == 0.5
-    assert "SlowCallLog" in _chain_names(Guard(policy), "search")
-    assert "SlowCallLog" not in _chain_names(Guard(policy), "other")
+    options = Guard(policy).stage("search").layer_policy("bulkhead")
+    assert isinstance(options, module.BulkheadPolicy) and options.max_concurrent == 2
+    assert "Bulkhead" in _chain_names(Guard(policy), "search")
+    assert "Bulkhead" not in _chain_names(Guard(policy), "other")
     with pytest.raises(ConfigError) as bad:
         Guard(bad_policy).stage("search")  # validated by the model once it is registered
-    assert bad.value.field == "stages.search.layers.slow_calls.threshold_s"
-    assert "greater than 0" in str(bad.value)
+    assert bad.value.field == "stages.search.layers.bulkhead.max_concurrent"
+    assert "greater than or equal to 1" in str(bad.value)
 
 
 def test_a_default_stage_waiting_for_its_layer_names_default_stage(unregistered: None) -> None:
-    policy = Policy.parse({"default_stage": {"layers": {"slow_calls": {"threshold_s": 0}}}})
+    policy = Policy.parse({"default_stage": {"layers": {"bulkhead": {"max_concurrent": 0}}}})
     _load_example()
     with pytest.raises(ConfigError) as bad:
         Guard(policy).stage("anything")
-    assert bad.value.field == "default_stage.layers.slow_calls.threshold_s"
+    assert bad.value.field == "default_stage.layers.bulkhead.max_concurrent"
 
 
 def test_built_in_layers_are_held_by_name_in_every_spelling() -> None:
