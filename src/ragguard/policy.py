@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails
 
 from . import _options, _registry, _validate
 from ._errors import ConfigError
 from ._options import MAX_ERRORS_SHOWN, Options
 
 if TYPE_CHECKING:
+    from pydantic_core import InitErrorDetails
+
     from .layers.adaptive import AdaptivePolicy
     from .layers.breaker import BreakerPolicy
     from .layers.hedge import HedgePolicy
