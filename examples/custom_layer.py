@@ -1,18 +1,20 @@
-"""A layer of your own: log the calls of a stage that take longer than a threshold.
+"""A layer of your own: a bulkhead, at most ``max_concurrent`` calls of a stage in flight at once.
 
     python examples/custom_layer.py
 
-A new layer is one file (this one), one policy model (``SlowCallPolicy``) and one registry line
-(``register_layer(...)`` at the bottom). The layer is a *gate*: ``enter`` runs before the layers
-inside it and returns a token (here, the start time on the Guard's clock), ``exit`` runs after
-them with the outcome. Placed right after ``observe`` it sees each call as its caller does,
-fallbacks and retries included, and for a stream the whole stream. A stage whose policy has no
-``layers: {slow_calls: ...}`` entry does not get the layer at all, so it costs those stages nothing.
+A new layer is this one file: its options model (``BulkheadPolicy``), the layer, its builder, and
+one registration call (``register_layer(...)`` at the bottom), made before or after a policy that
+configures it is loaded. The layer is a *gate*: ``enter`` runs before the layers inside it (here it
+takes a slot, or refuses the call with :class:`ragguard.Overloaded`), ``exit`` runs once after them
+however the call ended (it gives the slot back: a failure or a cancellation too). Its state, the
+slots in use, is per stage: every function guarded as the stage shares it (``stage.part``). Placed
+after ``quota`` it holds its slot across the retries, and for a stream until the stream ends. A
+stage whose policy has no ``layers: {bulkhead: ...}`` entry does not get the layer at all.
 
 The policy, in Python or in a policy file::
 
     stages:
-      search: {layers: {slow_calls: {threshold_s: 0.5}}}
+      search: {layers: {bulkhead: {max_concurrent: 2}}}
 
 The demo below runs on a FakeClock: nothing sleeps.
 """
@@ -20,7 +22,6 @@ The demo below runs on a FakeClock: nothing sleeps.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,71 +30,80 @@ import ragguard
 from ragguard.layers import Bound, Stage, register_layer
 from ragguard.pipeline import Call
 
-log = logging.getLogger("slow_calls")
 
-
-class SlowCallPolicy(BaseModel):
-    """``threshold_s``: a call that takes longer than this many seconds is logged (0 < s <= 3600)."""
+class BulkheadPolicy(BaseModel):
+    """``max_concurrent``: calls of the stage in flight at once, 1 to 10,000; ``retry_after_s``:
+    the wait a refused caller is told to make (seconds, >= 0)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    threshold_s: float = Field(gt=0, le=3600)
+    max_concurrent: int = Field(ge=1, le=10_000)
+    retry_after_s: float = Field(default=0.1, ge=0, le=60)
 
 
-class SlowCallLog:
-    """Logs a warning for each call of ``stage`` slower than ``threshold_s`` on ``clock``."""
+class Slots:
+    """The stage's slots in use (one object per stage, shared by its functions)."""
 
-    scope: ClassVar[str] = "call"  # a stream holds it from its opening to its end
-    __slots__ = ("clock", "stage", "threshold_s")
+    __slots__ = ("in_use",)
 
-    def __init__(self, stage: str, threshold_s: float, clock: Any) -> None:
+    def __init__(self) -> None:
+        self.in_use = 0
+
+
+class Bulkhead:
+    """Admits at most ``options.max_concurrent`` calls of ``stage`` at once; refuses the rest."""
+
+    scope: ClassVar[str] = "call"  # a stream holds its slot from its opening to its end
+    __slots__ = ("options", "slots", "stage")
+
+    def __init__(self, stage: str, options: BulkheadPolicy, slots: Slots) -> None:
         self.stage = stage
-        self.threshold_s = threshold_s
-        self.clock = clock
+        self.options = options
+        self.slots = slots
 
-    def enter(self, call: Call) -> float:
-        return float(self.clock())  # no allocation, no event: this runs on every call
+    def enter(self, call: Call) -> None:
+        slots = self.slots
+        if slots.in_use >= self.options.max_concurrent:
+            raise ragguard.Overloaded(self.stage, self.options.retry_after_s, "bulkhead")
+        slots.in_use += 1  # no allocation, no event: this runs on every call
 
-    async def enter_async(self, call: Call) -> float:  # never asked: enter never returns WAIT
-        return self.enter(call)
+    async def enter_async(self, call: Call) -> None:  # never asked: enter never returns WAIT
+        self.enter(call)
 
-    def exit(self, call: Call, started: float, exc: BaseException | None) -> BaseException | None:
-        took = self.clock() - started
-        if took > self.threshold_s:
-            outcome = "ok" if exc is None else type(exc).__name__
-            log.warning("stage %r took %.3fs (over %.3fs): %s", self.stage, took, self.threshold_s, outcome)
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        self.slots.in_use -= 1  # however the call ended
         return None  # never changes the outcome
 
 
-def build(stage: Stage, bound: Bound) -> SlowCallLog | None:
-    options: SlowCallPolicy | None = stage.layer_policy("slow_calls")
+def build(stage: Stage, bound: Bound) -> Bulkhead | None:
+    options: BulkheadPolicy | None = stage.layer_policy("bulkhead")
     if options is None:
         return None  # not configured for this stage: left out of its chain
-    return SlowCallLog(stage.name, options.threshold_s, stage.clock)
+    return Bulkhead(stage.name, options, stage.part("bulkhead", Slots))
 
 
-register_layer("slow_calls", build, policy=SlowCallPolicy, after="observe")
+register_layer("bulkhead", build, policy=BulkheadPolicy, after="quota")
 
 
 async def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     clock = ragguard.FakeClock()
-    policy = ragguard.Policy.parse({"stages": {"search": {"layers": {"slow_calls": {"threshold_s": 0.5}}}}})
+    policy = ragguard.Policy.parse({"stages": {"search": {"layers": {"bulkhead": {"max_concurrent": 2}}}}})
     g = ragguard.Guard(policy, clock=clock)
 
     @g.guard("search")
-    async def search(query: str, delay_s: float) -> list[str]:
-        await clock.sleep(delay_s)  # the store's latency, on the FakeClock
-        return [f"hit for {query}"]
+    async def search(query: str) -> str:
+        await clock.sleep(1.0)  # the store's latency, on the FakeClock
+        return f"hit for {query}"
 
-    @g.guard("rerank_v2")  # no slow_calls entry: no such layer in its chain
-    async def rerank(query: str, delay_s: float) -> list[str]:
-        await clock.sleep(delay_s)
-        return [query]
+    @g.guard("search")  # another function of the stage: the same two slots
+    async def suggest(query: str) -> str:
+        await clock.sleep(1.0)
+        return f"{query}..."
 
-    await search("fast", 0.1)
-    await search("slow", 1.5)  # logged
-    await rerank("slow", 9.0)  # not logged
-    print(g.stage("search").layer_policy("slow_calls"))
+    said = await asyncio.gather(search("a"), suggest("b"), search("c"), return_exceptions=True)
+    for result in said:
+        print(type(result).__name__ if isinstance(result, Exception) else result)
+    print(await search("d"))  # the slots were given back
+    print(g.stage("search").layer_policy("bulkhead"))
 
 
 if __name__ == "__main__":

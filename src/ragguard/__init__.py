@@ -32,22 +32,15 @@ from .breakers import (
 )
 from .deadline import deadline, remaining
 from .guard import Guard, configure, default_guard, guard, tenant
+from .layers.adaptive import AdaptivePolicy
+from .layers.breaker import BreakerPolicy
+from .layers.hedge import HedgePolicy
+from .layers.retry import RetryPolicy
+from .layers.throttle import ThrottlePolicy
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority
-from .policy import (
-    AdaptivePolicy,
-    BreakerPolicy,
-    GenerationPolicy,
-    HedgePolicy,
-    Policy,
-    PoolQuota,
-    RetryPolicy,
-    StagePolicy,
-    TenantQuota,
-    ThrottlePolicy,
-    TokenLimits,
-)
+from .policy import GenerationPolicy, Policy, PoolQuota, StagePolicy, TenantQuota, TokenLimits
 
 __version__ = "0.1.0"
 

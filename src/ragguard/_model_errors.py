@@ -5,7 +5,8 @@ field the nearest known name (``open_fro_s``: "did you mean open_for_s?").
 The known names are those of the model that holds the field: :func:`field_names_at` follows the
 error's location from the root model through the fields' annotations (containers such as
 ``dict[str, StagePolicy]`` and ``list[Phase]`` are looked through: their keys and indexes are
-skipped; a discriminated union's tag narrows it to the member whose ``Literal`` field has it).
+skipped; a discriminated union's tag narrows it to the member whose ``Literal`` field has it); a
+model may name more keys it takes in a ``also_spelt`` class variable.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def field_names_at(model: type[BaseModel], loc: Sequence[Any]) -> set[str]:
         elif isinstance(part, str):  # a dict key, or a discriminated union's tag
             tagged = [m for m in candidates if part in _literals(m)]
             candidates = tagged or candidates
-    return {name for m in candidates for name in m.model_fields}
+    return {name for m in candidates for name in (*m.model_fields, *getattr(m, "also_spelt", ()))}
 
 
 def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:

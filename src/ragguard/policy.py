@@ -21,27 +21,26 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from . import _model_errors, _validate
+from . import _options, _registry, _validate
 from ._errors import ConfigError
-from .breakers import EmbeddingTimeoutBreaker, RerankOOMBreaker, VectorStoreUnavailableBreaker
-from .breakers._options import NUMBER_OPTIONS, BreakerConfig, check_option
+from ._options import MAX_ERRORS_SHOWN, Options
+
+if TYPE_CHECKING:
+    from pydantic_core import InitErrorDetails
+
+    from .layers.adaptive import AdaptivePolicy
+    from .layers.breaker import BreakerPolicy
+    from .layers.hedge import HedgePolicy
+    from .layers.retry import RetryPolicy
+    from .layers.throttle import ThrottlePolicy
 
 __all__ = [
     "IDEMPOTENT_PRESETS",
@@ -52,6 +51,7 @@ __all__ = [
     "BreakerPolicy",
     "GenerationPolicy",
     "HedgePolicy",
+    "Options",
     "Policy",
     "PoolQuota",
     "RetryPolicy",
@@ -61,46 +61,31 @@ __all__ = [
     "TokenLimits",
 ]
 
-MAX_ERRORS_SHOWN = 20
-"""The most invalid values one ConfigError lists (then ``... and N more``)."""
 MAX_POLICY_VALUES = 1_000_000
 """The most values (mappings, lists and scalars, counted after YAML aliases expand) a policy holds."""
 
-BreakerKind = Literal["embedding_timeout", "vector_store_unavailable", "rerank_oom", "generic", "none"]
-RetryOn = Literal["connection", "timeout", "out_of_memory", "rejection", "any"]
 Priority = Literal["critical", "interactive", "batch"]
-OverloadSignal = Literal["loop_lag", "pool_wait", "out_of_memory"]
+
+_MOVED = {"AdaptivePolicy": "adaptive", "BreakerPolicy": "breaker", "HedgePolicy": "hedge",
+          "RetryPolicy": "retry", "ThrottlePolicy": "throttle"}  # fmt: skip
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
-
-    def __init__(self, **data: Any) -> None:
-        # Built from Python, a bad value raises the same ConfigError (naming the field and the
-        # allowed range) as a bad value in a policy file or the environment. Only the outermost
-        # construction converts: a nested one re-raises pydantic's error so its path is kept.
-        depth = getattr(_nesting, "depth", 0)
-        _nesting.depth = depth + 1
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            if depth:
-                raise
-            raise _config_error(exc, type(self).__name__) from None
-        finally:
-            _nesting.depth = depth
+def __getattr__(name: str) -> Any:
+    # The layers' options models live in their layers' files (``ragguard.layers.retry``...);
+    # ``ragguard.policy.RetryPolicy`` still finds them.
+    layer = _MOVED.get(name)
+    if layer is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _registry.model(layer)
 
 
-_nesting = threading.local()
-
-
-_M = TypeVar("_M", bound=_Model)
+_M = TypeVar("_M", bound=Options)
 
 
 _MODEL_NAME_MAX = 128
 
 
-class TokenLimits(_Model):
+class TokenLimits(Options):
     """One model's token limits for a tenant (``TenantQuota.models``), on top of the tenant's own;
     None means unlimited. The same fields, units and rules as :class:`TenantQuota`'s:
 
@@ -128,7 +113,7 @@ class TokenLimits(_Model):
         )
 
 
-class TenantQuota(_Model):
+class TenantQuota(Options):
     """A tenant's share of the service; None means unlimited.
 
     - ``max_concurrency``: requests in flight at once (a bulkhead per tenant), >= 1.
@@ -208,7 +193,7 @@ class TenantQuota(_Model):
         return self.max_concurrency is None and self.rate_per_s is None and self.timeout_s is None
 
 
-class PoolQuota(_Model):
+class PoolQuota(Options):
     """A bound that a group of tenants share together (None means unlimited): the tenants not
     named in :attr:`Policy.tenants` share one (:attr:`Policy.unlisted_pool`).
 
@@ -246,121 +231,7 @@ def _burst(burst: int | None, rate: float) -> int:
     return burst if burst is not None else max(1, math.ceil(rate))
 
 
-class BreakerPolicy(_Model):
-    """Which breaker guards a stage and its options; None keeps the kind's default.
-
-    ``kind`` is one of ``embedding_timeout``, ``vector_store_unavailable``, ``rerank_oom``,
-    ``generic`` (counts every error) or ``none`` (no breaker). Each option has the range
-    :class:`ragguard.breakers.BreakerConfig` gives it (percentages in (0, 100], durations in
-    seconds up to a year, ``open_jitter`` in [0, 1), ...); the rules between options
-    (``minimum_calls`` <= ``window_size`` of a count window, a time window of at most a day,
-    ``open_max_s`` >= ``open_for_s``) are checked with the kind's defaults filled in when the
-    :class:`Policy` is built.
-    """
-
-    kind: BreakerKind = "generic"
-    failure_rate_threshold: float | None = None
-    slow_call_rate_threshold: float | None = None
-    slow_call_duration_s: float | None = None
-    consecutive_failures_threshold: int | None = None
-    minimum_calls: int | None = None
-    window_type: Literal["count", "time"] | None = None
-    window_size: int | None = None
-    half_open_permits: int | None = None
-    open_for_s: float | None = None
-    open_backoff_multiplier: float | None = None
-    open_max_s: float | None = None
-    open_jitter: float | None = None
-
-    @field_validator(*NUMBER_OPTIONS)
-    @classmethod
-    def _in_range(cls, value: Any, info: Any) -> Any:
-        return None if value is None else check_option(info.field_name, value)
-
-    def options(self) -> dict[str, Any]:
-        """The options that were set, as keyword arguments for the breaker's constructor."""
-        return {k: v for k, v in self.model_dump(exclude={"kind"}).items() if v is not None}
-
-    def config(self) -> BreakerConfig | None:
-        """The options the stage's breaker gets (the kind's defaults, then the options set),
-        validated by the breaker's own rules; None for kind ``none``. Raises ConfigError whose
-        ``field`` names the option."""
-        if self.kind == "none":
-            return None
-        options = self.options()
-        try:
-            return BreakerConfig.of(**{**_KIND_DEFAULTS[self.kind], **options})
-        except ConfigError as exc:
-            if exc.field is None or exc.field in options:
-                raise
-            # the value refused is a default the user never wrote: say so
-            raise ConfigError(f"{exc} (the {self.kind} breaker's default)", field=exc.field) from None
-
-
-_KIND_DEFAULTS: dict[str, dict[str, Any]] = {
-    "embedding_timeout": EmbeddingTimeoutBreaker.defaults,
-    "vector_store_unavailable": VectorStoreUnavailableBreaker.defaults,
-    "rerank_oom": RerankOOMBreaker.defaults,
-    "generic": {},
-}
-
-
-class RetryPolicy(_Model):
-    """Retries of one stage (run by tenacity), cut to the request's deadline.
-
-    - ``attempts``: total attempts including the first (1 = no retry), 1-20.
-    - backoff: exponential from ``initial_backoff_s`` times ``multiplier`` per retry, capped at
-      ``max_backoff_s``, plus uniform jitter up to ``jitter_s`` (seconds).
-    - ``retry_on``: the outcomes (:mod:`ragguard.outcomes`) that are retried: ``connection`` (a
-      dependency failure: refused, reset, 5xx, ``UNAVAILABLE``), ``timeout``, ``out_of_memory``,
-      ``rejection`` (429, 529, ``RESOURCE_EXHAUSTED``: after the wait the dependency stated), ``any``
-      (every error the stage's breaker counts, and rejections). Never a caller's error,
-      cancellation, BreakerOpen, QuotaExceeded, Overloaded or DeadlineExceeded. A stage that is not
-      idempotent (``StagePolicy.idempotent``) retries only errors raised before its request could
-      have left (a refused connection, a connect timeout).
-    - ``max_retry_after_s``: the longest wait a dependency may state (``Retry-After``,
-      ``retry-after-ms``, rate-limit resets, gRPC pushback) that a retry sleeps for, seconds; a
-      longer stated wait, or one the deadline cannot fit, ends the retries at once so the stage's
-      fallback serves. Default 10.
-    - retry budget, after Envoy and Finagle: retries may add at most ``budget_ratio`` of the
-      stage's calls over the last ``budget_window_s`` seconds (Envoy's default 20%), plus
-      ``budget_min_per_s`` retries per second so a quiet stage can still retry.
-    - tenacity strategies of your own (from Python only; None: the policy's): ``stop`` stops
-      earlier than the policy does (it is asked after ``attempts`` and the deadline, before the
-      budget: ``tenacity.stop_after_delay(2)``), ``wait`` the seconds between attempts instead of
-      the exponential backoff and jitter (``tenacity.wait_fixed(0.1)``; still cut to the deadline
-      and never shorter than an error's ``retry_after_s``), ``retry`` which errors are retried
-      instead of ``retry_on`` (``tenacity.retry_if_exception_type(MyError)``; still never a
-      cancellation or a rejection by ragguard). Each is a callable of a
-      ``tenacity.RetryCallState``; tenacity's combinators (``|``, ``&``) work as in tenacity.
-    """
-
-    attempts: int = Field(default=1, ge=1, le=20)
-    initial_backoff_s: float = Field(default=0.05, ge=0, le=60)
-    max_backoff_s: float = Field(default=1.0, ge=0, le=300)
-    multiplier: float = Field(default=2.0, ge=1, le=10)
-    jitter_s: float = Field(default=0.02, ge=0, le=60)
-    retry_on: tuple[RetryOn, ...] = ("connection", "timeout", "rejection")
-    max_retry_after_s: float = Field(default=10.0, ge=0, le=86_400)
-    budget_ratio: float = Field(default=0.2, ge=0, le=1)
-    budget_min_per_s: float = Field(default=10.0, ge=0)
-    budget_window_s: float = Field(default=10.0, gt=0, le=3600)
-    stop: Any = None
-    wait: Any = None
-    retry: Any = None
-
-    @field_validator("stop", "wait", "retry")
-    @classmethod
-    def _strategy(cls, value: Any) -> Any:
-        if value is not None and not callable(value):
-            raise ValueError(
-                "must be a tenacity strategy (a callable of a RetryCallState) or None, "
-                f"got {type(value).__name__}"
-            )
-        return value
-
-
-class GenerationPolicy(_Model):
+class GenerationPolicy(Options):
     """The stream budgets of a stage with the ``generation`` preset (seconds; None: no such budget).
 
     Each budget ends the stream with :class:`~ragguard.StreamTimeout` naming it; before the first
@@ -382,108 +253,7 @@ class GenerationPolicy(_Model):
     idle_s: float | None = Field(default=10.0, gt=0, le=86_400)
     total_s: float | None = Field(default=300.0, gt=0, le=86_400)
     estimate_tokens: int = Field(default=256, ge=1, le=1_000_000_000)
-class AdaptivePolicy(_Model):
-    """An adaptive concurrency limit on a stage's calls to its dependency (see
-    :mod:`ragguard.overload`): the limit follows the dependency's latency, and calls over it queue
-    by priority or are shed with :class:`~ragguard.Overloaded`.
-
-    - ``min_limit`` (floor) <= ``initial_limit`` <= ``max_limit`` (ceiling): calls in flight at
-      once, 1-100,000.
-    - ``tolerance``: how far above the baseline latency (``min_rtt``) a window's latency may be
-      before the limit shrinks, as a share (0.5 = 50%; Envoy's ``buffer``), 0-10.
-    - ``percentile``: the latency of a window is this quantile of its samples (0-1], Envoy's p50.
-    - ``window_s``: the limit is recomputed at most once per window (seconds, (0, 60]), from at
-      least ``min_samples`` finished calls.
-    - ``smoothing``: the share of the way to the new target the limit moves per window, (0, 1].
-    - ``growth``: the limit grows only up to ``growth`` x the most calls in flight in the window
-      (failsafe-go's rule: a limit nobody uses does not climb), >= 1.
-    - baseline probes: every ``probe_interval_s`` seconds (plus up to ``probe_jitter`` of it, drawn
-      from the Guard's rng) the limit is pinned to ``probe_limit`` for ``probe_samples`` calls to
-      re-measure ``min_rtt`` (Envoy's minRTT window); the first probe runs at start.
-    - queue: over the limit a call waits up to ``max_wait_s`` seconds (cut to its deadline); the
-      queue holds ``max_queue`` x limit calls, and from ``early_queue`` x limit on it sheds calls
-      with a rising probability (lowest priority, then heaviest tenant first). ``max_queue: 0``
-      sheds at once.
-    - ``usage_window_s``: the time constant (seconds) of a tenant's recent admissions, counted in
-      its usage when choosing whom to shed.
-    - ``signals``: outside pressure that backs the limit off by ``backoff`` (a factor in (0, 1)),
-      at most once per window: ``loop_lag`` (a loop stall of ``loop_lag_s`` seconds or more
-      reported by :class:`ragguard.monitors.StallDetector`), ``pool_wait`` (a Redis pool monitor's
-      slow acquire or timeout), ``out_of_memory`` (a call that ran out of memory).
-    """
-
-    min_limit: int = Field(default=1, ge=1, le=100_000)
-    max_limit: int = Field(default=256, ge=1, le=100_000)
-    initial_limit: int = Field(default=16, ge=1, le=100_000)
-    tolerance: float = Field(default=0.5, ge=0, le=10)
-    percentile: float = Field(default=0.5, gt=0, le=1)
-    window_s: float = Field(default=0.25, gt=0, le=60)
-    min_samples: int = Field(default=8, ge=1, le=100_000)
-    smoothing: float = Field(default=0.5, gt=0, le=1)
-    growth: float = Field(default=2.0, ge=1, le=100)
-    probe_interval_s: float = Field(default=30.0, gt=0, le=86_400)
-    probe_jitter: float = Field(default=0.15, ge=0, le=1)
-    probe_samples: int = Field(default=25, ge=1, le=100_000)
-    probe_limit: int = Field(default=3, ge=1, le=100_000)
-    backoff: float = Field(default=0.8, gt=0, lt=1)
-    max_queue: float = Field(default=2.0, ge=0, le=100)
-    early_queue: float = Field(default=1.0, ge=0, le=100)
-    max_wait_s: float = Field(default=1.0, ge=0, le=3600)
-    usage_window_s: float = Field(default=1.0, gt=0, le=3600)
-    signals: tuple[OverloadSignal, ...] = ("loop_lag", "out_of_memory")
-    loop_lag_s: float = Field(default=0.05, gt=0, le=60)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> AdaptivePolicy:
-        if not self.min_limit <= self.initial_limit <= self.max_limit:
-            raise ValueError(
-                f"need min_limit <= initial_limit <= max_limit, got {self.min_limit}, "
-                f"{self.initial_limit}, {self.max_limit}"
-            )
-        if self.early_queue > self.max_queue:
-            raise ValueError(f"early_queue ({self.early_queue}) must be <= max_queue ({self.max_queue})")
-        return self
-
-
-class ThrottlePolicy(_Model):
-    """Client-side adaptive throttling of a stage whose dependency rejects calls (Google SRE book,
-    "Handling Overload"): a call is refused locally with probability
-    ``min(max_reject, max(0, (requests - k * accepts) / (requests + 1)))`` over the last
-    ``window_s`` seconds of the Guard's clock.
-
-    - ``k``: how many times the accepted calls the client may send, >= 1 (the book's 2).
-    - ``window_s``: seconds of history, (0, 3600] (the book's two minutes; default 60).
-    - ``max_reject``: the highest refusal probability, [0, 1): a trickle always probes.
-    """
-
-    k: float = Field(default=2.0, ge=1, le=100)
-    window_s: float = Field(default=60.0, gt=0, le=3600)
-    max_reject: float = Field(default=0.9, ge=0, lt=1)
-
-
-class HedgePolicy(_Model):
-    """Hedged requests for an idempotent stage (retrieval, rerank): when an attempt has not
-    answered after about the stage's ``quantile`` latency, a second attempt is sent; the first
-    success wins and the other is cancelled; an error never wins the race.
-
-    - ``quantile``: the hedge delay is this quantile of the stage's recent attempt latencies,
-      (0, 1) (0.95: the P95), at least ``min_delay_s`` and at most ``max_delay_s`` (seconds; None:
-      no cap); no hedge until ``min_samples`` latencies were seen (of the last ``samples``).
-    - budget, as the retry budget's: hedges add at most ``budget_ratio`` of the stage's calls
-      over ``budget_window_s`` seconds, plus ``budget_min_per_s`` per second (default 10%, 0).
-    """
-
-    quantile: float = Field(default=0.95, gt=0, lt=1)
-    min_delay_s: float = Field(default=0.001, ge=0, le=3600)
-    max_delay_s: float | None = Field(default=None, gt=0, le=3600)
-    min_samples: int = Field(default=20, ge=1, le=100_000)
-    samples: int = Field(default=256, ge=16, le=100_000)
-    budget_ratio: float = Field(default=0.1, ge=0, le=1)
-    budget_min_per_s: float = Field(default=0.0, ge=0, le=1e6)
-    budget_window_s: float = Field(default=10.0, gt=0, le=3600)
-
-
-class StagePolicy(_Model):
+class StagePolicy(Options):
     """How one stage is guarded.
 
     - ``timeout_s``: per-attempt timeout in seconds (None: only the deadline bounds it).
@@ -499,9 +269,13 @@ class StagePolicy(_Model):
     - rerank (``rerank`` preset): ``rerank_min_batch`` is the floor the batch is halved down to.
     - ``generation`` (``generation`` preset): the stream budgets and the token estimate
       (:class:`GenerationPolicy`).
-    - ``layers``: the options of layers added with :func:`ragguard.layers.register_layer`, by layer
-      name, each validated by that layer's own policy model (an unknown name is an error); a
-      layer with no entry here is left out of the stage's chain unless it says otherwise.
+    - ``layers``: every configured layer's options by layer name, each validated by that layer's
+      own options model: the built-in layers' (``retry``, ``hedge``, ``throttle``, ``adaptive``,
+      ``breaker``: usually written at the stage's top level, as fields) and those of layers added
+      with :func:`ragguard.layers.register_layer`. Options for a name no layer has registered yet
+      are kept as given and validated when a Guard builds the stage (ConfigError naming the
+      field, or the unknown layer); a layer with no entry is left out of the stage's chain
+      unless it says otherwise (``retry`` and ``breaker`` run with their models' defaults).
     - overload (:mod:`ragguard.overload`, each None = off): ``adaptive`` an adaptive concurrency
       limit with priority shedding, ``throttle`` client-side adaptive throttling, ``hedge`` hedged
       requests (idempotent stages only).
@@ -517,8 +291,6 @@ class StagePolicy(_Model):
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
     min_attempt_s: float = Field(default=0.0, ge=0, le=3600)
-    breaker: BreakerPolicy = BreakerPolicy()
-    retry: RetryPolicy = RetryPolicy()
     fallback_on: Literal["breaker", "any"] = "breaker"
     cache_size: int = Field(default=10_000, ge=0, le=10_000_000)
     cache_ttl_s: float = Field(default=3600.0, gt=0)
@@ -526,11 +298,139 @@ class StagePolicy(_Model):
     generation: GenerationPolicy = GenerationPolicy()
     preset: str | None = None
     idempotent: bool | None = None
-    adaptive: AdaptivePolicy | None = None
-    throttle: ThrottlePolicy | None = None
-    hedge: HedgePolicy | None = None
     max_threads: int = Field(default=8, ge=1, le=10_000)
     layers: dict[str, Any] = Field(default_factory=dict)
+
+    if TYPE_CHECKING:  # the built-in layers' options are keywords too (moved into ``layers``)
+
+        def __init__(
+            self,
+            *,
+            timeout_s: float | None = None,
+            min_attempt_s: float = 0.0,
+            fallback_on: Literal["breaker", "any"] = "breaker",
+            cache_size: int = 10_000,
+            cache_ttl_s: float = 3600.0,
+            rerank_min_batch: int = 4,
+            generation: GenerationPolicy | Mapping[str, Any] = ...,
+            preset: str | None = None,
+            idempotent: bool | None = None,
+            max_threads: int = 8,
+            layers: Mapping[str, Any] = ...,
+            breaker: BreakerPolicy | Mapping[str, Any] | None = None,
+            retry: RetryPolicy | Mapping[str, Any] | None = None,
+            hedge: HedgePolicy | Mapping[str, Any] | None = None,
+            throttle: ThrottlePolicy | Mapping[str, Any] | None = None,
+            adaptive: AdaptivePolicy | Mapping[str, Any] | None = None,
+        ) -> None: ...
+
+    also_spelt: ClassVar[tuple[str, ...]] = _registry.STAGE_FIELDS
+    """Names a stage's mapping may hold besides its fields: the built-in layers' options."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hoist(cls, data: Any) -> Any:
+        # ``breaker: {...}`` at the stage's top level is the breaker layer's entry in ``layers``
+        if not isinstance(data, Mapping) or not any(k in data for k in _registry.STAGE_FIELDS):
+            return data
+        data = dict(data)
+        held = data.get("layers")
+        if held is not None and not isinstance(held, Mapping):
+            return data  # refused by the field's own check
+        held = dict(held or {})
+        for name in _registry.STAGE_FIELDS:
+            if name in data:
+                value = data.pop(name)
+                if name in held:
+                    raise ValueError(f"{name} is given twice: at the stage's top level and under layers")
+                if value is not None:  # None: off (the default of those that are not always on)
+                    held[name] = value
+        data["layers"] = held
+        return data
+
+    @field_validator("layers")
+    @classmethod
+    def _layer_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not value:
+            return value
+        checked: dict[str, Any] = {}
+        errors: list[Any] = []
+        for name, options in value.items():
+            try:
+                checked[name] = _layer_options(name, options)
+            except ValidationError as exc:
+                errors += [_at(name, err) for err in exc.errors(include_url=False)]
+            except (ConfigError, ValueError, TypeError) as exc:
+                errors.append(_at(name, {"type": "value_error", "loc": (), "input": options,
+                                         "ctx": {"error": exc}}))  # fmt: skip
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return checked
+
+    @model_validator(mode="after")
+    def _checked(self) -> StagePolicy:
+        if self.preset is not None and self.preset not in _registry.PRESETS:
+            known = ", ".join(sorted(_registry.PRESETS))
+            raise ValueError(f"unknown preset {_validate.shown(self.preset)}; known: {known}")
+        if self.layers.get("hedge") is not None and self.idempotent is False:
+            raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field="hedge")
+        return self
+
+    # -- the layers' options, by name -------------------------------------------------------
+
+    def layer(self, name: str) -> Any:
+        """The stage's options for the layer ``name`` (an instance of its options model), the
+        model's defaults for a layer present by default (``retry``, ``breaker``), or None when
+        the stage does not configure it. Options given for a layer registered after this policy
+        was built are validated now; raises ConfigError (``field`` ``layers.<name>...``) when
+        they are invalid or when no layer ``name`` is registered."""
+        options = self.layers.get(name)
+        if options is None:
+            return _default(name) if name in _registry.DEFAULT_ON else None
+        if isinstance(options, _Pending):
+            options = self.layers[name] = _pending_checked(name, options)
+        return options
+
+    @property
+    def pending(self) -> bool:
+        """Whether some options wait for their layer to be registered (see :meth:`layer`)."""
+        return any(isinstance(options, _Pending) for options in self.layers.values())
+
+    def check_layers(self, where: str) -> None:
+        """Validate the options kept for layers not registered when this policy was built
+        (``where``: this stage's path, for the error's ``field``); ConfigError naming the field."""
+        for name, options in self.layers.items():
+            if isinstance(options, _Pending):
+                try:
+                    self.layer(name)
+                except ConfigError as exc:
+                    raise ConfigError(str(exc).replace("layers.", f"{where}.layers.", 1),
+                                      field=f"{where}.{exc.field}") from None  # fmt: skip
+
+    @property
+    def breaker(self) -> BreakerPolicy:
+        """The breaker kind and options (:class:`ragguard.BreakerPolicy`)."""
+        return self.layer("breaker")  # type: ignore[no-any-return]
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy (:class:`ragguard.RetryPolicy`)."""
+        return self.layer("retry")  # type: ignore[no-any-return]
+
+    @property
+    def hedge(self) -> HedgePolicy | None:
+        """Hedged requests (:class:`ragguard.HedgePolicy`), None: off."""
+        return self.layer("hedge")  # type: ignore[no-any-return]
+
+    @property
+    def throttle(self) -> ThrottlePolicy | None:
+        """Client-side adaptive throttling (:class:`ragguard.ThrottlePolicy`), None: off."""
+        return self.layer("throttle")  # type: ignore[no-any-return]
+
+    @property
+    def adaptive(self) -> AdaptivePolicy | None:
+        """The adaptive concurrency limit (:class:`ragguard.AdaptivePolicy`), None: off."""
+        return self.layer("adaptive")  # type: ignore[no-any-return]
 
     @property
     def is_idempotent(self) -> bool:
@@ -539,44 +439,61 @@ class StagePolicy(_Model):
             return self.idempotent
         return self.preset in IDEMPOTENT_PRESETS
 
-    @field_validator("hedge")
-    @classmethod
-    def _hedge_needs_idempotent(cls, value: HedgePolicy | None, info: Any) -> HedgePolicy | None:
-        if value is not None and info.data.get("idempotent") is False:
-            raise ValueError(_HEDGE_NOT_IDEMPOTENT)
-        return value
 
-    @field_validator("layers")
-    @classmethod
-    def _registered_layers(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if not value:
-            return value
-        from .layers import layer_policy_model
+class _Pending(dict[str, Any]):
+    """The options of a layer not registered (yet): kept as given, validated when asked for."""
 
-        checked: dict[str, Any] = {}
-        for name, options in value.items():
-            model = layer_policy_model(name)  # ValueError naming the registered layers
-            if isinstance(options, model):
-                checked[name] = options
-                continue
-            if not isinstance(options, Mapping):
-                got = type(options).__name__
-                raise ValueError(f"{name}: expected a mapping of the layer's options, got {got}")
-            try:
-                checked[name] = model(**options)
-            except (ValidationError, ConfigError) as exc:
-                raise ValueError(f"{name}: {_validate.bounded(str(exc), 300)}") from None
-        return checked
 
-    @model_validator(mode="after")
-    def _known_preset(self) -> StagePolicy:
-        if self.preset is not None:
-            from .rag import PRESETS
+def _layer_options(name: str, options: Any) -> Any:
+    model = _registry.model(name)
+    if model is None:
+        if _registry.registered(name):
+            raise ValueError(f"{name} takes no options (registered without a policy model)")
+        if not isinstance(options, Mapping):
+            raise ValueError(f"expected a mapping of the layer's options, got {type(options).__name__}")
+        return _Pending(options)
+    if isinstance(options, model):
+        return options
+    if not isinstance(options, Mapping):
+        raise ValueError(f"expected a mapping of the layer's options, got {type(options).__name__}")
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return model.model_validate(dict(options))
+    return model(**options)
 
-            if self.preset not in PRESETS:
-                known = ", ".join(sorted(PRESETS))
-                raise ValueError(f"unknown preset {_validate.shown(self.preset)}; known: {known}")
-        return self
+
+def _pending_checked(name: str, options: _Pending) -> Any:
+    if not _registry.registered(name):
+        raise ConfigError(_registry.unknown(name), field=f"layers.{name}")
+    try:
+        with _options.nested():
+            return _layer_options(name, dict(options))
+    except ValidationError as exc:
+        errors = [_at(name, err) for err in exc.errors(include_url=False)]
+        wrapped = ValidationError.from_exception_data(
+            "StagePolicy", [{**err, "loc": ("layers", *err["loc"])} for err in errors]
+        )
+        raise _options.config_error(wrapped, f"layer {name}", StagePolicy) from None
+    except (ConfigError, ValueError, TypeError) as exc:
+        text = _validate.bounded(str(exc), 300)
+        raise ConfigError(f"layers.{name}: {text}", field=f"layers.{name}") from None
+
+
+def _at(name: str, err: Any) -> InitErrorDetails:
+    """Pydantic's error ``err`` of the options of layer ``name``, placed under that name."""
+    return {"type": err["type"], "loc": (name, *err["loc"]), "input": err.get("input"),
+            "ctx": err.get("ctx") or {}}  # fmt: skip
+
+
+_DEFAULTS: dict[str, Any] = {}
+
+
+def _default(name: str) -> Any:
+    made = _DEFAULTS.get(name)
+    if made is None:
+        model = _registry.model(name)
+        assert model is not None
+        made = _DEFAULTS[name] = model()
+    return made
 
 
 IDEMPOTENT_PRESETS = frozenset({"embedding", "vector_store", "rerank", "generation"})
@@ -590,33 +507,37 @@ _HEDGE_NOT_IDEMPOTENT = (
 )
 
 
+STANDARD_STAGE_OPTIONS: dict[str, dict[str, Any]] = {
+    "embedding": {
+        "preset": "embedding",
+        "timeout_s": 5.0,
+        "breaker": {"kind": "embedding_timeout"},
+        "retry": {"attempts": 2, "retry_on": ("connection", "rejection")},
+    },
+    "vector_store": {
+        "preset": "vector_store",
+        "timeout_s": 2.0,
+        "breaker": {"kind": "vector_store_unavailable"},
+        "retry": {"attempts": 2, "retry_on": ("connection", "timeout", "rejection")},
+    },
+    "rerank": {
+        "preset": "rerank",
+        "timeout_s": None,
+        "breaker": {"kind": "rerank_oom"},
+        "retry": {"attempts": 1, "retry_on": ()},
+    },
+    "generation": {
+        "preset": "generation",
+        "timeout_s": None,
+        "breaker": {"kind": "generic"},
+        "retry": {"attempts": 2, "retry_on": ("connection", "timeout", "rejection")},
+    },
+}
+"""What the standard stages set (each with the preset of its name); the rest are the defaults."""
+
+
 def _standard_stages() -> dict[str, StagePolicy]:
-    return {
-        "embedding": StagePolicy(
-            preset="embedding",
-            timeout_s=5.0,
-            breaker=BreakerPolicy(kind="embedding_timeout"),
-            retry=RetryPolicy(attempts=2, retry_on=("connection", "rejection")),
-        ),
-        "vector_store": StagePolicy(
-            preset="vector_store",
-            timeout_s=2.0,
-            breaker=BreakerPolicy(kind="vector_store_unavailable"),
-            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout", "rejection")),
-        ),
-        "rerank": StagePolicy(
-            preset="rerank",
-            timeout_s=None,
-            breaker=BreakerPolicy(kind="rerank_oom"),
-            retry=RetryPolicy(attempts=1, retry_on=()),
-        ),
-        "generation": StagePolicy(
-            preset="generation",
-            timeout_s=None,
-            breaker=BreakerPolicy(kind="generic"),
-            retry=RetryPolicy(attempts=2, retry_on=("connection", "timeout", "rejection")),
-        ),
-    }
+    return {name: StagePolicy(**options) for name, options in STANDARD_STAGE_OPTIONS.items()}
 
 
 STANDARD_STAGES = ("embedding", "vector_store", "rerank", "generation")
@@ -629,13 +550,19 @@ def _overlay(base: _M, given: _M) -> _M:
     for name in given.model_fields_set:
         value = getattr(given, name)
         current = getattr(base, name)
-        if isinstance(value, _Model) and type(value) is type(current):
+        if isinstance(value, Options) and type(value) is type(current):
             value = _overlay(current, value)
+        elif name == "layers":  # by layer name, each layer's options merged the same way
+            value = {**current, **{
+                layer: _overlay(current[layer], options)
+                if isinstance(options, Options) and type(options) is type(current.get(layer)) else options
+                for layer, options in value.items()
+            }}  # fmt: skip
         update[name] = value
     return base.model_copy(update=update)
 
 
-class Policy(_Model):
+class Policy(Options):
     """Every stage's and every tenant's settings.
 
     - ``stages``: stage name -> StagePolicy. The standard stages ``embedding``, ``vector_store``,
@@ -652,7 +579,7 @@ class Policy(_Model):
     """
 
     stages: dict[str, StagePolicy] = Field(default_factory=_standard_stages)
-    default_stage: StagePolicy = StagePolicy(breaker=BreakerPolicy(kind="generic"))
+    default_stage: StagePolicy = StagePolicy()
     tenants: dict[str, TenantQuota] = Field(default_factory=dict)
     default_quota: TenantQuota = TenantQuota()
     unlisted_pool: PoolQuota | None = None
@@ -700,8 +627,18 @@ class Policy(_Model):
         return self
 
     def stage(self, name: str) -> StagePolicy:
-        """The policy of stage ``name`` (``default_stage`` when not listed)."""
-        return self.stages.get(name, self.default_stage)
+        """The policy of stage ``name`` (``default_stage`` when not listed). Options it keeps for
+        a layer that was not registered when the policy was built are validated now (the Guard
+        asks when it builds the stage): ConfigError naming the field when they are invalid or no
+        such layer is registered."""
+        stage = self.stages.get(name)
+        if stage is None:
+            stage, where = self.default_stage, "default_stage"
+        else:
+            where = f"stages.{name}"
+        if stage.pending:
+            stage.check_layers(where)
+        return stage
 
     def pool(self, tenant_id: str) -> PoolQuota | None:
         """The aggregate bound ``tenant_id`` shares with the other tenants not listed (see
@@ -737,14 +674,10 @@ class Policy(_Model):
                 "aliases are expanded, far more than any policy needs"
             )
         try:
-            depth = getattr(_nesting, "depth", 0)
-            _nesting.depth = depth + 1
-            try:
+            with _options.nested():
                 return cls.model_validate(dict(data))
-            finally:
-                _nesting.depth = depth
         except ValidationError as exc:
-            raise _config_error(exc, source) from None
+            raise _options.config_error(exc, source, cls) from None
         except ValueError as exc:
             raise ConfigError(_validate.bounded(f"{source}: {exc}", 500)) from None
 
@@ -827,30 +760,3 @@ def _fits(data: Any, limit: int) -> bool:
         elif isinstance(value, list | tuple | set):
             stack.extend(value)
     return True
-
-
-def _config_error(exc: ValidationError, source: str) -> ConfigError:
-    errors = exc.errors(include_url=False)
-    lines = [f"{_validate.bounded(source, 200)}: {len(errors)} invalid value(s)"]
-    first: str | None = None
-    for err in errors[:MAX_ERRORS_SHOWN]:
-        path, text = _describe_one(err)
-        first = first if first is not None else path
-        lines.append(_validate.bounded(f"  {path}: {text}", 400))
-    if len(errors) > MAX_ERRORS_SHOWN:
-        lines.append(f"  ... and {len(errors) - MAX_ERRORS_SHOWN} more")
-    return ConfigError("\n".join(lines), field=first)
-
-
-def _describe_one(err: Any) -> tuple[str, str]:
-    """The field path of one pydantic error and what is wrong there, both bounded."""
-    loc = [_validate.bounded(str(part), 40) for part in err["loc"]]
-    cause = (err.get("ctx") or {}).get("error")
-    if isinstance(cause, ConfigError) and cause.field:
-        # Our own rule (a breaker option): its message starts with the option's name.
-        parts = cause.field.split(".")
-        if not loc or loc[-1] != parts[-1]:
-            loc += parts
-        text, head = str(cause), parts[-1] + " "
-        return ".".join(loc) or "(top level)", text[len(head) :] if text.startswith(head) else text
-    return ".".join(loc) or "(top level)", _model_errors.describe(err, Policy)

@@ -167,3 +167,35 @@ def test_each_breaker_module_imports_first_on_its_own() -> None:
         code = f"import ragguard.breakers.{module}"
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
+
+
+# -- a breaker built from its config object: validated once, used as given (issue 20) ------------
+
+
+def test_a_breaker_takes_its_config_object_as_it_is(clock: FakeClock) -> None:
+    config = BreakerConfig.of(minimum_calls=2, window_size=4, open_for_s=7.0, classifier=counts_outages)
+    breaker = CircuitBreaker("store", config=config, clock=clock)
+    assert breaker.config is config  # not rebuilt, not re-validated
+    for _ in range(2):
+        breaker.on_result(breaker.acquire(), 0.0, ConnectionRefusedError())
+    assert breaker.state is BreakerState.OPEN and breaker.metrics().retry_after_s == pytest.approx(7.0)
+    typed = EmbeddingTimeoutBreaker(config=config, clock=clock)
+    assert typed.config is config and typed.name == "embedding"  # the kind's defaults not merged in
+
+
+def test_a_config_and_option_keywords_together_or_a_wrong_config_are_refused() -> None:
+    config = BreakerConfig.of(minimum_calls=2, window_size=4)
+    with pytest.raises(ConfigError, match="not both") as both:
+        CircuitBreaker("store", config=config, open_for_s=5.0)
+    assert both.value.field == "config" and "open_for_s" in str(both.value)
+    with pytest.raises(ConfigError, match="BreakerConfig") as wrong:
+        CircuitBreaker("store", config={"minimum_calls": 2})  # type: ignore[arg-type]
+    assert wrong.value.field == "config"
+
+
+def test_the_guard_builds_the_breaker_from_the_policy_s_own_config() -> None:
+    policy = ragguard.Policy.parse({"stages": {"s": {"breaker": {"minimum_calls": 3, "window_size": 6}}}})
+    described = policy.stage("s").breaker.config()
+    assert described is policy.stage("s").breaker.config()  # validated once, kept
+    built = ragguard.Guard(policy).stage("s").breaker
+    assert isinstance(built, CircuitBreaker) and built.config is described

@@ -47,7 +47,11 @@ from ..demo.rerank import Reranker
 from ..demo.service import RetrievalServer
 from ..grpc import TENANT_KEY
 from ..guard import Guard
-from ..policy import AdaptivePolicy, BreakerPolicy, HedgePolicy, Policy, RetryPolicy, StagePolicy, TenantQuota
+from ..layers.adaptive import AdaptivePolicy
+from ..layers.breaker import BreakerPolicy
+from ..layers.hedge import HedgePolicy
+from ..layers.retry import RetryPolicy
+from ..policy import Policy, StagePolicy, TenantQuota
 
 __all__ = ["CONTENDERS", "Contender", "TenantPlan", "build_contender"]
 

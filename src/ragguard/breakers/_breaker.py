@@ -33,9 +33,9 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, ClassVar, Literal, ParamSpec, TypeVar
 
 from .. import _validate, events
 from .._errors import BreakerOpen, ConfigError
@@ -83,6 +83,13 @@ class BreakerMetrics:
     retry_after_s: float | None
 
 
+_DEFAULT_OPTIONS: dict[str, Any] = {
+    **{f.name: f.default for f in fields(BreakerConfig)},
+    "classifier": None,
+}
+"""The option keywords of :class:`CircuitBreaker` as their defaults."""
+
+
 class CircuitBreaker:
     """A circuit breaker with sliding-window failure and slow-call rates.
 
@@ -116,6 +123,8 @@ class CircuitBreaker:
     ``slow_classifier`` (``exc -> bool`` or None): errors that count as slow whatever their
     duration (a timed-out call was slow; the embedding breaker passes ``is_timeout``).
     ``clock`` (callable returning monotonic seconds, default ``time.monotonic``).
+    ``config`` (a :class:`BreakerConfig`, e.g. ``BreakerPolicy.config()`` of a stage's policy):
+    the options validated already, used as they are (then no option keyword may be given).
     ``error_class`` (a :class:`ragguard.BreakerOpen` subclass): raised on rejection, with
     ``retry_after_s`` the true time left open (0.0 while half-open with every permit taken,
     None while forced open).
@@ -123,10 +132,13 @@ class CircuitBreaker:
     Cancellation (``asyncio.CancelledError``, trio's ``Cancelled``, any ``BaseException``) is
     never recorded: the call's half-open permit is given back and the cancellation re-raised.
 
-    The options are validated once into a frozen :class:`BreakerConfig`, read-only as
-    :attr:`config`. Raises :class:`ragguard.ConfigError` naming the option (its ``field``) when a
+    The options are validated once into a frozen :class:`BreakerConfig` (or given as one),
+    read-only as :attr:`config`. Raises :class:`ragguard.ConfigError` naming the option (its ``field``) when a
     value is out of range.
     """
+
+    defaults: ClassVar[dict[str, Any]] = {}
+    """The defaults of this kind of breaker that differ from :class:`BreakerConfig`'s."""
 
     __slots__ = (
         "__weakref__",
@@ -186,11 +198,12 @@ class CircuitBreaker:
         slow_classifier: Classifier | None = None,
         clock: Callable[[], float] = time.monotonic,
         error_class: type[BreakerOpen] = BreakerOpen,
+        config: BreakerConfig | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"name must be a non-empty str, got {_validate.shown(name)}", field="name")
         self.name = name
-        config = BreakerConfig.of(
+        options = dict(
             failure_rate_threshold=failure_rate_threshold,
             slow_call_rate_threshold=slow_call_rate_threshold,
             slow_call_duration_s=slow_call_duration_s,
@@ -207,6 +220,17 @@ class CircuitBreaker:
             slow_classifier=slow_classifier,
             error_class=error_class,
         )
+        if config is None:
+            config = BreakerConfig.of(**options)
+        elif not isinstance(config, BreakerConfig):
+            got = _validate.shown(config)
+            raise ConfigError(f"config must be a ragguard.breakers.BreakerConfig, got {got}", field="config")
+        elif options != _DEFAULT_OPTIONS:
+            given = sorted(k for k, value in options.items() if _DEFAULT_OPTIONS[k] != value)
+            raise ConfigError(
+                f"give config= or the option keywords, not both (also given: {', '.join(given)})",
+                field="config",
+            )
         if rng is not None and not callable(getattr(rng, "random", None)):
             raise ConfigError(f"rng must be a random.Random, got {_validate.shown(rng)}", field="rng")
         _validate.function("clock", clock, "returning monotonic seconds")

@@ -80,6 +80,7 @@ class BreakerOptions(TypedDict, total=False):
     slow_classifier: Callable[[BaseException], bool] | None
     clock: Callable[[], float]
     error_class: type[BreakerOpen]
+    config: BreakerConfig
 
 
 @dataclass(frozen=True, slots=True)

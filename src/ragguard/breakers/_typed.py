@@ -42,7 +42,8 @@ class _TypedBreaker(CircuitBreaker):
     default_name: ClassVar[str] = ""
 
     def __init__(self, name: str | None = None, **options: Unpack[BreakerOptions]) -> None:
-        merged: dict[str, Any] = {**self.defaults, **options}
+        # a config given is complete already (its defaults were this kind's when it was made)
+        merged: dict[str, Any] = {**options} if "config" in options else {**self.defaults, **options}
         super().__init__(self.default_name if name is None else name, **merged)
 
 

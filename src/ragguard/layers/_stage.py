@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from .._clock import Clock
 from ..breakers import Breaker, counts_by_default
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from ..guard import Guard
 
 __all__ = ["Bound", "Stage", "StagePreset"]
+
+T = TypeVar("T")
 
 
 class StagePreset(Protocol):
@@ -114,9 +116,18 @@ class Stage:
         )
         self.budget: RetryBudget | None = make_budget(self)
         self.preset_state: Any = None if preset is None else preset.state(self)
+        self._parts: dict[str, Any] = {}
         self.users: weakref.WeakSet[Any] = weakref.WeakSet()
         """The decorated functions' compiled chains that run this stage (held weakly): a stage
         with users is never forgotten by its Guard's ``max_stages`` bound."""
+
+    def part(self, key: str, make: Callable[[], T]) -> T:
+        """The per-stage state ``key`` of a layer (a user layer's own), made by ``make()`` on first
+        use and shared by every function of the stage; forgotten with the stage."""
+        got = self._parts.get(key)
+        if got is None:
+            got = self._parts[key] = make()
+        return got
 
     @property
     def timeout_s(self) -> float | None:
@@ -126,7 +137,7 @@ class Stage:
     def layer_policy(self, name: str) -> Any:
         """The stage's options for the registered layer ``name`` (its policy model), or None when
         the stage's policy has no ``layers`` entry for it (see :func:`ragguard.layers.register_layer`)."""
-        return self.policy.layers.get(name)
+        return self.policy.layer(name)
 
     def preset_layers(self, bound: Bound) -> Sequence[Layer]:
         return () if self.preset is None else self.preset.layers(self, bound)

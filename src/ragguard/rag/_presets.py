@@ -35,6 +35,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .. import _registry
 from .._clock import timers_of
 from .._errors import ConfigError
 from ..layers import Bound, Stage, StagePreset
@@ -298,3 +299,4 @@ def register_preset(new: StagePreset) -> None:
     if not isinstance(new.name, str) or not new.name:
         raise ConfigError(f"register_preset: name must be a non-empty str, got {new.name!r:.40}")
     PRESETS[new.name] = new
+    _registry.add_preset(new.name)  # stage policies may name it
