@@ -125,8 +125,9 @@ def demo(
         int | None,
         typer.Option(
             "--status-port", metavar="PORT", show_default="none",
-            help="During the guarded run, serve its status on 127.0.0.1:PORT/status, for "
-            "`ragguard top http://127.0.0.1:PORT/status`.",
+            help="Serve the guarded run's status on 127.0.0.1:PORT/status, for `ragguard top "
+            "http://127.0.0.1:PORT/status`, from start-up to exit (before that run: no stages, and a "
+            "note saying nothing is guarded yet).",
         ),
     ] = None,
 ) -> None:
