@@ -72,6 +72,17 @@ def _per_s(value: float | None) -> str:
     return f"{value:.1f}" if value < 100 else f"{value:.0f}"
 
 
+def _plain(value: Any, limit: int = 60) -> str:
+    """``value`` as the endpoint sent it, made safe to print: at most ``limit`` characters, and
+    no control characters (an escape sequence in a stage name must not drive the terminal)."""
+    text = str(value)[:limit]
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else _plain(value, 12)
+
+
 def _left(seconds: Any) -> str:
     return f"{seconds:.1f}s" if isinstance(seconds, (int, float)) else ""
 
@@ -107,11 +118,11 @@ def render(
         if b is None:
             state, left, reject = Text("-", style="dim"), "", None
         else:
-            state = Text(str(b.get("state", "?")), style=_STATE_STYLE.get(str(b.get("state")), ""))
+            state = Text(_plain(b.get("state", "?")), style=_STATE_STYLE.get(str(b.get("state")), ""))
             left = _left(b.get("retry_after_s"))
             reject = rejected.get(str(b.get("name")), 0.0) if counts is not None else None
-        breakers.add_row(name, state, left, _per_s(fallbacks.get(name, 0.0) if counts is not None else None),
-                         _per_s(reject))  # fmt: skip
+        fallback = fallbacks.get(name, 0.0) if counts is not None else None
+        breakers.add_row(_plain(name), state, left, _per_s(fallback), _per_s(reject))
 
     limits = _table("Adaptive limits", "stage", "limit", "range", "in flight", "queued", "shed/s")
     for name, entry in stages.items():
@@ -119,7 +130,8 @@ def render(
         if lim is None:
             continue
         span = f"{lim.get('min_limit', '?')}-{lim.get('max_limit', '?')}" if "min_limit" in lim else ""
-        limits.add_row(name, str(lim.get("limit")), span, str(lim.get("in_flight")), str(lim.get("queued")),
+        limits.add_row(_plain(name), *(_plain(v, 12) for v in (lim.get("limit"), span, lim.get("in_flight"),
+                                                               lim.get("queued"))),
                        _per_s(shed.get(name, 0.0) if counts is not None else None))  # fmt: skip
 
     quotas = status.get("quotas") or {}
@@ -134,14 +146,13 @@ def render(
     for tenant, t in rows.items():
         got = t.get("_refused", refused.get(tenant, 0.0))
         waiting, most = t.get("waiting"), t.get("max_concurrency")
-        tenants.add_row(tenant, str(t.get("in_flight")), "-" if waiting is None else str(waiting),
-                        "-" if most is None else str(most),
+        tenants.add_row(_plain(tenant), _plain(t.get("in_flight"), 12), _or_dash(waiting), _or_dash(most),
                         _per_s(got if counts is not None else None))  # fmt: skip
 
     parts: list[RenderableType] = [head]
     note = status.get("note")
     if isinstance(note, str) and note:
-        parts.append(Text(note[:200], style="yellow"))
+        parts.append(Text(_plain(note, 200), style="yellow"))
     parts += [Text(""), breakers]
     if limits.row_count:
         parts += [Text(""), limits]
@@ -150,7 +161,7 @@ def render(
     links = status.get("links") or []
     if links:
         words = [
-            Text.assemble(str(link.get("component")), ": ",
+            Text.assemble(_plain(link.get("component")), ": ",
                           ("redis", "green") if link.get("shared") else ("LOCAL (redis lost)", "bold red"))
             for link in links[:6]
         ]  # fmt: skip

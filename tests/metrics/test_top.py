@@ -123,3 +123,20 @@ def test_a_note_in_the_status_is_shown_under_the_title() -> None:
     top = Top("http://x/status", fetcher=lambda url: snapshot)
     Console(file=out, width=80, color_system=None).print(top.frame())
     assert out.getvalue().splitlines()[1] == "demo: the unguarded run"
+
+
+def test_what_the_endpoint_sends_cannot_drive_the_terminal() -> None:
+    evil = "\x1b]0;owned\x07\x1b[2J"
+    snapshot: dict[str, Any] = {
+        "ok": False, "open": [evil], "note": f"note {evil}",
+        "stages": {f"embed{evil}": {"breaker": {"name": evil, "state": evil, "retry_after_s": None},
+                                    "limit": {"limit": evil, "in_flight": 1, "queued": 0}}},
+        "quotas": {"tenants": {f"acme{evil}": {"in_flight": evil, "waiting": evil, "max_concurrency": 2}}},
+        "links": [{"component": evil, "shared": True}],
+    }  # fmt: skip
+    out = io.StringIO()
+    top = Top("http://x/status", fetcher=lambda url: snapshot)
+    Console(file=out, width=80, force_terminal=True).print(top.frame())  # colours: its own escapes only
+    text = out.getvalue()
+    assert "owned" in text and "embed" in text and "acme" in text, text
+    assert "\x1b]" not in text and "\x1b[2J" not in text, repr(text)
