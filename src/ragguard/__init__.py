@@ -44,6 +44,14 @@ from .policy import GenerationPolicy, Policy, PoolQuota, StagePolicy, TenantQuot
 
 __version__ = "0.1.0"
 
+# The errors' public home is this namespace: tracebacks and reprs say ragguard.ConfigError, not
+# ragguard._errors.ConfigError, and pickle finds each class here.
+for _error in (BreakerOpen, ConfigError, CorruptPayload, DeadlineExceeded, EmbeddingUnavailable, InvalidInput,
+               Overloaded, QuotaExceeded, RagguardError, RerankOutOfMemory, StageTimeout, StreamTimeout,
+               VectorStoreUnavailable):  # fmt: skip
+    _error.__module__ = __name__
+del _error
+
 __all__ = [
     "AdaptivePolicy",
     "BreakerOpen",

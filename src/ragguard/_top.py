@@ -3,17 +3,29 @@
 Polls ``URL`` (a :class:`ragguard.asgi.StatusEndpoint`, :func:`ragguard.status.serve`, or any
 route answering :func:`ragguard.status.snapshot`'s JSON) every ``interval_s`` seconds and redraws
 in place: breakers with their state and time left open, adaptive limits, tenants' slots, and
-fallbacks, sheds and refusals per second (from the endpoint's counts, between two polls). Laid out
-to stay readable at 80 columns. While the URL does not answer, it says so and keeps polling.
+fallbacks, sheds and refusals per second (from the endpoint's counts, between two polls: "-"
+until there are two). Laid out to stay readable at 80 columns. While the URL does not answer, it
+says so and keeps polling. A ``note`` string in the status (``ragguard demo --status-port`` says
+which of its runs is guarded) is shown under the title.
+
+On a terminal the frame is redrawn in place; in a pipe or a log each frame is printed as plain
+text as it comes, followed by a blank line (a "waiting" line only when the reason changes).
+SIGINT and SIGTERM end the view after the frame being drawn. ``once`` polls twice,
+``interval_s`` apart, and prints the second frame (its rates are between the two); when the
+endpoint does not answer it prints the reason on stderr and :meth:`Top.run` returns 1.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -41,11 +53,11 @@ def fetch(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
 Rates = dict[str, dict[str, float]]
 
 
-def _rates(now: Mapping[str, Any], before: Mapping[str, Any] | None, dt: float) -> Rates:
-    """Per-second rates of every count between two polls (empty on the first)."""
+def _rates(now: Mapping[str, Any], before: Mapping[str, Any] | None, dt: float) -> Rates | None:
+    """Per-second rates of every count between two polls (None on the first: no rate yet)."""
     out: dict[str, dict[str, float]] = {}
     if before is None or dt <= 0:
-        return out
+        return None
     for name, table in now.items():
         if not isinstance(table, dict):
             continue
@@ -58,6 +70,17 @@ def _per_s(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def _plain(value: Any, limit: int = 60) -> str:
+    """``value`` as the endpoint sent it, made safe to print: at most ``limit`` characters, and
+    no control characters (an escape sequence in a stage name must not drive the terminal)."""
+    text = str(value)[:limit]
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else _plain(value, 12)
 
 
 def _left(seconds: Any) -> str:
@@ -73,13 +96,18 @@ def _table(title: str, *columns: str) -> Table:
     return table
 
 
-def render(status: Mapping[str, Any], rates: Mapping[str, Mapping[str, float]], url: str, at: str) -> Group:
-    """One frame of the view (rich renderables) for the snapshot ``status``."""
+def render(
+    status: Mapping[str, Any], rates: Mapping[str, Mapping[str, float]] | None, url: str, at: str
+) -> Group:
+    """One frame of the view (rich renderables) for the snapshot ``status``; ``rates`` per
+    second since the previous poll (None: no previous poll, every rate shows "-")."""
     ok = status.get("ok", True)
     head = Text.assemble(("ragguard top ", "bold"), (url, "cyan"), f"  {at}  ",
                          ("OK" if ok else "DEGRADED", "bold green" if ok else "bold red"))  # fmt: skip
     stages: Mapping[str, Any] = status.get("stages", {})
-    counts = status.get("counts")
+    counted = isinstance(status.get("counts"), dict)
+    counts = status.get("counts") if counted and rates is not None else None
+    rates = rates or {}
     fallbacks = rates.get("fallbacks", {})
     shed = rates.get("shed", {})
     rejected = rates.get("rejected", {})
@@ -90,11 +118,11 @@ def render(status: Mapping[str, Any], rates: Mapping[str, Mapping[str, float]], 
         if b is None:
             state, left, reject = Text("-", style="dim"), "", None
         else:
-            state = Text(str(b.get("state", "?")), style=_STATE_STYLE.get(str(b.get("state")), ""))
+            state = Text(_plain(b.get("state", "?")), style=_STATE_STYLE.get(str(b.get("state")), ""))
             left = _left(b.get("retry_after_s"))
             reject = rejected.get(str(b.get("name")), 0.0) if counts is not None else None
-        breakers.add_row(name, state, left, _per_s(fallbacks.get(name, 0.0) if counts is not None else None),
-                         _per_s(reject))  # fmt: skip
+        fallback = fallbacks.get(name, 0.0) if counts is not None else None
+        breakers.add_row(_plain(name), state, left, _per_s(fallback), _per_s(reject))
 
     limits = _table("Adaptive limits", "stage", "limit", "range", "in flight", "queued", "shed/s")
     for name, entry in stages.items():
@@ -102,7 +130,8 @@ def render(status: Mapping[str, Any], rates: Mapping[str, Mapping[str, float]], 
         if lim is None:
             continue
         span = f"{lim.get('min_limit', '?')}-{lim.get('max_limit', '?')}" if "min_limit" in lim else ""
-        limits.add_row(name, str(lim.get("limit")), span, str(lim.get("in_flight")), str(lim.get("queued")),
+        limits.add_row(_plain(name), *(_plain(v, 12) for v in (lim.get("limit"), span, lim.get("in_flight"),
+                                                               lim.get("queued"))),
                        _per_s(shed.get(name, 0.0) if counts is not None else None))  # fmt: skip
 
     quotas = status.get("quotas") or {}
@@ -117,11 +146,14 @@ def render(status: Mapping[str, Any], rates: Mapping[str, Mapping[str, float]], 
     for tenant, t in rows.items():
         got = t.get("_refused", refused.get(tenant, 0.0))
         waiting, most = t.get("waiting"), t.get("max_concurrency")
-        tenants.add_row(tenant, str(t.get("in_flight")), "-" if waiting is None else str(waiting),
-                        "-" if most is None else str(most),
+        tenants.add_row(_plain(tenant), _plain(t.get("in_flight"), 12), _or_dash(waiting), _or_dash(most),
                         _per_s(got if counts is not None else None))  # fmt: skip
 
-    parts: list[RenderableType] = [head, Text(""), breakers]
+    parts: list[RenderableType] = [head]
+    note = status.get("note")
+    if isinstance(note, str) and note:
+        parts.append(Text(_plain(note, 200), style="yellow"))
+    parts += [Text(""), breakers]
     if limits.row_count:
         parts += [Text(""), limits]
     if tenants.row_count:
@@ -129,13 +161,15 @@ def render(status: Mapping[str, Any], rates: Mapping[str, Mapping[str, float]], 
     links = status.get("links") or []
     if links:
         words = [
-            Text.assemble(str(link.get("component")), ": ",
+            Text.assemble(_plain(link.get("component")), ": ",
                           ("redis", "green") if link.get("shared") else ("LOCAL (redis lost)", "bold red"))
             for link in links[:6]
         ]  # fmt: skip
         parts += [Text(""), Text("Links  ", style="bold") + Text("  ").join(words)]
-    if counts is None:
+    if not counted:
         parts += [Text(""), Text("(no counts: the endpoint does not count fallbacks and sheds)", style="dim")]
+    elif counts is None:
+        parts += [Text(""), Text("(rates per second from the next poll on: they need two)", style="dim")]
     return Group(*parts)
 
 
@@ -148,8 +182,8 @@ def _waiting(url: str, error: str, at: str) -> Group:
 
 
 class Top:
-    """The polling loop behind ``ragguard top`` (see the module docstring). ``fetcher`` and
-    ``clock`` are parameters so a test can drive it without a server or real time."""
+    """The polling loop behind ``ragguard top`` (see the module docstring). ``fetcher``, ``clock``
+    and ``sleep`` are parameters so a test can drive it without a server or real time."""
 
     def __init__(
         self,
@@ -158,44 +192,110 @@ class Top:
         interval_s: float = 1.0,
         fetcher: Callable[[str], dict[str, Any]] = fetch,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = url
         self.interval_s = interval_s
         self._fetch = fetcher
         self._clock = clock
+        self._sleep = sleep
         self._before: tuple[float, Mapping[str, Any]] | None = None
+        self._stopping = False
 
-    def frame(self) -> Group:
-        """Poll once and return what to show."""
+    def poll(self) -> tuple[Group, str | None]:
+        """Poll once: the frame to show, and why the endpoint did not answer (None: it did)."""
         at = time.strftime("%H:%M:%S")
         try:
             status = self._fetch(self.url)
         except (OSError, ValueError) as exc:
-            return _waiting(self.url, _reason(exc), at)
+            reason = _reason(exc)
+            return _waiting(self.url, reason, at), reason
         now = self._clock()
         counts = status.get("counts")
-        rates: Rates = {}
+        rates: Rates | None = None
         if isinstance(counts, dict):
             if self._before is not None:
                 then, old = self._before
                 rates = _rates(counts, old, now - then)
             self._before = (now, counts)
-        return render(status, rates, self.url, at)
+        return render(status, rates, self.url, at), None
 
-    def run(self, console: Console, *, once: bool = False) -> None:
-        """Draw frames in place until interrupted (``once``: print one frame and return)."""
+    def frame(self) -> Group:
+        """Poll once and return what to show."""
+        return self.poll()[0]
+
+    def run(self, console: Console, *, once: bool = False) -> int:
+        """Show frames until SIGINT or SIGTERM (``once``: see the module docstring); returns the
+        exit status: 0, or 1 when ``once`` got no status."""
         if once:
-            console.print(self.frame())
-            return
+            return self._once(console)
+        with self._stopped_by_signals():
+            if console.is_terminal:
+                self._live(console)
+            else:
+                self._plain(console)
+        return 0
+
+    def _once(self, console: Console) -> int:
+        shown, failed = self.poll()
+        if failed is None and self._before is not None:  # counts: a second poll gives their rates
+            self._sleep(self.interval_s)
+            second, failed = self.poll()
+            shown = shown if failed is not None else second
+        if failed is not None:
+            print(f"ragguard top: no status from {self.url}: {failed}", file=sys.stderr)
+            return 1
+        console.print(shown)
+        return 0
+
+    def _live(self, console: Console) -> None:
         from rich.live import Live
 
         with Live(self.frame(), console=console, auto_refresh=False, screen=False) as live:
-            try:
-                while True:
-                    time.sleep(self.interval_s)
-                    live.update(self.frame(), refresh=True)
-            except KeyboardInterrupt:
+            while self._wait():
+                live.update(self.frame(), refresh=True)
+
+    def _plain(self, console: Console) -> None:
+        said = None
+        while True:
+            shown, failed = self.poll()
+            if failed is None or failed != said:
+                console.print(shown)
+                console.print()
+            said = failed
+            if not self._wait():
                 return
+
+    def _wait(self) -> bool:
+        """Sleep one interval, in short steps so a stop is seen soon; False once told to stop."""
+        left = self.interval_s
+        while left > 0 and not self._stopping:
+            step = min(left, 0.05)
+            self._sleep(step)
+            left -= step
+        return not self._stopping
+
+    @contextmanager
+    def _stopped_by_signals(self) -> Iterator[None]:
+        """SIGINT and SIGTERM ask the loop to stop after the frame being drawn (a second one
+        interrupts at once); outside the main thread (a test) nothing is installed."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def stop(signum: int, frame: Any) -> None:
+            if self._stopping:
+                raise KeyboardInterrupt
+            self._stopping = True
+
+        before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
 
 
 def _reason(exc: BaseException) -> str:

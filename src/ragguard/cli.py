@@ -125,8 +125,9 @@ def demo(
         int | None,
         typer.Option(
             "--status-port", metavar="PORT", show_default="none",
-            help="During the guarded run, serve its status on 127.0.0.1:PORT/status, for "
-            "`ragguard top http://127.0.0.1:PORT/status`.",
+            help="Serve the guarded run's status on 127.0.0.1:PORT/status, for `ragguard top "
+            "http://127.0.0.1:PORT/status`, from start-up to exit (before that run: no stages, and a "
+            "note saying nothing is guarded yet).",
         ),
     ] = None,
 ) -> None:
@@ -283,13 +284,19 @@ def top(
         float, typer.Option("--interval", "-n", metavar="SECONDS", help="Seconds between two polls.")
     ] = 1.0,
     once: Annotated[
-        bool, typer.Option("--once", show_default="off", help="Print one frame and exit (for scripts).")
+        bool,
+        typer.Option(
+            "--once", show_default="off",
+            help="Poll twice, --interval apart, print one frame (its rates between the two) and exit "
+            "(for scripts).",
+        ),
     ] = False,
 ) -> None:
     """Show a running service's breakers (state, time left open), adaptive limits, tenants' slots,
-    and fallbacks, sheds and refusals per second, redrawn in place until Ctrl-C.
+    and fallbacks, sheds and refusals per second, redrawn in place until Ctrl-C (or SIGTERM). In a
+    pipe or a log, each frame is printed as plain text as it comes.
 
-    Exit status: 0 done, 2 a bad option.
+    Exit status: 0 done, 1 --once got no status (the reason on stderr), 2 a bad option.
     """
     problem = None
     if not url.startswith(("http://", "https://")):
@@ -303,7 +310,7 @@ def top(
 
     from ._top import Top
 
-    Top(url, interval_s=interval).run(Console(), once=once)
+    raise typer.Exit(Top(url, interval_s=interval).run(Console(), once=once))
 
 
 @app.command()

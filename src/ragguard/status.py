@@ -274,6 +274,7 @@ def serve(
     exporter: Any = None,
     counts: bool = True,
     loop: asyncio.AbstractEventLoop | None = None,
+    source: Callable[[], dict[str, Any]] | None = None,
 ) -> StatusServer:
     """Serve ``GET /status`` (the :func:`snapshot` JSON; ``/health`` too) and, given a
     :class:`ragguard.metrics.PrometheusExporter` as ``exporter``, ``GET /metrics``, over HTTP on
@@ -282,18 +283,25 @@ def serve(
     The snapshot is taken on ``loop`` (default: the running loop, so call this from the service's
     loop), never in the server's thread, so it reads the Guard as its own calls leave it.
     ``guard`` default: the default registry, looked up per request; ``counts``: also count
-    fallbacks, sheds and rejections (a :class:`StatusCounts`, subscribed now). Port 0 picks a free
-    one (see ``StatusServer.address``). Raises ConfigError for a bad port, RuntimeError without a loop.
+    fallbacks, sheds and rejections (a :class:`StatusCounts`, subscribed now). ``source``: what to
+    serve instead of a Guard's snapshot (called on ``loop`` for each request; no ``guard``, and
+    ``counts`` is not used). Port 0 picks a free one (see ``StatusServer.address``). Raises
+    ConfigError for a bad port or both ``guard`` and ``source``, RuntimeError without a loop, OSError
+    when the port cannot be bound.
     """
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
         raise ConfigError(f"status.serve: port must be 0..65535, got {port!r}")
+    if guard is not None and source is not None:
+        raise ConfigError("status.serve: give a guard or a source, not both")
     target = loop if loop is not None else asyncio.get_running_loop()
-    tally = StatusCounts().start() if counts else None
+    tally = StatusCounts().start() if counts and source is None else None
 
     def take() -> dict[str, Any]:
         async def on_loop() -> dict[str, Any]:
             from .guard import default_guard
 
+            if source is not None:
+                return source()
             return snapshot(guard if guard is not None else default_guard(), tally)
 
         return asyncio.run_coroutine_threadsafe(on_loop(), target).result(timeout=5)

@@ -155,6 +155,26 @@ def test_serve_refuses_a_bad_port() -> None:
         status.serve(70000, Guard())
 
 
+async def test_serve_answers_a_source_of_its_own_read_on_the_loop() -> None:
+    loop = asyncio.get_running_loop()
+    asked_on: list[Any] = []
+
+    def source() -> dict[str, Any]:
+        asked_on.append(asyncio.get_running_loop())
+        return {"ok": True, "open": [], "stages": {}, "note": "warming up"}
+
+    server = status.serve(0, source=source)
+    try:
+        async with httpx.AsyncClient() as client:
+            got = await client.get(server.url)
+    finally:
+        server.close()
+    assert got.json() == {"ok": True, "open": [], "stages": {}, "note": "warming up"}
+    assert asked_on == [loop]
+    with pytest.raises(ragguard.ConfigError, match="not both"):
+        status.serve(0, Guard(), source=source)
+
+
 async def test_shared_quotas_and_breakers_report_their_links(redis_server: Any) -> None:
     client = aioredis.Redis(host=redis_server.host, port=redis_server.port, socket_timeout=0.5)
     g = Guard(_policy(), redis=client, redis_prefix="links",

@@ -26,6 +26,7 @@ from ragguard.events import BreakerTransition, bus
 from ragguard.grpc import GuardServerInterceptor, SnappyServerInterceptor, client_interceptors
 from ragguard.monitors import LoopStall, StallDetector, record_events
 
+from ._status import DemoStatus
 from .backends import BackendAddresses, BackendProcess, ControlClient, start_in_loop
 from .corpus import Passage, Question, load_passages, load_questions
 from .embedder import Embedder, load_embedder
@@ -73,8 +74,10 @@ class DemoOptions:
       within it.
     - ``backends_in_process``: run the backends in this event loop instead of a child process.
     - ``progress``: draw progress bars and the table on the console.
-    - ``status_port``: during the guarded run, serve its Guard's status (``/status``, what
-      ``ragguard top http://127.0.0.1:PORT/status`` shows) on 127.0.0.1 at this port (None: not).
+    - ``status_port``: serve the guarded run's status (``/status``, what ``ragguard top
+      http://127.0.0.1:PORT/status`` shows) on 127.0.0.1 at this port (None: not), from start-up
+      to exit: before the guarded run it answers with no stages and a note saying so
+      (:mod:`ragguard.demo._status`).
     """
 
     duration_s: float | None = None
@@ -159,15 +162,33 @@ async def run_demo_async(options: DemoOptions) -> DemoReport:
     """The demo inside a running asyncio loop (see :func:`run_demo`)."""
     started = time.monotonic()
     scenario = _scenario(options.scenario)
+    console = _console(options)
+    status = None if options.status_port is None else DemoStatus(options.status_port).open()
+    try:
+        if status is not None and console is not None:
+            said = (f"demo: status on {status.url} until the demo ends (ragguard top {status.url}): "
+                    "the guarded run's breakers, limits and tenants; before that run it says nothing "
+                    "is guarded yet")  # fmt: skip
+            console.print(said, markup=False, highlight=False, soft_wrap=True)
+        return await _demo(options, started, scenario, console, status)
+    finally:
+        if status is not None:
+            await status.aclose()
+
+
+async def _demo(
+    options: DemoOptions, started: float, scenario: Scenario, console: Any, status: DemoStatus | None
+) -> DemoReport:
     plan = ChaosPlan(scenario)
     redis = _redis_client(options.redis_url)
-    console = _console(options)
     say(console, "demo: loading the model and starting the backends")
     shared = await _start(options)
     recorder = _record_events(options.out_dir)
     try:
         say(console, f"demo: started in {shared.timings['startup']:.1f} s; asking the healthy service "
             f"all {len(shared.questions)} questions once (recall@5 baseline)")  # fmt: skip
+        if status is not None:
+            status.phase("the healthy baseline")
         baseline = await _baseline_recall(shared, options)
         duration = options.run_duration_s
         rng = random.Random(options.seed)
@@ -178,7 +199,7 @@ async def run_demo_async(options: DemoOptions) -> DemoReport:
         for mode in ("unguarded", "guarded"):
             await shared.applier.heal()
             t0 = time.monotonic()
-            runs[mode] = await _run(mode, shared, options, plan, arrivals, redis, console)
+            runs[mode] = await _run(mode, shared, options, plan, arrivals, redis, console, status)
             shared.timings[f"{mode}_run"] = time.monotonic() - t0
     finally:
         await shared.stop_backends()
@@ -395,6 +416,7 @@ async def _run(
     arrivals: Sequence[Arrival],
     redis: Any,
     console: Any,
+    status: DemoStatus | None,
 ) -> RunResult:
     duration = options.run_duration_s
     transitions: list[Transition] = []
@@ -404,16 +426,17 @@ async def _run(
     generation: GenerationTally | None = None
     if mode == "guarded":
         server, closers, guard = _guarded_service(shared, options, duration, redis)
-        if options.status_port is not None:
-            from ragguard.status import serve
-
-            closers.append(_closing(serve(options.status_port, guard)))
+        if status is not None:
+            status.guarding(guard)
+            closers.insert(0, _ending(status))  # its last snapshot before the Guard closes
         breakers = list(BREAKERS)
         rerank_floor = guard.policy.stage("rerank").rerank_min_batch
         paced = {t: q.tokens_per_s for t, q in guard.policy.tenants.items() if q.tokens_per_s is not None}
         generation = GenerationTally(paced_to=paced)
     else:
         server, closers = _unguarded_service(shared, options)
+        if status is not None:
+            status.phase("the unguarded run")
     address = await server.start()
     snappy = mode == "guarded"
     load_clients = {t.name: RetrievalClient(address, snappy=snappy) for t in options.loads()}
@@ -466,11 +489,11 @@ async def _run(
 Closer = Callable[[], Awaitable[None]]
 
 
-def _closing(server: Any) -> Closer:
-    async def close() -> None:
-        await asyncio.to_thread(server.close)
+def _ending(status: DemoStatus) -> Closer:
+    async def end() -> None:
+        status.ended()
 
-    return close
+    return end
 
 
 def _unguarded_service(shared: _Shared, options: DemoOptions) -> tuple[RetrievalServer, list[Closer]]:
