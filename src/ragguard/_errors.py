@@ -136,6 +136,9 @@ class QuotaExceeded(RagguardError):
         self.reason = reason
         super().__init__(f"tenant {tenant!r} is over its {reason} quota; retry after {retry_after_s:.3f}s")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.tenant, self.retry_after_s, self.reason), self.__dict__)
+
 
 class Overloaded(RagguardError):
     """Stage ``stage`` shed the call to protect its dependency (or the service) from overload.
@@ -239,12 +242,16 @@ class DeadlineExceeded(RagguardError):
         self.stage = stage
         self.budget_s = budget_s
         self.items = items
+        self.detail = detail
         msg = f"deadline exceeded in stage {stage!r}"
         if budget_s is not None:
             msg += f" after a budget of {budget_s:.3f}s"
         if detail:
             msg += f": {detail}"
         super().__init__(msg)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stage, self.budget_s, self.detail), self.__dict__)
 
 
 class StageTimeout(RagguardError, TimeoutError):

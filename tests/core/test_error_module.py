@@ -44,12 +44,8 @@ SAMPLES = [
     ragguard.InvalidInput("bad"),
     ragguard.ConfigError("bad", field="stages.x"),
     ragguard.CorruptPayload("bad"),
-    # pickling these two was broken before their __module__ moved, and is still: their __init__
-    # takes other arguments than the args it stores (left to the errors' owner to fix)
-    pytest.param(ragguard.QuotaExceeded("acme", 0.5, "rate"),
-                 marks=pytest.mark.xfail(strict=True, reason="QuotaExceeded does not unpickle")),
-    pytest.param(ragguard.DeadlineExceeded("search", 0.8, "late", items=3),
-                 marks=pytest.mark.xfail(strict=True, reason="DeadlineExceeded's message doubles")),
+    ragguard.QuotaExceeded("acme", 0.5, "rate"),  # did not unpickle: its args were the message only
+    ragguard.DeadlineExceeded("search", 0.8, "late", items=3),  # its message doubled
 ]  # fmt: skip
 
 
