@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from .._clock import Clock, monotonic
+from .._clock import Clock
 from .._errors import BreakerOpen, ConfigError, DeadlineExceeded
 from ..breakers import (
     AsyncBreaker,
@@ -155,27 +155,8 @@ def make_breaker(stage: Stage, given: Breaker | Literal[False] | None) -> Breake
         return None
     cls = BREAKER_KINDS[kind]
     options = stage.policy.breaker.options()  # every kind counts StageTimeout (breakers/_typed.py)
-    guard = stage.guard
-    local = cls(stage.name, clock=guard.clock, rng=guard.rng, **options)
-    if guard.redis is None:
-        return local
-    from ..distributed import SharedCircuitBreaker
-
-    # Replicas share open-until times: in production they are computed on the Redis server's clock
-    # (no replica's wall clock matters); a Guard given its own clock (a FakeClock in tests) drives
-    # its shared breakers with it, the replica's countdowns and the link's outage timing too.
-    options = {
-        "clock": None if guard.clock is monotonic else guard.clock,
-        "local_clock": guard.clock,
-        "link_clock": guard.clock,
-        **guard.redis_options.get("breakers", {}),
-    }
-    try:
-        shared = SharedCircuitBreaker(local, guard.redis, key_prefix=guard.redis_prefix, **options)
-    except TypeError as exc:  # an option SharedCircuitBreaker does not take
-        raise ConfigError(f"redis_options['breakers']: {exc}") from None
-    guard._closers.append(shared.aclose)
-    return shared
+    ctx = stage.context
+    return ctx.share("breaker", cls(stage.name, clock=ctx.clock, rng=ctx.rng, **options))
 
 
 def build(stage: Stage, bound: Bound) -> BreakerLayer | None:

@@ -38,7 +38,6 @@ from ..deadline import _deadline
 from ..events import bus
 from ..overload import HedgeFired, LatencyTracker
 from ..overload._hedge import HedgeState
-from ..overload._registry import shared
 from ..pipeline import Call
 from .retry import RetryBudget
 
@@ -347,12 +346,12 @@ def hedge_state(stage: Stage) -> HedgeState:
         )
         return HedgeState(tracker, budget, min_delay_s=p.min_delay_s, max_delay_s=p.max_delay_s)
 
-    return shared(stage, "hedge", make)
+    return stage.part("hedge", make)
 
 
 def build(stage: Stage, bound: Bound) -> HedgeLayer | None:
     if stage.policy.hedge is None or bound.stream:
         return None
     return HedgeLayer(
-        stage.name, hedge_state(stage), stage.clock, stage.guard.sleep, max(stage.policy.min_attempt_s, 0.0)
+        stage.name, hedge_state(stage), stage.clock, stage.context.sleep, max(stage.policy.min_attempt_s, 0.0)
     )

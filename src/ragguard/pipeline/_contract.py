@@ -32,9 +32,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from ..quotas import WAIT
-
 __all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+
+WAIT: Any = object()
+"""Returned by a gate's ``enter`` (and a quota backend's ``admit_now``, :mod:`ragguard.quotas`)
+when admission needs ``await enter_async()`` (``await acquire()``)."""
 
 Scope = Literal["call", "attempt", "item"]
 

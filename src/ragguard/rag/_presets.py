@@ -232,7 +232,7 @@ class GenerationPreset:
         return _GenerationOptions(count or count_tokens, estimate, input_tokens, model, usage)
 
     def state(self, stage: Stage) -> _GenerationState:
-        return _GenerationState(token_accounts(stage.guard))
+        return _GenerationState(token_accounts(stage.context))
 
     def layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
         if not bound.stream:
@@ -247,7 +247,7 @@ class GenerationPreset:
             count=options.count,
             estimate=options.estimate,
             estimate_tokens=policy.generation.estimate_tokens,
-            sleep=stage.guard.sleep,
+            sleep=stage.context.sleep,
             input_tokens=options.input_tokens,
             model=options.model,
             usage=options.usage,
