@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, cast
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from . import _inject, events
 from ._errors import ConfigError
@@ -24,7 +24,22 @@ from .pipeline import Call, Chain
 from .pipeline._threads import ThreadCall, limiter_for
 from .rag import PRESETS, preset
 
-__all__ = ["check_preset", "decorator"]
+__all__ = ["GuardDecorator", "check_preset", "decorator"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Y = TypeVar("Y")
+
+
+class GuardDecorator(Protocol):
+    """What ``guard(...)`` returns: keeps the decorated function's signature (ParamSpec)."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, AsyncGenerator[Y, None]]: ...  # type: ignore[overload-overlap]
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
 
 class _Compiled:

@@ -8,35 +8,26 @@ chain per decorated function; ``@guard`` uses the default Guard, which :func:`co
 
 from __future__ import annotations
 
-import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from os import PathLike
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import Any, Literal, cast
 
 from . import _inject
-from ._clock import Clock, monotonic, sleep_of
-from ._context import DEFAULT_TENANT
-from ._decorate import decorator
+from ._clock import Clock, monotonic
+from ._decorate import GuardDecorator, decorator
 from ._default import install as _install_default
 from ._errors import ConfigError
+from ._services import services
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
 from .layers import Stage
 from .layers._stage import forget_idle
-from .pipeline import BuildContext
-from .pipeline._build import check_services
 from .policy import Policy, policy_of
-from .quotas import LocalQuotas, QuotaBackend, TenantContext
+from .quotas import QuotaBackend, TenantContext
 from .rag import preset
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
-
-log = logging.getLogger("ragguard")
-
-P = ParamSpec("P")
-R = TypeVar("R")
-Y = TypeVar("Y")
 
 
 class Guard:
@@ -81,44 +72,19 @@ class Guard:
     ) -> None:
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a ragguard.Policy, got {type(policy).__name__}")
-        check_services(clock=clock, sleep=sleep, rng=rng, quotas=quotas, chaos=chaos)
         if isinstance(max_stages, bool) or not isinstance(max_stages, int) or max_stages < 1:
             raise ConfigError(f"max_stages must be an int >= 1, got {max_stages!r:.40}")
         self.policy = policy if policy is not None else Policy()
-        self.clock = clock
-        self.rng = rng if rng is not None else random.Random()
-        self.sleep = sleep if sleep is not None else sleep_of(clock)
+        self.context = services(
+            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, redis=redis,
+            redis_prefix=redis_prefix, redis_options=redis_options, chaos=chaos,
+        )
         self.max_stages = max_stages
-        self.redis, self.redis_prefix = redis, redis_prefix
+        self.clock, self.rng, self.sleep = clock, self.context.rng, self.context.sleep
+        self.quotas: Any = self.context.quotas
+        self.redis = redis
         self._stages: dict[str, Stage] = {}
         self._warned_stages = False
-        shared = None
-        if redis_options is not None or redis is not None:
-            from .distributed._wiring import RedisWiring, redis_options_of
-
-            self.redis_options = redis_options_of(redis_options)
-            if redis is not None:
-                shared = RedisWiring(redis, redis_prefix, self.redis_options, clock=clock, rng=self.rng)
-        else:
-            self.redis_options = {}
-        closers: list[Callable[[], Awaitable[Any]]] = []
-        if quotas is None and shared is not None:
-            quotas = shared.quotas(self.policy, self.sleep)
-            closers.append(quotas.aclose)
-        elif quotas is None:
-            quotas = LocalQuotas(self.policy.quota, clock=clock, sleep=self.sleep)
-        self.quotas: Any = quotas
-        default = self.policy.default_quota
-        self.context = BuildContext(
-            clock=clock, sleep=self.sleep, rng=self.rng, quotas=quotas, quota_of=self.policy.quota,
-            per_call_quota=not (  # calls outside a request count in the pool too
-                default.max_concurrency is None and default.rate_per_s is None
-                and self.policy.pool(DEFAULT_TENANT) is None
-            ),
-            shared=shared, chaos=chaos,
-        )
-        for close in closers:
-            self.context.on_close(close)
 
     # -- stages -----------------------------------------------------------------------------------
 
@@ -136,15 +102,8 @@ class Guard:
                 forget_idle(self._stages, self.max_stages, warn=not self._warned_stages)
                 self._warned_stages = True
             st = self._stages[name] = Stage(self.context, name, policy, preset(policy.preset), breaker)
-        elif breaker is False:
-            if st.breaker is not None:
-                raise ConfigError(f"stage {name!r} has a breaker; breaker=False needs a stage without")
-        elif (
-            breaker is not None
-            and st.breaker is not breaker
-            and getattr(st.breaker, "wrapped", None) is not breaker
-        ):
-            raise ConfigError(f"stage {name!r} already has a breaker; give one breaker per stage")
+        else:
+            st.check_breaker(breaker)
         return st
 
     def breaker(self, stage: str) -> Any:
@@ -167,8 +126,6 @@ class Guard:
         from .status import snapshot
 
         return snapshot(self)
-
-    # -- chaos ------------------------------------------------------------------------------------
 
     @property
     def chaos(self) -> _inject.Injector | None:
@@ -256,17 +213,6 @@ def tenant(tenant_id: str) -> TenantContext:
     raises InvalidInput (a ValueError). Slots are released on exit, error and cancellation.
     """
     return default_guard().tenant(tenant_id)
-
-
-class GuardDecorator(Protocol):
-    """What ``guard(...)`` returns: keeps the decorated function's signature (ParamSpec)."""
-
-    @overload
-    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
-    @overload
-    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, AsyncGenerator[Y, None]]: ...  # type: ignore[overload-overlap]
-    @overload
-    def __call__(self, fn: Callable[P, R], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
 
 def guard(

@@ -147,6 +147,15 @@ class Stage:
         """The decorated functions' compiled chains that run this stage (held weakly): a stage
         with users is never forgotten by its Guard's ``max_stages`` bound."""
 
+    def check_breaker(self, given: Breaker | Literal[False] | None) -> None:
+        """ConfigError when a function of the stage gives a breaker the stage does not have:
+        ``False`` for a stage that has one, or a second, different one."""
+        if given is False:
+            if self.breaker is not None:
+                raise ConfigError(f"stage {self.name!r} has a breaker; breaker=False needs a stage without")
+        elif not any(given is b for b in (None, self.breaker, getattr(self.breaker, "wrapped", None))):
+            raise ConfigError(f"stage {self.name!r} already has a breaker; give one breaker per stage")
+
     def part(self, key: str, make: Callable[[], T]) -> T:
         """The per-stage state ``key`` of a layer (``"limiter"``, ``"throttle"``, ``"hedge"``, a
         user layer's own), made by ``make()`` on first use and shared by every function of the
