@@ -51,7 +51,7 @@ class _Compiled:
         self.guard = guard
         self.stage = stage
         self.plain = plain
-        self.run: Callable[..., Awaitable[Any]] | None = None if plain is None else plain.root.run
+        self.run: Callable[..., Awaitable[Any]] | None = None if plain is None else plain.run
         self.observed: Chain | None = None
         self.epoch = _inject.epoch
         if stage is not None:
@@ -128,7 +128,7 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
             async def guarded_sync(*args: Any, **kwargs: Any) -> Any:
                 g = fixed if fixed is not None else get_guard()
                 c = compiled(g)
-                return await chain(g).root.run(ThreadCall(stage, fn, args, kwargs, limiter_for(c.stage)))
+                return await chain(g).run(ThreadCall(stage, fn, args, kwargs, limiter_for(c.stage)))
 
             guarded_sync.__ragguard_stage__ = stage  # type: ignore[attr-defined]
             return guarded_sync
@@ -150,9 +150,9 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
             if c.guard is g and c.epoch == _inject.epoch:
                 if not bus.active and events.tracer is None:
                     return await c.run(Call(stage, fn, args, kwargs))  # type: ignore[misc]
-                if c.observed is not None:  # observed: one driver frame, no Chain.run around it
-                    return await c.observed.root.run(Call(stage, fn, args, kwargs))
-            return await chain(g).root.run(Call(stage, fn, args, kwargs))
+                if c.observed is not None:  # observed: its chain is compiled already
+                    return await c.observed.run(Call(stage, fn, args, kwargs))
+            return await chain(g).run(Call(stage, fn, args, kwargs))
 
         guarded.__ragguard_stage__ = stage  # type: ignore[attr-defined]
         return guarded

@@ -44,6 +44,9 @@ from .retry import RetryBudget
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
+Proceed = Callable[[Call], Awaitable[Any]]
+"""A forking wrapper's ``proceed``: the inner layers run with the record given."""
+
 __all__ = ["HedgeLayer", "build", "hedge_state"]
 
 
@@ -92,6 +95,7 @@ class HedgeLayer:
     timers of its own); ``min_attempt_s``: the least deadline left for a hedge to be sent."""
 
     streams: ClassVar[bool] = False
+    forks: ClassVar[bool] = True  # proceed(call): the second leg runs the inner layers with its own record
     __slots__ = ("_fake", "clock", "min_attempt_s", "sleep", "stage", "state")
 
     def __init__(
@@ -110,7 +114,7 @@ class HedgeLayer:
         later = getattr(clock, "call_later", None)
         self._fake: Callable[..., Any] | None = later if callable(later) else None  # a FakeClock's timers
 
-    async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:
+    async def around(self, call: Call, proceed: Proceed) -> Any:
         state = self.state
         clock = self.clock
         state.budget.on_call(clock())  # type: ignore[attr-defined]
@@ -123,7 +127,7 @@ class HedgeLayer:
             owner = current_task(loop)
             if owner is not None:
                 return await self._race_asyncio(call, proceed, delay, started, loop, owner)
-        result = await proceed()
+        result = await proceed(call)
         state.tracker.add(clock() - started)
         return result
 
@@ -132,7 +136,7 @@ class HedgeLayer:
     async def _race_asyncio(
         self,
         call: Call,
-        proceed: Callable[[], Awaitable[Any]],
+        proceed: Proceed,
         delay: float,
         started: float,
         loop: asyncio.AbstractEventLoop,
@@ -146,7 +150,7 @@ class HedgeLayer:
         race.timer = later(delay, self._launch, race, delay, proceed, call, loop)
         before = owner.cancelling()
         try:
-            result = await proceed()
+            result = await proceed(call)
         except asyncio.CancelledError:
             race.settled = True
             if race.won and owner.uncancel() <= before:
@@ -178,7 +182,7 @@ class HedgeLayer:
         self,
         race: _Race,
         delay: float,
-        proceed: Callable[[], Awaitable[Any]],
+        proceed: Proceed,
         call: Call,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
@@ -189,7 +193,7 @@ class HedgeLayer:
     # -- trio --------------------------------------------------------------------------------------
 
     async def _race_trio(
-        self, call: Call, proceed: Callable[[], Awaitable[Any]], delay: float, started: float
+        self, call: Call, proceed: Proceed, delay: float, started: float
     ) -> Any:
         """The race on trio: the first leg in the caller's task under its own cancel scope, the
         hedge in a helper task of a nursery that ends before the call returns. Nothing is raised
@@ -208,7 +212,7 @@ class HedgeLayer:
             nursery.start_soon(self._hedge_trio, race, helper, delay, proceed, call)
             try:
                 with race.scope:
-                    result = await proceed()
+                    result = await proceed(call)
             except BaseException as exc:  # re-raised below, once the helper is done
                 failure = exc
             if failure is None or not isinstance(failure, Exception):
@@ -232,7 +236,7 @@ class HedgeLayer:
         race: _Race,
         helper: Any,
         delay: float,
-        proceed: Callable[[], Awaitable[Any]],
+        proceed: Proceed,
         call: Call,
     ) -> None:
         import trio
@@ -273,26 +277,16 @@ class HedgeLayer:
         race.launched = True
         return True
 
-    def _fork(
-        self, race: _Race, delay: float, proceed: Callable[[], Awaitable[Any]], call: Call
-    ) -> Callable[[], Awaitable[Any]]:
-        """``proceed`` for the second leg: the inner node run with a twin of ``call`` whose function
-        counts the hedge as sent when the leg reaches it (the drivers hand a wrapper
-        ``partial(inner_run, call)``, or the bare call when nothing is inside)."""
+    def _fork(self, race: _Race, delay: float, proceed: Proceed, call: Call) -> Callable[[], Awaitable[Any]]:
+        """The second leg: the inner layers run with a twin of ``call`` whose function counts the
+        hedge as sent when the leg reaches it (after every inner layer admitted it)."""
+        fn = call.fn
 
-        def reaching(fn: Callable[..., Any]) -> Callable[..., Any]:
-            async def sent(*args: Any, **kwargs: Any) -> Any:
-                self._sent(race, delay)
-                return await fn(*args, **kwargs)
+        async def sent(*args: Any, **kwargs: Any) -> Any:
+            self._sent(race, delay)
+            return await fn(*args, **kwargs)
 
-            return sent
-
-        if isinstance(proceed, partial) and proceed.args and proceed.args[0] is call:
-            twin = _twin(call, reaching(call.fn))
-            return partial(proceed.func, twin, *proceed.args[1:], **proceed.keywords)
-        if isinstance(proceed, partial):
-            return partial(reaching(proceed.func), *proceed.args, **proceed.keywords)
-        return reaching(proceed)
+        return partial(proceed, _twin(call, sent))
 
     def _sent(self, race: _Race, delay: float) -> None:
         race.sent = True
@@ -300,11 +294,11 @@ class HedgeLayer:
         if bus.active:
             bus.emit(HedgeFired(self.stage, current_tenant(), delay))
 
-    async def _leg(self, race: _Race, proceed: Callable[[], Awaitable[Any]]) -> None:
+    async def _leg(self, race: _Race, leg: Callable[[], Awaitable[Any]]) -> None:
         state = self.state
         started = self.clock()
         try:
-            result = await proceed()
+            result = await leg()
         except Exception as exc:
             race.error = exc  # set aside: an error never wins the race
             return
