@@ -60,7 +60,9 @@ class Call:
     - ``loop``: the asyncio loop a stream's items are read on, once the stream driver looked it up
       (an async generator stays on one loop), else None;
     - ``threads``: for a sync function's call, the worker threads it stopped waiting for that
-      still run (:class:`ragguard.pipeline._threads.Pending`), else None.
+      still run (:class:`ragguard.pipeline._threads.Pending`), else None;
+    - ``meter``: the generation preset's record of an open stream (its token account and
+      budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate.
 
     Every layer may read every field; :data:`WRITERS` names the modules that may write each one
     (tests/pipeline/test_call_fields.py holds the code to it): a layer that needs to tell another
@@ -80,6 +82,7 @@ class Call:
     task: Any = None
     loop: Any = None
     threads: Any = None
+    meter: Any = None
 
     WRITERS: ClassVar[Mapping[str, frozenset[str]]] = {
         "args": frozenset({"ragguard.rag._rerank"}),  # a chunk's candidates, while the chunker runs
@@ -95,6 +98,7 @@ class Call:
         }),
         "loop": frozenset({"ragguard.pipeline._drivers"}),
         "threads": frozenset({"ragguard.pipeline._threads"}),
+        "meter": frozenset({"ragguard.rag._generation"}),
     }
     """Field -> the modules that may write it (``stage``, ``fn`` and ``stream`` are set once, here)."""
 
