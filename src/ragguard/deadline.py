@@ -20,6 +20,7 @@ from contextvars import ContextVar, Token
 from types import TracebackType
 
 from ._clock import Clock
+from ._default import default_registry
 from ._errors import ConfigError
 from ._validate import shown
 
@@ -128,9 +129,7 @@ class deadline:
         if self._seconds is not None:
             clock = self._clock
             if clock is None:
-                from .guard import default_guard
-
-                clock = self._clock = default_guard().clock
+                clock = self._clock = default_registry().clock
             self._token = narrow(self._seconds, clock)
         self._expiry = _deadline.get()
         if self._token is None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
 from . import events
+from ._default import default_registry
 from ._errors import ConfigError
 from ._extras import install_hint
 from .events import StageCompleted, error_type
@@ -107,9 +108,7 @@ def _guards_of(guards: Any) -> Callable[[], list[Guard]]:
     if guards is None:
 
         def default() -> list[Guard]:
-            from .guard import default_guard
-
-            return [default_guard()]
+            return [default_registry()]
 
         return default
     given = list(guards) if isinstance(guards, (list, tuple)) else [guards]

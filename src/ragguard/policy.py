@@ -59,6 +59,7 @@ __all__ = [
     "TenantQuota",
     "ThrottlePolicy",
     "TokenLimits",
+    "policy_of",
 ]
 
 MAX_POLICY_VALUES = 1_000_000
@@ -744,6 +745,20 @@ class Policy(Options):
             except ValueError:
                 node[path[-1]] = raw
         return cls.parse(data, source=f"environment ({prefix}*)")
+
+
+def policy_of(
+    given: Policy | Mapping[str, Any] | str | os.PathLike[str] | None, *, who: str
+) -> Policy | None:
+    """``given`` (a Policy, a mapping, or a YAML/TOML/JSON path; None stays None) as a Policy, for
+    ``configure()`` and ``fresh_guard()`` (``who``); ConfigError for anything else or an invalid one."""
+    if given is None or isinstance(given, Policy):
+        return given
+    if isinstance(given, Mapping):
+        return Policy.parse(given)
+    if isinstance(given, (str, os.PathLike)):
+        return Policy.from_file(Path(given))
+    raise ConfigError(f"{who}() takes a Policy, a mapping or a file path, not {type(given).__name__}")
 
 
 def _fits(data: Any, limit: int) -> bool:

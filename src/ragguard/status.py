@@ -40,6 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from . import events
+from ._default import default_registry
 from ._errors import ConfigError
 
 if TYPE_CHECKING:
@@ -298,11 +299,9 @@ def serve(
 
     def take() -> dict[str, Any]:
         async def on_loop() -> dict[str, Any]:
-            from .guard import default_guard
-
             if source is not None:
                 return source()
-            return snapshot(guard if guard is not None else default_guard(), tally)
+            return snapshot(guard if guard is not None else default_registry(), tally)
 
         return asyncio.run_coroutine_threadsafe(on_loop(), target).result(timeout=5)
 

@@ -40,10 +40,9 @@ from typing import Any
 from . import _inject
 from ._clock import Clock, FakeClock
 from ._context import forget_loose_fallbacks
-from ._errors import ConfigError
 from .events import EventBus, bus
 from .guard import Guard
-from .policy import Policy
+from .policy import Policy, policy_of
 
 __all__ = ["EventRecorder", "FreshGuard", "fresh_guard", "reset"]
 
@@ -102,18 +101,7 @@ def fresh_guard(
     ``options`` go to :class:`~ragguard.Guard` (rng, sleep, quotas, redis, chaos, max_stages).
     Raises ConfigError for a bad policy or option.
     """
-    if policy is None or isinstance(policy, Policy):
-        resolved = policy
-    elif isinstance(policy, Mapping):
-        resolved = Policy.parse(policy)
-    elif isinstance(policy, (str, PathLike)):
-        from pathlib import Path
-
-        resolved = Policy.from_file(Path(policy))
-    else:
-        raise ConfigError(
-            f"fresh_guard() takes a Policy, a mapping or a file path, not {type(policy).__name__}"
-        )
+    resolved = policy_of(policy, who="fresh_guard")
     g = FreshGuard(resolved, clock=FakeClock() if clock is None else clock, **options)
     return g.install() if install else g
 

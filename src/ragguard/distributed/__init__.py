@@ -19,12 +19,14 @@ from ._events import SharedStateDegraded, SharedStateRestored
 from ._link import RedisLink, mask_url
 from ._quotas import RedisQuotas, SharedLease, pool_keys, quota_keys
 from ._tokens import RedisTokens, token_key
+from ._wiring import RedisWiring
 
 __all__ = [
     "LocalLease",
     "RedisLink",
     "RedisQuotas",
     "RedisTokens",
+    "RedisWiring",
     "SharedCircuitBreaker",
     "SharedLease",
     "SharedStateDegraded",

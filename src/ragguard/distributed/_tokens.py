@@ -57,9 +57,9 @@ from ._link import Probe, RedisLink, Script, SharedStateUnavailable
 from ._scripts import NOW
 
 if TYPE_CHECKING:
-    from ..guard import Guard
+    pass
 
-__all__ = ["RedisTokens", "shared_tokens", "token_key"]
+__all__ = ["RedisTokens", "token_key"]
 
 log = logging.getLogger("ragguard.distributed")
 
@@ -437,17 +437,3 @@ def _deltas(account: TokenAccount, taken: tuple[int, ...], spent: tuple[int, int
     for (kind, bucket), n in zip(account.quotas, taken, strict=True):
         out += [spent[kind] - n, repr(bucket.interval_s)]
     return out
-
-
-def shared_tokens(guard: Guard, local: TokenAccounts) -> RedisTokens:
-    """The token accounts of a Guard built with ``redis=``: shared, closed with the Guard; the
-    Guard's ``redis_options["tokens"]`` are their keyword options."""
-    options = dict(guard.redis_options.get("tokens", {}))
-    options.setdefault("clock", None if guard.clock is monotonic else guard.clock)
-    options.setdefault("link_clock", guard.clock)
-    try:
-        tokens = RedisTokens(local, guard.redis, key_prefix=guard.redis_prefix, **options)
-    except TypeError as exc:  # an option RedisTokens does not take
-        raise ConfigError(f"redis_options['tokens']: {exc}") from None
-    guard._closers.append(tokens.aclose)
-    return tokens

@@ -3,23 +3,24 @@ preset contract (:class:`StagePreset`) through which the RAG presets add their l
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from .._clock import Clock
+from .._errors import ConfigError
 from ..breakers import Breaker, counts_by_default
-from ..pipeline import Chain, Layer
+from ..pipeline import BuildContext, Chain, Layer
 from ..pipeline._threads import held
 from ..policy import StagePolicy
 from .breaker import make_breaker
 from .fallback import Fallback, UserFallback
 from .retry import RetryBudget, make_budget
 
-if TYPE_CHECKING:
-    from ..guard import Guard
+__all__ = ["Bound", "Stage", "StagePreset", "forget_idle"]
 
-__all__ = ["Bound", "Stage", "StagePreset"]
+log = logging.getLogger("ragguard")
 
 T = TypeVar("T")
 
@@ -84,6 +85,29 @@ class Bound:
         self.options: dict[str, Any] = dict(options or {})
         self._resolved: dict[str, Any] = {}
 
+    def check(self, chosen: StagePreset | None) -> None:
+        """Validate the preset options against ``chosen``, the preset the stage runs (at
+        decoration, and again if a new policy gives the stage another preset); ConfigError."""
+        given = set(self.options)
+        if chosen is None:
+            if given:
+                raise ConfigError(
+                    f"guard({self.stage!r}): option(s) {sorted(given)} belong to a stage preset, and "
+                    "this stage has none (set its policy's preset)"
+                )
+            return
+        foreign = given - chosen.option_names
+        if foreign:
+            raise ConfigError(
+                f"guard({self.stage!r}): option(s) {sorted(foreign)} do not apply to the "
+                f"{chosen.name!r} preset (its options: {sorted(chosen.option_names) or 'none'})"
+            )
+        if self.stream and not chosen.streams:
+            raise ConfigError(
+                f"guard({self.stage!r}): the {chosen.name!r} preset does not guard async generators"
+            )
+        self.resolved(chosen)
+
     def resolved(self, preset: StagePreset) -> Any:
         """What ``preset`` made of this function's options (validated once per preset)."""
         got = self._resolved.get(preset.name)
@@ -93,22 +117,25 @@ class Bound:
 
 
 class Stage:
-    """The shared runtime of one named stage in one Guard: its policy, breaker, retry budget and
-    preset state. Every function decorated with the stage's name shares it; each gets its own
-    compiled chain (:meth:`chain`), since fallbacks are given per function."""
+    """The shared runtime of one named stage in one Guard: its policy, breaker, retry budget,
+    preset state and the parts its layers keep (:meth:`part`). Every function decorated with the
+    stage's name shares it; each gets its own compiled chain (:meth:`chain`), since fallbacks are
+    given per function. ``context`` is the Guard's :class:`~ragguard.pipeline.BuildContext`: the
+    services a layer is built with (a layer never reaches the Guard itself)."""
 
     def __init__(
         self,
-        guard: Guard,
+        context: BuildContext,
         name: str,
         policy: StagePolicy,
         preset: StagePreset | None,
         breaker: Breaker | Literal[False] | None = None,
     ) -> None:
-        self.guard = guard
+        self.context = context
         self.name = name
         self.policy = policy
-        self.clock: Clock = guard.clock
+        self.clock: Clock = context.clock
+        self._parts: dict[str, Any] = {}
         self.preset = preset
         self.breaker: Breaker | None = make_breaker(self, breaker)
         self.counts: Callable[[BaseException], bool] = (
@@ -116,18 +143,32 @@ class Stage:
         )
         self.budget: RetryBudget | None = make_budget(self)
         self.preset_state: Any = None if preset is None else preset.state(self)
-        self._parts: dict[str, Any] = {}
         self.users: weakref.WeakSet[Any] = weakref.WeakSet()
         """The decorated functions' compiled chains that run this stage (held weakly): a stage
         with users is never forgotten by its Guard's ``max_stages`` bound."""
 
+    def check_breaker(self, given: Breaker | Literal[False] | None) -> None:
+        """ConfigError when a function of the stage gives a breaker the stage does not have:
+        ``False`` for a stage that has one, or a second, different one."""
+        if given is False:
+            if self.breaker is not None:
+                raise ConfigError(f"stage {self.name!r} has a breaker; breaker=False needs a stage without")
+        elif not any(given is b for b in (None, self.breaker, getattr(self.breaker, "wrapped", None))):
+            raise ConfigError(f"stage {self.name!r} already has a breaker; give one breaker per stage")
+
     def part(self, key: str, make: Callable[[], T]) -> T:
-        """The per-stage state ``key`` of a layer (a user layer's own), made by ``make()`` on first
-        use and shared by every function of the stage; forgotten with the stage."""
+        """The per-stage state ``key`` of a layer (``"limiter"``, ``"throttle"``, ``"hedge"``, a
+        user layer's own), made by ``make()`` on first use and shared by every function of the
+        stage; forgotten with the stage. What must be stopped is registered with
+        ``stage.context.on_close`` (closed with the Guard)."""
         got = self._parts.get(key)
         if got is None:
             got = self._parts[key] = make()
         return got
+
+    def parts(self) -> dict[str, Any]:
+        """The parts made so far (key -> object), for status snapshots."""
+        return dict(self._parts)
 
     @property
     def timeout_s(self) -> float | None:
@@ -154,7 +195,7 @@ class Stage:
     def admits_before_attempt(self, bound: Bound) -> bool:
         """Whether a call can wait or work before its first attempt (an admission, a preset
         layer): then it checks its deadline first."""
-        return self.guard.per_call_quota or bool(self.preset_layers(bound))
+        return self.context.per_call_quota or bool(self.preset_layers(bound))
 
     def chain(self, bound: Bound, *, observed: bool = False) -> Chain:
         """Compile ``bound``'s chain of layers (see :mod:`ragguard.layers`)."""
@@ -165,3 +206,26 @@ class Stage:
 
     def __repr__(self) -> str:
         return f"<Stage {self.name!r} preset={None if self.preset is None else self.preset.name!r}>"
+
+
+def forget_idle(stages: dict[str, Stage], max_stages: int, *, warn: bool) -> None:
+    """Forget the oldest idle stages of ``stages`` down to 90% of ``max_stages`` (``warn``: log
+    why, once per Guard). Idle: no live decorated function runs it (see :attr:`Stage.users`) and
+    its breaker is closed (or absent), so a stage in use, or with an open, half-open or forced
+    breaker, is never forgotten (health checks keep seeing it); a forgotten stage starts afresh
+    if its name comes back."""
+    if warn:
+        log.warning(
+            "Guard holds %d stages (max_stages): stage names should name code paths, not data; "
+            "forgetting the oldest idle ones",
+            len(stages),
+        )
+    target = int(max_stages * 0.9)
+    for name, st in list(stages.items()):
+        if len(stages) <= target:
+            return
+        if st.users:
+            continue
+        state = getattr(st.breaker, "state", None)
+        if st.breaker is None or getattr(state, "value", state) == "closed":
+            del stages[name]

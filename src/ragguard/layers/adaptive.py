@@ -114,7 +114,7 @@ class AdaptiveLayer:
         self.max_wait_s = policy.max_wait_s
         self.min_attempt_s = max(stage.policy.min_attempt_s, 0.0)
         self._oom = "out_of_memory" in policy.signals
-        self._quota_of = stage.guard.policy.quota
+        self._quota_of = stage.context.quota_of
 
     def enter(self, call: Call) -> Any:
         permit = self.limiter.try_acquire(current_tenant())

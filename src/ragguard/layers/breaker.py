@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import PrivateAttr, field_validator
 
-from .._clock import Clock, monotonic
+from .._clock import Clock
 from .._errors import BreakerOpen, ConfigError, DeadlineExceeded
 from .._options import Options
 from ..breakers import (
@@ -211,28 +211,10 @@ def make_breaker(stage: Stage, given: Breaker | Literal[False] | None) -> Breake
     config = policy.config()  # validated when the policy was built: not again
     if config is None:
         return None
-    guard = stage.guard
+    ctx = stage.context
     # every kind counts StageTimeout (breakers/_typed.py)
-    local = BREAKER_KINDS[policy.kind](stage.name, clock=guard.clock, rng=guard.rng, config=config)
-    if guard.redis is None:
-        return local
-    from ..distributed import SharedCircuitBreaker
-
-    # Replicas share open-until times: in production they are computed on the Redis server's clock
-    # (no replica's wall clock matters); a Guard given its own clock (a FakeClock in tests) drives
-    # its shared breakers with it, the replica's countdowns and the link's outage timing too.
-    options = {
-        "clock": None if guard.clock is monotonic else guard.clock,
-        "local_clock": guard.clock,
-        "link_clock": guard.clock,
-        **guard.redis_options.get("breakers", {}),
-    }
-    try:
-        shared = SharedCircuitBreaker(local, guard.redis, key_prefix=guard.redis_prefix, **options)
-    except TypeError as exc:  # an option SharedCircuitBreaker does not take
-        raise ConfigError(f"redis_options['breakers']: {exc}") from None
-    guard._closers.append(shared.aclose)
-    return shared
+    local = BREAKER_KINDS[policy.kind](stage.name, clock=ctx.clock, rng=ctx.rng, config=config)
+    return ctx.share("breaker", local)
 
 
 def build(stage: Stage, bound: Bound) -> BreakerLayer | None:

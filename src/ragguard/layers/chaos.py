@@ -39,5 +39,5 @@ class ChaosLayer:
 
 
 def build(stage: Stage, bound: Bound) -> ChaosLayer | None:
-    injector = stage.guard.injector
+    injector = stage.context.injector
     return None if injector is None else ChaosLayer(injector)

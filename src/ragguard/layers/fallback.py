@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._context import current_tenant, mark_degraded
-from .._errors import QuotaExceeded
+from .._errors import ConfigError, QuotaExceeded
 from .._validate import bounded
 from ..events import FallbackServed, bus
 from ..outcomes import Kind, kind_of
@@ -34,7 +34,7 @@ from ..pipeline import Call
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
-__all__ = ["Fallback", "FallbackLayer", "FallbackMiss", "UserFallback", "build"]
+__all__ = ["Fallback", "FallbackLayer", "FallbackMiss", "UserFallback", "build", "user_fallbacks"]
 
 _MAX_NOTES = 8
 
@@ -71,6 +71,20 @@ class UserFallback:
 
     def __repr__(self) -> str:
         return f"UserFallback({self.name})"
+
+
+def user_fallbacks(given: Any) -> tuple[Callable[..., Any], ...]:
+    """``@guard(fallback=...)``: a callable or a sequence of them, in order (None: none);
+    ConfigError naming the one that is not callable."""
+    if given is None:
+        return ()
+    chain = tuple(given) if isinstance(given, (list, tuple)) else (given,)
+    for i, fn in enumerate(chain):
+        if not callable(fn):
+            alone = len(chain) == 1 and not isinstance(given, (list, tuple))
+            where = "fallback" if alone else f"fallback[{i}]"
+            raise ConfigError(f"guard: {where} must be callable, got {type(fn).__name__}")
+    return chain
 
 
 class FallbackLayer:

@@ -41,14 +41,17 @@ from ..deadline import current_expiry
 from ..events import bus
 from ..overload import HedgeFired, LatencyTracker
 from ..overload._hedge import HedgeState
-from ..overload._registry import shared
 from ..pipeline import Call
 from .retry import RetryBudget
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
+Proceed = Callable[[Call], Awaitable[Any]]
+"""A forking wrapper's ``proceed``: the inner layers run with the record given."""
+
 __all__ = ["HedgeLayer", "HedgePolicy", "build", "hedge_state"]
+
 
 class HedgePolicy(Options):
     """Hedged requests for an idempotent stage (retrieval, rerank): when an attempt has not
@@ -117,6 +120,7 @@ class HedgeLayer:
     timers of its own); ``min_attempt_s``: the least deadline left for a hedge to be sent."""
 
     streams: ClassVar[bool] = False
+    forks: ClassVar[bool] = True  # proceed(call): the second leg runs the inner layers with its own record
     __slots__ = ("_fake", "clock", "min_attempt_s", "sleep", "stage", "state")
 
     def __init__(
@@ -135,7 +139,7 @@ class HedgeLayer:
         later = getattr(clock, "call_later", None)
         self._fake: Callable[..., Any] | None = later if callable(later) else None  # a FakeClock's timers
 
-    async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:
+    async def around(self, call: Call, proceed: Proceed) -> Any:
         state = self.state
         clock = self.clock
         state.budget.on_call(clock())  # type: ignore[attr-defined]
@@ -148,7 +152,7 @@ class HedgeLayer:
             owner = current_task(loop)
             if owner is not None:
                 return await self._race_asyncio(call, proceed, delay, started, loop, owner)
-        result = await proceed()
+        result = await proceed(call)
         state.tracker.add(clock() - started)
         return result
 
@@ -157,7 +161,7 @@ class HedgeLayer:
     async def _race_asyncio(
         self,
         call: Call,
-        proceed: Callable[[], Awaitable[Any]],
+        proceed: Proceed,
         delay: float,
         started: float,
         loop: asyncio.AbstractEventLoop,
@@ -171,7 +175,7 @@ class HedgeLayer:
         race.timer = later(delay, self._launch, race, delay, proceed, call, loop)
         before = owner.cancelling()
         try:
-            result = await proceed()
+            result = await proceed(call)
         except asyncio.CancelledError:
             race.settled = True
             if race.won and owner.uncancel() <= before:
@@ -203,7 +207,7 @@ class HedgeLayer:
         self,
         race: _Race,
         delay: float,
-        proceed: Callable[[], Awaitable[Any]],
+        proceed: Proceed,
         call: Call,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
@@ -214,7 +218,7 @@ class HedgeLayer:
     # -- trio --------------------------------------------------------------------------------------
 
     async def _race_trio(
-        self, call: Call, proceed: Callable[[], Awaitable[Any]], delay: float, started: float
+        self, call: Call, proceed: Proceed, delay: float, started: float
     ) -> Any:
         """The race on trio: the first leg in the caller's task under its own cancel scope, the
         hedge in a helper task of a nursery that ends before the call returns. Nothing is raised
@@ -233,7 +237,7 @@ class HedgeLayer:
             nursery.start_soon(self._hedge_trio, race, helper, delay, proceed, call)
             try:
                 with race.scope:
-                    result = await proceed()
+                    result = await proceed(call)
             except BaseException as exc:  # re-raised below, once the helper is done
                 failure = exc
             if failure is None or not isinstance(failure, Exception):
@@ -257,7 +261,7 @@ class HedgeLayer:
         race: _Race,
         helper: Any,
         delay: float,
-        proceed: Callable[[], Awaitable[Any]],
+        proceed: Proceed,
         call: Call,
     ) -> None:
         import trio
@@ -298,26 +302,16 @@ class HedgeLayer:
         race.launched = True
         return True
 
-    def _fork(
-        self, race: _Race, delay: float, proceed: Callable[[], Awaitable[Any]], call: Call
-    ) -> Callable[[], Awaitable[Any]]:
-        """``proceed`` for the second leg: the inner node run with a twin of ``call`` whose function
-        counts the hedge as sent when the leg reaches it (the drivers hand a wrapper
-        ``partial(inner_run, call)``, or the bare call when nothing is inside)."""
+    def _fork(self, race: _Race, delay: float, proceed: Proceed, call: Call) -> Callable[[], Awaitable[Any]]:
+        """The second leg: the inner layers run with a twin of ``call`` whose function counts the
+        hedge as sent when the leg reaches it (after every inner layer admitted it)."""
+        fn = call.fn
 
-        def reaching(fn: Callable[..., Any]) -> Callable[..., Any]:
-            async def sent(*args: Any, **kwargs: Any) -> Any:
-                self._sent(race, delay)
-                return await fn(*args, **kwargs)
+        async def sent(*args: Any, **kwargs: Any) -> Any:
+            self._sent(race, delay)
+            return await fn(*args, **kwargs)
 
-            return sent
-
-        if isinstance(proceed, partial) and proceed.args and proceed.args[0] is call:
-            twin = _twin(call, reaching(call.fn))
-            return partial(proceed.func, twin, *proceed.args[1:], **proceed.keywords)
-        if isinstance(proceed, partial):
-            return partial(reaching(proceed.func), *proceed.args, **proceed.keywords)
-        return reaching(proceed)
+        return partial(proceed, _twin(call, sent))
 
     def _sent(self, race: _Race, delay: float) -> None:
         race.sent = True
@@ -325,11 +319,11 @@ class HedgeLayer:
         if bus.active:
             bus.emit(HedgeFired(self.stage, current_tenant(), delay))
 
-    async def _leg(self, race: _Race, proceed: Callable[[], Awaitable[Any]]) -> None:
+    async def _leg(self, race: _Race, leg: Callable[[], Awaitable[Any]]) -> None:
         state = self.state
         started = self.clock()
         try:
-            result = await proceed()
+            result = await leg()
         except Exception as exc:
             race.error = exc  # set aside: an error never wins the race
             return
@@ -371,12 +365,12 @@ def hedge_state(stage: Stage) -> HedgeState:
         )
         return HedgeState(tracker, budget, min_delay_s=p.min_delay_s, max_delay_s=p.max_delay_s)
 
-    return shared(stage, "hedge", make)
+    return stage.part("hedge", make)
 
 
 def build(stage: Stage, bound: Bound) -> HedgeLayer | None:
     if stage.policy.hedge is None or bound.stream:
         return None
     return HedgeLayer(
-        stage.name, hedge_state(stage), stage.clock, stage.guard.sleep, max(stage.policy.min_attempt_s, 0.0)
+        stage.name, hedge_state(stage), stage.clock, stage.context.sleep, max(stage.policy.min_attempt_s, 0.0)
     )

@@ -48,5 +48,5 @@ class QuotaLayer:
 
 
 def build(stage: Stage, bound: Bound) -> QuotaLayer | None:
-    guard = stage.guard
-    return QuotaLayer(guard.quotas) if guard.per_call_quota else None
+    ctx = stage.context
+    return QuotaLayer(ctx.quotas) if ctx.per_call_quota else None

@@ -631,7 +631,7 @@ def build(stage: Stage, bound: Bound) -> RetryLayer | None:
         counts=stage.counts,
         min_attempt_s=stage.policy.min_attempt_s,
         clock=stage.clock,
-        rng=stage.guard.rng,
-        sleep=stage.guard.sleep,
+        rng=stage.context.rng,
+        sleep=stage.context.sleep,
         idempotent=stage.policy.is_idempotent,
     )

@@ -54,7 +54,7 @@ class ThrottleLayer:
     def __init__(self, stage: Stage, throttle: AdaptiveThrottle) -> None:
         self.stage = stage.name
         self.throttle = throttle
-        self._quota_of = stage.guard.policy.quota
+        self._quota_of = stage.context.quota_of
 
     def enter(self, call: Call) -> Any:
         throttle = self.throttle

@@ -33,7 +33,6 @@ from ._gradient import GradientLimit, LimitSettings
 from ._hedge import LatencyTracker
 from ._limiter import AdaptiveLimiter, Permit, QueueSettings
 from ._priority import PRIORITIES, PRIORITY_HEADER, current_priority, parse_priority, priority
-from ._registry import shared, stage_parts
 from ._throttle import AdaptiveThrottle, is_rejection
 
 if TYPE_CHECKING:
@@ -74,7 +73,7 @@ def limiter_for(stage: Stage) -> AdaptiveLimiter:
         p = stage.policy.adaptive
         if p is None:
             raise ValueError(f"stage {stage.name!r} has no adaptive policy")
-        quota_of = stage.guard.policy.quota
+        quota_of = stage.context.quota_of
         return AdaptiveLimiter(
             stage.name,
             LimitSettings(
@@ -100,12 +99,12 @@ def limiter_for(stage: Stage) -> AdaptiveLimiter:
                 usage_window_s=p.usage_window_s,
             ),
             clock=stage.clock,
-            rng=stage.guard.rng,
+            rng=stage.context.rng,
             timers=timers_of(stage.clock),
             weight_of=lambda tenant: quota_of(tenant).weight,
         )
 
-    return shared(stage, "limiter", make)
+    return stage.part("limiter", make)
 
 
 def throttle_for(stage: Stage) -> AdaptiveThrottle:
@@ -116,17 +115,17 @@ def throttle_for(stage: Stage) -> AdaptiveThrottle:
         if p is None:
             raise ValueError(f"stage {stage.name!r} has no throttle policy")
         return AdaptiveThrottle(
-            k=p.k, window_s=p.window_s, max_reject=p.max_reject, clock=stage.clock, rng=stage.guard.rng
+            k=p.k, window_s=p.window_s, max_reject=p.max_reject, clock=stage.clock, rng=stage.context.rng
         )
 
-    return shared(stage, "throttle", make)
+    return stage.part("throttle", make)
 
 
 def limiters(guard: Guard) -> dict[str, AdaptiveLimiter]:
     """Stage name -> adaptive limiter, for every stage of ``guard`` that has built one."""
     out: dict[str, AdaptiveLimiter] = {}
     for name in guard.stage_names():
-        limiter = stage_parts(guard.stage(name)).get("limiter")
+        limiter = guard.stage(name).parts().get("limiter")
         if limiter is not None:
             out[name] = limiter
     return out
@@ -142,7 +141,7 @@ def status(guard: Guard) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for name in guard.stage_names():
-        parts = stage_parts(guard.stage(name))
+        parts = guard.stage(name).parts()
         entry: dict[str, Any] = {}
         limiter = parts.get("limiter")
         if limiter is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from ._contract import Call, Gate, Layer
@@ -12,20 +12,22 @@ __all__ = ["Chain"]
 
 
 class Chain:
-    """``layers`` (outermost first), compiled once: :meth:`run` drives a call, :meth:`stream` a
-    stream, through the same layer objects."""
+    """``layers`` (outermost first), compiled once: ``await chain.run(call)`` drives a call,
+    :meth:`stream` a stream, through the same layer objects.
 
-    __slots__ = ("_item_gates", "layers", "root")
+    ``run`` is the root node's compiled driver itself (no frame of the chain's own around it:
+    the guarded function awaits it directly); ``stream`` pairs the root with the item gates the
+    stream driver needs."""
+
+    __slots__ = ("_item_gates", "layers", "root", "run")
 
     def __init__(self, layers: Sequence[Layer]) -> None:
         self.layers: tuple[Layer, ...] = tuple(layers)
         self.root: Node
         self._item_gates: tuple[Gate, ...]
         self.root, self._item_gates = compile_chain(self.layers)
-
-    async def run(self, call: Call) -> Any:
-        """Run ``call`` through the chain; returns what the call (or a fallback) returned."""
-        return await self.root.run(call)
+        self.run: Callable[[Call], Awaitable[Any]] = self.root.run
+        """Run a call through the chain; returns what the call (or a fallback) returned."""
 
     def stream(self, call: Call) -> AsyncIterator[Any]:
         """Run the stream ``call`` through the chain: an async generator of its items."""

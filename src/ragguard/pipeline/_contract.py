@@ -29,12 +29,14 @@ stage, the attempt number) and a few layers write (documented per field). After 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from ..quotas import WAIT
-
 __all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+
+WAIT: Any = object()
+"""Returned by a gate's ``enter`` (and a quota backend's ``admit_now``, :mod:`ragguard.quotas`)
+when admission needs ``await enter_async()`` (``await acquire()``)."""
 
 Scope = Literal["call", "attempt", "item"]
 
@@ -58,7 +60,13 @@ class Call:
     - ``loop``: the asyncio loop a stream's items are read on, once the stream driver looked it up
       (an async generator stays on one loop), else None;
     - ``threads``: for a sync function's call, the worker threads it stopped waiting for that
-      still run (:class:`ragguard.pipeline._threads.Pending`), else None.
+      still run (:class:`ragguard.pipeline._threads.Pending`), else None;
+    - ``meter``: the generation preset's record of an open stream (its token account and
+      budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate.
+
+    Every layer may read every field; :data:`WRITERS` names the modules that may write each one
+    (tests/pipeline/test_call_fields.py holds the code to it): a layer that needs to tell another
+    something through the call adds the field here first.
     """
 
     # Not slotted on purpose: the fields a layer may set later (attempt, started, task...) are class
@@ -74,6 +82,25 @@ class Call:
     task: Any = None
     loop: Any = None
     threads: Any = None
+    meter: Any = None
+
+    WRITERS: ClassVar[Mapping[str, frozenset[str]]] = {
+        "args": frozenset({"ragguard.rag._rerank"}),  # a chunk's candidates, while the chunker runs
+        "kwargs": frozenset({"ragguard.rag._rerank"}),
+        "attempt": frozenset({"ragguard.layers.retry", "ragguard.layers.hedge"}),  # hedge: its twin's
+        "recoverable": frozenset({"ragguard.rag._rerank", "ragguard.layers.hedge"}),
+        "started": frozenset({"ragguard.layers.breaker"}),
+        "budget_s": frozenset({"ragguard.layers.timeout"}),
+        "by_deadline": frozenset({"ragguard.layers.timeout"}),
+        "items": frozenset({"ragguard.pipeline._drivers"}),
+        "task": frozenset({
+            "ragguard.pipeline._drivers", "ragguard.layers.timeout", "ragguard.rag._generation",
+        }),
+        "loop": frozenset({"ragguard.pipeline._drivers"}),
+        "threads": frozenset({"ragguard.pipeline._threads"}),
+        "meter": frozenset({"ragguard.rag._generation"}),
+    }
+    """Field -> the modules that may write it (``stage``, ``fn`` and ``stream`` are set once, here)."""
 
     def __init__(
         self,
@@ -139,11 +166,17 @@ class Wrapper(Protocol):
     """Runs around each pass through the inner layers: ``await proceed()`` runs them once.
 
     ``streams``: whether the layer also wraps the opening of a stream (up to its first item).
+    ``forks`` (optional, default False): the layer runs the inner layers with call records of its
+    own (hedging's second leg, with its own attempt timer, permit and start time): its ``proceed``
+    then takes the record to run, ``await proceed(call)`` (``proceed(twin)`` for a copy), and it
+    never needs to know how the driver put the rest of the chain together. A record it makes
+    copies what the layers outside it set (``attempt``, ``recoverable``) and none of what the
+    layers inside write (see :class:`Call`).
     """
 
     streams: ClassVar[bool]
 
-    async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any: ...
+    async def around(self, call: Call, proceed: Callable[..., Awaitable[Any]]) -> Any: ...
 
 
 Layer = Gate | Recovery | Wrapper

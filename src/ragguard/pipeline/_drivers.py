@@ -88,7 +88,11 @@ class Node:
                 inner = self.inner
                 head: Head
                 if self.wrapper is not None and self.wrapper.streams:
-                    proceed = _open_fn(call) if inner is None else partial(inner.open, call, item_gates)
+                    proceed: Callable[..., Awaitable[Head]]
+                    if getattr(self.wrapper, "forks", False):  # proceed(call), see Wrapper
+                        proceed = partial(_open_call, inner, item_gates)
+                    else:
+                        proceed = _open_fn(call) if inner is None else partial(inner.open, call, item_gates)
                     head = await self.wrapper.around(call, proceed)
                 elif inner is not None:
                     head = await inner.open(call, item_gates)
@@ -170,6 +174,11 @@ async def _hold(call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head
     raise err
 
 
+async def run_call(call: Call) -> Any:
+    """The innermost step of ``call`` for a wrapper that ``forks`` (see :class:`Wrapper`)."""
+    return await call.fn(*call.args, **call.kwargs)
+
+
 def call_fn(call: Call) -> Callable[[], Awaitable[Any]]:
     """The innermost step of a call: the guarded function with the call's current arguments, as a
     ``functools.partial`` (chaos faults read the arguments' batch size from it)."""
@@ -213,6 +222,11 @@ class Head:
 async def _aiter(items: Any) -> AsyncIterator[Any]:
     for item in items:
         yield item
+
+
+async def _open_call(inner: Node | None, item_gates: tuple[Gate, ...], call: Call) -> Head:
+    """A forking stream wrapper's ``proceed(call)``: open ``call`` through ``inner``."""
+    return await (_open_fn(call)() if inner is None else inner.open(call, item_gates))
 
 
 def _open_fn(call: Call) -> Callable[[], Awaitable[Head]]:
@@ -592,7 +606,10 @@ def _inside(node: Node, ns: dict[str, Any], p: str) -> list[str]:
     inner = node.inner
     if node.wrapper is not None:
         ns[f"{p}around"] = node.wrapper.around
-        if inner is None:  # the wrapper (chaos) awaits the call itself
+        if getattr(node.wrapper, "forks", False):  # proceed(call): the inner layers, for a record
+            ns[f"{p}inner_run"] = run_call if inner is None else inner.run
+            lines.append(f"result = await {p}around(call, {p}inner_run)")
+        elif inner is None:  # the wrapper (chaos) awaits the call itself
             innermost(f"result = await {p}around(call, call_fn(call))")
         else:
             ns[f"{p}inner_run"] = inner.run

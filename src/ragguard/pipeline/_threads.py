@@ -30,7 +30,6 @@ import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, cast
-from weakref import WeakKeyDictionary
 
 from anyio import CapacityLimiter, WouldBlock, to_thread
 
@@ -222,13 +221,8 @@ def held(layers: Sequence[Layer]) -> list[Layer]:
     ]
 
 
-_limiters: WeakKeyDictionary[Any, CapacityLimiter] = WeakKeyDictionary()
-
-
 def limiter_for(stage: Any) -> CapacityLimiter:
     """The thread bulkhead of ``stage`` (a :class:`~ragguard.layers.Stage`): at most its policy's
     ``max_threads`` worker threads run its sync calls at once, abandoned ones included."""
-    limiter = _limiters.get(stage)
-    if limiter is None:
-        limiter = _limiters[stage] = CapacityLimiter(stage.policy.max_threads)
+    limiter: CapacityLimiter = stage.part("threads", lambda: CapacityLimiter(stage.policy.max_threads))
     return limiter

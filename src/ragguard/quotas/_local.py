@@ -34,6 +34,7 @@ from .._clock import Clock, monotonic, move_on_after, sleep_of
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
+from ..pipeline._contract import WAIT  # a quota backend's admit_now answers as a gate's enter does
 from ..policy import Policy, PoolQuota, TenantQuota
 
 __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]
@@ -62,8 +63,6 @@ _ETA_SCAN = 10_000  # at most this many calls in flight are looked at per refusa
 POOL_NAME = "*unlisted"
 """The name of the pool the unlisted tenants share (not a valid tenant id: no tenant is named so)."""
 
-WAIT: Any = object()
-"""Returned by ``QuotaBackend.admit_now`` when admission needs ``await acquire()``."""
 
 
 class QuotaBackend(Protocol):

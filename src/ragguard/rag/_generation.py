@@ -25,9 +25,9 @@ Before the first item reaches the caller the stream's failure may still be retri
 fallback (whose stream is neither budgeted, counted nor paced: it is not the model's); after it the
 error reaches the caller with the count of items it had (the stream driver's commit point).
 
-Both layers find a stream's record by its call (``id(call)``, in a dict of the stage, entered when
-the stream opens and removed when it ends): the layer contract gives a gate the call, not the
-other layers' tokens.
+Both layers find a stream's record on its call (``call.meter``, a field the layer contract declares
+for them, set when the stream opens and cleared when it ends): the contract gives a gate the call,
+not the other layers' tokens.
 """
 
 from __future__ import annotations
@@ -164,7 +164,6 @@ class TokenMeter:
         "estimate_tokens",
         "input_tokens",
         "model",
-        "records",
         "sleep",
         "stage",
         "usage",
@@ -173,7 +172,6 @@ class TokenMeter:
     def __init__(
         self,
         stage: str,
-        records: dict[int, StreamRecord],
         accounts: TokenAccounts,
         *,
         count: Callable[[Any], Any],
@@ -186,7 +184,6 @@ class TokenMeter:
     ) -> None:
         self.stage = stage
         self.usage = usage
-        self.records = records
         self.accounts = accounts
         self.count = count
         self.estimate = estimate
@@ -206,17 +203,17 @@ class TokenMeter:
                 estimate = self._estimate(call)
                 if accounts.shared:  # a round trip to Redis: in enter_async
                     record.reservation = Reservation((), record.input_tokens, estimate, 0)
-                    self.records[id(call)] = record
+                    call.meter = record
                     return WAIT
                 record.reservation, record.wait_s = accounts.reserve(account, estimate, record.input_tokens)
             except BaseException:
                 accounts.close(account)
                 raise
-        self.records[id(call)] = record
+        call.meter = record
         return WAIT if record.wait_s else record
 
     async def enter_async(self, call: Call) -> Any:
-        record = self.records[id(call)]
+        record: StreamRecord = call.meter
         try:
             if self.accounts.shared and not record.reservation.taken and record.account is not None:
                 wanted = record.reservation
@@ -237,7 +234,7 @@ class TokenMeter:
 
     async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:
         head = await proceed()
-        record = self.records.get(id(call))
+        record = call.meter
         if record is not None and (record.account is not None or bus.active):
             head.deliver = record.deliver
         return head
@@ -269,7 +266,7 @@ class TokenMeter:
         return name if isinstance(name, str) else None  # not a name: the tenant's limits only
 
     def _end(self, call: Call, record: StreamRecord, exc: BaseException | None) -> None:
-        self.records.pop(id(call), None)
+        call.meter = None
         account = record.account
         if account is not None:
             usage = record.reported
@@ -306,7 +303,6 @@ class StreamBudgets:
         "clock",
         "first_item_s",
         "idle_s",
-        "records",
         "stage",
         "timeout_s",
         "total_s",
@@ -315,7 +311,6 @@ class StreamBudgets:
     def __init__(
         self,
         stage: str,
-        records: dict[int, StreamRecord],
         policy: GenerationPolicy,
         *,
         timeout_s: float | None,
@@ -323,7 +318,6 @@ class StreamBudgets:
         timers: Timers | None,
     ) -> None:
         self.stage = stage
-        self.records = records
         self.first_item_s = policy.first_item_s
         self.idle_s = policy.idle_s
         self.total_s = policy.total_s
@@ -334,7 +328,7 @@ class StreamBudgets:
         self._wheel: Any = None
 
     def enter(self, call: Call) -> Any:
-        record = self.records.get(id(call))
+        record = call.meter
         if record is None:  # pragma: no cover - the meter opens every stream of the stage
             return None
         record.entered = self.clock()

@@ -44,7 +44,7 @@ from ..pipeline import Layer
 from ._args import ArgRef
 from ._cache import EmbeddingCache
 from ._embedding import CacheFallback, CacheTap
-from ._generation import StreamBudgets, StreamRecord, TokenMeter
+from ._generation import StreamBudgets, TokenMeter
 from ._rerank import BatchLimiter, ChunkedRerank, SkipRerank, score_of
 from ._tokens import TokenAccounts, count_tokens, token_accounts
 
@@ -188,14 +188,12 @@ def _per_call(value: Any, option: str, least: int) -> Callable[..., Any] | None:
 
 
 class _GenerationState:
-    """What the functions of a generation stage share: the records of their open streams and the
-    Guard's token accounts."""
+    """What the functions of a generation stage share: the Guard's token accounts."""
 
-    __slots__ = ("accounts", "records")
+    __slots__ = ("accounts",)
 
     def __init__(self, accounts: TokenAccounts) -> None:
         self.accounts = accounts
-        self.records: dict[int, StreamRecord] = {}
 
 
 _GENERATION_OPTIONS = ("tokens", "estimate", "input_tokens", "model", "usage")
@@ -233,7 +231,7 @@ class GenerationPreset:
         return _GenerationOptions(count or count_tokens, estimate, input_tokens, model, usage)
 
     def state(self, stage: Stage) -> _GenerationState:
-        return _GenerationState(token_accounts(stage.guard))
+        return _GenerationState(token_accounts(stage.context))
 
     def layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
         if not bound.stream:
@@ -243,12 +241,11 @@ class GenerationPreset:
         policy = stage.policy
         meter = TokenMeter(
             stage.name,
-            state.records,
             state.accounts,
             count=options.count,
             estimate=options.estimate,
             estimate_tokens=policy.generation.estimate_tokens,
-            sleep=stage.guard.sleep,
+            sleep=stage.context.sleep,
             input_tokens=options.input_tokens,
             model=options.model,
             usage=options.usage,
@@ -259,11 +256,9 @@ class GenerationPreset:
         # inside each attempt: a first item that never comes is retried, and counted by the breaker
         if not bound.stream:
             return ()
-        state: _GenerationState = stage.preset_state
         policy = stage.policy
         budgets: Any = StreamBudgets(
             stage.name,
-            state.records,
             policy.generation,
             timeout_s=policy.timeout_s,
             clock=stage.clock,

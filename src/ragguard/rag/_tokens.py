@@ -34,7 +34,6 @@ answer.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +41,7 @@ from .._clock import Clock
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
+from ..pipeline import BuildContext
 from ..policy import TenantQuota, TokenLimits
 
 if TYPE_CHECKING:
@@ -431,27 +431,23 @@ class TokenAccounts:
             del self._tenants[tenant]
 
 
-_of_guard: weakref.WeakKeyDictionary[Guard, TokenAccounts] = weakref.WeakKeyDictionary()
-
-
-def built_accounts(guard: Guard) -> TokenAccounts | None:
+def built_accounts(guard: Guard | BuildContext) -> TokenAccounts | None:
     """``guard``'s token accounts if a generation stage built them, else None."""
-    return _of_guard.get(guard)
+    return _context_of(guard).built("tokens")  # type: ignore[no-any-return]
 
 
-def token_accounts(guard: Guard) -> TokenAccounts:
+def token_accounts(guard: Guard | BuildContext) -> TokenAccounts:
     """The token accounts of ``guard``'s tenants (created on first use; shared by every stage with
     the generation preset): inspect them in tests and dashboards (``reserved``, ``settled``).
     With ``Guard(redis=...)``, a :class:`ragguard.distributed.RedisTokens` sharing them across
-    replicas (``guard.redis_options["tokens"]`` its keyword options)."""
-    accounts = _of_guard.get(guard)
-    if accounts is None:
-        local = TokenAccounts(guard.policy.quota, clock=guard.clock, sleep=guard.sleep)
-        if guard.redis is not None:
-            from ..distributed._tokens import shared_tokens
+    replicas (``redis_options["tokens"]`` its keyword options)."""
+    ctx = _context_of(guard)
 
-            accounts = shared_tokens(guard, local)
-        else:
-            accounts = local
-        _of_guard[guard] = accounts
-    return accounts
+    def make() -> TokenAccounts:
+        return ctx.share("tokens", TokenAccounts(ctx.quota_of, clock=ctx.clock, sleep=ctx.sleep))
+
+    return ctx.part("tokens", make)
+
+
+def _context_of(guard: Guard | BuildContext) -> BuildContext:
+    return guard if isinstance(guard, BuildContext) else guard.context

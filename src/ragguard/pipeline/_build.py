@@ -1,0 +1,142 @@
+"""What a layer is built with: the :class:`BuildContext` of one Guard.
+
+After Polly v8's strategy builder context (a time provider, a randomizer, telemetry handed to each
+strategy as it is built; no code is shared): a layer's builder reads its services here and its
+options in its stage's policy, and never reaches back into the Guard that owns the stage. The
+Guard makes one context and hands it to each :class:`~ragguard.layers.Stage` it builds; whatever a
+layer makes that must be stopped (a shared breaker's Redis link, token accounts) is registered
+with :meth:`BuildContext.on_close`, and :meth:`BuildContext.aclose` (``Guard.aclose``) is the one
+close path for all of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+
+from .. import _inject
+from .._errors import ConfigError
+
+if TYPE_CHECKING:
+    import random
+
+    from .._clock import Clock
+    from ..policy import TenantQuota
+    from ..quotas import QuotaBackend
+
+__all__ = ["BuildContext", "SharedState", "check_services"]
+
+T = TypeVar("T")
+
+
+def check_services(*, clock: Any, sleep: Any, rng: Any, quotas: Any, chaos: Any) -> None:
+    """ConfigError naming the first of a Guard's services that is not what it must be (None:
+    the default is used)."""
+    if not callable(clock):
+        raise ConfigError(f"clock must be a callable returning monotonic seconds, got {clock!r:.60}")
+    if sleep is not None and not callable(sleep):
+        raise ConfigError(f"sleep must be an async function of seconds, got {sleep!r:.60}")
+    if rng is not None and not all(callable(getattr(rng, m, None)) for m in ("random", "uniform")):
+        raise ConfigError(f"rng must be a random.Random, got {rng!r:.60}")
+    if quotas is not None and not all(
+        callable(getattr(quotas, m, None)) for m in ("admit_now", "acquire", "release")
+    ):
+        raise ConfigError(f"quotas must be a QuotaBackend (admit_now, acquire, release), got {quotas!r:.60}")
+    _check_chaos(chaos)
+
+
+def _check_chaos(chaos: Any) -> None:
+    if chaos is not None and not callable(chaos):
+        raise ConfigError(f"chaos must be a ragguard.chaos.Chaos, got {type(chaos).__name__}")
+
+
+class SharedState(Protocol):
+    """How a Guard built with ``redis=`` shares a layer's state across replicas
+    (:class:`ragguard.distributed.RedisWiring`): each wraps the process-local object given."""
+
+    def breaker(self, local: Any) -> Any: ...
+
+    def tokens(self, local: Any) -> Any: ...
+
+
+class BuildContext:
+    """The services of one Guard that its stages' layers are built with.
+
+    - ``clock`` (monotonic seconds), ``sleep`` (an async function of seconds), ``rng``: the
+      Guard's one time source, its waits and its random source;
+    - ``quotas``: the tenant quota backend; ``per_call_quota``: whether a call outside a request
+      is admitted by it (the default tenant has a bound); ``quota_of(tenant)``: a tenant's
+      :class:`~ragguard.TenantQuota`;
+    - ``shared``: the Redis wiring (:class:`SharedState`) when the Guard shares state across
+      replicas, else None;
+    - ``chaos``: the Guard's own chaos injector; :attr:`injector` the one its chains run through.
+    """
+
+    __slots__ = ("_closers", "_parts", "chaos", "clock", "per_call_quota", "quota_of", "quotas", "rng",
+                 "shared", "sleep")
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        sleep: Callable[[float], Awaitable[Any]],
+        rng: random.Random,
+        quotas: QuotaBackend,
+        quota_of: Callable[[str], TenantQuota],
+        per_call_quota: bool,
+        shared: SharedState | None = None,
+        chaos: _inject.Injector | None = None,
+    ) -> None:
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng
+        self.quotas = quotas
+        self.quota_of = quota_of
+        self.per_call_quota = per_call_quota
+        self.shared = shared
+        self.chaos = chaos
+        self._closers: list[Callable[[], Awaitable[Any]]] = []
+        self._parts: dict[str, Any] = {}
+
+    def use_chaos(self, injector: _inject.Injector | None) -> None:
+        """Make ``injector`` the Guard's own (None: the process-wide one applies); chains compiled
+        with or without a chaos layer are rebuilt on their next call. ConfigError if not one."""
+        _check_chaos(injector)
+        if injector is not self.chaos:
+            self.chaos = injector
+            _inject.epoch += 1
+
+    @property
+    def injector(self) -> _inject.Injector | None:
+        """The chaos injector the stages run through: the Guard's own, else the process-wide one."""
+        return self.chaos if self.chaos is not None else _inject.active
+
+    def part(self, key: str, make: Callable[[], T]) -> T:
+        """The Guard-wide part ``key`` (shared by all its stages: the token accounts), made once."""
+        got = self._parts.get(key)
+        if got is None:
+            got = self._parts[key] = make()
+        return got
+
+    def built(self, key: str) -> Any:
+        """The Guard-wide part ``key`` if it was made, else None."""
+        return self._parts.get(key)
+
+    def on_close(self, close: Callable[[], Awaitable[Any]]) -> None:
+        """Call ``await close()`` when the Guard closes (in registration order)."""
+        self._closers.append(close)
+
+    def share(self, kind: Literal["breaker", "tokens"], local: T) -> T:
+        """``local`` (a stage's breaker, the token accounts) shared across replicas and closed with
+        the Guard, or ``local`` itself when the Guard has no Redis."""
+        if self.shared is None:
+            return local
+        shared = getattr(self.shared, kind)(local)
+        self.on_close(shared.aclose)
+        return shared  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        """Close what the layers registered (each once; a second call closes nothing)."""
+        closers, self._closers = self._closers, []
+        for close in closers:
+            await close()
