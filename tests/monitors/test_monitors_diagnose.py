@@ -644,12 +644,12 @@ def test_timeouts_after_a_real_stall_has_ended_are_not_blamed_on_it() -> None:
                 await asyncio.sleep(0.01)
 
     asyncio.run(main())
-    (opened,) = [r for r in recorder.records() if r["type"] == "BreakerTransition"]
-    assert opened["causes"] == {"timeout": 3} and len(opened["latencies"]) == 3
-    assert all(0.015 < took < 0.2 for _, took in opened["latencies"]), opened
     result = diagnose(recorder.records(), grace_s=1.0)
     assert "breaker_opened_during_stall" not in _kinds(result), result.to_text()
     assert "loop_stall" in _kinds(result) or "loop_starved" in _kinds(result)
+    (opened,) = [r for r in recorder.records() if r["type"] == "BreakerTransition"]
+    assert opened["causes"] == {"timeout": 3} and len(opened["latencies"]) == 3
+    assert all(0.015 < took < 0.2 for _, took in opened["latencies"]), opened  # each call's own 20 ms
 
 
 def test_a_stall_without_a_sample_says_why_in_words() -> None:
