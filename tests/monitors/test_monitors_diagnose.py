@@ -818,3 +818,14 @@ def test_the_timelines_last_line_has_a_time() -> None:
     last = result.timeline[-1]
     assert last.what == "... and 15 more moments, until +74.00 s" and last.at_s == pytest.approx(60.0)
     assert "+? s" not in result.to_text()
+
+
+def test_stalls_in_many_places_are_capped_the_costliest_first() -> None:
+    stalls = [_stall(1.0 + i, 1.0 + i + 0.02 + i / 1000, f"app.py:{i} in f{i}") for i in range(20)]
+    result = diagnose(stalls)
+    assert _kinds(result) == ["loop_stall"] * 8  # was one finding per place: 20
+    assert [f.data["frame"] for f in result.findings[:3]] == ["app.py:19 in f19", "app.py:18 in f18",
+                                                              "app.py:17 in f17"]  # fmt: skip
+    last = result.findings[-1]
+    assert last.summary == "13 more stall(s) of the loop (338 ms in all) in 13 other places, the longest 32 ms " \
+                           "in app.py:12 in f12"  # fmt: skip

@@ -63,6 +63,7 @@ _EPISODE_GAP_S = 2.0  # refusals or fallbacks this far apart belong to different
 _MAX_TENANT_FINDINGS = 10
 _MAX_TIMELINE = 60
 _MAX_DETAILS = 12
+_MAX_STALL_FINDINGS = 8  # loop_stall findings, one per place, the last for every other place
 
 _QUOTA_WHY = {
     "rate": "it sent requests faster than its rate_per_s (and burst) allow",
@@ -935,7 +936,11 @@ class _Rules:
                 if id(s) not in self.explained:
                     groups[s["frame"]].append(s)
         out = self._starvation(starved)
-        for frame, hits in sorted(groups.items(), key=lambda kv: -sum(h["duration_s"] for h in kv[1])):
+        ranked = sorted(groups.items(), key=lambda kv: -sum(h["duration_s"] for h in kv[1]))
+        rest: list[tuple[str, list[Record]]] = []
+        if len(ranked) > _MAX_STALL_FINDINGS:  # the places that cost the most, then one line for the rest
+            ranked, rest = ranked[: _MAX_STALL_FINDINGS - 1], ranked[_MAX_STALL_FINDINGS - 1 :]
+        for frame, hits in ranked:
             total = sum(h["duration_s"] for h in hits)
             worst = max(hits, key=lambda h: h["duration_s"])
             summary = _stall_summary(frame, hits, total, worst)
@@ -956,6 +961,16 @@ class _Rules:
                     },
                 )
             )
+        if rest:
+            hits = [h for _, group in rest for h in group]
+            worst = max(hits, key=lambda h: h["duration_s"])
+            lost = _ms(sum(h["duration_s"] for h in hits))
+            out.append(Finding(
+                "loop_stall", "info",
+                f"{len(hits)} more stall(s) of the loop ({lost} in all) in {len(rest)} other places, the "
+                f"longest {_ms(worst['duration_s'])} in {_where(worst)}",
+                (), {"frame": "", "count": len(hits), "places": len(rest), "max_s": worst["duration_s"]},
+            ))  # fmt: skip
         return out
 
     def _starvation(self, starved: list[Record]) -> list[Finding]:
