@@ -210,7 +210,8 @@ def diagnose(events: Iterable[Any] | None = None, *, grace_s: float = 1.0) -> Di
 
 def _by_run(records: list[Record], grace_s: float) -> Diagnosis:
     """One diagnosis over every run the records mark, each run's rules run on its own records."""
-    marks = sorted((r for r in records if r["type"] == "RunStarted"), key=lambda r: float(r["t"]))
+    marks = [r for r in records if r["type"] == "RunStarted" and _finite(r["t"])]
+    marks.sort(key=lambda r: float(r["t"]))
     if not marks:
         return _Rules(records, grace_s).run()
     times = _times(records)
