@@ -827,5 +827,5 @@ def test_stalls_in_many_places_are_capped_the_costliest_first() -> None:
     assert [f.data["frame"] for f in result.findings[:3]] == ["app.py:19 in f19", "app.py:18 in f18",
                                                               "app.py:17 in f17"]  # fmt: skip
     last = result.findings[-1]
-    assert last.summary == "13 more stall(s) of the loop (338 ms in all) in 13 other places, the longest 32 ms " \
-                           "in app.py:12 in f12"  # fmt: skip
+    assert last.summary == "13 more stall(s) of the loop (338 ms in all) in 13 other places, the longest " \
+                           "32 ms in app.py:12 in f12"  # fmt: skip

@@ -30,9 +30,10 @@ class LoopStall:
     stack: no code of the user's ran, and the loop thread was most likely starved of CPU or paused
     by the garbage collector), or ``""`` (no frame seen).
     ``ran_s`` and ``waited_s`` are the seconds the loop thread ran, and waited runnable for a CPU,
-    during the stall (Linux's schedstat, measured from the heartbeat or probe before it and capped
-    at ``duration_s``; None elsewhere): a stall mostly waited is CPU starvation, one neither run
-    nor waited was the thread blocked (a system call, a sleep, the GIL held by another thread).
+    during the stall (Linux's schedstat, measured from the heartbeat or probe before it, scaled
+    down together when they add up to more than ``duration_s``; None elsewhere): a stall mostly
+    waited is CPU starvation, one neither run nor waited was the thread blocked (a system call, a
+    sleep, the GIL held by another thread).
     """
 
     duration_s: float

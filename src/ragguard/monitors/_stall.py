@@ -29,8 +29,9 @@ timers, would split one stall in two.
 
 A stall's event also says, on Linux, how long the loop thread ran (``ran_s``) and how long it
 waited, runnable, for a CPU (``waited_s``) over the stall (measured from the heartbeat or probe
-before it, capped at the stall's length): a stall the thread spent mostly waiting for a CPU is CPU
-starvation (a loaded host, a throttled container), whatever frame it was caught in; one it spent
+before it, scaled down together to the stall's length when they add up to more): a stall the
+thread spent mostly waiting for a CPU is CPU starvation (a loaded host, a throttled container),
+whatever frame it was caught in; one it spent
 neither running nor waiting for a CPU was blocked (a system call, a sleep, another thread holding
 the GIL). Samples that land in this detector's own beat (which is what ends a stall) are dropped.
 
@@ -534,8 +535,11 @@ def _stall_event(
         top, stack, frame = _OPAQUE, (), ""
     duration = ended - started
     ran_s = waited_s = None
-    if spent is not None:  # measured from the beat (or probe) before the stall: cap at the stall
-        ran_s, waited_s = min(spent[0], duration), min(spent[1], duration)
+    if spent is not None:  # measured from the beat (or probe) before the stall: scaled to the stall
+        ran_s, waited_s = spent
+        over = (ran_s + waited_s) / duration if duration > 0 else 0.0
+        if over > 1.0:
+            ran_s, waited_s = ran_s / over, waited_s / over
     return LoopStall(
         duration_s=duration,
         started_at=started,
