@@ -83,6 +83,10 @@ def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
     assert "reading ./ragguard-report/events.jsonl" in doctor.stderr
     diagnosis = json.loads(doctor.stdout)
     assert diagnosis["events"] > guarded["breaker_transitions"] > 0
+    # and tells the two runs apart (the events file holds both)
+    assert [r["name"] for r in diagnosis["runs"] if r["name"]] == ["unguarded", "guarded"]
+    assert {f["run"] for f in diagnosis["findings"]} <= {"", "unguarded", "guarded"}
+    assert any(f["run"] == "guarded" for f in diagnosis["findings"] if f["kind"] == "breaker_open")
 
 
 class _Done:

@@ -346,3 +346,13 @@ def test_a_busy_loop_on_a_shared_core_is_still_busy(collected: Collected) -> Non
     assert len(named) == 1, collected.of(LoopStall)
     assert spun.seconds - 0.025 <= named[0].duration_s <= spun.seconds + 0.04 + (waited[1] - waited[0])
     assert detector.probes <= 3  # busy mode: heartbeats, not probes
+
+
+def test_a_stalls_ran_and_waited_seconds_never_add_up_to_more_than_the_stall() -> None:
+    from ragguard.monitors._stall import _stall_event
+
+    # measured from the heartbeat before the stall: 60 ms of run and wait for a 40 ms stall
+    stall = _stall_event(1.0, 1.04, [], (0.015, 0.045))
+    assert stall.ran_s == pytest.approx(0.01) and stall.waited_s == pytest.approx(0.03)  # the same 1:3
+    assert _stall_event(1.0, 1.04, [], (0.004, 0.02)).waited_s == pytest.approx(0.02)  # under: as measured
+    assert _stall_event(1.0, 1.04, []).waited_s is None  # no schedstat: unknown

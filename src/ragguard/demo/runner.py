@@ -198,6 +198,8 @@ async def _demo(
         runs: dict[str, RunResult] = {}
         for mode in ("unguarded", "guarded"):
             await shared.applier.heal()
+            if recorder is not None:
+                recorder.mark_run(mode)  # ragguard doctor reports each run's events apart
             t0 = time.monotonic()
             runs[mode] = await _run(mode, shared, options, plan, arrivals, redis, console, status)
             shared.timings[f"{mode}_run"] = time.monotonic() - t0

@@ -33,15 +33,17 @@ Every diagnosis also has a timeline: the notable moments in order, in seconds fr
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .. import _validate as v
@@ -61,6 +63,7 @@ _EPISODE_GAP_S = 2.0  # refusals or fallbacks this far apart belong to different
 _MAX_TENANT_FINDINGS = 10
 _MAX_TIMELINE = 60
 _MAX_DETAILS = 12
+_MAX_STALL_FINDINGS = 8  # loop_stall findings, one per place, the last for every other place
 
 _QUOTA_WHY = {
     "rate": "it sent requests faster than its rate_per_s (and burst) allow",
@@ -80,6 +83,20 @@ class Finding:
     summary: str
     details: tuple[str, ...] = ()
     data: dict[str, Any] = field(default_factory=dict)
+    run: str = ""
+    """The run it belongs to, when the log marks runs (:meth:`EventRecorder.mark_run`); ``""``
+    when it does not, or for the records before the first mark."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A run the log marks (:meth:`EventRecorder.mark_run`): ``name``, and its first and last
+    record in seconds after the log's first record (None when unknown). The records before the
+    first mark form a run named ``""``."""
+
+    name: str
+    from_s: float | None
+    to_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +113,8 @@ class Diagnosis:
     """The findings over ``events`` records spanning ``span_s`` seconds, and their ``timeline``.
 
     ``started_wall`` is the Unix time of the first record (None when unknown); ``calls`` counts
-    the guarded stage calls the recorder tallied (0 without a tally).
+    the guarded stage calls the recorder tallied (0 without a tally); ``runs`` the runs the log
+    marks, in order (empty when it marks none), each finding naming its own (``Finding.run``).
     """
 
     findings: tuple[Finding, ...]
@@ -105,6 +123,7 @@ class Diagnosis:
     timeline: tuple[Moment, ...] = ()
     started_wall: float | None = None
     calls: int = 0
+    runs: tuple[Run, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -119,6 +138,7 @@ class Diagnosis:
             "started_wall": self.started_wall,
             "findings": [asdict(f) | {"details": list(f.details)} for f in self.findings],
             "timeline": [{"at_s": m.at_s, "what": m.what} for m in self.timeline],
+            "runs": [asdict(r) for r in self.runs],
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -135,9 +155,14 @@ class Diagnosis:
                 "\nno stalls, pool exhaustion, leaks, breaker trips, quota refusals or fallbacks seen."
             )
         lines = [head]
-        for f in self.findings:
-            lines.append(f"[{f.severity}] {f.summary}")
-            lines.extend(f"    {d}" for d in f.details)
+        runs = self.runs or (Run("", None, None),)
+        for run in runs:
+            findings = [f for f in self.findings if f.run == run.name]
+            if self.runs and (findings or run.name):
+                lines.append(_run_header(run, len(findings)))
+            for f in findings:
+                lines.append(f"[{f.severity}] {f.summary}")
+                lines.extend(f"    {d}" for d in f.details)
         if self.timeline:
             since = "" if self.started_wall is None else f" (from {_utc(self.started_wall)})"
             lines.append(f"timeline{since}:")
@@ -145,12 +170,23 @@ class Diagnosis:
         return "\n".join(lines)
 
 
+def _run_header(run: Run, findings: int) -> str:
+    name = f"run {run.name!r}" if run.name else "before the first run"
+    span = ""
+    if run.from_s is not None and run.to_s is not None:
+        span = f" (+{run.from_s:.1f} s to +{run.to_s:.1f} s)"
+    return f"== {name}{span}: {findings} finding(s)"
+
+
 def diagnose(events: Iterable[Any] | None = None, *, grace_s: float = 1.0) -> Diagnosis:
     """Correlate recent events and say what they mean.
 
     ``events``: event dataclasses or records (dicts as written by the event file); None reads
-    the recorder started by :func:`ragguard.monitors.record_events`. ``grace_s`` (seconds, >= 0):
-    how long after a stall a breaker opening still counts as caused by it. Raises ConfigError for
+    the recorder started by :func:`ragguard.monitors.record_events`. When the records mark runs
+    (``RunStarted``, :meth:`EventRecorder.mark_run`), each run is diagnosed on its own records
+    (and the share of the recorder's counts made during it) and its findings name it.
+    ``grace_s`` (seconds, >= 0): how long after a stall a breaker opening still counts as
+    caused by it when the opening's calls' latencies were not recorded. Raises ConfigError for
     a negative ``grace_s``, :class:`~ragguard.InvalidInput` naming the record for a dict record
     without a field its type needs, and RuntimeError when ``events`` is None and no recorder runs.
     """
@@ -169,7 +205,80 @@ def diagnose(events: Iterable[Any] | None = None, *, grace_s: float = 1.0) -> Di
         if problem is not None:
             raise InvalidInput(f"record {index}: {problem}")
         records.append(record)
-    return _Rules(records, grace_s).run()
+    return _by_run(records, grace_s)
+
+
+def _by_run(records: list[Record], grace_s: float) -> Diagnosis:
+    """One diagnosis over every run the records mark, each run's rules run on its own records."""
+    marks = [r for r in records if r["type"] == "RunStarted" and _finite(r["t"])]
+    marks.sort(key=lambda r: float(r["t"]))
+    if not marks:
+        return _Rules(records, grace_s).run()
+    times = _times(records)
+    t0 = min(times) if times else None
+    bounds = [float(m["t"]) for m in marks]
+    parts: list[list[Record]] = [[] for _ in range(len(marks) + 1)]
+    for r in records:
+        if r["type"] != "RunStarted":
+            t = _when(r)
+            parts[0 if t is None else bisect.bisect_right(bounds, t)].append(r)
+    names = ["", *(str(m["run"]) for m in marks)]
+    findings: list[Finding] = []
+    moments: list[Moment] = []
+    runs: list[Run] = []
+    calls = 0
+    previous: Record | None = None  # the recorder's counts are cumulative: a run's are the difference
+    for name, mark, part in zip(names, [None, *marks], parts, strict=True):
+        tallies = [r for r in part if r["type"] == "Tally"]
+        own = [r for r in part if r["type"] != "Tally"]
+        if tallies:
+            own.append(_tally_since(tallies[-1], previous))
+            previous = tallies[-1]
+        if not own and mark is None:
+            continue  # nothing before the first mark
+        rules = _Rules(own, grace_s, t0=t0)
+        if mark is not None:
+            rules.moment(float(mark["t"]), f"run {name!r} begins")
+        result = rules.run(capped=False)
+        findings.extend(replace(f, run=name) for f in result.findings)
+        moments.extend(result.timeline)
+        calls += result.calls
+        start = float(mark["t"]) if mark is not None else None
+        spanned = [t for r in own if (t := _when(r)) is not None] + ([start] if start is not None else [])
+        runs.append(Run(name, _since(t0, min(spanned, default=None)), _since(t0, max(spanned, default=None))))
+    everything = _Rules([r for r in records if r["type"] not in ("RunStarted", "Tally")], grace_s)
+    return Diagnosis(
+        tuple(findings), sum(r["type"] not in ("RunStarted", "Tally") for r in records),
+        max(times) - min(times) if times else 0.0, _capped_timeline(moments),
+        everything.started_wall, calls, tuple(runs),
+    )  # fmt: skip
+
+
+def _times(records: list[Record]) -> list[float]:
+    """Every known time of ``records``: their own, and when a stall or a wait began."""
+    times = [t for r in records if (t := _when(r)) is not None]
+    times += [float(r["started_at"]) for r in records if _finite(r.get("started_at"))]
+    return times
+
+
+def _since(t0: float | None, t: float | None) -> float | None:
+    return None if t0 is None or t is None else t - t0
+
+
+def _tally_since(tally: Record, before: Record | None) -> Record:
+    """The counts of cumulative ``tally`` made after the earlier ``before`` (None: all of them)."""
+    if before is None:
+        return tally
+
+    def minus(now: Any, then: Any) -> Any:
+        if isinstance(now, dict):
+            old = then if isinstance(then, dict) else {}
+            return {k: minus(n, old.get(k)) for k, n in now.items()}
+        if _finite(now) and _finite(then):
+            return now - then
+        return now
+
+    return {**tally, **{k: minus(tally.get(k, {}), before.get(k)) for k in ("stages", "calls", "rejected")}}
 
 
 def opened_times(opened: int, reopened: int) -> str:
@@ -293,13 +402,43 @@ def _errors_seen(tr: Record) -> str:
     return f" ({v.bounded(_counted(counts), 200)})" if counts else ""
 
 
+def _latencies(tr: Record) -> list[tuple[float, float]]:
+    """The (ended at, seconds taken) of the slow or timed-out calls before opening ``tr``, as
+    the recorder gives them (``latencies``); malformed pairs are skipped."""
+    pairs = tr.get("latencies")
+    if not isinstance(pairs, list):
+        return []
+    ok = [p for p in pairs if isinstance(p, list) and len(p) == 2 and _finite(p[0]) and _finite(p[1])]
+    return [(float(p[0]), float(p[1])) for p in ok if p[1] > 0]
+
+
+def _where(stall: Record) -> str:
+    """Where a stall was caught, in words even when no stack sample was."""
+    return str(stall.get("frame") or "") or _NO_SAMPLE
+
+
+_NO_SAMPLE = "(no stack sample caught)"
+
+
 def _is_asyncio_own(stall: Record) -> bool:
     filename = str(stall.get("filename") or stall.get("frame", ""))
     return f"{os.sep}asyncio{os.sep}" in filename or "/asyncio/" in filename
 
 
+def _capped_timeline(moments: Iterable[Moment]) -> tuple[Moment, ...]:
+    """The moments in time order, at most ``_MAX_TIMELINE``; the rest said in one last line at
+    the time of the first left out."""
+    ordered = sorted(moments, key=lambda m: (m.at_s is None, m.at_s or 0.0))
+    if len(ordered) <= _MAX_TIMELINE:
+        return tuple(ordered)
+    rest = ordered[_MAX_TIMELINE:]
+    timed = [m.at_s for m in rest if m.at_s is not None]
+    until = f", until {_offset(max(timed)).strip()}" if timed else ""
+    return (*ordered[:_MAX_TIMELINE], Moment(rest[0].at_s, f"... and {len(rest)} more moments{until}"))
+
+
 class _Rules:
-    def __init__(self, records: list[Record], grace_s: float) -> None:
+    def __init__(self, records: list[Record], grace_s: float, *, t0: float | None = None) -> None:
         self.grace_s = grace_s
         self.by_type: dict[str, list[Record]] = defaultdict(list)
         for r in records:
@@ -309,8 +448,8 @@ class _Rules:
         self.records = [r for r in records if r["type"] != "Tally"]
         self.stalls = self.by_type["LoopStall"]
         self.explained: set[int] = set()
-        times = [t for r in records if (t := _when(r)) is not None]  # tallies too: the log lasts till then
-        self.t0 = min(times) if times else None
+        times = _times(records)  # tallies too: the log lasts till then
+        self.t0 = t0 if t0 is not None else min(times) if times else None
         self.span = max(times) - min(times) if times else 0.0
         self.end = max(times) if times else None
         self.started_wall: float | None = None
@@ -331,7 +470,7 @@ class _Rules:
     def moment(self, t: float | None, what: str) -> None:
         self.timeline.append((self.rel(t), what))
 
-    def run(self) -> Diagnosis:
+    def run(self, *, capped: bool = True) -> Diagnosis:
         findings = [
             *self._stall_pool(),
             *self._breaker_stall(),
@@ -344,16 +483,12 @@ class _Rules:
             *self._plain_stalls(),
         ]
         self._retry_budget()
-        timeline = sorted(self.timeline, key=lambda m: (m[0] is None, m[0] or 0.0))
-        moments = [Moment(at_s, what) for at_s, what in timeline[:_MAX_TIMELINE]]
-        if len(timeline) > _MAX_TIMELINE:
-            moments.append(Moment(None, f"... and {len(timeline) - _MAX_TIMELINE} more moments"))
+        moments = [Moment(at_s, what) for at_s, what in self.timeline]
+        timeline = _capped_timeline(moments) if capped else tuple(moments)
         calls = 0
         if self.tally is not None:
             calls = sum(n for counts in self.tally["stages"].values() for n in counts.values() if _finite(n))
-        return Diagnosis(
-            tuple(findings), len(self.records), self.span, tuple(moments), self.started_wall, calls
-        )
+        return Diagnosis(tuple(findings), len(self.records), self.span, timeline, self.started_wall, calls)
 
     # -- the loop and the pools ----------------------------------------------------------------------
 
@@ -381,7 +516,7 @@ class _Rules:
                 Finding(
                     "stall_delayed_pool",
                     "critical",
-                    f"the loop was blocked in {stall['frame']} for {_ms(stall['duration_s'])}; "
+                    f"the loop was blocked in {_where(stall)} for {_ms(stall['duration_s'])}; "
                     f"pool releases were delayed ({len(hits)} pool event(s) on {', '.join(pools)}, "
                     f"longest wait {_ms(worst)})",
                     tuple(f"at {line}" for line in stall.get("stack", [])[:8]),
@@ -395,40 +530,92 @@ class _Rules:
             )
         return out
 
+    def _stalled_s(self, start: float, end: float) -> tuple[float, Record | None]:
+        """Seconds of ``[start, end]`` the loop spent in stalls, and the stall that took most."""
+        total, most, worst = 0.0, 0.0, None
+        for s in self.stalls:
+            overlap = min(end, s["at"]) - max(start, s["started_at"])
+            if overlap > 0:
+                total += overlap
+                if overlap > most:
+                    most, worst = overlap, s
+        return total, worst
+
     def _breaker_stall(self) -> list[Finding]:
-        """A breaker that opened during a stall or within ``grace_s`` after it, on slow calls or
-        timeouts: a stall makes calls slow (or time out), not refused. A trip the record shows
-        was caused by other failures (refused connections, out of memory, errors) is not blamed;
-        one whose cause was not recorded is, as the likelier story."""
+        """A breaker that opened on slow calls or timeouts the loop's stalls explain.
+
+        With the calls' latencies recorded (``latencies``: when each slow or timed-out call
+        ended, how long it took), a call is explained when stalls took at least half its time
+        (without them it would have taken half as long: a 29 ms stall cannot explain a 3 s call),
+        and the opening is blamed when at least half its slow or timed-out calls are. Without
+        them, a stall up to ``grace_s`` before the opening is a possible cause, said as such. A
+        trip the record shows was caused by other failures (refused connections, out of memory,
+        errors) is never blamed: a stall makes calls slow, not refused."""
         out = []
         for tr in self.by_type["BreakerTransition"]:
             if tr.get("new") not in _OPEN_STATES:
                 continue
             at = _when(tr)
-            if at is None:
-                continue
-            stall = next(
-                (s for s in self.stalls if s["started_at"] - _SLACK_S <= at <= s["at"] + self.grace_s), None
-            )
-            if stall is None:
-                continue
             latency = _tripped_by_latency(tr)
-            if latency is False:
+            if at is None or latency is False:
                 continue
-            self.explained.add(id(stall))
-            why = " on slow calls or timeouts" if latency else ""
-            out.append(
-                Finding(
-                    "breaker_opened_during_stall",
-                    "critical",
-                    f"breaker {tr['breaker']!r} opened{why} while the loop was stalled in {stall['frame']} "
-                    f"({_ms(stall['duration_s'])}): the dependency may be healthy; the latency was ours",
-                    tuple(f"at {line}" for line in stall.get("stack", [])[:8]),
-                    {"breaker": tr["breaker"], "frame": stall["frame"], "stall_s": stall["duration_s"],
-                     "cause_recorded": latency is not None},
-                )
-            )  # fmt: skip
+            calls = _latencies(tr)
+            finding = self._weighed(tr, calls) if calls else self._coincided(tr, at, latency)
+            if finding is not None:
+                out.append(finding)
         return out
+
+    def _weighed(self, tr: Record, calls: list[tuple[float, float]]) -> Finding | None:
+        explained: list[tuple[float, float, float]] = []
+        worst: Record | None = None
+        for ended, took in calls:
+            stalled, stall = self._stalled_s(ended - took, ended)
+            if stalled >= took / 2:
+                explained.append((ended, took, stalled))
+                if stall is not None and (worst is None or stall["duration_s"] > worst["duration_s"]):
+                    worst = stall
+        if worst is None or 2 * len(explained) < len(calls):
+            return None
+        for ended, took, _ in explained:
+            for s in self.stalls:
+                if s["started_at"] < ended and s["at"] > ended - took:
+                    self.explained.add(id(s))
+        took = statistics.median(t for _, t, _ in explained)
+        stalled = statistics.median(s for _, _, s in explained)
+        return Finding(
+            "breaker_opened_during_stall",
+            "critical",
+            f"breaker {tr['breaker']!r} opened on slow calls or timeouts while the loop was stalled: "
+            f"{len(explained)} of its {len(calls)} slow or timed-out call(s) spent at least half their time "
+            f"in loop stalls (median {_ms(stalled)} of {_ms(took)}; the longest stall in {_where(worst)}, "
+            f"{_ms(worst['duration_s'])}): the dependency may be healthy; the latency was ours",
+            tuple(f"at {line}" for line in worst.get("stack", [])[:8]),
+            {"breaker": tr["breaker"], "frame": worst["frame"], "stall_s": worst["duration_s"],
+             "cause_recorded": True, "weighed": True, "explained_calls": len(explained),
+             "latency_calls": len(calls), "median_call_s": took, "median_stalled_s": stalled},
+        )  # fmt: skip
+
+    def _coincided(self, tr: Record, at: float, latency: bool | None) -> Finding | None:
+        stall = next(
+            (s for s in self.stalls if s["started_at"] - _SLACK_S <= at <= s["at"] + self.grace_s), None
+        )
+        if stall is None:
+            return None
+        self.explained.add(id(stall))
+        why = " on slow calls or timeouts" if latency else ""
+        after = max(0.0, at - stall["at"])
+        when = "during" if after <= _SLACK_S else f"{_ms(after)} after"
+        return Finding(
+            "breaker_opened_during_stall",
+            "warning",
+            f"breaker {tr['breaker']!r} opened{why} {when} a {_ms(stall['duration_s'])} loop stall in "
+            f"{_where(stall)}: the latency may have been ours, not the dependency's. Its calls' latencies "
+            "were not recorded (ragguard.monitors.record_events records them), so whether the stall was "
+            "long enough to explain them is unknown",
+            tuple(f"at {line}" for line in stall.get("stack", [])[:8]),
+            {"breaker": tr["breaker"], "frame": stall["frame"], "stall_s": stall["duration_s"],
+             "cause_recorded": latency is not None, "weighed": False},
+        )  # fmt: skip
 
     # -- breakers, quotas, fallbacks -------------------------------------------------------------------
 
@@ -738,44 +925,31 @@ class _Rules:
         return out
 
     def _plain_stalls(self) -> list[Finding]:
+        """Stalls no rule above explained: the starved ones (the loop thread waited for a CPU
+        through most of them) in one finding, the others grouped by where they were caught."""
         groups: dict[str, list[Record]] = defaultdict(list)
+        starved: list[Record] = []
         for s in self.stalls:
-            self.moment(s["started_at"], f"the loop blocked {_ms(s['duration_s'])} in {s['frame']}")
-            if id(s) not in self.explained:
-                groups[s["frame"]].append(s)
-        out = []
-        for frame, hits in sorted(groups.items(), key=lambda kv: -sum(h["duration_s"] for h in kv[1])):
+            if _starved(s):
+                starved.append(s)
+            else:
+                self.moment(s["started_at"], f"the loop blocked {_ms(s['duration_s'])} in {_where(s)}")
+                if id(s) not in self.explained:
+                    groups[s["frame"]].append(s)
+        out = self._starvation(starved)
+        ranked = sorted(groups.items(), key=lambda kv: -sum(h["duration_s"] for h in kv[1]))
+        rest: list[tuple[str, list[Record]]] = []
+        if len(ranked) > _MAX_STALL_FINDINGS:  # the places that cost the most, then one line for the rest
+            ranked, rest = ranked[: _MAX_STALL_FINDINGS - 1], ranked[_MAX_STALL_FINDINGS - 1 :]
+        for frame, hits in ranked:
             total = sum(h["duration_s"] for h in hits)
             worst = max(hits, key=lambda h: h["duration_s"])
-            blocked = (
-                f"the loop was blocked {len(hits)} time(s) in {frame} ({_ms(total)} in all, longest "
-                f"{_ms(worst['duration_s'])})"
-            )
-            runtime_only = all(h.get("origin") == "runtime" for h in hits)
-            if runtime_only and not _is_asyncio_own(worst):
-                times = "" if len(hits) == 1 else f" ({len(hits)} times, longest {_ms(worst['duration_s'])})"
-                blocked = f"the loop thread did not run for {_ms(total)}{times} inside {frame}"
-                advice = (
-                    ": the process may have been starved of CPU or paused by GC. Only Python's own code "
-                    "(the standard library, asyncio) was on the loop's stack, no code of yours to move "
-                    "off the loop: look at the machine's load and at gc pauses (gc.callbacks)"
-                )
-            elif _is_asyncio_own(worst):
-                advice = (
-                    ": that is asyncio's own code, not a callback of yours (_process_events queues the "
-                    "callbacks of the sockets that became ready). The time went to the loop's own work "
-                    "between callbacks: a burst of many ready sockets at once, a garbage-collection pause, "
-                    "or another thread holding the GIL (CPU-bound threads, C extensions that keep it). "
-                    "There is no function of yours to move off the loop: look at thread CPU use, gc pauses "
-                    "(gc.callbacks) and how many connections become ready together"
-                )
-            else:
-                advice = ": move that work off the loop (asyncio.to_thread) or make it async"
+            summary = _stall_summary(frame, hits, total, worst)
             out.append(
                 Finding(
                     "loop_stall",
                     "warning",
-                    blocked + advice,
+                    summary,
                     tuple(f"at {line}" for line in worst.get("stack", [])[:8]),
                     {
                         "frame": frame,
@@ -783,11 +957,135 @@ class _Rules:
                         "total_s": total,
                         "max_s": worst["duration_s"],
                         "asyncio_own": _is_asyncio_own(worst),
-                        "origin": str(worst.get("origin") or ""),
+                        "origin": _whose(worst),
+                        "samples": sum(int(h.get("samples") or 0) for h in hits),
                     },
                 )
             )
+        if rest:
+            hits = [h for _, group in rest for h in group]
+            worst = max(hits, key=lambda h: h["duration_s"])
+            lost = _ms(sum(h["duration_s"] for h in hits))
+            out.append(Finding(
+                "loop_stall", "info",
+                f"{len(hits)} more stall(s) of the loop ({lost} in all) in {len(rest)} other places, the "
+                f"longest {_ms(worst['duration_s'])} in {_where(worst)}",
+                (), {"frame": "", "count": len(hits), "places": len(rest), "max_s": worst["duration_s"]},
+            ))  # fmt: skip
         return out
+
+    def _starvation(self, starved: list[Record]) -> list[Finding]:
+        """One finding for the stalls the loop thread spent mostly waiting, runnable, for a CPU."""
+        for first, last, n in _episodes([s["started_at"] for s in starved]):
+            lost = sum(s["duration_s"] for s in starved if first <= s["started_at"] <= last)
+            self.moment(first, f"the loop thread was starved of CPU {n} time(s) ({_ms(lost)} in all) "
+                        f"until {self.at(last)}")  # fmt: skip
+        unexplained = [s for s in starved if id(s) not in self.explained]
+        if not unexplained:
+            return []
+        total = sum(s["duration_s"] for s in unexplained)
+        waited = sum(float(s["waited_s"]) for s in unexplained)
+        ran = sum(float(s["ran_s"]) for s in unexplained if _finite(s.get("ran_s")))
+        longest = max(s["duration_s"] for s in unexplained)
+        caught = Counter(_where(s) for s in unexplained)
+        summary = (
+            f"the loop thread was starved of CPU: {len(unexplained)} stall(s), {_ms(total)} in all (longest "
+            f"{_ms(longest)}), spent mostly waiting, runnable, for a CPU ({_ms(waited)} waiting, {_ms(ran)} "
+            "running). The machine (or the container's CPU quota) had no core free for the loop: that is no "
+            "code of yours to move off the loop, and the frames it was caught in are wherever it was "
+            "preempted. Look at the host's load and the other processes on it, or the container's CPU limit"
+        )
+        details = [f"caught in {where}: {n} time(s)" for where, n in caught.most_common(5)]
+        if len(caught) > 5:
+            details.append(f"... and {len(caught) - 5} more places")
+        return [Finding(
+            "loop_starved", "warning", summary, tuple(details),
+            {"count": len(unexplained), "total_s": total, "max_s": longest, "waited_s": waited, "ran_s": ran},
+        )]  # fmt: skip
+
+
+def _starved(stall: Record) -> bool:
+    """The loop thread waited, runnable, for a CPU through at least half of ``stall``."""
+    waited = stall.get("waited_s")
+    return isinstance(waited, int | float) and _finite(waited) and bool(2 * waited >= stall["duration_s"])
+
+
+def _blocked(stall: Record) -> bool:
+    """The loop thread neither ran nor waited for a CPU through most of ``stall``: it slept."""
+    ran, waited = stall.get("ran_s"), stall.get("waited_s")
+    if not (isinstance(ran, int | float) and isinstance(waited, int | float) and _finite(ran + waited)):
+        return False
+    return bool(2 * (ran + waited) < stall["duration_s"])
+
+
+_RAGGUARD_PATH = re.compile(r"[/\\](?:site-packages|dist-packages|src)[/\\]ragguard[/\\](?!demo[/\\])")
+_HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
+
+
+def _whose(stall: Record) -> str:
+    """A stall's ``origin``, with ragguard's own frames said as ``ragguard`` even in a log
+    written before the detector knew them apart (it called them the application's, a library's
+    or Python's own)."""
+    origin = str(stall.get("origin") or "")
+    filename = str(stall.get("filename") or "")
+    if origin in ("app", "library", "runtime") and filename:
+        ours = _RAGGUARD_PATH.search(filename) or (
+            filename.startswith(_HERE) and not filename.startswith(os.path.join(_HERE, "demo", ""))
+        )
+        if ours:
+            return "ragguard"
+    return origin
+
+
+def _stall_summary(frame: str, hits: list[Record], total: float, worst: Record) -> str:
+    """What stalls caught in ``frame`` mean, in words fit for whose code the frame is."""
+    longest = _ms(worst["duration_s"])
+    blocked = all(_blocked(h) for h in hits)
+    if not frame:
+        text = (
+            f"the loop was blocked {len(hits)} time(s) ({_ms(total)} in all, longest {longest}) and no stack "
+            "sample was caught: the watchdog thread got no CPU or GIL before each stall ended (a starved or "
+            "busy process, or a stall barely over the threshold), so there is no frame to name"
+        )
+        if blocked:
+            text += (
+                "; the loop thread neither ran nor waited for a CPU through most of them: it was blocked "
+                "(a system call, a sleep, or the GIL held by another thread)"
+            )
+        return text
+    caught = f"the loop was blocked {len(hits)} time(s) in {frame} ({_ms(total)} in all, longest {longest})"
+    whose = _whose(worst)
+    if whose == "ragguard":
+        return (
+            f"{caught}: that is ragguard's own code, not yours to move off the loop. Caught there on a "
+            "loaded machine it usually means the loop thread was preempted while running it; if it recurs "
+            "on an idle machine, it is ragguard's to fix: report it with this stack"
+        )
+    if _is_asyncio_own(worst):
+        return caught + (
+            ": that is asyncio's own code, not a callback of yours (_process_events queues the "
+            "callbacks of the sockets that became ready). The time went to the loop's own work "
+            "between callbacks: a burst of many ready sockets at once, a garbage-collection pause, "
+            "or another thread holding the GIL (CPU-bound threads, C extensions that keep it). "
+            "There is no function of yours to move off the loop: look at thread CPU use, gc pauses "
+            "(gc.callbacks) and how many connections become ready together"
+        )
+    if all(_whose(h) == "runtime" for h in hits):
+        times = "" if len(hits) == 1 else f" ({len(hits)} times, longest {longest})"
+        if blocked:
+            return (
+                f"the loop thread was blocked for {_ms(total)}{times} inside {frame}, neither running "
+                "nor waiting for a CPU: a blocking call (a lock, a sleep, I/O) run on the loop, or the GIL "
+                "held by another thread. Only Python's own code was on the loop's stack: look for a "
+                "blocking function passed to the loop as a callback, and for threads that keep the GIL"
+            )
+        return (
+            f"the loop thread did not run for {_ms(total)}{times} inside {frame}: the process may have "
+            "been starved of CPU or paused by GC. Only Python's own code (the standard library, asyncio) "
+            "was on the loop's stack, no code of yours to move off the loop: look at the machine's load "
+            "and at gc pauses (gc.callbacks)"
+        )
+    return caught + ": move that work off the loop (asyncio.to_thread) or make it async"
 
 
 def doctor_main(argv: Sequence[str] | None = None) -> int:

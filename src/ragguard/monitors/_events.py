@@ -17,14 +17,23 @@ class LoopStall:
 
     ``frame`` names the blocking code as ``"file:line in function"`` (the innermost frame of the
     application seen most often while the stall was in progress, else of an installed library,
-    else of Python's own; ``""`` when no sample landed);
+    else of ragguard's own, else of Python's own; ``""`` when no sample landed);
     ``stack`` holds up to 12 frames of that sample, innermost first, in the same form.
-    ``samples`` is how many stack samples the watchdog took during the stall. ``origin`` says
+    ``samples`` is how many stack samples the watchdog took during the stall: 0 when the stall
+    ended before the watchdog thread took one (it got no CPU or GIL in time: on a starved
+    machine, or for a stall barely over the threshold). ``origin`` says
     whose code ``frame`` is: ``"app"`` (the application's: outside the standard library and
-    installed packages), ``"library"`` (an installed package's, no frame of the application's on
-    the stack), ``"runtime"`` (only the standard library, asyncio and the loop's machinery on the
+    installed packages; ``ragguard.demo`` counts as an application), ``"library"`` (an installed
+    package's, no frame of the application's on the stack), ``"ragguard"`` (ragguard's own code:
+    its event bus, quotas, front doors, monitors; no frame of the application's or another
+    library's), ``"runtime"`` (only the standard library, asyncio and the loop's machinery on the
     stack: no code of the user's ran, and the loop thread was most likely starved of CPU or paused
     by the garbage collector), or ``""`` (no frame seen).
+    ``ran_s`` and ``waited_s`` are the seconds the loop thread ran, and waited runnable for a CPU,
+    during the stall (Linux's schedstat, measured from the heartbeat or probe before it, scaled
+    down together when they add up to more than ``duration_s``; None elsewhere): a stall mostly
+    waited is CPU starvation, one neither run nor waited was the thread blocked (a system call, a
+    sleep, the GIL held by another thread).
     """
 
     duration_s: float
@@ -37,6 +46,8 @@ class LoopStall:
     stack: tuple[str, ...] = ()
     samples: int = 0
     origin: str = ""
+    ran_s: float | None = None
+    waited_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

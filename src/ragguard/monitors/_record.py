@@ -20,7 +20,15 @@ timeouts from one by refused connections::
      "causes": {"connection": 7, "timeout": 1}, "errors": {"ConnectionRefusedError": 7, "TimeoutError": 1}}
 
 ``causes`` counts ``slow`` (a slow success), ``timeout``, ``connection``, ``out_of_memory`` and
-``error`` (any other counted failure); ``errors`` the failures' exception class names.
+``error`` (any other counted failure); ``errors`` the failures' exception class names;
+``latencies`` the slow and timed-out calls among them as ``[ended_at, duration_s]`` pairs (the
+recorder's clock when their outcome arrived, seconds), so the diagnosis can weigh a loop stall
+against how long those calls took.
+
+A process that runs several experiments in one file (``ragguard demo``: unguarded, then
+guarded) marks where each begins with :meth:`EventRecorder.mark_run`, a record
+``{"type": "RunStarted", "t": ..., "wall": ..., "run": <name>}``; the diagnosis then speaks of
+each run apart.
 
 The file is complete once the recorder is closed: ``close()``, the end of a ``with`` block, or
 interpreter exit (a recorder with a path registers its ``close`` with :mod:`atexit`).
@@ -31,6 +39,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import math
 import os
 import threading
 import time
@@ -43,7 +52,7 @@ from typing import Any
 from .. import _validate as v
 from .. import events
 from .._clock import Clock, monotonic
-from .._errors import InvalidInput
+from .._errors import ConfigError, InvalidInput
 from ..breakers._classify import is_connection_error, is_out_of_memory, is_timeout
 
 __all__ = [
@@ -137,7 +146,7 @@ class EventRecorder:
         self._tally_changed = False
         self._tally_written = float("-inf")
         self._tallied: dict[type, Any] = {}
-        self._bad_calls: dict[str, deque[tuple[str, str | None]]] = {}
+        self._bad_calls: dict[str, deque[_BadCall]] = {}
 
     def start(self) -> EventRecorder:
         """Subscribe to the bus; returns self. Starting twice is a no-op.
@@ -198,6 +207,18 @@ class EventRecorder:
             if self.path is not None:
                 self._append(rec)
 
+    def mark_run(self, run: str) -> None:
+        """Record that run ``run`` (a non-empty name, at most 100 characters) begins now: the
+        diagnosis reports the records from here to the next mark as that run's. Raises
+        ConfigError for an empty or too long name."""
+        if not isinstance(run, str) or not run.strip() or len(run) > 100:
+            raise ConfigError(f"run must be a name of 1 to 100 characters, got {v.shown(run)}", field="run")
+        rec: Record = {"type": "RunStarted", "t": self._clock(), "wall": self._wall(), "run": run}
+        with self._lock:
+            self._records.append(rec)
+            if self.path is not None:
+                self._append(rec)
+
     def records(self) -> list[Record]:
         """The kept records, oldest first, then the current ``Tally`` when anything was counted."""
         with self._lock:
@@ -215,15 +236,22 @@ class EventRecorder:
             return None
         causes: dict[str, int] = {}
         errors: dict[str, int] = {}
-        for cause, error in seen:
+        latencies: list[list[float]] = []
+        for cause, error, ended_at, duration_s in seen:
             causes[cause] = causes.get(cause, 0) + 1
             if error is not None:
                 errors[error] = errors.get(error, 0) + 1
-        return {"causes": causes, "errors": errors}
+            if cause in _LATENCY_CAUSES and duration_s is not None:
+                latencies.append([round(ended_at, 6), round(duration_s, 6)])
+        return {"causes": causes, "errors": errors, "latencies": latencies}
 
     def _count(self, name: str, event: Any) -> None:
         outcome = str(getattr(event, "outcome", ""))
-        bad = _bad_call(outcome, event) if name == "CallOutcome" and outcome in _BAD_OUTCOMES else None
+        bad: _BadCall | None = None
+        if name == "CallOutcome" and outcome in _BAD_OUTCOMES:
+            duration = getattr(event, "duration_s", None)
+            known = float(duration) if isinstance(duration, int | float) and math.isfinite(duration) else None
+            bad = (*_bad_call(outcome, event), self._clock(), known)
         with self._lock:
             if bad is not None:
                 breaker = str(getattr(event, "breaker", ""))
@@ -272,6 +300,8 @@ class EventRecorder:
 
 
 _BAD_OUTCOMES = frozenset({"failure", "slow_success", "slow_failure"})
+_LATENCY_CAUSES = frozenset({"slow", "timeout"})
+_BadCall = tuple[str, str | None, float, float | None]  # cause, error class, ended at, duration_s
 _NAME_CAUSES = (
     ("Timeout", "timeout"), ("TooSlow", "timeout"), ("Connect", "connection"), ("Refused", "connection"),
     ("Unavailable", "connection"), ("Memory", "out_of_memory"),
@@ -382,6 +412,7 @@ _SCHEMA: dict[str, dict[str, Any]] = {
     "SharedStateDegraded": {"component": str, "reason": str},
     "SharedStateRestored": {"component": str, "degraded_for_s": _NUMBER},
     "Tally": {"since": _NUMBER, "stages": dict, "calls": dict, "rejected": dict},
+    "RunStarted": {"run": str},
 }  # fmt: skip
 
 

@@ -14,9 +14,10 @@ are shared (a loaded host, a throttled container) is still busy; ``time.thread_t
   stall's duration. The loop itself only beats every 0.25 s, to re-check the mode.
 * Busy mode (a CPU-heavy loop). The loop beats every ``check_interval_s`` (``call_later``) and
   measures each beat's lateness itself; each beat hands the GIL to the watchdog (wakes it and waits
-  at most 1 ms for it), and the watchdog only samples the stack once a beat is ``threshold_s``
-  overdue. A watchdog waking on its own timer could not win the GIL from a busy loop (released and
-  taken back at every select) and would spin in futile wake-ups, burning a few % of a core.
+  at most 1 ms for it), and the watchdog only samples the stack once a beat is half of
+  ``threshold_s`` overdue (samples are kept only when the beat turns out a stall). A watchdog
+  waking on its own timer could not win the GIL from a busy loop (released and taken back at
+  every select) and would spin in futile wake-ups, burning a few % of a core.
 
 A probe or timer that reaches the loop does not answer at once: it notes the time and re-queues
 the beat (``call_soon``) behind every callback already ready, so a stall ends only when the loop
@@ -26,12 +27,21 @@ blocked iteration (the watchdog posts it whenever the loop thread lets go of the
 asyncio's debug mode stats source files for each new handle), or a timer run between two due
 timers, would split one stall in two.
 
+A stall's event also says, on Linux, how long the loop thread ran (``ran_s``) and how long it
+waited, runnable, for a CPU (``waited_s``) over the stall (measured from the heartbeat or probe
+before it, scaled down together to the stall's length when they add up to more): a stall the
+thread spent mostly waiting for a CPU is CPU starvation (a loaded host, a throttled container),
+whatever frame it was caught in; one it spent
+neither running nor waiting for a CPU was blocked (a system call, a sleep, another thread holding
+the GIL). Samples that land in this detector's own beat (which is what ends a stall) are dropped.
+
 A stall's event names the frame seen most often in its samples, chosen in each sample as the
 innermost frame of the application (outside the standard library, installed packages and the
 loop's machinery: the user's code that called into them), else the innermost frame of an installed
-library, else the innermost frame of Python's own (``origin`` says which: a stall whose stack holds
-only the standard library and asyncio ran no code of the user's, and usually means the loop thread
-was starved of CPU or paused by the garbage collector). A reported duration is
+library, else of ragguard's own code, else the innermost frame of Python's own (``origin``
+says which: a stall whose stack holds only the standard library and asyncio ran no code of the
+user's, and usually means the loop thread was starved of CPU or paused by the garbage
+collector). A reported duration is
 at most one ``check_interval_s`` short of the true stall; every stall longer than ``threshold_s +
 check_interval_s`` is caught, a shorter one only when a heartbeat falls in its first part. When a
 loop turns busy, busy mode starts at its next heartbeat (within 0.25 s); until then a busy loop
@@ -68,11 +78,13 @@ _BUSY_CPU_SHARE = 0.5  # a loop thread using this share of a core is busy
 _IDLE_BEAT_S = 0.25  # heartbeat period while the loop is idle: re-checks the mode only
 _HANDOFF_S = 0.001  # longest a busy beat waits for the watchdog to take the GIL
 _Site = tuple[str, int, str]
+_Stat = tuple[float, float]  # seconds the loop thread ran, and waited runnable for a CPU
 
 
-APP, LIBRARY, RUNTIME = "app", "library", "runtime"
-"""A frame's origin: the application's code, an installed package's, or Python's own (the
-standard library, asyncio, the loop's machinery, this monitor)."""
+APP, LIBRARY, RAGGUARD, RUNTIME = "app", "library", "ragguard", "runtime"
+"""A frame's origin: the application's code, an installed package's, ragguard's own (its event
+bus, quotas, front doors, monitors; not ``ragguard.demo``, the demo's application), or Python's
+own (the standard library, asyncio, the loop's machinery)."""
 
 
 def _dirs(*paths: str) -> tuple[str, ...]:
@@ -99,7 +111,9 @@ _STDLIB_DIRS = _dirs(
     sysconfig.get_paths().get("platstdlib", ""),
     os.path.dirname(os.__file__),
 )
-_OWN_DIR = os.path.join(os.path.dirname(os.path.realpath(__file__)), "")
+_THIS_FILE = __file__  # a sample in the detector's own beat says nothing about what blocked
+_RAGGUARD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
+_DEMO_DIR = os.path.join(_RAGGUARD_DIR, "demo", "")
 _LOOP_DIRS = (
     os.path.join(os.path.dirname(os.path.realpath(asyncio.__file__)), ""),
     os.path.join("uvloop", ""),
@@ -107,14 +121,17 @@ _LOOP_DIRS = (
 _origin_cache: dict[str, str] = {}
 _OPAQUE: _Site = ("", 0, "")
 _OPAQUE_TEXT = "(C code run by the loop: no Python frame to name)"
-_RANK = {APP: 0, LIBRARY: 1, RUNTIME: 2}
+_RANK = {APP: 0, LIBRARY: 1, RAGGUARD: 2, RUNTIME: 3}
+_LOOP_RANK = 4
 
 
 def _origin(filename: str) -> str:
-    """Where ``filename``'s code comes from: :data:`APP`, :data:`LIBRARY` or :data:`RUNTIME`.
+    """Where ``filename``'s code comes from: :data:`APP`, :data:`LIBRARY`, :data:`RAGGUARD` or
+    :data:`RUNTIME`.
 
-    Installed packages are looked for first: outside a virtual environment site-packages lies
-    inside the standard library's folder. uvloop, installed, is the loop's machinery: RUNTIME.
+    ragguard is looked for first (installed or not), then installed packages: outside a virtual
+    environment site-packages lies inside the standard library's folder. uvloop, installed, is
+    the loop's machinery: RUNTIME.
     """
     known = _origin_cache.get(filename)
     if known is None:
@@ -130,8 +147,8 @@ def _classify(filename: str) -> str:
     if _is_loop_machinery(filename):
         return RUNTIME
     real = os.path.realpath(filename)
-    if real.startswith(_OWN_DIR):
-        return RUNTIME
+    if real.startswith(_RAGGUARD_DIR):
+        return APP if real.startswith(_DEMO_DIR) else RAGGUARD
     if real.startswith(_SITE_DIRS):
         return LIBRARY
     if real.startswith(_STDLIB_DIRS):
@@ -140,7 +157,7 @@ def _classify(filename: str) -> str:
 
 
 def _is_app(filename: str) -> bool:
-    """True for application code: not the stdlib, not an installed library, not this module."""
+    """True for application code: not the stdlib, not an installed library, not ragguard's."""
     return _origin(filename) == APP
 
 
@@ -210,6 +227,8 @@ class StallDetector:
         self._timer: asyncio.TimerHandle | None = None
         self._beat_at = 0.0
         self._beat_cpu = 0.0
+        self._beat_stat: _Stat | None = None  # the loop thread's schedstat at the last beat
+        self._probe_stat: _Stat | None = None  # ... when the pending probe was posted
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -228,7 +247,8 @@ class StallDetector:
             self._probe_sent = 0.0
             self._busy = False
             self._samples = []
-            self._schedule(loop, time.monotonic(), self._demand(), _IDLE_BEAT_S)
+            stat = self._stat()
+            self._schedule(loop, time.monotonic(), _demand(stat), stat, _IDLE_BEAT_S)
         self._thread = threading.Thread(target=self._watch, name="ragguard-stall-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -245,9 +265,9 @@ class StallDetector:
         if self._thread is not None:
             self._thread = None
             _release(self._handoff)
-        if self._demand_fd is not None:
-            os.close(self._demand_fd)
-            self._demand_fd = None
+        fd, self._demand_fd = self._demand_fd, None  # first: the watchdog may read it meanwhile
+        if fd is not None:
+            os.close(fd)
         self._loop = None
         self._base = {}
 
@@ -273,8 +293,10 @@ class StallDetector:
     # While the loop is idle the chain only beats every _IDLE_BEAT_S to re-check the mode. Timer
     # and probe go through _arrive, which queues the beat itself behind every ready callback.
 
-    def _schedule(self, loop: asyncio.AbstractEventLoop, now: float, cpu: float, interval: float) -> None:
-        self._beat_at, self._beat_cpu = now, cpu
+    def _schedule(
+        self, loop: asyncio.AbstractEventLoop, now: float, cpu: float, stat: _Stat | None, interval: float
+    ) -> None:
+        self._beat_at, self._beat_cpu, self._beat_stat = now, cpu, stat
         self._due = now + interval
         self._timer = loop.call_later(interval, self._arrive, self._seq)
 
@@ -292,15 +314,18 @@ class StallDetector:
             loop.call_soon(self._beat, seq, time.monotonic())
 
     def _beat(self, seq: int, arrived: float) -> None:
-        now, cpu = time.monotonic(), self._demand()
+        now, stat = time.monotonic(), self._stat()
+        cpu = _demand(stat)
         loop = self._loop
         with self._lock:
             if loop is None or seq != self._seq:
                 return  # stopped, or the other arrival (timer or probe) already beat
             if self._probe_sent:  # answers the probe, whichever of probe and timer came first
                 due, reporting, self._probe_sent = self._probe_sent, True, 0.0
+                before = self._probe_stat
             else:
                 due, reporting = self._due, self._busy
+                before = self._beat_stat
             # The stall lasts until now when the arrival was already late (a stall in progress,
             # maybe mid-iteration) or the loop stayed blocked after it (the arrival ran between
             # the callbacks of a long iteration). When both are short, the loop was back at its
@@ -313,7 +338,7 @@ class StallDetector:
             self._busy = busy
             if self._timer is not None:
                 self._timer.cancel()
-            self._schedule(loop, now, cpu, self.check_interval_s if busy else _IDLE_BEAT_S)
+            self._schedule(loop, now, cpu, stat, self.check_interval_s if busy else _IDLE_BEAT_S)
         if busy:
             _release(self._handoff)
             self._resume.acquire(timeout=_HANDOFF_S)
@@ -326,7 +351,7 @@ class StallDetector:
             return
         self.stalls += 1
         if self._bus.active:
-            self._bus.emit(_stall_event(due, ended, samples))
+            self._bus.emit(_stall_event(due, ended, samples, _spent(before, stat)))
 
     # -- the watchdog thread ---------------------------------------------------------------------
 
@@ -338,7 +363,9 @@ class StallDetector:
         while True:
             with self._lock:
                 seq, busy, due = self._seq, self._busy and running, self._due
-            wait = max(0.0, due + threshold - time.monotonic()) if busy else interval
+            # Busy: sample from half the threshold past the beat's due time, so a stall just over
+            # the threshold is still caught (a sample is kept only if the beat turns out late).
+            wait = max(0.0, due + threshold / 2 - time.monotonic()) if busy else interval
             if handoff.acquire(timeout=wait):
                 if self._thread is not me:
                     return
@@ -369,8 +396,10 @@ class StallDetector:
 
     def _post_probe(self, loop: asyncio.AbstractEventLoop, first: tuple[_Site, ...]) -> None:
         self.probes += 1
+        stat = _read_stat(self._demand_fd)
         with self._lock:
             self._samples = [first]
+            self._probe_stat = stat
             self._probe_sent = time.monotonic()
             seq = self._seq
         try:
@@ -396,8 +425,10 @@ class StallDetector:
     def _sample(self) -> tuple[_Site, ...] | None:
         """The loop thread's stack above the loop, innermost first.
 
-        None when the loop provably waits in its own poll (a Python selector); ``()`` when only
-        the frame that runs the loop is visible (uvloop idling or running C code: opaque).
+        None when the loop provably waits in its own poll (a Python selector) or runs this
+        detector's beat (which is what ends a stall: a sample there names nothing that blocked);
+        ``()`` when only the frame that runs the loop is visible (uvloop idling or running C
+        code: opaque).
         """
         frame: FrameType | None = sys._current_frames().get(self._loop_tid)
         if frame is None or frame.f_code.co_filename.endswith("selectors.py"):
@@ -406,22 +437,21 @@ class StallDetector:
         out: list[_Site] = []
         while frame is not None and len(out) < _MAX_WALK and base.get(id(frame)) is not frame.f_code:
             code = frame.f_code
+            if code.co_filename == _THIS_FILE:
+                return None  # the detector's own beat, which ends a stall: nothing that blocked
             out.append((code.co_filename, frame.f_lineno or 0, code.co_name))
             frame = frame.f_back
         return tuple(out)
 
-    def _demand(self) -> float:
-        """Seconds the calling (loop) thread ran or waited, runnable, for a CPU: its schedstat's
-        first two numbers (nanoseconds) where the file was opened, else its CPU time."""
+    def _stat(self) -> _Stat | None:
+        """The loop thread's schedstat (seconds run, seconds waited runnable for a CPU), read on
+        the loop thread; None where it is missing (the file is closed at the first failure)."""
         fd = self._demand_fd
-        if fd is not None:
-            try:
-                ran_ns, waited_ns = os.pread(fd, 64, 0).split()[:2]
-                return (int(ran_ns) + int(waited_ns)) / 1e9
-            except (OSError, ValueError):
-                self._demand_fd = None
-                os.close(fd)
-        return time.thread_time()
+        stat = _read_stat(fd)
+        if stat is None and fd is not None:
+            self._demand_fd = None
+            os.close(fd)
+        return stat
 
     def _loop_cpu(self) -> float:
         clock = self._loop_cpu_clock
@@ -458,6 +488,30 @@ def _open_schedstat() -> int | None:
     return fd
 
 
+def _read_stat(fd: int | None) -> _Stat | None:
+    """(seconds run, seconds waited runnable for a CPU) of the thread whose ``schedstat`` ``fd``
+    is, from any thread; None without it."""
+    if fd is None:
+        return None
+    try:
+        ran_ns, waited_ns = os.pread(fd, 64, 0).split()[:2]
+        return int(ran_ns) / 1e9, int(waited_ns) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def _demand(stat: _Stat | None) -> float:
+    """Seconds the calling (loop) thread ran or waited, runnable, for a CPU: its schedstat's
+    first two numbers where it has one, else its CPU time."""
+    return time.thread_time() if stat is None else stat[0] + stat[1]
+
+
+def _spent(before: _Stat | None, after: _Stat | None) -> _Stat | None:
+    if before is None or after is None:
+        return None
+    return max(0.0, after[0] - before[0]), max(0.0, after[1] - before[1])
+
+
 def _release(lock: threading.Lock) -> None:
     try:
         lock.release()
@@ -465,7 +519,9 @@ def _release(lock: threading.Lock) -> None:
         pass
 
 
-def _stall_event(started: float, ended: float, samples: list[tuple[_Site, ...]]) -> LoopStall:
+def _stall_event(
+    started: float, ended: float, samples: list[tuple[_Site, ...]], spent: _Stat | None = None
+) -> LoopStall:
     busy = [s for s in samples if s]
     origin = ""
     if busy:
@@ -475,10 +531,17 @@ def _stall_event(started: float, ended: float, samples: list[tuple[_Site, ...]])
         origin = _origin(top[0]) if top[0] else RUNTIME
     elif samples:
         top, stack, frame = _OPAQUE, (), _OPAQUE_TEXT
-    else:  # a busy-mode stall that ended before the watchdog's first sample
+    else:  # the stall ended before the watchdog's first sample (see LoopStall.samples)
         top, stack, frame = _OPAQUE, (), ""
+    duration = ended - started
+    ran_s = waited_s = None
+    if spent is not None:  # measured from the beat (or probe) before the stall: scaled to the stall
+        ran_s, waited_s = spent
+        over = (ran_s + waited_s) / duration if duration > 0 else 0.0
+        if over > 1.0:
+            ran_s, waited_s = ran_s / over, waited_s / over
     return LoopStall(
-        duration_s=ended - started,
+        duration_s=duration,
         started_at=started,
         at=ended,
         frame=frame,
@@ -488,20 +551,22 @@ def _stall_event(started: float, ended: float, samples: list[tuple[_Site, ...]])
         stack=tuple(_describe(s) for s in stack),
         samples=len(samples),
         origin=origin,
+        ran_s=ran_s,
+        waited_s=waited_s,
     )
 
 
 def _pick(stack: tuple[_Site, ...]) -> _Site:
     """The innermost application frame (the user's code that called into a library or the
-    standard library), else the innermost frame of an installed library, else the innermost
-    frame outside the loop's machinery, else the innermost."""
+    standard library), else the innermost frame of an installed library, else of ragguard,
+    else the innermost frame outside the loop's machinery, else the innermost."""
     best: _Site | None = None
-    best_rank = 3
+    best_rank = _LOOP_RANK + 1
     for site_ in stack:
         origin = _origin(site_[0])
         if origin == APP:
             return site_
-        rank = 3 if origin == RUNTIME and _is_loop_machinery(site_[0]) else _RANK[origin]
+        rank = _LOOP_RANK if origin == RUNTIME and _is_loop_machinery(site_[0]) else _RANK[origin]
         if rank < best_rank:
             best, best_rank = site_, rank
     return stack[0] if best is None else best
