@@ -166,3 +166,52 @@ def test_the_core_does_not_import_metrics_and_the_layer_contract_not_quotas() ->
     for path in sorted((SRC / "pipeline").rglob("*.py")):
         imported = _runtime_imports(path)
         assert not any(m.startswith(("ragguard.quotas", "ragguard.policy")) for m in imported), path
+
+
+class _Busy(Exception):
+    """An error ragguard's own classifier reads as the caller's (not retried, not served)."""
+
+
+async def test_layers_emit_to_and_classify_with_their_build_context() -> None:
+    """The event bus and the outcome classifier are services of the build context: layers built
+    with another bus emit there (never on the process-wide one), and another classifier decides
+    what is retried and what a fallback serves."""
+    from ragguard import RetryPolicy
+    from ragguard.events import EventBus, FallbackServed, RetryScheduled, StageCompleted, bus
+    from ragguard.outcomes import Kind, Outcome, classify, kind_of
+
+    assert classify(_Busy()).kind is not Kind.FAILURE and kind_of(_Busy()) is not Kind.FAILURE
+    mine: list[object] = []
+    elsewhere: list[object] = []
+    private = EventBus()
+    untaps = [private.tap(mine.append), bus.tap(elsewhere.append)]
+
+    def says_failure(exc: BaseException) -> Outcome:
+        return Outcome(Kind.FAILURE) if isinstance(exc, _Busy) else classify(exc)
+
+    def kind_failure(exc: BaseException) -> Kind:
+        return says_failure(exc).kind
+
+    retry = RetryPolicy(attempts=2, jitter_s=0.0, initial_backoff_s=0.0)
+    g = Guard(Policy(stages={"search": StagePolicy(retry=retry, idempotent=True)}), clock=FakeClock())
+    g.context.bus, g.context.classify, g.context.kind_of = private, says_failure, kind_failure
+    calls = 0
+
+    async def keywords(q: str) -> str:
+        return "keywords"
+
+    @g.guard("search", fallback=keywords)
+    async def search(q: str) -> str:
+        nonlocal calls
+        calls += 1
+        raise _Busy("the store is busy")
+
+    try:
+        assert await search("q") == "keywords"  # served: a failure by the context's classifier
+    finally:
+        for untap in untaps:
+            untap()
+    assert calls == 2  # retried once: a failure by the context's classifier, not the caller's
+    kinds = {type(e) for e in mine}
+    assert {RetryScheduled, FallbackServed, StageCompleted} <= kinds
+    assert not [e for e in elsewhere if getattr(e, "stage", None) == "search"]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from .._context import current_tenant, mark_degraded
 from .._errors import ConfigError, QuotaExceeded
 from .._validate import bounded
-from ..events import FallbackServed, bus
+from ..events import EventBus, FallbackServed, bus
 from ..outcomes import Kind, kind_of
 from ..pipeline import Call
 
@@ -90,14 +90,19 @@ def user_fallbacks(given: Any) -> tuple[Callable[..., Any], ...]:
 class FallbackLayer:
     """Serves stage ``stage``'s failures from ``fallbacks``, in order (see the module docstring)."""
 
-    __slots__ = ("_applies", "fallbacks", "stage")
+    __slots__ = ("_applies", "_bus", "fallbacks", "stage")
 
     def __init__(
-        self, stage: str, fallbacks: Sequence[Fallback], applies: Callable[[BaseException], bool]
+        self,
+        stage: str,
+        fallbacks: Sequence[Fallback],
+        applies: Callable[[BaseException], bool],
+        event_bus: EventBus = bus,
     ) -> None:
         self.stage = stage
         self.fallbacks = tuple(fallbacks)
         self._applies = applies
+        self._bus = event_bus
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
         try:
@@ -113,8 +118,9 @@ class FallbackLayer:
                     _note(exc, f"fallback {fallback.name!r} failed too: {type(failed).__name__}: {failed}")
                     continue
                 mark_degraded(fallback.name)
-                if bus.active:
-                    bus.emit(FallbackServed(self.stage, fallback.name, current_tenant(), type(exc).__name__))
+                if (events := self._bus).active:
+                    error = type(exc).__name__
+                    events.emit(FallbackServed(self.stage, fallback.name, current_tenant(), error))
                 return result
             raise exc
         finally:
@@ -130,10 +136,13 @@ def _note(exc: BaseException, text: str) -> None:
 
 
 def applies_for(
-    counts: Callable[[BaseException], bool] | None, fallback_on: str
+    counts: Callable[[BaseException], bool] | None,
+    fallback_on: str,
+    kind_of: Callable[[BaseException], Kind] = kind_of,
 ) -> Callable[[BaseException], bool]:
     """When a stage's fallbacks serve (see the module docstring): ``counts`` is the stage breaker's
-    classifier (None without a breaker: every error no classifier knows is served)."""
+    classifier (None without a breaker: every error no classifier knows is served); ``kind_of``
+    reads what the dependency said (the build context's)."""
     serve_any = fallback_on == "any"
 
     def applies(exc: BaseException) -> bool:
@@ -157,4 +166,6 @@ def build(stage: Stage, bound: Bound) -> FallbackLayer | None:
     if not fallbacks:
         return None
     counts = stage.breaker.classifier if stage.breaker is not None else None
-    return FallbackLayer(stage.name, fallbacks, applies_for(counts, stage.policy.fallback_on))
+    ctx = stage.context
+    applies = applies_for(counts, stage.policy.fallback_on, ctx.kind_of)
+    return FallbackLayer(stage.name, fallbacks, applies, ctx.bus)

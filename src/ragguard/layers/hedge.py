@@ -38,7 +38,7 @@ from .._compat import current_task, running_loop
 from .._context import current_tenant
 from .._options import Options
 from ..deadline import current_expiry
-from ..events import bus
+from ..events import EventBus, bus
 from ..overload import HedgeFired, LatencyTracker
 from ..overload._hedge import HedgeState
 from ..pipeline import Call
@@ -121,7 +121,7 @@ class HedgeLayer:
 
     streams: ClassVar[bool] = False
     forks: ClassVar[bool] = True  # proceed(call): the second leg runs the inner layers with its own record
-    __slots__ = ("_fake", "clock", "min_attempt_s", "sleep", "stage", "state")
+    __slots__ = ("_bus", "_fake", "clock", "min_attempt_s", "sleep", "stage", "state")
 
     def __init__(
         self,
@@ -130,9 +130,11 @@ class HedgeLayer:
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[Any]],
         min_attempt_s: float = 0.0,
+        event_bus: EventBus = bus,
     ) -> None:
         self.stage = stage
         self.state = state
+        self._bus = event_bus
         self.clock = clock
         self.sleep = sleep
         self.min_attempt_s = min_attempt_s
@@ -316,8 +318,8 @@ class HedgeLayer:
     def _sent(self, race: _Race, delay: float) -> None:
         race.sent = True
         self.state.fired += 1
-        if bus.active:
-            bus.emit(HedgeFired(self.stage, current_tenant(), delay))
+        if self._bus.active:
+            self._bus.emit(HedgeFired(self.stage, current_tenant(), delay))
 
     async def _leg(self, race: _Race, leg: Callable[[], Awaitable[Any]]) -> None:
         state = self.state
@@ -371,6 +373,6 @@ def hedge_state(stage: Stage) -> HedgeState:
 def build(stage: Stage, bound: Bound) -> HedgeLayer | None:
     if stage.policy.hedge is None or bound.stream:
         return None
-    return HedgeLayer(
-        stage.name, hedge_state(stage), stage.clock, stage.context.sleep, max(stage.policy.min_attempt_s, 0.0)
-    )
+    ctx = stage.context
+    min_attempt_s = max(stage.policy.min_attempt_s, 0.0)
+    return HedgeLayer(stage.name, hedge_state(stage), stage.clock, ctx.sleep, min_attempt_s, ctx.bus)

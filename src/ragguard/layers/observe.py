@@ -20,7 +20,7 @@ from .. import events
 from .._clock import Clock
 from .._context import DEFAULT_TENANT, current_scope, current_tenant, degraded, degraded_count
 from ..breakers import BreakerState
-from ..events import StageCompleted, bus, error_type
+from ..events import EventBus, StageCompleted, bus, error_type
 from ..pipeline import Call, Gate, Scope
 
 if TYPE_CHECKING:
@@ -38,13 +38,21 @@ stages of other presets (rerank has no such operation) or none carry no ``gen_ai
 class _Observe:
     """What the call's and the stream's observe layers share: the stage and how to read its state."""
 
-    __slots__ = ("breaker", "clock", "operation", "stage")
+    __slots__ = ("_bus", "breaker", "clock", "operation", "stage")
 
-    def __init__(self, stage: str, breaker: Breaker | None, clock: Clock, operation: str = "") -> None:
+    def __init__(
+        self,
+        stage: str,
+        breaker: Breaker | None,
+        clock: Clock,
+        operation: str = "",
+        event_bus: EventBus = bus,
+    ) -> None:
         self.stage = stage
         self.breaker = breaker
         self.clock = clock
         self.operation = operation
+        self._bus = event_bus
 
     def _state(self) -> str:
         breaker = self.breaker
@@ -86,8 +94,8 @@ class ObserveLayer(_Observe):
             tracer, span, attached = traced
             tracer.detach(attached)
             tracer.end(span, _outcome(exc, fallback), exc, fallback, None)
-        if bus.active:
-            _completed(self.stage, tenant, exc, fallback, state, self.clock() - started, None)
+        if self._bus.active:
+            _completed(self._bus, self.stage, tenant, exc, fallback, state, self.clock() - started, None)
         return None
 
 
@@ -140,9 +148,9 @@ class ObserveStream(_Observe):
                 tracer.detach(opened.attached)
                 opened.attached = None
             tracer.end(opened.span, _outcome(exc, fallback), exc, fallback, opened.first_item_s)
-        if bus.active:
-            took = self.clock() - opened.started
-            _completed(self.stage, opened.tenant, exc, fallback, opened.state, took, opened.first_item_s)
+        if self._bus.active:
+            took, first_s = self.clock() - opened.started, opened.first_item_s
+            _completed(self._bus, self.stage, opened.tenant, exc, fallback, opened.state, took, first_s)
 
 
 class _Open:
@@ -239,6 +247,7 @@ def _outcome(exc: BaseException | None, fallback: str) -> str:
 
 
 def _completed(
+    event_bus: EventBus,
     stage: str,
     tenant: str,
     exc: BaseException | None,
@@ -249,7 +258,7 @@ def _completed(
 ) -> None:
     outcome = _outcome(exc, fallback)
     error = error_type(exc) if outcome == "error" else ""
-    bus.emit(StageCompleted(stage, tenant, outcome, duration_s, fallback, state, error, first_item_s))
+    event_bus.emit(StageCompleted(stage, tenant, outcome, duration_s, fallback, state, error, first_item_s))
 
 
 _STATE_NAMES: dict[Any, str] = {state: state.value for state in BreakerState}
@@ -258,4 +267,4 @@ _STATE_NAMES: dict[Any, str] = {state: state.value for state in BreakerState}
 def build(stage: Stage, bound: Bound) -> ObserveLayer | ObserveStream:
     operation = "" if stage.preset is None else OPERATIONS.get(stage.preset.name, "")
     kind = ObserveStream if bound.stream else ObserveLayer
-    return kind(stage.name, stage.breaker, stage.clock, operation)
+    return kind(stage.name, stage.breaker, stage.clock, operation, stage.context.bus)

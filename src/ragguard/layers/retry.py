@@ -41,11 +41,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import tenacity
 from pydantic import Field, field_validator
 
+from .. import outcomes
 from .._context import current_tenant
 from .._errors import RagguardError, StageTimeout
 from .._options import Options
 from ..deadline import current_expiry, remaining
-from ..events import RetryBudgetExhausted, RetryScheduled, bus
+from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
 from ..outcomes import Kind, Outcome, classify
 from ..pipeline import Call, Scope
 
@@ -364,6 +365,8 @@ class RetryLayer:
         "_any",
         "_attempts",
         "_backoffs",
+        "_bus",
+        "_classify",
         "_counts",
         "_idempotent",
         "_jitter_s",
@@ -399,8 +402,12 @@ class RetryLayer:
         wait: Strategy | None = None,
         retry: Strategy | None = None,
         idempotent: bool = True,
+        event_bus: EventBus = bus,
+        classify: Callable[[BaseException], Outcome] = classify,
     ) -> None:
         self.stage = stage
+        self._bus = event_bus
+        self._classify = classify
         self.policy = policy
         self.budget = budget
         self.min_attempt_s = min_attempt_s
@@ -418,9 +425,10 @@ class RetryLayer:
         # the classes each kind matches before any closer look (a ConnectionError is a dependency
         # failure...): the usual failures of an idempotent stage are told apart by one isinstance
         # (a stage that is not idempotent is sure only of a refused connection: it never left)
+        # (another classifier than ragguard's own is asked about every error)
         self._sure: tuple[type[BaseException], ...] = (
             ()
-            if self._any
+            if self._any or classify is not outcomes.classify
             else tuple(_SURE[k] for k in kinds if k in _SURE)
             if idempotent
             else (ConnectionRefusedError,) if "connection" in kinds else ()
@@ -470,13 +478,13 @@ class RetryLayer:
             return False  # tenacity hands cancellations to the predicate too: never retry them
         if isinstance(exc, self._sure):
             return True
-        return self._retries(exc, classify(exc))
+        return self._retries(exc, self._classify(exc))
 
     def _may_repeat(self, exc: BaseException) -> bool:
         """Neither a cancellation nor a refusal by ragguard, and for a stage that is not
         idempotent an error raised before the request could have left (a user's ``retry``
         predicate is asked only then)."""
-        return _not_a_rejection(exc) and (self._idempotent or not classify(exc).reached)
+        return _not_a_rejection(exc) and (self._idempotent or not self._classify(exc).reached)
 
     def _retries(self, exc: BaseException, outcome: Outcome) -> bool:
         if outcome.kind in _NEVER or (outcome.reached and not self._idempotent):
@@ -518,7 +526,7 @@ class RetryLayer:
                     outer = call.recoverable
                     if not _not_a_rejection(exc):
                         raise exc
-                    outcome = classify(exc)
+                    outcome = self._classify(exc)
                     if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
                         raise exc
                     after = outcome.retry_after_s or 0.0
@@ -546,9 +554,9 @@ class RetryLayer:
                         raise exc
                 if not self._spend():
                     raise exc
-                if bus.active:
+                if self._bus.active:
                     tenant = current_tenant()
-                    bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__, tenant))
+                    self._bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__, tenant))
                 await self.sleep(wait)
                 attempt += 1
                 call.attempt += 1
@@ -584,9 +592,9 @@ class RetryLayer:
                 if stop(state):
                     raise exc
                 state.idle_for += sleep
-                if bus.active:
+                if self._bus.active:
                     error, tenant = type(exc).__name__, current_tenant()
-                    bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, error, tenant))
+                    self._bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, error, tenant))
                 state.prepare_for_next_attempt()
                 await self.sleep(sleep)
                 call.attempt += 1
@@ -602,8 +610,8 @@ class RetryLayer:
         # the budget is charged for retries that really happen, never for a call's last attempt.
         if self.budget.try_spend():
             return True
-        if bus.active:
-            bus.emit(RetryBudgetExhausted(self.stage, current_tenant()))
+        if self._bus.active:
+            self._bus.emit(RetryBudgetExhausted(self.stage, current_tenant()))
         return False
 
 
@@ -634,4 +642,6 @@ def build(stage: Stage, bound: Bound) -> RetryLayer | None:
         rng=stage.context.rng,
         sleep=stage.context.sleep,
         idempotent=stage.policy.is_idempotent,
+        event_bus=stage.context.bus,
+        classify=stage.context.classify,
     )

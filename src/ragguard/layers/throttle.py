@@ -19,7 +19,6 @@ from pydantic import Field
 from .._context import current_tenant
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded
 from .._options import Options
-from ..events import bus
 from ..overload import AdaptiveThrottle, Throttled, is_rejection, throttle_for
 from ..overload._priority import current_priority
 from ..pipeline import Call, Scope
@@ -49,20 +48,22 @@ class ThrottleLayer:
     """Throttles the attempts of stage ``stage`` through ``throttle``."""
 
     scope: ClassVar[Scope] = "attempt"
-    __slots__ = ("_quota_of", "stage", "throttle")
+    __slots__ = ("_bus", "_classify", "_quota_of", "stage", "throttle")
 
     def __init__(self, stage: Stage, throttle: AdaptiveThrottle) -> None:
         self.stage = stage.name
         self.throttle = throttle
         self._quota_of = stage.context.quota_of
+        self._bus = stage.context.bus
+        self._classify = stage.context.classify
 
     def enter(self, call: Call) -> Any:
         throttle = self.throttle
         if throttle.allow():
             return None
         tenant = current_tenant()
-        if bus.active:
-            bus.emit(Throttled(self.stage, tenant, throttle.probability()))
+        if self._bus.active:
+            self._bus.emit(Throttled(self.stage, tenant, throttle.probability()))
         priority = current_priority() or self._quota_of(tenant).priority
         raise Overloaded(self.stage, throttle.retry_after_s(), "throttled", priority=priority, tenant=tenant)
 
@@ -77,7 +78,7 @@ class ThrottleLayer:
             isinstance(exc, Overloaded) and exc.stage == self.stage
         ):
             throttle.forget()  # refused here, before reaching the dependency
-        elif not is_rejection(exc):
+        elif not is_rejection(exc, self._classify):
             throttle.accepted()
         return None
 

@@ -102,6 +102,7 @@ def limiter_for(stage: Stage) -> AdaptiveLimiter:
             rng=stage.context.rng,
             timers=timers_of(stage.clock),
             weight_of=lambda tenant: quota_of(tenant).weight,
+            event_bus=stage.context.bus,
         )
 
     return stage.part("limiter", make)

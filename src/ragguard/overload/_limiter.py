@@ -34,7 +34,7 @@ from .._clock import Clock, Timers
 from .._compat import current_task, running_loop
 from .._errors import Overloaded
 from .._timeouts import wheel_for
-from ..events import bus
+from ..events import EventBus, bus
 from ._events import LimitChanged, LoadShed
 from ._gradient import GradientLimit, LimitSettings, admits
 from ._priority import PRIORITIES, RANK
@@ -106,8 +106,10 @@ class AdaptiveLimiter:
         rng: random.Random,
         timers: Timers | None = None,
         weight_of: Callable[[str], float] | None = None,
+        event_bus: EventBus = bus,
     ) -> None:
         self.stage = stage
+        self._bus = event_bus
         self.clock = clock
         self.rng = rng
         self.queue = queue
@@ -258,9 +260,9 @@ class AdaptiveLimiter:
     def _limit_changed(self) -> None:
         old = self.cap
         self.cap = admits(self.gradient.limit)
-        if bus.active and self.cap != old:
-            g = self.gradient
-            bus.emit(LimitChanged(self.stage, old, self.cap, g.min_rtt, g.last_rtt, g.probing, self.clock()))
+        if (events := self._bus).active and self.cap != old:
+            g, now = self.gradient, self.clock()
+            events.emit(LimitChanged(self.stage, old, self.cap, g.min_rtt, g.last_rtt, g.probing, now))
         if self.waiters and self.in_flight < self.cap:
             self._grant()
 
@@ -319,8 +321,8 @@ class AdaptiveLimiter:
     def _reject(self, tenant: str, priority: str, reason: str) -> Overloaded:
         self.shed[priority] = self.shed.get(priority, 0) + 1
         self.shed_reasons[reason] = self.shed_reasons.get(reason, 0) + 1
-        if bus.active:
-            bus.emit(LoadShed(self.stage, tenant, priority, reason, self.clock()))
+        if self._bus.active:
+            self._bus.emit(LoadShed(self.stage, tenant, priority, reason, self.clock()))
         return Overloaded(self.stage, self.retry_after_s(), reason, priority=priority, tenant=tenant)
 
     def retry_after_s(self) -> float:

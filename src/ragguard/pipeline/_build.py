@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import random
 
     from .._clock import Clock
+    from ..events import EventBus
+    from ..outcomes import Kind, Outcome
     from ..policy import TenantQuota
     from ..quotas import QuotaBackend
 
@@ -69,11 +71,14 @@ class BuildContext:
       :class:`~ragguard.TenantQuota`;
     - ``shared``: the Redis wiring (:class:`SharedState`) when the Guard shares state across
       replicas, else None;
-    - ``chaos``: the Guard's own chaos injector; :attr:`injector` the one its chains run through.
+    - ``chaos``: the Guard's own chaos injector; :attr:`injector` the one its chains run through;
+    - ``bus``: the event bus the layers emit to (:data:`ragguard.events.bus` unless given);
+      ``classify`` and ``kind_of``: what a dependency said (:func:`ragguard.outcomes.classify`,
+      :func:`ragguard.outcomes.kind_of` unless given). A layer reads them when it is built.
     """
 
-    __slots__ = ("_closers", "_parts", "chaos", "clock", "per_call_quota", "quota_of", "quotas", "rng",
-                 "shared", "sleep")
+    __slots__ = ("_closers", "_parts", "bus", "chaos", "classify", "clock", "kind_of", "per_call_quota",
+                 "quota_of", "quotas", "rng", "shared", "sleep")
 
     def __init__(
         self,
@@ -86,7 +91,15 @@ class BuildContext:
         per_call_quota: bool,
         shared: SharedState | None = None,
         chaos: _inject.Injector | None = None,
+        bus: EventBus | None = None,
+        classify: Callable[[BaseException], Outcome] | None = None,
+        kind_of: Callable[[BaseException], Kind] | None = None,
     ) -> None:
+        from .. import events, outcomes
+
+        self.bus = events.bus if bus is None else bus
+        self.classify = outcomes.classify if classify is None else classify
+        self.kind_of = outcomes.kind_of if kind_of is None else kind_of
         self.clock = clock
         self.sleep = sleep
         self.rng = rng

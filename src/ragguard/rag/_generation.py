@@ -43,7 +43,7 @@ from .._context import current_tenant
 from .._errors import InvalidInput, StreamBudget, StreamTimeout
 from .._timeouts import MAX_TIMEOUT_S, wheel_for
 from ..deadline import current_expiry
-from ..events import StreamCut, StreamSettled, bus
+from ..events import EventBus, StreamCut, StreamSettled, bus
 from ..pipeline import WAIT, Call, Scope
 from ..policy import GenerationPolicy
 from ._args import ArgRef
@@ -158,6 +158,7 @@ class TokenMeter:
     scope: ClassVar[Scope] = "call"
     streams: ClassVar[bool] = True
     __slots__ = (
+        "_bus",
         "accounts",
         "count",
         "estimate",
@@ -181,8 +182,10 @@ class TokenMeter:
         input_tokens: Callable[..., Any] | None = None,
         model: ArgRef | Callable[..., Any] | None = None,
         usage: Callable[[Any], Any] | None = None,
+        event_bus: EventBus = bus,
     ) -> None:
         self.stage = stage
+        self._bus = event_bus
         self.usage = usage
         self.accounts = accounts
         self.count = count
@@ -235,7 +238,7 @@ class TokenMeter:
     async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:
         head = await proceed()
         record = call.meter
-        if record is not None and (record.account is not None or bus.active):
+        if record is not None and (record.account is not None or self._bus.active):
             head.deliver = record.deliver
         return head
 
@@ -276,9 +279,9 @@ class TokenMeter:
                 used = record.tokens if usage.output_tokens is None else usage.output_tokens
                 self.accounts.settle(account, record.reservation, used, usage.input_tokens)
             self.accounts.close(account)
-        if bus.active:
+        if self._bus.active:
             outcome = "ok" if exc is None else "error" if isinstance(exc, Exception) else "cancelled"
-            bus.emit(
+            self._bus.emit(
                 StreamSettled(
                     self.stage,
                     record.tenant,
@@ -297,6 +300,7 @@ class StreamBudgets:
 
     scope: ClassVar[Scope] = "item"
     __slots__ = (
+        "_bus",
         "_loop",
         "_timers",
         "_wheel",
@@ -316,8 +320,10 @@ class StreamBudgets:
         timeout_s: float | None,
         clock: Clock,
         timers: Timers | None,
+        event_bus: EventBus = bus,
     ) -> None:
         self.stage = stage
+        self._bus = event_bus
         self.first_item_s = policy.first_item_s
         self.idle_s = policy.idle_s
         self.total_s = policy.total_s
@@ -400,8 +406,8 @@ class StreamBudgets:
         seconds = {"total": self.total_s, "first_item": self.first_item_s, "idle": self.idle_s}[kind]
         error = StreamTimeout(self.stage, kind, seconds or 0.0, call.items)
         error.__suppress_context__ = True  # the cancellation that stopped the wait is ours
-        if bus.active:
-            bus.emit(StreamCut(self.stage, record.tenant, kind, call.items))
+        if self._bus.active:
+            self._bus.emit(StreamCut(self.stage, record.tenant, kind, call.items))
         return error
 
 

@@ -142,7 +142,8 @@ class RerankPreset:
 
     def layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
         options: _RerankOptions = bound.resolved(self)
-        return (ChunkedRerank(stage.name, stage.preset_state, options.candidates, options.score),)
+        state, bus = stage.preset_state, stage.context.bus
+        return (ChunkedRerank(stage.name, state, options.candidates, options.score, bus),)
 
     def attempt_layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
         return ()
@@ -249,6 +250,7 @@ class GenerationPreset:
             input_tokens=options.input_tokens,
             model=options.model,
             usage=options.usage,
+            event_bus=stage.context.bus,
         )
         return (meter,)
 
@@ -263,6 +265,7 @@ class GenerationPreset:
             timeout_s=policy.timeout_s,
             clock=stage.clock,
             timers=timers_of(stage.clock),
+            event_bus=stage.context.bus,
         )
         return (budgets,)
 

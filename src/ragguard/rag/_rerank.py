@@ -22,7 +22,7 @@ from .._clock import Clock
 from .._context import current_tenant, mark_degraded
 from .._errors import BreakerOpen, ConfigError
 from ..breakers import is_out_of_memory
-from ..events import FallbackServed, bus
+from ..events import EventBus, FallbackServed, bus
 from ..layers.fallback import FallbackMiss
 from ..pipeline import Call
 from ._args import MISSING, ArgRef
@@ -102,12 +102,18 @@ class ChunkedRerank:
     item's score for the merge."""
 
     streams: ClassVar[bool] = False
-    __slots__ = ("_warned", "candidates", "limiter", "score", "stage")
+    __slots__ = ("_bus", "_warned", "candidates", "limiter", "score", "stage")
 
     def __init__(
-        self, stage: str, limiter: BatchLimiter, candidates: ArgRef, score: Callable[[Any], float]
+        self,
+        stage: str,
+        limiter: BatchLimiter,
+        candidates: ArgRef,
+        score: Callable[[Any], float],
+        event_bus: EventBus = bus,
     ) -> None:
         self.stage = stage
+        self._bus = event_bus
         self.limiter = limiter
         self.candidates = candidates
         self.score = score
@@ -148,8 +154,8 @@ class ChunkedRerank:
         if len(done) == 1:
             return done[0][1]
         mark_degraded(CHUNKED)
-        if bus.active:
-            bus.emit(FallbackServed(self.stage, CHUNKED, current_tenant(), "MemoryError"))
+        if self._bus.active:
+            self._bus.emit(FallbackServed(self.stage, CHUNKED, current_tenant(), "MemoryError"))
         return self._merge(done)
 
     def _merge(self, done: Sequence[tuple[int, Any]]) -> list[Any]:
