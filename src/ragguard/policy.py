@@ -86,6 +86,16 @@ _M = TypeVar("_M", bound=Options)
 _MODEL_NAME_MAX = 128
 
 
+def _limits_tokens(limits: TokenLimits | TenantQuota) -> bool:
+    """Whether ``limits`` sets a token rate or a token quota of its own."""
+    return not (
+        limits.tokens_per_s is None
+        and limits.token_quota is None
+        and limits.input_token_quota is None
+        and limits.output_token_quota is None
+    )
+
+
 class TokenLimits(Options):
     """One model's token limits for a tenant (``TenantQuota.models``), on top of the tenant's own;
     None means unlimited. The same fields, units and rules as :class:`TenantQuota`'s:
@@ -106,12 +116,7 @@ class TokenLimits(Options):
     @property
     def limits_tokens(self) -> bool:
         """Whether any token limit is set."""
-        return not (
-            self.tokens_per_s is None
-            and self.token_quota is None
-            and self.input_token_quota is None
-            and self.output_token_quota is None
-        )
+        return _limits_tokens(self)
 
 
 class TenantQuota(Options):
@@ -181,13 +186,7 @@ class TenantQuota(Options):
     @property
     def limits_tokens(self) -> bool:
         """Whether any token limit is set, the tenant's or a model's."""
-        return not (
-            self.tokens_per_s is None
-            and self.token_quota is None
-            and self.input_token_quota is None
-            and self.output_token_quota is None
-            and not any(m.limits_tokens for m in self.models.values())
-        )
+        return _limits_tokens(self) or any(m.limits_tokens for m in self.models.values())
 
     @property
     def unlimited(self) -> bool:
