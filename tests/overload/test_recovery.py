@@ -5,7 +5,10 @@ attempt timer, the dependency's latency its workers' service time plus its own q
 Done when: from any starting limit, and after an outage that drove the limit down, within 2 s the
 limit admits at least 90% of the dependency's capacity (K calls in flight) and stays there, no
 higher than its documented level (K x (1 + tolerance)) by more than a few calls, and the stage serves
-at least 90% of what the dependency can (all of a load below capacity)."""
+at least 90% of what the dependency can (all of a load below capacity). And when the capacity halves
+under a service already at 80% of it, whatever load its baseline probes ran under, the stage serves at
+least 90% of the new capacity from 2 s after the change, and all of its load again within 5 s of the
+capacity coming back."""
 
 from __future__ import annotations
 
@@ -26,19 +29,27 @@ TOLERANCE = 0.5  # AdaptivePolicy's default
 
 
 class Workers:
-    """A dependency of ``k`` workers: a call takes a free worker for about ``SERVICE_S`` (seeded
+    """A dependency of ``k`` workers: a call takes a free worker for about ``service_s`` (seeded
     jitter, +-10%) or waits for one, first come first served. Between ``down`` times it hangs
-    (an outage: only the attempt timer ends the call)."""
+    (an outage: only the attempt timer ends the call). :meth:`resize` changes the number of workers
+    (a worker lost finishes its call first)."""
 
     def __init__(
-        self, clock: FakeClock, k: int, rng: random.Random, down: tuple[float, float] | None
+        self, clock: FakeClock, k: int, rng: random.Random, down: tuple[float, float] | None,
+        service_s: float = SERVICE_S,
     ) -> None:
         self.clock = clock
         self.k = k
         self.rng = rng
         self.down = down
+        self.service_s = service_s
         self.busy = 0
         self.queue: deque[asyncio.Future[None]] = deque()
+
+    def resize(self, k: int) -> None:
+        self.k = k
+        while self.busy < k and self._next_turn():
+            self.busy += 1
 
     async def __call__(self) -> str:
         down = self.down
@@ -58,31 +69,45 @@ class Workers:
                     self.queue.remove(turn)
                 raise
         try:
-            await self.clock.sleep(SERVICE_S * self.rng.uniform(0.9, 1.1))
+            await self.clock.sleep(self.service_s * self.rng.uniform(0.9, 1.1))
         finally:
             self._hand_on()
         return "ok"
 
     def _hand_on(self) -> None:
+        if self.busy > self.k or not self._next_turn():  # a worker lost, or nobody waits
+            self.busy -= 1
+
+    def _next_turn(self) -> bool:
+        """Give a worker to the first caller still waiting; False when nobody waits."""
         while self.queue:
             turn = self.queue.popleft()
             if not turn.done():
                 turn.set_result(None)
-                return
-        self.busy -= 1
+                return True
+        return False
 
 
 @dataclass
 class Run:
     served: list[float] = field(default_factory=list)  # clock times of answers
     shed: list[float] = field(default_factory=list)  # clock times of calls shed
+    sent: list[float] = field(default_factory=list)  # clock times of calls made
     limits: list[tuple[float, int]] = field(default_factory=list)  # (clock time, calls admitted at once)
+    baselines: list[float] = field(default_factory=list)  # the limit's baseline (s), sampled
 
     def served_per_s(self, start: float, end: float) -> float:
         return sum(start <= t < end for t in self.served) / (end - start)
 
     def shed_per_s(self, start: float, end: float) -> float:
         return sum(start <= t < end for t in self.shed) / (end - start)
+
+    def sent_per_s(self, start: float, end: float) -> float:
+        return sum(start <= t < end for t in self.sent) / (end - start)
+
+    def mean_limit(self, start: float, end: float) -> float:
+        values = [n for t, n in self.limits if start <= t < end]
+        return sum(values) / len(values)
 
 
 async def simulate(
@@ -93,16 +118,23 @@ async def simulate(
     until_s: float,
     down: tuple[float, float] | None = None,
     seed: int = 1,
+    adaptive: AdaptivePolicy | None = None,
+    service_s: float = SERVICE_S,
+    loads: tuple[tuple[float, float], ...] = (),
+    resize: tuple[tuple[float, int], ...] = (),
 ) -> Run:
+    """Calls at ``load`` x the capacity (K / ``service_s`` a second) until ``until_s``, or in
+    phases: ``loads`` of (until, load); ``resize``: (clock time, workers) changes of capacity."""
     clock = FakeClock()
     policy = Policy(stages={"dep": StagePolicy(
         timeout_s=0.5,
         breaker=BreakerPolicy(kind="none"),
-        adaptive=AdaptivePolicy(min_limit=1, initial_limit=initial, max_limit=max(256, initial)),
+        adaptive=adaptive or AdaptivePolicy(min_limit=1, initial_limit=initial, max_limit=max(256, initial)),
     )})
     g = Guard(policy, clock=clock, rng=random.Random(seed))
     rng = random.Random(seed)
-    call = g.guard("dep")(Workers(clock, k, rng, down))
+    workers = Workers(clock, k, rng, down, service_s)
+    call = g.guard("dep")(workers)
     run = Run()
 
     async def one() -> None:
@@ -120,18 +152,29 @@ async def simulate(
             limiter = limiters(g).get("dep")
             if limiter is not None and not limiter.gradient.probing:
                 run.limits.append((clock(), limiter.limit))
+                if limiter.gradient.min_rtt is not None:
+                    run.baselines.append(limiter.gradient.min_rtt)
             await clock.sleep(0.01)
 
-    rate = load * k / SERVICE_S
+    async def change_capacity() -> None:
+        for at, workers_then in resize:
+            await clock.sleep(at - clock())
+            workers.resize(workers_then)
+
     sampler = asyncio.create_task(sample())
+    changer = asyncio.create_task(change_capacity())
     calls: set[asyncio.Task[None]] = set()
-    while clock() < until_s:
-        await clock.sleep(rng.expovariate(rate))
-        task = asyncio.create_task(one())
-        calls.add(task)
-        task.add_done_callback(calls.discard)
+    for until, share in loads or ((until_s, load),):
+        rate = share * k / service_s
+        while clock() < until:
+            await clock.sleep(rng.expovariate(rate))
+            run.sent.append(clock())
+            task = asyncio.create_task(one())
+            calls.add(task)
+            task.add_done_callback(calls.discard)
     await asyncio.gather(*calls)
     sampler.cancel()
+    changer.cancel()
     return run
 
 
@@ -176,3 +219,34 @@ async def test_a_limit_between_1_and_2_admits_two_calls_and_grows() -> None:
     assert max(n for _, n in run.limits) > 1
     assert run.served_per_s(1.0, 3.0) >= 0.9 * 300, run.served_per_s(1.0, 3.0)
     assert run.shed_per_s(1.0, 3.0) <= 0.05 * 300, run.shed_per_s(1.0, 3.0)
+
+
+BENCH_LIKE = AdaptivePolicy(  # the bench's adaptive contender's options, its probes every 2 s
+    min_limit=1, initial_limit=4, max_limit=32, tolerance=2.5, window_s=0.1, min_samples=5,
+    probe_interval_s=2.0, probe_samples=10, probe_limit=2, max_queue=6.0, early_queue=2.0, max_wait_s=0.25,
+)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_capacity_halved_under_load_and_restored_the_limit_follows_both_ways(seed: int) -> None:
+    """The bench's capacity-halving run (issue 32) on fake time: the dependency serves 4 calls at
+    once in 60 ms each (66.7 a second, as the bench's does); heavy load (1.5x) for 4 s, then 80% of
+    capacity; at 10 s half its workers go, at 20 s they come back. The limit has the bench's options
+    (a tolerance of 2.5, a ceiling of 32) and re-measures its baseline every 2 s, so its probes run
+    under load: while calls queue at the ceiling, and after the halving. A probe that counted the
+    calls already queued when it began learnt the queue as the baseline (up to the 0.5 s timeout),
+    and calls cut by the timeout, sampled at 0.5 s, never passed a tolerance of 3.5x that baseline:
+    the limit sat at its ceiling while most calls timed out."""
+    service_s, capacity = 0.06, 4 / 0.06
+    run = await simulate(
+        k=4, load=0.8, initial=4, until_s=28.0, seed=seed, adaptive=BENCH_LIKE, service_s=service_s,
+        loads=((4.0, 1.5), (28.0, 0.8)), resize=((10.0, 2), (20.0, 4)),
+    )
+    halved = run.served_per_s(12.0, 20.0)
+    assert halved >= 0.9 * capacity / 2, (halved, capacity / 2)
+    assert run.mean_limit(14.0, 20.0) < 0.6 * run.mean_limit(6.0, 10.0)  # the limit came down
+    assert max(run.baselines) <= 1.25 * service_s, max(run.baselines)  # every probe measured the dependency
+    # within 5 s of the capacity coming back, every call is served again (the load is below it)
+    restored = run.served_per_s(25.0, 28.0)
+    assert restored >= 0.9 * min(run.sent_per_s(25.0, 28.0), capacity), (restored, run.sent_per_s(25.0, 28.0))
+    assert run.mean_limit(25.0, 28.0) > 1.5 * run.mean_limit(14.0, 20.0)  # and the limit grew back

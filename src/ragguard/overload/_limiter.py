@@ -237,16 +237,18 @@ class AdaptiveLimiter:
 
     # -- release and hand-off ----------------------------------------------------------------------
 
-    def release(self, permit: Permit, rtt_s: float | None) -> None:
+    def release(self, permit: Permit, rtt_s: float | None, *, cut: bool = False) -> None:
         """Give back ``permit``; ``rtt_s`` (seconds) is the call's latency sample, None for none
-        (a cancellation, a fast failure that says nothing about latency)."""
+        (a cancellation, a fast failure that says nothing about latency); ``cut``: the call ran out
+        of time after ``rtt_s`` seconds (a censored sample, see :mod:`ragguard.overload._gradient`)."""
         self.in_flight -= 1
         usage = self._usage.get(permit.tenant)
         if usage is not None:
             usage.in_flight -= 1
-        if rtt_s is not None:
-            if self.gradient.sample(self.clock(), rtt_s, permit.in_flight):
-                self._limit_changed()
+        if rtt_s is not None and self.gradient.sample(
+            self.clock(), rtt_s, permit.in_flight, admitted_at=permit.started, cut=cut
+        ):
+            self._limit_changed()
         if self.waiters and self.in_flight < self.cap:
             self._grant()
 
