@@ -1,13 +1,13 @@
 """The capacity-change run of ``ragguard bench``: what a user feels when the dependency loses half of
 its capacity, and when it gets it back.
 
-At 80% of the dependency's nominal capacity, ``block_ms`` doubles a third of the way through the run
-(the dependency serves half as many calls, half as many at once) and is back two thirds of the way
-through. Every contender gets the same arrival plan; the adaptive contender's ``retrieve`` limit is
-sampled every 100 ms. A window's goodput is the answers that came back in it, per second (an answer
-sent while halved that came back after the capacity was restored does not count as halved work); its
-load is the requests sent in it, and the well-behaved tenants' success is that of the requests they
-sent in it. From each contender's requests:
+At 80% of the dependency's capacity (measured, see below), ``block_ms`` doubles a third of the way
+through the run (the dependency serves half as many calls, half as many at once) and is back two
+thirds of the way through. Every contender gets the same arrival plan; the adaptive contender's
+``retrieve`` limit is sampled every 100 ms. A window's goodput is the answers that came back in it,
+per second (an answer sent while halved that came back after the capacity was restored does not count
+as halved work); its load is the requests sent in it, and the well-behaved tenants' success is that
+of the requests they sent in it. From each contender's requests:
 
 - *halved*: goodput from ``SETTLE_S`` after the halving until the capacity is back, against the new
   capacity (or the load sent, if less), and the well-behaved tenants' success;
@@ -18,7 +18,8 @@ sent in it. From each contender's requests:
 The capacity is measured before each run (``_Bench.measure_capacity``: as many embedding and
 vector-store calls as the backends answer with 16 callers in a loop, at ``block_ms`` and twice it):
 the nominal ``1000 / block_ms`` leaves out the backends' own work per call and overstates what they
-can serve (by 10-15% on a shared 2-core machine). Both are reported.
+can serve (by 10-20% on a shared 2-core machine: 80% of it is a service already queueing). Both are
+reported.
 
 The targets (the adaptive contender): after the halving, goodput >= ``SHARE`` of the new capacity and
 well-behaved tenants >= 99% success; after the restoring, goodput back at ``SHARE`` within

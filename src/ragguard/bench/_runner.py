@@ -13,10 +13,10 @@ Offered load rises in steps (multiples of that capacity): four well-behaved tena
 same arrival plan (Poisson, seeded), one after the other in an order rotated per step, so machine
 drift hits all alike; each run is a warm-up, a steady window (the only part measured) and a
 teardown (in-flight requests end, then the backends are probed until idle). Then the
-capacity-change run (:mod:`ragguard.bench._changes`): at 80% of capacity, ``block_ms`` doubles a third
-of the way through and is back two thirds through, per contender, with the adaptive contender's
-``retrieve`` limit sampled every 100 ms. ``changes_only`` runs that alone, once per seed of ``seeds``
-(fresh contenders each time), with the backends and the model started once.
+capacity-change run (:mod:`ragguard.bench._changes`): at 80% of the capacity measured, ``block_ms``
+doubles a third of the way through and is back two thirds through, per contender, with the adaptive
+contender's ``retrieve`` limit sampled every 100 ms. ``changes_only`` runs that alone, once per seed of
+``seeds`` (fresh contenders each time), with the backends and the model started once.
 """
 
 from __future__ import annotations
@@ -353,7 +353,7 @@ class _Bench:
         *_, duration = o.plan()
         cap = o.capacity_rps
         change_at, restore_at = _changes.timeline(duration)
-        load = 0.8 * cap
+        load = 0.8 * capacity[0]  # 80% of what the backends serve (the nominal overstates it)
         arrivals = plan_arrivals(
             loads_at(load, cap, self.plans), duration, len(self.questions), random.Random(seed * 7919)
         )
