@@ -112,6 +112,37 @@ async def test_a_full_queue_sheds_the_lowest_priority_then_the_heaviest_tenant()
 
 
 @pytest.mark.anyio
+async def test_a_tenant_whose_calls_are_shed_stays_the_heavy_one() -> None:
+    """Issue 32: at a saturated limit each tenant is admitted about as often as the others. Counted
+    by admissions alone, a heavy tenant whose calls were shed looked as light as a well-behaved one,
+    and a well-behaved tenant's burst of three queued calls made it the heavier: its calls waited
+    behind the heavy tenant's and ran out of time. A call asked for counts, admitted or not."""
+    clock = FakeClock(auto_advance=False)
+    lim = _limiter(clock, limit=2, max_queue=10, early_queue=10)
+    held = _hold(lim, "other", 2)
+    log: list[Any] = []
+    for _ in range(8):  # the heavy tenant asks on and on, and is refused (no time to queue)
+        await _queue(lim, "hoarder", "interactive", log, wait_s=0.0)
+    assert [e[0] for e in log] == ["shed"] * 8
+    log.clear()
+    tasks = [await _queue(lim, "acme", "interactive", log) for _ in range(3)]  # a burst
+    tasks.append(await _queue(lim, "hoarder", "interactive", log))
+    assert lim.usage("acme") < lim.usage("hoarder")
+    for permit in held:
+        lim.release(permit, None)
+    await settle()
+    assert [e[1] for e in log] == ["acme", "acme"]  # the burst first, the heavy tenant after
+    for e in log:
+        lim.release(e[3], None)
+    await settle()
+    for e in log[2:]:
+        lim.release(e[3], None)
+    for t in tasks:
+        await t
+    assert [e[1] for e in log] == ["acme", "acme", "acme", "hoarder"]
+
+
+@pytest.mark.anyio
 async def test_the_queue_rejects_gradually_as_it_fills() -> None:
     """From early_queue x limit on, an arrival sheds a call with a probability rising to 1 at the bound."""
     fills = {}

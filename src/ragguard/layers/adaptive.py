@@ -61,8 +61,8 @@ class AdaptivePolicy(Options):
       queue holds ``max_queue`` x limit calls, and from ``early_queue`` x limit on it sheds calls
       with a rising probability (lowest priority, then heaviest tenant first). ``max_queue: 0``
       sheds at once.
-    - ``usage_window_s``: the time constant (seconds) of a tenant's recent admissions, counted in
-      its usage when choosing whom to shed.
+    - ``usage_window_s``: the time constant (seconds) of a tenant's recent calls (admitted or
+      shed), counted in its usage when choosing whom to shed.
     - ``signals``: outside pressure that backs the limit off by ``backoff`` (a factor in (0, 1)),
       at most once per window: ``loop_lag`` (a loop stall of ``loop_lag_s`` seconds or more
       reported by :class:`ragguard.monitors.StallDetector`), ``pool_wait`` (a Redis pool monitor's

@@ -9,8 +9,11 @@ The queue is bounded and rejects gradually, after failsafe-go's adaptive limiter
 ``max_queue`` x limit waiters, and from ``early_queue`` x limit waiters on, each arrival sheds one
 call with a probability rising linearly to 1 at the bound (drawn from the Guard's seeded rng). The
 call shed is the worst of the queue and the arrival: the lowest priority, then the heaviest tenant
-(the most calls in flight, queued and admitted lately at this stage, per unit of the tenant's
-``weight``), then the newest. A shed call raises :class:`~ragguard.Overloaded`. While a baseline
+(the most calls in flight, queued and asked for lately at this stage, per unit of the tenant's
+``weight``), then the newest. A tenant's recent calls count whether they were admitted or shed: a
+saturated limit admits each tenant about as often as the others, so counting admissions alone a
+heavy tenant whose calls are being shed looks as light as the tenants it crowds out, and a light
+tenant's burst makes it the heavier one. A shed call raises :class:`~ragguard.Overloaded`. While a baseline
 probe pins the limit low, the queue keeps the size of the limit the probe will give back (a probe
 measures the dependency; it does not shrink the room to wait).
 
@@ -70,7 +73,7 @@ class _Usage:
     def __init__(self, now: float) -> None:
         self.in_flight = 0
         self.waiting = 0
-        self.recent = 0.0  # admissions, decayed with time constant usage_window_s
+        self.recent = 0.0  # calls asked for (admitted or not), decayed with time constant usage_window_s
         self.at = now
 
 
@@ -132,7 +135,19 @@ class AdaptiveLimiter:
         """Admit a call of ``tenant`` at once, or None when it must queue (:meth:`acquire`)."""
         if self.in_flight >= self.cap or self.waiters:
             return None
-        return self._admit(tenant, self.clock())
+        now = self.clock()
+        self._asked(tenant, now)
+        return self._admit(tenant, now)
+
+    def _asked(self, tenant: str, now: float) -> None:
+        """Count a call of ``tenant`` asking for a slot (once, admitted or not) in its usage."""
+        usage = self._usage.get(tenant)
+        if usage is None:
+            usage = self._new_usage(tenant, now)
+        if now > usage.at:
+            usage.recent *= math.exp((usage.at - now) / self.queue.usage_window_s)
+            usage.at = now
+        usage.recent += 1.0
 
     def _admit(self, tenant: str, now: float) -> Permit:
         self.in_flight += 1
@@ -141,10 +156,6 @@ class AdaptiveLimiter:
         if usage is None:
             usage = self._new_usage(tenant, now)
         usage.in_flight += 1
-        if now > usage.at:
-            usage.recent *= math.exp((usage.at - now) / self.queue.usage_window_s)
-        usage.recent += 1.0
-        usage.at = now
         return Permit(tenant, now, self.in_flight)
 
     async def acquire(self, tenant: str, priority: str, wait_s: float, by_deadline: bool = False) -> Permit:
@@ -152,8 +163,10 @@ class AdaptiveLimiter:
         the caller cut ``wait_s`` to what the request's deadline leaves. Raises
         :class:`~ragguard.Overloaded` when shed or out of time (reason ``deadline`` when the deadline
         set the wait, see :class:`~ragguard.Overloaded`)."""
+        now = self.clock()
+        self._asked(tenant, now)
         if self.in_flight < self.cap and not self.waiters:
-            return self._admit(tenant, self.clock())
+            return self._admit(tenant, now)
         if wait_s <= 0.0:  # no time to queue at all
             raise self._reject(tenant, priority, "deadline" if by_deadline else "limit")
         waiter = _Waiter(tenant, priority, next(self._seq), "deadline" if by_deadline else "queue")
@@ -279,8 +292,9 @@ class AdaptiveLimiter:
     # -- choosing ----------------------------------------------------------------------------------
 
     def usage(self, tenant: str) -> float:
-        """How heavily ``tenant`` uses this stage now: its calls in flight and queued plus its
-        admissions of the last ``usage_window_s`` or so (decayed), per unit of its weight."""
+        """How heavily ``tenant`` uses this stage now: its calls in flight and queued plus the calls
+        it asked for (admitted or not) in the last ``usage_window_s`` or so (decayed), per unit of
+        its weight."""
         u = self._usage.get(tenant)
         if u is None:
             return 0.0
