@@ -107,7 +107,7 @@ def error_text(exc: BaseException) -> str:
         text = f"{text} {body[:_MAX_TEXT].lower()}"
     elif body is None and any(c.__name__ == "HTTPStatusError" for c in type(exc).__mro__):
         try:
-            content = getattr(exc, "response", None).content  # ResponseNotRead: never read
+            content = exc.response.content  # type: ignore[attr-defined]  # ResponseNotRead: never read
         except Exception:
             content = None
         if isinstance(content, (bytes, bytearray)) and content:
