@@ -7,11 +7,14 @@ window), for calls and for streams, and through the ASGI front door."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -28,11 +31,13 @@ from ragguard import (
     Policy,
     RetryPolicy,
     StagePolicy,
+    TenantQuota,
 )
 from ragguard.asgi import RagguardMiddleware, primed
 from ragguard.breakers import BreakerState
+from ragguard.events import FallbackServed, StreamSettled
 from ragguard.outcomes import CONTEXT_LENGTH, classify, context_overflow
-from wire import Fault, OpenAIWire, openai_error, serving
+from wire import CONTENT_BLOCKED, AnthropicWire, Fault, OpenAIWire, openai_error, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -394,3 +399,137 @@ async def test_through_the_asgi_door_for_a_call_and_a_stream(how: str) -> None:
         assert call.json()["degraded"][0].startswith("shrink: 12 -> ")
         assert all(n < 12 for _, n in _passages_sent(wire)[1::2][:1])
     assert g.breaker("generation").state is BreakerState.CLOSED
+
+
+# -- what the shrink keeps, and what it tells -------------------------------------------------------
+
+
+async def test_a_shrink_takes_no_second_quota_slot_and_a_shrunk_stream_settles_once(
+    events: Any,
+) -> None:
+    # outside a request, each call takes a slot of the default quota: one at a time, no wait
+    g = Guard(Policy(stages=_policy().stages, default_quota=TenantQuota(max_concurrency=1)))
+    wire = OpenAIWire(context_limits={"small": SMALL})
+    with wire.running() as url:
+        answers = Answers(g, url).small_ones(passages="passages")
+        async with g.deadline(5.0):
+            said = await _joined(answers.small_stream("why?", PASSAGES))
+            whole = await answers.small("why?", PASSAGES)
+    await events.settle()
+    assert said == whole == "small: Hello from the wire"
+    settled = events.of(StreamSettled)
+    assert len(settled) == 1 and settled[0].outcome == "ok"  # one stream: one reservation, settled once
+    served = events.of(FallbackServed)
+    shrink = ("generation", "shrink", "BadRequestError")
+    assert [(e.stage, e.fallback, e.cause) for e in served] == [shrink] * 2
+    assert len(wire.requests) == 4  # each refused once, then answered with fewer passages
+
+
+# -- the recipe of docs/generation.md -----------------------------------------------------------------
+
+DOC = Path(__file__).parents[2] / "docs" / "generation.md"
+
+
+def _recipe() -> tuple[str, str]:
+    """The YAML policy and the Python code below the marker of docs/generation.md."""
+    text = DOC.read_text(encoding="utf-8")
+    marker = "<!-- the blocks below are executed by tests/generation/test_refusal_routes.py -->"
+    after = text[text.index(marker) :]
+    yaml_block = re.search(r"```yaml\n(.*?)```", after, re.S)
+    python_block = re.search(r"```python\n(.*?)```", after, re.S)
+    assert yaml_block is not None and python_block is not None
+    return yaml_block.group(1), python_block.group(1)
+
+
+@pytest.mark.parametrize(
+    "limit, sent",
+    [
+        (200, [("chat-8k", 12), ("chat-8k", 8)]),  # fewer passages fit
+        (60, [("chat-8k", 12), ("chat-8k", 3), ("chat-128k", 12)]),  # not even 3: the 128k model, all
+    ],
+)
+async def test_the_recipe_of_the_docs_runs_as_written(
+    limit: int, sent: list[tuple[str, int]], tmp_path: Path
+) -> None:
+    policy_text, code = _recipe()
+    (tmp_path / "ragguard.yaml").write_text(policy_text, encoding="utf-8")
+    ragguard.configure(tmp_path / "ragguard.yaml")
+    wire = OpenAIWire(context_limits={"chat-8k": limit, "chat-128k": 128_000})
+    with wire.running() as url:
+        namespace: dict[str, Any] = {"BASE_URL": f"{url}/v1", "API_KEY": "k"}
+        exec(compile(code, str(DOC), "exec"), namespace)
+        said = await namespace["answer"]("why?", PASSAGES)
+        await namespace["client"].close()
+    assert said == "Hello from the wire"
+    asked = [(r["json"]["model"], r["json"]["messages"][1]["content"]) for r in wire.requests]
+    assert [(model, prompt.count("passage ")) for model, prompt in asked] == sent
+
+
+# -- Anthropic -------------------------------------------------------------------------------------
+
+
+async def test_anthropics_refusals_through_its_sdk_for_a_call_and_a_stream() -> None:
+    g = Guard(_policy())
+    wire = AnthropicWire(context_limits={"claude-small": SMALL})
+
+    async def ask(model: str, passages: list[str]) -> AsyncIterator[str]:
+        async with anthropic.AsyncAnthropic(base_url=wire.url, api_key="k", max_retries=0) as client:
+            stream = await client.messages.create(
+                model=model, max_tokens=8, messages=_prompt("why?", passages), stream=True  # type: ignore[arg-type]
+            )
+            async for event in stream:
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    yield event.delta.text
+
+    @g.guard("generation_large")
+    async def claude_large(passages: list[str]) -> str:
+        return "large: " + await _joined(ask("claude-large", passages))
+
+    def declined(passages: list[str], *, error: BaseException) -> list[str]:
+        return [f"declined ({classify(error).reason})"]
+
+    @g.guard("generation", passages="passages", on_content_policy=declined)
+    async def shrunk(passages: list[str]) -> AsyncIterator[str]:
+        async for text in ask("claude-small", passages):
+            yield text
+
+    @g.guard("generation", on_context_length=claude_large)
+    async def whole(passages: list[str]) -> str:
+        return await _joined(ask("claude-small", passages))
+
+    with wire.running():
+        async with g.deadline(5.0):
+            assert await whole(PASSAGES) == "large: Hello from the wire"
+            assert await _joined(shrunk(PASSAGES)) == "Hello from the wire"
+            # Output blocked by content filtering policy: an error event of the 200 stream, before
+            # its first text
+            wire.faults.push("messages", Fault(event=CONTENT_BLOCKED, event_after=3))
+            assert await _joined(shrunk(PASSAGES[:2])) == "declined (content_policy)"
+            served = ragguard.degraded()
+    assert served[0] == "claude_large" and served[1].startswith("shrink: 12 -> ") and served[2] == "declined"
+    assert g.breaker("generation").state is BreakerState.CLOSED
+
+
+async def test_a_refusal_answered_with_http_200_is_routed_when_the_function_raises_it() -> None:
+    # Anthropic's stop_reason "refusal" is no error: the guarded function says it with one of its
+    # own, whose words name the refusal
+    g = Guard(_policy())
+    wire = AnthropicWire()
+    wire.stop_reason = "refusal"
+
+    def safe(question: str) -> str:
+        return "I cannot help with that."
+
+    @g.guard("generation", on_content_policy=safe)
+    async def ask(question: str) -> str:
+        async with anthropic.AsyncAnthropic(base_url=wire.url, api_key="k", max_retries=0) as client:
+            asked = [{"role": "user", "content": question}]
+            reply = await client.messages.create(model="x", max_tokens=8, messages=asked)  # type: ignore[arg-type]
+        if reply.stop_reason == "refusal":
+            raise ValueError("the model declined under its content policy")
+        return "".join(block.text for block in reply.content if block.type == "text")
+
+    with wire.running():
+        assert await ask("why?") == "I cannot help with that."
+        wire.stop_reason = "end_turn"
+        assert await ask("why?") == "Hello from the wire"

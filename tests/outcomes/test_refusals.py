@@ -17,6 +17,7 @@ import pytest
 from ragguard import BreakerPolicy, Guard, Policy, RetryPolicy, StagePolicy
 from ragguard.breakers import BreakerState
 from ragguard.outcomes import CONTENT_POLICY, CONTEXT_LENGTH, Kind, classify, context_overflow
+from ragguard.outcomes._doors import door_answer
 from wire import (
     CONTENT_BLOCKED,
     AnthropicWire,
@@ -267,3 +268,13 @@ async def test_refusals_never_open_a_breaker_nor_are_retried() -> None:
             assert wire.faults.seen["chat"] == 8  # one request per call: none retried
             assert g.breaker("llm").state is BreakerState.CLOSED
             assert (await answer(SHORT)).choices[0].message.content
+
+
+def test_both_doors_answer_an_unrouted_refusal_400_naming_it() -> None:
+    for said, words in (
+        (ValueError("Requested tokens (5000) exceed context window of 4096"), "context window"),
+        (ValueError("the model declined under its content policy"), "content policy"),
+    ):
+        answer, wait, detail = door_answer(said, classify(said)) or (None, None, "")
+        assert answer is not None and (answer.http_status, answer.grpc_code) == (400, "INVALID_ARGUMENT")
+        assert wait is None and words in detail and "dependency" in detail

@@ -57,6 +57,7 @@ class AnthropicWire(HttpWire):
         super().__init__()
         self.tokens = tokens
         self.context_limits = dict(context_limits or {})
+        self.stop_reason = "end_turn"  # "refusal": Anthropic's streaming classifiers stopped it
         self.route("/v1/messages", "messages", self._messages, ["POST"])
 
     async def _messages(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
@@ -81,7 +82,7 @@ class AnthropicWire(HttpWire):
             whole = {
                 **message,
                 "content": [{"type": "text", "text": "".join(self.tokens)}],
-                "stop_reason": "end_turn",
+                "stop_reason": self.stop_reason,
             }
             return await self.answer(request, fault, whole)
         events = [
@@ -104,7 +105,7 @@ class AnthropicWire(HttpWire):
             sse(
                 {
                     "type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "delta": {"stop_reason": self.stop_reason, "stop_sequence": None},
                     "usage": {"output_tokens": len(self.tokens)},
                 },
                 "message_delta",
