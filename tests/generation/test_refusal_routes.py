@@ -109,6 +109,16 @@ class Answers:
         self.small, self.small_stream = small, small_stream
         return self
 
+    async def ask(self, shape: str) -> tuple[str, tuple[str, ...]]:
+        """``small`` (``shape`` "call") or ``small_stream`` ("stream") asked about :data:`PASSAGES`
+        under a deadline: its answer and what :func:`ragguard.degraded` named."""
+        async with self.g.deadline(5.0):
+            if shape == "call":
+                said = await self.small("why?", PASSAGES)
+            else:
+                said = await _joined(self.small_stream("why?", PASSAGES))
+            return said, ragguard.degraded()
+
     def to_large(self) -> Answers:
         """``small`` routes a context-length refusal to ``large``, ``small_stream`` to ``large_stream``."""
         return self.small_ones(
@@ -150,13 +160,7 @@ async def test_a_context_length_refusal_of_the_small_model_is_answered_by_the_la
     g = Guard(_policy())
     wire = OpenAIWire(context_limits={"small": SMALL, "large": LARGE}, dialect=dialect)  # type: ignore[arg-type]
     with wire.running() as url:
-        answers = Answers(g, url).to_large()
-        async with g.deadline(5.0):
-            if shape == "call":
-                said = await answers.small("why?", PASSAGES)
-            else:
-                said = await _joined(answers.small_stream("why?", PASSAGES))
-            served = ragguard.degraded()
+        said, served = await Answers(g, url).to_large().ask(shape)
     assert said == "large: Hello from the wire"
     name = "large" if shape == "call" else "large_stream"
     assert served == (name,)
@@ -252,13 +256,7 @@ async def test_the_shrink_answers_with_the_same_model_and_fewer_passages(dialect
     g = Guard(_policy())
     wire = OpenAIWire(context_limits={"small": SMALL}, dialect=dialect)  # type: ignore[arg-type]
     with wire.running() as url:
-        answers = Answers(g, url).small_ones(passages="passages")
-        async with g.deadline(5.0):
-            if shape == "call":
-                said = await answers.small("why?", PASSAGES)
-            else:
-                said = await _joined(answers.small_stream("why?", PASSAGES))
-            served = ragguard.degraded()
+        said, served = await Answers(g, url).small_ones(passages="passages").ask(shape)
     assert said == "small: Hello from the wire"
     sent = _passages_sent(wire)
     assert [model for model, _ in sent] == ["small"] * len(sent)

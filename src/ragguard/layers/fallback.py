@@ -163,14 +163,13 @@ class FallbackLayer:
     def chain_for(self, exc: BaseException) -> tuple[Fallback, ...]:
         """The fallbacks that may serve ``exc``, in order: its route's (a caller's error whose
         reason is routed), then the stage's own when they apply to it."""
-        own = self.fallbacks if self._applies(exc) else ()
         if self.routes:
             outcome = self._classify(exc)
             if outcome.kind is Kind.CALLER_ERROR:
                 routed = self.routes.get(outcome.reason)
                 if routed is not None:
-                    return routed + own
-        return own
+                    return routed + self.fallbacks if self.fallbacks and self._applies(exc) else routed
+        return self.fallbacks if self._applies(exc) else ()
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
         try:

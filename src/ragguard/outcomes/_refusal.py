@@ -30,7 +30,6 @@ a classifier has found a caller's error.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from ._builtin import message_of
 from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, Kind, Outcome
@@ -77,6 +76,9 @@ _POLICY_PHRASES = (
 )
 _REFINED = frozenset({"request", "status", "input"})
 """The caller's-error reasons a refusal's words refine (never ``auth``, ``not_found``...)."""
+# the codes are read in the text too: a raw body (httpx), the SDK's "Error code: 400 - {...}"
+_CONTEXT_WORDS = re.compile("|".join(map(re.escape, (*_CONTEXT_PHRASES, *sorted(_CONTEXT_CODES)))))
+_POLICY_WORDS = re.compile("|".join(map(re.escape, (*_POLICY_PHRASES, *sorted(_POLICY_CODES)))))
 
 
 def refusal_reason(text: str, *codes: object) -> str | None:
@@ -89,10 +91,9 @@ def refusal_reason(text: str, *codes: object) -> str | None:
                 return CONTEXT_LENGTH
             if name in _POLICY_CODES:
                 return CONTENT_POLICY
-    # the codes are read in the text too: a raw body (httpx) or the SDK's "Error code: 400 - {...}"
-    if any(phrase in text for phrase in _CONTEXT_PHRASES) or any(c in text for c in _CONTEXT_CODES):
+    if _CONTEXT_WORDS.search(text) is not None:
         return CONTEXT_LENGTH
-    if any(phrase in text for phrase in _POLICY_PHRASES) or any(c in text for c in _POLICY_CODES):
+    if _POLICY_WORDS.search(text) is not None:
         return CONTENT_POLICY
     return None
 
@@ -121,7 +122,9 @@ def refined(outcome: Outcome, exc: BaseException, *codes: object) -> Outcome:
     if outcome.kind is not Kind.CALLER_ERROR or outcome.reason not in _REFINED:
         return outcome
     reason = refusal_reason(error_text(exc), *codes)
-    return outcome if reason is None else replace(outcome, reason=reason)
+    if reason is None:
+        return outcome
+    return Outcome(outcome.kind, outcome.reached, outcome.retry_after_s, reason, outcome.status)
 
 
 _N = r"(\d{1,12})"
