@@ -531,3 +531,38 @@ async def test_a_refusal_answered_with_http_200_is_routed_when_the_function_rais
         assert await ask("why?") == "I cannot help with that."
         wire.stop_reason = "end_turn"
         assert await ask("why?") == "Hello from the wire"
+
+
+async def test_the_larger_model_first_when_passages_are_named_on_it_and_the_routes_stay_apart() -> None:
+    g = Guard(_policy())
+    wire = OpenAIWire(context_limits={"small": 100, "large": SMALL})
+    with wire.running() as url:
+        answers = Answers(g, url)
+        answers.large = g.guard("generation_large", passages="passages")(answers.large.__wrapped__)  # type: ignore[attr-defined]
+        answers.small_ones(on_context_length=answers.large)
+        said, served = await answers.ask("call")
+        # a context-length refusal never reaches on_content_policy=
+        answers.small_ones(on_content_policy=answers.large)
+        with pytest.raises(openai.BadRequestError):
+            await answers.small("why?", PASSAGES)
+    assert said == "large: Hello from the wire"
+    sent = _passages_sent(wire)
+    assert sent[:2] == [("small", 12), ("large", 12)] and sent[2][0] == "large" and sent[2][1] < 12
+    assert served[0].startswith("shrink: 12 -> ") and served[1] == "large"
+    assert sent[3:] == [("small", 12)]
+
+
+async def test_fallback_given_error_gets_the_failure_it_replaces() -> None:
+    g = Guard(Policy(stages={"generation": StagePolicy(preset="generation", retry=RetryPolicy(attempts=1))}))
+    wire = OpenAIWire()
+    got: list[BaseException] = []
+
+    def cached(question: str, passages: list[str], *, error: BaseException) -> str:
+        got.append(error)
+        return "cached"
+
+    with wire.running() as url:
+        answers = Answers(g, url).small_ones(fallback=cached)
+        wire.faults.push("chat", Fault(status=500))
+        assert await answers.small("why?", PASSAGES) == "cached"
+    assert len(got) == 1 and isinstance(got[0], openai.InternalServerError)
