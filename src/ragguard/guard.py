@@ -220,6 +220,8 @@ def guard(
     *,
     fallback: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
     breaker: Any = None,
+    on_context_length: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+    on_content_policy: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
     **preset_options: Any,
 ) -> GuardDecorator:
     """Guard an async function (or async generator function) as stage ``stage``; a sync function
@@ -231,13 +233,23 @@ def guard(
       arguments when the stage fails in a way its breaker counts, the dependency is unreachable
       or timed out, its breaker is open, or the deadline is spent; the first that answers serves
       the call and is named in :func:`ragguard.degraded`. For a stream, the fallbacks serve only
-      until the first item; they may be async generator functions.
+      until the first item; they may be async generator functions. A fallback that declares a
+      keyword-only parameter ``error`` also gets the exception it replaces (``error=``).
+    - ``on_context_length``, ``on_content_policy``: fallbacks (a callable or a sequence, as
+      ``fallback``) for the refusals a provider answers for the request itself, which no other
+      fallback serves (they are the caller's errors): a request longer than the model's context
+      window (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is too long", vLLM's and
+      TGI's), or one its content policy refused (see :mod:`ragguard.outcomes`). E.g. the same
+      question to a model with a larger context; the generation preset's ``passages=`` tries
+      fewer passages first.
     - ``breaker``: a ragguard breaker or an ``aiobreaker.CircuitBreaker`` for this stage, instead
       of the one its policy builds; ``False`` for none (a step that composes guarded stages, whose
       own breakers already count their dependencies' failures).
     - the stage preset's options (see :mod:`ragguard.rag`): ``texts=`` (embedding: where the texts
       are, a position or a name, default 0), ``candidates=`` (rerank: where the candidate list is,
-      default 1) and ``score=`` (rerank: a reranked item's score, default its ``score``).
+      default 1), ``score=`` (rerank: a reranked item's score, default its ``score``) and
+      ``passages=`` (generation: where the passages are, best first, to send fewer of them when
+      the model refuses the request as too long).
 
     Raises ConfigError at decoration for a bad option, a sync generator function, or a preset
     option the function's signature does not have. At call time, raises what the call raised when no fallback
@@ -245,5 +257,15 @@ def guard(
     """
     return cast(
         GuardDecorator,
-        decorator(stage, default_guard, {"fallback": fallback, "breaker": breaker, **preset_options}),
+        decorator(
+            stage,
+            default_guard,
+            {
+                "fallback": fallback,
+                "breaker": breaker,
+                "on_context_length": on_context_length,
+                "on_content_policy": on_content_policy,
+                **preset_options,
+            },
+        ),
     )

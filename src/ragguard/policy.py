@@ -232,7 +232,7 @@ def _burst(burst: int | None, rate: float) -> int:
 
 
 class GenerationPolicy(Options):
-    """The stream budgets of a stage with the ``generation`` preset (seconds; None: no such budget).
+    """The stream budgets (seconds; None: no such budget) and the shrink of a ``generation`` stage.
 
     Each budget ends the stream with :class:`~ragguard.StreamTimeout` naming it; before the first
     item a fallback or a retry may still serve the stream, after it the error reaches the caller.
@@ -247,12 +247,18 @@ class GenerationPolicy(Options):
     - ``estimate_tokens``: tokens reserved from the tenant's ``token_quota`` before a stream opens
       and settled with the real count when it ends (``@guard(estimate=...)`` may compute it per
       call from its arguments), >= 1. Default 256. A reservation is at most the quota itself.
+    - ``max_shrinks``: for a function that names its passages (``@guard(passages=...)``), how
+      many times a call the model refused as longer than its context window is made again with
+      fewer passages (the lowest-ranked dropped), within the deadline, 0-10 (0: never). Default 2.
+    - ``min_passages``: a shrink never sends fewer passages than this, >= 0. Default 1.
     """
 
     first_item_s: float | None = Field(default=30.0, gt=0, le=86_400)
     idle_s: float | None = Field(default=10.0, gt=0, le=86_400)
     total_s: float | None = Field(default=300.0, gt=0, le=86_400)
     estimate_tokens: int = Field(default=256, ge=1, le=1_000_000_000)
+    max_shrinks: int = Field(default=2, ge=0, le=10)
+    min_passages: int = Field(default=1, ge=0, le=1_000_000)
 class StagePolicy(Options):
     """How one stage is guarded.
 

@@ -23,8 +23,11 @@ stage called ``rerank_v2``). Arguments are declared, never guessed from keyword 
   one (an OpenAI usage chunk, an Anthropic ``message_delta``): it replaces the count (a
   :class:`~ragguard.rag.Usage`, from ``usage=`` or ``tokens=``, also gives the input tokens). Adds the
   stream budgets (first item, idle, total: ``StreamTimeout``) and the tenant's token pacing and
-  quota (see :mod:`ragguard.rag._generation`). A coroutine function of such a stage runs the
-  generic layers only.
+  quota (see :mod:`ragguard.rag._generation`). ``passages=`` (a parameter position or name: the
+  retrieved passages, best first) adds the shrink, for streams and coroutine functions alike: a
+  call the model refused as longer than its context window is made again with fewer passages
+  (:mod:`ragguard.rag._shrink`). A coroutine function of such a stage runs the generic layers and
+  the shrink only.
 
 :func:`register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the contract).
 """
@@ -46,6 +49,7 @@ from ._cache import EmbeddingCache
 from ._embedding import CacheFallback, CacheTap
 from ._generation import StreamBudgets, TokenMeter
 from ._rerank import BatchLimiter, ChunkedRerank, SkipRerank, score_of
+from ._shrink import ShrinkPassages
 from ._tokens import TokenAccounts, count_tokens, token_accounts
 
 __all__ = [
@@ -154,7 +158,7 @@ class RerankPreset:
 
 
 class _GenerationOptions:
-    __slots__ = ("count", "estimate", "input_tokens", "model", "usage")
+    __slots__ = ("count", "estimate", "input_tokens", "model", "passages", "usage")
 
     def __init__(
         self,
@@ -163,12 +167,14 @@ class _GenerationOptions:
         input_tokens: Callable[..., Any] | None = None,
         model: ArgRef | Callable[..., Any] | None = None,
         usage: Callable[[Any], Any] | None = None,
+        passages: ArgRef | None = None,
     ) -> None:
         self.count = count
         self.estimate = estimate
         self.input_tokens = input_tokens
         self.model = model
         self.usage = usage
+        self.passages = passages
 
 
 def _per_call(value: Any, option: str, least: int) -> Callable[..., Any] | None:
@@ -206,7 +212,7 @@ class GenerationPreset:
 
     name = "generation"
     streams = True
-    option_names = frozenset(_GENERATION_OPTIONS)
+    option_names = frozenset({*_GENERATION_OPTIONS, "passages"})
 
     def resolve(self, fn: Callable[..., Any], given: Mapping[str, Any]) -> _GenerationOptions:
         count = given.get("tokens")
@@ -229,15 +235,18 @@ class GenerationPreset:
         model = given.get("model")
         if model is not None and not callable(model):
             model = ArgRef.resolve(fn, model, "model")
-        return _GenerationOptions(count or count_tokens, estimate, input_tokens, model, usage)
+        which = given.get("passages")
+        passages = None if which is None else ArgRef.resolve(fn, which, "passages")
+        return _GenerationOptions(count or count_tokens, estimate, input_tokens, model, usage, passages)
 
     def state(self, stage: Stage) -> _GenerationState:
         return _GenerationState(token_accounts(stage.context))
 
     def layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
-        if not bound.stream:
-            return ()
         options: _GenerationOptions = bound.resolved(self)
+        shrink = _shrink(stage, options.passages)
+        if not bound.stream:
+            return () if shrink is None else (shrink,)
         state: _GenerationState = stage.preset_state
         policy = stage.policy
         meter = TokenMeter(
@@ -252,7 +261,7 @@ class GenerationPreset:
             usage=options.usage,
             event_bus=stage.context.bus,
         )
-        return (meter,)
+        return (meter,) if shrink is None else (meter, shrink)
 
     def attempt_layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
         # inside each attempt: a first item that never comes is retried, and counted by the breaker
@@ -271,6 +280,22 @@ class GenerationPreset:
 
     def fallbacks(self, stage: Stage, bound: Bound, users: Sequence[Fallback]) -> Sequence[Fallback]:
         return tuple(users)
+
+
+def _shrink(stage: Stage, passages: ArgRef | None) -> ShrinkPassages | None:
+    """The shrink of a function that names its passages (None: it does not, or ``max_shrinks`` 0)."""
+    policy = stage.policy
+    if passages is None or policy.generation.max_shrinks < 1:
+        return None
+    return ShrinkPassages(
+        stage.name,
+        passages,
+        max_shrinks=policy.generation.max_shrinks,
+        min_passages=policy.generation.min_passages,
+        min_attempt_s=policy.min_attempt_s,
+        classify=stage.context.classify,
+        event_bus=stage.context.bus,
+    )
 
 
 PRESETS: dict[str, StagePreset] = {
