@@ -148,8 +148,8 @@ def _troubled_guard(redis_url: str) -> tuple[Guard, MonitoredBlockingConnectionP
 
 
 async def _overload() -> Scrapes:
-    from ragguard.bench._runner import BenchOptions, _Bench, loads_at
-    from ragguard.demo.loadgen import plan_arrivals
+    from ragguard_tools.bench._runner import BenchOptions, _Bench, loads_at
+    from ragguard_tools.demo.loadgen import plan_arrivals
 
     options = BenchOptions(quick=True, contenders=("ragguard-adaptive",), out_dir=None, progress=False)
     bench = _Bench(options, None)

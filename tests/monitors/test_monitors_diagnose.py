@@ -25,10 +25,9 @@ from ragguard.monitors import (
     MonitoredBlockingConnectionPool,
     PoolExhausted,
     StallDetector,
-    diagnose,
-    doctor_main,
     load_records,
 )
+from ragguard_tools.doctor import diagnose, doctor_main
 
 
 def _stall(start: float, end: float, frame: str = "app.py:12 in handler") -> LoopStall:
@@ -346,7 +345,8 @@ GOOD = json.dumps({"type": "QuotaRejected", "t": 1.0, "wall": 0.0, "tenant": "a"
 
 def _doctor_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ragguard.cli", "doctor", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "ragguard_tools.cli", "doctor", *args], capture_output=True, text=True,
+        timeout=60,
     )
 
 
@@ -537,8 +537,8 @@ def test_doctor_without_arguments_reads_the_demos_events_and_says_so(tmp_path: P
 
 
 def _doctor_cli_in(cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ragguard.cli", "doctor"], capture_output=True, text=True,
-                          timeout=60, cwd=cwd, env=env)  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "ragguard_tools.cli", "doctor"], capture_output=True,
+                          text=True, timeout=60, cwd=cwd, env=env)  # fmt: skip
 
 
 # -- a stall with only Python's own code on the stack (user report: doctor blamed _weakrefset) ------

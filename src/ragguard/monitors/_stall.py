@@ -83,7 +83,7 @@ _Stat = tuple[float, float]  # seconds the loop thread ran, and waited runnable 
 
 APP, LIBRARY, RAGGUARD, RUNTIME = "app", "library", "ragguard", "runtime"
 """A frame's origin: the application's code, an installed package's, ragguard's own (its event
-bus, quotas, front doors, monitors; not ``ragguard.demo``, the demo's application), or Python's
+bus, quotas, front doors, monitors; not ``ragguard_tools.demo``, the demo's application), or Python's
 own (the standard library, asyncio, the loop's machinery)."""
 
 

@@ -2,7 +2,7 @@
 
 Needs the ``demo`` extra (numpy, wordllama, faiss-cpu, bm25s, matplotlib, aiolimiter)::
 
-    from ragguard.bench import BenchOptions, run_bench
+    from ragguard_tools.bench import BenchOptions, run_bench
     report = run_bench(BenchOptions(quick=True))
     report.targets()
 
@@ -29,4 +29,4 @@ def __getattr__(name: str) -> Any:
         from . import _runner
 
         return getattr(_runner, name)
-    raise AttributeError(f"module 'ragguard.bench' has no attribute {name!r}")
+    raise AttributeError(f"module 'ragguard_tools.bench' has no attribute {name!r}")

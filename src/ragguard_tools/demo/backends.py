@@ -5,7 +5,7 @@
 * ``VectorStore/Search`` ``{"vector": <float32 (1, 256)>, "k": int}`` -> ``{"ids": [int], "scores": [float]}``
   (faiss ``IndexFlatIP`` over the corpus passages)
 * ``Generator/Generate`` ``{"question": str, "passages": [str], "max_words": int}`` -> a stream of
-  ``{"text": str}``, one word each (the extractive model of :mod:`ragguard.demo.generator`, at
+  ``{"text": str}``, one word each (the extractive model of :mod:`ragguard_tools.demo.generator`, at
   :data:`WORDS_PER_S` words per second)
 * ``Control/SetFaults`` ``{"faults": [spec, ...]}``: the chaos faults now in force, as fault specs
   of a :mod:`ragguard.chaos` scenario (``{kind: latency, stage: embedding, rate: 0.25, seconds: 3.5}``,
@@ -320,13 +320,13 @@ async def _serve_child(seed: int) -> None:
 
 
 def child_main(argv: list[str] | None = None) -> None:
-    """Entry point of the backends' child process: ``python -m ragguard.demo._child --seed N``.
+    """Entry point of the backends' child process: ``python -m ragguard_tools.demo._child --seed N``.
 
     Prints the addresses as one JSON line on stdout once serving; exits after Control/Shutdown.
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m ragguard.demo._child")
+    parser = argparse.ArgumentParser(prog="python -m ragguard_tools.demo._child")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     _quiet_logging()
@@ -334,7 +334,7 @@ def child_main(argv: list[str] | None = None) -> None:
 
 
 class BackendProcess:
-    """The backends in a child process (``python -m ragguard.demo._child``): :meth:`start`
+    """The backends in a child process (``python -m ragguard_tools.demo._child``): :meth:`start`
     returns their addresses, :meth:`stop` shuts them down (and kills the process if it lingers)."""
 
     def __init__(self, *, seed: int, start_timeout_s: float = 60.0) -> None:
@@ -347,7 +347,7 @@ class BackendProcess:
 
     async def start(self) -> BackendAddresses:
         self._process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ragguard.demo._child", "--seed", str(self._seed),
+            sys.executable, "-m", "ragguard_tools.demo._child", "--seed", str(self._seed),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         assert self._process.stdout is not None and self._process.stderr is not None

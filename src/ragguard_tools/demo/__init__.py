@@ -2,7 +2,7 @@
 
 Needs the ``demo`` extra (numpy, wordllama, faiss-cpu, bm25s, matplotlib)::
 
-    from ragguard.demo import DemoOptions, run_demo
+    from ragguard_tools.demo import DemoOptions, run_demo
     report = run_demo(DemoOptions(quick=True))
     report.summaries["guarded"]["success_rate"]
 
@@ -29,4 +29,4 @@ def __getattr__(name: str) -> Any:
         from . import runner
 
         return getattr(runner, name)
-    raise AttributeError(f"module 'ragguard.demo' has no attribute {name!r}")
+    raise AttributeError(f"module 'ragguard_tools.demo' has no attribute {name!r}")

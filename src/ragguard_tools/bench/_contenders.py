@@ -1,11 +1,11 @@
 """The four services ``ragguard bench`` compares, all built on the demo's real parts.
 
-Each is the demo's retrieval service (:class:`~ragguard.demo.service.RetrievalServer`: gRPC, a
+Each is the demo's retrieval service (:class:`~ragguard_tools.demo.service.RetrievalServer`: gRPC, a
 WordLlama embedding service and a faiss vector store in the backends' process, BM25 unused, a
 WordLlama reranker here) with a different protection in front of its dependencies:
 
 ``unguarded``
-    plain calls with the demo's plain timeouts (:class:`~ragguard.demo.pipeline.UnguardedPipeline`).
+    plain calls with the demo's plain timeouts (:class:`~ragguard_tools.demo.pipeline.UnguardedPipeline`).
 ``hand-composed``
     what a user assembles from popular libraries, configured the way their docs suggest: a
     tenacity retry (``stop_after_attempt(3)``, ``wait_random_exponential``: the "exponential backoff
@@ -41,17 +41,18 @@ from typing import Any
 
 import grpc
 
+from ragguard.grpc import TENANT_KEY
+from ragguard.guard import Guard
+from ragguard.layers.adaptive import AdaptivePolicy
+from ragguard.layers.breaker import BreakerPolicy
+from ragguard.layers.hedge import HedgePolicy
+from ragguard.layers.retry import RetryPolicy
+from ragguard.policy import Policy, StagePolicy, TenantQuota
+
 from ..demo.corpus import Passage
 from ..demo.pipeline import BackendClients, Hit, PipelineSettings, Retrieval, UnguardedPipeline, rerank_hits
 from ..demo.rerank import Reranker
 from ..demo.service import RetrievalServer
-from ..grpc import TENANT_KEY
-from ..guard import Guard
-from ..layers.adaptive import AdaptivePolicy
-from ..layers.breaker import BreakerPolicy
-from ..layers.hedge import HedgePolicy
-from ..layers.retry import RetryPolicy
-from ..policy import Policy, StagePolicy, TenantQuota
 
 __all__ = ["CONTENDERS", "Contender", "TenantPlan", "build_contender"]
 
@@ -104,7 +105,7 @@ async def build_contender(
         pipeline = HandComposedPipeline(clients, reranker, passages, settings, call_timeout_s=deadline_s / 2)
         interceptors = [_TenantGates(_per_tenant_gates(tenants))]
     elif name in ("ragguard-static", "ragguard-adaptive"):
-        from ..grpc import GuardServerInterceptor
+        from ragguard.grpc import GuardServerInterceptor
 
         guard = Guard(
             bench_policy(tenants, adaptive=name == "ragguard-adaptive", deadline_s=deadline_s),
@@ -330,7 +331,7 @@ class RagguardPipeline:
         settings: PipelineSettings,
         guard: Guard,
     ) -> None:
-        from ..deadline import remaining
+        from ragguard.deadline import remaining
 
         self._settings = settings
         self._passages = passages

@@ -8,9 +8,9 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from ._errors import ConfigError
-from ._extras import install_hint
-from ._validate import for_cli, shown
+from ragguard._errors import ConfigError
+from ragguard._extras import install_hint
+from ragguard._validate import for_cli, shown
 
 # The command-line option of each options field a command sets: its errors name what the user typed.
 DEMO_FLAGS = {
@@ -41,7 +41,7 @@ app = typer.Typer(
 )
 
 EVENTS_FILE = "ragguard-events.jsonl"  # ragguard.monitors.DEFAULT_EVENTS_FILE, without importing it
-DEMO_EVENTS_FILE = "ragguard-report/events.jsonl"  # ragguard.monitors._diagnose.DEMO_EVENTS_FILE, likewise
+DEMO_EVENTS_FILE = "ragguard-report/events.jsonl"  # ragguard_tools.doctor.DEMO_EVENTS_FILE, likewise
 
 
 def quiet_grpc_core() -> None:
@@ -56,7 +56,7 @@ def quiet_grpc_core() -> None:
 
 def _version(value: bool) -> None:
     if value:
-        from . import __version__
+        from ragguard import __version__
 
         typer.echo(f"ragguard {__version__}")
         raise typer.Exit()
@@ -260,7 +260,7 @@ def doctor(
 
     Exit status: 0 nothing found, 1 findings, 2 the file cannot be read or a line of it is not a record.
     """
-    from .monitors import doctor_main
+    from .doctor import doctor_main
 
     argv: list[str] = ["--grace-s", repr(grace_s)]
     if events is not None:
@@ -308,7 +308,7 @@ def top(
         raise typer.Exit(2)
     from rich.console import Console
 
-    from ._top import Top
+    from .top import Top
 
     raise typer.Exit(Top(url, interval_s=interval).run(Console(), once=once))
 
@@ -316,7 +316,7 @@ def top(
 @app.command()
 def version() -> None:
     """Print ragguard's version."""
-    from . import __version__
+    from ragguard import __version__
 
     typer.echo(__version__)
 

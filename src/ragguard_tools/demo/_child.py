@@ -1,4 +1,4 @@
-"""``python -m ragguard.demo._child --seed N``: the demo's backends in their own process."""
+"""``python -m ragguard_tools.demo._child --seed N``: the demo's backends in their own process."""
 
 import os
 

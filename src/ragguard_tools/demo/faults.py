@@ -14,7 +14,7 @@ fault spec                                         acts on
 any other kind at ``stage: embedding|vector_store`` the backend server itself, through a
                                                    :class:`~ragguard.chaos.Chaos` injector in it
 ``latency``, ``hang``, ``timeout`` or ``error`` at  the generator's stream, at one of its three
-``stage: generation`` (before the first word),      points (:mod:`ragguard.demo.generator`); these
+``stage: generation`` (before the first word),      points (:mod:`ragguard_tools.demo.generator`); these
 ``generation_midway`` (halfway) or                  may name a ``tenant``: both services send the
 ``generation_overrun`` (the answer runs long for    caller's tenant with the generator call
 as long as the latency lasts)

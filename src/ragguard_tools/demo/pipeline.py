@@ -3,7 +3,7 @@ answer from the top passages with the generator's stream.
 
 :class:`BackendClients` calls the embedding, vector-store and generator services over gRPC.
 :class:`UnguardedPipeline` is what a service looks like without ragguard: plain calls with plain
-timeouts, any failure fails the request. The guarded version is in :mod:`ragguard.demo.guarded`.
+timeouts, any failure fails the request. The guarded version is in :mod:`ragguard_tools.demo.guarded`.
 """
 
 from __future__ import annotations

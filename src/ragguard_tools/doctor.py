@@ -46,9 +46,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .. import _validate as v
-from .._errors import InvalidInput
-from ._record import Record, check_record, default_recorder, load_records, to_record
+from ragguard import _validate as v
+from ragguard._errors import InvalidInput
+from ragguard.monitors._record import Record, check_record, default_recorder, load_records, to_record
 
 __all__ = [
     "DEFAULT_EVENTS_FILE", "DEMO_EVENTS_FILE", "Diagnosis", "Finding", "Moment", "diagnose", "doctor_main",

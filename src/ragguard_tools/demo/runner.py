@@ -77,7 +77,7 @@ class DemoOptions:
     - ``status_port``: serve the guarded run's status (``/status``, what ``ragguard top
       http://127.0.0.1:PORT/status`` shows) on 127.0.0.1 at this port (None: not), from start-up
       to exit: before the guarded run it answers with no stages and a note saying so
-      (:mod:`ragguard.demo._status`).
+      (:mod:`ragguard_tools.demo._status`).
     """
 
     duration_s: float | None = None

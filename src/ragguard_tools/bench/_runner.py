@@ -30,7 +30,8 @@ from typing import Any
 
 import anyio.to_thread
 
-from .._errors import ConfigError
+from ragguard._errors import ConfigError
+
 from ..demo.backends import BackendProcess, ControlClient
 from ..demo.corpus import load_passages, load_questions
 from ..demo.embedder import load_embedder
@@ -298,7 +299,7 @@ class _Bench:
             samples: list[tuple[float, int, float | None, bool]] = []
             limiter = None
             if c.guard is not None:
-                from ..overload import limiters
+                from ragguard.overload import limiters
 
                 limiter = limiters(c.guard).get("retrieve")
             if limiter is not None:
