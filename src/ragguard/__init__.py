@@ -37,10 +37,10 @@ from .layers.breaker import BreakerPolicy
 from .layers.hedge import HedgePolicy
 from .layers.retry import RetryPolicy
 from .layers.throttle import ThrottlePolicy
+from .options._policy import GenerationPolicy, Policy, PoolQuota, StagePolicy, TenantQuota, TokenLimits
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority
-from .policy import GenerationPolicy, Policy, PoolQuota, StagePolicy, TenantQuota, TokenLimits
 
 __version__ = "0.1.0"
 

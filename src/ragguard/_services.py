@@ -10,9 +10,9 @@ from typing import Any
 from . import _inject
 from ._clock import Clock, sleep_of
 from ._context import DEFAULT_TENANT
+from .options._policy import Policy
 from .pipeline import BuildContext
 from .pipeline._build import check_services
-from .policy import Policy
 from .quotas import LocalQuotas, QuotaBackend
 
 __all__ = ["services"]
@@ -32,13 +32,13 @@ def services(
 ) -> BuildContext:
     """The build context of a Guard with these options; ConfigError naming a bad one. With
     ``redis``, the quotas (unless given) and the layers' shared state go through a
-    :class:`ragguard.distributed.RedisWiring`, and the context closes what it made."""
+    :class:`ragguard.redis.RedisWiring`, and the context closes what it made."""
     check_services(clock=clock, sleep=sleep, rng=rng, quotas=quotas, chaos=chaos)
     rng = rng if rng is not None else random.Random()
     sleep = sleep if sleep is not None else sleep_of(clock)
     shared = None
     if redis_options is not None or redis is not None:
-        from .distributed._wiring import RedisWiring, redis_options_of
+        from .redis._backend import RedisWiring, redis_options_of
 
         options = redis_options_of(redis_options)
         if redis is not None:

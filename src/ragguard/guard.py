@@ -23,7 +23,7 @@ from .breakers import Breaker
 from .deadline import deadline as _deadline_block
 from .layers import Stage
 from .layers._stage import forget_idle
-from .policy import Policy, policy_of
+from .options._policy import Policy, policy_of
 from .quotas import QuotaBackend, TenantContext
 from .rag import preset
 
@@ -40,11 +40,11 @@ class Guard:
       retry backoff (default: the clock's own ``sleep``, else ``anyio.sleep``);
     - ``quotas`` replaces the in-memory quota backend;
     - ``redis`` (a ``redis.asyncio.Redis`` client) shares state across replicas: tenant quotas
-      become :class:`ragguard.distributed.RedisQuotas` and every breaker the policy builds a
-      :class:`ragguard.distributed.SharedCircuitBreaker`, under keys starting with
+      become :class:`ragguard.redis.RedisQuotas` and every breaker the policy builds a
+      :class:`ragguard.redis.SharedCircuitBreaker`, under keys starting with
       ``redis_prefix``; ``redis_options`` tunes them: ``{"quotas": {...}, "breakers": {...}}``,
       keyword options of those two classes (``lease_s``, ``local_lease``, ``redis_timeout_s``,
-      ``staleness_s``...), and ``"tokens"`` those of :class:`ragguard.distributed.RedisTokens`,
+      ``staleness_s``...), and ``"tokens"`` those of :class:`ragguard.redis.RedisTokens`,
       the generation stages' shared token accounts. Give the client short timeouts and no
       retries of its own (see docs/distributed.md); call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;

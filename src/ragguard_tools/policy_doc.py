@@ -21,8 +21,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ragguard import _registry, policy
 from ragguard.breakers import _options as breaker_options
+from ragguard.options import _layers as _registry
+from ragguard.options import _policy as policy
 
 __all__ = ["main", "render"]
 

@@ -149,7 +149,7 @@ def _runtime_imports(path: Path) -> set[str]:
 
 
 BELOW_THE_GUARD = ("deadline", "status", "metrics", "events", "layers", "pipeline", "overload", "rag",
-                   "distributed", "quotas", "policy", "breakers", "outcomes", "_decorate", "_services")
+                   "redis", "quotas", "options", "breakers", "outcomes", "_decorate", "_services")
 
 
 @pytest.mark.parametrize("area", BELOW_THE_GUARD)
@@ -165,7 +165,7 @@ def test_the_core_does_not_import_metrics_and_the_layer_contract_not_quotas() ->
         assert "ragguard.metrics" not in _runtime_imports(path), path
     for path in sorted((SRC / "pipeline").rglob("*.py")):
         imported = _runtime_imports(path)
-        assert not any(m.startswith(("ragguard.quotas", "ragguard.policy")) for m in imported), path
+        assert not any(m.startswith(("ragguard.quotas", "ragguard.options")) for m in imported), path
 
 
 class _Busy(Exception):

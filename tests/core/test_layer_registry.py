@@ -1,4 +1,4 @@
-"""One leaf registry of layers (ragguard._registry), the layers' options held by name in
+"""One leaf registry of layers (ragguard.options._layers), the layers' options held by name in
 StagePolicy, and a user layer registered before or after its policy is loaded."""
 
 from __future__ import annotations
@@ -107,10 +107,10 @@ def test_built_in_layers_are_held_by_name_in_every_spelling() -> None:
 
 
 def test_the_moved_models_keep_their_old_names() -> None:
-    import ragguard.policy
+    import ragguard.options._policy
 
-    assert ragguard.policy.BreakerPolicy is BreakerPolicy
-    assert ragguard.policy.RetryPolicy is RetryPolicy
+    assert ragguard.options._policy.BreakerPolicy is BreakerPolicy
+    assert ragguard.options._policy.RetryPolicy is RetryPolicy
     from ragguard.layers.retry import RetryPolicy as declared
 
     assert declared is RetryPolicy
@@ -123,10 +123,10 @@ def test_the_registry_is_a_leaf_and_the_policy_imports_no_layer() -> None:
         "import sys, types, importlib.util\n"
         f"root = {str(ROOT / 'src' / 'ragguard')!r}\n"
         "pkg = types.ModuleType('ragguard'); pkg.__path__ = [root]; sys.modules['ragguard'] = pkg\n"
-        "import ragguard._registry, ragguard.policy\n"
+        "import ragguard.options._layers, ragguard.options._policy\n"
         "up = ('ragguard.layers', 'ragguard.rag', 'ragguard.guard')\n"
         "print(sorted(m for m in sys.modules if m.startswith(up)))\n"
-        "p = ragguard.policy.StagePolicy.model_validate({'breaker': {'kind': 'rerank_oom'}})\n"
+        "p = ragguard.options._policy.StagePolicy.model_validate({'breaker': {'kind': 'rerank_oom'}})\n"
         "print(p.breaker.kind)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

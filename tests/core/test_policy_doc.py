@@ -12,8 +12,10 @@ import pytest
 from pydantic import BaseModel
 
 import ragguard
-from ragguard import _registry, layers, policy
+from ragguard import layers
 from ragguard.layers.breaker import BREAKER_KINDS
+from ragguard.options import _layers as _registry
+from ragguard.options import _policy as policy
 from ragguard_tools import policy_doc as _policy_doc
 
 pytestmark = [pytest.mark.timeout(60)]

@@ -27,7 +27,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from ragguard import Guard, Policy, QuotaExceeded, StagePolicy, TenantQuota, events
-from ragguard.distributed import SharedStateDegraded
+from ragguard.redis import SharedStateDegraded
 
 QUOTA, WINDOW_S, ESTIMATE = 300, 1.0, 30
 PACE_PER_S, PACE_BURST = 200.0, 20

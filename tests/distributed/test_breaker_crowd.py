@@ -19,7 +19,7 @@ import pytest
 from distributed_helpers import breaker_policy, evalsha_calls, make_client, until
 
 from ragguard import BreakerOpen, BreakerState, CircuitBreaker, FakeClock, Guard
-from ragguard.distributed import SharedCircuitBreaker, SharedStateDegraded
+from ragguard.redis import SharedCircuitBreaker, SharedStateDegraded
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -135,7 +135,7 @@ def shared(client: Any, clock: FakeClock, **options: Any) -> SharedCircuitBreake
 
 
 async def trip(b: SharedCircuitBreaker) -> None:
-    from ragguard.distributed import _scripts
+    from ragguard.redis import _scripts
 
     for name in _scripts.__all__:  # loaded now: a first EVALSHA would cost a NOSCRIPT round trip more
         await b._link.redis.script_load(getattr(_scripts, name))

@@ -15,7 +15,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ragguard import BreakerOpen, BreakerState, CircuitBreaker, FakeClock, Guard, QuotaExceeded, TenantQuota
-from ragguard.distributed import RedisQuotas, SharedCircuitBreaker, breaker_keys, quota_keys
+from ragguard.redis import RedisQuotas, SharedCircuitBreaker, breaker_keys, quota_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 

@@ -9,7 +9,7 @@ from distributed_helpers import PATIENT
 
 import ragguard
 from ragguard import BreakerState, Guard, Policy, QuotaExceeded, TenantQuota
-from ragguard.distributed import RedisQuotas, SharedCircuitBreaker
+from ragguard.redis import RedisQuotas, SharedCircuitBreaker
 
 pytestmark = pytest.mark.anyio
 

@@ -26,7 +26,7 @@ from redis.backoff import NoBackoff
 from ragguard import CircuitBreaker, ConfigError, Guard, Policy, TenantQuota
 from ragguard.chaos import RedisServer
 from ragguard.chaos._redis_server import find_redis_server, free_port
-from ragguard.distributed import RedisQuotas, SharedCircuitBreaker, SharedStateDegraded, SharedStateRestored
+from ragguard.redis import RedisQuotas, SharedCircuitBreaker, SharedStateDegraded, SharedStateRestored
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60),
               pytest.mark.skipif(find_redis_server() is None, reason="redis-server not found")]

@@ -13,7 +13,7 @@ import pytest
 from distributed_helpers import make_client, until
 
 from ragguard import BreakerState, CircuitBreaker, QuotaExceeded, TenantQuota
-from ragguard.distributed import (
+from ragguard.redis import (
     RedisQuotas,
     SharedCircuitBreaker,
     SharedLease,

@@ -15,7 +15,7 @@ import pytest
 from distributed_helpers import PATIENT, PATIENT_S, leases_in, make_client
 
 from ragguard import FakeClock, Guard, Policy, PoolQuota, QuotaExceeded, TenantQuota
-from ragguard.distributed import LocalLease, RedisQuotas, SharedLease, pool_keys
+from ragguard.redis import LocalLease, RedisQuotas, SharedLease, pool_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -11,7 +11,7 @@ from distributed_helpers import PATIENT, breaker_policy
 from redis.crc import key_slot
 
 from ragguard import BreakerState, Guard, Policy
-from ragguard.distributed import breaker_keys
+from ragguard.redis import breaker_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

@@ -27,8 +27,8 @@ from ragguard import (
     TenantQuota,
     TokenLimits,
 )
-from ragguard.distributed import RedisTokens, SharedStateDegraded, SharedStateRestored, token_key
 from ragguard.rag import Usage, token_accounts
+from ragguard.redis import RedisTokens, SharedStateDegraded, SharedStateRestored, token_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

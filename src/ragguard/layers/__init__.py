@@ -1,7 +1,7 @@
 """The layers of a guarded stage, one file each, in the order of the layer registry.
 
 :data:`REGISTRY` lists every layer's builder, outermost first (read from
-:mod:`ragguard._registry`, the one table); a stage's chain holds the layers whose builder returns
+:mod:`ragguard.options._layers`, the one table); a stage's chain holds the layers whose builder returns
 one (a layer that is not configured is left out). docs/layers.md gives the order and its reasons.
 
 A new layer is one file with its options model at the top and a ``build(stage, bound) -> layer |
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _registry
+from ..options import _layers as _registry
 from ..pipeline import Layer
 from ._stage import Bound, Stage, StagePreset
 

@@ -12,9 +12,9 @@ from typing import Any, Literal, Protocol, TypeVar
 from .._clock import Clock
 from .._errors import ConfigError
 from ..breakers import Breaker, counts_by_default
+from ..options._policy import StagePolicy
 from ..pipeline import BuildContext, Chain, Layer
 from ..pipeline._threads import held
-from ..policy import StagePolicy
 from .breaker import make_breaker
 from .fallback import Fallback, UserFallback
 from .retry import RetryBudget, make_budget

@@ -21,8 +21,8 @@ from pydantic import Field, model_validator
 
 from .._context import current_tenant
 from .._errors import DeadlineExceeded
-from .._options import Options
 from ..deadline import current_expiry
+from ..options._base import Options
 from ..outcomes import Kind
 from ..overload import AdaptiveLimiter, limiter_for
 from ..overload._priority import current_priority

@@ -21,7 +21,6 @@ from pydantic import PrivateAttr, field_validator
 
 from .._clock import Clock
 from .._errors import BreakerOpen, ConfigError, DeadlineExceeded
-from .._options import Options
 from ..breakers import (
     AsyncBreaker,
     Breaker,
@@ -31,6 +30,7 @@ from ..breakers import (
     VectorStoreUnavailableBreaker,
 )
 from ..breakers._options import NUMBER_OPTIONS, BreakerConfig, check_option
+from ..options._base import Options
 from ..pipeline import WAIT, Call, Scope
 
 if TYPE_CHECKING:

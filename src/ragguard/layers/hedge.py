@@ -36,9 +36,9 @@ from pydantic import Field
 
 from .._compat import current_task, running_loop
 from .._context import current_tenant
-from .._options import Options
 from ..deadline import current_expiry
 from ..events import EventBus, bus
+from ..options._base import Options
 from ..overload import HedgeFired, LatencyTracker
 from ..overload._hedge import HedgeState
 from ..pipeline import Call

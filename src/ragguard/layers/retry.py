@@ -44,9 +44,9 @@ from pydantic import Field, field_validator
 from .. import outcomes
 from .._context import current_tenant
 from .._errors import RagguardError, StageTimeout
-from .._options import Options
 from ..deadline import current_expiry, remaining
 from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
+from ..options._base import Options
 from ..outcomes import Kind, Outcome, classify
 from ..pipeline import Call, Scope
 

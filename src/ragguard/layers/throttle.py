@@ -18,7 +18,7 @@ from pydantic import Field
 
 from .._context import current_tenant
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded
-from .._options import Options
+from ..options._base import Options
 from ..overload import AdaptiveThrottle, Throttled, is_rejection, throttle_for
 from ..overload._priority import current_priority
 from ..pipeline import Call, Scope

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
     from .._clock import Clock
     from ..events import EventBus
+    from ..options._policy import TenantQuota
     from ..outcomes import Kind, Outcome
-    from ..policy import TenantQuota
     from ..quotas import QuotaBackend
 
 __all__ = ["BuildContext", "SharedState", "check_services"]
@@ -54,7 +54,7 @@ def _check_chaos(chaos: Any) -> None:
 
 class SharedState(Protocol):
     """How a Guard built with ``redis=`` shares a layer's state across replicas
-    (:class:`ragguard.distributed.RedisWiring`): each wraps the process-local object given."""
+    (:class:`ragguard.redis.RedisWiring`): each wraps the process-local object given."""
 
     def breaker(self, local: Any) -> Any: ...
 

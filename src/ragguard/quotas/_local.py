@@ -34,8 +34,8 @@ from .._clock import Clock, monotonic, move_on_after, sleep_of
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
+from ..options._policy import Policy, PoolQuota, TenantQuota
 from ..pipeline._contract import WAIT  # a quota backend's admit_now answers as a gate's enter does
-from ..policy import Policy, PoolQuota, TenantQuota
 
 __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]
 
@@ -67,7 +67,7 @@ POOL_NAME = "*unlisted"
 
 class QuotaBackend(Protocol):
     """Admits requests of a tenant; implemented in memory here and over Redis in
-    ``ragguard.distributed``.
+    ``ragguard.redis``.
 
     ``admit_now`` is the synchronous fast path: a lease (or None for an unlimited tenant) when the
     request is admitted at once, :data:`WAIT` when it must queue or be refused through ``acquire``.

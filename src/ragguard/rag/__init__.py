@@ -8,6 +8,7 @@ of your own; :func:`release_memory_on_oom` empties an ML framework's cached memo
 out-of-memory error (the CrossEncoder recipe of docs/sync.md).
 """
 
+from ..quotas._tokens import TokenAccounts, Usage, count_tokens, token_accounts
 from ._args import ArgRef
 from ._cache import EmbeddingCache, normalise_text
 from ._memory import empty_framework_cache, release_memory_on_oom
@@ -21,7 +22,6 @@ from ._presets import (
     register_preset,
 )
 from ._rerank import BatchLimiter, score_of
-from ._tokens import TokenAccounts, Usage, count_tokens, token_accounts
 
 __all__ = [
     "PRESETS",

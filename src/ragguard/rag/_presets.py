@@ -38,19 +38,19 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import _registry
 from .._clock import timers_of
 from .._errors import ConfigError
 from ..layers import Bound, Stage, StagePreset
 from ..layers.fallback import Fallback
+from ..options import _layers as _registry
 from ..pipeline import Layer
+from ..quotas._tokens import TokenAccounts, count_tokens, token_accounts
 from ._args import ArgRef
 from ._cache import EmbeddingCache
 from ._embedding import CacheFallback, CacheTap
 from ._generation import StreamBudgets, TokenMeter
 from ._rerank import BatchLimiter, ChunkedRerank, SkipRerank, score_of
 from ._shrink import ShrinkPassages
-from ._tokens import TokenAccounts, count_tokens, token_accounts
 
 __all__ = [
     "PRESETS",

@@ -47,7 +47,7 @@ from ragguard.layers.adaptive import AdaptivePolicy
 from ragguard.layers.breaker import BreakerPolicy
 from ragguard.layers.hedge import HedgePolicy
 from ragguard.layers.retry import RetryPolicy
-from ragguard.policy import Policy, StagePolicy, TenantQuota
+from ragguard.options._policy import Policy, StagePolicy, TenantQuota
 
 from ..demo.corpus import Passage
 from ..demo.pipeline import BackendClients, Hit, PipelineSettings, Retrieval, UnguardedPipeline, rerank_hits

@@ -377,7 +377,7 @@ def _port(address: str) -> int:
 
 def _check_redis_url(url: object) -> None:
     """Refuse a ``--redis`` value that is no Redis URL, naming it with its password masked."""
-    from ragguard.distributed import mask_url
+    from ragguard.redis import mask_url
 
     shown = reprlib.repr(mask_url(url)) if isinstance(url, str) else reprlib.repr(url)
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
@@ -582,7 +582,7 @@ def _options_dict(options: DemoOptions, duration: float, scenario: Scenario) -> 
     out["scenario"] = str(options.scenario) if options.scenario else f"ragguard.chaos: {scenario.name}"
     out["out_dir"] = None if options.out_dir is None else str(options.out_dir)
     out["tenants"] = list(options.tenants)
-    from ragguard.distributed import mask_url
+    from ragguard.redis import mask_url
 
     out["redis_url"] = None if options.redis_url is None else mask_url(options.redis_url)
     return out

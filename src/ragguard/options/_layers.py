@@ -20,9 +20,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from . import _inject
-from ._errors import ConfigError
-from ._validate import shown
+from .. import _inject
+from .._errors import ConfigError
+from .._validate import shown
 
 __all__ = [
     "BUILT_IN",

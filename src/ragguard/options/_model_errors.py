@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import _validate
+from .. import _validate
 
 __all__ = ["describe", "field_names_at"]
 

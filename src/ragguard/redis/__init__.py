@@ -13,13 +13,13 @@ When Redis is slow or down, each component falls back to its local state within 
 answers again. See ``docs/distributed.md`` for the failure model and its measured times.
 """
 
+from ._backend import RedisWiring
 from ._borrow import LocalLease
 from ._breaker import SharedCircuitBreaker, breaker_keys, encode_key_part
 from ._events import SharedStateDegraded, SharedStateRestored
 from ._link import RedisLink, mask_url
 from ._quotas import RedisQuotas, SharedLease, pool_keys, quota_keys
 from ._tokens import RedisTokens, token_key
-from ._wiring import RedisWiring
 
 __all__ = [
     "LocalLease",

@@ -2,7 +2,7 @@
 once at construction) and how a pydantic error becomes one bounded :class:`~ragguard.ConfigError`.
 
 A layer's options model lives at the top of its layer's file and subclasses :class:`Options`; the
-policy holds it by the layer's name (see :mod:`ragguard._registry`).
+policy holds it by the layer's name (see :mod:`ragguard.options._layers`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from . import _model_errors, _registry, _validate
-from ._errors import ConfigError
+from .. import _validate
+from .._errors import ConfigError
+from . import _layers as _registry
+from . import _model_errors
 
 __all__ = ["MAX_ERRORS_SHOWN", "Options", "config_error", "nested"]
 

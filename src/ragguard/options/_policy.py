@@ -29,18 +29,20 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from . import _options, _registry, _validate
-from ._errors import ConfigError
-from ._options import MAX_ERRORS_SHOWN, Options
+from .. import _validate
+from .._errors import ConfigError
+from . import _base as _options
+from . import _layers as _registry
+from ._base import MAX_ERRORS_SHOWN, Options
 
 if TYPE_CHECKING:
     from pydantic_core import InitErrorDetails
 
-    from .layers.adaptive import AdaptivePolicy
-    from .layers.breaker import BreakerPolicy
-    from .layers.hedge import HedgePolicy
-    from .layers.retry import RetryPolicy
-    from .layers.throttle import ThrottlePolicy
+    from ..layers.adaptive import AdaptivePolicy
+    from ..layers.breaker import BreakerPolicy
+    from ..layers.hedge import HedgePolicy
+    from ..layers.retry import RetryPolicy
+    from ..layers.throttle import ThrottlePolicy
 
 __all__ = [
     "IDEMPOTENT_PRESETS",
@@ -73,7 +75,7 @@ _MOVED = {"AdaptivePolicy": "adaptive", "BreakerPolicy": "breaker", "HedgePolicy
 
 def __getattr__(name: str) -> Any:
     # The layers' options models live in their layers' files (``ragguard.layers.retry``...);
-    # ``ragguard.policy.RetryPolicy`` still finds them.
+    # ``ragguard.options._policy.RetryPolicy`` still finds them.
     layer = _MOVED.get(name)
     if layer is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -626,7 +628,7 @@ class Policy(Options):
                 raise ConfigError(str(exc), field=f"{where}.breaker.{exc.field}") from None
             if stage.hedge is not None and not stage.is_idempotent:
                 raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field=f"{where}.hedge")
-        from ._context import validate_tenant_id
+        from .._context import validate_tenant_id
 
         for tenant_id in self.tenants:
             validate_tenant_id(tenant_id)

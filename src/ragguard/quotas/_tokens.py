@@ -27,7 +27,7 @@ tokens where a request costs one (ATM Forum TM 4.0; a token bucket of ``burst`` 
 What is reserved and not yet settled is :meth:`TokenAccounts.reserved` (input + output). Time is
 the Guard's clock; these accounts live in the process (one per Guard, shared by its generation
 stages: :func:`token_accounts`). With ``Guard(redis=...)`` the same buckets live in Redis
-(:class:`ragguard.distributed.RedisTokens`), which falls back to these accounts while Redis cannot
+(:class:`ragguard.redis.RedisTokens`), which falls back to these accounts while Redis cannot
 answer.
 """
 
@@ -41,8 +41,8 @@ from .._clock import Clock
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
+from ..options._policy import TenantQuota, TokenLimits
 from ..pipeline import BuildContext
-from ..policy import TenantQuota, TokenLimits
 
 if TYPE_CHECKING:
     from ..guard import Guard
@@ -439,7 +439,7 @@ def built_accounts(guard: Guard | BuildContext) -> TokenAccounts | None:
 def token_accounts(guard: Guard | BuildContext) -> TokenAccounts:
     """The token accounts of ``guard``'s tenants (created on first use; shared by every stage with
     the generation preset): inspect them in tests and dashboards (``reserved``, ``settled``).
-    With ``Guard(redis=...)``, a :class:`ragguard.distributed.RedisTokens` sharing them across
+    With ``Guard(redis=...)``, a :class:`ragguard.redis.RedisTokens` sharing them across
     replicas (``redis_options["tokens"]`` its keyword options)."""
     ctx = _context_of(guard)
 

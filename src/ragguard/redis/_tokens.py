@@ -1,6 +1,6 @@
 """Each tenant's token quotas and pacing shared by many replicas through Redis (or Redis Cluster).
 
-The buckets are those of :mod:`ragguard.rag._tokens` (GCRA over tokens: pacing of output tokens,
+The buckets are those of :mod:`ragguard.quotas._tokens` (GCRA over tokens: pacing of output tokens,
 the quotas of input + output, input and output tokens per window, the tenant's and each listed
 model's), with their ``tat`` in Redis, one key per bucket under the tenant's hash tag, so every
 script runs on the one node that owns the tenant::
@@ -28,7 +28,7 @@ script runs on the one node that owns the tenant::
   hold; a block's unused rest stays with its replica.
 
 When Redis is slow, down, coming back or refusing credentials the ledger follows the rules of the
-shared request quotas (:class:`~ragguard.distributed.RedisLink`, ``docs/distributed.md``): after
+shared request quotas (:class:`~ragguard.redis.RedisLink`, ``docs/distributed.md``): after
 two failed commands in a row (at once for a refused password, ACL permission or TLS certificate)
 it decides on the replica's own :class:`~ragguard.rag.TokenAccounts` (each replica then allows a
 tenant's whole token limits), logs once, emits ``SharedStateDegraded("tokens")``, and goes back to
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from .._clock import Clock, monotonic
 from .._errors import ConfigError, QuotaExceeded
 from ..deadline import remaining
-from ..rag._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts, due, refuse_or_wait, shares
+from ..quotas._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts, due, refuse_or_wait, shares
 from ._breaker import encode_key_part
 from ._link import Probe, RedisLink, Script, SharedStateUnavailable
 from ._scripts import NOW
