@@ -6,6 +6,7 @@ One flat public namespace; everything else lives in private modules or the sub-p
 ``ragguard.monitors``, ``ragguard.metrics``, ``ragguard.overload``).
 """
 
+from . import rag  # noqa: F401 - the RAG wing: its presets register themselves into the core
 from ._clock import FakeClock
 from ._context import current_tenant, degraded
 from ._errors import (
@@ -32,12 +33,19 @@ from .breakers import (
 )
 from .deadline import deadline, remaining
 from .guard import Guard, configure, default_guard, guard, tenant
-from .layers.adaptive import AdaptivePolicy
-from .layers.breaker import BreakerPolicy
-from .layers.hedge import HedgePolicy
-from .layers.retry import RetryPolicy
-from .layers.throttle import ThrottlePolicy
-from .options._policy import GenerationPolicy, Policy, PoolQuota, StagePolicy, TenantQuota, TokenLimits
+from .options import (
+    AdaptivePolicy,
+    BreakerPolicy,
+    GenerationPolicy,
+    HedgePolicy,
+    Policy,
+    PoolQuota,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+    ThrottlePolicy,
+    TokenLimits,
+)
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority

@@ -43,7 +43,7 @@ from ._validate import bounded
 from .overload._priority import PRIORITY_HEADER, sent_priority
 
 if TYPE_CHECKING:
-    from .options._policy import Policy
+    from .options import Policy
 
 __all__ = [
     "API_KEY_HEADER",

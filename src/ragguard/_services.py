@@ -10,7 +10,7 @@ from typing import Any
 from . import _inject
 from ._clock import Clock, sleep_of
 from ._context import DEFAULT_TENANT
-from .options._policy import Policy
+from .options import Policy
 from .pipeline import BuildContext
 from .pipeline._build import check_services
 from .quotas import LocalQuotas, QuotaBackend

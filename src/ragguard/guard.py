@@ -21,11 +21,10 @@ from ._errors import ConfigError
 from ._services import services
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
-from .layers import Stage
+from .layers import Stage, preset
 from .layers._stage import forget_idle
-from .options._policy import Policy, policy_of
+from .options import Policy, policy_of
 from .quotas import QuotaBackend, TenantContext
-from .rag import preset
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
 

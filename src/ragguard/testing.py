@@ -42,7 +42,7 @@ from ._clock import Clock, FakeClock
 from ._context import forget_loose_fallbacks
 from .events import EventBus, bus
 from .guard import Guard
-from .options._policy import Policy, policy_of
+from .options import Policy, policy_of
 
 __all__ = ["EventRecorder", "FreshGuard", "fresh_guard", "reset"]
 

@@ -21,9 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ragguard import options as policy
 from ragguard.breakers import _options as breaker_options
-from ragguard.options import _layers as _registry
-from ragguard.options import _policy as policy
+from ragguard.options import BREAKER_KINDS, BreakerPolicy, _layers
+from ragguard.options._policy import STANDARD_STAGE_OPTIONS
 
 __all__ = ["main", "render"]
 
@@ -174,20 +175,17 @@ def _section(title: str, model: type[BaseModel], ranges: dict[str, str] | None =
 
 def render() -> str:
     """The text of docs/policy.md, from the models as they are."""
-    from ragguard.layers.breaker import BREAKER_KINDS, BreakerPolicy
-
-    names = ", ".join(f"`{n}`" for n in _registry.STAGE_FIELDS)
+    names = ", ".join(f"`{n}`" for n in _layers.STAGE_FIELDS)
     out = [_HEAD.replace("{layers}", names)]
     out += _section("Policy", policy.Policy)
     out += _section("StagePolicy: `stages.<name>`, `default_stage`", policy.StagePolicy)
-    for entry in _registry.entries():
-        if entry.name not in _registry.BUILT_IN or entry.model is None:
-            continue
-        model = entry.model
-        on = "present with these defaults unless configured" if entry.name in _registry.DEFAULT_ON else (
+    for name in _layers.STAGE_FIELDS:
+        model = _layers.model(name)
+        assert model is not None
+        on = "present with these defaults unless configured" if name in _layers.DEFAULT_ON else (
             "off unless configured"
         )
-        title = f"Layer `{entry.name}`: `{model.__name__}` ({on})"
+        title = f"Layer `{name}`: `{model.__name__}` ({on})"
         out += _section(title, model, _breaker_ranges() if model is BreakerPolicy else None)
     out += _section("`generation` (the generation preset's stream budgets): `GenerationPolicy`",
                     policy.GenerationPolicy)  # fmt: skip
@@ -207,7 +205,7 @@ def render() -> str:
     out += ["## Standard stages", "",
             "Always present, each with the preset of its name; what they set (every other field "
             "has its default):", "", "| stage | sets |", "|---|---|"]  # fmt: skip
-    for name, options in policy.STANDARD_STAGE_OPTIONS.items():
+    for name, options in STANDARD_STAGE_OPTIONS.items():
         shown = ", ".join(f"`{k}: {_yaml(v)}`" for k, v in options.items())
         out.append(f"| `{name}` | {shown} |")
     out.append("")

@@ -13,9 +13,9 @@ from pydantic import BaseModel
 
 import ragguard
 from ragguard import layers
-from ragguard.layers.breaker import BREAKER_KINDS
+from ragguard import options as policy
+from ragguard.options import BREAKER_KINDS
 from ragguard.options import _layers as _registry
-from ragguard.options import _policy as policy
 from ragguard_tools import policy_doc as _policy_doc
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -45,7 +45,7 @@ def test_the_check_command_tells_an_outdated_reference(
 def _models() -> list[type[BaseModel]]:
     found = [policy.Policy, policy.StagePolicy, policy.GenerationPolicy, policy.TenantQuota,
              policy.TokenLimits, policy.PoolQuota]  # fmt: skip
-    found += [e.model for e in _registry.entries() if e.model is not None]
+    found += [m for m in map(_registry.model, _registry.STAGE_FIELDS) if m is not None]
     return found
 
 

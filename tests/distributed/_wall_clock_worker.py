@@ -25,7 +25,7 @@ from redis.asyncio.retry import Retry  # noqa: E402
 from redis.backoff import NoBackoff  # noqa: E402
 
 from ragguard import Guard, Policy  # noqa: E402
-from ragguard.options._policy import BreakerPolicy, StagePolicy  # noqa: E402
+from ragguard.options import BreakerPolicy, StagePolicy  # noqa: E402
 
 
 async def main(port: int) -> dict[str, Any]:

@@ -1,23 +1,22 @@
 """The base of every options model (:class:`Options`: frozen, unknown fields refused, validated
 once at construction) and how a pydantic error becomes one bounded :class:`~ragguard.ConfigError`.
 
-A layer's options model lives at the top of its layer's file and subclasses :class:`Options`; the
-policy holds it by the layer's name (see :mod:`ragguard.options._layers`).
+Each layer's options model subclasses :class:`Options` (``options/_retry.py``...); the policy holds
+it by the layer's name (see :mod:`ragguard.options._layers`).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .. import _validate
 from .._errors import ConfigError
-from . import _layers as _registry
 from . import _model_errors
 
-__all__ = ["MAX_ERRORS_SHOWN", "Options", "config_error", "nested"]
+__all__ = ["MAX_ERRORS_SHOWN", "LayerModels", "Options", "config_error", "nested"]
 
 MAX_ERRORS_SHOWN = 20
 """The most invalid values one ConfigError lists (then ``... and N more``)."""
@@ -25,11 +24,23 @@ MAX_ERRORS_SHOWN = 20
 _nesting = threading.local()
 
 
+class LayerModels(Protocol):
+    """Where a model holding the layers' options by name (``StagePolicy.layers``) finds each
+    layer's options model (:mod:`ragguard.options._layers`), to say what is wrong in them."""
+
+    STAGE_FIELDS: tuple[str, ...]
+    """The layers whose options are spelt at a stage's top level (``breaker: {...}``)."""
+
+    def model(self, name: str) -> type[Any] | None: ...
+
+
 class Options(BaseModel):
     """A frozen options model; built from Python, a bad value raises the same ConfigError (naming
     the field and the allowed range) as a bad value in a policy file or the environment."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    _layer_models: ClassVar[LayerModels | None] = None
+    """Set by the models that hold layers' options (a stage's, the policy's)."""
 
     def __init__(self, **data: Any) -> None:
         # Only the outermost construction converts: a nested one re-raises pydantic's error so
@@ -41,7 +52,7 @@ class Options(BaseModel):
         except ValidationError as exc:
             if depth:
                 raise
-            raise config_error(exc, type(self).__name__, type(self)) from None
+            raise config_error(exc, type(self).__name__, type(self), self._layer_models) from None
         finally:
             _nesting.depth = depth
 
@@ -57,14 +68,17 @@ class nested:
         _nesting.depth = self._depth
 
 
-def config_error(exc: ValidationError, source: str, root: type[BaseModel]) -> ConfigError:
-    """One ConfigError for every error of ``exc`` (raised validating ``root``): a line per
-    error (at most :data:`MAX_ERRORS_SHOWN`), each bounded; ``field`` is the first one's path."""
+def config_error(
+    exc: ValidationError, source: str, root: type[BaseModel], layers: LayerModels | None = None
+) -> ConfigError:
+    """One ConfigError for every error of ``exc`` (raised validating ``root``, whose layers'
+    options are described by their ``layers`` models): a line per error (at most
+    :data:`MAX_ERRORS_SHOWN`), each bounded; ``field`` is the first one's path."""
     errors = exc.errors(include_url=False)
     lines = [f"{_validate.bounded(source, 200)}: {len(errors)} invalid value(s)"]
     first: str | None = None
     for err in errors[:MAX_ERRORS_SHOWN]:
-        path, text = _describe_one(err, root)
+        path, text = _describe_one(err, root, layers)
         first = first if first is not None else path
         lines.append(_validate.bounded(f"  {path}: {text}", 400))
     if len(errors) > MAX_ERRORS_SHOWN:
@@ -72,20 +86,20 @@ def config_error(exc: ValidationError, source: str, root: type[BaseModel]) -> Co
     return ConfigError("\n".join(lines), field=first)
 
 
-def _describe_one(err: Any, root: type[BaseModel]) -> tuple[str, str]:
+def _describe_one(err: Any, root: type[BaseModel], layers: LayerModels | None) -> tuple[str, str]:
     """The field path of one pydantic error and what is wrong there, both bounded."""
     loc = [_validate.bounded(str(part), 40) for part in err["loc"]]
     raw = list(err["loc"])
     model: type[BaseModel] = root
-    if "layers" in raw:
+    if "layers" in raw and layers is not None:
         # a layer's options, held by name: its own model tells what is wrong; a built-in layer's
         # path is written as it is spelt, at the stage's top level (``stages.x.breaker.y``)
         at = raw.index("layers")
         name = raw[at + 1] if at + 1 < len(raw) else None
-        held = _registry.model(name) if isinstance(name, str) else None
+        held = layers.model(name) if isinstance(name, str) else None
         if isinstance(held, type) and issubclass(held, BaseModel):
             model, err = held, {**err, "loc": tuple(raw[at + 2 :])}
-        if name in _registry.STAGE_FIELDS:
+        if name in layers.STAGE_FIELDS:
             del loc[at]
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, ConfigError) and cause.field:

@@ -31,18 +31,16 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_valid
 
 from .. import _validate
 from .._errors import ConfigError
-from . import _base as _options
-from . import _layers as _registry
+from . import _base, _layers
+from ._adaptive import AdaptivePolicy
 from ._base import MAX_ERRORS_SHOWN, Options
+from ._breaker import BreakerPolicy
+from ._hedge import HedgePolicy
+from ._retry import RetryPolicy
+from ._throttle import ThrottlePolicy
 
 if TYPE_CHECKING:
     from pydantic_core import InitErrorDetails
-
-    from ..layers.adaptive import AdaptivePolicy
-    from ..layers.breaker import BreakerPolicy
-    from ..layers.hedge import HedgePolicy
-    from ..layers.retry import RetryPolicy
-    from ..layers.throttle import ThrottlePolicy
 
 __all__ = [
     "IDEMPOTENT_PRESETS",
@@ -68,19 +66,6 @@ MAX_POLICY_VALUES = 1_000_000
 """The most values (mappings, lists and scalars, counted after YAML aliases expand) a policy holds."""
 
 Priority = Literal["critical", "interactive", "batch"]
-
-_MOVED = {"AdaptivePolicy": "adaptive", "BreakerPolicy": "breaker", "HedgePolicy": "hedge",
-          "RetryPolicy": "retry", "ThrottlePolicy": "throttle"}  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:
-    # The layers' options models live in their layers' files (``ragguard.layers.retry``...);
-    # ``ragguard.options._policy.RetryPolicy`` still finds them.
-    layer = _MOVED.get(name)
-    if layer is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _registry.model(layer)
-
 
 _M = TypeVar("_M", bound=Options)
 
@@ -332,21 +317,22 @@ class StagePolicy(Options):
             adaptive: AdaptivePolicy | Mapping[str, Any] | None = None,
         ) -> None: ...
 
-    also_spelt: ClassVar[tuple[str, ...]] = _registry.STAGE_FIELDS
+    also_spelt: ClassVar[tuple[str, ...]] = _layers.STAGE_FIELDS
+    _layer_models: ClassVar[_base.LayerModels | None] = _layers
     """Names a stage's mapping may hold besides its fields: the built-in layers' options."""
 
     @model_validator(mode="before")
     @classmethod
     def _hoist(cls, data: Any) -> Any:
         # ``breaker: {...}`` at the stage's top level is the breaker layer's entry in ``layers``
-        if not isinstance(data, Mapping) or not any(k in data for k in _registry.STAGE_FIELDS):
+        if not isinstance(data, Mapping) or not any(k in data for k in _layers.STAGE_FIELDS):
             return data
         data = dict(data)
         held = data.get("layers")
         if held is not None and not isinstance(held, Mapping):
             return data  # refused by the field's own check
         held = dict(held or {})
-        for name in _registry.STAGE_FIELDS:
+        for name in _layers.STAGE_FIELDS:
             if name in data:
                 value = data.pop(name)
                 if name in held:
@@ -377,8 +363,8 @@ class StagePolicy(Options):
 
     @model_validator(mode="after")
     def _checked(self) -> StagePolicy:
-        if self.preset is not None and self.preset not in _registry.PRESETS:
-            known = ", ".join(sorted(_registry.PRESETS))
+        if self.preset is not None and self.preset not in _layers.PRESETS:
+            known = ", ".join(sorted(_layers.PRESETS))
             raise ValueError(f"unknown preset {_validate.shown(self.preset)}; known: {known}")
         if self.layers.get("hedge") is not None and self.idempotent is False:
             raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field="hedge")
@@ -394,7 +380,7 @@ class StagePolicy(Options):
         they are invalid or when no layer ``name`` is registered."""
         options = self.layers.get(name)
         if options is None:
-            return _default(name) if name in _registry.DEFAULT_ON else None
+            return _default(name) if name in _layers.DEFAULT_ON else None
         if isinstance(options, _Pending):
             options = self.layers[name] = _pending_checked(name, options)
         return options
@@ -453,9 +439,9 @@ class _Pending(dict[str, Any]):
 
 
 def _layer_options(name: str, options: Any) -> Any:
-    model = _registry.model(name)
+    model = _layers.model(name)
     if model is None:
-        if _registry.registered(name):
+        if _layers.registered(name):
             raise ValueError(f"{name} takes no options (registered without a policy model)")
         if not isinstance(options, Mapping):
             raise ValueError(f"expected a mapping of the layer's options, got {type(options).__name__}")
@@ -470,17 +456,17 @@ def _layer_options(name: str, options: Any) -> Any:
 
 
 def _pending_checked(name: str, options: _Pending) -> Any:
-    if not _registry.registered(name):
-        raise ConfigError(_registry.unknown(name), field=f"layers.{name}")
+    if not _layers.registered(name):
+        raise ConfigError(_layers.unknown(name), field=f"layers.{name}")
     try:
-        with _options.nested():
+        with _base.nested():
             return _layer_options(name, dict(options))
     except ValidationError as exc:
         errors = [_at(name, err) for err in exc.errors(include_url=False)]
         wrapped = ValidationError.from_exception_data(
             "StagePolicy", [{**err, "loc": ("layers", *err["loc"])} for err in errors]
         )
-        raise _options.config_error(wrapped, f"layer {name}", StagePolicy) from None
+        raise _base.config_error(wrapped, f"layer {name}", StagePolicy, _layers) from None
     except (ConfigError, ValueError, TypeError) as exc:
         text = _validate.bounded(str(exc), 300)
         raise ConfigError(f"layers.{name}: {text}", field=f"layers.{name}") from None
@@ -498,7 +484,7 @@ _DEFAULTS: dict[str, Any] = {}
 def _default(name: str) -> Any:
     made = _DEFAULTS.get(name)
     if made is None:
-        model = _registry.model(name)
+        model = _layers.model(name)
         assert model is not None
         made = _DEFAULTS[name] = model()
     return made
@@ -592,6 +578,7 @@ class Policy(Options):
     default_quota: TenantQuota = TenantQuota()
     unlisted_pool: PoolQuota | None = None
     _pool: tuple[Any, PoolQuota | None] = PrivateAttr(default=(None, None))
+    _layer_models: ClassVar[_base.LayerModels | None] = _layers
 
     @model_validator(mode="after")
     def _set_pool(self) -> Policy:
@@ -682,10 +669,10 @@ class Policy(Options):
                 "aliases are expanded, far more than any policy needs"
             )
         try:
-            with _options.nested():
+            with _base.nested():
                 return cls.model_validate(dict(data))
         except ValidationError as exc:
-            raise _options.config_error(exc, source, cls) from None
+            raise _base.config_error(exc, source, cls, _layers) from None
         except ValueError as exc:
             raise ConfigError(_validate.bounded(f"{source}: {exc}", 500)) from None
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from .._clock import Clock
     from ..events import EventBus
-    from ..options._policy import TenantQuota
+    from ..options import TenantQuota
     from ..outcomes import Kind, Outcome
     from ..quotas import QuotaBackend
 

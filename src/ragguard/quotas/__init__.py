@@ -1,6 +1,6 @@
 """Per-tenant quotas: concurrency (a FIFO bulkhead), rate (GCRA) and a time budget per request."""
 
-from ..options._policy import TenantQuota
+from ..options import TenantQuota
 from ._local import WAIT, Lease, LocalQuotas, QuotaBackend
 from ._tenant import TenantContext
 

@@ -34,7 +34,7 @@ from .._clock import Clock, monotonic, move_on_after, sleep_of
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
-from ..options._policy import Policy, PoolQuota, TenantQuota
+from ..options import Policy, PoolQuota, TenantQuota
 from ..pipeline._contract import WAIT  # a quota backend's admit_now answers as a gate's enter does
 
 __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]

@@ -41,7 +41,7 @@ from .._clock import Clock
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
-from ..options._policy import TenantQuota, TokenLimits
+from ..options import TenantQuota, TokenLimits
 from ..pipeline import BuildContext
 
 if TYPE_CHECKING:

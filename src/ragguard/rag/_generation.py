@@ -44,7 +44,7 @@ from .._errors import InvalidInput, StreamBudget, StreamTimeout
 from .._timeouts import MAX_TIMEOUT_S, wheel_for
 from ..deadline import current_expiry
 from ..events import EventBus, StreamCut, StreamSettled, bus
-from ..options._policy import GenerationPolicy
+from ..options import GenerationPolicy
 from ..pipeline import WAIT, Call, Scope
 from ..quotas._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts, Usage
 from ._args import ArgRef

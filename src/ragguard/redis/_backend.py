@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from .._clock import Clock, monotonic
 from .._errors import ConfigError
-from ..options._policy import Policy
+from ..options import Policy
 from ..quotas import LocalQuotas
 from ._breaker import SharedCircuitBreaker
 from ._quotas import RedisQuotas

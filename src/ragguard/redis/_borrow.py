@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from .._clock import Clock, monotonic
 from .._errors import ConfigError, QuotaExceeded
-from ..options._policy import TenantQuota
+from ..options import TenantQuota
 from ..quotas import WAIT, Lease, LocalQuotas
 from ._link import SharedStateUnavailable
 from ._quotas import quota_keys

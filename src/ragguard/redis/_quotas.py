@@ -55,7 +55,7 @@ from .._context import validate_tenant_id
 from .._errors import ConfigError, QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
-from ..options._policy import PoolQuota, TenantQuota
+from ..options import PoolQuota, TenantQuota
 from ..quotas import WAIT, Lease, LocalQuotas
 from ..quotas._local import POOL_NAME, policy_pool_of
 from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable

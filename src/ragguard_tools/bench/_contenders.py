@@ -43,11 +43,15 @@ import grpc
 
 from ragguard.grpc import TENANT_KEY
 from ragguard.guard import Guard
-from ragguard.layers.adaptive import AdaptivePolicy
-from ragguard.layers.breaker import BreakerPolicy
-from ragguard.layers.hedge import HedgePolicy
-from ragguard.layers.retry import RetryPolicy
-from ragguard.options._policy import Policy, StagePolicy, TenantQuota
+from ragguard.options import (
+    AdaptivePolicy,
+    BreakerPolicy,
+    HedgePolicy,
+    Policy,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+)
 
 from ..demo.corpus import Passage
 from ..demo.pipeline import BackendClients, Hit, PipelineSettings, Retrieval, UnguardedPipeline, rerank_hits
