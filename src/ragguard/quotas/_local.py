@@ -32,10 +32,10 @@ from anyio.lowlevel import checkpoint_if_cancelled
 from .. import _validate as v
 from .._clock import Clock, monotonic, move_on_after, sleep_of
 from .._errors import QuotaExceeded
+from .._wait import WAIT  # a quota backend's admit_now answers as a gate's enter does
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import Policy, PoolQuota, TenantQuota
-from ..pipeline._contract import WAIT  # a quota backend's admit_now answers as a gate's enter does
 
 __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]
 

@@ -26,7 +26,7 @@ tokens where a request costs one (ATM Forum TM 4.0; a token bucket of ``burst`` 
 
 What is reserved and not yet settled is :meth:`TokenAccounts.reserved` (input + output). Time is
 the Guard's clock; these accounts live in the process (one per Guard, shared by its generation
-stages: :func:`token_accounts`). With ``Guard(redis=...)`` the same buckets live in Redis
+stages: :func:`ragguard.rag.token_accounts`). With ``Guard(redis=...)`` the same buckets live in Redis
 (:class:`ragguard.redis.RedisTokens`), which falls back to these accounts while Redis cannot
 answer.
 """
@@ -35,64 +35,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._clock import Clock
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import TenantQuota, TokenLimits
-from ..pipeline import BuildContext
-
-if TYPE_CHECKING:
-    from ..guard import Guard
 
 __all__ = [
     "Bucket",
     "Reservation",
     "TokenAccount",
     "TokenAccounts",
-    "Usage",
-    "count_tokens",
     "quota_buckets",
-    "token_accounts",
 ]
 
 _EPSILON_S = 1e-9
 
 KINDS = ("total", "input", "output")
 """What a quota bucket counts: input + output tokens, input tokens, output tokens."""
-
-
-def count_tokens(item: Any) -> int:
-    """The default token count of a stream item: a ``str`` (or ``bytes``) item's length / 4,
-    rounded, and at least 1 when it is not empty (the usual rule of thumb for English text and
-    GPT-style tokenizers); 0 for an empty one; 1 for an item of any other type (give
-    ``@guard(tokens=...)`` a counter for chunk objects)."""
-    if isinstance(item, (str, bytes, bytearray)):
-        n = len(item)
-        return (n + 2) // 4 or (1 if n else 0)
-    return 1
-
-
-class Usage:
-    """The token usage a provider reported for a whole stream (OpenAI's ``usage`` chunk,
-    Anthropic's ``message_delta``): what a ``tokens=`` counter returns for the item that carries
-    it, instead of an int. ``input_tokens`` / ``output_tokens`` (ints >= 0, or None: not reported)
-    replace the stage's input estimate and the counted output tokens when the stream settles; the
-    last report of a stream wins. The item itself is paced as 0 tokens."""
-
-    __slots__ = ("input_tokens", "output_tokens")
-
-    def __init__(self, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
-        for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"Usage: {name} must be an int >= 0 or None, got {value!r:.40}")
-        self.input_tokens = input_tokens
-        self.output_tokens = output_tokens
-
-    def __repr__(self) -> str:
-        return f"Usage(input_tokens={self.input_tokens}, output_tokens={self.output_tokens})"
 
 
 class Bucket:
@@ -431,23 +393,3 @@ class TokenAccounts:
             del self._tenants[tenant]
 
 
-def built_accounts(guard: Guard | BuildContext) -> TokenAccounts | None:
-    """``guard``'s token accounts if a generation stage built them, else None."""
-    return _context_of(guard).built("tokens")  # type: ignore[no-any-return]
-
-
-def token_accounts(guard: Guard | BuildContext) -> TokenAccounts:
-    """The token accounts of ``guard``'s tenants (created on first use; shared by every stage with
-    the generation preset): inspect them in tests and dashboards (``reserved``, ``settled``).
-    With ``Guard(redis=...)``, a :class:`ragguard.redis.RedisTokens` sharing them across
-    replicas (``redis_options["tokens"]`` its keyword options)."""
-    ctx = _context_of(guard)
-
-    def make() -> TokenAccounts:
-        return ctx.share("tokens", TokenAccounts(ctx.quota_of, clock=ctx.clock, sleep=ctx.sleep))
-
-    return ctx.part("tokens", make)
-
-
-def _context_of(guard: Guard | BuildContext) -> BuildContext:
-    return guard if isinstance(guard, BuildContext) else guard.context

@@ -9,9 +9,10 @@ out-of-memory error (the CrossEncoder recipe of docs/sync.md).
 """
 
 from ..layers import PRESETS, preset, register_preset
-from ..quotas._tokens import TokenAccounts, Usage, count_tokens, token_accounts
+from ..quotas import TokenAccounts
 from ._args import ArgRef
 from ._cache import EmbeddingCache, normalise_text
+from ._counting import Usage, count_tokens, token_accounts
 from ._memory import empty_framework_cache, release_memory_on_oom
 from ._presets import EmbeddingPreset, GenerationPreset, RerankPreset, VectorStorePreset
 from ._rerank import BatchLimiter, score_of

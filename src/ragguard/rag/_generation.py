@@ -46,8 +46,9 @@ from ..deadline import current_expiry
 from ..events import EventBus, StreamCut, StreamSettled, bus
 from ..options import GenerationPolicy
 from ..pipeline import WAIT, Call, Scope
-from ..quotas._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts, Usage
+from ..quotas._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts
 from ._args import ArgRef
+from ._counting import Usage
 
 __all__ = ["StreamBudgets", "StreamRecord", "TokenMeter"]
 

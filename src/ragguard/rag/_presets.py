@@ -44,9 +44,10 @@ from .._errors import ConfigError
 from ..layers import Bound, Stage, register_preset
 from ..layers.fallback import Fallback
 from ..pipeline import Layer
-from ..quotas._tokens import TokenAccounts, count_tokens, token_accounts
+from ..quotas import TokenAccounts
 from ._args import ArgRef
 from ._cache import EmbeddingCache
+from ._counting import count_tokens, token_accounts
 from ._embedding import CacheFallback, CacheTap
 from ._generation import StreamBudgets, TokenMeter
 from ._rerank import BatchLimiter, ChunkedRerank, SkipRerank, score_of

@@ -34,8 +34,8 @@ from ..deadline import remaining
 from ..events import EventBus, FallbackServed, bus
 from ..outcomes import CONTEXT_LENGTH, Kind, Outcome, classify, context_overflow
 from ..pipeline import Call
-from ..quotas._tokens import count_tokens
 from ._args import ArgRef
+from ._counting import count_tokens
 
 __all__ = ["SHRINK", "ShrinkPassages", "passage_tokens"]
 
