@@ -13,10 +13,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any, Literal, cast
 
-from . import _inject
+from . import _default, _inject
 from ._clock import Clock, monotonic
 from ._decorate import GuardDecorator, decorator
-from ._default import install as _install_default
 from ._errors import ConfigError
 from ._services import services
 from .breakers import Breaker
@@ -25,6 +24,7 @@ from .layers import Stage, preset
 from .layers._stage import forget_idle
 from .options import Policy, policy_of
 from .quotas import QuotaBackend, TenantContext
+from .status import snapshot
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
 
@@ -122,8 +122,6 @@ class Guard:
         limits, throttles, hedges, quotas (per configured tenant and the others added up) and each
         Redis link; see :mod:`ragguard.status` for its shape. ``ok`` is False while any breaker
         is open, forced open or half-open (``open`` names those stages)."""
-        from .status import snapshot
-
         return snapshot(self)
 
     @property
@@ -176,18 +174,12 @@ class Guard:
         return cast(GuardDecorator, decorator(stage, self, options))
 
 
-_default: Guard | None = None
-
-
 def default_guard() -> Guard:
     """The registry ``@guard`` and ``tenant`` use (built from ``Policy()`` until :func:`configure`)."""
-    global _default
-    if _default is None:
-        _default = Guard()
-    return _default
-
-
-_install_default(default_guard)
+    current = _default.guard
+    if current is None:
+        current = _default.guard = Guard()
+    return current  # type: ignore[no-any-return]
 
 
 def configure(
@@ -198,9 +190,8 @@ def configure(
     ``options`` (clock, rng, sleep, quotas, redis, chaos...) go to :class:`Guard`. Breaker states
     start fresh. Raises ConfigError for an invalid policy or option.
     """
-    global _default
-    _default = Guard(policy_of(policy, who="configure"), **options)
-    return _default
+    made = _default.guard = Guard(policy_of(policy, who="configure"), **options)
+    return made
 
 
 def tenant(tenant_id: str) -> TenantContext:

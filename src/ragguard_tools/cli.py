@@ -277,7 +277,7 @@ def top(
         typer.Argument(
             metavar="URL", show_default=False,
             help="The service's status endpoint, e.g. http://127.0.0.1:8000/health (a StatusEndpoint, "
-            "ragguard.status.serve, or ragguard demo --status-port).",
+            "ragguard_tools.status.serve, or ragguard demo --status-port).",
         ),
     ],
     interval: Annotated[

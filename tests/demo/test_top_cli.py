@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ragguard import Guard, Policy, TenantQuota, status
+from ragguard import Guard, Policy, TenantQuota
+from ragguard_tools import status
 from ragguard_tools.cli import app
 from ragguard_tools.top import Top
 

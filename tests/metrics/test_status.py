@@ -24,10 +24,10 @@ from ragguard import (
     StagePolicy,
     TenantQuota,
     ThrottlePolicy,
-    status,
 )
 from ragguard.asgi import StatusEndpoint
 from ragguard.metrics import PrometheusExporter
+from ragguard_tools import status
 
 pytestmark = pytest.mark.anyio
 

@@ -17,19 +17,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .._clock import timers_of
 from .._context import current_tenant
 from .._errors import DeadlineExceeded
 from ..deadline import current_expiry
 from ..outcomes import Kind
-from ..overload import AdaptiveLimiter, limiter_for
+from ..overload import AdaptiveLimiter, LimitSettings, QueueSettings
 from ..overload._priority import current_priority
 from ..pipeline import WAIT, Call, Scope
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
-__all__ = ["AdaptiveLayer", "build"]
-
+__all__ = ["AdaptiveLayer", "build", "limiter_for"]
 
 
 class AdaptiveLayer:
@@ -83,6 +83,48 @@ class AdaptiveLayer:
             if self._oom and outcome.out_of_memory:
                 limiter.press("out_of_memory")
         return None
+
+
+def limiter_for(stage: Stage) -> AdaptiveLimiter:
+    """The adaptive limiter of ``stage`` (built once from its policy's ``adaptive``)."""
+
+    def make() -> AdaptiveLimiter:
+        p = stage.policy.adaptive
+        if p is None:
+            raise ValueError(f"stage {stage.name!r} has no adaptive policy")
+        quota_of = stage.context.quota_of
+        return AdaptiveLimiter(
+            stage.name,
+            LimitSettings(
+                min_limit=p.min_limit,
+                max_limit=p.max_limit,
+                initial_limit=p.initial_limit,
+                tolerance=p.tolerance,
+                percentile=p.percentile,
+                window_s=p.window_s,
+                min_samples=p.min_samples,
+                smoothing=p.smoothing,
+                growth=p.growth,
+                probe_interval_s=p.probe_interval_s,
+                probe_jitter=p.probe_jitter,
+                probe_samples=p.probe_samples,
+                probe_limit=p.probe_limit,
+                backoff=p.backoff,
+            ),
+            QueueSettings(
+                max_queue=p.max_queue,
+                early_queue=p.early_queue,
+                max_wait_s=p.max_wait_s,
+                usage_window_s=p.usage_window_s,
+            ),
+            clock=stage.clock,
+            rng=stage.context.rng,
+            timers=timers_of(stage.clock),
+            weight_of=lambda tenant: quota_of(tenant).weight,
+            event_bus=stage.context.bus,
+        )
+
+    return stage.part("limiter", make)
 
 
 def build(stage: Stage, bound: Bound) -> AdaptiveLayer | None:

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["BreakerLayer", "adapt_breaker", "build", "make_breaker"]
 
 
-
 class BreakerLayer:
     """Drives ``breaker`` (any :class:`~ragguard.breakers.Breaker`) around each attempt.
 

@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["RetryBudget", "RetryLayer", "build", "make_budget"]
 
 
-
 _KINDS: dict[str, Callable[[Outcome], bool]] = {
     "connection": lambda o: o.kind is Kind.FAILURE and o.reason != "out_of_memory",
     "timeout": lambda o: o.kind is Kind.TIMEOUT,

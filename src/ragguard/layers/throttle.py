@@ -16,15 +16,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._context import current_tenant
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded
-from ..overload import AdaptiveThrottle, Throttled, is_rejection, throttle_for
+from ..overload import AdaptiveThrottle, Throttled, is_rejection
 from ..overload._priority import current_priority
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
-__all__ = ["ThrottleLayer", "build"]
-
+__all__ = ["ThrottleLayer", "build", "throttle_for"]
 
 
 class ThrottleLayer:
@@ -64,6 +63,20 @@ class ThrottleLayer:
         elif not is_rejection(exc, self._classify):
             throttle.accepted()
         return None
+
+
+def throttle_for(stage: Stage) -> AdaptiveThrottle:
+    """The client-side throttle of ``stage`` (built once from its policy's ``throttle``)."""
+
+    def make() -> AdaptiveThrottle:
+        p = stage.policy.throttle
+        if p is None:
+            raise ValueError(f"stage {stage.name!r} has no throttle policy")
+        return AdaptiveThrottle(
+            k=p.k, window_s=p.window_s, max_reject=p.max_reject, clock=stage.clock, rng=stage.context.rng
+        )
+
+    return stage.part("throttle", make)
 
 
 def build(stage: Stage, bound: Bound) -> ThrottleLayer | None:
