@@ -23,6 +23,7 @@ from .deadline import deadline as _deadline_block
 from .layers import Stage, preset
 from .layers._stage import forget_idle
 from .options import Policy, policy_of
+from .pipeline import Backend
 from .quotas import QuotaBackend, TenantContext
 from .status import snapshot
 
@@ -38,14 +39,10 @@ class Guard:
     - ``rng`` seeds breaker and retry jitter; ``sleep`` (an async function of seconds) performs
       retry backoff (default: the clock's own ``sleep``, else ``anyio.sleep``);
     - ``quotas`` replaces the in-memory quota backend;
-    - ``redis`` (a ``redis.asyncio.Redis`` client) shares state across replicas: tenant quotas
-      become :class:`ragguard.redis.RedisQuotas` and every breaker the policy builds a
-      :class:`ragguard.redis.SharedCircuitBreaker`, under keys starting with
-      ``redis_prefix``; ``redis_options`` tunes them: ``{"quotas": {...}, "breakers": {...}}``,
-      keyword options of those two classes (``lease_s``, ``local_lease``, ``redis_timeout_s``,
-      ``staleness_s``...), and ``"tokens"`` those of :class:`ragguard.redis.RedisTokens`,
-      the generation stages' shared token accounts. Give the client short timeouts and no
-      retries of its own (see docs/distributed.md); call ``await guard.aclose()`` at shutdown;
+    - ``backend`` shares state across replicas (a :class:`ragguard.pipeline.Backend`):
+      ``backend=ragguard.redis.RedisBackend(client)`` keeps the tenant quotas, every breaker the
+      policy builds and the generation stages' token accounts in Redis (see docs/distributed.md);
+      call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;
     - ``max_stages``: stages kept at most (stage names name code paths, not data; past the bound
       the oldest idle stages are forgotten, with a warning: idle means no live decorated function
@@ -63,9 +60,7 @@ class Guard:
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         quotas: QuotaBackend | None = None,
-        redis: Any = None,
-        redis_prefix: str = "ragguard",
-        redis_options: Mapping[str, Mapping[str, Any]] | None = None,
+        backend: Backend | None = None,
         chaos: _inject.Injector | None = None,
         max_stages: int = 1000,
     ) -> None:
@@ -75,13 +70,12 @@ class Guard:
             raise ConfigError(f"max_stages must be an int >= 1, got {max_stages!r:.40}")
         self.policy = policy if policy is not None else Policy()
         self.context = services(
-            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, redis=redis,
-            redis_prefix=redis_prefix, redis_options=redis_options, chaos=chaos,
+            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, backend=backend, chaos=chaos
         )
         self.max_stages = max_stages
         self.clock, self.rng, self.sleep = clock, self.context.rng, self.context.sleep
         self.quotas: Any = self.context.quotas
-        self.redis = redis
+        self.backend = backend
         self._stages: dict[str, Stage] = {}
         self._warned_stages = False
 
@@ -141,9 +135,9 @@ class Guard:
     # -- requests ---------------------------------------------------------------------------------
 
     async def start(self, *, strict: bool = False) -> Guard:
-        """Check Redis now for the shared quotas, the shared breakers and token accounts built so
-        far (each runs its health probe; see docs/distributed.md); returns self. A no-op without
-        ``redis``.
+        """Check the backend now (Redis) for the shared quotas, the shared breakers and token
+        accounts built so far (each runs its health probe; see docs/distributed.md); returns self.
+        A no-op without a ``backend``.
 
         Redis unreachable: they start on local state and keep probing. Redis refusing the
         configuration (a wrong password, a missing ACL permission, an untrusted TLS certificate):
@@ -156,7 +150,7 @@ class Guard:
         return self
 
     async def aclose(self) -> None:
-        """Stop the background work of shared (Redis) breakers and quotas; a no-op otherwise."""
+        """Stop the background work of shared (backend) breakers and quotas; a no-op otherwise."""
         await self.context.aclose()
 
     def tenant(self, tenant_id: str) -> TenantContext:
@@ -187,7 +181,7 @@ def configure(
 ) -> Guard:
     """Replace the default registry: ``policy`` is a Policy, a mapping, or a YAML/TOML/JSON path.
 
-    ``options`` (clock, rng, sleep, quotas, redis, chaos...) go to :class:`Guard`. Breaker states
+    ``options`` (clock, rng, sleep, quotas, backend, chaos...) go to :class:`Guard`. Breaker states
     start fresh. Raises ConfigError for an invalid policy or option.
     """
     made = _default.guard = Guard(policy_of(policy, who="configure"), **options)

@@ -94,7 +94,7 @@ def fresh_guard(
     ``policy``: a :class:`~ragguard.Policy`, a mapping, or a YAML/TOML/JSON path (as
     :func:`ragguard.configure`); ``clock``: default a new :class:`~ragguard.FakeClock` at 0.0 s,
     which then drives the Guard's breakers, quotas, deadlines, retry backoff and attempt timeouts;
-    ``options`` go to :class:`~ragguard.Guard` (rng, sleep, quotas, redis, chaos, max_stages).
+    ``options`` go to :class:`~ragguard.Guard` (rng, sleep, quotas, backend, chaos, max_stages).
     Raises ConfigError for a bad policy or option.
     """
     resolved = policy_of(policy, who="fresh_guard")

@@ -26,9 +26,9 @@ tokens where a request costs one (ATM Forum TM 4.0; a token bucket of ``burst`` 
 
 What is reserved and not yet settled is :meth:`TokenAccounts.reserved` (input + output). Time is
 the Guard's clock; these accounts live in the process (one per Guard, shared by its generation
-stages: :func:`ragguard.rag.token_accounts`). With ``Guard(redis=...)`` the same buckets live in Redis
-(:class:`ragguard.redis.RedisTokens`), which falls back to these accounts while Redis cannot
-answer.
+stages: :func:`ragguard.rag.token_accounts`). With ``Guard(backend=RedisBackend(...))`` the buckets
+live in Redis (:class:`ragguard.redis.RedisTokens`), which falls back to these accounts while Redis
+cannot answer.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ class Usage:
 def token_accounts(guard: _Built | BuildContext) -> TokenAccounts:
     """The token accounts of ``guard``'s tenants (created on first use; shared by every stage with
     the generation preset): inspect them in tests and dashboards (``reserved``, ``settled``).
-    With ``Guard(redis=...)``, a :class:`ragguard.redis.RedisTokens` sharing them across
-    replicas (``redis_options["tokens"]`` its keyword options)."""
+    With ``Guard(backend=RedisBackend(...))``, a :class:`ragguard.redis.RedisTokens` sharing them across
+    replicas (``RedisBackend(tokens=...)`` its keyword options)."""
     ctx = _context_of(guard)
 
     def make() -> TokenAccounts:

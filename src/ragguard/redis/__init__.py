@@ -1,8 +1,13 @@
-"""Breaker state and tenant quotas shared by many replicas through Redis (or Redis Cluster).
+"""Breaker state, tenant quotas and token accounts shared by many replicas through Redis (or Redis
+Cluster): the wing a Guard is handed as its backend.
 
 ::
 
     client = redis.asyncio.Redis.from_url(url, socket_timeout=0.5, retry=None)
+    guard = ragguard.Guard(policy, backend=RedisBackend(client))   # all of it shared
+
+The parts can be built one by one too::
+
     breaker = SharedCircuitBreaker(VectorStoreUnavailableBreaker(), client)
     guard = ragguard.Guard(policy, quotas=RedisQuotas(policy.quota, client))
     guard.stage("search", breaker=breaker)
@@ -13,7 +18,7 @@ When Redis is slow or down, each component falls back to its local state within 
 answers again. See ``docs/distributed.md`` for the failure model and its measured times.
 """
 
-from ._backend import RedisWiring
+from ._backend import RedisBackend
 from ._borrow import LocalLease
 from ._breaker import SharedCircuitBreaker, breaker_keys, encode_key_part
 from ._events import SharedStateDegraded, SharedStateRestored
@@ -23,10 +28,10 @@ from ._tokens import RedisTokens, token_key
 
 __all__ = [
     "LocalLease",
+    "RedisBackend",
     "RedisLink",
     "RedisQuotas",
     "RedisTokens",
-    "RedisWiring",
     "SharedCircuitBreaker",
     "SharedLease",
     "SharedStateDegraded",

@@ -25,6 +25,7 @@ from ragguard.chaos import FaultProxy, Scenario, default_scenario, load_scenario
 from ragguard.events import BreakerTransition, bus
 from ragguard.grpc import GuardServerInterceptor, SnappyServerInterceptor, client_interceptors
 from ragguard.monitors import LoopStall, StallDetector, record_events
+from ragguard.redis import RedisBackend, mask_url
 
 from ._status import DemoStatus
 from .backends import BackendAddresses, BackendProcess, ControlClient, start_in_loop
@@ -377,8 +378,6 @@ def _port(address: str) -> int:
 
 def _check_redis_url(url: object) -> None:
     """Refuse a ``--redis`` value that is no Redis URL, naming it with its password masked."""
-    from ragguard.redis import mask_url
-
     shown = reprlib.repr(mask_url(url)) if isinstance(url, str) else reprlib.repr(url)
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(f"redis_url must be a redis://, rediss:// or unix:// URL, got {shown}",
@@ -538,7 +537,7 @@ def _guarded_service(
 def _shared_guard(policy: Policy, redis: Any, rng: random.Random) -> tuple[Guard, list[Closer]]:
     """A Guard whose quotas and four breakers live in Redis (``--redis``), shared by every demo
     replica using the same server (token pacing stays in the process)."""
-    guard = Guard(policy, rng=rng, redis=redis, redis_prefix=REDIS_PREFIX)
+    guard = Guard(policy, rng=rng, backend=RedisBackend(redis, prefix=REDIS_PREFIX))
     for stage in BREAKERS:
         guard.breaker(stage)  # build (and share) the four breakers up front
     return guard, [guard.aclose]
@@ -582,7 +581,5 @@ def _options_dict(options: DemoOptions, duration: float, scenario: Scenario) -> 
     out["scenario"] = str(options.scenario) if options.scenario else f"ragguard.chaos: {scenario.name}"
     out["out_dir"] = None if options.out_dir is None else str(options.out_dir)
     out["tenants"] = list(options.tenants)
-    from ragguard.redis import mask_url
-
     out["redis_url"] = None if options.redis_url is None else mask_url(options.redis_url)
     return out
