@@ -669,8 +669,11 @@ def test_ragguards_own_frames_are_never_the_users_to_move() -> None:
 
     assert _stall._origin(events.__file__) == "ragguard"
     assert _stall._origin(_stall.__file__) == "ragguard"
-    demo = os.path.join(os.path.dirname(os.path.dirname(_stall.__file__)), "demo", "keyword.py")
-    assert _stall._origin(demo) == "app"  # the demo is an application of ragguard's
+    import ragguard_tools.cli
+    import ragguard_tools.demo.keyword
+
+    assert _stall._origin(ragguard_tools.cli.__file__) == "ragguard"  # the tools, installed beside it
+    assert _stall._origin(ragguard_tools.demo.keyword.__file__) == "app"  # an application of ragguard
     # a log of an installed ragguard, written before the detector told ragguard's frames apart
     for origin, path in (("library", "/venv/lib/python3.11/site-packages/ragguard/quotas/_local.py"),
                          ("runtime", "/venv/lib/python3.11/site-packages/ragguard/monitors/_stall.py")):
