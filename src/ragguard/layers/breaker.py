@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .._clock import Clock
 from .._errors import BreakerOpen, ConfigError, DeadlineExceeded
-from ..breakers import AsyncBreaker, Breaker
+from ..breakers import AsyncBreaker, Breaker, from_aiobreaker
 from ..options._breaker import BREAKER_KINDS
 from ..pipeline import WAIT, Call, Scope
 
@@ -89,8 +89,6 @@ def adapt_breaker(breaker: object) -> Breaker:
     except ImportError:  # pragma: no cover - aiobreaker is a dependency
         aiobreaker = None
     if aiobreaker is not None and isinstance(breaker, aiobreaker.CircuitBreaker):
-        from ..breakers import from_aiobreaker
-
         return from_aiobreaker(breaker)
     raise ConfigError(
         "breaker must be a ragguard breaker (acquire, on_result, release, classifier) or an "

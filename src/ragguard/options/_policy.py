@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .. import _validate
+from .._context import validate_tenant_id
 from .._errors import ConfigError
 from . import _base, _layers
 from ._adaptive import AdaptivePolicy
@@ -615,8 +616,6 @@ class Policy(Options):
                 raise ConfigError(str(exc), field=f"{where}.breaker.{exc.field}") from None
             if stage.hedge is not None and not stage.is_idempotent:
                 raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field=f"{where}.hedge")
-        from .._context import validate_tenant_id
-
         for tenant_id in self.tenants:
             validate_tenant_id(tenant_id)
         return self

@@ -28,17 +28,15 @@ are seen by the limit itself.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from ..events import EventBus
 from ._events import HedgeFired, LimitChanged, LoadShed, Throttled
 from ._gradient import GradientLimit, LimitSettings
 from ._hedge import LatencyTracker
 from ._limiter import AdaptiveLimiter, Permit, QueueSettings
 from ._priority import PRIORITIES, PRIORITY_HEADER, current_priority, parse_priority, priority
 from ._throttle import AdaptiveThrottle, is_rejection
-
-if TYPE_CHECKING:
-    from ..events import EventBus
 
 __all__ = [
     "PRIORITIES",

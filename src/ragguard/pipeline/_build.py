@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from .. import _inject
+from .. import _inject, events, outcomes
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
@@ -134,8 +134,6 @@ class BuildContext:
         classify: Callable[[BaseException], Outcome] | None = None,
         kind_of: Callable[[BaseException], Kind] | None = None,
     ) -> None:
-        from .. import events, outcomes
-
         self.bus = events.bus if bus is None else bus
         self.classify = outcomes.classify if classify is None else classify
         self.kind_of = outcomes.kind_of if kind_of is None else kind_of
