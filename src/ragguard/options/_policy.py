@@ -34,7 +34,7 @@ from .._context import validate_tenant_id
 from .._errors import ConfigError
 from . import _base, _layers
 from ._adaptive import AdaptivePolicy
-from ._base import MAX_ERRORS_SHOWN, Options
+from ._base import Options
 from ._breaker import BreakerPolicy
 from ._hedge import HedgePolicy
 from ._retry import RetryPolicy
@@ -45,20 +45,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IDEMPOTENT_PRESETS",
-    "MAX_ERRORS_SHOWN",
     "MAX_POLICY_VALUES",
     "STANDARD_STAGES",
-    "AdaptivePolicy",
-    "BreakerPolicy",
     "GenerationPolicy",
-    "HedgePolicy",
-    "Options",
     "Policy",
     "PoolQuota",
-    "RetryPolicy",
     "StagePolicy",
     "TenantQuota",
-    "ThrottlePolicy",
     "TokenLimits",
     "policy_of",
 ]
