@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from .._wait import WAIT  # a gate's enter answers as a quota backend's admit_now does
+from .._admission import WAIT  # a gate's enter answers as a quota backend's admit_now does
 
 __all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
 

@@ -30,9 +30,9 @@ import anyio
 from anyio.lowlevel import checkpoint_if_cancelled
 
 from .. import _validate as v
+from .._admission import WAIT  # a quota backend's admit_now answers as a gate's enter does
 from .._clock import Clock, monotonic, move_on_after, sleep_of
 from .._errors import QuotaExceeded
-from .._wait import WAIT  # a quota backend's admit_now answers as a gate's enter does
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import Policy, PoolQuota, TenantQuota
