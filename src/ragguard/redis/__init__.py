@@ -22,8 +22,9 @@ from ._backend import RedisBackend
 from ._borrow import LocalLease
 from ._breaker import SharedCircuitBreaker, breaker_keys, encode_key_part
 from ._events import SharedStateDegraded, SharedStateRestored
+from ._keys import pool_keys, quota_keys
 from ._link import RedisLink, mask_url
-from ._quotas import RedisQuotas, SharedLease, pool_keys, quota_keys
+from ._quotas import RedisQuotas, SharedLease
 from ._tokens import RedisTokens, token_key
 
 __all__ = [

@@ -34,8 +34,8 @@ from .._clock import Clock, monotonic
 from .._errors import ConfigError, QuotaExceeded
 from ..options import TenantQuota
 from ..quotas import WAIT, Lease, LocalQuotas
+from ._keys import quota_keys
 from ._link import SharedStateUnavailable
-from ._quotas import quota_keys
 from ._scripts import QUOTA_SHARE
 
 __all__ = ["LocalLease"]

@@ -57,7 +57,8 @@ from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import PoolQuota, TenantQuota
 from ..quotas import WAIT, Lease, LocalQuotas
-from ..quotas._local import POOL_NAME, policy_pool_of
+from ..quotas._local import policy_pool_of
+from ._keys import pool_keys, quota_keys
 from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable
 from ._outbox import Outbox
 from ._scripts import QUOTA, QUOTA_SHARE
@@ -65,31 +66,13 @@ from ._scripts import QUOTA, QUOTA_SHARE
 if TYPE_CHECKING:
     from ._borrow import LocalLease
 
-__all__ = ["RedisQuotas", "SharedLease", "pool_keys", "quota_keys"]
+__all__ = ["RedisQuotas", "SharedLease"]
 
 _BUSY_PAUSE_S = 0.002
-_PARTS = ("leases", "queue", "qexp")
 # The flags of the script's request (see _scripts.QUOTA).
 _MAY_QUEUE, _TAKES_OVER, _REFRESH, _OPS_ONLY = 1, 2, 4, 8
 # Release codes of the outbox: + refund the rate token, + leave the queues.
 _REFUND, _LEAVE_QUEUE = 1, 2
-
-
-def quota_keys(tenant: str, key_prefix: str = "ragguard") -> list[str]:
-    """The Redis keys of the quota of ``tenant`` (one not in a pool): ``{<prefix>:quota:<tenant>}:``
-    then ``leases`` (lease id -> expiry, and ``tat``), ``queue``, ``qexp``, ``share`` (tenant ids
-    cannot contain braces)."""
-    tag = f"{{{key_prefix}:quota:{tenant}}}"
-    return [f"{tag}:{part}" for part in (*_PARTS, "share")]
-
-
-def pool_keys(key_prefix: str = "ragguard", tenant: str | None = None) -> list[str]:
-    """The keys of the unlisted pool (``leases``, ``queue``, ``qexp`` under
-    ``{<prefix>:quota:*unlisted}``), or with ``tenant`` those of that member's own quota, under the
-    pool's hash tag so that one script sees both."""
-    tag = f"{{{key_prefix}:quota:{POOL_NAME}}}"
-    base = tag if tenant is None else f"{tag}:{tenant}"
-    return [f"{base}:{part}" for part in _PARTS]
 
 
 class SharedLease(Lease):
