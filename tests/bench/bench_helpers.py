@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ragguard.bench._changes import limit_phases, timeline
-from ragguard.demo.loadgen import RequestRecord
+from ragguard_tools.bench._changes import limit_phases, timeline
+from ragguard_tools.demo.loadgen import RequestRecord
 
 WELL_BEHAVED = {"acme", "globex"}
 

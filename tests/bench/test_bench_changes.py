@@ -11,10 +11,10 @@ from bench_helpers import WELL_BEHAVED, changes_run, records
 from typer.testing import CliRunner
 
 from ragguard import ConfigError
-from ragguard.bench import BenchOptions
-from ragguard.bench._changes import change_targets, recovery_s, summarize_run, trace_line, window
-from ragguard.bench._report import BenchReport
-from ragguard.cli import app
+from ragguard_tools.bench import BenchOptions
+from ragguard_tools.bench._changes import change_targets, recovery_s, summarize_run, trace_line, window
+from ragguard_tools.bench._report import BenchReport
+from ragguard_tools.cli import app
 
 HALVED = "after capacity halves, adaptive goodput from 2 s on >= 90% of the new capacity"
 WELL = "after capacity halves, well-behaved tenants >= 99% success"
