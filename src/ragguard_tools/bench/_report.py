@@ -667,11 +667,15 @@ class BenchReport:
         first = 2 if self.steps else 0
         changes = self.changes
         panels = first + len(changes)
-        fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.6), squeeze=False)
-        axes = axes[0]
+        columns = panels if self.steps else min(panels, 3)  # several seeds: rows of three
+        rows = -(-panels // columns)
+        fig, grid = plt.subplots(rows, columns, figsize=(6 * columns, 4.6 * rows), squeeze=False)
+        axes = list(grid.flat)
+        for spare in axes[panels:]:
+            spare.set_visible(False)
         if self.steps:
             self._chart_steps(axes[0], axes[1])
-        for ax, h in zip(axes[first:], changes, strict=True):
+        for ax, h in zip(axes[first:panels], changes, strict=True):
             _chart_changes(ax, h)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
