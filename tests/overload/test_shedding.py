@@ -143,6 +143,33 @@ async def test_a_tenant_whose_calls_are_shed_stays_the_heavy_one() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_light_tenants_burst_is_not_weighed_as_a_flood() -> None:
+    """A queued call counts once in its tenant's usage, as asked for: counted again as queued, a
+    burst of five from a tenant that sent nothing else weighed as much as seven from a tenant
+    that keeps sending (its flood bounded by its quota), and the burst waited behind the flood."""
+    clock = FakeClock(auto_advance=False)
+    lim = _limiter(clock, limit=2, max_queue=10, early_queue=10)
+    held = _hold(lim, "other", 2)
+    log: list[Any] = []
+    for _ in range(4):
+        await _queue(lim, "hoarder", "interactive", log, wait_s=0.0)  # refused: no time to queue
+    tasks = [await _queue(lim, "hoarder", "interactive", log) for _ in range(3)]
+    tasks += [await _queue(lim, "acme", "interactive", log) for _ in range(5)]
+    assert lim.usage("acme") == pytest.approx(5.0) and lim.usage("hoarder") == pytest.approx(7.0)
+    for permit in held:
+        lim.release(permit, None)
+    await settle()
+    assert [e[1] for e in log if e[0] == "granted"] == ["acme", "acme"]
+    for t in tasks:
+        t.cancel()
+    await settle()
+    for e in log:
+        if e[0] == "granted":
+            lim.release(e[3], None)
+    assert lim.in_flight == 0 and lim.waiters == []
+
+
+@pytest.mark.anyio
 async def test_the_queue_rejects_gradually_as_it_fills() -> None:
     """From early_queue x limit on, an arrival sheds a call with a probability rising to 1 at the bound."""
     fills = {}

@@ -9,13 +9,13 @@ The queue is bounded and rejects gradually, after failsafe-go's adaptive limiter
 ``max_queue`` x limit waiters, and from ``early_queue`` x limit waiters on, each arrival sheds one
 call with a probability rising linearly to 1 at the bound (drawn from the Guard's seeded rng). The
 call shed is the worst of the queue and the arrival: the lowest priority, then the heaviest tenant
-(the most calls in flight, queued and asked for lately at this stage, per unit of the tenant's
-``weight``), then the newest. A tenant's recent calls count whether they were admitted or shed: a
-saturated limit admits each tenant about as often as the others, so counting admissions alone a
-heavy tenant whose calls are being shed looks as light as the tenants it crowds out, and a light
-tenant's burst makes it the heavier one. A shed call raises :class:`~ragguard.Overloaded`. While a baseline
-probe pins the limit low, the queue keeps the size of the limit the probe will give back (a probe
-measures the dependency; it does not shrink the room to wait).
+(the most calls asked for lately at this stage, admitted, queued or shed, plus its calls in flight,
+per unit of the tenant's ``weight``: :meth:`AdaptiveLimiter.usage`), then the newest. Calls shed
+count: a saturated limit admits each tenant about as often as the others, so by its admissions a
+heavy tenant whose calls are being shed would look as light as the tenants it crowds out. A shed
+call raises :class:`~ragguard.Overloaded`. While a baseline probe pins the limit low, the queue
+keeps the size of the limit the probe will give back (a probe measures the dependency; it does not
+shrink the room to wait).
 
 Every wait is on the Guard's clock: a queued call's wait is bounded by the clock's own timers (a
 :class:`~ragguard.FakeClock`'s) or the loop's timer wheel, as attempt timeouts are.
@@ -292,47 +292,34 @@ class AdaptiveLimiter:
     # -- choosing ----------------------------------------------------------------------------------
 
     def usage(self, tenant: str) -> float:
-        """How heavily ``tenant`` uses this stage now: its calls in flight and queued plus the calls
-        it asked for (admitted or not) in the last ``usage_window_s`` or so (decayed), per unit of
-        its weight."""
+        """How heavily ``tenant`` uses this stage now: the calls it asked for (admitted, queued or
+        shed) in the last ``usage_window_s`` or so (decayed) plus its calls in flight (a call
+        holding a slot weighs more than one that left), per unit of its weight. A queued call
+        counts once, as asked for: counted again as queued, a light tenant's burst would weigh
+        as much as a heavy tenant's steady flood."""
         u = self._usage.get(tenant)
         if u is None:
             return 0.0
         now = self.clock()
         recent = u.recent * math.exp((u.at - now) / self.queue.usage_window_s) if now > u.at else u.recent
         weight = self._weight_of(tenant) if self._weight_of is not None else 1.0
-        return (u.in_flight + u.waiting + recent) / weight
+        return (u.in_flight + recent) / weight
+
+    def _key(self, w: _Waiter, usage: dict[str, float]) -> tuple[int, float, int]:
+        """How much ``w`` deserves a slot: priority, then the lighter tenant, then the older call
+        (``usage``: each tenant's, computed once per choice)."""
+        u = usage.get(w.tenant)
+        if u is None:
+            u = usage[w.tenant] = self.usage(w.tenant)
+        return (w.rank, -u, -w.seq)
 
     def _best(self) -> _Waiter:
         usage: dict[str, float] = {}
-        best: _Waiter | None = None
-        key: tuple[int, float, int] = (-1, 0.0, 0)
-        for w in self.waiters:
-            u = usage.get(w.tenant)
-            if u is None:
-                u = usage[w.tenant] = self.usage(w.tenant)
-            k = (w.rank, -u, -w.seq)
-            if best is None or k > key:
-                best, key = w, k
-        assert best is not None
-        return best
+        return max(self.waiters, key=lambda w: self._key(w, usage))
 
     def _worst(self, arrival: _Waiter) -> _Waiter:
         usage: dict[str, float] = {}
-        worst = arrival
-        u0 = self.usage(arrival.tenant) + 1.0  # the arrival would add one more call
-        usage[arrival.tenant] = u0 - 1.0
-        key = (arrival.rank, -u0, -arrival.seq)
-        for w in self.waiters:
-            u = usage.get(w.tenant)
-            if u is None:
-                u = usage[w.tenant] = self.usage(w.tenant)
-            if w.tenant == arrival.tenant:
-                u = u0
-            k = (w.rank, -u, -w.seq)
-            if k < key:
-                worst, key = w, k
-        return worst
+        return min([arrival, *self.waiters], key=lambda w: self._key(w, usage))
 
     def _reject(self, tenant: str, priority: str, reason: str) -> Overloaded:
         self.shed[priority] = self.shed.get(priority, 0) + 1
