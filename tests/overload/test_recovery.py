@@ -13,13 +13,23 @@ capacity coming back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import deque
 from dataclasses import dataclass, field
 
 import pytest
 
-from ragguard import AdaptivePolicy, BreakerPolicy, FakeClock, Guard, Overloaded, Policy, StagePolicy
+from ragguard import (
+    AdaptivePolicy,
+    BreakerPolicy,
+    FakeClock,
+    Guard,
+    Overloaded,
+    Policy,
+    StagePolicy,
+    TenantQuota,
+)
 from ragguard.overload import limiters
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -95,6 +105,12 @@ class Run:
     sent: list[float] = field(default_factory=list)  # clock times of calls made
     limits: list[tuple[float, int]] = field(default_factory=list)  # (clock time, calls admitted at once)
     baselines: list[float] = field(default_factory=list)  # the limit's baseline (s), sampled
+    calls: list[tuple[float, str, str]] = field(default_factory=list)  # (sent at, tenant, outcome)
+
+    def success(self, tenants: set[str], start: float, end: float) -> float:
+        """The share of the calls ``tenants`` sent in [start, end) that were answered."""
+        mine = [outcome for at, tenant, outcome in self.calls if tenant in tenants and start <= at < end]
+        return sum(outcome == "ok" for outcome in mine) / len(mine)
 
     def served_per_s(self, start: float, end: float) -> float:
         return sum(start <= t < end for t in self.served) / (end - start)
@@ -122,30 +138,40 @@ async def simulate(
     service_s: float = SERVICE_S,
     loads: tuple[tuple[float, float], ...] = (),
     resize: tuple[tuple[float, int], ...] = (),
+    tenants: dict[str, tuple[float, TenantQuota]] | None = None,
+    deadline_s: float | None = None,
 ) -> Run:
     """Calls at ``load`` x the capacity (K / ``service_s`` a second) until ``until_s``, or in
-    phases: ``loads`` of (until, load); ``resize``: (clock time, workers) changes of capacity."""
+    phases: ``loads`` of (until, load); ``resize``: (clock time, workers) changes of capacity;
+    ``tenants``: each tenant's share of the calls and its quota; ``deadline_s``: each call's."""
     clock = FakeClock()
     policy = Policy(stages={"dep": StagePolicy(
         timeout_s=0.5,
         breaker=BreakerPolicy(kind="none"),
         adaptive=adaptive or AdaptivePolicy(min_limit=1, initial_limit=initial, max_limit=max(256, initial)),
-    )})
+    )}, tenants={name: quota for name, (_, quota) in (tenants or {}).items()})
     g = Guard(policy, clock=clock, rng=random.Random(seed))
     rng = random.Random(seed)
     workers = Workers(clock, k, rng, down, service_s)
     call = g.guard("dep")(workers)
     run = Run()
+    names = list(tenants or {"default": (1.0, TenantQuota())})
+    shares = [share for share, _ in (tenants or {"default": (1.0, TenantQuota())}).values()]
 
-    async def one() -> None:
+    async def one(tenant: str) -> None:
+        sent, outcome = clock(), "ok"
         try:
-            await call()
+            async with g.tenant(tenant):
+                with g.deadline(deadline_s) if deadline_s is not None else contextlib.nullcontext():
+                    await call()
         except Overloaded:
             run.shed.append(clock())
-        except Exception:  # a timed-out call (the outage): neither served nor shed
-            pass
+            outcome = "shed"
+        except Exception as exc:  # timed out (the outage), refused by the quota: neither served nor shed
+            outcome = type(exc).__name__
         else:
             run.served.append(clock())
+        run.calls.append((sent, tenant, outcome))
 
     async def sample() -> None:
         while True:
@@ -169,7 +195,7 @@ async def simulate(
         while clock() < until:
             await clock.sleep(rng.expovariate(rate))
             run.sent.append(clock())
-            task = asyncio.create_task(one())
+            task = asyncio.create_task(one(rng.choices(names, shares)[0]))
             calls.add(task)
             task.add_done_callback(calls.discard)
     await asyncio.gather(*calls)
@@ -250,3 +276,32 @@ async def test_capacity_halved_under_load_and_restored_the_limit_follows_both_wa
     restored = run.served_per_s(25.0, 28.0)
     assert restored >= 0.9 * min(run.sent_per_s(25.0, 28.0), capacity), (restored, run.sent_per_s(25.0, 28.0))
     assert run.mean_limit(25.0, 28.0) > 1.5 * run.mean_limit(14.0, 20.0)  # and the limit grew back
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+async def test_the_bench_policy_keeps_well_behaved_tenants_whole_when_capacity_halves(seed: int) -> None:
+    """The bench's capacity-change run without its machine (issue 32): the adaptive contender's
+    options and the bench's tenants and quotas (four well-behaved tenants sending 30% of the
+    capacity together, a heavy tenant and a batch job the rest), at 80% of the capacity, halved
+    at 8 s. From 2 s after the halving the well-behaved tenants get at least 99% of their calls
+    answered, and the stage serves 90% of the new capacity. (With the contender's former 0.25 s
+    queue wait, a burst of well-behaved calls waited out its time behind the others: 96.9% in
+    seed 4.)"""
+    from ragguard_tools.bench._contenders import ADAPTIVE, tenant_plans
+
+    service_s, capacity = 0.06, 4 / 0.06
+    plans = tenant_plans(capacity)
+    greedy = {"hoarder": 0.6, "nightly": 0.4}
+    tenants = {
+        p.name: (
+            0.3 / 0.8 / 4 if p.well_behaved else (1 - 0.3 / 0.8) * greedy[p.name],
+            TenantQuota(max_concurrency=p.max_concurrency, rate_per_s=p.rate_per_s, max_wait_s=0.0,
+                        priority=p.priority),  # type: ignore[arg-type]
+        )
+        for p in plans
+    }
+    run = await simulate(k=4, load=0.8, initial=4, until_s=16.0, seed=seed, adaptive=ADAPTIVE,
+                         service_s=service_s, resize=((8.0, 2),), tenants=tenants, deadline_s=1.0)
+    well_behaved = {p.name for p in plans if p.well_behaved}
+    assert run.success(well_behaved, 10.0, 16.0) >= 0.99, run.success(well_behaved, 10.0, 16.0)
+    assert run.served_per_s(10.0, 16.0) >= 0.9 * capacity / 2

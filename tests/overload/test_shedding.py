@@ -43,6 +43,17 @@ async def _queue(lim: AdaptiveLimiter, tenant: str, priority: str, log: list[Any
     return task
 
 
+async def _end(lim: AdaptiveLimiter, tasks: list[asyncio.Task[None]], log: list[Any]) -> None:
+    """Cancel the calls still queued, give back the slots granted: nothing left in flight or queued."""
+    for t in tasks:
+        t.cancel()
+    await settle()
+    for e in log:
+        if e[0] == "granted":
+            lim.release(e[3], None)
+    assert lim.in_flight == 0 and lim.waiters == []
+
+
 def _hold(lim: AdaptiveLimiter, tenant: str, n: int) -> list[Permit]:
     permits = [lim.try_acquire(tenant) for _ in range(n)]
     assert all(p is not None for p in permits)
@@ -102,13 +113,7 @@ async def test_a_full_queue_sheds_the_lowest_priority_then_the_heaviest_tenant()
     await settle()
     granted = [e[1] for e in log if e[0] == "granted"]
     assert sorted(granted) == ["acme", "globex"]
-    for t in tasks:
-        t.cancel()
-    await settle()
-    for e in log:
-        if e[0] == "granted":
-            lim.release(e[3], None)
-    assert lim.in_flight == 0 and lim.waiters == []
+    await _end(lim, tasks, log)
 
 
 @pytest.mark.anyio
@@ -160,13 +165,7 @@ async def test_a_light_tenants_burst_is_not_weighed_as_a_flood() -> None:
         lim.release(permit, None)
     await settle()
     assert [e[1] for e in log if e[0] == "granted"] == ["acme", "acme"]
-    for t in tasks:
-        t.cancel()
-    await settle()
-    for e in log:
-        if e[0] == "granted":
-            lim.release(e[3], None)
-    assert lim.in_flight == 0 and lim.waiters == []
+    await _end(lim, tasks, log)
 
 
 @pytest.mark.anyio
