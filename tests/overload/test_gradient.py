@@ -227,3 +227,18 @@ def test_calls_cut_by_their_timeout_halve_a_limit_whose_tolerance_reaches_past_t
     for i in range(2):
         limit.sample(0.35 + 0.01 * i, 0.5, 15, cut=True)
     assert limit.limit == 15  # 300 ms is within the tolerance, but calls ran out of time: no growth
+
+
+def test_past_the_tolerance_the_limit_comes_down_to_what_was_in_use() -> None:
+    """A limit grown to twice the calls in flight (the headroom for bursts) would let them double
+    into a dependency that just slowed down before its slower answers say so: past the tolerance
+    the limit is at most what was in use (issue 32: in the bench's halving, the calls in flight
+    grew from 8-14 to 17-23 and timed out)."""
+    limit = GradientLimit(LimitSettings(initial_limit=30, max_limit=32, tolerance=2.5, probe_samples=1,
+                                        window_s=0.1, min_samples=1), now=0.0, rng=random.Random(1))
+    limit.sample(0.0, 0.07, 1)  # the probe: 70 ms; the limit back at 30
+    assert limit.limit == 30
+    limit.sample(0.1, 0.3, 12)  # 300 ms with 12 in flight: past 3.5 x 70 = 245 ms, short of twice it
+    assert limit.limit == 12
+    limit.sample(0.2, 0.25, 20)  # past the tolerance again, 20 in flight: shrink in proportion from 12
+    assert limit.limit == pytest.approx(12 + 0.5 * (12 * 0.245 / 0.25 - 12))

@@ -17,7 +17,8 @@ calls in flight during the window::
     elif gradient <= 0.5:                                            # a queue of twice the tolerance
         limit = min(limit, used) / 2                                 #   halve what was in use, at once
     else:                                                            # past the tolerance
-        limit += smoothing * (limit * gradient - limit)              #   shrink in proportion
+        limit = min(limit + smoothing * (limit * gradient - limit),  #   shrink in proportion,
+                    used)                                            #   to at most what was in use
     limit = clamp(limit, min_limit, max_limit)
 
 so the limit settles where the dependency's latency is its baseline plus the tolerance: for a
@@ -29,9 +30,11 @@ Gradient2's ``gradient x limit + headroom``, the sqrt(limit) headroom is added o
 latency is within tolerance: at the small limits of a nearly serial dependency a standing headroom
 would keep a queue of several calls (and twice the latency) for good. The limit grows only while
 the calls in flight use it (a limit nobody reaches does not drift up to the ceiling and then let a
-burst through), and a large excess halves what was in use (a limit above the calls in flight
-protected nothing). Admission compares the calls in flight with the float limit: a limit of 1.5 admits two
-calls (:func:`admits`).
+burst through), and past the tolerance the limit is at most what was in use (a limit above the
+calls in flight protected nothing: grown to twice them while the latency was low, it would let the
+calls in flight double into a dependency that just slowed down, before the slower answers come back
+to say so); a large excess halves what was in use. Admission compares the calls in flight with the
+float limit: a limit of 1.5 admits two calls (:func:`admits`).
 
 A call that ran out of time (its attempt timer or its request's deadline cut it after more than the
 baseline) is a sample too, censored: its latency is unknown, only that it was longer than its caller
@@ -234,8 +237,8 @@ class GradientLimit:
             new = limit + s.smoothing * (target - limit)
         elif gradient <= 0.5:  # a queue of twice the tolerance: halve what was in use, at once
             new = 0.5 * min(limit, max(float(used), 1.0))  # (a limit above it protected nothing)
-        else:  # past the tolerance: shrink in proportion
-            new = limit + s.smoothing * (limit * gradient - limit)
+        else:  # past the tolerance: shrink in proportion, and no higher than what was in use
+            new = min(limit + s.smoothing * (limit * gradient - limit), max(float(used), 1.0))
         if any_cut and new > limit:  # calls ran out of time: no more of them
             new = limit
         new = min(float(s.max_limit), max(float(s.min_limit), new))
