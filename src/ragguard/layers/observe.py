@@ -105,7 +105,6 @@ class ObserveStream(_Observe):
     when the stream ends however it ends (the stream driver exits it with the others it holds)."""
 
     scope: ClassVar[Scope] = "call"
-    streams: ClassVar[bool] = True
     __slots__ = ()
 
     async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:

@@ -47,7 +47,7 @@ from ..deadline import current_expiry, remaining
 from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
 from ..options import RetryPolicy
 from ..outcomes import Kind, Outcome, classify
-from ..pipeline import Call, Scope
+from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -303,7 +303,6 @@ class RetryLayer:
     retry budget's ratio."""
 
     scope: ClassVar[Scope] = "call"
-    exits: ClassVar[bool] = False
     __slots__ = (
         "_any",
         "_attempts",
@@ -440,13 +439,13 @@ class RetryLayer:
     def enter(self, call: Call) -> Any:
         if call.attempt == 1:
             self.budget.on_call(self.clock())
-        return None
+        return NO_EXIT
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        return None
+        return None  # pragma: no cover - enter answers NO_EXIT
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
         if not self._native:

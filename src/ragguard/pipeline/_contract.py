@@ -18,7 +18,7 @@ objects. For a stream, a gate's ``scope`` says how long it holds: ``call`` and `
 from opening the stream to its end, ``item`` gates around the wait for each item (for the first
 item, at their place in the chain, so they bound the whole opening, wrappers included, as they
 bound a call); recoveries act only before the first item reaches the caller (the commit point);
-wrappers with ``streams = True`` wrap the opening of the stream, up to its first item. A wrapper
+wrappers wrap the opening of the stream, up to its first item. A wrapper
 may set the opened stream's ``Head.deliver`` hook (called with each item before it is handed over;
 it may return a wait: the generation preset's pacing).
 
@@ -34,7 +34,11 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from .._admission import WAIT  # a gate's enter answers as a quota backend's admit_now does
 
-__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+__all__ = ["NO_EXIT", "WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+
+NO_EXIT: Any = object()
+"""A gate's ``enter`` answers this to admit the call with nothing to do after it: its ``exit`` is
+not called for this call (the timeout armed no timer, the quota took no slot)."""
 
 Scope = Literal["call", "attempt", "item"]
 
@@ -130,13 +134,13 @@ class Gate(Protocol):
     wait: the driver then awaits ``enter_async(call)`` for the token. ``exit(call, token, exc)``
     runs exactly once per successful ``enter``, innermost gate first, with the exception the inner
     layers raised (None on success, a ``BaseException`` on cancellation); it returns None to let
-    that outcome stand, or an exception to raise in its place. A gate whose ``exit`` does nothing
-    may say so with a class attribute ``exits = False``: the drivers then never call it; one whose
-    ``exit`` does nothing for the token None (no timer was armed, no slot taken) with
-    ``exits_none = False``: the call driver then skips it for that token. A gate whose ``exit``
-    releases a permit (a slot, a concurrency permit) says ``holds = True``: in a sync function's
-    chain its exit then waits for a worker thread the call stopped waiting for
-    (:mod:`ragguard.pipeline._threads`).
+    that outcome stand, or an exception to raise in its place. The one exception: an ``enter`` that
+    returns :data:`NO_EXIT` admits the call with nothing to undo, and its ``exit`` is not called.
+
+    Two class attributes say what the drivers cannot see from the methods: ``scope`` (required:
+    how long a stream holds the gate, see the module docstring) and ``holds`` (optional, False):
+    the ``exit`` releases a permit (a slot, a concurrency permit), so in a sync function's chain
+    it waits for a worker thread the call stopped waiting for (:mod:`ragguard.pipeline._threads`).
     """
 
     scope: ClassVar[Scope]
@@ -165,16 +169,15 @@ class Recovery(Protocol):
 class Wrapper(Protocol):
     """Runs around each pass through the inner layers: ``await proceed()`` runs them once.
 
-    ``streams``: whether the layer also wraps the opening of a stream (up to its first item).
-    ``forks`` (optional, default False): the layer runs the inner layers with call records of its
-    own (hedging's second leg, with its own attempt timer, permit and start time): its ``proceed``
-    then takes the record to run, ``await proceed(call)`` (``proceed(twin)`` for a copy), and it
-    never needs to know how the driver put the rest of the chain together. A record it makes
-    copies what the layers outside it set (``attempt``, ``recoverable``) and none of what the
-    layers inside write (see :class:`Call`).
+    In a stream's chain a wrapper wraps the opening of the stream, up to its first item (a layer
+    that has nothing to do for a stream is not built into one: its builder returns None when
+    ``bound.stream``). ``forks`` (optional, default False): the layer runs the inner layers with
+    call records of its own (hedging's second leg, with its own attempt timer, permit and start
+    time): its ``proceed`` then takes the record to run, ``await proceed(call)`` (``proceed(twin)``
+    for a copy), and it never needs to know how the driver put the rest of the chain together. A
+    record it makes copies what the layers outside it set (``attempt``, ``recoverable``) and none
+    of what the layers inside write (see :class:`Call`).
     """
-
-    streams: ClassVar[bool]
 
     async def around(self, call: Call, proceed: Callable[..., Awaitable[Any]]) -> Any: ...
 

@@ -191,14 +191,13 @@ class HeldGate:
     """A gate of a sync function's chain whose ``exit`` releases a permit (``holds = True``): when
     the call stopped waiting for a thread that still runs, the exit waits for the thread."""
 
-    __slots__ = ("enter", "enter_async", "exits_none", "gate", "scope")
+    __slots__ = ("enter", "enter_async", "gate", "scope")
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
         self.scope: Scope = gate.scope
         self.enter = gate.enter
         self.enter_async = gate.enter_async
-        self.exits_none: bool = getattr(gate, "exits_none", True)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
         pending = call.threads
@@ -215,7 +214,7 @@ def held(layers: Sequence[Layer]) -> list[Layer]:
     """``layers`` for a sync function's chain: each gate that holds a permit, as a :class:`HeldGate`."""
     return [
         cast(Layer, HeldGate(cast(Gate, layer)))
-        if getattr(layer, "holds", False) and getattr(layer, "exits", True)
+        if getattr(layer, "holds", False)
         else layer
         for layer in layers
     ]
