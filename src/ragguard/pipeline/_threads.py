@@ -37,7 +37,7 @@ from .._compat import running_loop
 from .._context import current_scope
 from ._contract import Call, Gate, Layer, Scope
 
-__all__ = ["HeldGate", "Pending", "ThreadCall", "held", "limiter_for"]
+__all__ = ["HeldGate", "InThread", "Pending", "held", "limiter_for", "thread_call"]
 
 log = logging.getLogger("ragguard")
 
@@ -119,31 +119,35 @@ class _Job:
             pending.returned()
 
 
-class ThreadCall(Call):
-    """A call of a sync function: ``fn`` is the async step that runs ``target`` in a worker thread
-    (a bound method looked up on each access, so the record holds no cycle to itself).
+def thread_call(
+    stage: str,
+    target: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    limiter: CapacityLimiter,
+) -> Call:
+    """The record of a call of the sync function ``target``: its ``fn`` runs ``target`` in a
+    worker thread of ``limiter``, and ``threads`` counts the threads it stopped waiting for."""
+    pending = Pending()
+    call = Call(stage, InThread(target, limiter, pending), args, kwargs)
+    call.threads = pending
+    return call
 
-    ``threads``: the :class:`Pending` threads this call stopped waiting for (None until one is)."""
 
-    def __init__(
-        self,
-        stage: str,
-        target: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        limiter: CapacityLimiter,
-    ) -> None:
-        self.stage = stage
+class InThread:
+    """``await InThread(target, limiter, pending)(*args, **kwargs)`` runs ``target(*args,
+    **kwargs)`` in a worker thread of ``limiter``. When the caller stops waiting for a thread that
+    still runs, the thread is counted in ``pending`` (the call's) and in the request scope's, until
+    it returns. Holds no reference to the call record."""
+
+    __slots__ = ("limiter", "pending", "target")
+
+    def __init__(self, target: Callable[..., Any], limiter: CapacityLimiter, pending: Pending) -> None:
         self.target = target
-        self.args = args
-        self.kwargs = kwargs
         self.limiter = limiter
+        self.pending = pending
 
-    @property
-    def fn(self) -> Callable[..., Any]:  # type: ignore[override]
-        return self._in_thread
-
-    async def _in_thread(self, *args: Any, **kwargs: Any) -> Any:
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         job = _Job(self.limiter, _poster())
         try:  # a free thread: no checkpoint (anyio's awaited acquire costs a loop iteration)
             self.limiter.acquire_on_behalf_of_nowait(job)
@@ -161,10 +165,7 @@ class ThreadCall(Call):
         return result
 
     def _hold(self, job: _Job) -> None:
-        mine = self.threads
-        if mine is None:
-            mine = self.threads = Pending()
-        holders = [mine]
+        holders = [self.pending]
         scope = current_scope()
         if scope is not None:
             theirs = scope.threads
