@@ -37,7 +37,7 @@ class AdaptiveLayer:
 
     scope: ClassVar[Scope] = "attempt"
     holds: ClassVar[bool] = True  # a permit: held until a sync call's worker thread returns
-    __slots__ = ("_classify", "_oom", "_quota_of", "clock", "limiter", "max_wait_s", "min_attempt_s")
+    __slots__ = ("_oom", "_quota_of", "clock", "limiter", "max_wait_s", "min_attempt_s")
 
     def __init__(self, stage: Stage, limiter: AdaptiveLimiter) -> None:
         policy = stage.policy.adaptive
@@ -48,7 +48,6 @@ class AdaptiveLayer:
         self.min_attempt_s = max(stage.policy.min_attempt_s, 0.0)
         self._oom = "out_of_memory" in policy.signals
         self._quota_of = stage.context.quota_of
-        self._classify = stage.context.classify
 
     def enter(self, call: Call) -> Any:
         permit = self.limiter.try_acquire(current_tenant())
@@ -74,7 +73,7 @@ class AdaptiveLayer:
             limiter.release(token, self.clock() - token.started)
         elif not isinstance(exc, Exception):
             limiter.release(token, None)  # cancelled: says nothing of the dependency
-        elif (outcome := self._classify(exc)).kind is Kind.TIMEOUT or isinstance(exc, DeadlineExceeded):
+        elif (outcome := call.outcome_of(exc)).kind is Kind.TIMEOUT or isinstance(exc, DeadlineExceeded):
             elapsed = self.clock() - token.started
             base = limiter.gradient.min_rtt or 0.0
             limiter.release(token, elapsed if elapsed > base else None)  # slow: a (long) sample

@@ -2,13 +2,14 @@
 
 A recovery: nothing runs until an attempt fails with an error the stage retries (``retry_on``:
 dependency failures, timeouts, out of memory, a dependency's rejections, or anything the breaker
-counts, as :func:`ragguard.outcomes.classify` says; never a caller's error, a cancellation or a
-refusal by ragguard itself). A stage that is not idempotent retries only errors raised before its
-request could have left (``Outcome.reached`` False: a refused connection, a connect timeout), never
-after a timeout or a reset mid-request. Then the layer's own loop drives the retries with tenacity's
-strategy objects (built once per layer, from small strategies that compose as tenacity intends; a
-caller may pass its own ``stop``, ``wait`` and ``retry``), asking them exactly as tenacity's
-``AsyncRetrying`` would, in the same order, with a fresh ``tenacity.RetryCallState`` per call:
+counts, as the outcome the chain classified says, ``Call.outcome``; never a caller's error, a
+cancellation or a refusal by ragguard itself). A stage that is not idempotent retries only errors
+raised before its request could have left (``Outcome.reached`` False: a refused connection, a
+connect timeout), never after a timeout or a reset mid-request. Then the layer's own loop drives the
+retries with tenacity's strategy objects (built once per layer, from small strategies that compose
+as tenacity intends; a caller may pass its own ``stop``, ``wait`` and ``retry``), asking them
+exactly as tenacity's ``AsyncRetrying`` would, in the same order, with a fresh
+``tenacity.RetryCallState`` per call:
 
 - stop after ``attempts``, or when the next attempt could not start before the deadline with
   ``min_attempt_s`` left (the upcoming sleep included), or when the retry budget refuses;
@@ -40,13 +41,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import tenacity
 
-from .. import outcomes
 from .._context import current_tenant
 from .._errors import RagguardError, StageTimeout
 from ..deadline import current_expiry, remaining
 from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
 from ..options import RetryPolicy
-from ..outcomes import Kind, Outcome, classify
+from ..outcomes import Kind, Outcome, outcome_of
 from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:
@@ -164,11 +164,12 @@ class _DeadlineStop(tenacity.stop.stop_base):
 
 
 def retry_after_of(exc: BaseException | None) -> float:
-    """The wait in seconds the dependency stated with an error (``classify(exc).retry_after_s``,
-    clamped), 0.0 when it stated none."""
+    """The wait in seconds the dependency stated with an error (the ``retry_after_s`` of its
+    outcome, as the chain recorded it: :func:`ragguard.outcomes.outcome_of`), 0.0 when it stated
+    none."""
     if exc is None:
         return 0.0
-    return classify(exc).retry_after_s or 0.0
+    return outcome_of(exc).retry_after_s or 0.0
 
 
 class _StatedWaitStop(tenacity.stop.stop_base):
@@ -236,13 +237,6 @@ def _not_a_rejection(exc: BaseException) -> bool:
     )
 
 
-_SURE: dict[str, type[BaseException]] = {
-    "connection": ConnectionError,
-    "timeout": TimeoutError,
-    "out_of_memory": MemoryError,
-}
-
-
 class _Numbered:
     """What ``wait_exponential`` reads of a retry state: the number of the attempt that failed."""
 
@@ -308,7 +302,6 @@ class RetryLayer:
         "_attempts",
         "_backoffs",
         "_bus",
-        "_classify",
         "_counts",
         "_idempotent",
         "_jitter_s",
@@ -316,7 +309,6 @@ class RetryLayer:
         "_max_after_s",
         "_min_left",
         "_native",
-        "_sure",
         "budget",
         "clock",
         "min_attempt_s",
@@ -345,11 +337,9 @@ class RetryLayer:
         retry: Strategy | None = None,
         idempotent: bool = True,
         event_bus: EventBus = bus,
-        classify: Callable[[BaseException], Outcome] = classify,
     ) -> None:
         self.stage = stage
         self._bus = event_bus
-        self._classify = classify
         self.policy = policy
         self.budget = budget
         self.min_attempt_s = min_attempt_s
@@ -363,17 +353,6 @@ class RetryLayer:
         self._max_after_s = policy.max_retry_after_s
         self._kinds: tuple[Callable[[Outcome], bool], ...] = (
             (_KINDS["rejection"],) if self._any else tuple(_KINDS[k] for k in kinds)
-        )
-        # the classes each kind matches before any closer look (a ConnectionError is a dependency
-        # failure...): the usual failures of an idempotent stage are told apart by one isinstance
-        # (a stage that is not idempotent is sure only of a refused connection: it never left)
-        # (another classifier than ragguard's own is asked about every error)
-        self._sure: tuple[type[BaseException], ...] = (
-            ()
-            if self._any or classify is not outcomes.classify
-            else tuple(_SURE[k] for k in kinds if k in _SURE)
-            if idempotent
-            else (ConnectionRefusedError,) if "connection" in kinds else ()
         )
         # A policy's own strategies (RetryPolicy.stop/wait/retry) join the policy's rules (see
         # RetryPolicy); ``stop``/``wait``/``retry`` given here replace them outright.
@@ -418,15 +397,13 @@ class RetryLayer:
         have reached the dependency."""
         if not _not_a_rejection(exc):
             return False  # tenacity hands cancellations to the predicate too: never retry them
-        if isinstance(exc, self._sure):
-            return True
-        return self._retries(exc, self._classify(exc))
+        return self._retries(exc, outcome_of(exc))
 
     def _may_repeat(self, exc: BaseException) -> bool:
         """Neither a cancellation nor a refusal by ragguard, and for a stage that is not
         idempotent an error raised before the request could have left (a user's ``retry``
         predicate is asked only then)."""
-        return _not_a_rejection(exc) and (self._idempotent or not self._classify(exc).reached)
+        return _not_a_rejection(exc) and (self._idempotent or not outcome_of(exc).reached)
 
     def _retries(self, exc: BaseException, outcome: Outcome) -> bool:
         if outcome.kind in _NEVER or (outcome.reached and not self._idempotent):
@@ -455,23 +432,16 @@ class RetryLayer:
         # is charged only for a retry that happens), RetryScheduled, the sleep.
         try:
             attempt = 1  # the number of the attempt that failed with ``exc``
-            sure = self._sure
             backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
             while True:
-                # retryable(exc), with its usual answer first (exc is an Exception here)
-                if isinstance(exc, sure) and not isinstance(exc, RagguardError):
-                    outer = call.recoverable
-                    if outer is not None and outer(exc):
-                        raise exc
-                    after = retry_after_of(exc) if getattr(exc, "retry_after_s", None) is not None else 0.0
-                else:
-                    outer = call.recoverable
-                    if not _not_a_rejection(exc):
-                        raise exc
-                    outcome = self._classify(exc)
-                    if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
-                        raise exc
-                    after = outcome.retry_after_s or 0.0
+                # retryable(exc), with the outcome the chain recorded (exc is an Exception here)
+                if not _not_a_rejection(exc):
+                    raise exc
+                outcome = call.outcome_of(exc)
+                outer = call.recoverable
+                if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
+                    raise exc
+                after = outcome.retry_after_s or 0.0
                 if after > self._max_after_s:
                     raise exc  # the dependency asks for more than this stage would ever wait
                 wait = backoffs[attempt - 1]
@@ -585,5 +555,4 @@ def build(stage: Stage, bound: Bound) -> RetryLayer | None:
         sleep=stage.context.sleep,
         idempotent=stage.policy.is_idempotent,
         event_bus=stage.context.bus,
-        classify=stage.context.classify,
     )

@@ -22,7 +22,13 @@ Order of questions, first answer wins:
    deep; else ``UNKNOWN``.
 
 A classifier that raises is logged and skipped: a broken classifier never decides an outcome.
-The classifiers that apply to an exception class are found once per class and remembered.
+The classifiers that apply to an exception class are found once per class and remembered. A Guard
+built with a classifier of its own (``Guard(classifier=...)``) classifies with
+:func:`classify_with`: its classifier is asked at step 3, ahead of the registered ones.
+
+A guarded call's chain classifies each error once, with its Guard's classifier, and records the
+answer on the call record for its layers and on the error itself (:func:`outcome_of` reads it:
+the breakers' classifiers, the stated wait, and both front doors, which see only the error).
 """
 
 from __future__ import annotations
@@ -56,11 +62,16 @@ from ._refusal import refined
 
 __all__ = [
     "CANCELLED",
+    "RECORDED",
     "SUCCESS",
     "UNKNOWN",
     "OutcomeClassifier",
+    "Recorded",
     "classify",
+    "classify_with",
     "kind_of",
+    "outcome_of",
+    "record",
     "register_classifier",
     "unregister_classifier",
 ]
@@ -215,14 +226,83 @@ def classify(exc: BaseException | None) -> Outcome:
         return SUCCESS
     if not isinstance(exc, Exception):
         return CANCELLED
-    outcome = _OWN.get(type(exc)) or _deep(exc, 0)
+    return _stated(exc, _OWN.get(type(exc)) or _deep(exc, 0, None))
+
+
+def classify_with(first: OutcomeClassifier) -> Callable[[BaseException | None], Outcome]:
+    """A :func:`classify` that asks ``first`` (``exc -> Outcome | None``) about every error after
+    ragguard's own errors and before the registered and built-in classifiers (a Guard's own
+    classifier: ``Guard(classifier=...)``). Never raises: a ``first`` that raises is logged and
+    skipped. Raises :class:`~ragguard.ConfigError` when ``first`` is not callable."""
+    if not callable(first):
+        raise _ConfigError(
+            f"classifier must be a callable exc -> Outcome | None, got {type(first).__name__}",
+            field="classifier",
+        )
+
+    def classify_first(exc: BaseException | None) -> Outcome:
+        if exc is None:
+            return SUCCESS
+        if not isinstance(exc, Exception):
+            return CANCELLED
+        return _stated(exc, _OWN.get(type(exc)) or _deep(exc, 0, first))
+
+    return classify_first
+
+
+def _stated(exc: BaseException, outcome: Outcome) -> Outcome:
+    """``outcome``, with the wait ``exc`` carries itself when it stated none (ragguard's refusals,
+    a user's error with a ``retry_after_s`` attribute)."""
     if outcome.retry_after_s is None:
-        # an error that carries the wait itself (ragguard's refusals, a user's error with a
-        # ``retry_after_s`` attribute) states it
         stated = clamp_wait(getattr(exc, "retry_after_s", None))
         if stated is not None:
             return replace(outcome, retry_after_s=stated)
     return outcome
+
+
+RECORDED = "_ragguard_outcome"
+"""The attribute of an error that holds its :class:`Recorded` outcome."""
+
+
+class Recorded:
+    """An error's outcome as a chain classified it, and the classifier that did (``by``): a chain
+    classifies an error only when no ``Recorded`` of its own classifier is on it. Pickled without
+    ``by`` (a Guard's classifier may be a closure): an error sent elsewhere keeps its outcome."""
+
+    __slots__ = ("by", "outcome")
+
+    def __init__(self, outcome: Outcome, by: Callable[..., Outcome] | None) -> None:
+        self.outcome = outcome
+        self.by = by
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Recorded, (self.outcome, None))
+
+    def __repr__(self) -> str:
+        return f"Recorded({self.outcome!r})"
+
+
+def record(exc: BaseException, outcome: Outcome, by: Callable[..., Outcome] | None) -> Recorded:
+    """Record on ``exc`` that ``by`` classified it as ``outcome`` (see :func:`outcome_of`)."""
+    recorded = Recorded(outcome, by)
+    try:
+        exc.__dict__[RECORDED] = recorded
+    except Exception:  # pragma: no cover - an error class without an instance dict
+        pass
+    return recorded
+
+
+def outcome_of(exc: BaseException | None) -> Outcome:
+    """The outcome of ``exc`` as the guarded call it came out of classified it: the answer of that
+    call's Guard (its own classifier, if it has one), which its chain recorded on the error; else
+    :func:`classify`'s. What a breaker's classifier, a front door or your own breaker reads, so
+    each agrees with the layers of the call about it. Never raises."""
+    if exc is None:
+        return SUCCESS
+    recorded = getattr(exc, RECORDED, None)
+    if type(recorded) is Recorded:
+        return recorded.outcome
+    return classify(exc)
 
 
 def kind_of(exc: BaseException | None) -> Kind:
@@ -235,35 +315,35 @@ def kind_of(exc: BaseException | None) -> Kind:
     own = _OWN.get(type(exc))
     if own is not None:
         return own.kind
-    return _deep(exc, 0).kind
+    return _deep(exc, 0, None).kind
 
 
-def _deep(exc: BaseException, depth: int) -> Outcome:
-    found = _one(exc)
+def _deep(exc: BaseException, depth: int, first: OutcomeClassifier | None) -> Outcome:
+    found = _one(exc, first)
     if found is not None:
         return found
     if depth >= _MAX_DEPTH:
         return UNKNOWN
     if isinstance(exc, BaseExceptionGroup):
-        return _group(exc, depth)
+        return _group(exc, depth, first)
     cause = exc.__cause__
     if cause is not None and isinstance(cause, Exception):
         if isinstance(cause, DeadlineExceeded):
             return _DEADLINE
-        return _deep(cause, depth + 1)
+        return _deep(cause, depth + 1, first)
     return UNKNOWN
 
 
 _GROUP_ORDER = (Kind.FAILURE, Kind.TIMEOUT, Kind.REJECTION, Kind.DEADLINE, Kind.REFUSED, Kind.CALLER_ERROR)
 
 
-def _group(group: BaseExceptionGroup[Any], depth: int) -> Outcome:
+def _group(group: BaseExceptionGroup[Any], depth: int, first: OutcomeClassifier | None) -> Outcome:
     """The most telling outcome among a group's errors (a failure over a timeout over ...)."""
     best: Outcome | None = None
     for inner in group.exceptions:
         if not isinstance(inner, Exception):
             continue
-        outcome = _deep(inner, depth + 1)
+        outcome = _deep(inner, depth + 1, first)
         if outcome.kind in _GROUP_ORDER and (
             best is None or _GROUP_ORDER.index(outcome.kind) < _GROUP_ORDER.index(best.kind)
         ):
@@ -271,10 +351,18 @@ def _group(group: BaseExceptionGroup[Any], depth: int) -> Outcome:
     return best if best is not None else UNKNOWN
 
 
-def _one(exc: BaseException) -> Outcome | None:
+def _one(exc: BaseException, first: OutcomeClassifier | None) -> Outcome | None:
     own = _own(exc)
     if own is not None:
         return own
+    if first is not None:
+        try:
+            outcome = first(exc)
+        except Exception:
+            log.exception("the Guard's outcome classifier %r raised on %r; it is skipped", first, type(exc))
+        else:
+            if outcome is not None:
+                return outcome
     for classifier in _classifiers_for(type(exc)):
         try:
             outcome = classifier(exc)

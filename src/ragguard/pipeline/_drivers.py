@@ -22,19 +22,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
+from .. import outcomes
 from .._compat import PY311, current_task, running_loop
 from .._errors import DeadlineExceeded, StageTimeout
+from ..outcomes import Outcome
+from ..outcomes._classify import RECORDED, Recorded, record
 from ._contract import NO_EXIT, WAIT, Call, Gate, Recovery, Wrapper
 
 __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
+
+Classifier = Callable[[BaseException], Outcome]
+"""A chain's outcome classifier: its Guard's (:attr:`ragguard.pipeline.BuildContext.classify`)."""
 
 
 class Node:
     """Recoveries, then gates, then a wrapper or the next node or the call (see module docstring)."""
 
-    __slots__ = ("forks", "gates", "inner", "recoveries", "stream_gates", "wrapper")
+    __slots__ = ("classify", "forks", "gates", "inner", "recoveries", "stream_gates", "wrapper")
 
-    def __init__(self) -> None:
+    def __init__(self, classify: Classifier) -> None:
+        self.classify = classify  # the chain's (its Guard's) outcome classifier
         self.recoveries: tuple[Recovery, ...] = ()
         self.gates: tuple[Gate, ...] = ()
         self.wrapper: Wrapper | None = None
@@ -52,6 +59,8 @@ class Node:
         the gates outside it, the recoveries and the caller see. A failure (an ``Exception``) then
         goes to the innermost recovery first; one that raises hands its error to the next one out,
         and a recovery's ``again`` re-runs this node with itself and those outside it skipped.
+        Every error is classified once, before the first layer is handed it, and every error that
+        leaves the node has been (:func:`_classified`): its outcome is on the call and on it.
 
         One exception handler for all of it: in CPython 3.11 each handler an error is caught by
         and raised again from costs about as much as the raise itself, and the failure path pays
@@ -107,11 +116,13 @@ class Node:
             # holds the frame, and the two would be a reference cycle only the collector frees.
             replaced = None
             error: Any = exc
+            _classified(call, exc, self.classify)
             while held:  # the gates entered exit innermost first, each seeing what those inside left
                 token = held.pop()
                 replaced = held.pop().exit(call, token, error)
                 if replaced is not None:
                     error = replaced
+                    _classified(call, error, self.classify)
             recoveries = self.recoveries
             i = len(recoveries)
             if i <= skip or not isinstance(error, Exception):  # a cancellation is never recovered
@@ -124,11 +135,12 @@ class Node:
                 i -= 1
                 recovering = recoveries[i].recover(call, error, partial(self.run, call, i + 1))
                 error = replaced = None
-                if i == skip:
-                    return await recovering  # the outermost: what it raises goes to the caller
                 try:
                     return await recovering
                 except Exception as raised:
+                    _classified(call, raised, self.classify)  # (known: the error handed in, or again's)
+                    if i == skip:
+                        raise
                     error = raised
 
     # -- streams --------------------------------------------------------------------------------
@@ -166,12 +178,12 @@ class Node:
                 else:
                     head = await _open_fn(call)()
             except BaseException as exc:
-                _exit_all(call, gates, tokens, exc)
+                _exit_all(call, gates, tokens, exc, self.classify)
                 raise
             if all(gate.scope != "item" for gate in gates):
                 head.held.append((gates, tokens))
             else:
-                await _hold(call, gates, tokens, head)
+                await _hold(call, gates, tokens, head, self.classify)
             return head
         except Exception as exc:
             if len(self.recoveries) <= skip:
@@ -188,6 +200,7 @@ class Node:
                 try:
                     got = await recoveries[i].recover(call, exc, partial(self.open, call, item_gates, i + 1))
                 except Exception as raised:
+                    _classified(call, raised, self.classify)
                     if i <= skip:
                         raise
                     exc = raised
@@ -200,19 +213,37 @@ class Node:
             del exc  # no reference cycle between the error raised and this frame
 
 
-def _exit_all(call: Call, gates: Sequence[Gate], tokens: list[Any], exc: BaseException | None) -> None:
+def _classified(call: Call, exc: BaseException, classify: Classifier) -> None:
+    """Classify ``exc`` with the chain's ``classify`` unless it did already (an error the layers
+    inside handed on keeps its record): the outcome goes on the error (what the layers, the
+    breakers' classifiers and the front doors read, :func:`ragguard.outcomes.outcome_of`) and on
+    the call (``outcome``)."""
+    recorded = getattr(exc, RECORDED, None)
+    if type(recorded) is not Recorded or recorded.by is not classify:
+        recorded = record(exc, classify(exc), classify)
+    call.outcome = recorded.outcome
+
+
+def _exit_all(
+    call: Call, gates: Sequence[Gate], tokens: list[Any], exc: BaseException | None, classify: Classifier
+) -> None:
     """Exit the held ``gates`` (with their ``tokens``), innermost first, with ``exc`` (None:
     success), each seeing what the gates inside it left; raise the error a gate put in its place."""
+    if exc is not None:
+        _classified(call, exc, classify)
     err = exc
     for i in range(len(tokens) - 1, -1, -1):
         replaced = gates[i].exit(call, tokens[i], err)
         if replaced is not None:
             err = replaced
+            _classified(call, err, classify)
     if err is not exc and err is not None:
         raise err
 
 
-async def _hold(call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head) -> None:
+async def _hold(
+    call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head, classify: Classifier
+) -> None:
     """The first item is there: exit the item gates (innermost first) and hold the others until
     the stream ends. An item gate that replaces the success with an error ends the stream here."""
     held_gates: list[Gate] = []
@@ -227,6 +258,7 @@ async def _hold(call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head
             replaced = gates[i].exit(call, tokens[i], err)
             if replaced is not None:
                 err = replaced
+                _classified(call, err, classify)
     if err is None:
         head.held.append((held_gates, held_tokens))
         return
@@ -235,9 +267,9 @@ async def _hold(call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head
     finally:
         try:
             for inner_gates, inner_tokens in head.held:  # the nodes inside, innermost first
-                _exit_all(call, inner_gates, inner_tokens, err)
+                _exit_all(call, inner_gates, inner_tokens, err, classify)
         finally:
-            _exit_all(call, held_gates, held_tokens, err)
+            _exit_all(call, held_gates, held_tokens, err, classify)
     raise err
 
 
@@ -314,7 +346,7 @@ def _open_fn(call: Call) -> Callable[[], Awaitable[Head]]:
     return open_stream
 
 
-async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...]) -> Any:
+async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...], classify: Classifier) -> Any:
     """The stream's next item through the item-scope ``gates`` (StopAsyncIteration at the end)."""
     held: list[Gate] = []
     tokens: list[Any] = []
@@ -338,12 +370,12 @@ async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...]) -> Any:
         else:
             item = await agen.__anext__()
     except StopAsyncIteration:
-        _exit_all(call, held, tokens, None)
+        _exit_all(call, held, tokens, None, classify)
         raise
     except BaseException as exc:
-        _exit_all(call, held, tokens, exc)
+        _exit_all(call, held, tokens, exc, classify)
         raise
-    _exit_all(call, held, tokens, None)
+    _exit_all(call, held, tokens, None, classify)
     return item
 
 
@@ -391,6 +423,7 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
     over; the head's ``deliver`` hook, if any, runs before each is.
     """
     head = await root.open(call, item_gates)
+    classify = root.classify
     outcome: BaseException | None = None
     try:
         if head.done:
@@ -405,7 +438,10 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
         agen = head.agen
         while True:
             try:
-                item = await (next_item(call, agen, item_gates) if head.guarded else agen.__anext__())
+                if head.guarded:
+                    item = await next_item(call, agen, item_gates, classify)
+                else:
+                    item = await agen.__anext__()
             except StopAsyncIteration:
                 return
             if deliver is not None:
@@ -426,7 +462,7 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
             # innermost node first; a consumer that stops early closes us with GeneratorExit, which
             # gates treat as a cancellation: released, nothing recorded
             for gates, tokens in head.held:
-                _exit_all(call, gates, tokens, outcome)
+                _exit_all(call, gates, tokens, outcome, classify)
 
 
 _COMMITTED = "ragguard: stream of stage "
@@ -448,10 +484,13 @@ def _committed(call: Call, exc: Exception) -> None:
         )
 
 
-def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
+def compile_chain(
+    layers: Sequence[Any], classify: Classifier = outcomes.classify
+) -> tuple[Node, tuple[Gate, ...]]:
     """The root node for ``layers`` (outermost first; see the module docstring) and the item-scope
-    gates of the whole chain, outermost first (what each item of a stream passes through)."""
-    root = node = Node()
+    gates of the whole chain, outermost first (what each item of a stream passes through).
+    ``classify``: what the dependency said (the Guard's classifier), asked once per error."""
+    root = node = Node(classify)
     for layer in layers:
         shapes = 0
         if isinstance(layer, Recovery):  # a layer may be a recovery and a gate (retry counts calls)
@@ -482,6 +521,6 @@ def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
 
 
 def _descend(node: Node) -> Node:
-    child = Node()
+    child = Node(node.classify)
     node.inner = child
     return child

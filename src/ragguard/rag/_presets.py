@@ -286,7 +286,6 @@ def _shrink(stage: Stage, passages: ArgRef | None) -> ShrinkPassages | None:
         max_shrinks=policy.generation.max_shrinks,
         min_passages=policy.generation.min_passages,
         min_attempt_s=policy.min_attempt_s,
-        classify=stage.context.classify,
         event_bus=stage.context.bus,
     )
 
