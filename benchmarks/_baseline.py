@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -58,12 +59,25 @@ def load(
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(root, filter="data")
     (root / "src" / "ragguard").rename(root / name)
+    _own_names(root / name, name)
     sys.path.insert(0, str(root))
     try:
         module = importlib.import_module(name)
     finally:
         sys.path.remove(str(root))
     return module, f"{what}: commit {commit}, extracted to {root}"
+
+
+def _own_names(package: Path, name: str) -> None:
+    """Point the module names the old code writes as strings (``"ragguard.layers.retry:RetryPolicy"``
+    in a registry imported with importlib, ``"ragguard.guard"``) at the old package itself: its
+    imports are relative, its strings are not."""
+    quoted = re.compile(r"""(["'])ragguard\.""")
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        changed = quoted.sub(rf"\g<1>{name}.", text)
+        if changed != text:
+            path.write_text(changed, encoding="utf-8")
 
 
 def load_commit(commit: str) -> tuple[ModuleType | None, str]:

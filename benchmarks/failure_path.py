@@ -1,7 +1,8 @@
 """The failure path: a call whose dependency refuses every attempt, 3 attempts, beside a hand-written
-retry loop, the pre-redesign code and the stock libraries, in one interleaved run.
+retry loop, main before issue 30 (or another commit), the pre-redesign code and the stock libraries,
+in one interleaved run.
 
-    .venv/bin/python benchmarks/failure_path.py [--ops 1000] [--rounds 15]
+    .venv/bin/python benchmarks/failure_path.py [--ops 1000] [--rounds 15] [--against 9b27c28]
 
 Every contender makes 3 attempts at a coroutine raising ConnectionRefusedError, with a zero backoff
 (one ``asyncio.sleep(0)`` between attempts), and ends with the error (no fallback); breakers are
@@ -103,9 +104,11 @@ def natural() -> Any:
     return body
 
 
-async def main(ops: int, rounds: int) -> int:
+async def main(ops: int, rounds: int, against: str) -> int:
     _bench.header()
     old, note = _baseline.load()
+    _bench.console.print(note, markup=False)
+    before, note = _baseline.load_commit(against)
     _bench.console.print(note, markup=False)
     retry_only, _ = _stage(ragguard, full=False)
     full, _ = _stage(ragguard, full=True)
@@ -117,6 +120,11 @@ async def main(ops: int, rounds: int) -> int:
                   full),
         Contender("stock libraries, natural", "Semaphore+2 asyncio.timeout+tenacity+aiobreaker", natural()),
     ]  # fmt: skip
+    if before is not None:
+        contenders[4:4] = [
+            Contender(f"{against} retry stage", f"commit {against}, retries only", _stage(before, full=False)[0]),
+            Contender(f"{against} full stack", f"commit {against}, the same full stack", _stage(before, full=True)[0]),
+        ]  # fmt: skip
     if old is not None:
         old_retry, _ = _stage(old, full=False)
         old_full, _ = _stage(old, full=True)
@@ -133,6 +141,9 @@ async def main(ops: int, rounds: int) -> int:
         _bench.ratio_target(results, "full stack failing vs a hand-written loop", "ragguard full stack",
                             "hand-written loop", 2.0),
     ]  # fmt: skip
+    if before is not None:
+        targets.append(_bench.ratio_target(results, f"full stack failing vs {against}", "ragguard full stack",
+                                           f"{against} full stack", 1.05))
     if old is not None:
         targets.append(_bench.ratio_target(results, "full stack failing vs pre-redesign (lower is better)",
                                            "ragguard full stack", "pre-redesign full stack", 1.0))
@@ -144,5 +155,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=1000, help="failed calls per contender per round")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--against", default=_baseline.PRE_ISSUE_30, help="the commit to compare with")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.ops, args.rounds)))
+    sys.exit(asyncio.run(main(args.ops, args.rounds, args.against)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import sys
 from collections.abc import Awaitable, Callable
@@ -27,12 +28,46 @@ import _stacks
 import failure_path
 import ragguard
 from _bench import Contender, Target
+from ragguard import events
+from ragguard.breakers._outcome import BreakerCallOutcome
 from ragguard.events import bus
+from ragguard.pipeline import _drivers
+
+
+def _event_inits() -> tuple[Callable[[], None], Callable[[], None]]:
+    """Switches for the ``__init__`` of the events made on every observed call: ``plain()`` gives
+    them the one ``dataclasses`` writes (``object.__setattr__`` per field, as any frozen dataclass),
+    ``quick()`` puts back ``events.quick_init``'s."""
+    classes = [events.StageCompleted, events.CallOutcome, BreakerCallOutcome]
+    quick = {cls: cls.__init__ for cls in classes}
+    plain = {}
+    for cls in classes:
+        twin = dataclasses.make_dataclass(
+            cls.__name__,
+            [(f.name, Any, dataclasses.field(default=f.default)) if f.default is not dataclasses.MISSING
+             else (f.name, Any) for f in dataclasses.fields(cls)],
+            frozen=True, slots=True,
+        )  # fmt: skip
+        plain[cls] = twin.__init__  # object.__setattr__ per field: works on an instance of ``cls``
+
+    def use_plain() -> None:
+        for cls, init in plain.items():
+            cls.__init__ = init  # type: ignore[misc]
+
+    def use_quick() -> None:
+        for cls, init in quick.items():
+            cls.__init__ = init  # type: ignore[misc]
+
+    return use_plain, use_quick
 
 
 async def against_commit(ops: int, rounds: int, before: Any, commit: str) -> list[Target]:
     """The full stack, a stage with nothing configured and the failure path, each beside the same
-    thing built from ``commit``'s code (``before``), in one run: no worse than before (<= 1.05x)."""
+    thing built from ``commit``'s code (``before``), in one run: no worse than before (<= 1.05x).
+    And the two places where ragguard writes code and runs it with ``exec``, each against the plain
+    version in the same run (each stays only while the plain one costs over 10%): the call driver
+    written out per node against ``Node.drive``'s loop (``_drivers.GENERATED``), and the events'
+    ``quick_init`` against the ``__init__`` ``dataclasses`` writes."""
     _, full = _stacks.full_stack_guard(ragguard)
     _, old_full = _stacks.full_stack_guard(before)
     failing, _ = failure_path._stage(ragguard, full=True)
@@ -41,12 +76,27 @@ async def against_commit(ops: int, rounds: int, before: Any, commit: str) -> lis
     _, old_listened = _stacks.full_stack_guard(before)
     listening: list[Callable[[], None]] = []
 
+    plain_events, quick_events = _event_inits()
+    _drivers.GENERATED = False  # the chains of these Guards run the plain loop (read as they are built)
+    try:
+        _, full_plain = _stacks.full_stack_guard(ragguard)
+        nothing_plain = _stacks.nothing_configured(ragguard)
+        failing_plain, _ = failure_path._stage(ragguard, full=True)
+    finally:
+        _drivers.GENERATED = True
+
     def listen() -> None:
+        quick_events()
         if not listening:
             listening.append(bus.subscribe(lambda event: None))
             listening.append(importlib.import_module(f"{before.__name__}.events").bus.subscribe(lambda e: None))
 
+    def listen_plain() -> None:
+        listen()
+        plain_events()
+
     def quiet() -> None:
+        quick_events()
         while listening:
             listening.pop()()
 
@@ -62,13 +112,29 @@ async def against_commit(ops: int, rounds: int, before: Any, commit: str) -> lis
     for name, does, ours, theirs, setup in pairs:
         contenders.append(Contender(f"ragguard {name}", does, ours, setup=setup))
         contenders.append(Contender(f"{commit} {name}", f"commit {commit}, the same", theirs, setup=setup))
+    contenders.append(Contender("ragguard full stack + listener, plain event __init__",
+                                "the same, events built by the dataclass __init__", listened, setup=listen_plain))
+    plain_drivers = [("full stack", full_plain), ("nothing configured", nothing_plain), ("failure path", failing_plain)]
+    for name, body in plain_drivers:
+        contenders.append(Contender(f"ragguard {name}, plain driver", "the same, Node.drive's loop", body,
+                                    setup=quiet))
     results = await _bench.run_async(contenders, ops=ops, rounds=rounds)
     quiet()
     _bench.print_table(results, f"0. against commit {commit}", unit="call")
-    return [
+    targets = [
         _bench.ratio_target(results, f"{name} vs {commit}", f"ragguard {name}", f"{commit} {name}", 1.05)
         for name, *_ in pairs
     ]
+    targets.append(_bench.ratio_target(
+        results, "events: plain dataclass __init__ vs quick_init (GAP keeps the generated one)",
+        "ragguard full stack + listener, plain event __init__", "ragguard full stack + listener", 1.10,
+    ))  # fmt: skip
+    for name, _ in plain_drivers:
+        targets.append(_bench.ratio_target(
+            results, f"{name}: plain driver vs written out (GAP keeps the generated one)",
+            f"ragguard {name}, plain driver", f"ragguard {name}", 1.10,
+        ))  # fmt: skip
+    return targets
 
 
 async def happy_path(ops: int, rounds: int, old: Any) -> list[Target]:

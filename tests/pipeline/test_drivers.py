@@ -62,7 +62,7 @@ async def test_a_call_runs_in_one_driver_frame_per_node() -> None:
     async def fn() -> str:
         names, frame = [], sys._getframe(1)
         while frame is not None and frame.f_code.co_name != "test_body":
-            names.append(frame.f_code.co_name)
+            names.append(frame.f_code.co_filename)
             frame = frame.f_back
         frames.append(names)
         return "ok"
@@ -81,8 +81,8 @@ async def test_a_call_runs_in_one_driver_frame_per_node() -> None:
         return await chain.run(_call(fn))
 
     assert await test_body() == "ok"
-    drivers = [name for name in frames[0] if name == "run"]
-    assert len(drivers) == 3  # one per node, nothing else between the caller and the function
+    drivers = [f for f in frames[0] if f.endswith("_drivers.py") or f.startswith("<ragguard chain")]
+    assert len(drivers) == len(frames[0]) == 3  # one per node, nothing else between caller and function
 
 
 def test_recoveries_without_gates_between_share_a_node_and_wrappers_nest() -> None:

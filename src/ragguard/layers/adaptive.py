@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._clock import timers_of
 from .._context import current_tenant
-from .._errors import DeadlineExceeded
 from ..deadline import current_expiry
-from ..outcomes import Kind
+from ..outcomes import Kind, outcome_of
 from ..overload import AdaptiveLimiter, LimitSettings, QueueSettings
 from ..overload._priority import current_priority
 from ..pipeline import WAIT, Call, Scope
@@ -73,7 +72,7 @@ class AdaptiveLayer:
             limiter.release(token, self.clock() - token.started)
         elif not isinstance(exc, Exception):
             limiter.release(token, None)  # cancelled: says nothing of the dependency
-        elif (outcome := call.outcome_of(exc)).kind is Kind.TIMEOUT or isinstance(exc, DeadlineExceeded):
+        elif (outcome := call.outcome or outcome_of(exc)).kind in _SLOW:
             elapsed = self.clock() - token.started
             base = limiter.gradient.min_rtt or 0.0
             limiter.release(token, elapsed if elapsed > base else None)  # slow: a (long) sample
@@ -82,6 +81,9 @@ class AdaptiveLayer:
             if self._oom and outcome.out_of_memory:
                 limiter.press("out_of_memory")
         return None
+
+
+_SLOW = frozenset({Kind.TIMEOUT, Kind.DEADLINE})  # the stage's timeout or the deadline cut the attempt
 
 
 def limiter_for(stage: Stage) -> AdaptiveLimiter:

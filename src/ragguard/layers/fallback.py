@@ -172,7 +172,7 @@ class FallbackLayer:
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
         try:
-            chain = self.chain_for(exc, call.outcome_of(exc))
+            chain = self.chain_for(exc, call.outcome or outcome_of(exc))
             if not chain:
                 raise exc
             for fallback in chain:

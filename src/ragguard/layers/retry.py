@@ -55,13 +55,8 @@ if TYPE_CHECKING:
 __all__ = ["RetryBudget", "RetryLayer", "build", "make_budget"]
 
 
-_KINDS: dict[str, Callable[[Outcome], bool]] = {
-    "connection": lambda o: o.kind is Kind.FAILURE and o.reason != "out_of_memory",
-    "timeout": lambda o: o.kind is Kind.TIMEOUT,
-    "out_of_memory": lambda o: o.out_of_memory,
-    "rejection": lambda o: o.kind is Kind.REJECTION,
-}
-_NEVER = frozenset({Kind.CALLER_ERROR, Kind.CANCELLED, Kind.REFUSED, Kind.DEADLINE, Kind.SUCCESS})
+_FAILURE, _TIMEOUT, _REJECTION, _UNKNOWN = Kind.FAILURE, Kind.TIMEOUT, Kind.REJECTION, Kind.UNKNOWN
+"""(A module's names: in CPython 3.11 ``Kind.FAILURE`` costs a descriptor call per look-up.)"""
 
 
 class RetryBudget:
@@ -302,13 +297,16 @@ class RetryLayer:
         "_attempts",
         "_backoffs",
         "_bus",
+        "_connection",
         "_counts",
         "_idempotent",
         "_jitter_s",
-        "_kinds",
         "_max_after_s",
         "_min_left",
         "_native",
+        "_out_of_memory",
+        "_rejection",
+        "_timeout",
         "budget",
         "clock",
         "min_attempt_s",
@@ -351,9 +349,11 @@ class RetryLayer:
         self._counts = counts
         self._idempotent = idempotent
         self._max_after_s = policy.max_retry_after_s
-        self._kinds: tuple[Callable[[Outcome], bool], ...] = (
-            (_KINDS["rejection"],) if self._any else tuple(_KINDS[k] for k in kinds)
-        )
+        # what ``retry_on`` retries of each kind ("any": rejections, and what the breaker counts)
+        self._rejection = self._any or "rejection" in kinds
+        self._connection = not self._any and "connection" in kinds
+        self._out_of_memory = not self._any and "out_of_memory" in kinds
+        self._timeout = not self._any and "timeout" in kinds
         # A policy's own strategies (RetryPolicy.stop/wait/retry) join the policy's rules (see
         # RetryPolicy); ``stop``/``wait``/``retry`` given here replace them outright.
         if stop is None and policy.stop is not None:
@@ -406,12 +406,20 @@ class RetryLayer:
         return _not_a_rejection(exc) and (self._idempotent or not outcome_of(exc).reached)
 
     def _retries(self, exc: BaseException, outcome: Outcome) -> bool:
-        if outcome.kind in _NEVER or (outcome.reached and not self._idempotent):
+        if outcome.reached and not self._idempotent:
             return False
-        for kind in self._kinds:
-            if kind(outcome):
-                return True
-        return self._any and bool(self._counts(exc))
+        kind = outcome.kind
+        if kind is _FAILURE:
+            retried = self._out_of_memory if outcome.reason == "out_of_memory" else self._connection
+        elif kind is _TIMEOUT:
+            retried = self._timeout
+        elif kind is _REJECTION:
+            return self._rejection
+        elif kind is not _UNKNOWN:
+            return False  # the caller's error, a cancellation, ragguard's refusal, the deadline
+        else:
+            retried = False
+        return retried or (self._any and bool(self._counts(exc)))
 
     def enter(self, call: Call) -> Any:
         if call.attempt == 1:
@@ -437,7 +445,7 @@ class RetryLayer:
                 # retryable(exc), with the outcome the chain recorded (exc is an Exception here)
                 if not _not_a_rejection(exc):
                     raise exc
-                outcome = call.outcome_of(exc)
+                outcome = call.outcome or outcome_of(exc)
                 outer = call.recoverable
                 if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
                     raise exc

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._context import current_tenant
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded
+from ..outcomes import outcome_of
 from ..overload import AdaptiveThrottle, Throttled
 from ..overload._priority import current_priority
 from ..overload._throttle import rejects
@@ -60,7 +61,7 @@ class ThrottleLayer:
             isinstance(exc, Overloaded) and exc.stage == self.stage
         ):
             throttle.forget()  # refused here, before reaching the dependency
-        elif not rejects(call.outcome_of(exc)):
+        elif not rejects(call.outcome or outcome_of(exc)):
             throttle.accepted()
         return None
 

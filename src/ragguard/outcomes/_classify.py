@@ -28,7 +28,8 @@ built with a classifier of its own (``Guard(classifier=...)``) classifies with
 
 A guarded call's chain classifies each error once, with its Guard's classifier, and records the
 answer on the call record for its layers and on the error itself (:func:`outcome_of` reads it:
-the breakers' classifiers, the stated wait, and both front doors, which see only the error).
+the breakers' classifiers, the stated wait, and both front doors, which see only the error). An
+error that carries an answer is not classified again, by that chain or one further out.
 """
 
 from __future__ import annotations
@@ -66,12 +67,10 @@ __all__ = [
     "SUCCESS",
     "UNKNOWN",
     "OutcomeClassifier",
-    "Recorded",
     "classify",
     "classify_with",
     "kind_of",
     "outcome_of",
-    "record",
     "register_classifier",
     "unregister_classifier",
 ]
@@ -226,7 +225,10 @@ def classify(exc: BaseException | None) -> Outcome:
         return SUCCESS
     if not isinstance(exc, Exception):
         return CANCELLED
-    return _stated(exc, _OWN.get(type(exc)) or _deep(exc, 0, None))
+    outcome = _OWN.get(type(exc)) or _deep(exc, 0, None)
+    if outcome.retry_after_s is None and getattr(exc, "retry_after_s", None) is not None:
+        return _stated(exc, outcome)
+    return outcome
 
 
 def classify_with(first: OutcomeClassifier) -> Callable[[BaseException | None], Outcome]:
@@ -245,63 +247,38 @@ def classify_with(first: OutcomeClassifier) -> Callable[[BaseException | None], 
             return SUCCESS
         if not isinstance(exc, Exception):
             return CANCELLED
-        return _stated(exc, _OWN.get(type(exc)) or _deep(exc, 0, first))
+        outcome = _OWN.get(type(exc)) or _deep(exc, 0, first)
+        if outcome.retry_after_s is None and getattr(exc, "retry_after_s", None) is not None:
+            return _stated(exc, outcome)
+        return outcome
 
     return classify_first
 
 
 def _stated(exc: BaseException, outcome: Outcome) -> Outcome:
-    """``outcome``, with the wait ``exc`` carries itself when it stated none (ragguard's refusals,
-    a user's error with a ``retry_after_s`` attribute)."""
-    if outcome.retry_after_s is None:
-        stated = clamp_wait(getattr(exc, "retry_after_s", None))
-        if stated is not None:
-            return replace(outcome, retry_after_s=stated)
-    return outcome
+    """``outcome``, with the wait ``exc`` carries itself (ragguard's refusals, a user's error with
+    a ``retry_after_s`` attribute)."""
+    stated = clamp_wait(getattr(exc, "retry_after_s", None))
+    return outcome if stated is None else replace(outcome, retry_after_s=stated)
 
 
 RECORDED = "_ragguard_outcome"
-"""The attribute of an error that holds its :class:`Recorded` outcome."""
-
-
-class Recorded:
-    """An error's outcome as a chain classified it, and the classifier that did (``by``): a chain
-    classifies an error only when no ``Recorded`` of its own classifier is on it. Pickled without
-    ``by`` (a Guard's classifier may be a closure): an error sent elsewhere keeps its outcome."""
-
-    __slots__ = ("by", "outcome")
-
-    def __init__(self, outcome: Outcome, by: Callable[..., Outcome] | None) -> None:
-        self.outcome = outcome
-        self.by = by
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Recorded, (self.outcome, None))
-
-    def __repr__(self) -> str:
-        return f"Recorded({self.outcome!r})"
-
-
-def record(exc: BaseException, outcome: Outcome, by: Callable[..., Outcome] | None) -> Recorded:
-    """Record on ``exc`` that ``by`` classified it as ``outcome`` (see :func:`outcome_of`)."""
-    recorded = Recorded(outcome, by)
-    try:
-        exc.__dict__[RECORDED] = recorded
-    except Exception:  # pragma: no cover - an error class without an instance dict
-        pass
-    return recorded
+"""The attribute of an error that holds the :class:`Outcome` a guarded call's chain gave it."""
 
 
 def outcome_of(exc: BaseException | None) -> Outcome:
     """The outcome of ``exc`` as the guarded call it came out of classified it: the answer of that
     call's Guard (its own classifier, if it has one), which its chain recorded on the error; else
     :func:`classify`'s. What a breaker's classifier, a front door or your own breaker reads, so
-    each agrees with the layers of the call about it. Never raises."""
+    each agrees with the layers of the call about it. Never raises.
+
+    An error is classified once: by the chain of the first guarded call it leaves; a guarded call
+    further out (of the same Guard or another) and the front doors read that answer."""
     if exc is None:
         return SUCCESS
     recorded = getattr(exc, RECORDED, None)
-    if type(recorded) is Recorded:
-        return recorded.outcome
+    if type(recorded) is Outcome:
+        return recorded
     return classify(exc)
 
 

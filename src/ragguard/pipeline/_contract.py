@@ -33,8 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from .._admission import WAIT  # a gate's enter answers as a quota backend's admit_now does
-from ..outcomes import Outcome, outcome_of
-from ..outcomes._classify import RECORDED, Recorded
+from ..outcomes import Outcome
 
 __all__ = ["NO_EXIT", "WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
 
@@ -68,11 +67,12 @@ class Call:
     - ``started``: the clock time the breaker admitted the attempt;
     - ``budget_s``, ``by_deadline``: the attempt's time budget and whether the deadline (rather
       than the stage timeout) set it (the timeout layer's);
-    - ``outcome``: the :class:`~ragguard.outcomes.Outcome` of the last error the layers were
-      handed, classified once by the chain's classifier (the Guard's) before any layer sees the
-      error (the driver's). The chain records it on the error too, and a gate's ``exit`` or a
-      recovery reads the outcome of the error it is given with :meth:`outcome_of` (the record
-      holds no reference to the error: the error's traceback holds the frames that hold it).
+    - ``outcome``: the :class:`~ragguard.outcomes.Outcome` of the error a gate's ``exit`` or a
+      recovery is handed (and of the one a recovery's ``again`` raised), classified once by the
+      chain's classifier (the Guard's) before any layer sees the error: the driver's. The chain
+      records it on the error too (:func:`ragguard.outcomes.outcome_of`), for what sees only the
+      error; the record holds no reference to the error (its traceback holds the frames that
+      hold the record).
 
     The running call's, looked up once by the first that needs them:
 
@@ -120,16 +120,6 @@ class Call:
         self.items = 0
         self.threads: Any = None
         self.meter: Any = None
-
-    @staticmethod
-    def outcome_of(exc: BaseException) -> Outcome:
-        """The outcome of ``exc``, an error this call's layers were handed, as the chain classified
-        it (recorded on the error; :func:`ragguard.outcomes.classify` for an error no chain
-        classified, as when a layer is driven by itself)."""
-        recorded = getattr(exc, RECORDED, None)
-        if type(recorded) is Recorded:
-            return recorded.outcome
-        return outcome_of(exc)
 
     def __repr__(self) -> str:
         return f"<Call {self.stage!r} attempt={self.attempt} stream={self.stream}>"

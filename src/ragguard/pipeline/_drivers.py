@@ -7,10 +7,12 @@ the next node, or the call itself::
     [observe gate] -> [fallback | deadline, quota gates] -> [retry | breaker, timeout gates]
         -> chaos wrapper -> the call
 
-:meth:`Node.run` is the whole call driver: a loop entering the node's gates, the step inside
+:meth:`Node.drive` is the whole call driver: a loop entering the node's gates, the step inside
 them, a loop exiting them innermost first, and a loop over its recoveries, innermost first. A
 call runs in one coroutine frame per node (the full stack is one node: its gates sit inside its
-recoveries), and a gate costs a method call on the way in and one on the way out. The stream
+recoveries), and a gate costs a method call on the way in and one on the way out. A chain runs
+the same steps written out per node (:mod:`ragguard.pipeline._compiled`) while the loop costs more
+than a tenth of a guarded call (:data:`GENERATED`). The stream
 driver walks the same nodes and calls the same layer objects (see :mod:`ragguard.pipeline._contract`
 for what each shape does on a stream), so a call and a stream cannot be guarded differently.
 """
@@ -26,7 +28,8 @@ from .. import outcomes
 from .._compat import PY311, current_task, running_loop
 from .._errors import DeadlineExceeded, StageTimeout
 from ..outcomes import Outcome
-from ..outcomes._classify import RECORDED, Recorded, record
+from ..outcomes._classify import RECORDED
+from ._compiled import compiled_run
 from ._contract import NO_EXIT, WAIT, Call, Gate, Recovery, Wrapper
 
 __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
@@ -38,7 +41,7 @@ Classifier = Callable[[BaseException], Outcome]
 class Node:
     """Recoveries, then gates, then a wrapper or the next node or the call (see module docstring)."""
 
-    __slots__ = ("classify", "forks", "gates", "inner", "recoveries", "stream_gates", "wrapper")
+    __slots__ = ("classify", "forks", "gates", "inner", "recoveries", "run", "stream_gates", "wrapper")
 
     def __init__(self, classify: Classifier) -> None:
         self.classify = classify  # the chain's (its Guard's) outcome classifier
@@ -48,10 +51,13 @@ class Node:
         self.forks = False  # the wrapper runs the inner layers with records of its own
         self.inner: Node | None = None
         self.stream_gates: tuple[Gate, ...] = ()  # the call/attempt-scope gates, for streams
+        self.run: Callable[..., Awaitable[Any]] = self.drive
+        """``await node.run(call, skip=0)``: :meth:`drive`, or the same written out for this node's
+        gates (:mod:`ragguard.pipeline._compiled`, while :data:`GENERATED`)."""
 
     # -- calls ----------------------------------------------------------------------------------
 
-    async def run(self, call: Call, skip: int = 0) -> Any:
+    async def drive(self, call: Call, skip: int = 0) -> Any:
         """Run this node and the ones inside it once; recoveries ``[skip:]`` handle a failure.
 
         The gates are entered outermost first and exited innermost first, each once per ``enter``
@@ -65,49 +71,45 @@ class Node:
         One exception handler for all of it: in CPython 3.11 each handler an error is caught by
         and raised again from costs about as much as the raise itself, and the failure path pays
         it per attempt (benchmarks/failure_path.py)."""
-        held: list[Any] | None = None  # the gates entered whose exit must run, each followed by its token
+        held: list[tuple[Gate, Any]] = []  # the gates entered whose exit must run, with their tokens
         try:
             for gate in self.gates:
                 token = gate.enter(call)
                 if token is WAIT:
                     token = await gate.enter_async(call)
-                if token is NO_EXIT:
-                    continue
-                if held is None:
-                    held = [gate, token]
-                else:
-                    held.append(gate)
-                    held.append(token)
+                if token is not NO_EXIT:
+                    held.append((gate, token))
             inner, wrapper = self.inner, self.wrapper
-            if wrapper is None and inner is not None:
-                result = await inner.run(call)
-            elif self.forks:
-                result = await wrapper.around(call, run_call if inner is None else inner.run)  # type: ignore[union-attr]
-            elif inner is not None:
-                result = await wrapper.around(call, partial(inner.run, call))  # type: ignore[union-attr]
-            elif _CHECK_LOST_CANCEL:  # the attempt itself: the function, or the wrapper around it
-                # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a
-                # cancellation that lands while the awaited call finishes in the same loop
-                # iteration (cpython gh-86296): one asked for during the call and not delivered
-                # is raised here
-                task = call.task
-                if task is None:
-                    loop = running_loop()
-                    task = call.task = None if loop is None else current_task(loop)
-                before = 0 if task is None else task.cancelling()
-                if wrapper is None:
+            if inner is None and not self.forks:  # the attempt itself: the function, or a wrapper around it
+                if _CHECK_LOST_CANCEL:
+                    # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a
+                    # cancellation that lands while the awaited call finishes in the same loop
+                    # iteration (cpython gh-86296): one asked for during the call and not
+                    # delivered is raised here
+                    task = call.task
+                    if task is None:
+                        loop = running_loop()
+                        task = call.task = None if loop is None else current_task(loop)
+                    before = 0 if task is None else task.cancelling()
+                    if wrapper is None:
+                        result = await call.fn(*call.args, **call.kwargs)
+                    else:
+                        result = await wrapper.around(call, call_fn(call))
+                    if task is not None and task.cancelling() > before:
+                        raise asyncio.CancelledError(_LOST_CANCEL)
+                elif wrapper is None:
                     result = await call.fn(*call.args, **call.kwargs)
                 else:
                     result = await wrapper.around(call, call_fn(call))
-                if task is not None and task.cancelling() > before:
-                    raise asyncio.CancelledError(_LOST_CANCEL)
             elif wrapper is None:
-                result = await call.fn(*call.args, **call.kwargs)
+                result = await inner.run(call)  # type: ignore[union-attr]
+            elif self.forks:  # proceed(record), see Wrapper
+                result = await wrapper.around(call, run_call if inner is None else inner.run)
             else:
-                result = await wrapper.around(call, call_fn(call))
+                result = await wrapper.around(call, partial(inner.run, call))  # type: ignore[union-attr]
             while held:  # innermost first; an error a gate puts in place of the success is raised
-                token = held.pop()  # here, for the gates outside it (still held) to exit with
-                replaced = held.pop().exit(call, token, None)
+                gate, token = held.pop()  # here, for the gates outside it (still held) to exit with
+                replaced = gate.exit(call, token, None)
                 if replaced is not None:
                     raise replaced
             return result
@@ -118,8 +120,8 @@ class Node:
             error: Any = exc
             _classified(call, exc, self.classify)
             while held:  # the gates entered exit innermost first, each seeing what those inside left
-                token = held.pop()
-                replaced = held.pop().exit(call, token, error)
+                gate, token = held.pop()
+                replaced = gate.exit(call, token, error)
                 if replaced is not None:
                     error = replaced
                     _classified(call, error, self.classify)
@@ -214,14 +216,15 @@ class Node:
 
 
 def _classified(call: Call, exc: BaseException, classify: Classifier) -> None:
-    """Classify ``exc`` with the chain's ``classify`` unless it did already (an error the layers
-    inside handed on keeps its record): the outcome goes on the error (what the layers, the
-    breakers' classifiers and the front doors read, :func:`ragguard.outcomes.outcome_of`) and on
-    the call (``outcome``)."""
-    recorded = getattr(exc, RECORDED, None)
-    if type(recorded) is not Recorded or recorded.by is not classify:
-        recorded = record(exc, classify(exc), classify)
-    call.outcome = recorded.outcome
+    """Put ``exc``'s outcome on the call (``outcome``: what the layers read), classifying it with
+    the chain's ``classify`` unless a chain did already (an error handed on from the layers inside,
+    or from a guarded call inside this one) and recording it on the error (what the breakers'
+    classifiers and the front doors read, :func:`ragguard.outcomes.outcome_of`)."""
+    outcome = getattr(exc, RECORDED, None)
+    if type(outcome) is not Outcome:
+        outcome = classify(exc)
+        exc.__dict__[RECORDED] = outcome
+    call.outcome = outcome
 
 
 def _exit_all(
@@ -383,7 +386,7 @@ _LOST_CANCEL = "cancelled as the call finished (Python 3.11 wait_for)"
 
 async def _anext_checked(agen: Any) -> Any:
     """``await agen.__anext__()``, raising the cancellation Python 3.11's ``wait_for`` can drop
-    inside the generator (see :meth:`Node.run`)."""
+    inside the generator (see :meth:`Node.drive`)."""
     loop = running_loop()
     task = None if loop is None else current_task(loop)
     if task is None:
@@ -512,12 +515,26 @@ def compile_chain(
         if not shapes:
             raise TypeError(f"{layer!r} is not a Gate, a Recovery or a Wrapper")
     item_gates: list[Gate] = []
+    nodes: list[Node] = []
     n: Node | None = root
     while n is not None:
         n.stream_gates = tuple(g for g in n.gates if g.scope != "item")
         item_gates.extend(g for g in n.gates if g.scope == "item")
+        nodes.append(n)
         n = n.inner
+    if GENERATED:
+        for n in reversed(nodes):  # innermost first: a node's code calls the run of the one inside
+            steps: dict[str, Callable[..., Any]] = {
+                "classified": _classified, "call_fn": call_fn, "run_call": run_call,
+            }  # fmt: skip
+            n.run = compiled_run(n, steps, _LOST_CANCEL if _CHECK_LOST_CANCEL else None)
     return root, tuple(item_gates)
+
+
+GENERATED = True
+"""Whether chains run :meth:`Node.drive` written out per node (:mod:`ragguard.pipeline._compiled`)
+rather than the loop itself: read when a chain is put together (module-level so a benchmark
+measures both)."""
 
 
 def _descend(node: Node) -> Node:

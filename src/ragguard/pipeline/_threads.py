@@ -203,9 +203,18 @@ class HeldGate:
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
         pending = call.threads
         if pending is not None and pending.count:
-            pending.hold(partial(self.gate.exit, call, token, exc))
+            pending.hold(partial(self._exit_later, call, token, exc, call.outcome))
             return None
         return self.gate.exit(call, token, exc)
+
+    def _exit_later(self, call: Call, token: Any, exc: BaseException | None, outcome: Any) -> None:
+        """The held exit, once the thread returned: with the outcome of ``exc`` on the call again
+        (the call may have moved on to another error meanwhile), then the call's own put back."""
+        now, call.outcome = call.outcome, outcome
+        try:
+            self.gate.exit(call, token, exc)
+        finally:
+            call.outcome = now
 
     def __repr__(self) -> str:
         return f"HeldGate({self.gate!r})"

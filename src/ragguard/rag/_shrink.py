@@ -89,7 +89,8 @@ class ShrinkPassages:
         try:
             while True:
                 passages = self.passages.get(call.args, call.kwargs)
-                keep = self.keep(exc, passages, call.outcome_of(exc)) if shrinks < self.max_shrinks else None
+                outcome = call.outcome or outcome_of(exc)
+                keep = self.keep(exc, passages, outcome) if shrinks < self.max_shrinks else None
                 if keep is None:
                     raise exc
                 call.args, call.kwargs = self.passages.replace(*original, passages[:keep])
