@@ -75,3 +75,31 @@ async def test_an_error_keeps_its_outcome_when_pickled_whatever_classified_it() 
 def test_an_error_no_chain_classified_is_classified_by_outcome_of() -> None:
     assert outcome_of(ConnectionRefusedError()) == classify(ConnectionRefusedError())
     assert outcome_of(None).kind is Kind.SUCCESS
+
+
+@pytest.mark.anyio
+async def test_a_guarded_call_further_out_reads_the_answer_of_the_first_the_error_left() -> None:
+    """An error classified once keeps its outcome: the outer Guard's breaker counts what the inner
+    Guard's classifier called a failure (ragguard's own calls a ValueError the caller's)."""
+    from ragguard import BreakerOpen, BreakerPolicy, Policy, StagePolicy
+
+    class Busy(ValueError):
+        pass
+
+    inner = Guard(classifier=lambda exc: Outcome.of(Kind.FAILURE) if isinstance(exc, Busy) else None)
+    trips = BreakerPolicy(kind="vector_store_unavailable", minimum_calls=2, window_size=2)
+    outer = Guard(Policy(stages={"search": StagePolicy(breaker=trips)}))
+
+    @inner.guard("store")
+    async def store() -> None:
+        raise Busy("the store is busy")
+
+    @outer.guard("search")
+    async def search() -> None:
+        await store()
+
+    for _ in range(2):
+        with pytest.raises(Busy):
+            await search()
+    with pytest.raises(BreakerOpen):
+        await search()
