@@ -39,6 +39,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from .._errors import (
@@ -221,14 +222,7 @@ def classify(exc: BaseException | None) -> Outcome:
     """The :class:`Outcome` of a call that raised ``exc`` (None: it returned). Never raises.
 
     See the module docstring for the order of questions."""
-    if exc is None:
-        return SUCCESS
-    if not isinstance(exc, Exception):
-        return CANCELLED
-    outcome = _OWN.get(type(exc)) or _deep(exc, 0, None)
-    if outcome.retry_after_s is None and getattr(exc, "retry_after_s", None) is not None:
-        return _stated(exc, outcome)
-    return outcome
+    return _classify(exc, None)
 
 
 def classify_with(first: OutcomeClassifier) -> Callable[[BaseException | None], Outcome]:
@@ -241,18 +235,18 @@ def classify_with(first: OutcomeClassifier) -> Callable[[BaseException | None], 
             f"classifier must be a callable exc -> Outcome | None, got {type(first).__name__}",
             field="classifier",
         )
+    return partial(_classify, first=first)
 
-    def classify_first(exc: BaseException | None) -> Outcome:
-        if exc is None:
-            return SUCCESS
-        if not isinstance(exc, Exception):
-            return CANCELLED
-        outcome = _OWN.get(type(exc)) or _deep(exc, 0, first)
-        if outcome.retry_after_s is None and getattr(exc, "retry_after_s", None) is not None:
-            return _stated(exc, outcome)
-        return outcome
 
-    return classify_first
+def _classify(exc: BaseException | None, first: OutcomeClassifier | None) -> Outcome:
+    if exc is None:
+        return SUCCESS
+    if not isinstance(exc, Exception):
+        return CANCELLED
+    outcome = _OWN.get(type(exc)) or _deep(exc, 0, first)
+    if outcome.retry_after_s is None and getattr(exc, "retry_after_s", None) is not None:
+        return _stated(exc, outcome)  # an error that carries its wait itself (ragguard's refusals)
+    return outcome
 
 
 def _stated(exc: BaseException, outcome: Outcome) -> Outcome:
