@@ -140,31 +140,22 @@ async def door(kind: str, service: Service) -> AsyncIterator[Any]:
         await server.stop(None)
 
 
+CASES = {
+    # what the Guard's classifier said -> the door's answer (HTTP: 502 / 503 + Retry-After: 2 / 400),
+    # the dependency's calls (retried or not), the attempts the breaker counted
+    "busy": (Reply("UNAVAILABLE", None), 3, 3),  # a failure: retried, each attempt counted
+    "crowded": (Reply("UNAVAILABLE", 2.0), 1, 0),  # a rejection: not retried (retry_on), not counted
+    "refused": (Reply("INVALID_ARGUMENT", None), 1, 0),  # the caller's: never retried nor counted
+}
+
+
+@pytest.mark.parametrize("what", list(CASES))
 @pytest.mark.parametrize("kind", ["http", "grpc"])
-async def test_a_failure_by_the_guards_classifier_is_retried_counted_and_unavailable(kind: str) -> None:
+async def test_the_door_the_retry_and_the_breaker_agree_with_the_guards_own(kind: str, what: str) -> None:
     service = Service()
     async with door(kind, service) as ask:
-        reply = await ask("busy")
-    assert reply == Reply("UNAVAILABLE", None)  # 502 over HTTP
-    assert service.calls == 3 and service.counted == 3  # retried, and each attempt counted
-    assert service.asked == ["Busy"] * 3  # once per attempt: not by the door, nor by the breaker
-
-
-@pytest.mark.parametrize("kind", ["http", "grpc"])
-async def test_a_rejection_by_the_guards_classifier_tells_the_wait_it_stated(kind: str) -> None:
-    service = Service()
-    async with door(kind, service) as ask:
-        reply = await ask("crowded")
-    assert reply == Reply("UNAVAILABLE", 2.0)  # 503 and Retry-After: 2 over HTTP
-    assert service.calls == 1 and service.counted == 0  # a rejection: not retried (retry_on), not counted
-    assert service.asked == ["Crowded"]
-
-
-@pytest.mark.parametrize("kind", ["http", "grpc"])
-async def test_the_callers_error_by_the_guards_classifier_is_invalid_and_never_counted(kind: str) -> None:
-    service = Service()
-    async with door(kind, service) as ask:
-        reply = await ask("refused")
-    assert reply == Reply("INVALID_ARGUMENT", None)  # 400 over HTTP
-    assert service.calls == 1 and service.counted == 0
-    assert service.asked == ["Refused"]
+        reply = await ask(what)
+    answer, calls, counted = CASES[what]
+    assert reply == answer
+    assert (service.calls, service.counted) == (calls, counted)
+    assert service.asked == [ERRORS[what].__name__] * calls  # once per attempt: not the door, not the breaker
