@@ -8,6 +8,7 @@ One flat public namespace; everything else lives in private modules or the sub-p
 
 from ._clock import FakeClock
 from ._context import current_tenant, degraded
+from ._endings import StreamEnding, stream_endings
 from ._errors import (
     BreakerOpen,
     ConfigError,
@@ -40,6 +41,7 @@ from .layers.throttle import ThrottlePolicy
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority
+from .pipeline import GuardedStream
 from .policy import GenerationPolicy, Policy, PoolQuota, StagePolicy, TenantQuota, TokenLimits
 
 __version__ = "0.1.0"
@@ -66,6 +68,7 @@ __all__ = [
     "FakeClock",
     "GenerationPolicy",
     "Guard",
+    "GuardedStream",
     "HedgePolicy",
     "InvalidInput",
     "Outcome",
@@ -80,6 +83,7 @@ __all__ = [
     "RetryPolicy",
     "StagePolicy",
     "StageTimeout",
+    "StreamEnding",
     "StreamTimeout",
     "TenantQuota",
     "ThrottlePolicy",
@@ -95,5 +99,6 @@ __all__ = [
     "priority",
     "register_classifier",
     "remaining",
+    "stream_endings",
     "tenant",
 ]

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Resumption", "Scope", "Wrapper"]
 
 WAIT: Any = object()
 """Returned by a gate's ``enter`` (and a quota backend's ``admit_now``, :mod:`ragguard.quotas`)
@@ -63,7 +63,9 @@ class Call:
     - ``threads``: for a sync function's call, the worker threads it stopped waiting for that
       still run (:class:`ragguard.pipeline._threads.Pending`), else None;
     - ``meter``: the generation preset's record of an open stream (its token account and
-      budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate.
+      budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate;
+    - ``ending``: how a stream ended (:class:`ragguard.StreamEnding`), None until it has: set by
+      the stream driver before the layers it held exit (the observe layer reports it).
 
     Every layer may read every field; :data:`WRITERS` names the modules that may write each one
     (tests/pipeline/test_call_fields.py holds the code to it): a layer that needs to tell another
@@ -84,6 +86,7 @@ class Call:
     loop: Any = None
     threads: Any = None
     meter: Any = None
+    ending: Any = None
 
     WRITERS: ClassVar[Mapping[str, frozenset[str]]] = {
         # a chunk's candidates while the chunker runs; fewer passages while the shrink runs
@@ -101,6 +104,7 @@ class Call:
         "loop": frozenset({"ragguard.pipeline._drivers"}),
         "threads": frozenset({"ragguard.pipeline._threads"}),
         "meter": frozenset({"ragguard.rag._generation"}),
+        "ending": frozenset({"ragguard.pipeline._drivers"}),
     }
     """Field -> the modules that may write it (``stage``, ``fn`` and ``stream`` are set once, here)."""
 
@@ -179,6 +183,25 @@ class Wrapper(Protocol):
     streams: ClassVar[bool]
 
     async def around(self, call: Call, proceed: Callable[..., Awaitable[Any]]) -> Any: ...
+
+
+@runtime_checkable
+class Resumption(Protocol):
+    """What a layer that can carry a stream on past its commit point (the generation preset's
+    continuation) sets on the opened stream's head (``Head.resume``), from its ``around``.
+
+    ``inside``: the head's held entries (``Head.held``) of the layers inside it, as they were when
+    the stream opened. When the stream fails after items reached the caller, the stream driver
+    closes it, exits those layers with the error (a breaker counts it, a token meter settles) and
+    awaits ``take_over(call, exc, items)`` with the error (or the one a gate replaced it with) and
+    the items handed over: None leaves the error to end the stream; ``(name, rest)`` carries it on
+    with ``rest``, an async iterator of the items still to hand over (whose opening, up to its
+    first item, is already done), ``name`` saying who took over. The layers outside stay held
+    until ``rest`` ends."""
+
+    inside: tuple[Any, ...]
+
+    async def take_over(self, call: Call, exc: Exception, items: list[Any]) -> tuple[str, Any] | None: ...
 
 
 Layer = Gate | Recovery | Wrapper
