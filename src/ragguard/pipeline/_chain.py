@@ -69,10 +69,13 @@ class Chain:
     the guarded function awaits it directly); ``stream`` pairs the root with the item gates the
     stream driver needs."""
 
-    __slots__ = ("_item_gates", "layers", "root", "run")
+    __slots__ = ("_item_gates", "inner", "layers", "root", "run")
 
-    def __init__(self, layers: Sequence[Layer]) -> None:
+    def __init__(self, layers: Sequence[Layer], *, inner: bool = False) -> None:
         self.layers: tuple[Layer, ...] = tuple(layers)
+        self.inner = inner
+        """A chain a layer runs inside a guarded stream of its own (a continuation's): its
+        streams' endings are the outer stream's to report, not recorded in the request."""
         self.root: Node
         self._item_gates: tuple[Gate, ...]
         self.root, self._item_gates = compile_chain(self.layers)
@@ -82,7 +85,8 @@ class Chain:
     def stream(self, call: Call) -> GuardedStream[Any]:
         """Run the stream ``call`` through the chain: an async generator of its items, with the
         stream's ending once it has ended (:class:`GuardedStream`)."""
-        return GuardedStream(run_stream(self.root, self._item_gates, call), call)  # type: ignore[arg-type]
+        stream = run_stream(self.root, self._item_gates, call, record=not self.inner)
+        return GuardedStream(stream, call)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return "Chain(" + " > ".join(type(layer).__name__ for layer in self.layers) + ")"

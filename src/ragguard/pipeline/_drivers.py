@@ -313,7 +313,9 @@ async def _close(agen: Any) -> None:
         await aclose()
 
 
-async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> AsyncIterator[Any]:
+async def run_stream(
+    root: Node, item_gates: tuple[Gate, ...], call: Call, *, record: bool = True
+) -> AsyncIterator[Any]:
     """Drive a stream through the chain rooted at ``root`` (an async generator of its items).
 
     Before the first item, recoveries may retry or serve a fallback; after it, an error ends the
@@ -325,12 +327,13 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
     it ends (exhausted, failed, closed early or cancelled) and exit once with that outcome.
     ``call.items`` counts the items handed over; the head's ``deliver`` hook, if any, runs before
     each is. ``call.ending`` says how the stream ended (:class:`ragguard.StreamEnding`), set
-    before the layers it held exit.
+    before the layers it held exit, and kept in the request (``record``; a stream cut after its
+    commit point is named in :func:`ragguard.degraded` too).
     """
     try:
         head = await root.open(call, item_gates)
     except BaseException as exc:
-        _end(call, exc, "")
+        _end(call, exc, record)
         raise
     outcome: BaseException | None = None
     taken = ""  # the continuation that carries the stream on, once one has
@@ -395,12 +398,12 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
             finally:
                 await _close(head.agen)
         finally:
-            _end(call, outcome, taken, after, cause)
+            _end(call, outcome, record, taken, after, cause)
             # innermost node first; a consumer that stops early closes us with GeneratorExit, which
             # gates treat as a cancellation: released, nothing recorded
             for gates, tokens in head.held:
                 _exit_all(call, gates, tokens, outcome)
-            if outcome is not None and call.items and isinstance(outcome, Exception):
+            if record and outcome is not None and call.items and isinstance(outcome, Exception):
                 mark_degraded(f"incomplete: {call.stage} after {_items(call.items)}")
 
 
@@ -431,9 +434,12 @@ def _items(n: int) -> str:
     return "1 item" if n == 1 else f"{n} items"
 
 
-def _end(call: Call, outcome: BaseException | None, taken: str, after: int = 0, cause: str = "") -> None:
-    """Set and record how ``call``'s stream ended (see :mod:`ragguard._endings`): ``taken`` names
-    the continuation that carried it on after ``after`` items, from an error named ``cause``."""
+def _end(
+    call: Call, outcome: BaseException | None, record: bool, taken: str = "", after: int = 0, cause: str = ""
+) -> None:
+    """Set (and ``record`` in the request) how ``call``'s stream ended (see
+    :mod:`ragguard._endings`): ``taken`` names the continuation that carried it on after ``after``
+    items, from an error named ``cause``."""
     if outcome is None:
         if taken:
             ending = StreamEnding("continued", call.stage, call.items, taken, after, cause)
@@ -442,7 +448,8 @@ def _end(call: Call, outcome: BaseException | None, taken: str, after: int = 0, 
     else:
         ending = StreamEnding("incomplete", call.stage, call.items, taken, after, ended_by(outcome))
     call.ending = ending
-    record_ending(ending)
+    if record:
+        record_ending(ending)
 
 
 _COMMITTED = "ragguard: stream of stage "
