@@ -16,7 +16,13 @@ from grpc_helpers import collect_until_error
 
 import ragguard
 from ragguard import FakeClock, GenerationPolicy, Policy, StagePolicy, TenantQuota
-from ragguard.grpc import STREAM_BUDGET_KEY, STREAM_ITEMS_KEY, GuardServerInterceptor
+from ragguard.grpc import (
+    STREAM_BUDGET_KEY,
+    STREAM_ENDING_KEY,
+    STREAM_ERROR_KEY,
+    STREAM_ITEMS_KEY,
+    GuardServerInterceptor,
+)
 from ragguard.rag import token_accounts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -91,6 +97,7 @@ async def test_a_stalled_answer_ends_deadline_exceeded_after_the_messages_sent()
     assert "idle budget" in (error.details() or "") and "after 3 items" in (error.details() or "")
     trailers = dict(error.trailing_metadata() or ())
     assert (trailers[STREAM_BUDGET_KEY], trailers[STREAM_ITEMS_KEY]) == ("idle", "3")
+    assert (trailers[STREAM_ENDING_KEY], trailers[STREAM_ERROR_KEY]) == ("incomplete", "StreamTimeout")
     assert served.generator.calls == 1  # committed: no retry after the first message
 
 
