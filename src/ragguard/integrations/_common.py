@@ -54,6 +54,9 @@ _PRESET_OF_OPTION = {
     "tokens": "generation",
     "usage": "generation",
     "estimate": "generation",
+    "continuation": "generation",
+    "text": "generation",
+    "continue_structured": "generation",
 }
 
 
@@ -167,6 +170,11 @@ class GuardedStream:
 
     def __aiter__(self) -> GuardedStream:
         return self
+
+    @property
+    def ending(self) -> Any:
+        """How the stream ended (:class:`ragguard.StreamEnding`), None while it runs."""
+        return getattr(self._items, "ending", None)
 
     async def __anext__(self) -> Any:
         if self._pending:

@@ -63,6 +63,9 @@ class Generation:
         budget: tuple[str, ...],
         include_usage: bool,
         wrap_events: Callable[[Any], AsyncIterator[Any]] | None = None,
+        continuation: Callable[..., Any] | None = None,
+        text: Callable[[Any], str | None] | None = None,
+        continue_structured: bool | None = None,
     ) -> None:
         self._include_usage = include_usage
 
@@ -85,9 +88,11 @@ class Generation:
         async def whole(**kwargs: Any) -> AsyncIterator[Any]:
             yield await resource.create(**sdk_options(stages, stage, kwargs, tenant_header))
 
+        continues = {"continuation": continuation, "text": text, "continue_structured": continue_structured}
         self._stream = stages.decorate(
-            stage, stream, fallback=fallbacks(fallback), tokens=tokens, usage=usage, estimate=estimate
-        )
+            stage, stream, fallback=fallbacks(fallback), tokens=tokens, usage=usage, estimate=estimate,
+            **continues,
+        )  # fmt: skip
         self._whole = stages.decorate(
             stage,
             whole,

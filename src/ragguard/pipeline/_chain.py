@@ -18,11 +18,14 @@ Y = TypeVar("Y")
 class GuardedStream(AsyncGenerator[Y, None]):
     """What a guarded async generator function returns: its items, as the async generator it
     replaces reads (``async for``, ``anext``, ``asend``, ``athrow``, ``aclose``,
-    ``contextlib.aclosing``), and :attr:`ending` once it has ended."""
+    ``contextlib.aclosing``), and :attr:`ending` once it has ended.
+
+    ``call`` is the stream's record (anything with ``stage`` and ``ending``: the guarded call, or
+    another GuardedStream whose items ``agen`` hands on, as :func:`ragguard.asgi.primed` does)."""
 
     __slots__ = ("_agen", "_call")
 
-    def __init__(self, agen: AsyncGenerator[Y, None], call: Call) -> None:
+    def __init__(self, agen: AsyncGenerator[Y, None], call: Call | GuardedStream[Any]) -> None:
         self._agen = agen
         self._call = call
 
