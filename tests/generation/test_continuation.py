@@ -121,7 +121,7 @@ async def test_a_stalled_answer_goes_on_from_what_the_caller_has_without_a_repea
 async def test_an_error_after_the_commit_point_is_continued_and_named() -> None:
     clock = FakeClock(auto_advance=False)
     finish = Finish(clock, repeat=0)
-    g, answer = setup(clock, Model(clock, fail_at=3), finish)
+    _, answer = setup(clock, Model(clock, fail_at=3), finish)
     stream = answer("q")
     assert "".join(await drive(clock, collect(stream))) == ANSWER
     assert (stream.ending.kind, stream.ending.error, stream.ending.continued_after) == (
@@ -154,7 +154,7 @@ async def test_the_continuation_has_budgets_of_its_own() -> None:
     clock = FakeClock(auto_advance=False)
     # the continuation's first word never comes: its own first-item budget (2 s) cuts it
     finish = Finish(clock, stall_at=0)
-    g, answer = setup(clock, Model(clock, stall_at=4), finish)
+    _, answer = setup(clock, Model(clock, stall_at=4), finish)
     got: list[str] = []
     stream = answer("q")
     started = clock()
@@ -168,7 +168,7 @@ async def test_the_continuation_has_budgets_of_its_own() -> None:
 
     # one that stalls after its first words is cut by its own idle budget: an incomplete answer
     finish = Finish(clock, repeat=0, stall_at=2)
-    g, answer = setup(clock, Model(clock, stall_at=4), finish)
+    _, answer = setup(clock, Model(clock, stall_at=4), finish)
     got = []
     stream = answer("q")
     with pytest.raises(StreamTimeout) as cut:
@@ -264,7 +264,7 @@ async def test_a_sequence_is_tried_in_order_until_one_answers_and_error_is_passe
         seen.append(error)
         return WORDS[len(partial.items) - 1 :]  # a sync continuation returning a list: trimmed too
 
-    g, answer = setup(clock, Model(clock, fail_at=5), [declines, extractive])
+    _, answer = setup(clock, Model(clock, fail_at=5), [declines, extractive])
     stream = answer("q")
     assert "".join(await drive(clock, collect(stream))) == ANSWER
     assert stream.ending.continued_by == "extractive"
@@ -278,7 +278,7 @@ async def test_a_continuation_that_has_nothing_to_add_completes_the_answer() -> 
         return
         yield ""  # pragma: no cover
 
-    g, answer = setup(clock, Model(clock, fail_at=5), nothing)
+    _, answer = setup(clock, Model(clock, fail_at=5), nothing)
     stream = answer("q")
     assert await drive(clock, collect(stream)) == WORDS[:5]
     assert (stream.ending.kind, stream.ending.items) == ("continued", 5)
@@ -371,7 +371,7 @@ async def test_a_guarded_continuation_runs_under_its_own_stage(events: Recorder)
 async def test_every_stream_ends_typed_in_events() -> None:
     clock = FakeClock(auto_advance=False)
     with Recorder() as recorder:
-        g, answer = setup(clock, Model(clock, stall_at=4), Finish(clock))
+        _, answer = setup(clock, Model(clock, stall_at=4), Finish(clock))
         await drive(clock, collect(answer("q")))
         _, whole = setup(clock, Model(clock), Finish(clock))
         await drive(clock, collect(whole("q")))
