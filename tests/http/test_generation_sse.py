@@ -169,3 +169,36 @@ async def test_primed_raises_before_the_first_item_and_closes_what_it_read() -> 
     assert await anext(early) == 0
     await early.aclose()
     assert closed == ["True:3", "False:3", "False:0", "False:5"]
+
+
+def _read_first_app(g: ragguard.Guard, **options: Any) -> Any:
+    """An endpoint that reads a guarded stream to its end, then streams what it read as SSE."""
+    app = FastAPI()
+
+    @g.guard("generation")
+    async def model(question: str) -> AsyncIterator[str]:
+        for word in ("a", "b"):
+            yield word
+
+    @app.get("/answer")
+    async def answer() -> StreamingResponse:
+        words = [word async for word in model("why")]
+
+        async def events() -> AsyncIterator[str]:
+            for word in words:
+                yield f"data: {word}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return RagguardMiddleware(app, guard=g, **options)
+
+
+async def test_a_stream_read_before_the_response_is_told_with_its_first_chunk_unless_turned_off() -> None:
+    g = ragguard.Guard(budgets())
+    for options, told in (({}, True), ({"ending_events": False}, False)):
+        transport = httpx.ASGITransport(app=_read_first_app(g, **options))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            reply = await client.get("/answer")
+        data = '{"ending": "completed", "stage": "generation", "items": 2}'
+        ending = f"event: {SSE_ENDING_EVENT}\ndata: {data}\n\n"
+        assert reply.text == (ending if told else "") + "data: a\n\ndata: b\n\n"

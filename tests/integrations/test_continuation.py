@@ -10,7 +10,9 @@ leaves nothing held (tenant slot, token reservations, upstream streams)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -34,9 +36,14 @@ from ragguard.grpc import (
     STREAM_ITEMS_KEY,
     GuardServerInterceptor,
 )
-from ragguard.integrations.anthropic import continue_message, guard_anthropic
-from ragguard.integrations.openai import continue_chat, guard_openai
-from ragguard.rag import token_accounts
+from ragguard.integrations.anthropic import continue_message, guard_anthropic, prefill_messages
+from ragguard.integrations.openai import (
+    CONTINUE_INSTRUCTION,
+    continuation_messages,
+    continue_chat,
+    guard_openai,
+)
+from ragguard.rag import Partial, token_accounts
 from wire import OVERLOADED, AnthropicWire, Fault, HttpWire, OpenAIWire, serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -349,25 +356,34 @@ async def test_the_grpc_client_gets_the_whole_answer_and_a_continued_ending(sdk:
 # -- incomplete and completed, at both front doors ---------------------------------------------
 
 
-async def test_without_a_continuation_a_cut_answer_ends_incomplete_with_its_count(sdk: Sdk) -> None:
+@pytest.mark.parametrize(
+    ("fault", "error", "status", "code"),
+    [
+        ("stall", "StreamTimeout", 504, grpc.StatusCode.DEADLINE_EXCEEDED),
+        ("reset", None, 502, grpc.StatusCode.UNAVAILABLE),
+    ],
+)
+async def test_without_a_continuation_a_cut_answer_ends_incomplete_with_its_count(
+    sdk: Sdk, fault: str, error: str | None, status: int, code: grpc.StatusCode
+) -> None:
     g = Guard(_policy())
-    sdk.wire.faults.push("*", sdk.fault("stall"), times=2)
+    sdk.wire.faults.push("*", sdk.fault(fault), times=2)
     with serving(sse_app(g, sdk, continuing=False)) as (url, _):
         text, others = await read_sse(url)
     assert text == "".join(WORDS[:CUT])
-    (kind, ending), (error_kind, error) = others
+    (kind, ending), (error_kind, answer) = others
     assert kind == SSE_ENDING_EVENT and error_kind == SSE_ERROR_EVENT  # the ending, then the error
-    assert ending == {
-        "ending": "incomplete",
-        "stage": "generation",
-        "items": sdk.preamble + CUT,
-        "error": "StreamTimeout",
-    }
-    assert (error["status"], error["budget"]) == (504, "idle")
+    assert (ending["ending"], ending["stage"], ending["items"]) == (
+        "incomplete",
+        "generation",
+        sdk.preamble + CUT,
+    )
+    assert ending["error"] == (error or ending["error"]) and "continued_by" not in ending
+    assert answer["status"] == status
 
     async with GrpcDoor(g, sdk, sdk.client(g)) as door:
-        text, trailers, code = await door.read()
-    assert code is grpc.StatusCode.DEADLINE_EXCEEDED and text == "".join(WORDS[:CUT])
+        text, trailers, got = await door.read()
+    assert got is code and text == "".join(WORDS[:CUT])
     assert (trailers[STREAM_ENDING_KEY], trailers[STREAM_ITEMS_KEY]) == (
         "incomplete",
         str(sdk.preamble + CUT),
@@ -454,4 +470,142 @@ async def test_a_request_with_tools_is_not_continued_unless_declared_safe(sdk: S
                 got.append(sdk.text(event))
     assert "".join(got) == "".join(WORDS[:CUT])
     assert any("offers tools" in note for note in getattr(caught.value, "__notes__", ()))
+    assert stream.ending.kind == "incomplete" and len(sdk.wire.requests) == 1
+
+
+# -- the recipes, one by one ----------------------------------------------------------------
+
+DOC = Path(__file__).parents[2] / "docs" / "integrations.md"
+
+
+def _doc_block() -> str:
+    text = DOC.read_text(encoding="utf-8")
+    marker = "<!-- the block below is executed by tests/integrations/test_continuation.py -->"
+    found = re.search(r"```python\n(.*?)```", text[text.index(marker) :], re.S)
+    assert found is not None
+    return found.group(1)
+
+
+async def test_the_block_of_the_docs_runs_as_written(
+    _openai_words: OpenAIWire, _anthropic_words: AnthropicWire
+) -> None:
+    ragguard.configure(_policy())
+    backup_server = OpenAIWire(tokens=WORDS)
+    for wire in (_openai_words, _anthropic_words):
+        wire.faults.clear()
+        wire.requests.clear()
+        wire.repeat_tokens = 0
+    with backup_server.running():
+        namespace: dict[str, Any] = {
+            "BACKUP_URL": f"{backup_server.url}/v1",
+            "OPENAI_URL": f"{_openai_words.url}/v1",
+            "ANTHROPIC_URL": _anthropic_words.url,
+            "API_KEY": "k",
+        }
+        exec(compile(_doc_block(), str(DOC), "exec"), namespace)
+        _openai_words.faults.push("chat", Fault(reset=True, after_tokens=CUT))
+        _anthropic_words.faults.push("messages", Fault(event=OVERLOADED, after_tokens=CUT))
+        try:
+            gpt = await namespace["gpt"].chat.completions.create(model="m", messages=ASK, stream=True)
+            said = "".join([c.choices[0].delta.content or "" async for c in gpt if c.choices])
+            claude = await namespace["claude"].messages.create(
+                model="c", messages=ASK, max_tokens=40, stream=True
+            )
+            told = "".join(
+                [
+                    e.delta.text
+                    async for e in claude
+                    if e.type == "content_block_delta" and e.delta.type == "text_delta"
+                ]
+            )
+        finally:
+            for name in ("gpt", "claude", "backup"):
+                await namespace[name].client.close()
+    assert said == ANSWER and told == ANSWER
+    assert (gpt.ending.continued_by, claude.ending.continued_by) == ("backup-model", "continue_message")
+    assert backup_server.requests[0]["json"]["model"] == "backup-model"  # the model it was given
+    assert _anthropic_words.requests[1]["json"]["messages"][-1]["role"] == "assistant"
+
+
+def test_prefill_messages_strip_the_prefill_and_keep_the_requests_own() -> None:
+    ask = [{"role": "user", "content": "why?"}]
+    assert prefill_messages(ask, "It is ") == [*ask, {"role": "assistant", "content": "It is"}]
+    own = [*ask, {"role": "assistant", "content": "Answer: "}]
+    assert prefill_messages(own, "it is") == [*ask, {"role": "assistant", "content": "Answer: it is"}]
+    assert prefill_messages(ask, "  ") == ask  # nothing to prefill
+    assert continuation_messages(ask, "It is")[-2:] == [
+        {"role": "assistant", "content": "It is"},
+        {"role": "user", "content": CONTINUE_INSTRUCTION},
+    ]
+
+
+def test_what_each_recipe_refuses_to_continue() -> None:
+    chat, message = continue_chat(), continue_message()
+    assert chat.refuses({"n": 2}, structured=True) is not None  # several answers: never
+    assert chat.refuses({"tools": [{}]}, structured=False) is not None
+    assert chat.refuses({"functions": [{}]}, structured=False) is not None
+    assert chat.refuses({"response_format": {"type": "json_object"}}, structured=False) is not None
+    assert chat.refuses({"response_format": {"type": "text"}}, structured=False) is None
+    assert chat.refuses({"tools": [{}], "response_format": {"type": "json_object"}}, structured=True) is None
+    assert (
+        message.refuses({"thinking": {"type": "enabled"}}, structured=True) is not None
+    )  # no prefill with it
+    assert message.refuses({"tools": [{}]}, structured=False) is not None
+    assert message.refuses({"tools": [{}]}, structured=True) is None
+
+
+async def test_a_request_with_tools_is_continued_when_the_stage_declares_it_safe(sdk: Sdk) -> None:
+    g = Guard(_policy())
+    follow = continue_chat() if sdk.name == "openai" else continue_message()
+    client = sdk.client(g, continuation=follow, continue_structured=True)
+    sdk.wire.faults.push("*", sdk.fault("reset"))
+    if sdk.name == "openai":
+        tool: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"type": "object"}},
+        }
+        stream = await client.chat.completions.create(model="m", messages=ASK, stream=True, tools=[tool])
+    else:
+        tool = {"name": "f", "input_schema": {"type": "object"}}
+        stream = await client.messages.create(
+            model="c", messages=ASK, stream=True, max_tokens=40, tools=[tool]
+        )
+    assert "".join([sdk.text(event) async for event in stream]) == ANSWER
+    assert stream.ending.kind == "continued"
+
+
+async def test_anthropic_blocks_are_numbered_on_from_the_callers() -> None:
+    from anthropic.types import RawContentBlockDeltaEvent, RawContentBlockStartEvent, RawContentBlockStopEvent
+
+    def delta(index: int, text: str) -> Any:
+        return RawContentBlockDeltaEvent.model_validate(
+            {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
+        )
+
+    start = RawContentBlockStartEvent.model_validate(
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    )
+    stop = RawContentBlockStopEvent.model_validate({"type": "content_block_stop", "index": 0})
+    had = (delta(0, "First block. "), delta(1, "Second block is"))  # the caller was in block 1
+
+    async def events() -> AsyncIterator[Any]:
+        for event in (start, delta(0, " block is"), delta(0, " done."), stop):
+            yield event
+
+    partial = Partial("generation", had, "First block. Second block is", ConnectionResetError())
+    got = [e async for e in continue_message().rewrite(events(), partial)]
+    assert [(e.type, e.index) for e in got] == [("content_block_delta", 1), ("content_block_stop", 1)]
+    assert got[0].delta.text == " done."  # " block is" was a repeat
+
+
+async def test_the_responses_api_is_not_continued(sdk: Sdk) -> None:
+    if sdk.name != "openai":
+        pytest.skip("the Responses API is OpenAI's")
+    g = Guard(_policy())
+    client = sdk.continuing(g)
+    sdk.wire.faults.push("responses", Fault(reset=True, after_tokens=6))
+    stream = await client.responses.create(model="m", input="why?", stream=True)
+    with pytest.raises(Exception):  # noqa: B017 - whatever the SDK raises for a reset
+        async for _ in stream:
+            pass
     assert stream.ending.kind == "incomplete" and len(sdk.wire.requests) == 1
