@@ -40,7 +40,7 @@ async def primed(stream: AsyncIterable[T]) -> AsyncGenerator[T, None]:
         raise
     else:
         rest = _rest(iterator, first, empty=False)
-    return GuardedStream(rest, iterator) if isinstance(iterator, GuardedStream) else rest
+    return GuardedStream(rest, stream) if isinstance(stream, GuardedStream) else rest
 
 
 async def _rest(iterator: AsyncIterator[T], first: Any, *, empty: bool) -> AsyncGenerator[T, None]:

@@ -18,7 +18,8 @@ Y = TypeVar("Y")
 class GuardedStream(AsyncGenerator[Y, None]):
     """What a guarded async generator function returns: its items, as the async generator it
     replaces reads (``async for``, ``anext``, ``asend``, ``athrow``, ``aclose``,
-    ``contextlib.aclosing``), and :attr:`ending` once it has ended.
+    ``contextlib.aclosing``), and :attr:`ending` once it has ended. ``aiter(stream)`` is the
+    generator inside (``async for`` reads it directly); closing either closes the stream.
 
     ``call`` is the stream's record (anything with ``stage`` and ``ending``: the guarded call, or
     another GuardedStream whose items ``agen`` hands on, as :func:`ragguard.asgi.primed` does)."""
@@ -41,8 +42,10 @@ class GuardedStream(AsyncGenerator[Y, None]):
         """The stage the stream runs as."""
         return self._call.stage
 
-    def __aiter__(self) -> GuardedStream[Y]:
-        return self
+    def __aiter__(self) -> AsyncGenerator[Y, None]:
+        # the generator itself: `async for` then reads its items with no call of ours per item
+        # (this wrapper's own __anext__ doubled the cost of reading a bare generator's item)
+        return self._agen
 
     def __anext__(self) -> Coroutine[Any, Any, Y]:
         return self._agen.__anext__()  # the generator's own awaitable: no frame of ours per item
