@@ -271,6 +271,22 @@ async def test_a_sequence_is_tried_in_order_until_one_answers_and_error_is_passe
     assert len(seen) == 1 and isinstance(seen[0], ConnectionResetError)
 
 
+async def test_a_continuation_may_be_an_async_def_returning_a_stream() -> None:
+    clock = FakeClock(auto_advance=False)
+
+    async def rest(n: int) -> AsyncIterator[str]:
+        for word in WORDS[n:]:
+            yield word
+
+    async def sdk_like(question: str, *, partial: Partial) -> AsyncIterator[str]:  # as create(stream=True)
+        return rest(len(partial.items))
+
+    _, answer = setup(clock, Model(clock, fail_at=6), sdk_like)
+    stream = answer("q")
+    assert "".join(await drive(clock, collect(stream))) == ANSWER
+    assert stream.ending.continued_by == "sdk_like"
+
+
 async def test_a_continuation_that_has_nothing_to_add_completes_the_answer() -> None:
     clock = FakeClock(auto_advance=False)
 
@@ -430,6 +446,8 @@ def test_a_continuation_is_checked_at_decoration() -> None:
 
     with pytest.raises(ConfigError, match="async generator functions only"):
         g.guard("answer", continuation=finish)(whole)
+    with pytest.raises(ConfigError, match="preset"):  # a stage without the generation preset
+        g.guard("plain", continuation=finish)(answer)
     with pytest.raises(ConfigError, match="text"):
         g.guard("answer", continuation=finish, text="item.text")(answer)
     with pytest.raises(ConfigError, match="continue_structured"):

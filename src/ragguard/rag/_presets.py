@@ -27,7 +27,10 @@ stage called ``rerank_v2``). Arguments are declared, never guessed from keyword 
   retrieved passages, best first) adds the shrink, for streams and coroutine functions alike: a
   call the model refused as longer than its context window is made again with fewer passages
   (:mod:`ragguard.rag._shrink`). A coroutine function of such a stage runs the generic layers and
-  the shrink only.
+  the shrink only. ``continuation=`` (a callable or a sequence, each taking ``partial=``) carries
+  a stream that fails after its first item on from what the caller has, ``text=`` (item -> str |
+  None) reads an item's text for it, ``continue_structured=True`` lets it continue items that are
+  not text (:mod:`ragguard.rag._continuation`).
 
 :func:`register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the contract).
 """

@@ -480,7 +480,7 @@ DOC = Path(__file__).parents[2] / "docs" / "integrations.md"
 
 def _doc_block() -> str:
     text = DOC.read_text(encoding="utf-8")
-    marker = "<!-- the block below is executed by tests/integrations/test_continuation.py -->"
+    marker = "<!-- the block below is executed by tests/integrations/test_continued_answers.py -->"
     found = re.search(r"```python\n(.*?)```", text[text.index(marker) :], re.S)
     assert found is not None
     return found.group(1)
@@ -598,14 +598,18 @@ async def test_anthropic_blocks_are_numbered_on_from_the_callers() -> None:
     assert got[0].delta.text == " done."  # " block is" was a repeat
 
 
-async def test_the_responses_api_is_not_continued(sdk: Sdk) -> None:
-    if sdk.name != "openai":
-        pytest.skip("the Responses API is OpenAI's")
+async def test_the_responses_api_is_not_continued(_openai_words: OpenAIWire) -> None:
+    sdk = Sdk("openai", _openai_words)
+    _openai_words.faults.clear()
+    _openai_words.requests.clear()
     g = Guard(_policy())
     client = sdk.continuing(g)
-    sdk.wire.faults.push("responses", Fault(reset=True, after_tokens=6))
-    stream = await client.responses.create(model="m", input="why?", stream=True)
-    with pytest.raises(Exception):  # noqa: B017 - whatever the SDK raises for a reset
-        async for _ in stream:
-            pass
-    assert stream.ending.kind == "incomplete" and len(sdk.wire.requests) == 1
+    _openai_words.faults.push("responses", Fault(reset=True, after_tokens=6))
+    try:
+        stream = await client.responses.create(model="m", input="why?", stream=True)
+        with pytest.raises(Exception):  # noqa: B017 - whatever the SDK raises for a reset
+            async for _ in stream:
+                pass
+    finally:
+        await sdk.close()
+    assert stream.ending.kind == "incomplete" and len(_openai_words.requests) == 1
