@@ -1,37 +1,32 @@
-"""What a typed ending and a continuation cost a generation stream, per item, measured in one run.
+"""What a typed ending and a continuation cost a generation stream, measured in one run.
 
-    .venv/bin/python benchmarks/continuation.py [--streams 200] [--items 100] [--rounds 9]
+    .venv/bin/python benchmarks/continuation.py [--ops 200] [--items 100] [--rounds 11]
 
-Each contender reads ``streams`` streams of ``items`` short text items inside a tenant block, on
-the real clock, interleaved round by round in a rotating order; the figure is the median over
-rounds of nanoseconds per item (a stream's opening and closing spread over its items), with the
-spread (min-max). Contenders:
+One operation reads a stream of ``items`` short text items to its end inside a tenant block, on
+the real clock (the budgets arm the loop's timer wheel per item). Contenders, interleaved round by
+round (benchmarks/_bench.py):
 
 - bare async generator: no ragguard;
-- generation stage: as shipped (a GuardedStream, its ending set and kept in the request);
-- generation stage, read with anext(): the same stream read item by item through the
-  GuardedStream's own ``__anext__`` (``async for`` reads the generator inside it directly): what
-  the wrapper that carries ``.ending`` costs a reader that calls ``anext`` itself;
+- generation stage: as shipped (a GuardedStream, its ending set and kept in the request), read
+  with ``async for`` (which reads the generator inside the GuardedStream directly);
+- read with anext(): the same, item by item through the GuardedStream's own ``__anext__``: what
+  the wrapper that carries ``.ending`` costs a reader that calls ``anext`` itself (a Python call
+  per item; ``async for`` pays none);
 - continuation declared: the same stage with ``continuation=`` (each item kept for it), nothing
-  failing: the target is at most 1.05x the generation stage;
-- continued at half: the model drops the stream after half its items and the continuation (which
-  restarts two items back, trimmed) hands over the rest: the failure path, for scale.
+  failing: target at most 1.05x the generation stage;
+- continued at half: the model drops the stream after half its items and the continuation
+  (restarting two items back, trimmed) hands over the rest: the failure path, for scale.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
-import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 import ragguard
+from _bench import Contender, header, print_table, print_targets, ratio_target, run_async
 from ragguard import GenerationPolicy, Policy, StagePolicy
 from ragguard.rag import Partial
 
@@ -50,7 +45,7 @@ async def finish(n: int, fail_at: int | None = None, *, partial: Partial) -> Asy
         yield WORDS[i % 1000]
 
 
-def contenders() -> dict[str, Callable[[int], Awaitable[int]]]:
+def contenders(items: int) -> list[Contender]:
     generation = GenerationPolicy(first_item_s=30, idle_s=10, total_s=300)
     stages = {
         "generation": StagePolicy(generation=generation),
@@ -61,90 +56,67 @@ def contenders() -> dict[str, Callable[[int], Awaitable[int]]]:
     continuing = g.guard("generation", continuation=finish)(model)
     failing = g.guard("failing", breaker=False, continuation=finish)(model)
 
-    def reader(open_stream: Callable[[int], Any], fail: bool = False) -> Callable[[int], Awaitable[int]]:
-        async def read(items: int) -> int:
+    def reading(open_stream: Callable[[], Any]) -> Callable[[], Any]:
+        async def read() -> None:
             n = 0
             async with g.tenant("acme"):
-                async for _ in open_stream(items) if not fail else open_stream(items, items // 2):
+                async for _ in open_stream():
                     n += 1
             assert n == items, n
-            return n
 
         return read
 
-    def by_anext(open_stream: Callable[[int], Any]) -> Callable[[int], Awaitable[int]]:
-        async def read(items: int) -> int:
-            n = 0
-            async with g.tenant("acme"):
-                stream = open_stream(items)
-                try:
-                    while True:
-                        await anext(stream)
-                        n += 1
-                except StopAsyncIteration:
-                    pass
-            return n
-
-        return read
-
-    async def bare(items: int) -> int:
+    async def by_anext() -> None:
         n = 0
         async with g.tenant("acme"):
-            async for _ in model(items):
-                n += 1
-        return n
+            stream = plain(items)
+            try:
+                while True:
+                    await anext(stream)
+                    n += 1
+            except StopAsyncIteration:
+                pass
+        assert n == items, n
 
-    return {
-        "bare async generator": bare,
-        "generation stage": reader(plain),
-        "generation stage, read with anext()": by_anext(plain),
-        "continuation declared": reader(continuing),
-        "continued at half": reader(failing, fail=True),
-    }
+    return [
+        Contender("bare async generator", "no ragguard", reading(lambda: model(items))),
+        Contender("generation stage", "as shipped, async for", reading(lambda: plain(items))),
+        Contender("read with anext()", "the same, anext() per item", by_anext),
+        Contender(
+            "continuation declared", "continuation=, nothing fails", reading(lambda: continuing(items))
+        ),
+        Contender(
+            "continued at half",
+            "cut at half, continued, repeat trimmed",
+            reading(lambda: failing(items, items // 2)),
+        ),
+    ]
 
 
-async def main(streams: int, items: int, rounds: int) -> None:
-    runs = contenders()
-    names = list(runs)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for name in names:  # warm up
-        for _ in range(max(streams // 10, 5)):
-            await runs[name](items)
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            read = runs[name]
-            start = time.perf_counter_ns()
-            total = 0
-            for _ in range(streams):
-                total += await read(items)
-            samples[name].append((time.perf_counter_ns() - start) / total)
-            await asyncio.sleep(0)
-
-    median = {name: statistics.median(s) for name, s in samples.items()}
-    title = f"per-item cost, median of {rounds} rounds x {streams} streams x {items} items (ns/item)"
-    table = Table(title=title)
-    for column in ("contender", "ns/item", "spread", "x bare", "x generation stage"):
-        table.add_column(column, justify="left" if column == "contender" else "right")
-    bare, stage = median["bare async generator"], median["generation stage"]
-    for name in names:
-        s = samples[name]
-        table.add_row(
-            name, f"{median[name]:,.0f}", f"{min(s):,.0f}-{max(s):,.0f}", f"{median[name] / bare:.1f}",
-            f"{median[name] / stage:.3f}",
-        )  # fmt: skip
-    Console(width=120).print(table)
-    by_anext = median["generation stage, read with anext()"]
-    print(f"the GuardedStream wrapper per item read with anext(): {by_anext - stage:,.0f} ns")
-    declared = median["continuation declared"] / stage
-    print(f"continuation declared: {declared:.3f}x the generation stage (target <= 1.05x)")
-    print(f"(Python {sys.version.split()[0]}, asyncio)")
+async def main(ops: int, items: int, rounds: int) -> int:
+    header()
+    results = await run_async(contenders(items), ops=ops, rounds=rounds)
+    print_table(
+        results,
+        f"a generation stream of {items} items",
+        against=("bare async generator", "generation stage"),
+        unit="stream",
+    )
+    targets = [
+        ratio_target(results, "a declared continuation", "continuation declared", "generation stage", 1.05),
+        ratio_target(
+            results, "the wrapper, read with anext()", "read with anext()", "generation stage", 1.05
+        ),
+    ]
+    return print_targets(targets)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", type=int, default=200)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--items", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=11)
     args = parser.parse_args()
-    asyncio.run(main(args.streams, args.items, args.rounds))
+    asyncio.run(main(args.ops, args.items, args.rounds))

@@ -93,6 +93,21 @@ class ClientContinuation:
             continuation.__ragguard_stage__ = wrapped_stage  # type: ignore[attr-defined]
         return continuation
 
+    def options(
+        self,
+        stages: Stages,
+        stage: str,
+        tenant_header: str | None,
+        own: Any,
+        *,
+        structured: bool,
+        text: Callable[[Any], str | None],
+    ) -> dict[str, Any]:
+        """The generation preset's options of a wrapped client's stream: the bound continuation
+        (:meth:`bind`), ``text=`` (how its events read as text) and ``continue_structured=``."""
+        bound = self.bind(stages, stage, tenant_header, own, structured=structured)
+        return {"continuation": bound, "text": text, "continue_structured": structured}
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 

@@ -107,13 +107,10 @@ class GuardedAnthropic(GuardedClient):
         )
         continues: dict[str, Any] = {}
         if continuation is not None:
-            continues = {
-                "continuation": continuation.bind(
-                    stages, generation_stage, tenant_header, self.client, structured=continue_structured
-                ),
-                "text": _message_text,
-                "continue_structured": continue_structured,
-            }
+            continues = continuation.options(
+                stages, generation_stage, tenant_header, self.client,
+                structured=continue_structured, text=_message_text,
+            )  # fmt: skip
         self.messages = Resource(
             self.client.messages,
             create=Generation(

@@ -148,13 +148,10 @@ class GuardedOpenAI(GuardedClient):
         )
         continues: dict[str, Any] = {}
         if continuation is not None:
-            continues = {
-                "continuation": continuation.bind(
-                    stages, generation_stage, tenant_header, self.client, structured=continue_structured
-                ),
-                "text": _chat_text,
-                "continue_structured": continue_structured,
-            }
+            continues = continuation.options(
+                stages, generation_stage, tenant_header, self.client,
+                structured=continue_structured, text=_chat_text,
+            )  # fmt: skip
         self._stages = stages
         self.embeddings = _Embeddings(self.client, stages, embedding_stage, tenant_header)
         completions = Generation(
