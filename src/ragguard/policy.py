@@ -264,7 +264,10 @@ class StagePolicy(Options):
       failure kinds and BreakerOpen, the default) or ``any`` (every Exception but cancellation).
     - ``preset``: the RAG preset the stage runs (``embedding``, ``vector_store``, ``rerank``,
       ``generation``, or one registered with :func:`ragguard.rag.register_preset`; None: the
-      generic layers only). The standard stages of the same names have theirs.
+      generic layers only). The standard stages of the same names have theirs, and a stage that
+      names a standard stage's preset starts from that stage's values (its timeout, breaker and
+      retries: ``backup: {preset: generation}`` retries as ``generation`` does); the fields it
+      sets replace them.
     - embedding cache (``embedding`` preset): ``cache_size`` entries, ``cache_ttl_s`` seconds.
     - rerank (``rerank`` preset): ``rerank_min_batch`` is the floor the batch is halved down to.
     - ``generation`` (``generation`` preset): the stream budgets and the token estimate
@@ -540,6 +543,13 @@ def _standard_stages() -> dict[str, StagePolicy]:
     return {name: StagePolicy(**options) for name, options in STANDARD_STAGE_OPTIONS.items()}
 
 
+def _with_preset_defaults(given: StagePolicy) -> StagePolicy:
+    """``given`` over the standard stage of its preset (the fields it sets win), or ``given`` as
+    it is when its preset is not a standard stage's (None, or one registered by the user)."""
+    options = STANDARD_STAGE_OPTIONS.get(given.preset) if given.preset is not None else None
+    return given if options is None else _overlay(StagePolicy(**options), given)
+
+
 STANDARD_STAGES = ("embedding", "vector_store", "rerank", "generation")
 
 
@@ -567,7 +577,8 @@ class Policy(Options):
 
     - ``stages``: stage name -> StagePolicy. The standard stages ``embedding``, ``vector_store``,
       ``rerank`` and ``generation`` are always present with their presets and breakers; for those,
-      the fields you set override the standard values and the rest keep them. Stages not listed use
+      the fields you set override the standard values and the rest keep them; so does any stage
+      (and ``default_stage``) whose ``preset`` is one of theirs. Stages not listed use
       ``default_stage``.
     - ``tenants``: tenant id -> TenantQuota; tenants not listed get ``default_quota`` each.
     - ``unlisted_pool``: the bound the tenants not listed share all together (a
@@ -603,15 +614,16 @@ class Policy(Options):
     @model_validator(mode="after")
     def _fill_standard(self) -> Policy:
         # A standard stage given by the user keeps the standard values of the fields it leaves
-        # unset: setting only ``timeout_s`` must not drop the typed breaker.
+        # unset: setting only ``timeout_s`` must not drop the typed breaker. So does any stage that
+        # names a standard stage's preset (``backup: {preset: generation}`` retries as the
+        # standard ``generation`` stage does), and ``default_stage`` when it names one.
         stages = _standard_stages()
         for name, given in self.stages.items():
             base = stages.get(name)
-            if base is None:
-                stages[name] = given
-            else:
-                stages[name] = _overlay(base, given)
+            stages[name] = _with_preset_defaults(given) if base is None else _overlay(base, given)
         object.__setattr__(self, "stages", stages)
+        if self.default_stage.preset in STANDARD_STAGE_OPTIONS:
+            object.__setattr__(self, "default_stage", _with_preset_defaults(self.default_stage))
         checked = [(f"stages.{name}", stage) for name, stage in stages.items()]
         for where, stage in [*checked, ("default_stage", self.default_stage)]:
             try:

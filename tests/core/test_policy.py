@@ -65,6 +65,31 @@ def test_an_explicit_kind_still_replaces_the_standard_breaker() -> None:
     assert Guard(p).breaker("rerank") is None
 
 
+def test_a_stage_naming_a_standard_preset_starts_from_that_standard_stage() -> None:
+    p = Policy.parse({
+        "stages": {
+            "backup": {"preset": "generation"},
+            "rerank_v2": {"preset": "rerank", "breaker": {"open_for_s": 5}},
+            "keyword": {"preset": "vector_store", "timeout_s": 0.5, "retry": {"attempts": 3}},
+        },
+        "default_stage": {"preset": "embedding"},
+    })
+    backup, generation = p.stage("backup"), p.stage("generation")
+    assert backup.retry == generation.retry and backup.retry.attempts == 2
+    assert backup.breaker == generation.breaker
+    rerank_v2 = p.stage("rerank_v2")
+    assert rerank_v2.breaker.kind == "rerank_oom" and rerank_v2.breaker.open_for_s == 5
+    assert rerank_v2.retry.attempts == 1
+    keyword = p.stage("keyword")
+    assert keyword.breaker.kind == "vector_store_unavailable"
+    assert keyword.timeout_s == 0.5 and keyword.retry.attempts == 3  # its own fields win
+    assert keyword.retry.retry_on == p.stage("vector_store").retry.retry_on
+    unlisted = p.stage("anything_else")
+    assert unlisted.breaker.kind == "embedding_timeout" and unlisted.timeout_s == 5.0
+    assert Policy().stage("anything_else").retry.attempts == 1  # no preset: the defaults
+    assert isinstance(Guard(p).breaker("keyword"), VectorStoreUnavailableBreaker)
+
+
 def test_policies_are_frozen() -> None:
     p = Policy()
     with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen error type

@@ -171,6 +171,22 @@ async def test_a_fallback_client_keeps_the_stream_going(
     assert whole.choices[0].message.content == "Backup answer"
 
 
+async def test_a_fallback_clients_stage_declared_with_the_generation_preset_retries_as_generation_does(
+    client_of: Any, openai_wire: OpenAIWire, backup_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    """The docs' fallback client: its stage says only ``preset: generation``, and gets the standard
+    generation stage's two attempts, so a reset on the backup model is retried, not a 502."""
+    g = Guard(Policy(stages={"backup": StagePolicy(preset="generation")}), sleep=sleeps)
+    assert g.policy.stage("backup").retry.attempts == 2
+    backup = client_of(backup_wire, g, generation_stage="backup")
+    client = client_of(openai_wire, g, fallback=backup.chat.completions.create)
+    openai_wire.faults.always("chat", Fault(status=500))
+    backup_wire.faults.push("chat", Fault(reset=True))
+    stream = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert await _text(stream) == "Backup answer"
+    assert backup_wire.faults.seen["chat"] == 2  # the reset, then the retry that answered
+
+
 async def test_the_breaker_in_front_of_the_provider_opens_and_stops_the_calls(
     client_of: Any,
     openai_wire: OpenAIWire,
