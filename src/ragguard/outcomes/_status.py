@@ -38,9 +38,10 @@ def from_http_status(status: object, headers: Any = None) -> Outcome | None:
     return Outcome(Kind.CALLER_ERROR, reason=_CALLER_REASONS.get(status, "status"), status=status)
 
 
-_OVERLOAD_TYPES = frozenset({
-    "overloaded_error", "rate_limit_error", "rate_limit_exceeded", "insufficient_quota_temporary",
-    "server_overloaded", "too_many_requests", "requests_limit_exceeded", "tokens_limit_exceeded",
+_OVERLOAD_TYPES = frozenset({"overloaded_error", "server_overloaded"})
+_RATE_LIMIT_TYPES = frozenset({
+    "rate_limit_error", "rate_limit_exceeded", "insufficient_quota_temporary", "too_many_requests",
+    "requests_limit_exceeded", "tokens_limit_exceeded",
 })
 _FAILURE_TYPES = frozenset({"api_error", "server_error", "internal_server_error", "service_unavailable"})
 
@@ -52,7 +53,11 @@ def from_overload_type(kind: object, *, status: int = 0, headers: Any = None) ->
     if not isinstance(kind, str):
         return None
     name = kind.lower()
-    if name in _OVERLOAD_TYPES or "overloaded" in name or "rate_limit" in name:
+    if name in _RATE_LIMIT_TYPES or "rate_limit" in name:
+        # the caller's own limit, whatever status carried it: read as a 429 (a breaker's
+        # rejection rate never counts it; see ragguard.breakers.counts_overloads)
+        return Outcome.of(Kind.REJECTION, retry_after_s=stated_wait(headers), reason="stream", status=429)
+    if name in _OVERLOAD_TYPES or "overloaded" in name:
         return Outcome.of(Kind.REJECTION, retry_after_s=stated_wait(headers), reason="stream", status=status)
     if name in _FAILURE_TYPES:
         return Outcome.of(Kind.FAILURE, retry_after_s=stated_wait(headers), reason="stream", status=status)
