@@ -49,15 +49,26 @@ async def _text(stream: Any) -> str:
 async def test_a_529_is_attempted_as_often_as_the_retry_policy_says(
     client_of: Any, anthropic_wire: AnthropicWire, sleeps: Sleeps
 ) -> None:
+    overloaded = Guard(_policy(breaker=BreakerPolicy(kind="generic", minimum_calls=3)), sleep=sleeps)
+    anthropic_wire.faults.always("messages", Fault(status=529))
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        await client_of(anthropic_wire, overloaded).messages.create(
+            model="c", max_tokens=64, messages=ASK, stream=True
+        )
+    assert caught.value.status_code == 529
+    assert anthropic_wire.faults.seen["messages"] == 3  # no SDK retry under ragguard's
+    # three of three turned away: the rejection rate (90% by default) says the provider is down
+    assert overloaded.breaker("generation").state is BreakerState.OPEN
+    assert overloaded.breaker("generation").metrics().rejected_calls == 3
     breaker = BreakerPolicy(kind="generic", minimum_calls=2, failure_rate_threshold=50)
     g = Guard(_policy(breaker=breaker), sleep=sleeps)
     client = client_of(anthropic_wire, g)
-    anthropic_wire.faults.always("messages", Fault(status=529))
-    with pytest.raises(anthropic.APIStatusError) as caught:
-        await client.messages.create(model="c", max_tokens=64, messages=ASK, stream=True)
-    assert caught.value.status_code == 529
-    assert anthropic_wire.faults.seen["messages"] == 3  # no SDK retry under ragguard's
-    assert g.breaker("generation").state is BreakerState.CLOSED  # three rejections: not an outage
+    anthropic_wire.faults.clear()
+    anthropic_wire.faults.always("messages", Fault(status=429, headers={"retry-after": "1"}))
+    for _ in range(3):
+        with pytest.raises(anthropic.RateLimitError):
+            await client.messages.create(model="c", max_tokens=64, messages=ASK)
+    assert g.breaker("generation").state is BreakerState.CLOSED  # a rate limit never opens it
     anthropic_wire.faults.clear()
     anthropic_wire.faults.always("messages", Fault(status=500))
     with pytest.raises(ragguard.BreakerOpen):  # the second failed attempt opened it

@@ -204,6 +204,47 @@ async def test_the_breaker_in_front_of_the_provider_opens_and_stops_the_calls(
     assert openai_wire.faults.seen["chat"] == 4  # the open breaker sent nothing
 
 
+def _small_breaker() -> Policy:
+    breaker = BreakerPolicy(kind="generic", minimum_calls=4, window_size=4, open_for_s=60)
+    retry = RetryPolicy(attempts=2, initial_backoff_s=0, jitter_s=0)
+    return Policy(stages={"generation": StagePolicy(breaker=breaker, retry=retry)})
+
+
+async def test_a_provider_whose_503s_always_state_a_wait_is_an_outage_and_opens_the_breaker(
+    client_of: Any, openai_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    """A provider down behind a load balancer that adds Retry-After to every 503: each answer is a
+    rejection (retried after its wait), and rejections that make the window's rejection rate
+    (90% by default) open the breaker, as failures would."""
+    g = Guard(_small_breaker(), sleep=sleeps)
+    client = client_of(openai_wire, g)
+    openai_wire.faults.always("chat", Fault(status=503, headers={"retry-after": "1"}))
+    for _ in range(2):  # two calls, two attempts each: four rejections in a window of four
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert g.breaker("generation").state is BreakerState.OPEN
+    assert g.breaker("generation").metrics().rejected_calls == 4
+    for _ in range(6):
+        with pytest.raises(ragguard.BreakerOpen):
+            await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert openai_wire.faults.seen["chat"] == 4  # not 16: the open breaker sent nothing more
+    assert sleeps.waits == [1.0, 1.0]  # each retry waited what the provider said
+
+
+async def test_a_429_only_throttles_and_never_opens_the_breaker(
+    client_of: Any, openai_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    g = Guard(_small_breaker(), sleep=sleeps)
+    client = client_of(openai_wire, g)
+    openai_wire.faults.always("chat", Fault(status=429, headers={"retry-after": "1"}))
+    for _ in range(8):
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert openai_wire.faults.seen["chat"] == 16
+    breaker = g.breaker("generation")
+    assert breaker.state is BreakerState.CLOSED and breaker.metrics().calls == 0
+
+
 # -- tokens: reserved from the request, settled from the usage reported -------------------
 
 
