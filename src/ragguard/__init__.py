@@ -23,6 +23,7 @@ from ._errors import (
     StreamTimeout,
     VectorStoreUnavailable,
 )
+from ._naming import named
 from .breakers import (
     BreakerState,
     CircuitBreaker,
@@ -92,6 +93,7 @@ __all__ = [
     "default_guard",
     "degraded",
     "guard",
+    "named",
     "priority",
     "register_classifier",
     "remaining",

@@ -86,6 +86,50 @@ _M = TypeVar("_M", bound=Options)
 _MODEL_NAME_MAX = 128
 
 
+def _unused(where: str, limits: TokenLimits | TenantQuota) -> list[str]:
+    """What :meth:`Policy.unreachable_limits` finds within one quota (see there)."""
+    found = []
+    if isinstance(limits, TenantQuota) and limits.burst is not None and limits.rate_per_s is None:
+        found.append(f"{where}.burst is set without rate_per_s: it limits nothing")
+    if limits.token_burst is not None and limits.tokens_per_s is None:
+        found.append(f"{where}.token_burst is set without tokens_per_s: it limits nothing")
+    total = limits.token_quota
+    for name in ("input_token_quota", "output_token_quota"):
+        part = getattr(limits, name)
+        if total is not None and part is not None and part >= total:
+            found.append(
+                f"{where}.{name} ({part}) is never reached: {where}.token_quota ({total}) counts input "
+                "and output together in the same window and refuses first"
+            )
+    return found
+
+
+def _looser(at: str, model: TokenLimits, where: str, tenant: TenantQuota) -> list[str]:
+    """The limits of ``model`` that ``tenant``'s own of the same kind are always as tight as."""
+    found = []
+    for name in ("token_quota", "input_token_quota", "output_token_quota"):
+        mine, theirs = getattr(model, name), getattr(tenant, name)
+        if mine is None or theirs is None:
+            continue
+        if mine >= theirs and mine / model.token_window_s >= theirs / tenant.token_window_s:
+            found.append(
+                f"{at}.{name} ({mine} per {model.token_window_s:g} s) is never reached: the tenant's "
+                f"own {where}.{name} ({theirs} per {tenant.token_window_s:g} s) is always as tight"
+            )
+    rate, theirs_rate = model.tokens_per_s, tenant.tokens_per_s
+    if rate is not None and theirs_rate is not None and rate >= theirs_rate:
+        burst = model.token_burst if model.token_burst is not None else max(1, math.ceil(rate))
+        theirs_burst = tenant.token_burst
+        if theirs_burst is None:
+            theirs_burst = max(1, math.ceil(theirs_rate))
+        if burst >= theirs_burst:
+            found.append(
+                f"{at}.tokens_per_s ({rate:g}) is never reached: the tenant's own {where}.tokens_per_s "
+                f"({theirs_rate:g}, burst {theirs_burst}) paces every stream at least as tightly"
+            )
+    return found
+
+
 def _limits_tokens(limits: TokenLimits | TenantQuota) -> bool:
     """Whether ``limits`` sets a token rate or a token quota of its own."""
     return not (
@@ -671,6 +715,27 @@ class Policy(Options):
             return self.tenants.get(tenant_id, self.default_quota)
         except TypeError:  # an unhashable id: not a tenant; the tenant context rejects it by name
             return self.default_quota
+
+    def unreachable_limits(self) -> list[str]:
+        """The limits of this policy that no call can ever reach, each a sentence naming its field
+        (a :class:`~ragguard.Guard` logs them when it is built): a ``burst`` without
+        ``rate_per_s``, a ``token_burst`` without ``tokens_per_s``, an entry of ``models`` that
+        sets no limit; an ``input_token_quota`` or ``output_token_quota`` not below the
+        ``token_quota`` beside it (a stream's input and its output are each at most their sum,
+        counted in the same window); a model's limit that the tenant's own of the same kind is
+        always at least as tight as (its bucket holds no more and refills no faster: every stream
+        of the model takes the tenant's bucket too). [] when there is none."""
+        found: list[str] = []
+        quotas = [("default_quota", self.default_quota)]
+        quotas += [(f"tenants.{tenant}", quota) for tenant, quota in self.tenants.items()]
+        for where, quota in quotas:
+            found += _unused(where, quota)
+            for model, limits in quota.models.items():
+                at = f"{where}.models.{model}"
+                if not limits.limits_tokens:
+                    found.append(f"{at} sets no limit")
+                found += _unused(at, limits) + _looser(at, limits, where, quota)
+        return found
 
     # -- loading ----------------------------------------------------------------------------
 

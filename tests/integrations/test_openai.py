@@ -13,7 +13,16 @@ import pytest
 from _door import Sleeps, eventually, leave_after_first_chunk, streaming_app
 
 import ragguard
-from ragguard import BreakerPolicy, GenerationPolicy, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota
+from ragguard import (
+    BreakerPolicy,
+    GenerationPolicy,
+    Guard,
+    Policy,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+    TokenLimits,
+)
 from ragguard.breakers import BreakerState
 from ragguard.integrations.openai import guard_openai
 from ragguard.rag import token_accounts
@@ -165,7 +174,7 @@ async def test_a_fallback_client_keeps_the_stream_going(
     openai_wire.faults.always("chat", Fault(status=503))
     stream = await client.chat.completions.create(model="m", messages=ASK, stream=True)
     assert await _text(stream) == "Backup answer"
-    assert "create" in ragguard.degraded()
+    assert "backup" in ragguard.degraded()  # the fallback client, by its stage (not "create")
     assert backup_wire.faults.seen["chat"] == 1
     whole = await client.chat.completions.create(model="m", messages=ASK)  # not streamed: the same
     assert whole.choices[0].message.content == "Backup answer"
@@ -259,9 +268,9 @@ async def test_a_stream_reserves_max_tokens_and_settles_the_usage_it_reports(
         stream = await client.chat.completions.create(
             model="m", messages=ASK, stream=True, max_tokens=100, n=2
         )
-        assert accounts.reserved("acme") == 200
+        assert accounts.reserved("acme") == 200 + 1  # and "hi", one input token (characters / 4)
         chunks = [chunk async for chunk in stream]
-    assert accounts.reserved("acme") == 0 and accounts.settled("acme") == 40
+    assert accounts.reserved("acme") == 0 and accounts.settled("acme") == 40 + 3  # the usage: output, input
     assert openai_wire.requests[-1]["json"]["stream_options"] == {"include_usage": True}
     assert all(chunk.choices for chunk in chunks)  # the usage chunk it asked for is not shown
     async with g.tenant("acme"):
@@ -270,7 +279,56 @@ async def test_a_stream_reserves_max_tokens_and_settles_the_usage_it_reports(
             model="m", messages=ASK, stream=True, stream_options={"include_usage": True}
         )
         assert [c.usage.completion_tokens async for c in given if c.usage] == [40]  # asked for: shown
-    assert accounts.settled("acme") == 120
+    assert accounts.settled("acme") == 3 * (40 + 3)
+
+
+async def test_input_tokens_are_reserved_from_the_messages_and_settled_from_the_prompt_tokens(
+    client_of: Any, openai_wire: OpenAIWire
+) -> None:
+    """The prompt is most of a RAG call's spend: its text is reserved from the input quota before
+    the request (characters / 4), settled with the provider's ``prompt_tokens`` after, so a spent
+    input quota refuses the next call before it is sent."""
+    openai_wire.prompt_tokens = 15  # what the provider counts (its own framing included)
+    quota = TenantQuota(input_token_quota=30, token_window_s=3600)
+    g = Guard(Policy(tenants={"acme": quota}))
+    client = client_of(openai_wire, g)
+    accounts = token_accounts(g)
+    passages = [{"role": "system", "content": "p" * 20}, {"role": "user", "content": "q" * 20}]
+    async with g.tenant("acme"):
+        stream = await client.chat.completions.create(
+            model="m", messages=passages, stream=True, max_tokens=8
+        )
+        assert accounts.reserved("acme") == 10 + 8  # the messages' 40 characters, and max_tokens
+        assert await _text(stream) == "Hello from the wire"
+        assert accounts.settled("acme") == 15 + 4
+        await client.chat.completions.create(model="m", messages=passages, max_tokens=8)  # whole
+        assert accounts.settled("acme") == 2 * (15 + 4)
+        with pytest.raises(ragguard.QuotaExceeded) as refused:  # 30 of 30 input tokens spent
+            await client.chat.completions.create(model="m", messages=passages, stream=True, max_tokens=8)
+    assert refused.value.reason == "tokens"
+    assert openai_wire.faults.seen["chat"] == 2  # refused before the request was sent
+    assert accounts.reserved("acme") == 0
+
+
+async def test_a_models_limits_apply_to_the_calls_of_that_model(
+    client_of: Any, openai_wire: OpenAIWire
+) -> None:
+    """``TenantQuota.models`` (docs/generation.md's shape): the call's ``model`` names the model, so
+    gpt-4o's own quota refuses a second gpt-4o call while another model's calls go on."""
+    openai_wire.completion_tokens = 40
+    gpt_4o = TokenLimits(token_quota=50, token_window_s=3600)
+    quota = TenantQuota(token_quota=10_000, models={"gpt-4o": gpt_4o})
+    g = Guard(Policy(tenants={"acme": quota}))
+    client = client_of(openai_wire, g)
+    accounts = token_accounts(g)
+    async with g.tenant("acme"):
+        await client.chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=20)
+        assert accounts.bucket_tat("acme", "m:gpt-4o:q:total") is not None
+        with pytest.raises(ragguard.QuotaExceeded):  # 43 of gpt-4o's 50 spent: 20 + 1 do not fit
+            await client.chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=20, stream=True)
+        for _ in range(3):  # another model: the tenant's own quota only
+            await client.responses.create(model="gpt-4o-mini", input="hi", max_output_tokens=20)
+    assert [r["json"]["model"] for r in openai_wire.requests] == ["gpt-4o"] + ["gpt-4o-mini"] * 3
 
 
 async def test_the_responses_api_streams_under_the_budgets_and_settles_its_usage(
@@ -287,7 +345,7 @@ async def test_the_responses_api_streams_under_the_budgets_and_settles_its_usage
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert openai_wire.faults.seen["responses"] == 3  # the stalled one, then two that answered
     assert whole.output_text == "Hello from the wire"
-    assert token_accounts(g).settled("acme") == 50
+    assert token_accounts(g).settled("acme") == 2 * (25 + 3)  # output and input tokens
 
 
 async def test_an_error_event_of_the_responses_api_is_raised_and_retried(
@@ -324,6 +382,26 @@ async def test_the_deadline_left_is_the_sdks_timeout_and_the_tenant_travels_as_a
     assert 1.5 < timeouts[0] <= 2.0 + 0.1  # the deadline's seconds left, plus the grace
     assert timeouts[1] == 600  # no deadline: the SDK's own default
     assert [r["headers"]["x-tenant-id"] for r in openai_wire.requests] == ["acme", "default"]
+
+
+async def test_the_guards_tenant_header_reaches_every_wrapped_client_the_docs_fallback_included(
+    client_of: Any, openai_wire: OpenAIWire, backup_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    """One Guard-wide setting: the docs' fallback client (``guard_openai`` with a stage of its own
+    and no ``tenant_header``) sends it too, as do embeddings and the Responses API."""
+    policy = Policy(stages={"generation_backup": StagePolicy(preset="generation")})
+    g = Guard(policy, sleep=sleeps, tenant_header="x-tenant-id")
+    backup = client_of(backup_wire, g, generation_stage="generation_backup")
+    client = client_of(openai_wire, g, fallback=backup.chat.completions.create)
+    async with g.tenant("acme"):
+        await client.embeddings.create(model="e", input=["alpha"])
+        await client.responses.create(model="m", input="hi")
+        openai_wire.faults.always("chat", Fault(status=503))
+        stream = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+        assert await _text(stream) == "Backup answer"
+        assert ragguard.degraded() == ("generation_backup",)  # the fallback client, by its stage
+    sent = [r["headers"].get("x-tenant-id") for r in openai_wire.requests + backup_wire.requests]
+    assert sent == ["acme"] * 5  # embeddings, responses, two chat attempts, the backup
 
 
 async def test_a_short_deadline_ends_the_call_as_the_deadline_and_is_not_counted(

@@ -38,18 +38,33 @@ def anthropic_error(status: int, *, kind: str | None = None, message: str = "") 
 
 
 class AnthropicWire(HttpWire):
-    """``/v1/messages`` (route ``messages``)."""
+    """``/v1/messages`` (route ``messages``). A stream's usage is Anthropic's: the input in
+    ``message_start`` (``input_tokens``, default 3, and ``cache_read_input_tokens``, default 0)
+    with one output token, the output so far in ``message_delta``; a whole message's, both."""
 
     error_body = staticmethod(anthropic_error)
 
-    def __init__(self, *, tokens: tuple[str, ...] = ("Hello", " from", " the", " wire")) -> None:
+    def __init__(
+        self,
+        *,
+        tokens: tuple[str, ...] = ("Hello", " from", " the", " wire"),
+        input_tokens: int = 3,
+        cache_read_input_tokens: int = 0,
+    ) -> None:
         super().__init__()
         self.tokens = tokens
+        self.input_tokens = input_tokens
+        self.cache_read_input_tokens = cache_read_input_tokens
         self.route("/v1/messages", "messages", self._messages, ["POST"])
 
     async def _messages(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
         model = payload.get("model", "claude-wire")
-        usage = {"input_tokens": 3, "output_tokens": len(self.tokens)}
+        usage = {
+            "input_tokens": self.input_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": self.cache_read_input_tokens,
+            "output_tokens": len(self.tokens),
+        }
         message = {
             "id": "msg_wire",
             "type": "message",
@@ -68,7 +83,8 @@ class AnthropicWire(HttpWire):
             }
             return await self.answer(request, fault, whole)
         events = [
-            sse({"type": "message_start", "message": message}, "message_start"),
+            sse({"type": "message_start", "message": {**message, "usage": {**usage, "output_tokens": 1}}},
+                "message_start"),
             sse(
                 {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                 "content_block_start",

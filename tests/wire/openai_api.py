@@ -44,7 +44,8 @@ def openai_error(status: int, *, code: str | None = None, message: str = "") -> 
 class OpenAIWire(HttpWire):
     """``/v1/embeddings``, ``/v1/chat/completions`` and ``/v1/responses`` (routes ``embeddings``,
     ``chat`` and ``responses``). A completion is ``tokens``, one per chunk or delta; its usage
-    says ``3`` prompt tokens and ``completion_tokens`` (default: one per token) completion ones."""
+    says ``prompt_tokens`` (default 3) prompt (input) tokens and ``completion_tokens`` (default:
+    one per token) completion ones."""
 
     error_body = staticmethod(openai_error)
 
@@ -53,10 +54,12 @@ class OpenAIWire(HttpWire):
         *,
         tokens: tuple[str, ...] = ("Hello", " from", " the", " wire"),
         completion_tokens: int | None = None,
+        prompt_tokens: int = 3,
     ) -> None:
         super().__init__()
         self.tokens = tokens
         self.completion_tokens = completion_tokens
+        self.prompt_tokens = prompt_tokens
         self.route("/v1/embeddings", "embeddings", self._embeddings, ["POST"])
         self.route("/v1/chat/completions", "chat", self._chat, ["POST"])
         self.route("/v1/responses", "responses", self._responses, ["POST"])
@@ -128,8 +131,8 @@ class OpenAIWire(HttpWire):
         return await self.stream(request, fault, events)
 
     def _chat_usage(self) -> dict[str, int]:
-        used = self._used()
-        return {"prompt_tokens": 3, "completion_tokens": used, "total_tokens": 3 + used}
+        used, prompt = self._used(), self.prompt_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": used, "total_tokens": prompt + used}
 
     async def _responses(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
         used = self._used()
@@ -152,11 +155,11 @@ class OpenAIWire(HttpWire):
             "tool_choice": "auto",
             "tools": [],
             "usage": {
-                "input_tokens": 3,
+                "input_tokens": self.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": used,
                 "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": 3 + used,
+                "total_tokens": self.prompt_tokens + used,
             },
         }
         if not payload.get("stream"):
