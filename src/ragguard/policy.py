@@ -188,11 +188,15 @@ class TenantQuota(Options):
     - ``token_window_s``: the quota's window, seconds, > 0 (default 60: tokens per minute).
     - ``input_token_quota``, ``output_token_quota``: input (prompt) and output (generated) tokens
       per ``token_window_s``, each its own bucket, reserved and settled as ``token_quota`` is;
-      ``token_quota`` counts both together. Input tokens are what the stage's ``input_tokens=``
-      estimate or the provider's reported usage says (0 when neither is given).
+      ``token_quota`` counts both together. A stream reserves its input estimate (the stage's
+      ``input_tokens=``; the integrations' is the text they send, characters / 4) and settles
+      with the input the provider reports (OpenAI's ``prompt_tokens``, Anthropic's input), 0 when
+      neither is given; output tokens likewise (docs/integrations.md says which fields).
     - ``models``: model name -> :class:`TokenLimits`, limits of the tenant's streams of that model
-      on top of the tenant's own (the stage's ``model=`` option names the call's model; a model
-      not listed has the tenant's limits only). Names are 1 to 128 printable characters.
+      on top of the tenant's own (the stage's ``model=`` option names the call's model, and every
+      integration passes its call's; a model not listed has the tenant's limits only). Names are
+      1 to 128 printable characters. A limit no call can reach (one the tenant's own is always as
+      tight as...) is logged when a Guard is built (:meth:`Policy.unreachable_limits`).
     - ``priority``: the priority of the tenant's requests at the stages' adaptive limits
       (``critical``, ``interactive`` or ``batch``; a front door's ``x-priority`` header may lower
       it per request, and raise it only for a trusted caller; :func:`ragguard.overload.priority`

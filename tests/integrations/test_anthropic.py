@@ -85,6 +85,22 @@ async def test_a_529_is_attempted_as_often_as_the_retry_policy_says(
     assert g.breaker("generation").state is BreakerState.OPEN  # the control: failures open it
 
 
+async def test_retries_are_numbered_and_the_servers_x_should_retry_is_obeyed(
+    client_of: Any, anthropic_wire: AnthropicWire, sleeps: Sleeps
+) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+    client = client_of(anthropic_wire, g)
+    anthropic_wire.faults.always("messages", Fault(status=500))
+    with pytest.raises(anthropic.InternalServerError):
+        await client.messages.create(model="c", max_tokens=64, messages=ASK, stream=True)
+    assert [r["headers"]["x-stainless-retry-count"] for r in anthropic_wire.requests] == ["0", "1", "2"]
+    anthropic_wire.faults.clear()
+    anthropic_wire.faults.always("messages", Fault(status=529, headers={"x-should-retry": "false"}))
+    with pytest.raises(anthropic.APIStatusError):
+        await client.messages.create(model="c", max_tokens=64, messages=ASK)
+    assert anthropic_wire.faults.seen["messages"] == 3 + 1  # the server said no: one request
+
+
 async def test_the_overloaded_event_inside_a_200_stream_is_retried_before_the_first_token(
     client_of: Any, anthropic_wire: AnthropicWire, sleeps: Sleeps
 ) -> None:

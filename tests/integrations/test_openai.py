@@ -78,6 +78,55 @@ async def test_a_failing_provider_is_attempted_exactly_as_often_as_the_retry_pol
     assert client.client.max_retries == 0
 
 
+async def test_each_retry_says_its_number_in_x_stainless_retry_count_as_the_sdks_own_would(
+    client_of: Any, openai_wire: OpenAIWire, sleeps: Sleeps, closing: list[Any]
+) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+    client = client_of(openai_wire, g)
+    down = Fault(status=500, headers={"retry-after-ms": "1"})  # (the SDK's own retries: no backoff)
+    openai_wire.faults.always("chat", down)
+    openai_wire.faults.always("embeddings", down)
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=ASK)
+    with pytest.raises(openai.InternalServerError):
+        await client.embeddings.create(model="e", input=["alpha"])  # the embedding stage: 2 attempts
+    numbers = [(r["route"], r["headers"]["x-stainless-retry-count"]) for r in openai_wire.requests]
+    assert numbers == [("chat", n) for n in "012012"] + [("embeddings", "0"), ("embeddings", "1")]
+    raw = openai.AsyncOpenAI(base_url=f"{openai_wire.url}/v1", api_key="k", max_retries=2)
+    closing.append(raw)
+    with pytest.raises(openai.InternalServerError):  # the control: the SDK's own retries say the same
+        await raw.chat.completions.create(model="m", messages=ASK)
+    assert [r["headers"]["x-stainless-retry-count"] for r in openai_wire.requests[-3:]] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize(
+    ("status", "said", "requests"), [(500, "false", 1), (400, "true", 3), (400, "nope", 1), (500, "", 3)]
+)
+async def test_the_servers_x_should_retry_overrides_what_its_status_says_as_in_the_sdk(
+    client_of: Any,
+    openai_wire: OpenAIWire,
+    sleeps: Sleeps,
+    closing: list[Any],
+    status: int,
+    said: str,
+    requests: int,
+) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+    client = client_of(openai_wire, g)
+    headers = {"x-should-retry": said, "retry-after-ms": "1"}  # (the SDK's own retries: no backoff)
+    openai_wire.faults.always("chat", Fault(status=status, headers=headers))
+    with pytest.raises(openai.APIStatusError):
+        await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert openai_wire.faults.seen["chat"] == requests  # the stage allows three
+    raw = openai.AsyncOpenAI(base_url=f"{openai_wire.url}/v1", api_key="k", max_retries=2)
+    closing.append(raw)
+    with pytest.raises(openai.APIStatusError):  # the control: the SDK alone sends as many
+        await raw.chat.completions.create(model="m", messages=ASK)
+    assert openai_wire.faults.seen["chat"] == 2 * requests
+
+
 async def test_the_unguarded_sdk_would_retry_on_its_own(openai_wire: OpenAIWire, closing: list[Any]) -> None:
     """The control: the same SDK client, not wrapped, retries by itself (what the wrapper stops)."""
     openai_wire.faults.always("chat", Fault(status=503, headers={"retry-after-ms": "1"}))

@@ -70,7 +70,10 @@ class RetryPolicy(Options):
       (every error the stage's breaker counts, and rejections). Never a caller's error,
       cancellation, BreakerOpen, QuotaExceeded, Overloaded or DeadlineExceeded. A stage that is not
       idempotent (``StagePolicy.idempotent``) retries only errors raised before its request could
-      have left (a refused connection, a connect timeout).
+      have left (a refused connection, a connect timeout). A dependency's own word replaces what
+      its status says, as the OpenAI and Anthropic SDKs let it: ``x-should-retry: false`` is never
+      retried (a 500 included), ``x-should-retry: true`` is (a 400 included) when the stage
+      retries at all (``Outcome.retry``).
     - ``max_retry_after_s``: the longest wait a dependency may state (``Retry-After``,
       ``retry-after-ms``, rate-limit resets, gRPC pushback) that a retry sleeps for, seconds; a
       longer stated wait, or one the deadline cannot fit, ends the retries at once so the stage's
@@ -487,6 +490,9 @@ class RetryLayer:
         return _not_a_rejection(exc) and (self._idempotent or not self._classify(exc).reached)
 
     def _retries(self, exc: BaseException, outcome: Outcome) -> bool:
+        said = outcome.retry  # the dependency's own word (x-should-retry) over its status's
+        if said is not None:
+            return said and (self._idempotent or not outcome.reached)
         if outcome.kind in _NEVER or (outcome.reached and not self._idempotent):
             return False
         for kind in self._kinds:

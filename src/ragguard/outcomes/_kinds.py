@@ -12,6 +12,10 @@
                      when it stated none
      reason          a finer word within the kind (see REASONS)
      status          the HTTP status (or 0) the outcome was read from, when there was one
+     retry           the dependency's own word on retrying this request (an ``x-should-retry:
+                     true|false`` header, read as the OpenAI and Anthropic SDKs read it), which
+                     the retry layer follows over what the kind and the status say; None when it
+                     said nothing
 """
 
 from __future__ import annotations
@@ -101,6 +105,7 @@ class Outcome:
     retry_after_s: float | None = None
     reason: str = ""
     status: int = 0
+    retry: bool | None = None
 
     @classmethod
     def of(
