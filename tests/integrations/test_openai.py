@@ -466,6 +466,25 @@ async def test_a_short_deadline_ends_the_call_as_the_deadline_and_is_not_counted
     assert g.breaker("generation").state is BreakerState.CLOSED
 
 
+async def test_a_stream_cut_mid_stream_by_the_deadline_reports_the_requests_budget(
+    client_of: Any, openai_wire: OpenAIWire
+) -> None:
+    """Not what was left at the last item (0.09 s of a 0.7 s request, as the issue saw it)."""
+    g = Guard(_policy())
+    client = client_of(openai_wire, g)
+    openai_wire.faults.push("chat", Fault(stall_after=3, stall_s=5.0))  # role chunk, two tokens
+    got = []
+    with pytest.raises(ragguard.DeadlineExceeded) as cut:
+        async with g.deadline(0.4):
+            stream = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+            async for chunk in stream:
+                got.append(chunk.choices[0].delta.content)
+    assert got == ["", "Hello", " from"] and cut.value.items == 3
+    assert cut.value.budget_s == cut.value.deadline_s == 0.4
+    assert "after a budget of 0.400s: stream cut after 3 items" in str(cut.value)
+    assert g.breaker("generation").state is BreakerState.CLOSED  # the caller's budget: not counted
+
+
 async def test_embeddings_fall_back_to_the_stage_cache_when_the_provider_fails(
     client_of: Any, openai_wire: OpenAIWire, sleeps: Sleeps
 ) -> None:
