@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Literal, ParamSpec, TypeVar
 from .. import _validate, events
 from .._errors import BreakerOpen, ConfigError
 from ._aiobreaker import AiobreakerListenerAdapter
-from ._classify import counts_overloads
+from ._classify import judge
 from ._live import register_breaker
 from ._options import MAX_DURATION_S, BreakerConfig, Classifier
 from ._outcome import OUTCOMES, BreakerCallOutcome
@@ -534,9 +534,9 @@ class CircuitBreaker:
         # classify_outcome(self._config, exc, duration_s), inlined: it runs
         # once per failed attempt, and a dependency that is down fails every attempt
         try:
-            if not self._classifier(exc):
-                # REJECTION, or IGNORED
-                code = REJECTED if self._rejection_threshold is not None and counts_overloads(exc) else -1
+            counted, rejected = judge(self._classifier, exc, self._rejection_threshold is not None)
+            if not counted:
+                code = REJECTED if rejected else -1  # or IGNORED
             else:
                 slow_of = self._slow_classifier
                 slow = duration_s > self._slow_s or (slow_of is not None and bool(slow_of(exc)))

@@ -19,6 +19,8 @@ the retry, fallback and throttle layers can never disagree about a call:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..outcomes import Kind, classify, kind_of
 
 __all__ = [
@@ -72,6 +74,30 @@ def counts_by_default(exc: BaseException) -> bool:
     way). Not counted: the caller's errors, the dependency's rejections, ragguard's refusals,
     the request's deadline (see the module docstring)."""
     return kind_of(exc) in _GENERIC
+
+
+_KINDS_OF: dict[Callable[[BaseException], bool], frozenset[Kind]] = {
+    counts_outages: _OUTAGE,
+    counts_by_default: _GENERIC,
+}
+
+
+def judge(
+    classifier: Callable[[BaseException], bool], exc: BaseException, rejections: bool
+) -> tuple[bool, bool]:
+    """``(counted, rejected)`` for ``exc``: whether ``classifier`` counts it as a failure, else
+    (with ``rejections``) whether :func:`counts_overloads` says the dependency turned the call
+    away. For ragguard's own classifiers the kind is read once, and the status only of a
+    rejection (a failure costs what it cost before the rejection rate)."""
+    kinds = _KINDS_OF.get(classifier)
+    if kinds is None:
+        if classifier(exc):
+            return True, False
+        return False, rejections and counts_overloads(exc)
+    kind = kind_of(exc)
+    if kind in kinds:
+        return True, False
+    return False, rejections and kind is Kind.REJECTION and classify(exc).status != 429
 
 
 def counts_overloads(exc: BaseException) -> bool:

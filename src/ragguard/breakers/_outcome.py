@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import events
-from ._classify import counts_overloads
+from ._classify import judge
 from ._window import FAILED, REJECTED, SLOW
 
 if TYPE_CHECKING:
@@ -81,10 +81,9 @@ def classify_outcome(
     if not isinstance(exc, Exception):
         return IGNORED
     try:
-        if not config.classifier(exc):
-            if config.rejection_rate_threshold is not None and counts_overloads(exc):
-                return REJECTION
-            return IGNORED
+        counted, rejected = judge(config.classifier, exc, config.rejection_rate_threshold is not None)
+        if not counted:
+            return REJECTION if rejected else IGNORED
         slow_classifier = config.slow_classifier
         slow = duration_s > config.slow_call_duration_s or (
             slow_classifier is not None and bool(slow_classifier(exc))
