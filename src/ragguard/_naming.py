@@ -4,6 +4,7 @@ the ``FallbackServed`` event and the metrics report it by."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -33,9 +34,16 @@ def named(name: str, fn: F) -> F:
     if not callable(fn):
         raise ConfigError(f"named: {name!r} must name a callable, got {type(fn).__name__}")
 
-    @functools.wraps(fn)
-    def serve(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
+    serve: Callable[..., Any]
+    if inspect.iscoroutinefunction(fn):  # still an ``async def`` to whoever asks
 
+        async def serve(*args: Any, **kwargs: Any) -> Any:
+            return await fn(*args, **kwargs)
+    else:
+
+        def serve(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+    serve = functools.wraps(fn)(serve)
     serve.__name__ = serve.__qualname__ = name
     return cast(F, serve)
