@@ -44,6 +44,8 @@ BENCHMARKS = [
     ("monitors_overhead", "The event-loop stall detector's and the Redis pool monitor's cost."),
     ("sync_calls", "What `@guard` on a sync function costs the event loop beside the bare `anyio.to_thread` hop "
      "(issue 24)."),
+    ("refusals", "What routing a provider's refusals costs (issue 28): the happy path with `passages=` and "
+     "`on_context_length=`, a refusal answered by the shrink or the route, a failure by a plain fallback."),
 ]
 
 

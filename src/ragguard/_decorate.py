@@ -17,12 +17,11 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 from . import _inject, events
 from ._errors import ConfigError
 from .events import bus
-from .layers import Bound, Stage
+from .layers import PRESETS, Bound, Stage, preset
 from .layers.breaker import adapt_breaker
-from .layers.fallback import user_fallbacks
+from .layers.fallback import ROUTES, user_fallbacks, user_routes
 from .pipeline import Call, Chain
 from .pipeline._threads import ThreadCall, limiter_for
-from .rag import PRESETS, preset
 
 __all__ = ["GuardDecorator", "check_preset", "decorator"]
 
@@ -68,15 +67,17 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
     returning the default one); ConfigError for a bad stage name or option."""
     if not isinstance(stage, str) or not stage:
         raise ConfigError(f"guard: stage must be a non-empty str, got {stage!r:.60}")
-    known = frozenset({"fallback", "breaker"}).union(*(p.option_names for p in PRESETS.values()))
+    own = frozenset({"fallback", "breaker", *ROUTES})
+    known = own.union(*(p.option_names for p in PRESETS.values()))
     unknown = set(options) - known
     if unknown:
         raise ConfigError(f"guard: unknown option(s) {sorted(unknown)}; allowed: {sorted(known)}")
     fallbacks = user_fallbacks(options.get("fallback"))
+    routes = user_routes(options)
     breaker = options.get("breaker")
     if breaker is not None and breaker is not False:
         breaker = adapt_breaker(breaker)
-    preset_options = {k: v for k, v in options.items() if k not in ("fallback", "breaker") and v is not None}
+    preset_options = {k: v for k, v in options.items() if k not in own and v is not None}
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
@@ -93,7 +94,7 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
             )
         bound = Bound(
             stage, fn, stream=stream, fallbacks=fallbacks, breaker=breaker, options=preset_options,
-            threaded=threaded,
+            threaded=threaded, routes=routes,
         )
         fixed = None if callable(registry) else registry  # a Guard is not callable; the default's lookup is
         check_preset(fixed if fixed is not None else registry(), bound)

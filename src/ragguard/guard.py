@@ -14,20 +14,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any, Literal, cast
 
-from . import _inject
+from . import _default, _inject
 from ._clock import Clock, monotonic
 from ._decorate import GuardDecorator, decorator
-from ._default import install as _install_default
 from ._errors import ConfigError
 from ._http import field_name
 from ._services import services
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
-from .layers import Stage
+from .layers import Stage, preset
 from .layers._stage import forget_idle
-from .policy import Policy, policy_of
+from .options import Policy, policy_of
+from .pipeline import Backend
 from .quotas import QuotaBackend, TenantContext
-from .rag import preset
+from .status import snapshot
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
 
@@ -43,14 +43,10 @@ class Guard:
     - ``rng`` seeds breaker and retry jitter; ``sleep`` (an async function of seconds) performs
       retry backoff (default: the clock's own ``sleep``, else ``anyio.sleep``);
     - ``quotas`` replaces the in-memory quota backend;
-    - ``redis`` (a ``redis.asyncio.Redis`` client) shares state across replicas: tenant quotas
-      become :class:`ragguard.distributed.RedisQuotas` and every breaker the policy builds a
-      :class:`ragguard.distributed.SharedCircuitBreaker`, under keys starting with
-      ``redis_prefix``; ``redis_options`` tunes them: ``{"quotas": {...}, "breakers": {...}}``,
-      keyword options of those two classes (``lease_s``, ``local_lease``, ``redis_timeout_s``,
-      ``staleness_s``...), and ``"tokens"`` those of :class:`ragguard.distributed.RedisTokens`,
-      the generation stages' shared token accounts. Give the client short timeouts and no
-      retries of its own (see docs/distributed.md); call ``await guard.aclose()`` at shutdown;
+    - ``backend`` shares state across replicas (a :class:`ragguard.pipeline.Backend`):
+      ``backend=ragguard.redis.RedisBackend(client)`` keeps the tenant quotas, every breaker the
+      policy builds and the generation stages' token accounts in Redis (see docs/distributed.md);
+      call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;
     - ``max_stages``: stages kept at most (stage names name code paths, not data; past the bound
       the oldest idle stages are forgotten, with a warning: idle means no live decorated function
@@ -78,9 +74,7 @@ class Guard:
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         quotas: QuotaBackend | None = None,
-        redis: Any = None,
-        redis_prefix: str = "ragguard",
-        redis_options: Mapping[str, Mapping[str, Any]] | None = None,
+        backend: Backend | None = None,
         chaos: _inject.Injector | None = None,
         max_stages: int = 1000,
         tenant_header: str | None = None,
@@ -91,14 +85,13 @@ class Guard:
             raise ConfigError(f"max_stages must be an int >= 1, got {max_stages!r:.40}")
         self.policy = policy if policy is not None else Policy()
         self.context = services(
-            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, redis=redis,
-            redis_prefix=redis_prefix, redis_options=redis_options, chaos=chaos,
+            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, backend=backend, chaos=chaos
         )
         self.max_stages = max_stages
         self.tenant_header = None if tenant_header is None else field_name("tenant_header", tenant_header)
         self.clock, self.rng, self.sleep = clock, self.context.rng, self.context.sleep
         self.quotas: Any = self.context.quotas
-        self.redis = redis
+        self.backend = backend
         self._stages: dict[str, Stage] = {}
         self._warned_stages = False
         for unreachable in self.policy.unreachable_limits():
@@ -141,8 +134,6 @@ class Guard:
         limits, throttles, hedges, quotas (per configured tenant and the others added up) and each
         Redis link; see :mod:`ragguard.status` for its shape. ``ok`` is False while any breaker
         is open, forced open or half-open (``open`` names those stages)."""
-        from .status import snapshot
-
         return snapshot(self)
 
     @property
@@ -162,9 +153,9 @@ class Guard:
     # -- requests ---------------------------------------------------------------------------------
 
     async def start(self, *, strict: bool = False) -> Guard:
-        """Check Redis now for the shared quotas, the shared breakers and token accounts built so
-        far (each runs its health probe; see docs/distributed.md); returns self. A no-op without
-        ``redis``.
+        """Check the backend now (Redis) for the shared quotas, the shared breakers and token
+        accounts built so far (each runs its health probe; see docs/distributed.md); returns self.
+        A no-op without a ``backend``.
 
         Redis unreachable: they start on local state and keep probing. Redis refusing the
         configuration (a wrong password, a missing ACL permission, an untrusted TLS certificate):
@@ -177,7 +168,7 @@ class Guard:
         return self
 
     async def aclose(self) -> None:
-        """Stop the background work of shared (Redis) breakers and quotas; a no-op otherwise."""
+        """Stop the background work of shared (backend) breakers and quotas; a no-op otherwise."""
         await self.context.aclose()
 
     def tenant(self, tenant_id: str) -> TenantContext:
@@ -195,18 +186,12 @@ class Guard:
         return cast(GuardDecorator, decorator(stage, self, options))
 
 
-_default: Guard | None = None
-
-
 def default_guard() -> Guard:
     """The registry ``@guard`` and ``tenant`` use (built from ``Policy()`` until :func:`configure`)."""
-    global _default
-    if _default is None:
-        _default = Guard()
-    return _default
-
-
-_install_default(default_guard)
+    current = _default.guard
+    if current is None:
+        current = _default.guard = Guard()
+    return current  # type: ignore[no-any-return]
 
 
 def configure(
@@ -214,12 +199,11 @@ def configure(
 ) -> Guard:
     """Replace the default registry: ``policy`` is a Policy, a mapping, or a YAML/TOML/JSON path.
 
-    ``options`` (clock, rng, sleep, quotas, redis, chaos...) go to :class:`Guard`. Breaker states
+    ``options`` (clock, rng, sleep, quotas, backend, chaos...) go to :class:`Guard`. Breaker states
     start fresh. Raises ConfigError for an invalid policy or option.
     """
-    global _default
-    _default = Guard(policy_of(policy, who="configure"), **options)
-    return _default
+    made = _default.guard = Guard(policy_of(policy, who="configure"), **options)
+    return made
 
 
 def tenant(tenant_id: str) -> TenantContext:
@@ -238,6 +222,8 @@ def guard(
     *,
     fallback: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
     breaker: Any = None,
+    on_context_length: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+    on_content_policy: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
     **preset_options: Any,
 ) -> GuardDecorator:
     """Guard an async function (or async generator function) as stage ``stage``; a sync function
@@ -249,13 +235,23 @@ def guard(
       arguments when the stage fails in a way its breaker counts, the dependency is unreachable
       or timed out, its breaker is open, or the deadline is spent; the first that answers serves
       the call and is named in :func:`ragguard.degraded`. For a stream, the fallbacks serve only
-      until the first item; they may be async generator functions.
+      until the first item; they may be async generator functions. A fallback that declares a
+      keyword-only parameter ``error`` also gets the exception it replaces (``error=``).
+    - ``on_context_length``, ``on_content_policy``: fallbacks (a callable or a sequence, as
+      ``fallback``) for the refusals a provider answers for the request itself, which no other
+      fallback serves (they are the caller's errors): a request longer than the model's context
+      window (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is too long", vLLM's and
+      TGI's), or one its content policy refused (see :mod:`ragguard.outcomes`). E.g. the same
+      question to a model with a larger context; the generation preset's ``passages=`` tries
+      fewer passages first.
     - ``breaker``: a ragguard breaker or an ``aiobreaker.CircuitBreaker`` for this stage, instead
       of the one its policy builds; ``False`` for none (a step that composes guarded stages, whose
       own breakers already count their dependencies' failures).
     - the stage preset's options (see :mod:`ragguard.rag`): ``texts=`` (embedding: where the texts
       are, a position or a name, default 0), ``candidates=`` (rerank: where the candidate list is,
-      default 1) and ``score=`` (rerank: a reranked item's score, default its ``score``).
+      default 1), ``score=`` (rerank: a reranked item's score, default its ``score``) and
+      ``passages=`` (generation: where the passages are, best first, to send fewer of them when
+      the model refuses the request as too long).
 
     Raises ConfigError at decoration for a bad option, a sync generator function, or a preset
     option the function's signature does not have. At call time, raises what the call raised when no fallback
@@ -263,5 +259,15 @@ def guard(
     """
     return cast(
         GuardDecorator,
-        decorator(stage, default_guard, {"fallback": fallback, "breaker": breaker, **preset_options}),
+        decorator(
+            stage,
+            default_guard,
+            {
+                "fallback": fallback,
+                "breaker": breaker,
+                "on_context_length": on_context_length,
+                "on_content_policy": on_content_policy,
+                **preset_options,
+            },
+        ),
     )

@@ -23,7 +23,7 @@ from ragguard import (
     RetryPolicy,
     StagePolicy,
 )
-from ragguard.distributed import SharedCircuitBreaker, breaker_keys
+from ragguard.redis import RedisBackend, SharedCircuitBreaker, breaker_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -420,7 +420,7 @@ async def test_a_provider_turning_every_call_away_opens_the_shared_breaker_of_ev
     policy = Policy(stages={"generation": StagePolicy(breaker=breaker, retry=RetryPolicy(attempts=2))})
     wire = OpenAIWire()
     wire.faults.always("chat", Fault(status=503, headers={"retry-after": "1"}))
-    guards = [Guard(policy, redis=client, redis_prefix="t-rejections", redis_options=PATIENT, sleep=no_wait)
+    guards = [Guard(policy, backend=RedisBackend(client, prefix="t-rejections", **PATIENT), sleep=no_wait)
               for _ in range(2)]
     sdks: list[Any] = []
     for g in guards:

@@ -71,7 +71,7 @@ def _qdrant_grpc_server() -> Iterator[QdrantGrpcWire]:
 @pytest.fixture
 def openai_wire(_openai_server: OpenAIWire) -> OpenAIWire:
     _openai_server.completion_tokens = None
-    _openai_server.prompt_tokens = 3
+    _openai_server.usage_prompt_tokens = 3
     return _fresh(_openai_server)  # type: ignore[no-any-return]
 
 

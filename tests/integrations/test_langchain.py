@@ -169,7 +169,7 @@ async def test_a_stall_mid_stream_ends_it_with_the_idle_budget(
 
 
 async def test_the_usage_metadata_settles_the_streams_tokens(openai_wire: OpenAIWire) -> None:
-    openai_wire.completion_tokens, openai_wire.prompt_tokens = 33, 12
+    openai_wire.completion_tokens, openai_wire.usage_prompt_tokens = 33, 12
     g = Guard(_policy())
     model = GuardedRunnable(WireChat(base_url=openai_wire.url), "generation", guard=g, estimate=100)
     async with g.tenant("acme"):
@@ -184,7 +184,7 @@ async def test_the_usage_metadata_settles_the_streams_tokens(openai_wire: OpenAI
 async def test_the_chat_models_limits_apply_and_a_spent_input_quota_refuses_before_the_request(
     openai_wire: OpenAIWire,
 ) -> None:
-    openai_wire.prompt_tokens = 20
+    openai_wire.usage_prompt_tokens = 20
     limits = TokenLimits(input_token_quota=40, token_window_s=3600)
     g = Guard(Policy(tenants={"acme": TenantQuota(models={"gpt-4o": limits})}))
     big = GuardedRunnable(WireChat(base_url=openai_wire.url, model_name="gpt-4o"), "generation", guard=g)

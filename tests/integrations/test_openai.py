@@ -337,7 +337,7 @@ async def test_input_tokens_are_reserved_from_the_messages_and_settled_from_the_
     """The prompt is most of a RAG call's spend: its text is reserved from the input quota before
     the request (characters / 4), settled with the provider's ``prompt_tokens`` after, so a spent
     input quota refuses the next call before it is sent."""
-    openai_wire.prompt_tokens = 15  # what the provider counts (its own framing included)
+    openai_wire.usage_prompt_tokens = 15  # what the provider counts (its own framing included)
     quota = TenantQuota(input_token_quota=30, token_window_s=3600)
     g = Guard(Policy(tenants={"acme": quota}))
     client = client_of(openai_wire, g)

@@ -12,6 +12,7 @@ from ragguard import BreakerOpen, DeadlineExceeded, Guard, QuotaExceeded, degrad
 from ragguard.events import FallbackServed
 from ragguard.layers import Bound
 from ragguard.layers.fallback import FallbackLayer, FallbackMiss, UserFallback, applies_for, build
+from ragguard.outcomes import Kind, Outcome, register_classifier
 from ragguard.pipeline import Call
 from ragguard.testing import EventRecorder
 
@@ -149,3 +150,78 @@ async def test_a_call_shed_by_an_overload_layer_is_served_by_the_fallback() -> N
 
     applies = applies_for(lambda exc: False, "breaker")
     assert applies(Overloaded("s", 0.1, "limit"))
+
+
+# -- routes: fallbacks chosen by what the provider said -------------------------------------------
+
+TOO_LONG = ValueError("Requested tokens (9000) exceed context window of 8192")  # llama-cpp-python's
+
+
+async def test_a_routed_reason_is_served_by_its_route_and_other_caller_errors_by_nothing() -> None:
+    own = Way("own", "own answer")
+    larger = Way("larger", "larger answer")
+    never = Way("policy", "unused")
+    routes = {"context_length": (larger,), "content_policy": (never,)}
+    layer = FallbackLayer("generation", (own,), applies_for(None, "breaker"), routes=routes)
+    assert await layer.recover(make_call(), TOO_LONG, Script("never")) == "larger answer"
+    assert larger.seen == [TOO_LONG] and own.seen == [] and never.seen == []
+    bad = ValueError("temperature must be <= 2")  # a caller's error with no route
+    with pytest.raises(ValueError, match="temperature"):
+        await layer.recover(make_call(), bad, Script("never"))
+    assert own.seen == [] and larger.seen == [TOO_LONG]
+    assert await layer.recover(make_call(), ConnectionRefusedError(), Script("never")) == "own answer"
+    assert larger.seen == [TOO_LONG]  # a failure is the stage's own fallbacks' only
+
+
+async def test_under_fallback_on_any_a_route_that_misses_hands_over_to_the_stages_own() -> None:
+    own = Way("own", "own answer")
+    larger = Way("larger", FallbackMiss("no larger deployment free"))
+    routes = {"context_length": (larger,)}
+    layer = FallbackLayer("generation", (own,), applies_for(None, "any"), routes=routes)
+    assert await layer.recover(make_call(), TOO_LONG, Script("never")) == "own answer"
+    assert larger.seen == own.seen == [TOO_LONG]
+    assert degraded() == ("own",)
+
+
+async def test_a_fallback_that_declares_error_gets_the_exception_and_a_plain_one_the_arguments() -> None:
+    got: list[Any] = []
+
+    async def fitted(question: str, *, error: BaseException) -> str:
+        got.append((question, error))
+        return "fitted"
+
+    def plain(question: str, **kwargs: Any) -> str:  # **kwargs: still not asking for error
+        got.append((question, kwargs))
+        return "plain"
+
+    def positional(question: str, error: Any = None) -> str:  # not keyword-only: not asked either
+        got.append((question, error))
+        return "positional"
+
+    failure = ConnectionResetError("reset")
+    call = make_call("why?")
+    assert await UserFallback(fitted).serve(call, failure) == "fitted"
+    assert await UserFallback(plain).serve(call, failure) == "plain"
+    assert await UserFallback(positional).serve(call, failure) == "positional"
+    assert got == [("why?", failure), ("why?", {}), ("why?", None)]
+    assert call.kwargs == {}  # the call's own keywords are left as they were
+
+
+async def test_a_reason_a_users_classifier_gives_is_routed_too() -> None:
+    class Declined(Exception):
+        """The model answered HTTP 200 with a refusal (Anthropic's stop_reason "refusal")."""
+
+    def mine(exc: BaseException) -> Outcome | None:
+        return Outcome(Kind.CALLER_ERROR, reason="content_policy") if isinstance(exc, Declined) else None
+
+    remove = register_classifier(mine)
+    try:
+        g = Guard()
+
+        @g.guard("generation", on_content_policy=lambda question: "declined, politely")
+        async def ask(question: str) -> str:
+            raise Declined(question)
+
+        assert await ask("why?") == "declined, politely"
+    finally:
+        remove()

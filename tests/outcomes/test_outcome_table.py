@@ -37,8 +37,8 @@ from ragguard.breakers import (
     outcome_name,
 )
 from ragguard.grpc import status_for
+from ragguard.layers.throttle import throttle_for
 from ragguard.outcomes import Kind, classify
-from ragguard.overload import throttle_for
 
 pytestmark = pytest.mark.anyio
 

@@ -24,6 +24,15 @@ def predict(pairs: list[tuple[str, str]]) -> list[float]:  # sync: run in a work
     return [0.0 for _ in pairs]
 
 
+async def larger(question: str, passages: list[str], *, error: BaseException) -> str:
+    return question
+
+
+@guard("generation", passages="passages", on_context_length=larger, on_content_policy=[larger])
+async def answer(question: str, passages: list[str]) -> str:
+    return question
+
+
 breaker = CircuitBreaker("llm", failure_rate_threshold=50.0, minimum_calls=10)
 
 
@@ -41,10 +50,11 @@ async def use() -> None:
             chunk: str = token
         left: float | None = ragguard.remaining()
         scores: list[float] = await predict([("q", "d")])
+        said: str = await answer("why?", ["a passage"])
     g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=2)}))
     async with g.tenant("acme"):
         pass
-    del vectors, text, direct, chunk, left, scores
+    del vectors, text, direct, chunk, left, scores, said
 
 
 async def closes_a_guarded_stream() -> list[str]:

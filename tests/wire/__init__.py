@@ -14,12 +14,13 @@ the first byte, a stall or an error event mid-stream, a TCP reset).
 
 from ._faults import Fault, Faults
 from ._http import HttpWire, serving, sse
-from .anthropic_api import OVERLOADED, AnthropicWire, anthropic_error
+from .anthropic_api import CONTENT_BLOCKED, OVERLOADED, AnthropicWire, anthropic_error
 from .elastic_api import ElasticWire, elastic_error
-from .openai_api import OpenAIWire, openai_error
+from .openai_api import OpenAIWire, context_length_error, openai_error, prompt_tokens
 from .qdrant_api import QdrantGrpcWire, QdrantWire, qdrant_error
 
 __all__ = [
+    "CONTENT_BLOCKED",
     "OVERLOADED",
     "AnthropicWire",
     "ElasticWire",
@@ -30,8 +31,10 @@ __all__ = [
     "QdrantGrpcWire",
     "QdrantWire",
     "anthropic_error",
+    "context_length_error",
     "elastic_error",
     "openai_error",
+    "prompt_tokens",
     "qdrant_error",
     "serving",
     "sse",

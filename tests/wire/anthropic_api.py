@@ -1,10 +1,12 @@
 """A server that speaks the Anthropic Messages API as the ``anthropic`` SDK reads it: messages
 (whole, or streamed as typed SSE events), error bodies ``{"type": "error", "error": {...}}``, 529
 ``overloaded_error``, and an ``event: error`` (``overloaded_error``) inside a stream that began
-with HTTP 200."""
+with HTTP 200. With ``context_limits`` a request longer than its model's window is refused as
+Anthropic refuses it: 400 ``invalid_request_error`` "prompt is too long: N tokens > M maximum"."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -12,8 +14,9 @@ from starlette.responses import Response
 
 from ._faults import Fault
 from ._http import HttpWire, sse
+from .openai_api import prompt_tokens
 
-__all__ = ["OVERLOADED", "AnthropicWire", "anthropic_error"]
+__all__ = ["CONTENT_BLOCKED", "OVERLOADED", "AnthropicWire", "anthropic_error"]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -27,6 +30,7 @@ _TYPES = {
 }
 
 OVERLOADED = {"type": "overloaded_error", "message": "Overloaded"}
+CONTENT_BLOCKED = {"type": "invalid_request_error", "message": "Output blocked by content filtering policy"}
 
 
 def anthropic_error(status: int, *, kind: str | None = None, message: str = "") -> dict[str, Any]:
@@ -38,9 +42,12 @@ def anthropic_error(status: int, *, kind: str | None = None, message: str = "") 
 
 
 class AnthropicWire(HttpWire):
-    """``/v1/messages`` (route ``messages``). A stream's usage is Anthropic's: the input in
-    ``message_start`` (``input_tokens``, default 3, and ``cache_read_input_tokens``, default 0)
-    with one output token, the output so far in ``message_delta``; a whole message's, both."""
+    """``/v1/messages`` (route ``messages``). ``context_limits`` (model -> tokens): a request to
+    such a model whose input (its messages' text / 4, as :func:`wire.openai_api.prompt_tokens`
+    counts) passes the limit is refused as Anthropic refuses it. A stream's usage is Anthropic's:
+    the input in ``message_start`` (``input_tokens``, default 3, and ``cache_read_input_tokens``,
+    default 0) with one output token, the output so far in ``message_delta``; a whole message's,
+    both."""
 
     error_body = staticmethod(anthropic_error)
 
@@ -48,17 +55,25 @@ class AnthropicWire(HttpWire):
         self,
         *,
         tokens: tuple[str, ...] = ("Hello", " from", " the", " wire"),
+        context_limits: Mapping[str, int] | None = None,
         input_tokens: int = 3,
         cache_read_input_tokens: int = 0,
     ) -> None:
         super().__init__()
         self.tokens = tokens
+        self.context_limits = dict(context_limits or {})
+        self.stop_reason = "end_turn"  # "refusal": Anthropic's streaming classifiers stopped it
         self.input_tokens = input_tokens
         self.cache_read_input_tokens = cache_read_input_tokens
         self.route("/v1/messages", "messages", self._messages, ["POST"])
 
     async def _messages(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
         model = payload.get("model", "claude-wire")
+        limit = self.context_limits.get(str(model))
+        prompt = prompt_tokens(payload)
+        if limit is not None and prompt > limit and fault is None:
+            too_long = anthropic_error(400, message=f"prompt is too long: {prompt} tokens > {limit} maximum")
+            return await self.answer(request, Fault(status=400, body=too_long), None)
         usage = {
             "input_tokens": self.input_tokens,
             "cache_creation_input_tokens": 0,
@@ -79,7 +94,7 @@ class AnthropicWire(HttpWire):
             whole = {
                 **message,
                 "content": [{"type": "text", "text": "".join(self.tokens)}],
-                "stop_reason": "end_turn",
+                "stop_reason": self.stop_reason,
             }
             return await self.answer(request, fault, whole)
         events = [
@@ -103,7 +118,7 @@ class AnthropicWire(HttpWire):
             sse(
                 {
                     "type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "delta": {"stop_reason": self.stop_reason, "stop_sequence": None},
                     "usage": {"output_tokens": len(self.tokens)},
                 },
                 "message_delta",

@@ -3,12 +3,14 @@
 ``stream_options={"include_usage": true}``), the Responses API (whole, or streamed as typed
 ``response.*`` events ending in ``response.completed`` with its usage), error bodies
 ``{"error": {...}}`` and the headers of rate limits (``retry-after``, ``retry-after-ms``,
-``x-ratelimit-*``)."""
+``x-ratelimit-*``). With ``context_limits`` a chat request longer than its model's window is
+refused as OpenAI, vLLM or TGI refuse it (``dialect``), with the figures they state."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -16,7 +18,7 @@ from starlette.responses import Response
 from ._faults import Fault
 from ._http import HttpWire, sse
 
-__all__ = ["OpenAIWire", "openai_error"]
+__all__ = ["OpenAIWire", "context_length_error", "openai_error", "prompt_tokens"]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -41,11 +43,62 @@ def openai_error(status: int, *, code: str | None = None, message: str = "") -> 
     }
 
 
+Dialect = Literal["openai", "vllm", "tgi"]
+
+
+def prompt_tokens(payload: dict[str, Any]) -> int:
+    """A chat request's input tokens as the wire server counts them: each message's text / 4
+    (rounded up) plus 4 tokens of framing per message."""
+    total = 0
+    for message in payload.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        text = content if isinstance(content, str) else str(content or "")
+        total += 4 + (len(text) + 3) // 4
+    return total
+
+
+def context_length_error(
+    dialect: Dialect, limit: int, prompt: int, completion: int
+) -> tuple[int, dict[str, Any]]:
+    """The status and body ``dialect``'s server answers a chat request of ``prompt`` input tokens
+    asking for ``completion`` output tokens when its model's window is ``limit`` tokens (OpenAI's
+    ``context_length_exceeded``; vLLM's 400, ``vllm/entrypoints/openai/engine/serving.py``; TGI's
+    422 ``validation`` error, ``router/src/validation.rs`` and ``server.rs``)."""
+    if dialect == "tgi":
+        message = (
+            f"Input validation error: `inputs` tokens + `max_new_tokens` must be <= {limit}. "
+            f"Given: {prompt} `inputs` tokens and {completion} `max_new_tokens`"
+        )
+        return 422, {"error": message, "error_type": "validation"}
+    if dialect == "vllm":
+        message = (
+            f"This model's maximum context length is {limit} tokens. However, your request has "
+            f"{prompt} input tokens. Please reduce the length of the input messages."
+        )
+        return 400, {
+            "error": {"message": message, "type": "BadRequestError", "param": "input_tokens", "code": 400}
+        }
+    message = (
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the completion). "
+        "Please reduce the length of the messages or completion."
+    )
+    return 400, {
+        "error": {"message": message, "type": "invalid_request_error", "param": "messages",
+                  "code": "context_length_exceeded"}
+    }  # fmt: skip
+
+
 class OpenAIWire(HttpWire):
     """``/v1/embeddings``, ``/v1/chat/completions`` and ``/v1/responses`` (routes ``embeddings``,
     ``chat`` and ``responses``). A completion is ``tokens``, one per chunk or delta; its usage
-    says ``prompt_tokens`` (default 3) prompt (input) tokens and ``completion_tokens`` (default:
-    one per token) completion ones."""
+    says ``usage_prompt_tokens`` (default 3) prompt (input) tokens and ``completion_tokens``
+    (default: one per token) completion ones.
+
+    ``context_limits`` (model -> tokens): a chat request to such a model whose input
+    (:func:`prompt_tokens`) plus its ``max_tokens`` (vLLM: its input alone) passes the limit is
+    refused as ``dialect``'s server refuses it (:func:`context_length_error`); TGI streams the
+    refusal as an error event after HTTP 200, as its router does."""
 
     error_body = staticmethod(openai_error)
 
@@ -54,12 +107,17 @@ class OpenAIWire(HttpWire):
         *,
         tokens: tuple[str, ...] = ("Hello", " from", " the", " wire"),
         completion_tokens: int | None = None,
-        prompt_tokens: int = 3,
+        usage_prompt_tokens: int = 3,
+        context_limits: Mapping[str, int] | None = None,
+        dialect: Dialect = "openai",
     ) -> None:
         super().__init__()
         self.tokens = tokens
         self.completion_tokens = completion_tokens
-        self.prompt_tokens = prompt_tokens
+        self.usage_prompt_tokens = usage_prompt_tokens
+        self.context_limits = dict(context_limits or {})
+        self.dialect: Dialect = dialect
+        self.finish_reason = "stop"  # a whole completion's (Azure's "content_filter", say)
         self.route("/v1/embeddings", "embeddings", self._embeddings, ["POST"])
         self.route("/v1/chat/completions", "chat", self._chat, ["POST"])
         self.route("/v1/responses", "responses", self._responses, ["POST"])
@@ -85,6 +143,12 @@ class OpenAIWire(HttpWire):
     async def _chat(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
         model = payload.get("model", "m")
         created = int(time.time())
+        refused = self._too_long(payload)
+        if refused is not None and fault is None:
+            status, body = refused
+            if status == 422 and payload.get("stream"):  # TGI: HTTP 200, then the error event
+                return await self.stream(request, None, [sse(body)])
+            return await self.answer(request, Fault(status=status, body=body), None)
         if not payload.get("stream"):
             ok = {
                 "id": "chatcmpl-wire",
@@ -95,7 +159,7 @@ class OpenAIWire(HttpWire):
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": "".join(self.tokens)},
-                        "finish_reason": "stop",
+                        "finish_reason": self.finish_reason,
                         "logprobs": None,
                     }
                 ],
@@ -130,8 +194,19 @@ class OpenAIWire(HttpWire):
         events.append("data: [DONE]\n\n")
         return await self.stream(request, fault, events)
 
+    def _too_long(self, payload: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        limit = self.context_limits.get(str(payload.get("model")))
+        if limit is None:
+            return None
+        prompt = prompt_tokens(payload)
+        completion = int(payload.get("max_completion_tokens") or payload.get("max_tokens") or 0)
+        asked = prompt if self.dialect == "vllm" else prompt + completion
+        if asked <= limit:
+            return None
+        return context_length_error(self.dialect, limit, prompt, completion)
+
     def _chat_usage(self) -> dict[str, int]:
-        used, prompt = self._used(), self.prompt_tokens
+        used, prompt = self._used(), self.usage_prompt_tokens
         return {"prompt_tokens": prompt, "completion_tokens": used, "total_tokens": prompt + used}
 
     async def _responses(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
@@ -155,11 +230,11 @@ class OpenAIWire(HttpWire):
             "tool_choice": "auto",
             "tools": [],
             "usage": {
-                "input_tokens": self.prompt_tokens,
+                "input_tokens": self.usage_prompt_tokens,
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": used,
                 "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": self.prompt_tokens + used,
+                "total_tokens": self.usage_prompt_tokens + used,
             },
         }
         if not payload.get("stream"):

@@ -3,6 +3,7 @@ preset contract (:class:`StagePreset`) through which the RAG presets add their l
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -11,9 +12,10 @@ from typing import Any, Literal, Protocol, TypeVar
 from .._clock import Clock
 from .._errors import ConfigError
 from ..breakers import Breaker, counts_by_default
+from ..options import StagePolicy
 from ..pipeline import BuildContext, Chain, Layer
 from ..pipeline._threads import held
-from ..policy import StagePolicy
+from ._registry import build_layers
 from .breaker import make_breaker
 from .fallback import Fallback, UserFallback
 from .retry import RetryBudget, make_budget
@@ -57,13 +59,16 @@ class StagePreset(Protocol):
 class Bound:
     """One decorated function: its stage name and the options given to ``@guard``.
 
-    ``fallbacks`` are the user's, in order; ``breaker`` the one given (adapted), False for none,
-    or None (the policy's);
+    ``fallbacks`` are the user's, in order; ``routes`` the user's routed fallbacks (a caller's-error
+    reason such as ``context_length`` -> its fallbacks, in order); ``breaker`` the one given
+    (adapted), False for none, or None (the policy's);
     ``options`` the preset keywords as given, resolved per preset on first use (:meth:`resolved`);
     ``threaded``: a sync function, run in worker threads (:mod:`ragguard.pipeline._threads`).
     """
 
-    __slots__ = ("_resolved", "breaker", "fallbacks", "fn", "options", "stage", "stream", "threaded")
+    __slots__ = (
+        "_resolved", "breaker", "fallbacks", "fn", "options", "routes", "stage", "stream", "threaded",
+    )
 
     def __init__(
         self,
@@ -75,12 +80,17 @@ class Bound:
         breaker: Breaker | Literal[False] | None = None,
         options: Mapping[str, Any] | None = None,
         threaded: bool = False,
+        routes: Mapping[str, Sequence[Callable[..., Any]]] | None = None,
     ) -> None:
         self.stage = stage
         self.fn = fn
         self.stream = stream
         self.threaded = threaded
         self.fallbacks: tuple[Fallback, ...] = tuple(UserFallback(f) for f in fallbacks)
+        self.routes: dict[str, tuple[Fallback, ...]] = {
+            reason: tuple(UserFallback(f) for f in chain) for reason, chain in (routes or {}).items() if chain
+        }
+        _check_error_parameter(stage, fn, (*self.fallbacks, *(f for c in self.routes.values() for f in c)))
         self.breaker = breaker
         self.options: dict[str, Any] = dict(options or {})
         self._resolved: dict[str, Any] = {}
@@ -114,6 +124,24 @@ class Bound:
         if got is None and preset.name not in self._resolved:
             got = self._resolved[preset.name] = preset.resolve(self.fn, self.options)
         return got
+
+
+def _check_error_parameter(stage: str, fn: Callable[..., Any], fallbacks: Sequence[Fallback]) -> None:
+    """ConfigError when a fallback asks for ``error=`` (the exception it replaces) and the guarded
+    function takes an argument of that name too: the two could not both be passed."""
+    wanting = [f.name for f in fallbacks if getattr(f, "wants_error", False)]
+    if not wanting:
+        return
+    try:
+        taken = "error" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if taken:
+        raise ConfigError(
+            f"guard({stage!r}): fallback {wanting[0]!r} declares error= to receive the exception it "
+            "replaces, and the guarded function has a parameter named error too: rename one",
+            field="fallback",
+        )
 
 
 class Stage:
@@ -199,8 +227,6 @@ class Stage:
 
     def chain(self, bound: Bound, *, observed: bool = False) -> Chain:
         """Compile ``bound``'s chain of layers (see :mod:`ragguard.layers`)."""
-        from . import build_layers
-
         layers = build_layers(self, bound, observed=observed)
         return Chain(held(layers) if bound.threaded else layers)
 

@@ -16,25 +16,48 @@ request is passed to the caller as it is). ``fallback_on: any`` serves after any
 serves after a quota refusal (a tenant over its share is not served another way) or a
 cancellation. For a stream, only before its first item (the commit
 point); a fallback of a stream may return an async iterable or an iterable of items.
+
+What the provider said may choose the fallback: a stage's *routes* map a caller's-error reason
+(``context_length``, ``content_policy``: :mod:`ragguard.outcomes`) to fallbacks of their own
+(``@guard(on_context_length=..., on_content_policy=...)``). A refusal whose reason is routed is
+served by its route's fallbacks, in order (then by the stage's own, only under ``fallback_on:
+any``); any other caller's error still reaches no fallback. A route holds :class:`Fallback`
+objects, so a model group may put its own there (another deployment with a larger context).
+
+A user's fallback that declares a keyword-only parameter ``error`` (``def large(question,
+passages, *, error)``) is called with the exception it replaces as ``error=``; any other is called
+with the call's arguments alone.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._context import current_tenant, mark_degraded
 from .._errors import ConfigError, QuotaExceeded
 from .._validate import bounded
 from ..events import EventBus, FallbackServed, bus
-from ..outcomes import Kind, kind_of
+from ..outcomes import Kind, Outcome, classify, kind_of
 from ..pipeline import Call
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
-__all__ = ["Fallback", "FallbackLayer", "FallbackMiss", "UserFallback", "build", "user_fallbacks"]
+__all__ = [
+    "ROUTES",
+    "Fallback",
+    "FallbackLayer",
+    "FallbackMiss",
+    "UserFallback",
+    "build",
+    "user_fallbacks",
+    "user_routes",
+]
+
+ROUTES = {"on_context_length": "context_length", "on_content_policy": "content_policy"}
+"""``@guard`` keyword -> the caller's-error reason (:data:`ragguard.outcomes.REASONS`) it routes."""
 
 _MAX_NOTES = 8
 
@@ -55,16 +78,22 @@ class Fallback(Protocol):
 
 class UserFallback:
     """A user's fallback callable, called with the call's arguments: an ``async def``, a plain
-    function, or (for a stream) an async generator function or one returning an iterable."""
+    function, or (for a stream) an async generator function or one returning an iterable. One
+    that declares a keyword-only parameter ``error`` gets the exception it replaces as well
+    (``wants_error``, read once from its signature)."""
 
-    __slots__ = ("fn", "name")
+    __slots__ = ("fn", "name", "wants_error")
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self.name: str = getattr(fn, "__name__", None) or type(fn).__name__
+        self.wants_error = takes_error(fn)
 
     async def serve(self, call: Call, exc: Exception) -> Any:
-        produced = self.fn(*call.args, **call.kwargs)
+        if self.wants_error:
+            produced = self.fn(*call.args, **{**call.kwargs, "error": exc})
+        else:
+            produced = self.fn(*call.args, **call.kwargs)
         if inspect.isawaitable(produced):
             produced = await produced
         return produced
@@ -73,24 +102,47 @@ class UserFallback:
         return f"UserFallback({self.name})"
 
 
-def user_fallbacks(given: Any) -> tuple[Callable[..., Any], ...]:
-    """``@guard(fallback=...)``: a callable or a sequence of them, in order (None: none);
-    ConfigError naming the one that is not callable."""
+def takes_error(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` declares a keyword-only parameter named ``error`` (False when its signature
+    cannot be read)."""
+    try:
+        parameter = inspect.signature(fn).parameters.get("error")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def user_fallbacks(given: Any, option: str = "fallback") -> tuple[Callable[..., Any], ...]:
+    """``@guard(fallback=...)`` (or a route's ``option``): a callable or a sequence of them, in
+    order (None: none); ConfigError naming the one that is not callable."""
     if given is None:
         return ()
     chain = tuple(given) if isinstance(given, (list, tuple)) else (given,)
     for i, fn in enumerate(chain):
         if not callable(fn):
             alone = len(chain) == 1 and not isinstance(given, (list, tuple))
-            where = "fallback" if alone else f"fallback[{i}]"
-            raise ConfigError(f"guard: {where} must be callable, got {type(fn).__name__}")
+            where = option if alone else f"{option}[{i}]"
+            raise ConfigError(f"guard: {where} must be callable, got {type(fn).__name__}", field=where)
     return chain
 
 
-class FallbackLayer:
-    """Serves stage ``stage``'s failures from ``fallbacks``, in order (see the module docstring)."""
+def user_routes(options: Any) -> dict[str, tuple[Callable[..., Any], ...]]:
+    """The routes of ``@guard``'s options (``on_context_length=``, ``on_content_policy=``): reason
+    -> its fallbacks, in order; a route given None is left out. ConfigError as :func:`user_fallbacks`."""
+    routes: dict[str, tuple[Callable[..., Any], ...]] = {}
+    for option, reason in ROUTES.items():
+        chain = user_fallbacks(options.get(option), option)
+        if chain:
+            routes[reason] = chain
+    return routes
 
-    __slots__ = ("_applies", "_bus", "fallbacks", "stage")
+
+class FallbackLayer:
+    """Serves stage ``stage``'s failures from ``fallbacks``, in order, and the refusals ``routes``
+    names (reason -> fallbacks) from theirs (see the module docstring); ``classify`` reads what
+    the dependency said (the build context's)."""
+
+    __slots__ = ("_applies", "_bus", "_classify", "fallbacks", "routes", "stage")
 
     def __init__(
         self,
@@ -98,17 +150,33 @@ class FallbackLayer:
         fallbacks: Sequence[Fallback],
         applies: Callable[[BaseException], bool],
         event_bus: EventBus = bus,
+        routes: Mapping[str, Sequence[Fallback]] | None = None,
+        classify: Callable[[BaseException], Outcome] = classify,
     ) -> None:
         self.stage = stage
         self.fallbacks = tuple(fallbacks)
+        self.routes = {reason: tuple(chain) for reason, chain in (routes or {}).items() if chain}
         self._applies = applies
         self._bus = event_bus
+        self._classify = classify
+
+    def chain_for(self, exc: BaseException) -> tuple[Fallback, ...]:
+        """The fallbacks that may serve ``exc``, in order: its route's (a caller's error whose
+        reason is routed), then the stage's own when they apply to it."""
+        if self.routes:
+            outcome = self._classify(exc)
+            if outcome.kind is Kind.CALLER_ERROR:
+                routed = self.routes.get(outcome.reason)
+                if routed is not None:
+                    return routed + self.fallbacks if self.fallbacks and self._applies(exc) else routed
+        return self.fallbacks if self._applies(exc) else ()
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
         try:
-            if not self._applies(exc):
+            chain = self.chain_for(exc)
+            if not chain:
                 raise exc
-            for fallback in self.fallbacks:
+            for fallback in chain:
                 try:
                     result = await fallback.serve(call, exc)
                 except FallbackMiss as missed:
@@ -163,9 +231,9 @@ _SERVED = frozenset({Kind.FAILURE, Kind.REJECTION, Kind.TIMEOUT, Kind.REFUSED, K
 
 def build(stage: Stage, bound: Bound) -> FallbackLayer | None:
     fallbacks = stage.fallbacks_for(bound)
-    if not fallbacks:
+    if not fallbacks and not bound.routes:
         return None
     counts = stage.breaker.classifier if stage.breaker is not None else None
     ctx = stage.context
     applies = applies_for(counts, stage.policy.fallback_on, ctx.kind_of)
-    return FallbackLayer(stage.name, fallbacks, applies, ctx.bus)
+    return FallbackLayer(stage.name, fallbacks, applies, ctx.bus, bound.routes, ctx.classify)

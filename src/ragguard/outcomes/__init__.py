@@ -10,7 +10,9 @@ Every breaker kind, the retry layer, the throttle, the adaptive limit, fallbacks
 doors ask :func:`classify`, so they can never disagree about a call. The kinds (:class:`Kind`):
 success; dependency failure (refused, reset, 5xx, ``UNAVAILABLE``, out of memory); dependency
 rejection (429, 529, ``RESOURCE_EXHAUSTED``, an overload event inside a stream) with the wait it
-stated; timeout; caller error (4xx other than 408/429, bad input, auth, not found, context length);
+stated; timeout; caller error (4xx other than 408/429, bad input, auth, not found; the reasons
+``context_length`` and ``content_policy`` name the two refusals a stage may route, and
+:func:`context_overflow` reads the figures a context-length refusal states);
 cancelled; ragguard's own refusal (open breaker, quota, shed); the request's own deadline; and
 unknown. ``Outcome.reached`` says whether the request may already have reached the dependency,
 which decides whether a non-idempotent stage may retry it.
@@ -30,15 +32,19 @@ from ._classify import (
     register_classifier,
     unregister_classifier,
 )
-from ._kinds import MAX_STATED_WAIT_S, Kind, Outcome, clamp_wait
+from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, MAX_STATED_WAIT_S, Kind, Outcome, clamp_wait
+from ._refusal import context_overflow
 
 __all__ = [
+    "CONTENT_POLICY",
+    "CONTEXT_LENGTH",
     "MAX_STATED_WAIT_S",
     "Kind",
     "Outcome",
     "OutcomeClassifier",
     "clamp_wait",
     "classify",
+    "context_overflow",
     "kind_of",
     "register_classifier",
     "unregister_classifier",

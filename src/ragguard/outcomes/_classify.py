@@ -52,6 +52,7 @@ from .._errors import (
 from .._errors import ConfigError as _ConfigError
 from ._builtin import BROKEN_CONNECTION, OUT_OF_MEMORY, REFUSED_CONNECTION, TIMED_OUT, builtin
 from ._kinds import Kind, Outcome, clamp_wait
+from ._refusal import refined
 
 __all__ = [
     "CANCELLED",
@@ -282,7 +283,12 @@ def _one(exc: BaseException) -> Outcome | None:
             continue
         if outcome is not None:
             return outcome
-    return builtin(exc)
+    found = builtin(exc)
+    if found is not None and found.kind is Kind.CALLER_ERROR:
+        # a plain ValueError may still say what a local model refused: llama-cpp-python's
+        # "Requested tokens (N) exceed context window of M" is a context-length refusal
+        return refined(found, exc)
+    return found
 
 
 def _own(exc: BaseException) -> Outcome | None:

@@ -16,7 +16,11 @@ CALLER_ERROR ragguard's input    400          INVALID_ARGUMENT
 CALLER_ERROR Unauthenticated     401          UNAUTHENTICATED      (HTTP: ``WWW-Authenticate``)
 CALLER_ERROR PermissionDenied    403          PERMISSION_DENIED
 CALLER_ERROR a dependency's      400 (bad     INVALID_ARGUMENT /
-                                 request) or  FAILED_PRECONDITION
+                                 request,     FAILED_PRECONDITION
+                                 context
+                                 length,
+                                 content
+                                 policy) or
                                  502
 UNKNOWN, a plain ValueError      left to the application and the server
 ===============================  ===========  ===================  =============================
@@ -34,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._errors import InvalidInput, PermissionDenied, QuotaExceeded, RagguardError, Unauthenticated
-from ._kinds import Kind, Outcome
+from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, Kind, Outcome
 
 __all__ = ["ANSWERS", "DEFAULT_REJECTION_WAIT_S", "Answer", "DoorAnswer", "door_answer"]
 
@@ -79,6 +83,8 @@ _DETAILS = {
     "rejection": "a dependency of this service is overloaded and rejected the call",
     "timeout": "a dependency of this service timed out",
     "invalid": "a dependency of this service refused the request as invalid",
+    "context_length": "a dependency of this service refused the request as longer than its context window",
+    "content_policy": "a dependency of this service refused the request under its content policy",
     "precondition": "a dependency of this service refused the call",
 }
 
@@ -115,5 +121,7 @@ def door_answer(exc: BaseException, outcome: Outcome) -> DoorAnswer | None:
             return None  # a plain ValueError/TypeError of the application: its own business
         if outcome.reason == "request":
             return ANSWERS["invalid"], None, _DETAILS["invalid"]
+        if outcome.reason in (CONTEXT_LENGTH, CONTENT_POLICY):
+            return ANSWERS["invalid"], None, _DETAILS[outcome.reason]
         return ANSWERS["precondition"], None, _DETAILS["precondition"]
     return None

@@ -1,11 +1,14 @@
 """httpx (and httpx2, httpcore, the OpenAI/Anthropic SDKs' transport): by class name, so one
 classifier serves every package that shares httpx's exception tree; ragguard's own
-``RemoteStatusError`` s are ``HTTPStatusError`` s and are read by their status."""
+``RemoteStatusError`` s are ``HTTPStatusError`` s and are read by their status. A caller's
+error whose body (when it was read) says the request is longer than the model's context window
+or was refused under a content policy (vLLM's 400, TGI's 422: :mod:`._refusal`) has that reason."""
 
 from __future__ import annotations
 
 from ._classify import classify_cause
 from ._kinds import Kind, Outcome
+from ._refusal import refined
 from ._status import from_http_status
 
 __all__ = ["classify", "transport_outcome"]
@@ -46,7 +49,8 @@ def transport_outcome(exc: BaseException) -> Outcome | None:
 def classify(exc: BaseException) -> Outcome | None:
     response = getattr(exc, "response", None)
     if response is not None and any(c.__name__ == "HTTPStatusError" for c in type(exc).__mro__):
-        return from_http_status(getattr(response, "status_code", None), getattr(response, "headers", None))
+        found = from_http_status(getattr(response, "status_code", None), getattr(response, "headers", None))
+        return None if found is None else refined(found, exc)
     found = transport_outcome(exc)
     if found is not None and found.kind is Kind.FAILURE and found.reason == "connection":
         # httpx raises ConnectError for a refused connection, ReadError for a reset: ask the cause

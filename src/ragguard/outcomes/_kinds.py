@@ -10,7 +10,10 @@
      retry_after_s   the wait the dependency stated (Retry-After, retry-after-ms, rate-limit
                      resets, gRPC pushback), in seconds, clamped to [0, MAX_STATED_WAIT_S]; None
                      when it stated none
-     reason          a finer word within the kind (see REASONS)
+     reason          a finer word within the kind (see REASONS): among the caller's errors,
+                     ``context_length`` (the request is longer than the model's context window)
+                     and ``content_policy`` (the provider's content policy refused it) say what
+                     a stage's routed fallbacks and the generation preset's shrink act on
      status          the HTTP status (or 0) the outcome was read from, when there was one
      retry           the dependency's own word on retrying this request (an ``x-should-retry:
                      true|false`` header, read as the OpenAI and Anthropic SDKs read it), which
@@ -21,10 +24,13 @@
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 
+from .._waits import MAX_STATED_WAIT_S, clamp_wait
+
 __all__ = [
+    "CONTENT_POLICY",
+    "CONTEXT_LENGTH",
     "MAX_STATED_WAIT_S",
     "REASONS",
     "Kind",
@@ -32,9 +38,6 @@ __all__ = [
     "clamp_wait",
 ]
 
-MAX_STATED_WAIT_S = 86_400.0
-"""The longest wait (seconds) a parsed or formatted wait can be: one day. A dependency stating more
-(``Retry-After: 9999999999``, a date decades ahead, ``1e308``) is read as stating this much."""
 
 
 class Kind(enum.Enum):
@@ -48,7 +51,9 @@ class Kind(enum.Enum):
     - ``TIMEOUT``: the dependency was too slow (a timeout, 408, 504, ``DEADLINE_EXCEEDED``, the
       stage's own ``timeout_s``). Counted by every breaker kind.
     - ``CALLER_ERROR``: the request was wrong (4xx other than 408/429, bad input, auth, not found,
-      context length): never counted against the dependency, never retried, passed on as it is.
+      context length, content policy): never counted against the dependency, never retried,
+      passed on as it is (unless the stage routes its reason: ``on_context_length=``,
+      ``on_content_policy=``).
     - ``CANCELLED``: the call was cancelled (not an ``Exception``): no outcome at all.
     - ``REFUSED``: ragguard itself refused the call before it could reach the dependency (an open
       breaker, the tenant's quota, an adaptive limit or throttle shedding it).
@@ -68,30 +73,25 @@ class Kind(enum.Enum):
     UNKNOWN = "unknown"
 
 
+CONTEXT_LENGTH = "context_length"
+"""The ``reason`` of a caller's error that says the request is longer than the model's context
+window (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is too long", vLLM's and TGI's
+validation errors): a larger model, or fewer passages, may answer it."""
+CONTENT_POLICY = "content_policy"
+"""The ``reason`` of a caller's error that says the provider's content policy refused the request
+or its answer (OpenAI's ``content_filter``/``content_policy_violation``/``invalid_prompt``,
+Anthropic's "Output blocked by content filtering policy")."""
+
 REASONS = {
     Kind.FAILURE: ("connection", "status", "protocol", "out_of_memory", "stream"),
     Kind.REJECTION: ("status", "stream"),
     Kind.TIMEOUT: ("timeout", "status", "stage"),
-    Kind.CALLER_ERROR: ("input", "request", "auth", "not_found", "conflict", "status"),
+    Kind.CALLER_ERROR: (
+        "input", "request", "auth", "not_found", "conflict", "status", "context_length", "content_policy",
+    ),
     Kind.REFUSED: ("breaker", "quota", "overloaded"),
 }
 """The ``reason`` words each kind uses (a user's classifier may use others)."""
-
-
-def clamp_wait(seconds: object) -> float | None:
-    """``seconds`` as a stated wait: a float in [0, :data:`MAX_STATED_WAIT_S`], None when it is
-    not a number (NaN, a string, a bool). Never raises: ``inf`` and ``1e308`` clamp to the cap."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        return None
-    try:
-        value = float(seconds)
-    except (OverflowError, ValueError):  # an int too large for a float
-        return MAX_STATED_WAIT_S if seconds > 0 else 0.0
-    if math.isnan(value):
-        return None
-    if value <= 0.0:
-        return 0.0
-    return value if value < MAX_STATED_WAIT_S else MAX_STATED_WAIT_S
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,14 +6,14 @@ of ragguard, not even for its tests: the names are LiteLLM's, as its source defi
 from __future__ import annotations
 
 from . import _classify as core
-from ._kinds import Kind, Outcome
+from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, Kind, Outcome
 from ._status import from_http_status, stated_wait_of
 
 __all__ = ["classify"]
 
 _CALLER = {
-    "ContextWindowExceededError": "request",
-    "ContentPolicyViolationError": "request",
+    "ContextWindowExceededError": CONTEXT_LENGTH,
+    "ContentPolicyViolationError": CONTENT_POLICY,
     "BlockedPiiEntityError": "request",
     "RejectedRequestError": "request",
     "ImageFetchError": "request",

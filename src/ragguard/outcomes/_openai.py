@@ -1,14 +1,16 @@
 """The OpenAI Python SDK (``openai``): its status errors with the headers of the response (the
 waits of ``retry-after-ms``, ``retry-after`` and ``x-ratelimit-reset-*``), its connection and
-timeout errors (whether the request left is read from the transport error they wrap), and the
-``error`` a stream sends after HTTP 200."""
+timeout errors (whether the request left is read from the transport error they wrap), the
+``error`` a stream sends after HTTP 200, and the refusals a stage may route (context length,
+content policy: :mod:`._refusal`), OpenAI-compatible servers' (vLLM, TGI) included."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ._classify import classify_cause
-from ._kinds import Kind, Outcome
+from ._kinds import CONTENT_POLICY, Kind, Outcome
+from ._refusal import error_text, refined, refusal_reason
 from ._status import from_http_status, from_overload_type
 
 __all__ = ["classify", "sdk_outcome"]
@@ -27,7 +29,13 @@ def _names(exc: BaseException) -> list[str]:
 def sdk_outcome(exc: BaseException, *, body_type: object = None, body_code: object = None) -> Outcome | None:
     """What an OpenAI-shaped SDK error says (shared by the ``openai`` and ``anthropic`` classifiers:
     their trees have the same names): the status error's code and headers first, then what the
-    error body's ``type``/``code`` names, then the connection and timeout errors."""
+    error body's ``type``/``code`` names, then the connection and timeout errors; a caller's error
+    with the reason its code or words give (``context_length``, ``content_policy``)."""
+    found = _sdk_outcome(exc, body_type, body_code)
+    return None if found is None else refined(found, exc, body_code, body_type)
+
+
+def _sdk_outcome(exc: BaseException, body_type: object, body_code: object) -> Outcome | None:
     names = _names(exc)
     if isinstance(body_code, str) and body_code in _BILLING_CODES:
         return Outcome(Kind.CALLER_ERROR, reason="auth")  # no wait makes an unpaid account pay
@@ -62,8 +70,17 @@ def sdk_outcome(exc: BaseException, *, body_type: object = None, body_code: obje
     if "APIResponseValidationError" in names:
         return Outcome(Kind.FAILURE, reason="protocol")
     if "APIError" in names:  # a stream's error event (no status of its own)
-        return by_type if by_type is not None else Outcome(Kind.FAILURE, reason="stream")
-    if "LengthFinishReasonError" in names or "ContentFilterFinishReasonError" in names:
+        if by_type is not None:
+            return by_type
+        refusal = refusal_reason(error_text(exc), body_code, body_type)  # TGI's validation event
+        return (
+            Outcome(Kind.FAILURE, reason="stream")
+            if refusal is None
+            else Outcome(Kind.CALLER_ERROR, reason=refusal)
+        )
+    if "ContentFilterFinishReasonError" in names:
+        return Outcome(Kind.CALLER_ERROR, reason=CONTENT_POLICY)
+    if "LengthFinishReasonError" in names:  # the answer hit max_tokens: not the context window
         return Outcome(Kind.CALLER_ERROR, reason="request")
     return None
 

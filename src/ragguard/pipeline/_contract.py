@@ -32,11 +32,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+from .._admission import WAIT  # a gate's enter answers as a quota backend's admit_now does
 
-WAIT: Any = object()
-"""Returned by a gate's ``enter`` (and a quota backend's ``admit_now``, :mod:`ragguard.quotas`)
-when admission needs ``await enter_async()`` (``await acquire()``)."""
+__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
 
 Scope = Literal["call", "attempt", "item"]
 
@@ -45,7 +43,8 @@ class Call:
     """One guarded call (or stream) as it moves through a stage's chain.
 
     - ``stage``: the stage name; ``fn``, ``args``, ``kwargs``: what the innermost layer calls
-      (a wrapper may swap ``args``/``kwargs`` while it runs, as the chunked rerank does);
+      (a layer may swap ``args``/``kwargs`` while it runs, as the chunked rerank and the
+      generation preset's shrink do, and puts the caller's back before it returns);
     - ``stream``: True for an async-generator stage;
     - ``attempt``: 1 for the first attempt, raised by the retry layer before each retry;
     - ``recoverable``: set by an outer layer that recovers some errors itself (the rerank chunker
@@ -85,8 +84,9 @@ class Call:
     meter: Any = None
 
     WRITERS: ClassVar[Mapping[str, frozenset[str]]] = {
-        "args": frozenset({"ragguard.rag._rerank"}),  # a chunk's candidates, while the chunker runs
-        "kwargs": frozenset({"ragguard.rag._rerank"}),
+        # a chunk's candidates while the chunker runs; fewer passages while the shrink runs
+        "args": frozenset({"ragguard.rag._rerank", "ragguard.rag._shrink"}),
+        "kwargs": frozenset({"ragguard.rag._rerank", "ragguard.rag._shrink"}),
         "attempt": frozenset({"ragguard.layers.retry", "ragguard.layers.hedge"}),  # hedge: its twin's
         "recoverable": frozenset({"ragguard.rag._rerank", "ragguard.layers.hedge"}),
         "started": frozenset({"ragguard.layers.breaker"}),

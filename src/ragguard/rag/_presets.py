@@ -23,10 +23,14 @@ stage called ``rerank_v2``). Arguments are declared, never guessed from keyword 
   one (an OpenAI usage chunk, an Anthropic ``message_delta``): it replaces the count (a
   :class:`~ragguard.rag.Usage`, from ``usage=`` or ``tokens=``, also gives the input tokens). Adds the
   stream budgets (first item, idle, total: ``StreamTimeout``) and the tenant's token pacing and
-  quota (see :mod:`ragguard.rag._generation`). A coroutine function of such a stage runs the
-  generic layers only.
+  quota (see :mod:`ragguard.rag._generation`). ``passages=`` (a parameter position or name: the
+  retrieved passages, best first) adds the shrink, for streams and coroutine functions alike: a
+  call the model refused as longer than its context window is made again with fewer passages
+  (:mod:`ragguard.rag._shrink`). A coroutine function of such a stage runs the generic layers and
+  the shrink only.
 
-:func:`register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the contract).
+:func:`ragguard.layers.register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the
+contract); these four register themselves when ``ragguard`` is imported.
 """
 
 from __future__ import annotations
@@ -35,28 +39,21 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import _registry
 from .._clock import timers_of
 from .._errors import ConfigError
-from ..layers import Bound, Stage, StagePreset
+from ..layers import Bound, Stage, register_preset
 from ..layers.fallback import Fallback
 from ..pipeline import Layer
+from ..quotas import TokenAccounts
 from ._args import ArgRef
 from ._cache import EmbeddingCache
+from ._counting import count_tokens, token_accounts
 from ._embedding import CacheFallback, CacheTap
 from ._generation import StreamBudgets, TokenMeter
 from ._rerank import BatchLimiter, ChunkedRerank, SkipRerank, score_of
-from ._tokens import TokenAccounts, count_tokens, token_accounts
+from ._shrink import ShrinkPassages
 
-__all__ = [
-    "PRESETS",
-    "EmbeddingPreset",
-    "GenerationPreset",
-    "RerankPreset",
-    "VectorStorePreset",
-    "preset",
-    "register_preset",
-]
+__all__ = ["EmbeddingPreset", "GenerationPreset", "RerankPreset", "VectorStorePreset"]
 
 
 class EmbeddingPreset:
@@ -154,7 +151,7 @@ class RerankPreset:
 
 
 class _GenerationOptions:
-    __slots__ = ("count", "estimate", "input_tokens", "model", "usage")
+    __slots__ = ("count", "estimate", "input_tokens", "model", "passages", "usage")
 
     def __init__(
         self,
@@ -163,12 +160,14 @@ class _GenerationOptions:
         input_tokens: Callable[..., Any] | None = None,
         model: ArgRef | Callable[..., Any] | None = None,
         usage: Callable[[Any], Any] | None = None,
+        passages: ArgRef | None = None,
     ) -> None:
         self.count = count
         self.estimate = estimate
         self.input_tokens = input_tokens
         self.model = model
         self.usage = usage
+        self.passages = passages
 
 
 def _per_call(value: Any, option: str, least: int) -> Callable[..., Any] | None:
@@ -206,7 +205,7 @@ class GenerationPreset:
 
     name = "generation"
     streams = True
-    option_names = frozenset(_GENERATION_OPTIONS)
+    option_names = frozenset({*_GENERATION_OPTIONS, "passages"})
 
     def resolve(self, fn: Callable[..., Any], given: Mapping[str, Any]) -> _GenerationOptions:
         count = given.get("tokens")
@@ -229,15 +228,18 @@ class GenerationPreset:
         model = given.get("model")
         if model is not None and not callable(model):
             model = ArgRef.resolve(fn, model, "model")
-        return _GenerationOptions(count or count_tokens, estimate, input_tokens, model, usage)
+        which = given.get("passages")
+        passages = None if which is None else ArgRef.resolve(fn, which, "passages")
+        return _GenerationOptions(count or count_tokens, estimate, input_tokens, model, usage, passages)
 
     def state(self, stage: Stage) -> _GenerationState:
         return _GenerationState(token_accounts(stage.context))
 
     def layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
-        if not bound.stream:
-            return ()
         options: _GenerationOptions = bound.resolved(self)
+        shrink = _shrink(stage, options.passages)
+        if not bound.stream:
+            return () if shrink is None else (shrink,)
         state: _GenerationState = stage.preset_state
         policy = stage.policy
         meter = TokenMeter(
@@ -252,7 +254,7 @@ class GenerationPreset:
             usage=options.usage,
             event_bus=stage.context.bus,
         )
-        return (meter,)
+        return (meter,) if shrink is None else (meter, shrink)
 
     def attempt_layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
         # inside each attempt: a first item that never comes is retried, and counted by the breaker
@@ -273,28 +275,21 @@ class GenerationPreset:
         return tuple(users)
 
 
-PRESETS: dict[str, StagePreset] = {
-    p.name: p for p in (EmbeddingPreset(), VectorStorePreset(), RerankPreset(), GenerationPreset())
-}
-
-
-def preset(name: str | None) -> StagePreset | None:
-    """The preset called ``name`` (None for None); ConfigError naming the known ones otherwise."""
-    if name is None:
+def _shrink(stage: Stage, passages: ArgRef | None) -> ShrinkPassages | None:
+    """The shrink of a function that names its passages (None: it does not, or ``max_shrinks`` 0)."""
+    policy = stage.policy
+    if passages is None or policy.generation.max_shrinks < 1:
         return None
-    found = PRESETS.get(name)
-    if found is None:
-        raise ConfigError(f"unknown stage preset {name!r:.60}; known: {', '.join(sorted(PRESETS))}")
-    return found
+    return ShrinkPassages(
+        stage.name,
+        passages,
+        max_shrinks=policy.generation.max_shrinks,
+        min_passages=policy.generation.min_passages,
+        min_attempt_s=policy.min_attempt_s,
+        classify=stage.context.classify,
+        event_bus=stage.context.bus,
+    )
 
 
-def register_preset(new: StagePreset) -> None:
-    """Add ``new`` to the registry under ``new.name`` (replacing one of that name)."""
-    needed = ("name", "streams", "option_names", "resolve", "state", "layers", "attempt_layers", "fallbacks")
-    for attr in needed:
-        if not hasattr(new, attr):
-            raise ConfigError(f"register_preset: {type(new).__name__} has no {attr!r} (see StagePreset)")
-    if not isinstance(new.name, str) or not new.name:
-        raise ConfigError(f"register_preset: name must be a non-empty str, got {new.name!r:.40}")
-    PRESETS[new.name] = new
-    _registry.add_preset(new.name)  # stage policies may name it
+for _made in (EmbeddingPreset(), VectorStorePreset(), RerankPreset(), GenerationPreset()):
+    register_preset(_made)  # into the core's registry: stage policies name them, stages run them
