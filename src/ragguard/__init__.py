@@ -36,6 +36,7 @@ from ._errors import (
     StreamTimeout,
     VectorStoreUnavailable,
 )
+from ._naming import named
 from .breakers import (
     BreakerState,
     CircuitBreaker,
@@ -112,6 +113,7 @@ __all__ = [
     "default_guard",
     "degraded",
     "guard",
+    "named",
     "priority",
     "register_classifier",
     "remaining",

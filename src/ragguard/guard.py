@@ -8,6 +8,7 @@ chain per decorated function; ``@guard`` uses the default Guard, which :func:`co
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from os import PathLike
@@ -17,6 +18,7 @@ from . import _default, _inject
 from ._clock import Clock, monotonic
 from ._decorate import GuardDecorator, decorator
 from ._errors import ConfigError
+from ._http import field_name
 from ._services import services
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
@@ -28,6 +30,8 @@ from .quotas import QuotaBackend, TenantContext
 from .status import snapshot
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
+
+_log = logging.getLogger("ragguard.policy")
 
 
 class Guard:
@@ -48,6 +52,16 @@ class Guard:
       the oldest idle stages are forgotten, with a warning: idle means no live decorated function
       runs it and its breaker is closed, so a stage in use or with a breaker that is not closed
       is never forgotten).
+    - ``tenant_header``: an HTTP field name (``"x-tenant-id"``; case-insensitive, kept lowercase)
+      in which every client wrapped by :mod:`ragguard.integrations` for this Guard sends
+      :func:`ragguard.current_tenant` with each request (OpenAI, Anthropic, their fallback clients,
+      LangChain chat models, Qdrant, LlamaIndex; see docs/integrations.md); None (the default):
+      none is sent unless a wrapper names its own.
+
+    Building a Guard logs a warning (logger ``ragguard.policy``) for every limit of the policy
+    that no call can ever reach (:meth:`Policy.unreachable_limits`: a burst without its rate, a
+    model's limit the tenant's own is always tighter than...): it changes nothing, and it is
+    almost always a mistake.
 
     Raises ConfigError naming the option for a bad value.
     """
@@ -63,6 +77,7 @@ class Guard:
         backend: Backend | None = None,
         chaos: _inject.Injector | None = None,
         max_stages: int = 1000,
+        tenant_header: str | None = None,
     ) -> None:
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a ragguard.Policy, got {type(policy).__name__}")
@@ -73,11 +88,14 @@ class Guard:
             self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, backend=backend, chaos=chaos
         )
         self.max_stages = max_stages
+        self.tenant_header = None if tenant_header is None else field_name("tenant_header", tenant_header)
         self.clock, self.rng, self.sleep = clock, self.context.rng, self.context.sleep
         self.quotas: Any = self.context.quotas
         self.backend = backend
         self._stages: dict[str, Stage] = {}
         self._warned_stages = False
+        for unreachable in self.policy.unreachable_limits():
+            _log.warning("ragguard policy: %s", unreachable)
 
     # -- stages -----------------------------------------------------------------------------------
 

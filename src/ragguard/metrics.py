@@ -3,7 +3,7 @@
 Prometheus (prometheus-client, a core dependency)::
 
     exporter = ragguard.metrics.PrometheusExporter().start()   # subscribes to ragguard.events.bus
-    app.mount("/metrics", exporter.asgi())                      # an ASGI app; or exporter.serve(9464)
+    app.add_route("/metrics", exporter.asgi())                  # an ASGI app; or exporter.serve(9464)
 
 Metrics live in a dedicated ``CollectorRegistry`` unless one is passed. Names follow Prometheus
 conventions: ``ragguard_`` prefix, ``_seconds`` for durations, ``_total`` for counters, labels
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BREAKER_STATES",
     "DEFAULT_LATENCY_BUCKETS_S",
+    "MetricsApp",
     "OTelMetrics",
     "PrometheusExporter",
     "StageCompleted",
@@ -70,6 +71,20 @@ def _prometheus() -> Any:
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise ImportError("ragguard.metrics needs prometheus-client: pip install prometheus-client") from exc
     return prometheus_client
+
+
+class MetricsApp:
+    """The ASGI app of :meth:`PrometheusExporter.asgi`: prometheus-client's, as an object (a
+    Starlette or FastAPI route takes an object as an ASGI app, and a plain function as an endpoint
+    of a request; so ``app.add_route("/metrics", exporter.asgi())`` works)."""
+
+    __slots__ = ("_app",)
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
 
 
 class _Capped:
@@ -316,11 +331,14 @@ class PrometheusExporter:
         """The registry in the Prometheus text format (what a scrape returns)."""
         return bytes(_prometheus().generate_latest(self.registry))
 
-    def asgi(self) -> Any:
+    def asgi(self) -> MetricsApp:
         """An ASGI app answering every request with a scrape of the registry (prometheus-client's
-        ``make_asgi_app``): ``app.mount("/metrics", exporter.asgi())`` in FastAPI or Starlette.
-        Exempt its path from the tenant middleware (``/metrics`` is exempt by default)."""
-        return _prometheus().make_asgi_app(registry=self.registry)
+        ``make_asgi_app``): ``app.add_route("/metrics", exporter.asgi())`` in FastAPI or
+        Starlette answers ``/metrics`` itself (a Starlette ``Mount`` matches only the paths below
+        its own: ``app.mount("/metrics", ...)`` serves ``/metrics/`` and redirects ``/metrics``
+        to it with a 307, which a scraper that does not follow redirects reads as empty). Exempt
+        its path from the tenant middleware (``/metrics`` is exempt by default)."""
+        return MetricsApp(_prometheus().make_asgi_app(registry=self.registry))
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> Any:
         """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread (prometheus-client's

@@ -204,7 +204,9 @@ def render() -> str:
     out += ["| `none` | no breaker |", ""]
     out += ["## Standard stages", "",
             "Always present, each with the preset of its name; what they set (every other field "
-            "has its default):", "", "| stage | sets |", "|---|---|"]  # fmt: skip
+            "has its default). A stage that names one of these presets (`backup: {preset: "
+            "generation}`) starts from the same values, its own fields replacing them:", "",
+            "| stage | sets |", "|---|---|"]  # fmt: skip
     for name, options in STANDARD_STAGE_OPTIONS.items():
         shown = ", ".join(f"`{k}: {_yaml(v)}`" for k, v in options.items())
         out.append(f"| `{name}` | {shown} |")

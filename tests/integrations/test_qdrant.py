@@ -92,6 +92,16 @@ async def test_a_rate_limited_store_is_retried_after_its_retry_after(store: Any,
     assert 2.0 in sleeps.waits and wire.faults.seen["query"] == 2
 
 
+async def test_the_guards_tenant_header_reaches_the_store_over_rest_and_grpc(store: Any) -> None:
+    _, wire, make = store
+    g = Guard(tenant_header="X-Tenant-Id")
+    client = make(g)
+    async with g.tenant("acme"):
+        await client.query_points("docs", query=[0.1, 0.2], limit=3)
+    await client.query_points("docs", query=[0.1, 0.2], limit=3)
+    assert [r["headers"].get("x-tenant-id") for r in wire.requests] == ["acme", "default"]
+
+
 async def test_a_hanging_store_is_cut_by_the_stage_timeout_and_the_deadline_is_its_timeout(
     store: Any, sleeps: Sleeps
 ) -> None:

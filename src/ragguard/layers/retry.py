@@ -430,6 +430,9 @@ class RetryLayer:
         return _not_a_rejection(exc) and (self._idempotent or not self._classify(exc).reached)
 
     def _retries(self, exc: BaseException, outcome: Outcome) -> bool:
+        said = outcome.retry  # the dependency's own word (x-should-retry) over its status's
+        if said is not None:
+            return said and (self._idempotent or not outcome.reached)
         if outcome.kind in _NEVER or (outcome.reached and not self._idempotent):
             return False
         for kind in self._kinds:
