@@ -40,7 +40,7 @@ from .layers.throttle import ThrottlePolicy
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority
-from .policy import GenerationPolicy, Policy, PoolQuota, StagePolicy, TenantQuota, TokenLimits
+from .policy import GenerationPolicy, Policy, PoolQuota, ReservePolicy, StagePolicy, TenantQuota, TokenLimits
 
 __version__ = "0.1.0"
 
@@ -77,6 +77,7 @@ __all__ = [
     "RagguardError",
     "RerankOOMBreaker",
     "RerankOutOfMemory",
+    "ReservePolicy",
     "RetryPolicy",
     "StagePolicy",
     "StageTimeout",

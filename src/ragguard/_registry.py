@@ -83,7 +83,9 @@ def _layer(name: str, model: str | None = None, build: str = "build") -> Entry:
 
 _entries: tuple[Entry, ...] = (
     _layer("observe"),
+    _layer("share"),
     _layer("fallback"),
+    _layer("reserve"),
     _layer("deadline"),
     _layer("quota"),
     _layer("preset", build="_preset"),
