@@ -11,7 +11,7 @@ Quick start, inside the service's running loop::
     print(monitors.diagnose().to_text())   # or, from a shell: ragguard doctor --events ragguard-events.jsonl
 """
 
-from ._diagnose import DEFAULT_EVENTS_FILE, Diagnosis, Finding, diagnose, doctor_main
+from ._diagnose import DEFAULT_EVENTS_FILE, Diagnosis, Finding, StageBudget, diagnose, doctor_main
 from ._events import ConnectionLeak, LoopStall, PoolExhausted
 from ._pool import (
     DEFAULT_WAIT_BUCKETS_S,
@@ -36,6 +36,7 @@ __all__ = [
     "MonitoredConnectionPool",
     "PoolExhausted",
     "PoolStats",
+    "StageBudget",
     "StallDetector",
     "default_recorder",
     "diagnose",
