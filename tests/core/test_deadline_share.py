@@ -5,8 +5,10 @@ the times asserted are the Guard's clock, nothing sleeps."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+import yaml
 
 import ragguard
 from ragguard import ConfigError, DeadlineExceeded, FakeClock, Guard, Policy, RetryPolicy, StagePolicy
@@ -225,3 +227,51 @@ def test_a_stage_with_the_whole_deadline_has_no_share_layer() -> None:
     whole = guard.stage("all").chain(Bound("all", fn, stream=False))
     shared = guard.stage("rerank").chain(Bound("rerank", fn, stream=False))
     assert "ShareLayer" not in repr(whole) and "ShareLayer" in repr(shared)
+
+
+async def test_with_every_earlier_stage_hung_the_generation_keeps_39_percent() -> None:
+    guard, clock = _guard()  # the standard stages, with the shares they draw by default
+
+    async def hang() -> None:
+        await clock.sleep(600)
+
+    @guard.guard("embedding", fallback=lambda texts: [[0.0] for _ in texts])
+    async def embed(texts: list[str]) -> list[list[float]]:
+        await hang()
+        return []
+
+    @guard.guard("vector_store", fallback=lambda vector: ["keyword hit"])
+    async def search(vector: list[float]) -> list[str]:
+        await hang()
+        return []
+
+    @guard.guard("rerank", fallback=lambda query, passages: passages)
+    async def rerank(query: str, passages: list[str]) -> list[str]:
+        await hang()
+        return []
+
+    left_for_generation: list[float | None] = []
+
+    @guard.guard("generation")
+    async def generate(passages: list[str]) -> AsyncIterator[str]:
+        left_for_generation.append(ragguard.remaining())
+        yield "answer"
+
+    async with guard.deadline(10.0):
+        passages = await rerank("q", await search((await embed(["q"]))[0]))
+        assert [token async for token in generate(passages)] == ["answer"]
+    assert passages == ["keyword hit"]
+    (left,) = left_for_generation
+    assert left is not None and left >= 0.75 * 0.75 * 0.7 * 10.0  # without shares: nothing left
+
+
+def test_the_policy_in_the_docs_loads_and_means_what_it_says() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "layers.md").read_text(encoding="utf-8")
+    section = text.split("### One deadline shared by the stages", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    policy = Policy.parse(yaml.safe_load(block))
+    rerank, embedding, web = (policy.stage(n) for n in ("rerank", "embedding", "web_search"))
+    assert rerank.deadline_share == 0.2 and rerank.preset == "rerank"  # keeps its preset and breaker
+    assert rerank.breaker.kind == "rerank_oom"
+    assert embedding.deadline_share == 1.0
+    assert web.deadline_share == 0.4 and web.reserve.max_s == 0.5 and web.reserve.min_s == 0.05

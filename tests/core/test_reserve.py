@@ -313,3 +313,20 @@ def test_the_reserve_defaults_and_shorthands() -> None:
     assert env.stage("rerank").reserve.off
     merged = Policy(stages={"rerank": StagePolicy(reserve={"max_s": 0.5})}).stage("rerank")
     assert merged.reserve.max_s == 0.5 and merged.reserve.min_s == 0.05 and merged.preset == "rerank"
+
+
+async def test_a_function_with_only_routes_keeps_no_reserve() -> None:
+    guard, clock = _guard()
+
+    def shorter(query: str) -> str:
+        return "shorter"
+
+    @guard.guard("lookup", on_context_length=shorter)
+    async def lookup(query: str) -> str:
+        await clock.sleep(60)
+        return query
+
+    with pytest.raises(DeadlineExceeded):
+        async with guard.deadline(0.5):
+            await lookup("q")
+    assert clock() == pytest.approx(0.5)  # a route answers a refusal, never a deadline
