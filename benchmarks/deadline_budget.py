@@ -29,12 +29,15 @@ async def refused(x: int = 1) -> int:
 
 def contenders() -> list[Contender]:
     # 1 attempt and a breaker that never opens, so the failing rows measure the fallback alone
-    never_opens = ragguard.BreakerPolicy(kind="generic", window_type="time", window_size=1, minimum_calls=10**6)
+    never_opens = ragguard.BreakerPolicy(
+        kind="generic", window_type="time", window_size=1, minimum_calls=10**6
+    )
     fail = {"retry": ragguard.RetryPolicy(attempts=1), "breaker": never_opens}
+    on = {"deadline_share": 0.25, "reserve": ragguard.ReservePolicy()}  # the vector_store stage's own
     off = {"deadline_share": 1.0, "reserve": 0}
-    _, kept = _stacks.full_stack_guard(ragguard)
+    _, kept = _stacks.full_stack_guard(ragguard, **on)
     _, plain = _stacks.full_stack_guard(ragguard, **off)
-    _, kept_failing = _stacks.full_stack_guard(ragguard, refused, **fail)
+    _, kept_failing = _stacks.full_stack_guard(ragguard, refused, **fail, **on)
     _, plain_failing = _stacks.full_stack_guard(ragguard, refused, **fail, **off)
     return [
         Contender("share + reserve", "the full stack, its share (0.25) and learnt reserve", kept),
@@ -51,7 +54,8 @@ async def main(ops: int, rounds: int) -> int:
     targets = [
         _bench.ratio_target(results, "share + reserve on the happy path", "share + reserve", "neither", 1.10),
         _bench.ratio_target(
-            results, "share + reserve when the fallback answers", "fallback, share + reserve", "fallback, neither", 1.10
+            results, "share + reserve when the fallback answers", "fallback, share + reserve",
+            "fallback, neither", 1.10,
         ),
     ]
     return _bench.print_targets(targets)

@@ -17,6 +17,7 @@ item. The latencies are this process's own (a fallback is a local answer).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable
@@ -36,39 +37,48 @@ class Reserve:
     """A stage's reserve (one per stage, shared by its functions): :meth:`seconds` for a call
     that starts with ``left`` seconds, learnt by :meth:`observe` from the fallback's latencies."""
 
-    __slots__ = ("_latencies", "_margin", "_max_s", "_min_s", "_quantile", "fixed_s", "learnt_s", "max_share")
+    __slots__ = ("_margin", "_max_s", "_min_s", "_order", "_rank", "_sorted", "_window", "keep_s", "max_share")
 
     def __init__(self, policy: ReservePolicy) -> None:
-        self.fixed_s = policy.fixed_s
         self.max_share = policy.max_share
         self._min_s = policy.min_s
         self._max_s = policy.max_s
-        self._quantile = policy.percentile / 100.0
+        self._rank = policy.percentile / 100.0
         self._margin = policy.margin
-        self._latencies: deque[float] = deque(maxlen=policy.window)
-        self.learnt_s = policy.min_s
-        """The learnt reserve, seconds: the floor until a fallback has answered."""
+        self._window = policy.window
+        self._order: deque[float] = deque()  # the recent latencies, oldest first
+        self._sorted: list[float] = []  # the same, in order (the percentile is one index away)
+        self.keep_s = policy.min_s if policy.fixed_s is None else policy.fixed_s
+        """The reserve before the share cap, seconds: the fixed one, or the learnt one (the floor
+        until a fallback has answered)."""
+
+    @property
+    def learnt_s(self) -> float:
+        """The learnt reserve, seconds (the fixed one when the policy fixes it)."""
+        return self.keep_s
 
     def seconds(self, left: float) -> float:
         """The time to keep back from a deadline ``left`` seconds away (0 when off)."""
-        keep = self.learnt_s if self.fixed_s is None else self.fixed_s
         cap = self.max_share * left
-        return keep if keep < cap else cap
+        return self.keep_s if self.keep_s < cap else cap
 
     def observe(self, latency_s: float) -> None:
-        """The fallback chain answered ``latency_s`` seconds after the failure it replaced."""
-        if not latency_s >= 0.0 or math.isinf(latency_s):
+        """The fallback chain answered ``latency_s`` seconds after the failure it replaced. O(log
+        n) to find, O(n) pointer moves for the window's n (at most 10,000) sorted latencies."""
+        if not 0.0 <= latency_s < math.inf:  # NaN, negative, infinite: no clock measures that
             return
-        latencies = self._latencies
-        latencies.append(latency_s)
-        ordered = sorted(latencies)  # at most ``window`` (100) values, once per fallback answer
-        at = ordered[max(0, math.ceil(self._quantile * len(ordered)) - 1)]  # nearest rank
-        self.learnt_s = min(max(at * self._margin, self._min_s), self._max_s)
+        order, ordered = self._order, self._sorted
+        if len(order) == self._window:
+            del ordered[bisect.bisect_left(ordered, order.popleft())]
+        order.append(latency_s)
+        bisect.insort(ordered, latency_s)
+        keep = ordered[math.ceil(self._rank * len(ordered)) - 1] * self._margin  # nearest rank
+        self.keep_s = self._min_s if keep < self._min_s else self._max_s if keep > self._max_s else keep
 
     @property
     def latencies(self) -> tuple[float, ...]:
         """The fallback's recent latencies the reserve is learnt from, oldest first."""
-        return tuple(self._latencies)
+        return tuple(self._order)
 
 
 class ReserveLayer:
@@ -88,13 +98,17 @@ class ReserveLayer:
         expiry = current_expiry()
         if expiry is None:
             return None
-        left = expiry.left()
+        at = expiry.at
+        left = at - expiry.clock()
         if left <= 0.0:
             return None
-        keep = self.reserve.seconds(left)
+        reserve = self.reserve
+        keep, cap = reserve.keep_s, reserve.max_share * left  # reserve.seconds(left), inlined
+        if cap < keep:
+            keep = cap
         if keep <= 0.0:
             return None
-        return shorten(Expiry(expiry.at - keep, expiry.clock))
+        return shorten(Expiry(at - keep, expiry.clock))
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)

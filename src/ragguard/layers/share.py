@@ -47,10 +47,11 @@ class ShareLayer:
             if own is None or own.at >= expiry.at:
                 return None
             return shorten(own)
-        left = expiry.left()
+        at = expiry.at
+        left = at - expiry.clock()
         if left <= 0.0:
             return None  # spent: the layers inside refuse the call themselves
-        own = Expiry(expiry.at - self._rest * left, expiry.clock)
+        own = Expiry(at - self._rest * left, expiry.clock)
         if call.stream:
             call.share_expiry = own
         return shorten(own)
@@ -62,7 +63,7 @@ class ShareLayer:
         if token is None:  # the stream driver exits every gate it entered
             return None
         restore(token)
-        if isinstance(exc, DeadlineExceeded):
+        if exc is not None and isinstance(exc, DeadlineExceeded):
             outer = current_expiry()
             if outer is not None and outer.left() > 0.0:  # the share ran out, not the request
                 _note(exc, self.stage, self.share)
