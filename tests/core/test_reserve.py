@@ -300,7 +300,7 @@ def test_the_reserve_options_are_validated_naming_the_field() -> None:
     with pytest.raises(ConfigError, match="max_s"):
         ReservePolicy(min_s=0.5, max_s=0.1)
     with pytest.raises(ConfigError):
-        StagePolicy(reserve=True)  # type: ignore[arg-type]
+        StagePolicy(reserve=True)
 
 
 def test_the_reserve_defaults_and_shorthands() -> None:
@@ -330,3 +330,48 @@ async def test_a_function_with_only_routes_keeps_no_reserve() -> None:
         async with guard.deadline(0.5):
             await lookup("q")
     assert clock() == pytest.approx(0.5)  # a route answers a refusal, never a deadline
+
+
+def test_on_trio_the_fallback_answers_before_the_deadline_too() -> None:
+    import time
+
+    import trio
+
+    async def main() -> tuple[str, float]:
+        guard = Guard()  # the real clock: the attempt is bounded by a trio cancel scope
+
+        async def from_cache(query: str) -> str:
+            return "cached"
+
+        @guard.guard("lookup", fallback=from_cache)
+        async def lookup(query: str) -> str:
+            await trio.sleep(10)
+            return "fresh"
+
+        started = time.monotonic()
+        async with guard.deadline(0.3):
+            answer = await lookup("q")
+        return answer, time.monotonic() - started
+
+    answer, took = trio.run(main)
+    assert answer == "cached" and 0.2 <= took < 0.3  # cut at 0.25 (the 0.05 s floor)
+
+
+async def test_a_sync_function_is_cut_early_enough_for_its_fallback_too() -> None:
+    import time
+
+    guard = Guard()  # the real clock: the worker thread really sleeps
+
+    def from_cache(query: str) -> str:
+        return "cached"
+
+    @guard.guard("lookup", fallback=from_cache)
+    def lookup(query: str) -> str:
+        time.sleep(0.6)  # a blocking client that hangs
+        return "fresh"
+
+    started = time.monotonic()
+    async with guard.deadline(0.4):
+        answer = await lookup("q")
+    took = time.monotonic() - started
+    assert answer == "cached" and 0.3 <= took < 0.4  # cut at 0.35 (the 0.05 s floor)
