@@ -21,10 +21,11 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from ..deadline import Expiry, current_expiry, restore, shorten
-from ..pipeline import Call, Scope
+from ..deadline import Expiry, current_expiry, shorten
+from ..pipeline import Call
+from ._earlier import EarlierDeadline
 
 if TYPE_CHECKING:
     from ..policy import ReservePolicy
@@ -37,7 +38,9 @@ class Reserve:
     """A stage's reserve (one per stage, shared by its functions): :meth:`seconds` for a call
     that starts with ``left`` seconds, learnt by :meth:`observe` from the fallback's latencies."""
 
-    __slots__ = ("_margin", "_max_s", "_min_s", "_order", "_rank", "_sorted", "_window", "keep_s", "max_share")
+    __slots__ = (
+        "_margin", "_max_s", "_min_s", "_order", "_rank", "_sorted", "_window", "keep_s", "max_share",
+    )  # fmt: skip
 
     def __init__(self, policy: ReservePolicy) -> None:
         self.max_share = policy.max_share
@@ -81,11 +84,9 @@ class Reserve:
         return tuple(self._order)
 
 
-class ReserveLayer:
+class ReserveLayer(EarlierDeadline):
     """Runs what is inside it under the request's deadline less ``reserve.seconds(left)``."""
 
-    scope: ClassVar[Scope] = "item"
-    exits_none: ClassVar[bool] = False  # nothing kept back: nothing to put back
     __slots__ = ("reserve", "stage")
 
     def __init__(self, stage: str, reserve: Reserve) -> None:
@@ -110,14 +111,6 @@ class ReserveLayer:
             return None
         return shorten(Expiry(at - keep, expiry.clock))
 
-    async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
-        return self.enter(call)
-
-    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        if token is None:  # the stream driver exits every gate it entered
-            return None
-        restore(token)
-        return None
 
 
 def _reserve(stage: Stage) -> Reserve:

@@ -14,11 +14,12 @@ the share.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from .._errors import DeadlineExceeded
 from ..deadline import Expiry, current_expiry, restore, shorten
-from ..pipeline import Call, Scope
+from ..pipeline import Call
+from ._earlier import EarlierDeadline
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -26,11 +27,9 @@ if TYPE_CHECKING:
 __all__ = ["ShareLayer", "build"]
 
 
-class ShareLayer:
+class ShareLayer(EarlierDeadline):
     """Gives the layers inside stage ``stage`` at most ``share`` (0 < share < 1) of the time left."""
 
-    scope: ClassVar[Scope] = "item"
-    exits_none: ClassVar[bool] = False  # no deadline: nothing was set
     __slots__ = ("_rest", "share", "stage")
 
     def __init__(self, stage: str, share: float) -> None:
@@ -56,11 +55,8 @@ class ShareLayer:
             call.share_expiry = own
         return shorten(own)
 
-    async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
-        return self.enter(call)
-
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        if token is None:  # the stream driver exits every gate it entered
+        if token is None:  # nothing made (the stream driver exits every gate it entered)
             return None
         restore(token)
         if exc is not None and isinstance(exc, DeadlineExceeded):
