@@ -19,8 +19,8 @@ from collections.abc import Callable
 from contextvars import ContextVar, Token
 from types import TracebackType
 
+from . import _default
 from ._clock import Clock
-from ._default import default_registry
 from ._errors import ConfigError
 from ._validate import shown
 
@@ -134,7 +134,7 @@ class deadline:
         if self._seconds is not None:
             clock = self._clock
             if clock is None:
-                clock = self._clock = default_registry().clock
+                clock = self._clock = _default.clock()
             self._token = narrow(self._seconds, clock)
         self._expiry = _deadline.get()
         if self._token is None:

@@ -31,17 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
 from . import events
-from ._default import default_registry
 from ._errors import ConfigError
 from ._extras import install_hint
 from .deadline import remaining
 from .events import StageCompleted, error_type
+from .guard import Guard, default_guard
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
-
-    from .guard import Guard
 
 __all__ = [
     "BREAKER_STATES",
@@ -109,7 +107,7 @@ def _guards_of(guards: Any) -> Callable[[], list[Guard]]:
     if guards is None:
 
         def default() -> list[Guard]:
-            return [default_registry()]
+            return [default_guard()]
 
         return default
     given = list(guards) if isinstance(guards, (list, tuple)) else [guards]
@@ -328,7 +326,7 @@ class PrometheusExporter:
     def serve(self, port: int, addr: str = "127.0.0.1") -> Any:
         """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread (prometheus-client's
         server): for a service without an HTTP server of its own, such as a gRPC one (see also
-        :func:`ragguard.status.serve`, which serves the status and these metrics together)."""
+        :func:`ragguard_tools.status.serve`, which serves the status and these metrics together)."""
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ConfigError(f"PrometheusExporter.serve: port must be 0..65535, got {port!r}")
         return _prometheus().start_http_server(port, addr, registry=self.registry)

@@ -11,7 +11,7 @@ import pytest
 from distributed_helpers import BREAKER_PATIENT_S
 
 from ragguard import BreakerOpen, BreakerState, CircuitBreaker, ConfigError, FakeClock, Guard
-from ragguard.distributed import SharedCircuitBreaker, breaker_keys
+from ragguard.redis import SharedCircuitBreaker, breaker_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

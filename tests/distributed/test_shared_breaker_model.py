@@ -30,7 +30,7 @@ from ragguard import BreakerOpen, FakeClock
 from ragguard.breakers import BreakerState, CircuitBreaker
 from ragguard.chaos import RedisServer, RedisServerUnavailable
 from ragguard.chaos._redis_server import find_redis_server
-from ragguard.distributed import SharedCircuitBreaker
+from ragguard.redis import SharedCircuitBreaker
 
 _spec = importlib.util.spec_from_file_location(
     "breaker_reference_model", Path(__file__).parents[1] / "breakers" / "test_breaker_model.py")

@@ -24,10 +24,11 @@ from ragguard import (
     StagePolicy,
     TenantQuota,
     ThrottlePolicy,
-    status,
 )
 from ragguard.asgi import StatusEndpoint
 from ragguard.metrics import PrometheusExporter
+from ragguard.redis import RedisBackend
+from ragguard_tools import status
 
 pytestmark = pytest.mark.anyio
 
@@ -177,8 +178,8 @@ async def test_serve_answers_a_source_of_its_own_read_on_the_loop() -> None:
 
 async def test_shared_quotas_and_breakers_report_their_links(redis_server: Any) -> None:
     client = aioredis.Redis(host=redis_server.host, port=redis_server.port, socket_timeout=0.5)
-    g = Guard(_policy(), redis=client, redis_prefix="links",
-              redis_options={"quotas": {"redis_timeout_s": 0.2, "probe_every_s": 30.0}})  # fmt: skip
+    g = Guard(_policy(), backend=RedisBackend(client, prefix="links",
+                                              quotas={"redis_timeout_s": 0.2, "probe_every_s": 30.0}))
 
     @g.guard("embedding")
     async def embed(texts: list[str]) -> list[float]:

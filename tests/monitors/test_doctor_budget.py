@@ -13,8 +13,9 @@ import pytest
 
 import ragguard
 from ragguard import FakeClock, Guard, Policy, StagePolicy, events
-from ragguard.monitors import EventRecorder, diagnose, doctor_main, load_records
+from ragguard.monitors import EventRecorder, load_records
 from ragguard.testing import fresh_guard
+from ragguard_tools.doctor import diagnose, doctor_main
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
 

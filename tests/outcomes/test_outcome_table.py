@@ -35,8 +35,8 @@ from ragguard.breakers import (
     VectorStoreUnavailableBreaker,
 )
 from ragguard.grpc import status_for
+from ragguard.layers.throttle import throttle_for
 from ragguard.outcomes import Kind, classify
-from ragguard.overload import throttle_for
 
 pytestmark = pytest.mark.anyio
 

@@ -28,7 +28,7 @@ from ..pipeline import Call
 from ._earlier import EarlierDeadline
 
 if TYPE_CHECKING:
-    from ..policy import ReservePolicy
+    from ..options import ReservePolicy
     from ._stage import Bound, Stage
 
 __all__ = ["Reserve", "ReserveLayer", "build", "learner"]

@@ -20,8 +20,9 @@
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
+
+from .._waits import MAX_STATED_WAIT_S, clamp_wait
 
 __all__ = [
     "CONTENT_POLICY",
@@ -33,9 +34,6 @@ __all__ = [
     "clamp_wait",
 ]
 
-MAX_STATED_WAIT_S = 86_400.0
-"""The longest wait (seconds) a parsed or formatted wait can be: one day. A dependency stating more
-(``Retry-After: 9999999999``, a date decades ahead, ``1e308``) is read as stating this much."""
 
 
 class Kind(enum.Enum):
@@ -90,22 +88,6 @@ REASONS = {
     Kind.REFUSED: ("breaker", "quota", "overloaded"),
 }
 """The ``reason`` words each kind uses (a user's classifier may use others)."""
-
-
-def clamp_wait(seconds: object) -> float | None:
-    """``seconds`` as a stated wait: a float in [0, :data:`MAX_STATED_WAIT_S`], None when it is
-    not a number (NaN, a string, a bool). Never raises: ``inf`` and ``1e308`` clamp to the cap."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        return None
-    try:
-        value = float(seconds)
-    except (OverflowError, ValueError):  # an int too large for a float
-        return MAX_STATED_WAIT_S if seconds > 0 else 0.0
-    if math.isnan(value):
-        return None
-    if value <= 0.0:
-        return 0.0
-    return value if value < MAX_STATED_WAIT_S else MAX_STATED_WAIT_S
 
 
 @dataclass(frozen=True, slots=True)

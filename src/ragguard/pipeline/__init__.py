@@ -5,10 +5,10 @@ and :mod:`ragguard.pipeline._drivers` for how a chain runs a call and a stream. 
 themselves live in :mod:`ragguard.layers`, one file each.
 """
 
-from ._build import BuildContext, SharedState
+from ._build import Backend, BuildContext
 from ._chain import Chain
 from ._contract import WAIT, Call, Gate, Layer, Recovery, Scope, Wrapper
 
 __all__ = [
-    "WAIT", "BuildContext", "Call", "Chain", "Gate", "Layer", "Recovery", "Scope", "SharedState", "Wrapper",
+    "WAIT", "Backend", "BuildContext", "Call", "Chain", "Gate", "Layer", "Recovery", "Scope", "Wrapper",
 ]

@@ -32,11 +32,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+from .._admission import WAIT  # a gate's enter answers as a quota backend's admit_now does
 
-WAIT: Any = object()
-"""Returned by a gate's ``enter`` (and a quota backend's ``admit_now``, :mod:`ragguard.quotas`)
-when admission needs ``await enter_async()`` (``await acquire()``)."""
+__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
 
 Scope = Literal["call", "attempt", "item"]
 
