@@ -33,6 +33,7 @@ from . import _validate as v
 from . import events
 from ._errors import ConfigError
 from ._extras import install_hint
+from .deadline import remaining
 from .events import StageCompleted, error_type
 from .guard import Guard, default_guard
 
@@ -793,8 +794,8 @@ class StageSpan:
     """
 
     __slots__ = (
-        "_attached", "_bus", "_clock", "_tracer", "breaker_state", "fallback", "outcome", "span", "stage",
-        "started", "tenant",
+        "_attached", "_bus", "_clock", "_tracer", "breaker_state", "deadline_s", "fallback", "outcome",
+        "span", "stage", "started", "tenant",
     )  # fmt: skip
 
     def __init__(
@@ -818,6 +819,7 @@ class StageSpan:
         self._tracer = tracer
         self._attached: Any = None
         self.started = clock()
+        self.deadline_s = remaining()  # what the request's deadline had left when the stage started
 
     def set_breaker_state(self, state: str) -> None:
         self.breaker_state = str(state)
@@ -854,7 +856,7 @@ class StageSpan:
             error = error_type(exc) if self.outcome == "error" else ""
             bus.emit(
                 StageCompleted(self.stage, self.tenant, self.outcome, self._clock() - self.started,
-                               self.fallback, self.breaker_state, error)
+                               self.fallback, self.breaker_state, error, None, self.deadline_s)
             )  # fmt: skip
 
 

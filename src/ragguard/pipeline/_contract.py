@@ -61,7 +61,10 @@ class Call:
     - ``threads``: for a sync function's call, the worker threads it stopped waiting for that
       still run (:class:`ragguard.pipeline._threads.Pending`), else None;
     - ``meter``: the generation preset's record of an open stream (its token account and
-      budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate.
+      budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate;
+    - ``share_expiry``: a stream's own deadline (an :class:`~ragguard.deadline.Expiry`) when its
+      stage draws a share of the request's (``deadline_share``), set as it opens and made current
+      again for each later item by the share layer (:mod:`ragguard.layers.share`).
 
     Every layer may read every field; :data:`WRITERS` names the modules that may write each one
     (tests/pipeline/test_call_fields.py holds the code to it): a layer that needs to tell another
@@ -82,6 +85,7 @@ class Call:
     loop: Any = None
     threads: Any = None
     meter: Any = None
+    share_expiry: Any = None
 
     WRITERS: ClassVar[Mapping[str, frozenset[str]]] = {
         # a chunk's candidates while the chunker runs; fewer passages while the shrink runs
@@ -99,6 +103,7 @@ class Call:
         "loop": frozenset({"ragguard.pipeline._drivers"}),
         "threads": frozenset({"ragguard.pipeline._threads"}),
         "meter": frozenset({"ragguard.rag._generation"}),
+        "share_expiry": frozenset({"ragguard.layers.share"}),
     }
     """Field -> the modules that may write it (``stage``, ``fn`` and ``stream`` are set once, here)."""
 
