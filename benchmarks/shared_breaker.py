@@ -37,7 +37,7 @@ from _bench import Contender, Results, Target
 from ragguard import BreakerOpen
 from ragguard.breakers import CircuitBreaker
 from ragguard.chaos import RedisServer
-from ragguard.distributed import SharedCircuitBreaker
+from ragguard.redis import SharedCircuitBreaker
 
 
 async def ok() -> int:

@@ -31,7 +31,7 @@ from redis.backoff import NoBackoff
 
 from ragguard import BreakerOpen, CircuitBreaker, QuotaExceeded, TenantQuota
 from ragguard.chaos import FaultProxy, RedisServer
-from ragguard.distributed import RedisQuotas, SharedCircuitBreaker
+from ragguard.redis import RedisQuotas, SharedCircuitBreaker
 
 
 def client_for(port: int) -> aredis.Redis:

@@ -51,10 +51,10 @@ import redis.asyncio as aredis
 import _bench
 from ragguard import QuotaExceeded, TenantQuota
 from ragguard.chaos import RedisServer
-from ragguard.distributed import LocalLease, RedisQuotas, quota_keys
-from ragguard.distributed._link import Script
-from ragguard.distributed._scripts import QUOTA as QUOTA_SCRIPT
 from ragguard.quotas import LocalQuotas
+from ragguard.redis import LocalLease, RedisQuotas, quota_keys
+from ragguard.redis._link import Script
+from ragguard.redis._scripts import QUOTA as QUOTA_SCRIPT
 
 Body = Callable[[], Awaitable[None]]
 QUOTA = TenantQuota(max_concurrency=1000, rate_per_s=1e6, burst=1000)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Iterator
 
@@ -14,7 +13,7 @@ import pytest
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 # imported after the variable is set: ragguard may import grpc
-from ragguard import _inject
+from ragguard import _default, _inject
 from ragguard.events import bus
 
 
@@ -22,13 +21,12 @@ from ragguard.events import bus
 def isolated_registry() -> Iterator[None]:
     """The default registry, the chaos hook and the event bus's listeners are restored as they were
     before the test. Folders whose tests build guards request it from an autouse fixture."""
-    guard_mod = importlib.import_module("ragguard.guard")  # ``ragguard.guard`` is the decorator
-    saved = guard_mod._default
+    saved = _default.guard
     listeners, taps = list(bus._listeners), list(bus._taps)
     try:
         yield
     finally:
-        guard_mod._default = saved
+        _default.guard = saved
         _inject.uninstall()
         bus._listeners[:] = listeners
         bus._taps[:] = taps

@@ -1,11 +1,24 @@
 """ragguard: resilience middleware for retrieval-augmented generation pipelines.
 
-One flat public namespace; everything else lives in private modules or the sub-packages
-(``ragguard.breakers``, ``ragguard.outcomes``, ``ragguard.quotas``, ``ragguard.fallbacks``,
-``ragguard.chaos``, ``ragguard.grpc``, ``ragguard.asgi``, ``ragguard.httpx``, ``ragguard.buffers``,
-``ragguard.monitors``, ``ragguard.metrics``, ``ragguard.overload``).
+One flat public namespace, this module: the package's face. Behind it,
+
+- the core, which imports no wing and no tool: ``ragguard.options`` (the policy and each layer's
+  options, data only), ``ragguard.outcomes``, ``ragguard.breakers``, ``ragguard.quotas``,
+  ``ragguard.overload``, ``ragguard.pipeline`` (the layer contract, the drivers, the build context
+  and the :class:`~ragguard.pipeline.Backend` protocol), ``ragguard.layers``, ``ragguard.status``,
+  ``ragguard.testing`` and the Guard (:mod:`ragguard.guard`);
+- the wings, which import the core and register into it: ``ragguard.rag`` (the RAG presets,
+  imported here so that ``@guard("embedding")`` finds its preset), ``ragguard.redis``
+  (``Guard(backend=RedisBackend(client))``), the front doors ``ragguard.asgi``, ``ragguard.grpc``
+  and ``ragguard.httpx``, ``ragguard.buffers``, ``ragguard.integrations``, ``ragguard.chaos``,
+  ``ragguard.metrics`` and ``ragguard.monitors``;
+- the tools, in the package ``ragguard_tools`` beside this one: the ``ragguard`` command line,
+  ``top``, ``doctor``, the status server, the policy reference, the demo and the bench.
+
+tests/packaging/test_layout.py holds the core to it.
 """
 
+from . import rag  # noqa: F401 - the RAG wing: its presets register themselves into the core
 from ._clock import FakeClock
 from ._context import current_tenant, degraded
 from ._endings import StreamEnding, stream_endings
@@ -24,6 +37,7 @@ from ._errors import (
     StreamTimeout,
     VectorStoreUnavailable,
 )
+from ._naming import named
 from .breakers import (
     BreakerState,
     CircuitBreaker,
@@ -33,16 +47,24 @@ from .breakers import (
 )
 from .deadline import deadline, remaining
 from .guard import Guard, configure, default_guard, guard, tenant
-from .layers.adaptive import AdaptivePolicy
-from .layers.breaker import BreakerPolicy
-from .layers.hedge import HedgePolicy
-from .layers.retry import RetryPolicy
-from .layers.throttle import ThrottlePolicy
+from .options import (
+    AdaptivePolicy,
+    BreakerPolicy,
+    GenerationPolicy,
+    HedgePolicy,
+    Policy,
+    PoolQuota,
+    ReservePolicy,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+    ThrottlePolicy,
+    TokenLimits,
+)
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority
 from .pipeline import GuardedStream
-from .policy import GenerationPolicy, Policy, PoolQuota, StagePolicy, TenantQuota, TokenLimits
 
 __version__ = "0.1.0"
 
@@ -80,6 +102,7 @@ __all__ = [
     "RagguardError",
     "RerankOOMBreaker",
     "RerankOutOfMemory",
+    "ReservePolicy",
     "RetryPolicy",
     "StagePolicy",
     "StageTimeout",
@@ -96,6 +119,7 @@ __all__ = [
     "default_guard",
     "degraded",
     "guard",
+    "named",
     "priority",
     "register_classifier",
     "remaining",

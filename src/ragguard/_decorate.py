@@ -17,12 +17,11 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 from . import _inject, events
 from ._errors import ConfigError
 from .events import bus
-from .layers import Bound, Stage
+from .layers import PRESETS, Bound, Stage, preset
 from .layers.breaker import adapt_breaker
 from .layers.fallback import ROUTES, user_fallbacks, user_routes
 from .pipeline import Call, Chain, GuardedStream
 from .pipeline._threads import ThreadCall, limiter_for
-from .rag import PRESETS, preset
 
 __all__ = ["GuardDecorator", "check_preset", "decorator"]
 

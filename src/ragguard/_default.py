@@ -1,28 +1,24 @@
-"""The process's default registry, as seen from below :mod:`ragguard.guard`.
+"""The process's default Guard, held below the modules that read it.
 
-:mod:`ragguard.guard` installs its ``default_guard`` here when it is imported (``import ragguard``
-does), so the modules the Guard is built from (:mod:`ragguard.deadline` for the default clock,
-:mod:`ragguard.status` and :mod:`ragguard.metrics` for the default registry) read it without
-importing the Guard: the import graph stays a tree below it.
+:func:`ragguard.default_guard` makes it on first use and :func:`ragguard.configure` replaces it
+(both in :mod:`ragguard.guard`); :mod:`ragguard.testing` installs and restores one. What is built
+below the Guard reads it here without importing the Guard: :mod:`ragguard.deadline` takes its
+clock (:func:`clock`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-__all__ = ["default_registry", "install"]
+from ._clock import Clock, monotonic
 
-_lookup: Callable[[], Any] | None = None
+__all__ = ["clock", "guard"]
 
-
-def install(lookup: Callable[[], Any]) -> None:
-    """Make ``lookup()`` the way to the default registry (called once, by :mod:`ragguard.guard`)."""
-    global _lookup
-    _lookup = lookup
+guard: Any = None
+"""The default :class:`~ragguard.Guard`, or None until one is made (``ragguard.default_guard()``)."""
 
 
-def default_registry() -> Any:
-    """The default :class:`~ragguard.Guard` (built on first use, as ``ragguard.default_guard()``)."""
-    assert _lookup is not None, "ragguard/__init__.py imports ragguard.guard, which installs it"
-    return _lookup()
+def clock() -> Clock:
+    """The default Guard's clock: the monotonic clock while none is made (the one it is built on)."""
+    current = guard
+    return monotonic if current is None else current.clock

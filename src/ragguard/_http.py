@@ -26,7 +26,7 @@ from typing import Any
 
 from ._errors import ConfigError, InvalidInput
 from ._validate import bounded
-from .outcomes._kinds import clamp_wait
+from ._waits import clamped
 
 __all__ = [
     "DEGRADED_HEADER",
@@ -35,6 +35,7 @@ __all__ = [
     "TENANT_HEADER",
     "TIMEOUT_HEADER",
     "check_field_name",
+    "field_name",
     "format_retry_after",
     "format_retry_after_ms",
     "format_timeout_ms",
@@ -60,8 +61,15 @@ _MAX_SHOWN = 40
 def check_field_name(option: str, name: object) -> str:
     """``name`` when it is a lowercase HTTP field name, else ConfigError naming ``option``."""
     if not isinstance(name, str) or not _TOKEN.fullmatch(name):
-        raise ConfigError(f"{option} must be a lowercase HTTP field name (an RFC 9110 token), got {name!r}")
+        rule = "must be a lowercase HTTP field name (an RFC 9110 token)"
+        raise ConfigError(f"{option} {rule}, got {name!r:.80}")
     return name
+
+
+def field_name(option: str, name: object) -> str:
+    """``name`` lowercased when it is an HTTP field name in any case (field names are
+    case-insensitive), else ConfigError naming ``option``."""
+    return check_field_name(option, name.lower() if isinstance(name, str) else name)
 
 
 def _whole(value: float) -> int:
@@ -69,22 +77,16 @@ def _whole(value: float) -> int:
     return math.ceil(round(value, 6))
 
 
-def _clamped(seconds: float) -> float:
-    """``seconds`` in [0, MAX_STATED_WAIT_S] (NaN is 0): what any wait may be once parsed."""
-    wait = clamp_wait(seconds)
-    return 0.0 if wait is None else wait
-
-
 def format_retry_after(seconds: float) -> str:
     """``Retry-After`` for a wait of ``seconds``: whole seconds, rounded up, at least 1 (a wait
     beyond a day, infinity or NaN included, is said as a day; never raises)."""
-    return str(max(1, _whole(_clamped(seconds))))
+    return str(max(1, _whole(clamped(seconds))))
 
 
 def format_retry_after_ms(seconds: float) -> str:
     """``retry-after-ms`` for a wait of ``seconds``: whole milliseconds, rounded up (clamped as
     :func:`format_retry_after`)."""
-    return str(_whole(_clamped(seconds) * 1000.0))
+    return str(_whole(clamped(seconds) * 1000.0))
 
 
 def format_timeout_ms(seconds: float) -> str:
@@ -112,7 +114,7 @@ def parse_retry_after(value: object, *, now: float | None = None) -> float | Non
     if text is None:
         return None
     if _DELAY_SECONDS.fullmatch(text):
-        return _clamped(float(text))
+        return clamped(float(text))
     if len(text) > _MAX_DATE or not text[:1].isalpha():
         return None
     try:
@@ -120,7 +122,7 @@ def parse_retry_after(value: object, *, now: float | None = None) -> float | Non
         if when.tzinfo is None:
             return None  # an HTTP-date is always GMT; a zone-less date is not one
         wall = time.time() if now is None else now
-        return _clamped(when.timestamp() - wall)
+        return clamped(when.timestamp() - wall)
     except Exception:  # TypeError, ValueError, IndexError, OverflowError: not a date
         return None
 
@@ -131,7 +133,7 @@ def parse_retry_after_ms(value: object) -> float | None:
     text = _text(value)
     if text is None or not _DELAY_SECONDS.fullmatch(text):
         return None
-    return _clamped(float(text) / 1000.0)
+    return clamped(float(text) / 1000.0)
 
 
 _DURATION = re.compile(r"(?:([0-9]{1,6})h)?(?:([0-9]{1,6})m(?!s))?(?:([0-9]{1,9}(?:\.[0-9]{1,9})?)s)?"
@@ -146,12 +148,12 @@ def parse_reset(value: object) -> float | None:
     if text is None:
         return None
     if _DELAY_SECONDS.fullmatch(text):
-        return _clamped(float(text))
+        return clamped(float(text))
     match = _DURATION.fullmatch(text)
     if match is None or not any(match.groups()):
         return None
     hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
-    return _clamped(hours * 3600.0 + minutes * 60.0 + seconds + millis / 1000.0)
+    return clamped(hours * 3600.0 + minutes * 60.0 + seconds + millis / 1000.0)
 
 
 def stated_wait(headers: Any, *, now: float | None = None) -> float | None:

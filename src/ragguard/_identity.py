@@ -34,16 +34,14 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from ._context import MAX_TENANT_ID_LEN, validate_tenant_id
 from ._errors import ConfigError, InvalidInput, PermissionDenied, Unauthenticated
 from ._http import TENANT_HEADER, check_field_name
 from ._validate import bounded
+from .options import Policy
 from .overload._priority import PRIORITY_HEADER, sent_priority
-
-if TYPE_CHECKING:
-    from .policy import Policy
 
 __all__ = [
     "API_KEY_HEADER",

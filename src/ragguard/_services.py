@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import _inject
 from ._clock import Clock, sleep_of
 from ._context import DEFAULT_TENANT
-from .pipeline import BuildContext
+from .options import Policy
+from .pipeline import Backend, BuildContext
 from .pipeline._build import check_services
-from .policy import Policy
 from .quotas import LocalQuotas, QuotaBackend
 
 __all__ = ["services"]
@@ -25,28 +25,21 @@ def services(
     rng: random.Random | None,
     sleep: Callable[[float], Awaitable[Any]] | None,
     quotas: QuotaBackend | None,
-    redis: Any,
-    redis_prefix: str,
-    redis_options: Mapping[str, Mapping[str, Any]] | None,
+    backend: Backend | None,
     chaos: _inject.Injector | None,
 ) -> BuildContext:
-    """The build context of a Guard with these options; ConfigError naming a bad one. With
-    ``redis``, the quotas (unless given) and the layers' shared state go through a
-    :class:`ragguard.distributed.RedisWiring`, and the context closes what it made."""
-    check_services(clock=clock, sleep=sleep, rng=rng, quotas=quotas, chaos=chaos)
+    """The build context of a Guard with these options; ConfigError naming a bad one. With a
+    ``backend``, the quotas (unless given) and the layers' shared state come from it
+    (:class:`~ragguard.pipeline.Backend`), and the context closes what it made."""
+    check_services(clock=clock, sleep=sleep, rng=rng, quotas=quotas, chaos=chaos, backend=backend)
     rng = rng if rng is not None else random.Random()
     sleep = sleep if sleep is not None else sleep_of(clock)
-    shared = None
-    if redis_options is not None or redis is not None:
-        from .distributed._wiring import RedisWiring, redis_options_of
-
-        options = redis_options_of(redis_options)
-        if redis is not None:
-            shared = RedisWiring(redis, redis_prefix, options, clock=clock, rng=rng)
     closers = []
-    if quotas is None and shared is not None:
-        quotas = shared.quotas(policy, sleep)
-        closers.append(quotas.aclose)
+    if quotas is None and backend is not None:
+        quotas = backend.quotas(policy, clock=clock, sleep=sleep, rng=rng)
+        close = getattr(quotas, "aclose", None)
+        if close is not None:
+            closers.append(close)
     elif quotas is None:
         quotas = LocalQuotas(policy.quota, clock=clock, sleep=sleep)
     default = policy.default_quota
@@ -55,7 +48,7 @@ def services(
         clock=clock, sleep=sleep, rng=rng, quotas=quotas, quota_of=policy.quota,
         # calls outside a request are admitted when the default tenant, or the pool it is in, has a bound
         per_call_quota=not (unbounded and policy.pool(DEFAULT_TENANT) is None),
-        shared=shared, chaos=chaos,
+        backend=backend, chaos=chaos,
     )
     for close in closers:
         context.on_close(close)

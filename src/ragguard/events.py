@@ -131,7 +131,9 @@ class StageCompleted:
     ``cancelled``; ``breaker_state`` the stage breaker's state when it ran ("" when none);
     ``error`` the class name of the error it ended with ("" when none: see
     :func:`ragguard.metrics.error_type`); ``first_item_s`` for a stream, the seconds until its
-    first item reached the caller (None for a call, or a stream that failed before it).
+    first item reached the caller (None for a call, or a stream that failed before it);
+    ``deadline_s`` the seconds the request's deadline had left when the stage started (None
+    without a deadline): ``duration_s`` of it is what the stage spent of the request's budget.
     Emitted by the observe layer (and :func:`ragguard.metrics.otel_span`) when the bus has listeners.
     """
 
@@ -143,6 +145,7 @@ class StageCompleted:
     breaker_state: str = ""
     error: str = ""
     first_item_s: float | None = None
+    deadline_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,26 +8,30 @@ chain per decorated function; ``@guard`` uses the default Guard, which :func:`co
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any, Literal, cast
 
-from . import _inject
+from . import _default, _inject
 from ._clock import Clock, monotonic
 from ._decorate import GuardDecorator, decorator
-from ._default import install as _install_default
 from ._errors import ConfigError
+from ._http import field_name
 from ._services import services
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
-from .layers import Stage
+from .layers import Stage, preset
 from .layers._stage import forget_idle
-from .policy import Policy, policy_of
+from .options import Policy, policy_of
+from .pipeline import Backend
 from .quotas import QuotaBackend, TenantContext
-from .rag import preset
+from .status import snapshot
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
+
+_log = logging.getLogger("ragguard.policy")
 
 
 class Guard:
@@ -39,19 +43,25 @@ class Guard:
     - ``rng`` seeds breaker and retry jitter; ``sleep`` (an async function of seconds) performs
       retry backoff (default: the clock's own ``sleep``, else ``anyio.sleep``);
     - ``quotas`` replaces the in-memory quota backend;
-    - ``redis`` (a ``redis.asyncio.Redis`` client) shares state across replicas: tenant quotas
-      become :class:`ragguard.distributed.RedisQuotas` and every breaker the policy builds a
-      :class:`ragguard.distributed.SharedCircuitBreaker`, under keys starting with
-      ``redis_prefix``; ``redis_options`` tunes them: ``{"quotas": {...}, "breakers": {...}}``,
-      keyword options of those two classes (``lease_s``, ``local_lease``, ``redis_timeout_s``,
-      ``staleness_s``...), and ``"tokens"`` those of :class:`ragguard.distributed.RedisTokens`,
-      the generation stages' shared token accounts. Give the client short timeouts and no
-      retries of its own (see docs/distributed.md); call ``await guard.aclose()`` at shutdown;
+    - ``backend`` shares state across replicas (a :class:`ragguard.pipeline.Backend`):
+      ``backend=ragguard.redis.RedisBackend(client)`` keeps the tenant quotas, every breaker the
+      policy builds and the generation stages' token accounts in Redis (see docs/distributed.md);
+      call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;
     - ``max_stages``: stages kept at most (stage names name code paths, not data; past the bound
       the oldest idle stages are forgotten, with a warning: idle means no live decorated function
       runs it and its breaker is closed, so a stage in use or with a breaker that is not closed
       is never forgotten).
+    - ``tenant_header``: an HTTP field name (``"x-tenant-id"``; case-insensitive, kept lowercase)
+      in which every client wrapped by :mod:`ragguard.integrations` for this Guard sends
+      :func:`ragguard.current_tenant` with each request (OpenAI, Anthropic, their fallback clients,
+      LangChain chat models, Qdrant, LlamaIndex; see docs/integrations.md); None (the default):
+      none is sent unless a wrapper names its own.
+
+    Building a Guard logs a warning (logger ``ragguard.policy``) for every limit of the policy
+    that no call can ever reach (:meth:`Policy.unreachable_limits`: a burst without its rate, a
+    model's limit the tenant's own is always tighter than...): it changes nothing, and it is
+    almost always a mistake.
 
     Raises ConfigError naming the option for a bad value.
     """
@@ -64,11 +74,10 @@ class Guard:
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         quotas: QuotaBackend | None = None,
-        redis: Any = None,
-        redis_prefix: str = "ragguard",
-        redis_options: Mapping[str, Mapping[str, Any]] | None = None,
+        backend: Backend | None = None,
         chaos: _inject.Injector | None = None,
         max_stages: int = 1000,
+        tenant_header: str | None = None,
     ) -> None:
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a ragguard.Policy, got {type(policy).__name__}")
@@ -76,15 +85,17 @@ class Guard:
             raise ConfigError(f"max_stages must be an int >= 1, got {max_stages!r:.40}")
         self.policy = policy if policy is not None else Policy()
         self.context = services(
-            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, redis=redis,
-            redis_prefix=redis_prefix, redis_options=redis_options, chaos=chaos,
+            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, backend=backend, chaos=chaos
         )
         self.max_stages = max_stages
+        self.tenant_header = None if tenant_header is None else field_name("tenant_header", tenant_header)
         self.clock, self.rng, self.sleep = clock, self.context.rng, self.context.sleep
         self.quotas: Any = self.context.quotas
-        self.redis = redis
+        self.backend = backend
         self._stages: dict[str, Stage] = {}
         self._warned_stages = False
+        for unreachable in self.policy.unreachable_limits():
+            _log.warning("ragguard policy: %s", unreachable)
 
     # -- stages -----------------------------------------------------------------------------------
 
@@ -123,8 +134,6 @@ class Guard:
         limits, throttles, hedges, quotas (per configured tenant and the others added up) and each
         Redis link; see :mod:`ragguard.status` for its shape. ``ok`` is False while any breaker
         is open, forced open or half-open (``open`` names those stages)."""
-        from .status import snapshot
-
         return snapshot(self)
 
     @property
@@ -144,9 +153,9 @@ class Guard:
     # -- requests ---------------------------------------------------------------------------------
 
     async def start(self, *, strict: bool = False) -> Guard:
-        """Check Redis now for the shared quotas, the shared breakers and token accounts built so
-        far (each runs its health probe; see docs/distributed.md); returns self. A no-op without
-        ``redis``.
+        """Check the backend now (Redis) for the shared quotas, the shared breakers and token
+        accounts built so far (each runs its health probe; see docs/distributed.md); returns self.
+        A no-op without a ``backend``.
 
         Redis unreachable: they start on local state and keep probing. Redis refusing the
         configuration (a wrong password, a missing ACL permission, an untrusted TLS certificate):
@@ -159,7 +168,7 @@ class Guard:
         return self
 
     async def aclose(self) -> None:
-        """Stop the background work of shared (Redis) breakers and quotas; a no-op otherwise."""
+        """Stop the background work of shared (backend) breakers and quotas; a no-op otherwise."""
         await self.context.aclose()
 
     def tenant(self, tenant_id: str) -> TenantContext:
@@ -177,18 +186,12 @@ class Guard:
         return cast(GuardDecorator, decorator(stage, self, options))
 
 
-_default: Guard | None = None
-
-
 def default_guard() -> Guard:
     """The registry ``@guard`` and ``tenant`` use (built from ``Policy()`` until :func:`configure`)."""
-    global _default
-    if _default is None:
-        _default = Guard()
-    return _default
-
-
-_install_default(default_guard)
+    current = _default.guard
+    if current is None:
+        current = _default.guard = Guard()
+    return current  # type: ignore[no-any-return]
 
 
 def configure(
@@ -196,12 +199,11 @@ def configure(
 ) -> Guard:
     """Replace the default registry: ``policy`` is a Policy, a mapping, or a YAML/TOML/JSON path.
 
-    ``options`` (clock, rng, sleep, quotas, redis, chaos...) go to :class:`Guard`. Breaker states
+    ``options`` (clock, rng, sleep, quotas, backend, chaos...) go to :class:`Guard`. Breaker states
     start fresh. Raises ConfigError for an invalid policy or option.
     """
-    global _default
-    _default = Guard(policy_of(policy, who="configure"), **options)
-    return _default
+    made = _default.guard = Guard(policy_of(policy, who="configure"), **options)
+    return made
 
 
 def tenant(tenant_id: str) -> TenantContext:

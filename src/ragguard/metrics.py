@@ -3,7 +3,7 @@
 Prometheus (prometheus-client, a core dependency)::
 
     exporter = ragguard.metrics.PrometheusExporter().start()   # subscribes to ragguard.events.bus
-    app.mount("/metrics", exporter.asgi())                      # an ASGI app; or exporter.serve(9464)
+    app.add_route("/metrics", exporter.asgi())                  # an ASGI app; or exporter.serve(9464)
 
 Metrics live in a dedicated ``CollectorRegistry`` unless one is passed. Names follow Prometheus
 conventions: ``ragguard_`` prefix, ``_seconds`` for durations, ``_total`` for counters, labels
@@ -31,20 +31,20 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
 from . import events
-from ._default import default_registry
 from ._errors import ConfigError
 from ._extras import install_hint
+from .deadline import remaining
 from .events import StageCompleted, error_type
+from .guard import Guard, default_guard
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-    from .guard import Guard
-
 __all__ = [
     "BREAKER_STATES",
     "DEFAULT_LATENCY_BUCKETS_S",
+    "MetricsApp",
     "OTelMetrics",
     "PrometheusExporter",
     "StageCompleted",
@@ -72,6 +72,20 @@ def _prometheus() -> Any:
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise ImportError("ragguard.metrics needs prometheus-client: pip install prometheus-client") from exc
     return prometheus_client
+
+
+class MetricsApp:
+    """The ASGI app of :meth:`PrometheusExporter.asgi`: prometheus-client's, as an object (a
+    Starlette or FastAPI route takes an object as an ASGI app, and a plain function as an endpoint
+    of a request; so ``app.add_route("/metrics", exporter.asgi())`` works)."""
+
+    __slots__ = ("_app",)
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
 
 
 class _Capped:
@@ -108,7 +122,7 @@ def _guards_of(guards: Any) -> Callable[[], list[Guard]]:
     if guards is None:
 
         def default() -> list[Guard]:
-            return [default_registry()]
+            return [default_guard()]
 
         return default
     given = list(guards) if isinstance(guards, (list, tuple)) else [guards]
@@ -323,16 +337,19 @@ class PrometheusExporter:
         """The registry in the Prometheus text format (what a scrape returns)."""
         return bytes(_prometheus().generate_latest(self.registry))
 
-    def asgi(self) -> Any:
+    def asgi(self) -> MetricsApp:
         """An ASGI app answering every request with a scrape of the registry (prometheus-client's
-        ``make_asgi_app``): ``app.mount("/metrics", exporter.asgi())`` in FastAPI or Starlette.
-        Exempt its path from the tenant middleware (``/metrics`` is exempt by default)."""
-        return _prometheus().make_asgi_app(registry=self.registry)
+        ``make_asgi_app``): ``app.add_route("/metrics", exporter.asgi())`` in FastAPI or
+        Starlette answers ``/metrics`` itself (a Starlette ``Mount`` matches only the paths below
+        its own: ``app.mount("/metrics", ...)`` serves ``/metrics/`` and redirects ``/metrics``
+        to it with a 307, which a scraper that does not follow redirects reads as empty). Exempt
+        its path from the tenant middleware (``/metrics`` is exempt by default)."""
+        return MetricsApp(_prometheus().make_asgi_app(registry=self.registry))
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> Any:
         """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread (prometheus-client's
         server): for a service without an HTTP server of its own, such as a gRPC one (see also
-        :func:`ragguard.status.serve`, which serves the status and these metrics together)."""
+        :func:`ragguard_tools.status.serve`, which serves the status and these metrics together)."""
         if not isinstance(port, int) or not 0 <= port < 65536:
             raise ConfigError(f"PrometheusExporter.serve: port must be 0..65535, got {port!r}")
         return _prometheus().start_http_server(port, addr, registry=self.registry)
@@ -793,8 +810,8 @@ class StageSpan:
     """
 
     __slots__ = (
-        "_attached", "_bus", "_clock", "_tracer", "breaker_state", "fallback", "outcome", "span", "stage",
-        "started", "tenant",
+        "_attached", "_bus", "_clock", "_tracer", "breaker_state", "deadline_s", "fallback", "outcome",
+        "span", "stage", "started", "tenant",
     )  # fmt: skip
 
     def __init__(
@@ -818,6 +835,7 @@ class StageSpan:
         self._tracer = tracer
         self._attached: Any = None
         self.started = clock()
+        self.deadline_s = remaining()  # what the request's deadline had left when the stage started
 
     def set_breaker_state(self, state: str) -> None:
         self.breaker_state = str(state)
@@ -854,7 +872,7 @@ class StageSpan:
             error = error_type(exc) if self.outcome == "error" else ""
             bus.emit(
                 StageCompleted(self.stage, self.tenant, self.outcome, self._clock() - self.started,
-                               self.fallback, self.breaker_state, error)
+                               self.fallback, self.breaker_state, error, None, self.deadline_s)
             )  # fmt: skip
 
 

@@ -31,23 +31,19 @@ and ``guard_events`` fixtures on these.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from os import PathLike
 from types import TracebackType
 from typing import Any
 
-from . import _inject
+from . import _default, _inject
 from ._clock import Clock, FakeClock
 from ._context import forget_loose_fallbacks
 from .events import EventBus, bus
 from .guard import Guard
-from .policy import Policy, policy_of
+from .options import Policy, policy_of
 
 __all__ = ["EventRecorder", "FreshGuard", "fresh_guard", "reset"]
-
-_guard_module: Any = importlib.import_module("ragguard.guard")  # ``ragguard.guard`` is the decorator
-
 
 class FreshGuard(Guard):
     """A :class:`~ragguard.Guard` installed as the default registry until :meth:`restore`.
@@ -64,8 +60,8 @@ class FreshGuard(Guard):
     def install(self) -> FreshGuard:
         """Make this Guard the default registry (``@guard``, ``tenant``, ``deadline`` use it)."""
         if not self._installed:
-            self._previous = _guard_module._default
-            _guard_module._default = self
+            self._previous = _default.guard
+            _default.guard = self
             self._installed = True
         return self
 
@@ -73,8 +69,8 @@ class FreshGuard(Guard):
         """Put back the default registry that was there before :meth:`install` (idempotent)."""
         if self._installed:
             self._installed = False
-            if _guard_module._default is self:
-                _guard_module._default = self._previous
+            if _default.guard is self:
+                _default.guard = self._previous
             self._previous = None
 
     def __enter__(self) -> FreshGuard:
@@ -98,7 +94,7 @@ def fresh_guard(
     ``policy``: a :class:`~ragguard.Policy`, a mapping, or a YAML/TOML/JSON path (as
     :func:`ragguard.configure`); ``clock``: default a new :class:`~ragguard.FakeClock` at 0.0 s,
     which then drives the Guard's breakers, quotas, deadlines, retry backoff and attempt timeouts;
-    ``options`` go to :class:`~ragguard.Guard` (rng, sleep, quotas, redis, chaos, max_stages).
+    ``options`` go to :class:`~ragguard.Guard` (rng, sleep, quotas, backend, chaos, max_stages).
     Raises ConfigError for a bad policy or option.
     """
     resolved = policy_of(policy, who="fresh_guard")
@@ -159,9 +155,9 @@ def reset() -> None:
     a fresh one from ``Policy()``), the process-wide chaos injector, and the fallbacks
     :func:`ragguard.degraded` reports outside any request (async test runners such as anyio's
     run every test in one context, so they would carry over from test to test)."""
-    current = _guard_module._default
+    current = _default.guard
     if isinstance(current, FreshGuard):
         current._installed = False
-    _guard_module._default = None
+    _default.guard = None
     _inject.uninstall()
     forget_loose_fallbacks()

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from ragguard.bench._runner import _Progress
+from ragguard_tools.bench._runner import _Progress
 
 
 def _drive(progress: _Progress) -> None:

@@ -17,7 +17,7 @@ def test_ragguard_bench_quick_orders_the_contenders(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "ragguard.cli", "bench", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "ragguard_tools.cli", "bench", "--quick", "--out", str(out)],
         capture_output=True, text=True, timeout=230, cwd=tmp_path,
     )
     wall = time.monotonic() - t0

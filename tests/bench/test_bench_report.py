@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from ragguard import ConfigError
-from ragguard.bench import BenchOptions
-from ragguard.bench._contenders import tenant_plans
-from ragguard.bench._report import BenchReport, StepSummary, find_collapse, find_knee
-from ragguard.bench._runner import _convergence, loads_at
+from ragguard_tools.bench import BenchOptions
+from ragguard_tools.bench._contenders import tenant_plans
+from ragguard_tools.bench._report import BenchReport, StepSummary, find_collapse, find_knee
+from ragguard_tools.bench._runner import _convergence, loads_at
 
 COLLAPSE = "adaptive holds goodput to >= 1.5x the load where hand-composed's collapses"
 SHED_BELOW = "below the knee, the adaptive service sheds < 2% of requests"

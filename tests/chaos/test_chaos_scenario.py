@@ -205,7 +205,7 @@ def test_errors_show_the_value_given_and_suggest_a_known_field() -> None:
 def test_the_cli_shows_the_scenario_error_with_the_value(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from ragguard.cli import app
+    from ragguard_tools.cli import app
 
     path = tmp_path / "mine.yaml"
     path.write_text(GOOD.replace("rate: 0.5, median_s", "rate: 2.5, median_s"))

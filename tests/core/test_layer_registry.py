@@ -1,5 +1,6 @@
-"""One leaf registry of layers (ragguard._registry), the layers' options held by name in
-StagePolicy, and a user layer registered before or after its policy is loaded."""
+"""The layers' options models by name (ragguard.options._layers) and their builders
+(ragguard.layers._registry), the options held by name in StagePolicy, and a user layer registered
+before or after its policy is loaded."""
 
 from __future__ import annotations
 
@@ -106,27 +107,24 @@ def test_built_in_layers_are_held_by_name_in_every_spelling() -> None:
     assert stage.retry.attempts == 2 and isinstance(stage.hedge, HedgePolicy)
 
 
-def test_the_moved_models_keep_their_old_names() -> None:
-    import ragguard.policy
+def test_the_models_live_in_options() -> None:
+    import ragguard.options
 
-    assert ragguard.policy.BreakerPolicy is BreakerPolicy
-    assert ragguard.policy.RetryPolicy is RetryPolicy
-    from ragguard.layers.retry import RetryPolicy as declared
-
-    assert declared is RetryPolicy
+    assert ragguard.options.BreakerPolicy is BreakerPolicy
+    assert ragguard.options.RetryPolicy is RetryPolicy
 
 
-def test_the_registry_is_a_leaf_and_the_policy_imports_no_layer() -> None:
-    """The registry module imports no layer, preset or Guard, and importing the policy alone
-    (with the package's ``__init__`` skipped) loads no layer and no preset until asked."""
+def test_the_options_import_no_layer() -> None:
+    """Importing the options alone (with the package's ``__init__`` skipped) loads no layer, no
+    preset and no Guard, and they validate a stage's layers' options by name."""
     code = (
         "import sys, types, importlib.util\n"
         f"root = {str(ROOT / 'src' / 'ragguard')!r}\n"
         "pkg = types.ModuleType('ragguard'); pkg.__path__ = [root]; sys.modules['ragguard'] = pkg\n"
-        "import ragguard._registry, ragguard.policy\n"
+        "import ragguard.options\n"
         "up = ('ragguard.layers', 'ragguard.rag', 'ragguard.guard')\n"
         "print(sorted(m for m in sys.modules if m.startswith(up)))\n"
-        "p = ragguard.policy.StagePolicy.model_validate({'breaker': {'kind': 'rerank_oom'}})\n"
+        "p = ragguard.options.StagePolicy.model_validate({'breaker': {'kind': 'rerank_oom'}})\n"
         "print(p.breaker.kind)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

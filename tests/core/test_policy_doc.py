@@ -1,4 +1,4 @@
-"""docs/policy.md is generated from the options models (python -m ragguard._policy_doc) and
+"""docs/policy.md is generated from the options models (python -m ragguard_tools.policy_doc) and
 docs/layers.md writes the order of ragguard.layers.REGISTRY: both are checked against the code."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ import pytest
 from pydantic import BaseModel
 
 import ragguard
-from ragguard import _policy_doc, _registry, layers, policy
-from ragguard.layers.breaker import BREAKER_KINDS
+from ragguard import layers
+from ragguard import options as policy
+from ragguard.options import BREAKER_KINDS
+from ragguard.options import _layers as _registry
+from ragguard_tools import policy_doc as _policy_doc
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -22,14 +25,14 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 def test_the_committed_policy_reference_is_what_the_models_say() -> None:
     assert (DOCS / "policy.md").read_text(encoding="utf-8") == _policy_doc.render(), (
-        "docs/policy.md is out of date: run python -m ragguard._policy_doc"
+        "docs/policy.md is out of date: run python -m ragguard_tools.policy_doc"
     )
 
 
 def test_the_check_command_tells_an_outdated_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    done = subprocess.run([sys.executable, "-m", "ragguard._policy_doc", "--check"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "ragguard_tools.policy_doc", "--check"], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     stale = tmp_path / "policy.md"
@@ -42,7 +45,7 @@ def test_the_check_command_tells_an_outdated_reference(
 def _models() -> list[type[BaseModel]]:
     found = [policy.Policy, policy.StagePolicy, policy.GenerationPolicy, policy.TenantQuota,
              policy.TokenLimits, policy.PoolQuota]  # fmt: skip
-    found += [e.model for e in _registry.entries() if e.model is not None]
+    found += [m for m in map(_registry.model, _registry.STAGE_FIELDS) if m is not None]
     return found
 
 

@@ -21,7 +21,7 @@ from ragguard import (
     StageTimeout,
     deadline,
 )
-from ragguard.layers.breaker import BREAKER_KINDS
+from ragguard.options import BREAKER_KINDS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
 

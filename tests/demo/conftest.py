@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from ragguard.demo.backends import BackendServers, build_index
-from ragguard.demo.corpus import Passage, load_passages
-from ragguard.demo.embedder import Embedder, load_embedder
-from ragguard.demo.rerank import Reranker
+from ragguard_tools.demo.backends import BackendServers, build_index
+from ragguard_tools.demo.corpus import Passage, load_passages
+from ragguard_tools.demo.embedder import Embedder, load_embedder
+from ragguard_tools.demo.rerank import Reranker
 
 
 @pytest.fixture

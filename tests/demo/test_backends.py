@@ -15,11 +15,11 @@ import pytest
 
 from ragguard import InvalidInput
 from ragguard.chaos import FaultProxy
-from ragguard.demo import _wire
-from ragguard.demo.backends import BackendProcess, BackendServers, ControlClient, parse_fault_specs
-from ragguard.demo.corpus import Passage
-from ragguard.demo.embedder import Embedder
-from ragguard.demo.pipeline import BackendClients
+from ragguard_tools.demo import _wire
+from ragguard_tools.demo.backends import BackendProcess, BackendServers, ControlClient, parse_fault_specs
+from ragguard_tools.demo.corpus import Passage
+from ragguard_tools.demo.embedder import Embedder
+from ragguard_tools.demo.pipeline import BackendClients
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

@@ -8,7 +8,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from ragguard.cli import app
+from ragguard_tools.cli import app
 
 
 def refused(*args: str) -> str:

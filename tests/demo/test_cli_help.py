@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ragguard.cli import app
+from ragguard_tools.cli import app
 
 COMMANDS = ("demo", "bench", "doctor", "top", "version")
 
@@ -102,7 +102,7 @@ def test_version_flag_prints_the_version() -> None:
 
 
 def test_bench_help_states_the_defaults_the_bench_uses() -> None:
-    from ragguard.bench import BenchOptions
+    from ragguard_tools.bench import BenchOptions
 
     text = " ".join(help_text("bench").split())
     steps, _, steady, rounds, _ = BenchOptions().plan()

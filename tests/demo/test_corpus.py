@@ -7,7 +7,7 @@ import pydoc_data.topics
 import pytest
 
 from ragguard import InvalidInput
-from ragguard.demo.corpus import Passage, Question, is_hit, load_passages, load_questions, recall_at_k
+from ragguard_tools.demo.corpus import Passage, Question, is_hit, load_passages, load_questions, recall_at_k
 
 
 def test_passages_cover_every_topic_within_the_size_bound(demo_passages: list[Passage]) -> None:

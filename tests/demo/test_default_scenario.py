@@ -8,7 +8,7 @@ from importlib import resources
 
 from ragguard.breakers import EmbeddingTimeoutBreaker
 from ragguard.chaos import default_scenario
-from ragguard.demo.guarded import demo_policy
+from ragguard_tools.demo.guarded import demo_policy
 
 
 def _comment_above(text: str, marker: str) -> str:

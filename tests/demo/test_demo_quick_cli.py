@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from ragguard.chaos import default_scenario
-from ragguard.demo.runner import GREEDY_TOKEN_BURST
+from ragguard_tools.demo.runner import GREEDY_TOKEN_BURST
 
 
 @pytest.mark.timeout(180)
 def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
     out = tmp_path / "ragguard-report"  # the default --out, as a new user runs it
-    proc = _run_reading_lines([sys.executable, "-m", "ragguard.cli", "demo", "--quick"], tmp_path)
+    proc = _run_reading_lines([sys.executable, "-m", "ragguard_tools.cli", "demo", "--quick"], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # gRPC's C core keeps quiet (GRPC_VERBOSITY=ERROR unless the user set it): no teardown chatter
     assert "chttp2_transport" not in proc.stderr and "goaway" not in proc.stderr.lower(), proc.stderr[-2000:]
@@ -76,7 +76,7 @@ def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
     # the run's events are recorded beside the report, and `ragguard doctor`, run next with no
     # arguments where the demo ran, finds them and says where it read them
     doctor = subprocess.run(
-        [sys.executable, "-m", "ragguard.cli", "doctor", "--json"],
+        [sys.executable, "-m", "ragguard_tools.cli", "doctor", "--json"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )
     assert doctor.returncode in (0, 1), doctor.stderr  # 0 healthy, 1 findings; 2 would be unreadable

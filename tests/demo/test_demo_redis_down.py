@@ -27,7 +27,7 @@ SECRET = "hunter2-Pa55"
 def test_demo_with_redis_down_records_the_outage_for_doctor(tmp_path: Path) -> None:
     url = f"redis://:{SECRET}@127.0.0.1:{_free_port()}/0"
     demo = subprocess.run(
-        [sys.executable, "-m", "ragguard.cli", "demo", "--quick", "--duration", "2", "--redis", url,
+        [sys.executable, "-m", "ragguard_tools.cli", "demo", "--quick", "--duration", "2", "--redis", url,
          "--out", "r2"],
         capture_output=True, text=True, timeout=170, cwd=tmp_path,
     )
@@ -43,7 +43,7 @@ def test_demo_with_redis_down_records_the_outage_for_doctor(tmp_path: Path) -> N
     assert "quotas" in degraded and len(degraded) == len(warned), (degraded, warned)
 
     doctor = subprocess.run(
-        [sys.executable, "-m", "ragguard.cli", "doctor", "-e", "r2/events.jsonl", "--json"],
+        [sys.executable, "-m", "ragguard_tools.cli", "doctor", "-e", "r2/events.jsonl", "--json"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )
     assert doctor.returncode == 1, doctor.stderr

@@ -9,8 +9,8 @@ import pytest
 
 from ragguard import ConfigError
 from ragguard.chaos import load_scenario
-from ragguard.demo import DemoOptions, run_demo_async
-from ragguard.demo.runner import GREEDY_TOKEN_BURST
+from ragguard_tools.demo import DemoOptions, run_demo_async
+from ragguard_tools.demo.runner import GREEDY_TOKEN_BURST
 
 pytestmark = [pytest.mark.anyio]
 
@@ -129,7 +129,7 @@ def test_options_are_validated() -> None:
     ],
 )
 def test_faults_the_demo_cannot_apply_are_config_errors(tmp_path: Path, faults: str, message: str) -> None:
-    from ragguard.demo.faults import ChaosPlan
+    from ragguard_tools.demo.faults import ChaosPlan
 
     path = tmp_path / "bad.yaml"
     path.write_text(f"name: x\nphases:\n  - {{name: a, start: 0.0, end: 1.0, faults: {faults}}}\n")
@@ -139,7 +139,7 @@ def test_faults_the_demo_cannot_apply_are_config_errors(tmp_path: Path, faults: 
 
 def test_the_default_scenario_becomes_a_timeline() -> None:
     from ragguard.chaos import default_scenario
-    from ragguard.demo.faults import ChaosPlan
+    from ragguard_tools.demo.faults import ChaosPlan
 
     timeline = ChaosPlan(default_scenario()).timeline(40.0)
     assert timeline[0] == (0.0, timeline[0][1]) and not timeline[0][1].backend

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from ragguard._top import fetch
 from ragguard.chaos._redis_server import free_port
+from ragguard_tools.top import fetch
 
 pytest.importorskip("wordllama")
 
-DEMO = [sys.executable, "-m", "ragguard.cli", "demo"]
+DEMO = [sys.executable, "-m", "ragguard_tools.cli", "demo"]
 
 
 def _lines(proc: subprocess.Popen[str], into: list[tuple[float, str]]) -> threading.Thread:
@@ -54,8 +54,8 @@ def test_the_demo_says_where_its_status_is_and_serves_it_throughout(tmp_path: Pa
         assert said.startswith("demo: status on") and "guarded run" in said, said
         # the line comes first, and the endpoint answers from then on: ragguard top, at once
         assert lines[0][1] == said, lines[:3]
-        first_top = subprocess.run([sys.executable, "-m", "ragguard.cli", "top", url, "--once", "-n", "0.2"],
-                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+        first_top = subprocess.run([sys.executable, "-m", "ragguard_tools.cli", "top", url, "--once",
+                                    "-n", "0.2"], capture_output=True, text=True, timeout=60)  # fmt: skip
         while proc.poll() is None and time.monotonic() < deadline:
             try:
                 seen.append(fetch(url))

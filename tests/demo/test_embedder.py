@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from ragguard.demo.embedder import DIM, Embedder, packaged_files
+from ragguard_tools.demo.embedder import DIM, Embedder, packaged_files
 
 # Runs in a fresh interpreter, so the imports are covered too: every DNS lookup and every socket
 # connect to a non-loopback address is recorded and refused.
@@ -46,7 +46,7 @@ _NO_NETWORK = textwrap.dedent(
 
     socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo = connect, connect_ex, getaddrinfo
 
-    from ragguard.demo.embedder import load_embedder
+    from ragguard_tools.demo.embedder import load_embedder
     vecs = load_embedder().embed(["How does the with statement work?"])
     ours = list(attempts)
 

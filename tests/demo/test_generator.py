@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ragguard import InvalidInput
-from ragguard.demo.generator import answer_words, extractive_answer, parse_request, stream_answer
+from ragguard_tools.demo.generator import answer_words, extractive_answer, parse_request, stream_answer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 

@@ -41,9 +41,9 @@ def _verbosity_at_grpc_import(argv: list[str], user_level: str | None) -> str:
 
 
 COMMANDS = {
-    "demo": ["ragguard.cli", "demo", "--quick"],
-    "bench": ["ragguard.cli", "bench", "--quick"],
-    "demo-backends-child": ["ragguard.demo._child", "--seed", "7"],
+    "demo": ["ragguard_tools.cli", "demo", "--quick"],
+    "bench": ["ragguard_tools.cli", "bench", "--quick"],
+    "demo-backends-child": ["ragguard_tools.demo._child", "--seed", "7"],
 }
 
 

@@ -12,16 +12,16 @@ import grpc
 import pytest
 
 from ragguard import BreakerState, Guard, StreamTimeout, TenantQuota
-from ragguard.demo.backends import BackendServers, ControlClient
-from ragguard.demo.corpus import Passage
-from ragguard.demo.generator import extractive_answer
-from ragguard.demo.guarded import GuardedPipeline, demo_policy
-from ragguard.demo.keyword import KeywordIndex
-from ragguard.demo.pipeline import BackendClients, Retrieval, UnguardedPipeline
-from ragguard.demo.rerank import Reranker
-from ragguard.demo.service import RetrievalClient, RetrievalServer
 from ragguard.events import StreamCut, StreamSettled, bus
 from ragguard.grpc import STREAM_BUDGET_KEY, STREAM_ITEMS_KEY, GuardServerInterceptor, client_interceptors
+from ragguard_tools.demo.backends import BackendServers, ControlClient
+from ragguard_tools.demo.corpus import Passage
+from ragguard_tools.demo.generator import extractive_answer
+from ragguard_tools.demo.guarded import GuardedPipeline, demo_policy
+from ragguard_tools.demo.keyword import KeywordIndex
+from ragguard_tools.demo.pipeline import BackendClients, Retrieval, UnguardedPipeline
+from ragguard_tools.demo.rerank import Reranker
+from ragguard_tools.demo.service import RetrievalClient, RetrievalServer
 
 REFUSED = {"kind": "error", "stage": "vector_store", "error": "connection_refused"}
 
@@ -189,7 +189,7 @@ async def test_with_redis_quotas_and_breakers_live_in_redis(
 ) -> None:
     import redis.asyncio as aredis
 
-    from ragguard.demo.runner import REDIS_PREFIX, _redis_client, _shared_guard
+    from ragguard_tools.demo.runner import REDIS_PREFIX, _redis_client, _shared_guard
 
     assert demo_backends.addresses is not None
     client = _redis_client(redis_server.url)  # type: ignore[attr-defined]

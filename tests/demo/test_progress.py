@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from ragguard.demo.loadgen import RequestRecord
-from ragguard.demo.progress import RunProgress, say
+from ragguard_tools.demo.loadgen import RequestRecord
+from ragguard_tools.demo.progress import RunProgress, say
 
 PHASES = [("warm-up", 0.0, 1.0), ("vector store down", 1.0, 2.5), ("recovery", 2.5, 4.0)]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import ragguard.demo
+import ragguard_tools.demo
 
-DEMO = Path(ragguard.demo.__file__).parent
+DEMO = Path(ragguard_tools.demo.__file__).parent
 SOURCES = sorted(DEMO.glob("*.py"))
 # a dotted ragguard path with a private part, outside the demo's own package
 PRIVATE_PATH = re.compile(r"\bragguard(?:\.(?!demo\b)\w+)*\._\w+")
@@ -30,7 +30,7 @@ def private_imports(path: Path) -> list[tuple[int, str]]:
             module = node.module or ""
             if node.level == 1 or not (module == "ragguard" or module.startswith("ragguard.")):
                 continue
-            if module.startswith("ragguard.demo"):
+            if module.startswith("ragguard_tools.demo"):
                 continue
             parts = module.split(".") + [alias.name for alias in node.names]
             if any(part.startswith("_") for part in parts):
@@ -40,7 +40,7 @@ def private_imports(path: Path) -> list[tuple[int, str]]:
                 (node.lineno, f"import {alias.name}")
                 for alias in node.names
                 if alias.name.startswith("ragguard.")
-                and not alias.name.startswith("ragguard.demo")
+                and not alias.name.startswith("ragguard_tools.demo")
                 and any(part.startswith("_") for part in alias.name.split("."))
             ]
     found += [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in PRIVATE_PATH.finditer(text)]
@@ -66,7 +66,7 @@ def test_the_check_catches_private_imports(tmp_path: Path) -> None:
         "import ragguard._clock\n"
         "x = 'ragguard.rag._cache'\n"
         "from ragguard.grpc import status_for\n"
-        "from ragguard.demo._wire import encode\n"
+        "from ragguard_tools.demo._wire import encode\n"
         "from . import _wire\n"
     )
     assert {line for line, _ in private_imports(bad)} == {1, 2, 3, 4, 5, 6}

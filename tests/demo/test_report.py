@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ragguard.demo.loadgen import RequestRecord
-from ragguard.demo.report import (
+from ragguard_tools.demo.loadgen import RequestRecord
+from ragguard_tools.demo.report import (
     OPENED_ROW,
     DemoReport,
     GenerationTally,
@@ -63,7 +63,7 @@ def test_the_table_says_why_the_rerank_breaker_stayed_closed() -> None:
 def test_the_table_and_the_doctor_count_openings_in_the_same_words() -> None:
     """A reopening after a failed trial round is an opening in both, and both say so alike."""
     from ragguard.events import BreakerTransition
-    from ragguard.monitors import diagnose
+    from ragguard_tools.doctor import diagnose
 
     moves = [("closed", "open", 1.0), ("open", "half_open", 2.0), ("half_open", "open", 2.1),
              ("open", "half_open", 3.1), ("half_open", "closed", 3.2)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ragguard import InvalidInput
-from ragguard.demo.corpus import Passage, load_questions
-from ragguard.demo.embedder import Embedder
-from ragguard.demo.rerank import Reranker, RerankOutOfMemoryError
+from ragguard_tools.demo.corpus import Passage, load_questions
+from ragguard_tools.demo.embedder import Embedder
+from ragguard_tools.demo.rerank import Reranker, RerankOutOfMemoryError
 
 
 def _candidates(passages: list[Passage], topics: tuple[str, ...], n: int) -> list[Passage]:

@@ -12,12 +12,12 @@ import grpc
 import pytest
 
 from ragguard import InvalidInput
-from ragguard.demo.backends import BackendServers, ControlClient
-from ragguard.demo.corpus import Passage, load_questions
-from ragguard.demo.loadgen import Arrival, run_load
-from ragguard.demo.pipeline import BackendClients, PipelineSettings, UnguardedPipeline
-from ragguard.demo.rerank import Reranker
-from ragguard.demo.service import RetrievalClient, RetrievalServer
+from ragguard_tools.demo.backends import BackendServers, ControlClient
+from ragguard_tools.demo.corpus import Passage, load_questions
+from ragguard_tools.demo.loadgen import Arrival, run_load
+from ragguard_tools.demo.pipeline import BackendClients, PipelineSettings, UnguardedPipeline
+from ragguard_tools.demo.rerank import Reranker
+from ragguard_tools.demo.service import RetrievalClient, RetrievalServer
 
 REFUSED = {"kind": "error", "stage": "vector_store", "error": "connection_refused"}
 

@@ -11,9 +11,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ragguard import Guard, Policy, TenantQuota, status
-from ragguard._top import Top
-from ragguard.cli import app
+from ragguard import Guard, Policy, TenantQuota
+from ragguard_tools import status
+from ragguard_tools.cli import app
+from ragguard_tools.top import Top
 
 
 def test_bad_options_exit_2_naming_them() -> None:

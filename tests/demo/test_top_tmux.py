@@ -62,12 +62,12 @@ def test_top_shows_a_breaker_of_the_demo_opening_and_closing(tmp_path: Path) -> 
     port = _free_port()
     url = f"http://127.0.0.1:{port}/status"
     demo = subprocess.Popen(
-        [sys.executable, "-m", "ragguard.cli", "demo", "--quick", "--status-port", str(port),
+        [sys.executable, "-m", "ragguard_tools.cli", "demo", "--quick", "--status-port", str(port),
          "--out", str(tmp_path / "report")],
         stdout=(tmp_path / "demo.log").open("w"), stderr=subprocess.STDOUT, cwd=tmp_path,
     )  # fmt: skip
     session = f"ragguard-top-{uuid.uuid4().hex[:8]}"
-    top = f"{sys.executable} -m ragguard.cli top {url} --interval 0.25"
+    top = f"{sys.executable} -m ragguard_tools.cli top {url} --interval 0.25"
     _tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT), top)
     frames: list[str] = []
     colour = ""

@@ -23,7 +23,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from ragguard import QuotaExceeded, TenantQuota, events
-from ragguard.distributed import RedisQuotas, SharedStateDegraded
+from ragguard.redis import RedisQuotas, SharedStateDegraded
 
 TENANT = "acme"
 QUOTA = TenantQuota(max_concurrency=10, rate_per_s=50.0, burst=5)

@@ -24,7 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ragguard import QuotaExceeded, TenantQuota, events
-from ragguard.distributed import RedisQuotas, SharedStateDegraded, SharedStateRestored
+from ragguard.redis import RedisQuotas, SharedStateDegraded, SharedStateRestored
 
 TENANT = "acme"
 LIMIT = 5

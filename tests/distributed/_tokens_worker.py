@@ -27,7 +27,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from ragguard import Guard, Policy, QuotaExceeded, StagePolicy, TenantQuota, events
-from ragguard.distributed import SharedStateDegraded
+from ragguard.redis import RedisBackend, SharedStateDegraded
 
 QUOTA, WINDOW_S, ESTIMATE = 300, 1.0, 30
 PACE_PER_S, PACE_BURST = 200.0, 20
@@ -45,7 +45,7 @@ async def main(port: int, duration_s: float, streams: int, seed: int) -> dict[st
     degraded: list[Any] = []
     events.bus.subscribe(lambda e: degraded.append(e) if isinstance(e, SharedStateDegraded) else None)
     client = aredis.Redis(host="127.0.0.1", port=port, socket_timeout=5.0, max_connections=64)
-    g = Guard(POLICY, redis=client, redis_options={"tokens": {"redis_timeout_s": 2.0}})
+    g = Guard(POLICY, backend=RedisBackend(client, tokens={"redis_timeout_s": 2.0}))
 
     @g.guard("answer", estimate=ESTIMATE, tokens=lambda item: 1)
     async def answer(n: int) -> Any:

@@ -25,14 +25,15 @@ from redis.asyncio.retry import Retry  # noqa: E402
 from redis.backoff import NoBackoff  # noqa: E402
 
 from ragguard import Guard, Policy  # noqa: E402
-from ragguard.policy import BreakerPolicy, StagePolicy  # noqa: E402
+from ragguard.options import BreakerPolicy, StagePolicy  # noqa: E402
+from ragguard.redis import RedisBackend  # noqa: E402
 
 
 async def main(port: int) -> dict[str, Any]:
     client = aredis.Redis(port=port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
     policy = Policy(stages={"llm": StagePolicy(breaker=BreakerPolicy(
         kind="generic", minimum_calls=2, window_size=2, half_open_permits=1, open_for_s=0.5))})
-    g = Guard(policy, redis=client)
+    g = Guard(policy, backend=RedisBackend(client))
     reached = 0
 
     async def generate() -> str:

@@ -12,7 +12,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ragguard import Policy
-from ragguard.policy import BreakerPolicy, StagePolicy
+from ragguard.options import BreakerPolicy, StagePolicy
 
 PATIENT_S = 2.0
 """Redis link (``redis_timeout_s``) and socket timeouts for tests whose subject is not a timeout.

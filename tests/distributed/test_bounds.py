@@ -15,7 +15,7 @@ import pytest
 from distributed_helpers import make_client, until
 
 from ragguard import BreakerState, CircuitBreaker, FakeClock, TenantQuota
-from ragguard.distributed import RedisQuotas, SharedCircuitBreaker
+from ragguard.redis import RedisQuotas, SharedCircuitBreaker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

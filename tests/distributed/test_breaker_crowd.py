@@ -19,7 +19,7 @@ import pytest
 from distributed_helpers import breaker_policy, evalsha_calls, make_client, until
 
 from ragguard import BreakerOpen, BreakerState, CircuitBreaker, FakeClock, Guard
-from ragguard.distributed import SharedCircuitBreaker, SharedStateDegraded
+from ragguard.redis import RedisBackend, SharedCircuitBreaker, SharedStateDegraded
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -40,7 +40,7 @@ class Dependency:
 
 async def tripped_guard(client: Any, dependency: Dependency, prefix: str = "crowd") -> tuple[Guard, Any]:
     g = Guard(breaker_policy("search", minimum_calls=4, window_size=4, half_open_permits=2, open_for_s=0.3),
-              redis=client, redis_prefix=prefix)
+              backend=RedisBackend(client, prefix=prefix))
     guarded = g.guard("search")(dependency.search)
     await g.breaker("search").start()
     for _ in range(4):
@@ -80,7 +80,7 @@ async def test_two_replicas_crowding_share_the_permits(redis_server: Any) -> Non
     dependency = Dependency()
     a, guarded_a = await tripped_guard(clients[0], dependency, "pair")
     b = Guard(breaker_policy("search", minimum_calls=4, window_size=4, half_open_permits=2, open_for_s=0.3),
-              redis=clients[1], redis_prefix="pair")
+              backend=RedisBackend(clients[1], prefix="pair"))
     guarded_b = b.guard("search")(dependency.search)
     try:
         await b.breaker("search").start()
@@ -135,7 +135,7 @@ def shared(client: Any, clock: FakeClock, **options: Any) -> SharedCircuitBreake
 
 
 async def trip(b: SharedCircuitBreaker) -> None:
-    from ragguard.distributed import _scripts
+    from ragguard.redis import _scripts
 
     for name in _scripts.__all__:  # loaded now: a first EVALSHA would cost a NOSCRIPT round trip more
         await b._link.redis.script_load(getattr(_scripts, name))

@@ -15,7 +15,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ragguard import BreakerOpen, BreakerState, CircuitBreaker, FakeClock, Guard, QuotaExceeded, TenantQuota
-from ragguard.distributed import RedisQuotas, SharedCircuitBreaker, breaker_keys, quota_keys
+from ragguard.redis import RedisBackend, RedisQuotas, SharedCircuitBreaker, breaker_keys, quota_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -79,9 +79,8 @@ async def test_breakers_and_quotas_run_on_a_cluster_one_slot_each(redis_cluster_
 async def test_a_crowd_on_a_cluster_sends_at_most_the_permitted_trials(redis_cluster_session: Any) -> None:
     client = cluster_client(redis_cluster_session)
     g = Guard(breaker_policy("search", minimum_calls=4, window_size=4, half_open_permits=2, open_for_s=0.3),
-              redis=client, redis_prefix="t-crowd",
-              redis_options={"breakers": {"redis_timeout_s": BREAKER_PATIENT_S},
-                             "quotas": {"redis_timeout_s": PATIENT_S}})
+              backend=RedisBackend(client, prefix="t-crowd", breakers={"redis_timeout_s": BREAKER_PATIENT_S},
+                                   quotas={"redis_timeout_s": PATIENT_S}))
     reached = 0
 
     async def search() -> str:

@@ -9,15 +9,15 @@ from distributed_helpers import PATIENT
 
 import ragguard
 from ragguard import BreakerState, Guard, Policy, QuotaExceeded, TenantQuota
-from ragguard.distributed import RedisQuotas, SharedCircuitBreaker
+from ragguard.redis import RedisBackend, RedisQuotas, SharedCircuitBreaker
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_two_guards_on_one_redis_share_quota_and_breaker_state(client: Any) -> None:
     policy = Policy(tenants={"acme": TenantQuota(max_concurrency=1, max_wait_s=0.3)})
-    a = Guard(policy, redis=client, redis_prefix="t-share", redis_options=PATIENT)
-    b = Guard(policy, redis=client, redis_prefix="t-share", redis_options=PATIENT)
+    a = Guard(policy, backend=RedisBackend(client, prefix="t-share", **PATIENT))
+    b = Guard(policy, backend=RedisBackend(client, prefix="t-share", **PATIENT))
     try:
         assert isinstance(a.quotas, RedisQuotas)
         assert isinstance(a.breaker("vector_store"), SharedCircuitBreaker)
@@ -48,4 +48,4 @@ async def test_two_guards_on_one_redis_share_quota_and_breaker_state(client: Any
 
 async def test_redis_must_be_an_async_client() -> None:
     with pytest.raises(ragguard.ConfigError, match="redis"):
-        Guard(redis="redis://127.0.0.1:6379")
+        Guard(backend=RedisBackend("redis://127.0.0.1:6379"))

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ragguard.distributed._link import RedisLink, Script
-from ragguard.distributed._scripts import QUOTA
+from ragguard.redis._link import RedisLink, Script
+from ragguard.redis._scripts import QUOTA
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
 
@@ -66,7 +66,7 @@ async def test_script_is_loaded_again_after_noscript(client: Any) -> None:
 async def test_the_health_probes_leave_the_components_keys_alone(client: Any) -> None:
     """The probe writes (so that a read-only replica fails it) only to a key of its own."""
     from ragguard import CircuitBreaker, TenantQuota
-    from ragguard.distributed import RedisQuotas, SharedCircuitBreaker, quota_keys
+    from ragguard.redis import RedisQuotas, SharedCircuitBreaker, quota_keys
 
     b = SharedCircuitBreaker(CircuitBreaker("probed", minimum_calls=2, window_size=2, open_for_s=60.0),
                              client, redis_timeout_s=0.8)

@@ -17,8 +17,8 @@ import pytest
 from distributed_helpers import PATIENT_S, leases_in, make_client, until
 
 from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota
-from ragguard.distributed import RedisQuotas, SharedStateDegraded, quota_keys
-from ragguard.distributed._link import SharedStateUnavailable
+from ragguard.redis import RedisBackend, RedisQuotas, SharedStateDegraded, quota_keys
+from ragguard.redis._link import SharedStateUnavailable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -51,7 +51,7 @@ class InFlight:
 
 async def test_a_burst_that_fills_the_pool_never_over_admits(redis_server: Any, seen: list[Any]) -> None:
     client = make_client(redis_server.host, redis_server.port, max_connections=64)
-    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), redis=client)
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), backend=RedisBackend(client))
     flight = InFlight()
     try:
         results = await asyncio.gather(*(flight.run(g, "acme", 0.05) for _ in range(100)),
@@ -195,8 +195,8 @@ async def test_after_a_burst_every_one_at_a_time_request_is_admitted(redis_serve
     # not send its releases at close, so leases would stay in Redis without any leak.
     client = make_client(redis_server.host, redis_server.port, max_connections=64,
                          socket_timeout=PATIENT_S, socket_connect_timeout=PATIENT_S)
-    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), redis=client,
-              redis_options={"quotas": {"redis_timeout_s": PATIENT_S}})
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}),
+              backend=RedisBackend(client, quotas={"redis_timeout_s": PATIENT_S}))
     flight = InFlight()
     try:
         await asyncio.gather(*(flight.run(g, "acme", 0.01) for _ in range(200)), return_exceptions=True)

@@ -26,7 +26,13 @@ from redis.backoff import NoBackoff
 from ragguard import CircuitBreaker, ConfigError, Guard, Policy, TenantQuota
 from ragguard.chaos import RedisServer
 from ragguard.chaos._redis_server import find_redis_server, free_port
-from ragguard.distributed import RedisQuotas, SharedCircuitBreaker, SharedStateDegraded, SharedStateRestored
+from ragguard.redis import (
+    RedisBackend,
+    RedisQuotas,
+    SharedCircuitBreaker,
+    SharedStateDegraded,
+    SharedStateRestored,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60),
               pytest.mark.skipif(find_redis_server() is None, reason="redis-server not found")]
@@ -89,7 +95,7 @@ async def test_start_without_strict_falls_back_and_the_guard_can_be_told_to_rais
     acl_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     client = acl_client(acl_server, "ragguard", password="not-it")
-    g = Guard(Policy(tenants={"acme": QUOTA}), redis=client)
+    g = Guard(Policy(tenants={"acme": QUOTA}), backend=RedisBackend(client))
     try:
         assert await g.start() is g  # logs and falls back
         assert not g.quotas.shared and len(problems(caplog)) == 1
@@ -252,7 +258,8 @@ async def test_a_read_only_replica_is_an_error_naming_the_cause(redis_server: An
 async def test_doctor_says_redis_refused_the_configuration_not_that_it_was_unreachable(
     acl_server: RedisServer, tmp_path: Path
 ) -> None:
-    from ragguard.monitors import EventRecorder, diagnose, load_records
+    from ragguard.monitors import EventRecorder, load_records
+    from ragguard_tools.doctor import diagnose
 
     path = tmp_path / "events.jsonl"
     client = acl_client(acl_server, "ragguard", password="not-it")

@@ -9,7 +9,7 @@ import pytest
 from distributed_helpers import PATIENT_S, leases_in
 
 from ragguard import ConfigError, FakeClock, Guard, InvalidInput, Policy, QuotaExceeded, TenantQuota
-from ragguard.distributed import RedisQuotas, SharedLease, quota_keys
+from ragguard.redis import RedisQuotas, SharedLease, quota_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

@@ -15,14 +15,14 @@ import pytest
 from distributed_helpers import PATIENT, PATIENT_S, leases_in, make_client
 
 from ragguard import FakeClock, Guard, Policy, PoolQuota, QuotaExceeded, TenantQuota
-from ragguard.distributed import LocalLease, RedisQuotas, SharedLease, pool_keys
+from ragguard.redis import LocalLease, RedisBackend, RedisQuotas, SharedLease, pool_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
 def replicas(client: Any, policy: Policy, n: int = 3, **options: Any) -> list[Guard]:
-    return [Guard(policy, redis=client, redis_options={"quotas": {"redis_timeout_s": PATIENT_S,
-                                                                   "holder_id": f"r{i}", **options}})
+    return [Guard(policy, backend=RedisBackend(client, quotas={"redis_timeout_s": PATIENT_S,
+                                                                   "holder_id": f"r{i}", **options}))
             for i in range(n)]
 
 
@@ -77,7 +77,7 @@ async def test_a_larger_pool_still_holds_each_tenant_to_its_own_quota(client: An
 async def test_the_pool_bounds_the_rate_of_rotating_ids_across_replicas(client: Any,
                                                                        fake_clock: FakeClock) -> None:
     policy = Policy(default_quota=TenantQuota(rate_per_s=10, burst=2))
-    guards = [Guard(policy, redis=client, clock=fake_clock, redis_options=PATIENT) for _ in range(3)]
+    guards = [Guard(policy, backend=RedisBackend(client, **PATIENT), clock=fake_clock) for _ in range(3)]
     admitted: list[float] = []
     try:
         for i in range(150):  # a new id every 10 ms for 1.5 s, on the replicas in turn

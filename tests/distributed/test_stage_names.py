@@ -11,7 +11,7 @@ from distributed_helpers import PATIENT, breaker_policy
 from redis.crc import key_slot
 
 from ragguard import BreakerState, Guard, Policy
-from ragguard.distributed import breaker_keys
+from ragguard.redis import RedisBackend, breaker_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -26,7 +26,7 @@ def policy_for(names: list[str]) -> Policy:
 
 
 async def test_any_stage_name_trips_its_own_shared_breaker(client: Any) -> None:
-    g = Guard(policy_for(NAMES), redis=client, redis_options=PATIENT)
+    g = Guard(policy_for(NAMES), backend=RedisBackend(client, **PATIENT))
 
     async def down() -> str:
         raise ConnectionRefusedError("down")

@@ -27,8 +27,8 @@ from ragguard import (
     TenantQuota,
     TokenLimits,
 )
-from ragguard.distributed import RedisTokens, SharedStateDegraded, SharedStateRestored, token_key
 from ragguard.rag import Usage, token_accounts
+from ragguard.redis import RedisBackend, RedisTokens, SharedStateDegraded, SharedStateRestored, token_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -45,12 +45,10 @@ def policy(**quota: Any) -> Policy:
 class Replica:
     """One replica: a Guard with its own client, and a stream of ``n`` one-token items."""
 
-    def __init__(self, host: str, port: int, pol: Policy, clock: Any = None, **guard: Any) -> None:
+    def __init__(self, host: str, port: int, pol: Policy, clock: Any = None, **backend: Any) -> None:
         self.client = make_client(host, port, socket_timeout=PATIENT_S, socket_connect_timeout=PATIENT_S)
-        options: dict[str, Any] = {"redis_options": PATIENT, **guard}
-        if clock is not None:
-            options["clock"] = clock
-        self.guard = Guard(pol, redis=self.client, **options)
+        options: dict[str, Any] = {} if clock is None else {"clock": clock}
+        self.guard = Guard(pol, backend=RedisBackend(self.client, **(backend or PATIENT)), **options)
         self.ledger: RedisTokens = token_accounts(self.guard)  # type: ignore[assignment]
 
         @self.guard.guard("answer", estimate=lambda n, **kw: kw.get("estimate", n), **self.options())
@@ -85,8 +83,8 @@ class Replica:
 async def replicas(redis_server: Any) -> AsyncIterator[Callable[..., Replica]]:
     made: list[Replica] = []
 
-    def make(pol: Policy, clock: Any = None, **guard: Any) -> Replica:
-        r = Replica(redis_server.host, redis_server.port, pol, clock, **guard)
+    def make(pol: Policy, clock: Any = None, **backend: Any) -> Replica:
+        r = Replica(redis_server.host, redis_server.port, pol, clock, **backend)
         made.append(r)
         return r
 
@@ -208,7 +206,7 @@ async def test_when_redis_goes_down_streams_run_on_local_accounts_and_settle_in_
 ) -> None:
     a = replicas(
         policy(token_quota=100_000, tokens_per_s=10_000.0),
-        redis_options={"tokens": {"redis_timeout_s": PATIENT_S, "probe_every_s": 0.05}},
+        tokens={"redis_timeout_s": PATIENT_S, "probe_every_s": 0.05},
     )
     assert await a.run(5) == 5
     redis_server.stop()
@@ -234,7 +232,7 @@ async def test_a_settlement_sent_while_redis_is_away_is_sent_once_it_is_back(
     a = replicas(
         policy(token_quota=1000, token_window_s=10.0),
         clock,
-        redis_options={"tokens": {"redis_timeout_s": PATIENT_S, "probe_every_s": 0.05}},
+        tokens={"redis_timeout_s": PATIENT_S, "probe_every_s": 0.05},
     )
     stream = a.answer(10, estimate=500)
     async with a.guard.tenant("acme"):
@@ -290,7 +288,7 @@ async def test_refused_credentials_run_the_streams_on_local_accounts(
     redis_server: Any, seen: list[Any]
 ) -> None:
     bad = make_client(redis_server.host, redis_server.port, password="wrong", username="nobody")
-    g = Guard(policy(token_quota=100), redis=bad, redis_options=PATIENT)
+    g = Guard(policy(token_quota=100), backend=RedisBackend(bad, **PATIENT))
 
     @g.guard("answer", estimate=10)
     async def answer() -> AsyncIterator[str]:
@@ -322,7 +320,7 @@ async def test_token_buckets_run_on_a_cluster_under_one_hash_tag(redis_cluster_s
             for t in ("acme", "globex")
         },
     )
-    guards = [Guard(pol, redis=c, clock=clock, redis_options=PATIENT, redis_prefix="tok") for c in clients]
+    guards = [Guard(pol, backend=RedisBackend(c, prefix="tok", **PATIENT), clock=clock) for c in clients]
     try:
         for g in guards:
 
@@ -356,7 +354,7 @@ async def test_start_strict_names_refused_credentials_and_a_good_client_starts(r
     good = make_client(redis_server.host, redis_server.port, socket_timeout=PATIENT_S)
     try:
         for client_, strict_fails in ((bad, True), (good, False)):
-            g = Guard(policy(token_quota=100), redis=client_, redis_options=PATIENT)
+            g = Guard(policy(token_quota=100), backend=RedisBackend(client_, **PATIENT))
 
             @g.guard("answer")
             async def answer() -> AsyncIterator[str]:
@@ -378,3 +376,47 @@ async def test_start_strict_names_refused_credentials_and_a_good_client_starts(r
     finally:
         await bad.aclose()
         await good.aclose()
+
+
+async def test_the_input_tokens_openai_reports_fill_the_shared_input_quota_of_every_replica(
+    redis_server: Any, client: aredis.Redis
+) -> None:
+    """Two replicas call an OpenAI-compatible server through the real SDK: each stream reserves
+    its messages' text before it is sent and settles the ``prompt_tokens`` the server reports, in
+    the tenant's one input bucket in Redis, so the replica that did not spend them refuses the
+    next call before it is sent."""
+    import openai
+
+    from ragguard.integrations.openai import guard_openai
+    from wire import OpenAIWire
+
+    clock = FakeClock(1000.0)
+    pol = policy(input_token_quota=30, token_window_s=3600.0)
+    a, b = (Replica(redis_server.host, redis_server.port, pol, clock) for _ in range(2))
+    wire = OpenAIWire(usage_prompt_tokens=15)
+    sdks: list[Any] = []
+    ask = [{"role": "user", "content": "q" * 20}]  # 5 input tokens reserved, 15 reported
+    try:
+        with wire.running() as url:
+            clients = []
+            for r in (a, b):
+                raw = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k")
+                guarded = guard_openai(raw, guard=r.guard)
+                sdks += [raw, guarded.client]
+                clients.append(guarded)
+            for _ in range(2):
+                async with a.guard.tenant("acme"):
+                    stream = await clients[0].chat.completions.create(model="m", messages=ask, stream=True)
+                    assert [c async for c in stream]
+            await settled(a)
+            assert await tat(client, ":q:input") == pytest.approx(1000.0 + 30 * 120.0)  # 2 x 15
+            async with b.guard.tenant("acme"):
+                with pytest.raises(QuotaExceeded):  # b reserves 5 more of a spent bucket
+                    await clients[1].chat.completions.create(model="m", messages=ask, stream=True)
+            assert wire.faults.seen["chat"] == 2
+            assert b.ledger.reserved("acme") == 0
+    finally:
+        for sdk in sdks:
+            await sdk.close()
+        await a.close()
+        await b.close()

@@ -453,3 +453,31 @@ def test_a_continuation_is_checked_at_decoration() -> None:
     with pytest.raises(ConfigError, match="continue_structured"):
         g.guard("answer", continuation=finish, continue_structured="yes")(answer)
     g.guard("answer", continuation=finish)(answer)  # the good one
+
+
+async def test_the_continuation_stays_within_the_stages_deadline_share() -> None:
+    clock = FakeClock(auto_advance=False)
+    policy = answer_policy(first_item_s=2.0, idle_s=5.0)
+    policy = policy.model_copy(
+        update={"stages": {"answer": policy.stages["answer"].model_copy(update={"deadline_share": 0.5})}}
+    )
+    g = guard(policy, clock)
+    model, finish = Model(clock, fail_at=3), Finish(clock, repeat=0, stall_at=2)
+
+    async def answer(question: str) -> AsyncIterator[str]:
+        async for word in model(question):
+            yield word
+
+    guarded = g.guard("answer", continuation=finish)(answer)
+    got: list[str] = []
+    stream = guarded("q")
+
+    async def read() -> None:
+        with g.deadline(4.0):  # the stage may spend half of it: 2 s
+            await collect(stream, got)
+
+    started = clock()
+    with pytest.raises(DeadlineExceeded):
+        await drive(clock, read())
+    assert got == WORDS[:5]  # three words, two of the continuation's, then its stall
+    assert clock() - started == pytest.approx(2.0, abs=0.05)  # cut at the share, not at 4 s

@@ -28,6 +28,7 @@ from grpc import aio
 import ragguard
 from ragguard import GenerationPolicy, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota
 from ragguard.asgi import SSE_ENDING_EVENT, SSE_ERROR_EVENT, RagguardMiddleware
+from ragguard.events import StreamSettled
 from ragguard.grpc import (
     STREAM_AFTER_KEY,
     STREAM_BY_KEY,
@@ -44,6 +45,7 @@ from ragguard.integrations.openai import (
     guard_openai,
 )
 from ragguard.rag import Partial, token_accounts
+from ragguard.testing import EventRecorder
 from wire import OVERLOADED, AnthropicWire, Fault, HttpWire, OpenAIWire, serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -156,6 +158,12 @@ async def sdk(request: Any, _openai_words: OpenAIWire, _anthropic_words: Anthrop
     got = Sdk(request.param, wire)
     yield got
     await got.close()
+
+
+@pytest.fixture
+def recorder() -> Iterator[EventRecorder]:
+    with EventRecorder() as recording:
+        yield recording
 
 
 def _words(text: str) -> list[str]:
@@ -271,7 +279,9 @@ async def settled(g: Guard) -> None:
 
 
 @pytest.mark.parametrize("fault", ["stall", "reset", "overload"])
-async def test_a_cut_answer_is_continued_with_no_word_twice_or_missing(sdk: Sdk, fault: str) -> None:
+async def test_a_cut_answer_is_continued_with_no_word_twice_or_missing(
+    sdk: Sdk, fault: str, recorder: EventRecorder
+) -> None:
     g = Guard(_policy())
     client = sdk.continuing(g)
     sdk.wire.faults.push("*", sdk.fault(fault))
@@ -290,9 +300,11 @@ async def test_a_cut_answer_is_continued_with_no_word_twice_or_missing(sdk: Sdk,
     assert len(sdk.wire.requests) == 2
     assert sdk.partial_sent(sdk.wire.requests[1]) == "".join(WORDS[:CUT])
     await settled(g)
-    accounts = token_accounts(g)
-    # the cut stream settled what it had counted, the continuation what it reported: its own tokens
-    assert accounts.settled("acme") == CUT + len(WORDS) - CUT + 2
+    await recorder.settle()
+    # the cut stream settled the output it had counted, the continuation the output it reported
+    # (the rest of the answer and the two words it repeated): each its own reservation
+    outputs = [(e.tokens, e.reserved > 0) for e in recorder.of(StreamSettled)]
+    assert outputs == [(CUT, True), (len(WORDS) - CUT + 2, True)]
 
 
 async def test_a_continuation_on_another_deployment_runs_under_its_own_stage(sdk: Sdk) -> None:

@@ -1,7 +1,7 @@
 """A service whose status ``ragguard top`` watches (run as a script by test_top).
 
 Usage: python _status_worker.py FALLBACKS_PER_S
-Serves ``ragguard.status.serve`` on a free 127.0.0.1 port, prints its URL (one line), then calls
+Serves ``ragguard_tools.status.serve`` on a free 127.0.0.1 port, prints its URL (one line), then calls
 a guarded stage whose dependency refuses every call, so its fallback serves about
 FALLBACKS_PER_S calls a second, until it is killed.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ragguard import Guard, status
+from ragguard import Guard
+from ragguard_tools import status
 
 
 async def main(per_s: float) -> None:

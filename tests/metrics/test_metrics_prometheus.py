@@ -255,7 +255,7 @@ def test_an_exporter_on_another_bus_does_not_report_breakers_it_never_hears_from
 def test_a_shared_breaker_speaks_for_the_breaker_it_wraps() -> None:
     from ragguard import CircuitBreaker, FakeClock
     from ragguard.breakers import live_breakers
-    from ragguard.distributed import SharedCircuitBreaker
+    from ragguard.redis import SharedCircuitBreaker
 
     local = CircuitBreaker("shared-one", clock=FakeClock())
     client = aioredis.Redis(host="127.0.0.1", port=1)  # never contacted here

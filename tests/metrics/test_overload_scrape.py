@@ -38,6 +38,7 @@ from ragguard.chaos import Chaos, Error, RedisServer
 from ragguard.chaos._redis_server import find_redis_server
 from ragguard.metrics import PrometheusExporter
 from ragguard.monitors import MonitoredBlockingConnectionPool
+from ragguard.redis import RedisBackend
 
 pytest.importorskip("wordllama")
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -144,12 +145,12 @@ def _troubled_guard(redis_url: str) -> tuple[Guard, MonitoredBlockingConnectionP
         },
         tenants={"acme": TenantQuota(max_concurrency=4, tokens_per_s=1000.0, token_burst=5)},
     )
-    return Guard(policy, redis=aioredis.Redis(connection_pool=pool), redis_prefix="scrape"), pool
+    return Guard(policy, backend=RedisBackend(aioredis.Redis(connection_pool=pool), prefix="scrape")), pool
 
 
 async def _overload() -> Scrapes:
-    from ragguard.bench._runner import BenchOptions, _Bench, loads_at
-    from ragguard.demo.loadgen import plan_arrivals
+    from ragguard_tools.bench._runner import BenchOptions, _Bench, loads_at
+    from ragguard_tools.demo.loadgen import plan_arrivals
 
     options = BenchOptions(quick=True, contenders=("ragguard-adaptive",), out_dir=None, progress=False)
     bench = _Bench(options, None)

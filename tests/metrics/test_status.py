@@ -24,10 +24,11 @@ from ragguard import (
     StagePolicy,
     TenantQuota,
     ThrottlePolicy,
-    status,
 )
 from ragguard.asgi import StatusEndpoint
 from ragguard.metrics import PrometheusExporter
+from ragguard.redis import RedisBackend
+from ragguard_tools import status
 
 pytestmark = pytest.mark.anyio
 
@@ -177,8 +178,8 @@ async def test_serve_answers_a_source_of_its_own_read_on_the_loop() -> None:
 
 async def test_shared_quotas_and_breakers_report_their_links(redis_server: Any) -> None:
     client = aioredis.Redis(host=redis_server.host, port=redis_server.port, socket_timeout=0.5)
-    g = Guard(_policy(), redis=client, redis_prefix="links",
-              redis_options={"quotas": {"redis_timeout_s": 0.2, "probe_every_s": 30.0}})  # fmt: skip
+    g = Guard(_policy(), backend=RedisBackend(client, prefix="links",
+                                              quotas={"redis_timeout_s": 0.2, "probe_every_s": 30.0}))
 
     @g.guard("embedding")
     async def embed(texts: list[str]) -> list[float]:
@@ -253,6 +254,27 @@ async def test_the_exporters_asgi_app_serves_a_scrape_without_created_series() -
     kept = PrometheusExporter(guards=g, created=True, bus=ragguard.events.EventBus())
     kept.handle(ragguard.events.QuotaRejected("acme", "rate", 0.1))
     assert "ragguard_quota_rejections_created" in kept.scrape().decode()
+
+
+async def test_the_exporter_added_as_a_route_answers_200_on_metrics_itself() -> None:
+    """A scraper that does not follow redirects: ``/metrics`` must answer, not send it elsewhere.
+    As a route the exporter's app answers there; as a Starlette mount it answers ``/metrics/``
+    only (a mount matches the paths below it), and ``/metrics`` is redirected."""
+    from fastapi import FastAPI
+
+    exporter = PrometheusExporter(bus=ragguard.events.EventBus())
+    exporter.handle(ragguard.events.QuotaRejected("acme", "rate", 0.1))
+    routed, mounted = FastAPI(), FastAPI()
+    routed.add_route("/metrics", exporter.asgi())
+    mounted.mount("/metrics", exporter.asgi())
+    with serving(routed) as routed_url, serving(mounted) as mounted_url:
+        async with httpx.AsyncClient(follow_redirects=False) as client:
+            got = await client.get(f"{routed_url}/metrics")
+            below = await client.get(f"{mounted_url}/metrics/")
+            redirected = await client.get(f"{mounted_url}/metrics")
+    assert got.status_code == 200
+    assert 'ragguard_quota_rejections_total{reason="rate",tenant="acme"} 1.0' in got.text
+    assert below.status_code == 200 and redirected.status_code == 307  # why the docs say add_route
 
 
 async def test_a_dropped_status_endpoint_stops_counting_and_leaves_the_bus_idle() -> None:

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from ragguard._top import Top
 from ragguard.chaos._redis_server import free_port
+from ragguard_tools.top import Top
 
 WORKER = Path(__file__).with_name("_status_worker.py")
-TOP = [sys.executable, "-m", "ragguard.cli", "top"]
+TOP = [sys.executable, "-m", "ragguard_tools.cli", "top"]
 
 
 @pytest.fixture

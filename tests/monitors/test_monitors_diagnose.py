@@ -25,10 +25,9 @@ from ragguard.monitors import (
     MonitoredBlockingConnectionPool,
     PoolExhausted,
     StallDetector,
-    diagnose,
-    doctor_main,
     load_records,
 )
+from ragguard_tools.doctor import diagnose, doctor_main
 
 
 def _stall(start: float, end: float, frame: str = "app.py:12 in handler") -> LoopStall:
@@ -346,7 +345,8 @@ GOOD = json.dumps({"type": "QuotaRejected", "t": 1.0, "wall": 0.0, "tenant": "a"
 
 def _doctor_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ragguard.cli", "doctor", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "ragguard_tools.cli", "doctor", *args], capture_output=True, text=True,
+        timeout=60,
     )
 
 
@@ -537,8 +537,8 @@ def test_doctor_without_arguments_reads_the_demos_events_and_says_so(tmp_path: P
 
 
 def _doctor_cli_in(cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ragguard.cli", "doctor"], capture_output=True, text=True,
-                          timeout=60, cwd=cwd, env=env)  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "ragguard_tools.cli", "doctor"], capture_output=True,
+                          text=True, timeout=60, cwd=cwd, env=env)  # fmt: skip
 
 
 # -- a stall with only Python's own code on the stack (user report: doctor blamed _weakrefset) ------
@@ -669,8 +669,11 @@ def test_ragguards_own_frames_are_never_the_users_to_move() -> None:
 
     assert _stall._origin(events.__file__) == "ragguard"
     assert _stall._origin(_stall.__file__) == "ragguard"
-    demo = os.path.join(os.path.dirname(os.path.dirname(_stall.__file__)), "demo", "keyword.py")
-    assert _stall._origin(demo) == "app"  # the demo is an application of ragguard's
+    import ragguard_tools.cli
+    import ragguard_tools.demo.keyword
+
+    assert _stall._origin(ragguard_tools.cli.__file__) == "ragguard"  # the tools, installed beside it
+    assert _stall._origin(ragguard_tools.demo.keyword.__file__) == "app"  # an application of ragguard
     # a log of an installed ragguard, written before the detector told ragguard's frames apart
     for origin, path in (("library", "/venv/lib/python3.11/site-packages/ragguard/quotas/_local.py"),
                          ("runtime", "/venv/lib/python3.11/site-packages/ragguard/monitors/_stall.py")):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ragguard.monitors import diagnose, load_records
+from ragguard.monitors import load_records
+from ragguard_tools.doctor import diagnose
 
 SCRIPT = """
 import asyncio, sys

@@ -17,7 +17,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-SRC = ROOT / "src" / "ragguard"
+OURS = ("ragguard", "ragguard_tools")  # the two packages of the wheel
+SOURCES = tuple(ROOT / "src" / name for name in OURS)
 RUNTIME_EXTRAS = (  # not dev: users do not install it
     *("otel", "uvloop", "http", "demo"),
     *("openai", "anthropic", "langchain", "llama-index", "qdrant"),  # ragguard.integrations
@@ -64,9 +65,9 @@ def test_every_imported_package_is_declared() -> None:
     by_module = md.packages_distributions()
     allowed = declared()
     undeclared: dict[str, list[str]] = {}
-    for path in sorted(SRC.rglob("*.py")):
+    for path in sorted(p for src in SOURCES for p in src.rglob("*.py")):
         for top in imports_outside_type_checking(ast.parse(path.read_text(), str(path))):
-            if top in sys.stdlib_module_names or top == "ragguard" or top in PRESENT_WHEN_RUN:
+            if top in sys.stdlib_module_names or top in OURS or top in PRESENT_WHEN_RUN:
                 continue
             dists = {_dist(d) for d in by_module.get(top, [top])}
             if not dists & allowed:

@@ -40,7 +40,7 @@ def test_cli_without_the_demo_extra_points_at_the_checkout(command: str) -> None
     done = _run_blocking(
         ("numpy",),
         f"import runpy\nsys.argv = ['ragguard', {command!r}, '--quick']\n"
-        "runpy.run_module('ragguard.cli', run_name='__main__')",
+        "runpy.run_module('ragguard_tools.cli', run_name='__main__')",
     )
     assert done.returncode == 2, done.stdout + done.stderr
     assert install_hint("demo") in done.stderr, done.stderr

@@ -13,6 +13,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ragguard import BreakerOpen, BreakerPolicy, BreakerState, FakeClock, Guard, Policy, StagePolicy
+from ragguard.redis import RedisBackend
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -49,7 +50,7 @@ async def test_a_shared_half_open_breaker_gives_a_trial_permit_to_a_stream_as_to
     client: aredis.Redis, shape: str
 ) -> None:
     clock = FakeClock(1_000_000.0)
-    g = Guard(_policy(), clock=clock, redis=client, redis_prefix=f"parity-{shape}")
+    g = Guard(_policy(), clock=clock, backend=RedisBackend(client, prefix=f"parity-{shape}"))
     failing = True
 
     @g.guard("tokens")

@@ -93,7 +93,8 @@ def context_length_error(
 class OpenAIWire(HttpWire):
     """``/v1/embeddings``, ``/v1/chat/completions`` and ``/v1/responses`` (routes ``embeddings``,
     ``chat`` and ``responses``). A completion is ``tokens``, one per chunk or delta; its usage
-    says ``3`` prompt tokens and ``completion_tokens`` (default: one per token) completion ones.
+    says ``usage_prompt_tokens`` (default 3) prompt (input) tokens and ``completion_tokens``
+    (default: one per token) completion ones.
 
     ``context_limits`` (model -> tokens): a chat request to such a model whose input
     (:func:`prompt_tokens`) plus its ``max_tokens`` (vLLM: its input alone) passes the limit is
@@ -111,12 +112,14 @@ class OpenAIWire(HttpWire):
         *,
         tokens: tuple[str, ...] = ("Hello", " from", " the", " wire"),
         completion_tokens: int | None = None,
+        usage_prompt_tokens: int = 3,
         context_limits: Mapping[str, int] | None = None,
         dialect: Dialect = "openai",
     ) -> None:
         super().__init__()
         self.tokens = tokens
         self.completion_tokens = completion_tokens
+        self.usage_prompt_tokens = usage_prompt_tokens
         self.context_limits = dict(context_limits or {})
         self.dialect: Dialect = dialect
         self.finish_reason = "stop"  # a whole completion's (Azure's "content_filter", say)
@@ -220,8 +223,8 @@ class OpenAIWire(HttpWire):
         return context_length_error(self.dialect, limit, prompt, completion)
 
     def _chat_usage(self, tokens: int | None = None) -> dict[str, int]:
-        used = self._used() if tokens is None else tokens
-        return {"prompt_tokens": 3, "completion_tokens": used, "total_tokens": 3 + used}
+        used, prompt = self._used() if tokens is None else tokens, self.usage_prompt_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": used, "total_tokens": prompt + used}
 
     async def _responses(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
         used = self._used()
@@ -244,11 +247,11 @@ class OpenAIWire(HttpWire):
             "tool_choice": "auto",
             "tools": [],
             "usage": {
-                "input_tokens": 3,
+                "input_tokens": self.usage_prompt_tokens,
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": used,
                 "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": 3 + used,
+                "total_tokens": self.usage_prompt_tokens + used,
             },
         }
         if not payload.get("stream"):

@@ -31,9 +31,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .. import _model_errors
 from .._clock import Clock, monotonic
 from .._errors import ConfigError
+from ..options import _model_errors
 from ._chaos import Chaos
 from ._faults import (
     BlockLoop,

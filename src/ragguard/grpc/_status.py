@@ -42,8 +42,16 @@ import grpc
 
 from .._context import RequestScope
 from .._errors import DeadlineExceeded, StageTimeout, StreamTimeout
-from ..outcomes import MAX_STATED_WAIT_S, clamp_wait, classify
+from .._waits import clamp_wait, clamped
+from ..outcomes import classify
 from ..outcomes._doors import ANSWERS, door_answer
+from ..outcomes._grpc import (
+    PUSHBACK_KEY,
+    RETRY_AFTER_KEY,
+    parse_pushback_ms,
+    parse_retry_after,
+    retry_after_of,
+)
 
 __all__ = [
     "PUSHBACK_KEY",
@@ -64,8 +72,6 @@ __all__ = [
     "status_for",
 ]
 
-RETRY_AFTER_KEY = "retry-after"
-PUSHBACK_KEY = "grpc-retry-pushback-ms"
 STREAM_BUDGET_KEY = "ragguard-stream-budget"
 STREAM_ITEMS_KEY = "ragguard-stream-items"
 STREAM_ENDING_KEY = "ragguard-stream-ending"
@@ -76,20 +82,15 @@ STREAM_ERROR_KEY = "ragguard-stream-error"
 Status = tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]
 
 
-def _clamped(seconds: float) -> float:
-    wait = clamp_wait(seconds)
-    return 0.0 if wait is None else wait
-
-
 def format_retry_after(seconds: float) -> str:
     """``seconds`` as a ``retry-after`` value: decimal seconds with millisecond precision (clamped
     to [0, a day]; never raises)."""
-    return f"{_clamped(seconds):.3f}"
+    return f"{clamped(seconds):.3f}"
 
 
 def _pushback_ms(seconds: float) -> str:
     # whole milliseconds, rounded up: a client that waits this long never comes back too early
-    return str(math.ceil(round(_clamped(seconds) * 1000.0, 6)))
+    return str(math.ceil(round(clamped(seconds) * 1000.0, 6)))
 
 
 def retry_trailers(seconds: float | None) -> tuple[tuple[str, str], ...]:
@@ -98,58 +99,6 @@ def retry_trailers(seconds: float | None) -> tuple[tuple[str, str], ...]:
     if seconds is None or clamp_wait(seconds) is None:
         return ()
     return ((RETRY_AFTER_KEY, format_retry_after(seconds)), (PUSHBACK_KEY, _pushback_ms(seconds)))
-
-
-def parse_retry_after(value: object) -> float | None:
-    """A ``retry-after`` metadata value in seconds, or None when absent or not a number >= 0;
-    clamped to [0, a day] (``1e308`` and ``inf`` are a day); never raises."""
-    if isinstance(value, bytes):
-        value = value.decode("ascii", "replace")
-    if not isinstance(value, str) or len(value) > _MAX_VALUE:
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        return None
-    if seconds != seconds or seconds < 0:  # NaN, negative
-        return None
-    return _clamped(seconds)
-
-
-def parse_pushback_ms(value: object) -> float | None:
-    """A ``grpc-retry-pushback-ms`` value in seconds, or None: a negative or unreadable value means
-    "do not retry" in gRFC A6, which gives no wait to honour. Clamped to [0, a day]."""
-    if isinstance(value, bytes):
-        value = value.decode("ascii", "replace")
-    if not isinstance(value, str) or len(value) > _MAX_VALUE:
-        return None
-    text = value.strip()
-    if not text.isdigit() or not text.isascii():
-        return None
-    if len(text) > _MAX_DIGITS:
-        return MAX_STATED_WAIT_S
-    return _clamped(int(text) / 1000.0)
-
-
-_MAX_VALUE = 1024
-_MAX_DIGITS = 15  # more milliseconds than that is far past the cap
-
-
-def retry_after_of(metadata: object) -> float | None:
-    """The wait, in seconds, that trailing ``metadata`` asks for: ``retry-after`` when readable,
-    else ``grpc-retry-pushback-ms``; None when neither is there."""
-    if not metadata:
-        return None
-    pushback: float | None = None
-    for item in metadata:  # type: ignore[attr-defined]
-        key, value = item[0], item[1]
-        if key == RETRY_AFTER_KEY:
-            seconds = parse_retry_after(value)
-            if seconds is not None:
-                return seconds
-        elif key == PUSHBACK_KEY and pushback is None:
-            pushback = parse_pushback_ms(value)
-    return pushback
 
 
 def _stream_trailers(exc: DeadlineExceeded | StageTimeout) -> tuple[tuple[str, str], ...]:

@@ -13,11 +13,16 @@
 (``generation_stage``, default ``generation``), as :mod:`ragguard.integrations.openai` runs chat
 completions: a stream is opened up to its first token (``message_start``, ``content_block_start``
 and ``ping`` come with the first ``content_block_delta``) and runs under the stage's budgets and
-commit point; ``max_tokens`` is reserved from the tenant's token quota and the stream settles with
-the ``output_tokens`` of its ``message_delta`` (a whole message: its ``usage.output_tokens``); an
-``overloaded_error`` event inside a stream that began with HTTP 200 is a rejection, retried or
-replaced before the first token like a 529. The SDK's retries are off, its timeout is the
-attempt's bound, ``tenant_header`` carries the tenant; the rest of the client is its own.
+commit point; ``max_tokens`` is reserved from the tenant's token quota, with the input estimated
+from the text of ``messages`` and ``system`` (characters / 4), and the stream settles with the
+usage it reports: the input of its ``message_start`` (``input_tokens`` plus the cache's
+``cache_creation_input_tokens`` and ``cache_read_input_tokens``: the whole prompt, as OpenAI's
+``prompt_tokens`` counts it) and the ``output_tokens`` of its ``message_delta`` (a whole message:
+its ``usage``); the call's ``model`` names the model whose limits apply. An ``overloaded_error``
+event inside a stream that began with HTTP 200 is a rejection, retried or replaced before the
+first token like a 529. The SDK's retries are off and each attempt says its number in
+``x-stainless-retry-count``, its timeout is the attempt's bound, ``tenant_header`` (default: the
+Guard's) carries the tenant; the rest of the client is its own.
 
 A stream that fails after its first token (a stall cut by ``idle_s``, a reset, an in-stream
 ``overloaded_error``) goes on with ``continuation=`` when given (:func:`continue_message`: the same
@@ -27,14 +32,14 @@ the assistant's prefill; :func:`prefill_messages` is that recipe for a function 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import ragguard
 from ragguard import Guard
-from ragguard.rag import Partial
+from ragguard.rag import Partial, Usage
 
-from ._common import Stages, count_text, needs
+from ._common import Stages, count_text, header_option, needs, prompt_tokens, usage_of
 from ._continue import ClientContinuation
 from ._llm import Fallback, Generation, GuardedClient, Resource
 
@@ -59,11 +64,12 @@ def guard_anthropic(
 ) -> GuardedAnthropic:
     """``client`` (an ``anthropic.AsyncAnthropic``) guarded by ``guard`` (None: the default
     registry at each call); ``fallback`` serves ``messages.create`` (called with its keyword
-    arguments) when the stage fails before the first token; ``continuation`` carries a stream cut
+    arguments) when the stage fails before the first token; ``tenant_header`` the header the
+    tenant travels in (None: the Guard's ``tenant_header``); ``continuation`` carries a stream cut
     after its first token on (:func:`continue_message`), ``continue_structured=True`` for a
     request that offers tools too (a stream that has begun a tool call never is). Raises
-    ConfigError for a bad ``guard`` or ``continuation``; ImportError with the install command
-    when ``anthropic`` is missing."""
+    ConfigError for a bad ``guard``, ``tenant_header`` or ``continuation``; ImportError with the
+    install command when ``anthropic`` is missing."""
     needs("anthropic", "anthropic")
     if continuation is not None and not isinstance(continuation, MessageContinuation):
         raise ragguard.ConfigError(
@@ -74,7 +80,7 @@ def guard_anthropic(
         client,
         stages=Stages(guard),
         generation_stage=generation_stage,
-        tenant_header=tenant_header,
+        tenant_header=header_option(tenant_header),
         fallback=fallback,
         continuation=continuation,
         continue_structured=continue_structured,
@@ -125,6 +131,7 @@ class GuardedAnthropic(GuardedClient):
                 whole_usage=_whole_usage,
                 budget=("max_tokens",),
                 include_usage=False,
+                prompt=_prompt,
                 **continues,
             ).create,
         )
@@ -144,15 +151,30 @@ def _tokens(event: Any) -> int:
     return count_text(getattr(delta, "text", None), getattr(delta, "partial_json", None))
 
 
-def _usage(event: Any) -> int | None:
-    if getattr(event, "type", None) != "message_delta" or event.usage is None:
-        return None
-    return int(event.usage.output_tokens)
+def _prompt(kwargs: Mapping[str, Any]) -> int:
+    return prompt_tokens(kwargs.get("messages"), kwargs.get("system"))
 
 
-def _whole_usage(message: Any) -> int | None:
+def _usage(event: Any) -> Usage | None:
+    kind = getattr(event, "type", None)
+    if kind == "message_start":  # the input, counted once the prompt was read
+        return _whole_usage(event.message, output=False)
+    if kind == "message_delta":  # the output so far (and the input, if it says it again)
+        return _whole_usage(event, output=True)
+    return None
+
+
+def _whole_usage(message: Any, *, output: bool = True) -> Usage | None:
     usage = getattr(message, "usage", None)
-    return None if usage is None else int(usage.output_tokens)
+    if usage is None:
+        return None
+    parts = [getattr(usage, name, None) for name in _INPUT_FIELDS]
+    given = [n for n in parts if isinstance(n, int) and not isinstance(n, bool)]
+    input_tokens = sum(given) if isinstance(parts[0], int) else None
+    return usage_of(input_tokens, getattr(usage, "output_tokens", None) if output else None)
+
+
+_INPUT_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
 
 # -- continuation ---------------------------------------------------------------------------

@@ -28,6 +28,10 @@ gateway, by ``base_url``), guarded: ``pip install '/path/to/ragguard[openai]'``.
   ``stream_options={"include_usage": True}`` unless the call says otherwise; that extra usage
   chunk is counted and not shown). A call without ``stream=True`` is a stream of one item, the
   whole response: its first-item budget bounds it, and its usage settles its tokens.
+  Input tokens are reserved too, estimated from the text of ``messages`` (chat) or of ``input``
+  and ``instructions`` (responses) at characters / 4, and settled with the ``prompt_tokens`` /
+  ``input_tokens`` the provider reports; the call's ``model`` names the model whose limits
+  (``TenantQuota.models``) apply.
 
 A chat stream that fails after its first token (a stall cut by ``idle_s``, a reset, an error
 event) goes on with ``continuation=`` when given (:func:`continue_chat`: the same client, another
@@ -36,23 +40,35 @@ message and an instruction to continue; :func:`continuation_messages` is that re
 function of your own), its repeat of the answer so far trimmed.
 
 Every attempt is one HTTP request: the SDK's own retries are off (``max_retries=0``), so the
-stage's retry policy is the only loop; the SDK's timeout is the attempt's bound (the smallest of
-the caller's ``timeout=``, the stage's ``timeout_s`` and the deadline left) plus
-:data:`~ragguard.integrations._common.SDK_TIMEOUT_GRACE_S`; ``tenant_header`` names a header that
-carries :func:`ragguard.current_tenant` on every request. Anything else of the client
-(``models.list()``, ``files``...) is the client's own, with retries off and unguarded.
+stage's retry policy is the only loop, and each attempt says its number in
+``x-stainless-retry-count`` as the SDK's own retries do (a server's ``x-should-retry`` is read by
+the outcome classifier, as the SDK reads it); the SDK's timeout is the attempt's bound (the
+smallest of the caller's ``timeout=``, the stage's ``timeout_s`` and the deadline left) plus
+:data:`~ragguard.integrations._common.SDK_TIMEOUT_GRACE_S`; ``tenant_header`` (default: the
+Guard's ``tenant_header``) names a header that carries :func:`ragguard.current_tenant` on every
+request. Anything else of the client (``models.list()``, ``files``...) is the client's own, with
+retries off and unguarded.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import ragguard
 from ragguard import Guard
-from ragguard.rag import Partial
+from ragguard.rag import Partial, Usage
 
-from ._common import Stages, count_text, needs, sdk_options
+from ._common import (
+    Attempts,
+    Stages,
+    count_text,
+    header_option,
+    needs,
+    prompt_tokens,
+    sdk_options,
+    usage_of,
+)
 from ._continue import ClientContinuation
 from ._llm import Fallback, Generation, GuardedClient, Resource
 
@@ -87,14 +103,15 @@ def guard_openai(
     ``chat.completions.create``, or an ``async def`` of your own returning a stream for
     ``stream=True``, a completion otherwise); ``responses_fallback`` the same for
     ``responses.create``. ``include_usage=False`` never adds ``stream_options`` (for a server that
-    refuses it; tokens are then the chunks' text / 4).
+    refuses it; tokens are then the chunks' text / 4). ``tenant_header``: the header the tenant
+    travels in, for this client (None: the Guard's ``tenant_header``).
 
     ``continuation``: how a chat stream cut after its first token goes on (:func:`continue_chat`);
     ``continue_structured=True`` continues a request that asks for structured output
     (``response_format``) or offers tools as well (a stream that has begun a tool call never is).
 
-    Raises ConfigError for a bad ``guard`` or ``continuation``; ImportError with the install
-    command when ``openai`` is missing."""
+    Raises ConfigError for a bad ``guard``, ``tenant_header`` or ``continuation``; ImportError
+    with the install command when ``openai`` is missing."""
     needs("openai", "openai")
     if continuation is not None and not isinstance(continuation, ChatContinuation):
         raise ragguard.ConfigError(
@@ -106,7 +123,7 @@ def guard_openai(
         stages=Stages(guard),
         embedding_stage=embedding_stage,
         generation_stage=generation_stage,
-        tenant_header=tenant_header,
+        tenant_header=header_option(tenant_header),
         fallback=fallback,
         responses_fallback=responses_fallback,
         include_usage=include_usage,
@@ -166,6 +183,7 @@ class GuardedOpenAI(GuardedClient):
             whole_usage=_whole_chat_usage,
             budget=("max_completion_tokens", "max_tokens"),
             include_usage=include_usage,
+            prompt=_chat_prompt,
             **continues,
         ).create
         chat = self.client.chat
@@ -184,6 +202,7 @@ class GuardedOpenAI(GuardedClient):
                 whole_usage=_whole_responses_usage,
                 budget=("max_output_tokens",),
                 include_usage=False,
+                prompt=_responses_prompt,
                 wrap_events=_raising,
             ).create,
         )
@@ -206,8 +225,8 @@ class _Embeddings:
         self._stage = stage
         self._tenant_header = tenant_header
 
-        async def embed(keys: list[str] | None, kwargs: dict[str, Any]) -> _Rows:
-            options = sdk_options(stages, stage, kwargs, tenant_header)
+        async def embed(keys: list[str] | None, kwargs: dict[str, Any], attempts: Attempts) -> _Rows:
+            options = sdk_options(stages, stage, kwargs, tenant_header, retries=attempts.next())
             response = await client.embeddings.create(**options)
             rows = _Rows(d.embedding for d in sorted(response.data, key=lambda d: d.index))
             rows.response = response
@@ -225,7 +244,7 @@ class _Embeddings:
         if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
             model, dimensions, form = (kwargs.get(k) for k in ("model", "dimensions", "encoding_format"))
             keys = [f"{model!r}|{dimensions!r}|{form!r}|{t}" for t in texts]
-        rows = await self._embed(keys, kwargs)
+        rows = await self._embed(keys, kwargs, Attempts())
         if isinstance(rows, _Rows):
             return rows.response
         return _cached_response(rows, kwargs.get("model"))
@@ -276,9 +295,19 @@ def _chat_tokens(chunk: Any) -> int:
     return n
 
 
-def _chat_usage(chunk: Any) -> int | None:
+def _chat_prompt(kwargs: Mapping[str, Any]) -> int:
+    return prompt_tokens(kwargs.get("messages"))
+
+
+def _responses_prompt(kwargs: Mapping[str, Any]) -> int:
+    return prompt_tokens(kwargs.get("input"), kwargs.get("instructions"))
+
+
+def _chat_usage(chunk: Any) -> Usage | None:
     usage = getattr(chunk, "usage", None)
-    return None if usage is None else int(usage.completion_tokens)
+    if usage is None:
+        return None
+    return usage_of(getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None))
 
 
 _whole_chat_usage = _chat_usage
@@ -298,15 +327,17 @@ def _responses_tokens(event: Any) -> int:
     return count_text(getattr(event, "delta", None)) if kind.endswith(".delta") else 0
 
 
-def _responses_usage(event: Any) -> int | None:
+def _responses_usage(event: Any) -> Usage | None:
     if getattr(event, "type", None) != "response.completed":
         return None
     return _whole_responses_usage(event.response)
 
 
-def _whole_responses_usage(response: Any) -> int | None:
+def _whole_responses_usage(response: Any) -> Usage | None:
     usage = getattr(response, "usage", None)
-    return None if usage is None else int(usage.output_tokens)
+    if usage is None:
+        return None
+    return usage_of(getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None))
 
 
 # -- continuation ---------------------------------------------------------------------------

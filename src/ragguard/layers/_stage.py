@@ -12,9 +12,10 @@ from typing import Any, Literal, Protocol, TypeVar
 from .._clock import Clock
 from .._errors import ConfigError
 from ..breakers import Breaker, counts_by_default
+from ..options import StagePolicy
 from ..pipeline import BuildContext, Chain, Layer
 from ..pipeline._threads import held
-from ..policy import StagePolicy
+from ._registry import build_layers
 from .breaker import make_breaker
 from .fallback import Fallback, UserFallback
 from .retry import RetryBudget, make_budget
@@ -226,8 +227,6 @@ class Stage:
 
     def chain(self, bound: Bound, *, observed: bool = False) -> Chain:
         """Compile ``bound``'s chain of layers (see :mod:`ragguard.layers`)."""
-        from . import build_layers
-
         layers = build_layers(self, bound, observed=observed)
         return Chain(held(layers) if bound.threaded else layers)
 

@@ -14,34 +14,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import Field
-
 from .._context import current_tenant
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded
-from .._options import Options
-from ..overload import AdaptiveThrottle, Throttled, is_rejection, throttle_for
+from ..overload import AdaptiveThrottle, Throttled, is_rejection
 from ..overload._priority import current_priority
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
-__all__ = ["ThrottleLayer", "ThrottlePolicy", "build"]
-
-class ThrottlePolicy(Options):
-    """Client-side adaptive throttling of a stage whose dependency rejects calls (Google SRE book,
-    "Handling Overload"): a call is refused locally with probability
-    ``min(max_reject, max(0, (requests - k * accepts) / (requests + 1)))`` over the last
-    ``window_s`` seconds of the Guard's clock.
-
-    - ``k``: how many times the accepted calls the client may send, >= 1 (the book's 2).
-    - ``window_s``: seconds of history, (0, 3600] (the book's two minutes; default 60).
-    - ``max_reject``: the highest refusal probability, [0, 1): a trickle always probes.
-    """
-
-    k: float = Field(default=2.0, ge=1, le=100)
-    window_s: float = Field(default=60.0, gt=0, le=3600)
-    max_reject: float = Field(default=0.9, ge=0, lt=1)
+__all__ = ["ThrottleLayer", "build", "throttle_for"]
 
 
 class ThrottleLayer:
@@ -81,6 +63,20 @@ class ThrottleLayer:
         elif not is_rejection(exc, self._classify):
             throttle.accepted()
         return None
+
+
+def throttle_for(stage: Stage) -> AdaptiveThrottle:
+    """The client-side throttle of ``stage`` (built once from its policy's ``throttle``)."""
+
+    def make() -> AdaptiveThrottle:
+        p = stage.policy.throttle
+        if p is None:
+            raise ValueError(f"stage {stage.name!r} has no throttle policy")
+        return AdaptiveThrottle(
+            k=p.k, window_s=p.window_s, max_reject=p.max_reject, clock=stage.clock, rng=stage.context.rng
+        )
+
+    return stage.part("throttle", make)
 
 
 def build(stage: Stage, bound: Bound) -> ThrottleLayer | None:

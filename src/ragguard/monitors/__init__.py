@@ -1,4 +1,5 @@
-"""Monitors: an event-loop stall detector, a Redis pool monitor, and a diagnosis that correlates them.
+"""Monitors: an event-loop stall detector, a Redis pool monitor and an event recorder (``ragguard doctor``,
+in :mod:`ragguard_tools.doctor`, correlates what they recorded).
 
 Quick start, inside the service's running loop::
 
@@ -8,10 +9,9 @@ Quick start, inside the service's running loop::
     detector = monitors.StallDetector().start()            # LoopStall events, 5 ms threshold
     pool = monitors.MonitoredBlockingConnectionPool.from_url(url, max_connections=20, leak_after_s=30)
     ...
-    print(monitors.diagnose().to_text())   # or, from a shell: ragguard doctor --events ragguard-events.jsonl
+    # then, from a shell: ragguard doctor --events ragguard-events.jsonl
 """
 
-from ._diagnose import DEFAULT_EVENTS_FILE, Diagnosis, Finding, diagnose, doctor_main
 from ._events import ConnectionLeak, LoopStall, PoolExhausted
 from ._pool import (
     DEFAULT_WAIT_BUCKETS_S,
@@ -24,13 +24,10 @@ from ._record import DEFAULT_KINDS, EventRecorder, default_recorder, load_record
 from ._stall import StallDetector
 
 __all__ = [
-    "DEFAULT_EVENTS_FILE",
     "DEFAULT_KINDS",
     "DEFAULT_WAIT_BUCKETS_S",
     "ConnectionLeak",
-    "Diagnosis",
     "EventRecorder",
-    "Finding",
     "LoopStall",
     "MonitoredBlockingConnectionPool",
     "MonitoredConnectionPool",
@@ -38,8 +35,6 @@ __all__ = [
     "PoolStats",
     "StallDetector",
     "default_recorder",
-    "diagnose",
-    "doctor_main",
     "load_records",
     "monitored_pools",
     "record_events",

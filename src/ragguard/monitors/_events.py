@@ -23,7 +23,7 @@ class LoopStall:
     ended before the watchdog thread took one (it got no CPU or GIL in time: on a starved
     machine, or for a stall barely over the threshold). ``origin`` says
     whose code ``frame`` is: ``"app"`` (the application's: outside the standard library and
-    installed packages; ``ragguard.demo`` counts as an application), ``"library"`` (an installed
+    installed packages; ``ragguard_tools.demo`` counts as an application), ``"library"`` (an installed
     package's, no frame of the application's on the stack), ``"ragguard"`` (ragguard's own code:
     its event bus, quotas, front doors, monitors; no frame of the application's or another
     library's), ``"runtime"`` (only the standard library, asyncio and the loop's machinery on the

@@ -83,7 +83,7 @@ _Stat = tuple[float, float]  # seconds the loop thread ran, and waited runnable 
 
 APP, LIBRARY, RAGGUARD, RUNTIME = "app", "library", "ragguard", "runtime"
 """A frame's origin: the application's code, an installed package's, ragguard's own (its event
-bus, quotas, front doors, monitors; not ``ragguard.demo``, the demo's application), or Python's
+bus, quotas, front doors, monitors; not ``ragguard_tools.demo``, the demo's application), or Python's
 own (the standard library, asyncio, the loop's machinery)."""
 
 
@@ -112,8 +112,9 @@ _STDLIB_DIRS = _dirs(
     os.path.dirname(os.__file__),
 )
 _THIS_FILE = __file__  # a sample in the detector's own beat says nothing about what blocked
-_RAGGUARD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
-_DEMO_DIR = os.path.join(_RAGGUARD_DIR, "demo", "")
+_PACKAGES_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+_RAGGUARD_DIRS = tuple(os.path.join(_PACKAGES_DIR, name, "") for name in ("ragguard", "ragguard_tools"))
+_DEMO_DIR = os.path.join(_PACKAGES_DIR, "ragguard_tools", "demo", "")  # its tools are ragguard's
 _LOOP_DIRS = (
     os.path.join(os.path.dirname(os.path.realpath(asyncio.__file__)), ""),
     os.path.join("uvloop", ""),
@@ -147,7 +148,7 @@ def _classify(filename: str) -> str:
     if _is_loop_machinery(filename):
         return RUNTIME
     real = os.path.realpath(filename)
-    if real.startswith(_RAGGUARD_DIR):
+    if real.startswith(_RAGGUARD_DIRS):
         return APP if real.startswith(_DEMO_DIR) else RAGGUARD
     if real.startswith(_SITE_DIRS):
         return LIBRARY

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._waits import MAX_STATED_WAIT_S, clamped
 from ._kinds import Kind, Outcome
 
-__all__ = ["classify", "from_grpc_code"]
+__all__ = [
+    "PUSHBACK_KEY", "RETRY_AFTER_KEY", "classify", "from_grpc_code", "parse_pushback_ms", "parse_retry_after",
+    "retry_after_of",
+]  # fmt: skip
+
+RETRY_AFTER_KEY = "retry-after"
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 _CALLER = {
     "INVALID_ARGUMENT": "request",
@@ -46,7 +53,9 @@ def from_grpc_code(name: str, details: str = "", trailing: Any = None) -> Outcom
     if name == "RESOURCE_EXHAUSTED":
         if "memory" in details.lower():
             return Outcome(Kind.FAILURE, reason="out_of_memory")
-        return Outcome.of(Kind.REJECTION, retry_after_s=wait, reason="status")
+        # a quota or rate limit: 429 in google.rpc.Code's HTTP mapping (never counted by a
+        # breaker's rejection rate, as a 429 is not)
+        return Outcome.of(Kind.REJECTION, retry_after_s=wait, reason="status", status=429)
     if name == "UNAVAILABLE" and wait is not None:
         # the server says when to come back (gRFC A6 pushback, a ragguard server's open breaker or
         # shedding): a rejection, not an outage
@@ -61,8 +70,6 @@ def from_grpc_code(name: str, details: str = "", trailing: Any = None) -> Outcom
 def _pushback(trailing: Any) -> float | None:
     if not trailing:
         return None
-    from ..grpc._status import retry_after_of  # grpc is installed: its error is being classified
-
     try:
         return retry_after_of(trailing)
     except Exception:
@@ -83,3 +90,57 @@ def classify(exc: BaseException) -> Outcome | None:
     if not isinstance(name, str):
         return None
     return from_grpc_code(name, details if isinstance(details, str) else "", trailing)
+
+
+def parse_retry_after(value: object) -> float | None:
+    """A ``retry-after`` metadata value in seconds, or None when absent or not a number >= 0;
+    clamped to [0, a day] (``1e308`` and ``inf`` are a day); never raises."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str) or len(value) > _MAX_VALUE:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    if seconds != seconds or seconds < 0:  # NaN, negative
+        return None
+    return clamped(seconds)
+
+
+def parse_pushback_ms(value: object) -> float | None:
+    """A ``grpc-retry-pushback-ms`` value in seconds, or None: a negative or unreadable value means
+    "do not retry" in gRFC A6, which gives no wait to honour. Clamped to [0, a day]."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str) or len(value) > _MAX_VALUE:
+        return None
+    text = value.strip()
+    if not text.isdigit() or not text.isascii():
+        return None
+    if len(text) > _MAX_DIGITS:
+        return MAX_STATED_WAIT_S
+    return clamped(int(text) / 1000.0)
+
+
+_MAX_VALUE = 1024
+
+
+_MAX_DIGITS = 15  # more milliseconds than that is far past the cap
+
+
+def retry_after_of(metadata: object) -> float | None:
+    """The wait, in seconds, that trailing ``metadata`` asks for: ``retry-after`` when readable,
+    else ``grpc-retry-pushback-ms``; None when neither is there."""
+    if not metadata:
+        return None
+    pushback: float | None = None
+    for item in metadata:  # type: ignore[attr-defined]
+        key, value = item[0], item[1]
+        if key == RETRY_AFTER_KEY:
+            seconds = parse_retry_after(value)
+            if seconds is not None:
+                return seconds
+        elif key == PUSHBACK_KEY and pushback is None:
+            pushback = parse_pushback_ms(value)
+    return pushback

@@ -15,13 +15,18 @@
                      and ``content_policy`` (the provider's content policy refused it) say what
                      a stage's routed fallbacks and the generation preset's shrink act on
      status          the HTTP status (or 0) the outcome was read from, when there was one
+     retry           the dependency's own word on retrying this request (an ``x-should-retry:
+                     true|false`` header, read as the OpenAI and Anthropic SDKs read it), which
+                     the retry layer follows over what the kind and the status say; None when it
+                     said nothing
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
+
+from .._waits import MAX_STATED_WAIT_S, clamp_wait
 
 __all__ = [
     "CONTENT_POLICY",
@@ -33,9 +38,6 @@ __all__ = [
     "clamp_wait",
 ]
 
-MAX_STATED_WAIT_S = 86_400.0
-"""The longest wait (seconds) a parsed or formatted wait can be: one day. A dependency stating more
-(``Retry-After: 9999999999``, a date decades ahead, ``1e308``) is read as stating this much."""
 
 
 class Kind(enum.Enum):
@@ -92,22 +94,6 @@ REASONS = {
 """The ``reason`` words each kind uses (a user's classifier may use others)."""
 
 
-def clamp_wait(seconds: object) -> float | None:
-    """``seconds`` as a stated wait: a float in [0, :data:`MAX_STATED_WAIT_S`], None when it is
-    not a number (NaN, a string, a bool). Never raises: ``inf`` and ``1e308`` clamp to the cap."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        return None
-    try:
-        value = float(seconds)
-    except (OverflowError, ValueError):  # an int too large for a float
-        return MAX_STATED_WAIT_S if seconds > 0 else 0.0
-    if math.isnan(value):
-        return None
-    if value <= 0.0:
-        return 0.0
-    return value if value < MAX_STATED_WAIT_S else MAX_STATED_WAIT_S
-
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """One call's outcome as every layer and front door reads it (see the module docstring).
@@ -119,6 +105,7 @@ class Outcome:
     retry_after_s: float | None = None
     reason: str = ""
     status: int = 0
+    retry: bool | None = None
 
     @classmethod
     def of(

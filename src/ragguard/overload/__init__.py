@@ -14,6 +14,9 @@ more work than it can do. Each is configured per stage in its :class:`~ragguard.
 - :class:`AdaptiveThrottle`: Google SRE's client-side throttling;
 - hedged requests: :mod:`ragguard.layers.hedge`.
 
+The layers build these per stage (:func:`ragguard.layers.adaptive.limiter_for`,
+:func:`ragguard.layers.throttle.throttle_for`); this package knows no Guard, stage or layer.
+
 A request's priority comes from :func:`priority` (or a front door's ``x-priority`` header, which
 lowers it and raises it only for a trusted caller), else
 its tenant's quota (:class:`~ragguard.TenantQuota` ``priority``). Every refusal is a
@@ -25,20 +28,15 @@ are seen by the limit itself.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .._clock import timers_of
+from ..events import EventBus
 from ._events import HedgeFired, LimitChanged, LoadShed, Throttled
 from ._gradient import GradientLimit, LimitSettings
 from ._hedge import LatencyTracker
 from ._limiter import AdaptiveLimiter, Permit, QueueSettings
 from ._priority import PRIORITIES, PRIORITY_HEADER, current_priority, parse_priority, priority
 from ._throttle import AdaptiveThrottle, is_rejection
-
-if TYPE_CHECKING:
-    from ..events import EventBus
-    from ..guard import Guard
-    from ..layers import Stage
 
 __all__ = [
     "PRIORITIES",
@@ -56,73 +54,25 @@ __all__ = [
     "Throttled",
     "current_priority",
     "is_rejection",
-    "limiter_for",
     "limiters",
     "parse_priority",
     "priority",
     "status",
-    "throttle_for",
     "watch",
 ]
 
 
-def limiter_for(stage: Stage) -> AdaptiveLimiter:
-    """The adaptive limiter of ``stage`` (built once from its policy's ``adaptive``)."""
+class Stages(Protocol):
+    """What :func:`limiters`, :func:`status` and :func:`watch` read of a :class:`~ragguard.Guard`:
+    its stages' names, and each stage's ``parts()`` (``"limiter"``, ``"throttle"``, ``"hedge"``:
+    the overload layers' per-stage state) and ``policy``."""
 
-    def make() -> AdaptiveLimiter:
-        p = stage.policy.adaptive
-        if p is None:
-            raise ValueError(f"stage {stage.name!r} has no adaptive policy")
-        quota_of = stage.context.quota_of
-        return AdaptiveLimiter(
-            stage.name,
-            LimitSettings(
-                min_limit=p.min_limit,
-                max_limit=p.max_limit,
-                initial_limit=p.initial_limit,
-                tolerance=p.tolerance,
-                percentile=p.percentile,
-                window_s=p.window_s,
-                min_samples=p.min_samples,
-                smoothing=p.smoothing,
-                growth=p.growth,
-                probe_interval_s=p.probe_interval_s,
-                probe_jitter=p.probe_jitter,
-                probe_samples=p.probe_samples,
-                probe_limit=p.probe_limit,
-                backoff=p.backoff,
-            ),
-            QueueSettings(
-                max_queue=p.max_queue,
-                early_queue=p.early_queue,
-                max_wait_s=p.max_wait_s,
-                usage_window_s=p.usage_window_s,
-            ),
-            clock=stage.clock,
-            rng=stage.context.rng,
-            timers=timers_of(stage.clock),
-            weight_of=lambda tenant: quota_of(tenant).weight,
-            event_bus=stage.context.bus,
-        )
+    def stage_names(self) -> tuple[str, ...]: ...
 
-    return stage.part("limiter", make)
+    def stage(self, name: str) -> Any: ...
 
 
-def throttle_for(stage: Stage) -> AdaptiveThrottle:
-    """The client-side throttle of ``stage`` (built once from its policy's ``throttle``)."""
-
-    def make() -> AdaptiveThrottle:
-        p = stage.policy.throttle
-        if p is None:
-            raise ValueError(f"stage {stage.name!r} has no throttle policy")
-        return AdaptiveThrottle(
-            k=p.k, window_s=p.window_s, max_reject=p.max_reject, clock=stage.clock, rng=stage.context.rng
-        )
-
-    return stage.part("throttle", make)
-
-
-def limiters(guard: Guard) -> dict[str, AdaptiveLimiter]:
+def limiters(guard: Stages) -> dict[str, AdaptiveLimiter]:
     """Stage name -> adaptive limiter, for every stage of ``guard`` that has built one."""
     out: dict[str, AdaptiveLimiter] = {}
     for name in guard.stage_names():
@@ -132,7 +82,7 @@ def limiters(guard: Guard) -> dict[str, AdaptiveLimiter]:
     return out
 
 
-def status(guard: Guard) -> dict[str, Any]:
+def status(guard: Stages) -> dict[str, Any]:
     """A JSON-ready snapshot of ``guard``'s overload layers, per stage::
 
         {stage: {"limit": {...AdaptiveLimiter.status()}, "throttle": {"probability": float,
@@ -163,7 +113,7 @@ def status(guard: Guard) -> dict[str, Any]:
     return out
 
 
-def watch(guard: Guard, bus: EventBus) -> Callable[[], None]:
+def watch(guard: Stages, bus: EventBus) -> Callable[[], None]:
     """Feed ``guard``'s adaptive limits from the monitors' events on ``bus``: a
     :class:`~ragguard.monitors.LoopStall` of at least a stage's ``loop_lag_s`` presses the stages
     with the ``loop_lag`` signal, a :class:`~ragguard.monitors.PoolExhausted` (slow acquire or

@@ -5,11 +5,11 @@ and :mod:`ragguard.pipeline._drivers` for how a chain runs a call and a stream. 
 themselves live in :mod:`ragguard.layers`, one file each.
 """
 
-from ._build import BuildContext, SharedState
+from ._build import Backend, BuildContext
 from ._chain import Chain, GuardedStream
 from ._contract import WAIT, Call, Gate, Layer, Recovery, Resumption, Scope, Wrapper
 
 __all__ = [
-    "WAIT", "BuildContext", "Call", "Chain", "Gate", "GuardedStream", "Layer", "Recovery", "Resumption",
-    "Scope", "SharedState", "Wrapper",
+    "WAIT", "Backend", "BuildContext", "Call", "Chain", "Gate", "GuardedStream", "Layer", "Recovery",
+    "Resumption", "Scope", "Wrapper",
 ]

@@ -14,24 +14,25 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from .. import _inject
+from .. import _inject, events, outcomes
 from .._errors import ConfigError
 
 if TYPE_CHECKING:
     import random
 
     from .._clock import Clock
+    from ..breakers import Breaker
     from ..events import EventBus
+    from ..options import Policy, TenantQuota
     from ..outcomes import Kind, Outcome
-    from ..policy import TenantQuota
-    from ..quotas import QuotaBackend
+    from ..quotas import QuotaBackend, TokenAccounts
 
-__all__ = ["BuildContext", "SharedState", "check_services"]
+__all__ = ["Backend", "BuildContext", "check_services"]
 
 T = TypeVar("T")
 
 
-def check_services(*, clock: Any, sleep: Any, rng: Any, quotas: Any, chaos: Any) -> None:
+def check_services(*, clock: Any, sleep: Any, rng: Any, quotas: Any, chaos: Any, backend: Any = None) -> None:
     """ConfigError naming the first of a Guard's services that is not what it must be (None:
     the default is used)."""
     if not callable(clock):
@@ -44,6 +45,13 @@ def check_services(*, clock: Any, sleep: Any, rng: Any, quotas: Any, chaos: Any)
         callable(getattr(quotas, m, None)) for m in ("admit_now", "acquire", "release")
     ):
         raise ConfigError(f"quotas must be a QuotaBackend (admit_now, acquire, release), got {quotas!r:.60}")
+    if backend is not None and not all(
+        callable(getattr(backend, m, None)) for m in ("quotas", "breaker", "tokens")
+    ):
+        raise ConfigError(
+            "backend must be a ragguard Backend (quotas, breaker, tokens), such as "
+            f"ragguard.redis.RedisBackend, got {type(backend).__name__}"
+        )
     _check_chaos(chaos)
 
 
@@ -52,13 +60,32 @@ def _check_chaos(chaos: Any) -> None:
         raise ConfigError(f"chaos must be a ragguard.chaos.Chaos, got {type(chaos).__name__}")
 
 
-class SharedState(Protocol):
-    """How a Guard built with ``redis=`` shares a layer's state across replicas
-    (:class:`ragguard.distributed.RedisWiring`): each wraps the process-local object given."""
+class Backend(Protocol):
+    """Where the replicas of a service share a Guard's state: ``Guard(backend=...)``
+    (:class:`ragguard.redis.RedisBackend`). The Guard never builds this wiring itself: it asks its
+    backend, once per part, for the shared counterpart of what it would keep in the process,
+    with the Guard's clock (and for the quotas its sleep and random source); each part falls back
+    to the local one while the shared store cannot answer. What a backend returns with an
+    ``aclose`` is closed with the Guard (``await guard.aclose()``); one with ``start(strict=...)``
+    is checked by ``await guard.start()``.
 
-    def breaker(self, local: Any) -> Any: ...
+    - :meth:`quotas`: the tenant quota backend, from the policy (a :class:`~ragguard.quotas.QuotaBackend`);
+    - :meth:`breaker`: a stage's breaker ``local``, shared;
+    - :meth:`tokens`: the generation stages' token accounts ``local``, shared.
+    """
 
-    def tokens(self, local: Any) -> Any: ...
+    def quotas(
+        self,
+        policy: Policy,
+        *,
+        clock: Clock,
+        sleep: Callable[[float], Awaitable[Any]],
+        rng: random.Random,
+    ) -> QuotaBackend: ...
+
+    def breaker(self, local: Breaker, *, clock: Clock) -> Breaker: ...
+
+    def tokens(self, local: TokenAccounts, *, clock: Clock) -> TokenAccounts: ...
 
 
 class BuildContext:
@@ -69,16 +96,28 @@ class BuildContext:
     - ``quotas``: the tenant quota backend; ``per_call_quota``: whether a call outside a request
       is admitted by it (the default tenant has a bound); ``quota_of(tenant)``: a tenant's
       :class:`~ragguard.TenantQuota`;
-    - ``shared``: the Redis wiring (:class:`SharedState`) when the Guard shares state across
-      replicas, else None;
+    - ``backend``: where the Guard shares state across replicas (:class:`Backend`), else None;
     - ``chaos``: the Guard's own chaos injector; :attr:`injector` the one its chains run through;
     - ``bus``: the event bus the layers emit to (:data:`ragguard.events.bus` unless given);
       ``classify`` and ``kind_of``: what a dependency said (:func:`ragguard.outcomes.classify`,
       :func:`ragguard.outcomes.kind_of` unless given). A layer reads them when it is built.
     """
 
-    __slots__ = ("_closers", "_parts", "bus", "chaos", "classify", "clock", "kind_of", "per_call_quota",
-                 "quota_of", "quotas", "rng", "shared", "sleep")
+    __slots__ = (
+        "_closers",
+        "_parts",
+        "backend",
+        "bus",
+        "chaos",
+        "classify",
+        "clock",
+        "kind_of",
+        "per_call_quota",
+        "quota_of",
+        "quotas",
+        "rng",
+        "sleep",
+    )
 
     def __init__(
         self,
@@ -89,14 +128,12 @@ class BuildContext:
         quotas: QuotaBackend,
         quota_of: Callable[[str], TenantQuota],
         per_call_quota: bool,
-        shared: SharedState | None = None,
+        backend: Backend | None = None,
         chaos: _inject.Injector | None = None,
         bus: EventBus | None = None,
         classify: Callable[[BaseException], Outcome] | None = None,
         kind_of: Callable[[BaseException], Kind] | None = None,
     ) -> None:
-        from .. import events, outcomes
-
         self.bus = events.bus if bus is None else bus
         self.classify = outcomes.classify if classify is None else classify
         self.kind_of = outcomes.kind_of if kind_of is None else kind_of
@@ -106,7 +143,7 @@ class BuildContext:
         self.quotas = quotas
         self.quota_of = quota_of
         self.per_call_quota = per_call_quota
-        self.shared = shared
+        self.backend = backend
         self.chaos = chaos
         self._closers: list[Callable[[], Awaitable[Any]]] = []
         self._parts: dict[str, Any] = {}
@@ -140,12 +177,14 @@ class BuildContext:
         self._closers.append(close)
 
     def share(self, kind: Literal["breaker", "tokens"], local: T) -> T:
-        """``local`` (a stage's breaker, the token accounts) shared across replicas and closed with
-        the Guard, or ``local`` itself when the Guard has no Redis."""
-        if self.shared is None:
+        """``local`` (a stage's breaker, the token accounts) shared across replicas through the
+        Guard's :class:`Backend` and closed with the Guard, or ``local`` itself without one."""
+        if self.backend is None:
             return local
-        shared = getattr(self.shared, kind)(local)
-        self.on_close(shared.aclose)
+        shared = getattr(self.backend, kind)(local, clock=self.clock)
+        close = getattr(shared, "aclose", None)
+        if close is not None:
+            self.on_close(close)
         return shared  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:

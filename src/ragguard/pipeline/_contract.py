@@ -32,11 +32,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Resumption", "Scope", "Wrapper"]
+from .._admission import WAIT  # a gate's enter answers as a quota backend's admit_now does
 
-WAIT: Any = object()
-"""Returned by a gate's ``enter`` (and a quota backend's ``admit_now``, :mod:`ragguard.quotas`)
-when admission needs ``await enter_async()`` (``await acquire()``)."""
+__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Resumption", "Scope", "Wrapper"]
 
 Scope = Literal["call", "attempt", "item"]
 
@@ -64,6 +62,9 @@ class Call:
       still run (:class:`ragguard.pipeline._threads.Pending`), else None;
     - ``meter``: the generation preset's record of an open stream (its token account and
       budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate;
+    - ``share_expiry``: a stream's own deadline (an :class:`~ragguard.deadline.Expiry`) when its
+      stage draws a share of the request's (``deadline_share``), set as it opens and made current
+      again for each later item by the share layer (:mod:`ragguard.layers.share`);
     - ``ending``: how a stream ended (:class:`ragguard.StreamEnding`), None until it has: set by
       the stream driver before the layers it held exit (the observe layer reports it).
 
@@ -86,6 +87,7 @@ class Call:
     loop: Any = None
     threads: Any = None
     meter: Any = None
+    share_expiry: Any = None
     ending: Any = None
 
     WRITERS: ClassVar[Mapping[str, frozenset[str]]] = {
@@ -104,6 +106,7 @@ class Call:
         "loop": frozenset({"ragguard.pipeline._drivers"}),
         "threads": frozenset({"ragguard.pipeline._threads"}),
         "meter": frozenset({"ragguard.rag._generation"}),
+        "share_expiry": frozenset({"ragguard.layers.share"}),
         "ending": frozenset({"ragguard.pipeline._drivers"}),
     }
     """Field -> the modules that may write it (``stage``, ``fn`` and ``stream`` are set once, here)."""
@@ -197,7 +200,8 @@ class Resumption(Protocol):
     the items handed over: None leaves the error to end the stream; ``(name, rest)`` carries it on
     with ``rest``, an async iterator of the items still to hand over (whose opening, up to its
     first item, is already done), ``name`` saying who took over. The layers outside stay held
-    until ``rest`` ends."""
+    until ``rest`` ends, and their item gates (a stage's deadline share) bound the takeover and
+    each of ``rest``'s items: a wrapper that sets ``resume`` says so with ``resumes = True``."""
 
     inside: tuple[Any, ...]
 

@@ -32,7 +32,9 @@ __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
 class Node:
     """Recoveries, then gates, then a wrapper or the next node or the call (see module docstring)."""
 
-    __slots__ = ("gates", "inner", "recoveries", "run", "runs", "source", "stream_gates", "wrapper")
+    __slots__ = (
+        "gates", "inner", "recoveries", "resume_gates", "run", "runs", "source", "stream_gates", "wrapper",
+    )
 
     def __init__(self) -> None:
         self.recoveries: tuple[Recovery, ...] = ()
@@ -41,6 +43,9 @@ class Node:
         self.inner: Node | None = None
         self.stream_gates: tuple[Gate, ...] = ()  # the call/attempt-scope gates, for streams
         self.source = ""  # the compiled run(), for reading in a debugger
+        # (the root's) the item gates outside a wrapper that ``resumes`` a stream: what a
+        # continuation's items still pass (a stage's deadline share)
+        self.resume_gates: tuple[Gate, ...] = ()
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -336,6 +341,7 @@ async def run_stream(
         _end(call, exc, record)
         raise
     outcome: BaseException | None = None
+    outer = root.resume_gates  # item gates a continuation's items pass too
     taken = ""  # the continuation that carries the stream on, once one has
     after = 0
     cause = ""
@@ -371,8 +377,9 @@ async def run_stream(
                 if kept is None or not call.items:
                     raise
                 failed = await _release_inside(call, head, exc)
-                takeover = await head.resume.take_over(call, failed, kept)  # type: ignore[union-attr]
-                del kept
+                take_over = partial(head.resume.take_over, call, failed, kept)  # type: ignore[union-attr]
+                takeover = await (_gated(call, outer, take_over) if outer else take_over())
+                del kept, take_over
                 if takeover is None:
                     raise failed  # noqa: B904 - its own error, or the one a gate replaced it with
                 taken, rest = takeover
@@ -380,7 +387,7 @@ async def run_stream(
             if rest is not None:
                 while True:
                     try:
-                        item = await rest.__anext__()
+                        item = await (next_item(call, rest, outer) if outer else rest.__anext__())
                     except StopAsyncIteration:
                         break
                     call.items += 1
@@ -405,6 +412,23 @@ async def run_stream(
                 _exit_all(call, gates, tokens, outcome)
             if record and outcome is not None and call.items and isinstance(outcome, Exception):
                 mark_degraded(f"incomplete: {call.stage} after {_items(call.items)}")
+
+
+async def _gated(call: Call, gates: tuple[Gate, ...], step: Callable[[], Awaitable[Any]]) -> Any:
+    """``await step()`` inside ``gates`` (entered in order, exited innermost first with its outcome)."""
+    entered: list[Any] = []
+    try:
+        for gate in gates:
+            token = gate.enter(call)
+            if token is WAIT:
+                token = await gate.enter_async(call)
+            entered.append(token)
+        result = await step()
+    except BaseException as exc:
+        _exit_all(call, gates, entered, exc)
+        raise
+    _exit_all(call, gates, entered, None)
+    return result
 
 
 async def _release_inside(call: Call, head: Head, exc: Exception) -> Exception:
@@ -500,6 +524,8 @@ def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
     while n is not None:
         n.stream_gates = tuple(g for g in n.gates if g.scope != "item")
         item_gates.extend(g for g in n.gates if g.scope == "item")
+        if getattr(n.wrapper, "resumes", False) and not root.resume_gates:
+            root.resume_gates = tuple(item_gates)  # the node's gates stand outside its wrapper
         nodes.append(n)
         n = n.inner
     for n in reversed(nodes):  # innermost first: a node's run() calls its inner node's

@@ -30,12 +30,12 @@ import anyio
 from anyio.lowlevel import checkpoint_if_cancelled
 
 from .. import _validate as v
+from .._admission import WAIT  # a quota backend's admit_now answers as a gate's enter does
 from .._clock import Clock, monotonic, move_on_after, sleep_of
 from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
-from ..pipeline._contract import WAIT  # a quota backend's admit_now answers as a gate's enter does
-from ..policy import Policy, PoolQuota, TenantQuota
+from ..options import Policy, PoolQuota, TenantQuota
 
 __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]
 
@@ -67,7 +67,7 @@ POOL_NAME = "*unlisted"
 
 class QuotaBackend(Protocol):
     """Admits requests of a tenant; implemented in memory here and over Redis in
-    ``ragguard.distributed``.
+    ``ragguard.redis``.
 
     ``admit_now`` is the synchronous fast path: a lease (or None for an unlimited tenant) when the
     request is admitted at once, :data:`WAIT` when it must queue or be refused through ``acquire``.

@@ -10,22 +10,16 @@ stage's continuation is given (``partial=``), :class:`Overlap` the trim of what 
 framework's cached memory after an out-of-memory error (the CrossEncoder recipe of docs/sync.md).
 """
 
+from ..layers import PRESETS, preset, register_preset
 from ..layers.fallback import FallbackMiss
+from ..quotas import TokenAccounts
 from ._args import ArgRef
 from ._cache import EmbeddingCache, normalise_text
 from ._continuation import MAX_OVERLAP_CHARS, Overlap, Partial
+from ._counting import Usage, count_tokens, token_accounts
 from ._memory import empty_framework_cache, release_memory_on_oom
-from ._presets import (
-    PRESETS,
-    EmbeddingPreset,
-    GenerationPreset,
-    RerankPreset,
-    VectorStorePreset,
-    preset,
-    register_preset,
-)
+from ._presets import EmbeddingPreset, GenerationPreset, RerankPreset, VectorStorePreset
 from ._rerank import BatchLimiter, score_of
-from ._tokens import TokenAccounts, Usage, count_tokens, token_accounts
 
 __all__ = [
     "MAX_OVERLAP_CHARS",

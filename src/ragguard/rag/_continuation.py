@@ -255,6 +255,7 @@ class ContinuationLayer:
     (None: not text); ``structured``: continue streams whose items are not all text."""
 
     streams: ClassVar[bool] = True
+    resumes: ClassVar[bool] = True  # sets the head's ``resume`` (see ragguard.pipeline.Resumption)
     __slots__ = ("_bus", "applies", "continuations", "stage", "structured", "text")
 
     def __init__(

@@ -11,7 +11,7 @@ fallbacks, outside the retries and the breaker; see :mod:`ragguard.layers`):
   provider's own count of the stream's tokens so far, which replaces the count: the difference is
   paced or given back); when the stream ends, however it ends (exhausted, failed, closed early,
   cancelled, or failed before its first item and handed to a fallback), it settles the quota with
-  the real count. See :mod:`ragguard.rag._tokens` for the arithmetic.
+  the real count. See :mod:`ragguard.quotas._tokens` for the arithmetic.
 - :class:`StreamBudgets`, a gate of item scope: each wait for an item is bounded by the first-item
   budget (before the first item, per attempt) or the idle budget (later items), and by what is left
   of the total (the waits of the whole stream, summed). The timer is the Guard clock's (a
@@ -44,10 +44,11 @@ from .._errors import InvalidInput, StreamBudget, StreamTimeout
 from .._timeouts import MAX_TIMEOUT_S, wheel_for
 from ..deadline import current_expiry
 from ..events import EventBus, StreamCut, StreamSettled, bus
+from ..options import GenerationPolicy
 from ..pipeline import WAIT, Call, Scope
-from ..policy import GenerationPolicy
+from ..quotas._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts
 from ._args import ArgRef
-from ._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts, Usage
+from ._counting import Usage
 
 __all__ = ["StreamBudgets", "StreamRecord", "TokenMeter"]
 
@@ -96,14 +97,15 @@ class StreamRecord:
         n = meter.count(item)
         if type(n) is not int or n < 0:
             if isinstance(n, Usage):
-                self.reported = n
+                self.report(n)
                 return None
             n = _token_count(n)
         if meter.usage is not None:
             reported = meter.usage(item)
             if isinstance(reported, Usage):  # input and output, settled when the stream ends
-                self.reported = reported
-                n = 0
+                self.report(reported)
+                output = reported.output_tokens  # when given, the provider's count so far
+                n = 0 if output is None else output - self.tokens
             elif reported is not None:  # the provider's count so far replaces ours
                 n = _token_count(reported) - self.tokens
         self.tokens += n
@@ -117,6 +119,11 @@ class StreamRecord:
         if type(wait) is float:
             return self._paced(account, n, wait) if wait else None
         return self._paced_shared(account, n, wait)  # a shared ledger's round trip
+
+    def report(self, usage: Usage) -> None:
+        """Keep the provider's report ``usage`` (over an earlier one, count by count)."""
+        earlier = self.reported
+        self.reported = usage if earlier is None else earlier.then(usage)
 
     async def _paced(self, account: TokenAccount, n: int, wait: float) -> None:
         try:

@@ -32,7 +32,8 @@ stage called ``rerank_v2``). Arguments are declared, never guessed from keyword 
   None) reads an item's text for it, ``continue_structured=True`` lets it continue items that are
   not text (:mod:`ragguard.rag._continuation`).
 
-:func:`register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the contract).
+:func:`ragguard.layers.register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the
+contract); these four register themselves when ``ragguard`` is imported.
 """
 
 from __future__ import annotations
@@ -41,32 +42,24 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import _registry
 from .._clock import timers_of
 from .._errors import ConfigError
-from ..layers import Bound, Stage, StagePreset
+from ..layers import Bound, Stage, register_preset
 from ..layers.fallback import Fallback, applies_for
 from ..layers.timeout import build as timeout_layer
 from ..outcomes import Kind
 from ..pipeline import Chain, Layer
+from ..quotas import TokenAccounts
 from ._args import ArgRef
 from ._cache import EmbeddingCache
 from ._continuation import Continuation, ContinuationLayer, continuations, read_str
+from ._counting import count_tokens, token_accounts
 from ._embedding import CacheFallback, CacheTap
 from ._generation import StreamBudgets, TokenMeter
 from ._rerank import BatchLimiter, ChunkedRerank, SkipRerank, score_of
 from ._shrink import ShrinkPassages
-from ._tokens import TokenAccounts, count_tokens, token_accounts
 
-__all__ = [
-    "PRESETS",
-    "EmbeddingPreset",
-    "GenerationPreset",
-    "RerankPreset",
-    "VectorStorePreset",
-    "preset",
-    "register_preset",
-]
+__all__ = ["EmbeddingPreset", "GenerationPreset", "RerankPreset", "VectorStorePreset"]
 
 
 class EmbeddingPreset:
@@ -384,28 +377,5 @@ def _shrink(stage: Stage, passages: ArgRef | None) -> ShrinkPassages | None:
     )
 
 
-PRESETS: dict[str, StagePreset] = {
-    p.name: p for p in (EmbeddingPreset(), VectorStorePreset(), RerankPreset(), GenerationPreset())
-}
-
-
-def preset(name: str | None) -> StagePreset | None:
-    """The preset called ``name`` (None for None); ConfigError naming the known ones otherwise."""
-    if name is None:
-        return None
-    found = PRESETS.get(name)
-    if found is None:
-        raise ConfigError(f"unknown stage preset {name!r:.60}; known: {', '.join(sorted(PRESETS))}")
-    return found
-
-
-def register_preset(new: StagePreset) -> None:
-    """Add ``new`` to the registry under ``new.name`` (replacing one of that name)."""
-    needed = ("name", "streams", "option_names", "resolve", "state", "layers", "attempt_layers", "fallbacks")
-    for attr in needed:
-        if not hasattr(new, attr):
-            raise ConfigError(f"register_preset: {type(new).__name__} has no {attr!r} (see StagePreset)")
-    if not isinstance(new.name, str) or not new.name:
-        raise ConfigError(f"register_preset: name must be a non-empty str, got {new.name!r:.40}")
-    PRESETS[new.name] = new
-    _registry.add_preset(new.name)  # stage policies may name it
+for _made in (EmbeddingPreset(), VectorStorePreset(), RerankPreset(), GenerationPreset()):
+    register_preset(_made)  # into the core's registry: stage policies name them, stages run them

@@ -35,7 +35,7 @@ from ..events import EventBus, FallbackServed, bus
 from ..outcomes import CONTEXT_LENGTH, Kind, Outcome, classify, context_overflow
 from ..pipeline import Call
 from ._args import ArgRef
-from ._tokens import count_tokens
+from ._counting import count_tokens
 
 __all__ = ["SHRINK", "ShrinkPassages", "passage_tokens"]
 
