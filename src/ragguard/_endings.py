@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._context import current_scope
+from .events import quick_init
 
 __all__ = ["MAX_ENDINGS", "Ending", "StreamEnding", "record_ending", "stream_endings"]
 
@@ -35,6 +36,7 @@ MAX_ENDINGS = 32
 """Endings a request keeps (the latest ones): a request streaming more keeps a bounded record."""
 
 
+@quick_init  # made at the end of every guarded stream
 @dataclass(frozen=True, slots=True)
 class StreamEnding:
     """How one guarded stream of stage ``stage`` ended (see the module docstring).
