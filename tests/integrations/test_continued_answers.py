@@ -625,3 +625,41 @@ async def test_the_responses_api_is_not_continued(_openai_words: OpenAIWire) -> 
     finally:
         await sdk.close()
     assert stream.ending.kind == "incomplete" and len(_openai_words.requests) == 1
+
+
+def test_a_stream_that_has_begun_a_tool_call_reads_as_not_text() -> None:
+    from anthropic.types import RawContentBlockDeltaEvent, RawContentBlockStartEvent
+    from openai.types.chat import ChatCompletionChunk
+
+    from ragguard.integrations.anthropic import _message_text
+    from ragguard.integrations.openai import _chat_text
+
+    def chunk(delta: dict[str, Any], index: int = 0) -> Any:
+        return ChatCompletionChunk.model_validate(
+            {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": index, "delta": delta, "finish_reason": None}]}
+        )  # fmt: skip
+
+    call = {
+        "tool_calls": [
+            {"index": 0, "id": "t", "type": "function", "function": {"name": "f", "arguments": "{"}}
+        ]
+    }
+    assert [_chat_text(chunk({"content": "Hi"})), _chat_text(chunk({"role": "assistant"}))] == ["Hi", ""]
+    assert _chat_text(chunk(call)) is None and _chat_text(chunk({"content": "x"}, index=1)) is None
+    assert _chat_text(chunk({"refusal": "no"})) is None
+    tool = RawContentBlockStartEvent.model_validate(
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+        }
+    )
+    json_delta = RawContentBlockDeltaEvent.model_validate(
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": "{"},
+        }
+    )
+    assert _message_text(tool) is None and _message_text(json_delta) is None
