@@ -21,6 +21,7 @@ tests/packaging/test_layout.py holds the core to it.
 from . import rag  # noqa: F401 - the RAG wing: its presets register themselves into the core
 from ._clock import FakeClock
 from ._context import current_tenant, degraded
+from ._endings import StreamEnding, stream_endings
 from ._errors import (
     BreakerOpen,
     ConfigError,
@@ -36,6 +37,7 @@ from ._errors import (
     StreamTimeout,
     VectorStoreUnavailable,
 )
+from ._naming import named
 from .breakers import (
     BreakerState,
     CircuitBreaker,
@@ -52,6 +54,7 @@ from .options import (
     HedgePolicy,
     Policy,
     PoolQuota,
+    ReservePolicy,
     RetryPolicy,
     StagePolicy,
     TenantQuota,
@@ -61,6 +64,7 @@ from .options import (
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority
+from .pipeline import GuardedStream
 
 __version__ = "0.1.0"
 
@@ -86,6 +90,7 @@ __all__ = [
     "FakeClock",
     "GenerationPolicy",
     "Guard",
+    "GuardedStream",
     "HedgePolicy",
     "InvalidInput",
     "Outcome",
@@ -97,9 +102,11 @@ __all__ = [
     "RagguardError",
     "RerankOOMBreaker",
     "RerankOutOfMemory",
+    "ReservePolicy",
     "RetryPolicy",
     "StagePolicy",
     "StageTimeout",
+    "StreamEnding",
     "StreamTimeout",
     "TenantQuota",
     "ThrottlePolicy",
@@ -112,8 +119,10 @@ __all__ = [
     "default_guard",
     "degraded",
     "guard",
+    "named",
     "priority",
     "register_classifier",
     "remaining",
+    "stream_endings",
     "tenant",
 ]

@@ -232,26 +232,37 @@ class DeadlineExceeded(RagguardError):
     """The request's time budget was spent before or during stage ``stage``.
 
     ``budget_s`` is the budget the stage was given, in seconds (None when it was already spent
-    on arrival); ``items``: for a stream cut by the deadline, how many items had been handed to
-    the caller (None for a call).
+    on arrival): for a stream cut after its first item, the request's (the stream runs under the
+    request's deadline, not under what one item had left); ``deadline_s``: the request's whole
+    budget, the seconds its deadline was set to (None when not known); ``items``: for a stream cut
+    by the deadline, how many items had been handed to the caller (None for a call).
     """
 
     def __init__(
-        self, stage: str, budget_s: float | None = None, detail: str = "", *, items: int | None = None
+        self,
+        stage: str,
+        budget_s: float | None = None,
+        detail: str = "",
+        deadline_s: float | None = None,
+        *,
+        items: int | None = None,
     ) -> None:
         self.stage = stage
         self.budget_s = budget_s
         self.items = items
         self.detail = detail
+        self.deadline_s = deadline_s
         msg = f"deadline exceeded in stage {stage!r}"
         if budget_s is not None:
             msg += f" after a budget of {budget_s:.3f}s"
+        if deadline_s is not None and deadline_s != budget_s:
+            msg += f" (the request's {deadline_s:.3f}s)"
         if detail:
             msg += f": {detail}"
         super().__init__(msg)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.stage, self.budget_s, self.detail), self.__dict__)
+        return (type(self), (self.stage, self.budget_s, self.detail, self.deadline_s), self.__dict__)
 
 
 class StageTimeout(RagguardError, TimeoutError):

@@ -8,6 +8,7 @@ chain per decorated function; ``@guard`` uses the default Guard, which :func:`co
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from os import PathLike
@@ -17,6 +18,7 @@ from . import _default, _inject
 from ._clock import Clock, monotonic
 from ._decorate import GuardDecorator, decorator
 from ._errors import ConfigError
+from ._http import field_name
 from ._services import services
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
@@ -29,6 +31,8 @@ from .quotas import QuotaBackend, TenantContext
 from .status import snapshot
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
+
+_log = logging.getLogger("ragguard.policy")
 
 
 class Guard:
@@ -54,6 +58,16 @@ class Guard:
       the oldest idle stages are forgotten, with a warning: idle means no live decorated function
       runs it and its breaker is closed, so a stage in use or with a breaker that is not closed
       is never forgotten).
+    - ``tenant_header``: an HTTP field name (``"x-tenant-id"``; case-insensitive, kept lowercase)
+      in which every client wrapped by :mod:`ragguard.integrations` for this Guard sends
+      :func:`ragguard.current_tenant` with each request (OpenAI, Anthropic, their fallback clients,
+      LangChain chat models, Qdrant, LlamaIndex; see docs/integrations.md); None (the default):
+      none is sent unless a wrapper names its own.
+
+    Building a Guard logs a warning (logger ``ragguard.policy``) for every limit of the policy
+    that no call can ever reach (:meth:`Policy.unreachable_limits`: a burst without its rate, a
+    model's limit the tenant's own is always tighter than...): it changes nothing, and it is
+    almost always a mistake.
 
     Raises ConfigError naming the option for a bad value.
     """
@@ -70,6 +84,7 @@ class Guard:
         chaos: _inject.Injector | None = None,
         classifier: OutcomeClassifier | None = None,
         max_stages: int = 1000,
+        tenant_header: str | None = None,
     ) -> None:
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a ragguard.Policy, got {type(policy).__name__}")
@@ -81,11 +96,14 @@ class Guard:
             classifier=classifier,
         )  # fmt: skip
         self.max_stages = max_stages
+        self.tenant_header = None if tenant_header is None else field_name("tenant_header", tenant_header)
         self.clock, self.rng, self.sleep = clock, self.context.rng, self.context.sleep
         self.quotas: Any = self.context.quotas
         self.backend = backend
         self._stages: dict[str, Stage] = {}
         self._warned_stages = False
+        for unreachable in self.policy.unreachable_limits():
+            _log.warning("ragguard policy: %s", unreachable)
 
     # -- stages -----------------------------------------------------------------------------------
 
@@ -241,7 +259,9 @@ def guard(
       are, a position or a name, default 0), ``candidates=`` (rerank: where the candidate list is,
       default 1), ``score=`` (rerank: a reranked item's score, default its ``score``) and
       ``passages=`` (generation: where the passages are, best first, to send fewer of them when
-      the model refuses the request as too long).
+      the model refuses the request as too long), ``continuation=`` (generation streams: a
+      callable or a sequence that carries a stream cut after its first item on from what the
+      caller has, given ``partial=``; see docs/generation.md).
 
     Raises ConfigError at decoration for a bad option, a sync generator function, or a preset
     option the function's signature does not have. At call time, raises what the call raised when no fallback

@@ -189,6 +189,8 @@ def render() -> str:
         out += _section(title, model, _breaker_ranges() if model is BreakerPolicy else None)
     out += _section("`generation` (the generation preset's stream budgets): `GenerationPolicy`",
                     policy.GenerationPolicy)  # fmt: skip
+    out += _section("`reserve` (the time a stage with a fallback keeps for it): `ReservePolicy`",
+                    policy.ReservePolicy)  # fmt: skip
     out += _section("TenantQuota: `tenants.<id>`, `default_quota`", policy.TenantQuota)
     out += _section("TokenLimits: `tenants.<id>.models.<model>`", policy.TokenLimits)
     out += _section("PoolQuota: `unlisted_pool`", policy.PoolQuota)
@@ -204,7 +206,9 @@ def render() -> str:
     out += ["| `none` | no breaker |", ""]
     out += ["## Standard stages", "",
             "Always present, each with the preset of its name; what they set (every other field "
-            "has its default):", "", "| stage | sets |", "|---|---|"]  # fmt: skip
+            "has its default). A stage that names one of these presets (`backup: {preset: "
+            "generation}`) starts from the same values, its own fields replacing them:", "",
+            "| stage | sets |", "|---|---|"]  # fmt: skip
     for name, options in STANDARD_STAGE_OPTIONS.items():
         shown = ", ".join(f"`{k}: {_yaml(v)}`" for k, v in options.items())
         out.append(f"| `{name}` | {shown} |")

@@ -46,6 +46,7 @@ SAMPLES = [
     ragguard.CorruptPayload("bad"),
     ragguard.QuotaExceeded("acme", 0.5, "rate"),  # did not unpickle: its args were the message only
     ragguard.DeadlineExceeded("search", 0.8, "late", items=3),  # its message doubled
+    ragguard.DeadlineExceeded("search", 0.2, "late", 0.7),
 ]  # fmt: skip
 
 

@@ -2,8 +2,8 @@
 
 ::
 
-    CLOSED --(failure rate, slow-call rate or consecutive failures over threshold,
-              once the window holds minimum_calls)--> OPEN
+    CLOSED --(failure rate, slow-call rate, rejection rate or consecutive failures over
+              threshold, once the window holds minimum_calls)--> OPEN
     OPEN --(open duration elapsed; checked lazily on the next acquire)--> HALF_OPEN
     HALF_OPEN --(all half_open_permits trials done, rates under threshold)--> CLOSED
     HALF_OPEN --(all trials done, a rate at or over threshold)--> OPEN (open duration grows)
@@ -40,11 +40,12 @@ from typing import Any, ClassVar, Literal, ParamSpec, TypeVar
 from .. import _validate, events
 from .._errors import BreakerOpen, ConfigError
 from ._aiobreaker import AiobreakerListenerAdapter
+from ._classify import judge
 from ._live import register_breaker
 from ._options import MAX_DURATION_S, BreakerConfig, Classifier
 from ._outcome import OUTCOMES, BreakerCallOutcome
 from ._state import BreakerState
-from ._window import FAILED, SLOW, CountWindow, TimeWindow
+from ._window import FAILED, REJECTED, SLOW, CountWindow, TimeWindow
 
 _new_exception = BaseException.__new__
 
@@ -67,8 +68,10 @@ class BreakerMetrics:
     """A snapshot of a breaker's window, read with :meth:`CircuitBreaker.metrics`.
 
     Rates are percentages in [0, 100], or -1.0 while the window holds fewer than
-    ``minimum_calls`` calls (as resilience4j reports them). ``retry_after_s`` is the time left
-    open in seconds (None unless open).
+    ``minimum_calls`` calls (as resilience4j reports them): the failure and slow-call rates of
+    the calls the dependency did not turn away (``calls - rejected_calls``; 0.0 when there are
+    none), the rejection rate of all the calls. ``retry_after_s`` is the time left open in seconds
+    (None unless open).
     """
 
     state: BreakerState
@@ -81,6 +84,8 @@ class BreakerMetrics:
     trial_permits_left: int
     trial_calls_done: int
     retry_after_s: float | None
+    rejected_calls: int = 0
+    rejection_rate: float = -1.0
 
 
 _DEFAULT_OPTIONS: dict[str, Any] = {
@@ -102,7 +107,13 @@ class CircuitBreaker:
     ``slowCallRateThreshold``); slow successes and slow failures both count.
     ``slow_call_duration_s`` (seconds, (0, 1 year], default 60): a call lasting longer is slow.
     ``consecutive_failures_threshold`` (int >= 1 or None = off, default None): trip after this
-    many failures in a row (a success resets the run; ignored errors do not).
+    many failures in a row (a success resets the run; ignored errors and rejections do not).
+    ``rejection_rate_threshold`` (percent, (0, 100] or None = off, default 90): trip when at
+    least this share of the calls in the window were turned away by the dependency with a wait
+    that is not a rate limit (:func:`~ragguard.breakers.counts_overloads`: a 503 stating a wait,
+    529, an overload event inside a stream; never a 429): rejections that persist are an outage.
+    Such rejections are calls of the window; the failure and slow-call rates are taken over the
+    other calls. With None they are ignored, as any error the classifier does not count.
     ``minimum_calls`` (int >= 1, default 100; at most ``window_size`` for a count window): no
     rule trips before the window holds this many calls (``minimumNumberOfCalls``).
     ``window_type`` (``"count"`` or ``"time"``, default count) and ``window_size`` (default 100):
@@ -161,6 +172,7 @@ class CircuitBreaker:
         "_open_until",
         "_permits",
         "_permits_total",
+        "_rejection_threshold",
         "_rng",
         "_slow_classifier",
         "_slow_s",
@@ -168,6 +180,7 @@ class CircuitBreaker:
         "_state",
         "_trial_calls",
         "_trial_failures",
+        "_trial_rejected",
         "_trial_slow",
         "_window",
         "bus",
@@ -185,6 +198,7 @@ class CircuitBreaker:
         slow_call_rate_threshold: float = 100.0,
         slow_call_duration_s: float | timedelta = 60.0,
         consecutive_failures_threshold: int | None = None,
+        rejection_rate_threshold: float | None = 90.0,
         minimum_calls: int = 100,
         window_type: Literal["count", "time"] = "count",
         window_size: int = 100,
@@ -208,6 +222,7 @@ class CircuitBreaker:
             slow_call_rate_threshold=slow_call_rate_threshold,
             slow_call_duration_s=slow_call_duration_s,
             consecutive_failures_threshold=consecutive_failures_threshold,
+            rejection_rate_threshold=rejection_rate_threshold,
             minimum_calls=minimum_calls,
             window_type=window_type,
             window_size=window_size,
@@ -241,6 +256,7 @@ class CircuitBreaker:
         self._slow_threshold = config.slow_call_rate_threshold
         self._slow_s = config.slow_call_duration_s
         self._consecutive_threshold = config.consecutive_failures_threshold
+        self._rejection_threshold = config.rejection_rate_threshold
         self._min_calls = config.minimum_calls
         self.window_type = config.window_type
         self.window_size = config.window_size
@@ -269,7 +285,7 @@ class CircuitBreaker:
         self._open_until = 0.0
         self._open_base_s = 0.0
         self._permits = 0
-        self._trial_calls = self._trial_failures = self._trial_slow = 0
+        self._trial_calls = self._trial_failures = self._trial_slow = self._trial_rejected = 0
         self._oks = 0
         self._oks_until = self._window.clean_until()
         register_breaker(self)
@@ -312,6 +328,7 @@ class CircuitBreaker:
             self._oks = 0
         window.expire(self.clock())
         calls = window.calls
+        served = calls - window.rejected
         enough = calls >= self._min_calls
         half_open = self._state is _HALF_OPEN
         return BreakerMetrics(
@@ -319,12 +336,14 @@ class CircuitBreaker:
             calls=calls,
             failed_calls=window.failures,
             slow_calls=window.slow,
-            failure_rate=window.failures * 100.0 / calls if enough else -1.0,
-            slow_call_rate=window.slow * 100.0 / calls if enough else -1.0,
+            failure_rate=(window.failures * 100.0 / served if served else 0.0) if enough else -1.0,
+            slow_call_rate=(window.slow * 100.0 / served if served else 0.0) if enough else -1.0,
             consecutive_failures=self._consecutive,
             trial_permits_left=self._permits if half_open else 0,
             trial_calls_done=self._trial_calls if half_open else 0,
             retry_after_s=self.retry_after_s,
+            rejected_calls=window.rejected,
+            rejection_rate=window.rejected * 100.0 / calls if enough else -1.0,
         )
 
     def __repr__(self) -> str:
@@ -495,9 +514,13 @@ class CircuitBreaker:
             window = self._record(code, now)
             self._consecutive = 0
             calls = window.calls
-            if calls >= self._min_calls and (
-                window.failures * 100.0 >= self._failure_threshold * calls
-                or window.slow * 100.0 >= self._slow_threshold * calls
+            if calls < self._min_calls:
+                return
+            served = calls - window.rejected
+            if (
+                window.failures * 100.0 >= self._failure_threshold * served
+                or window.slow * 100.0 >= self._slow_threshold * served
+                or window.rejected  # the window just reached minimum_calls, or a rate moved
             ):
                 self._check(now)
         elif state is _HALF_OPEN:
@@ -511,8 +534,9 @@ class CircuitBreaker:
         # classify_outcome(self._config, exc, duration_s), inlined: it runs
         # once per failed attempt, and a dependency that is down fails every attempt
         try:
-            if not self._classifier(exc):
-                code = -1  # IGNORED
+            counted, rejected = judge(self._classifier, exc, self._rejection_threshold is not None)
+            if not counted:
+                code = REJECTED if rejected else -1  # or IGNORED
             else:
                 slow_of = self._slow_classifier
                 slow = duration_s > self._slow_s or (slow_of is not None and bool(slow_of(exc)))
@@ -535,7 +559,8 @@ class CircuitBreaker:
                 self._oks = 0
             window.record(code, now)
             self._oks_until = -math.inf  # a window holding a failure takes no success in bulk
-            self._consecutive += 1
+            if code != REJECTED:
+                self._consecutive += 1
             if window.calls >= self._min_calls:
                 self._check(now)
         elif state is _HALF_OPEN:
@@ -556,12 +581,18 @@ class CircuitBreaker:
         calls = window.calls
         if calls < self._min_calls:
             return
-        if window.failures * 100.0 >= self._failure_threshold * calls:
-            reason = f"failure rate {window.failures * 100.0 / calls:.1f}% >= {self._failure_threshold}%"
-        elif window.slow * 100.0 >= self._slow_threshold * calls:
-            reason = f"slow-call rate {window.slow * 100.0 / calls:.1f}% >= {self._slow_threshold}%"
+        rejected = window.rejected
+        served = calls - rejected  # the rates of failures and slow calls are of these
+        if served and window.failures * 100.0 >= self._failure_threshold * served:
+            reason = f"failure rate {window.failures * 100.0 / served:.1f}% >= {self._failure_threshold}%"
+        elif served and window.slow * 100.0 >= self._slow_threshold * served:
+            reason = f"slow-call rate {window.slow * 100.0 / served:.1f}% >= {self._slow_threshold}%"
         elif self._consecutive_threshold is not None and self._consecutive >= self._consecutive_threshold:
             reason = f"{self._consecutive} consecutive failures"
+        elif rejected and (threshold := self._rejection_threshold) is not None and (
+            rejected * 100.0 >= threshold * calls
+        ):
+            reason = f"rejection rate {rejected * 100.0 / calls:.1f}% >= {threshold}%"
         else:
             return
         self._to(_OPEN, now, reason)
@@ -569,14 +600,20 @@ class CircuitBreaker:
     def _trial(self, code: int, now: float) -> None:
         self._trial_calls += 1
         self._trial_failures += code & FAILED
-        self._trial_slow += code >> 1
+        self._trial_slow += (code >> 1) & 1
+        self._trial_rejected += code >> 2
         done = self._trial_calls
         if done < self._permits_total:
             return
-        if self._trial_failures * 100.0 >= self._failure_threshold * done:
-            self._to(_OPEN, now, f"{self._trial_failures} of {done} trial calls failed")
-        elif self._trial_slow * 100.0 >= self._slow_threshold * done:
-            self._to(_OPEN, now, f"{self._trial_slow} of {done} trial calls were slow")
+        failed, slow, rejected = self._trial_failures, self._trial_slow, self._trial_rejected
+        served = done - rejected
+        threshold = self._rejection_threshold
+        if served and failed * 100.0 >= self._failure_threshold * served:
+            self._to(_OPEN, now, f"{failed} of {done} trial calls failed")
+        elif served and slow * 100.0 >= self._slow_threshold * served:
+            self._to(_OPEN, now, f"{slow} of {done} trial calls were slow")
+        elif rejected and threshold is not None and rejected * 100.0 >= threshold * done:
+            self._to(_OPEN, now, f"{rejected} of {done} trial calls were turned away")
         else:
             self._to(_CLOSED, now, f"{done} trial calls passed")
 
@@ -602,7 +639,7 @@ class CircuitBreaker:
             self._open_until = now + self._open_duration()
         elif new is _HALF_OPEN:
             self._permits = self._permits_total
-            self._trial_calls = self._trial_failures = self._trial_slow = 0
+            self._trial_calls = self._trial_failures = self._trial_slow = self._trial_rejected = 0
         elif new is _CLOSED:
             window = self._window
             window.clear()

@@ -10,18 +10,24 @@ so a breaker and the retry, fallback and throttle layers can never disagree abou
   ``UNAVAILABLE``, out of memory) and timeouts (the stage's own ``timeout_s`` included);
 - :func:`counts_by_default` (a plain :class:`CircuitBreaker`, the ``generic`` kind): those, and
   errors no classifier recognises;
-- never counted: the caller's errors (4xx, bad input, auth, context length), a dependency's
-  rejection (429, 529, ``RESOURCE_EXHAUSTED``: the throttle's business), ragguard's own refusals,
-  the request's spent deadline, and cancellation.
+- :func:`counts_overloads` (every kind, for its ``rejection_rate_threshold``): a dependency's
+  rejection that is not a rate limit (a 503 stating a wait, 529, an overload event inside a
+  stream): counted apart from the failures, as rejections; a rate that persists opens the breaker;
+- never counted: the caller's errors (4xx, bad input, auth, context length), a rate limit (429,
+  ``RESOURCE_EXHAUSTED``: the throttle's business), ragguard's own refusals, the request's spent
+  deadline, and cancellation.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ..outcomes import Kind, outcome_of
 
 __all__ = [
     "counts_by_default",
     "counts_outages",
+    "counts_overloads",
     "is_connection_error",
     "is_out_of_memory",
     "is_timeout",
@@ -69,3 +75,37 @@ def counts_by_default(exc: BaseException) -> bool:
     way). Not counted: the caller's errors, the dependency's rejections, ragguard's refusals,
     the request's deadline (see the module docstring)."""
     return outcome_of(exc).kind in _GENERIC
+
+
+_KINDS_OF: dict[Callable[[BaseException], bool], frozenset[Kind]] = {
+    counts_outages: _OUTAGE,
+    counts_by_default: _GENERIC,
+}
+
+
+def judge(
+    classifier: Callable[[BaseException], bool], exc: BaseException, rejections: bool
+) -> tuple[bool, bool]:
+    """``(counted, rejected)`` for ``exc``: whether ``classifier`` counts it as a failure, else
+    (with ``rejections``) whether :func:`counts_overloads` says the dependency turned the call
+    away. For ragguard's own classifiers the outcome is read once (the one the chain recorded)."""
+    kinds = _KINDS_OF.get(classifier)
+    if kinds is None:
+        if classifier(exc):
+            return True, False
+        return False, rejections and counts_overloads(exc)
+    outcome = outcome_of(exc)
+    if outcome.kind in kinds:
+        return True, False
+    return False, rejections and outcome.kind is Kind.REJECTION and outcome.status != 429
+
+
+def counts_overloads(exc: BaseException) -> bool:
+    """True for a dependency's rejection that is not a rate limit: a 503 (or gRPC
+    ``UNAVAILABLE``) stating a wait, Anthropic's 529 ``overloaded_error``, an overload event inside
+    a stream, every deployment of a router cooling down. The dependency says it cannot serve now
+    and when to come back; a breaker counts these as rejections (its ``rejection_rate_threshold``),
+    apart from its failures. A 429 (and ``RESOURCE_EXHAUSTED``, a rate-limit error type) says the
+    caller is over its own limit: never counted, the throttle's business."""
+    outcome = outcome_of(exc)
+    return outcome.kind is Kind.REJECTION and outcome.status != 429

@@ -13,6 +13,7 @@ Ranges (names after resilience4j's, in seconds and percent; "year" is 365 days):
 | ``slow_call_duration_s``, ``open_for_s`` | (0, 1 year] seconds | 60, 60 |
 | ``open_max_s`` | [``open_for_s``, 1 year] seconds, or None (no cap below a year) | None |
 | ``consecutive_failures_threshold`` | 1..1,000,000, or None (off) | None |
+| ``rejection_rate_threshold`` | (0, 100], or None (off) | 90 |
 | ``window_type`` | ``"count"`` or ``"time"`` | count |
 | ``window_size`` | count: 1..1,000,000 calls; time: 1..86,400 seconds | 100 |
 | ``minimum_calls`` | count: 1..``window_size``; time: 1..1,000,000 | 100 |
@@ -67,6 +68,7 @@ class BreakerOptions(TypedDict, total=False):
     slow_call_rate_threshold: float
     slow_call_duration_s: float | timedelta
     consecutive_failures_threshold: int | None
+    rejection_rate_threshold: float | None
     minimum_calls: int
     window_type: Literal["count", "time"]
     window_size: int
@@ -88,6 +90,12 @@ class BreakerConfig:
     """How a circuit breaker decides, validated once at construction (see the module docstring
     for every range).
 
+    ``rejection_rate_threshold``: trip when at least this percentage of the window's calls were
+    turned away by the dependency with a wait that is not a rate limit
+    (:func:`~ragguard.breakers.counts_overloads`: a 503 stating a wait, 529, an overload event;
+    never a 429); the failure and slow-call rates are then taken over the calls that were not
+    turned away. None: such rejections are not counted at all.
+
     Durations are seconds as floats (a :class:`~datetime.timedelta` is accepted and converted);
     ``classifier`` is the resolved failure classifier (None given means
     :func:`~ragguard.breakers.counts_by_default`); ``slow_classifier`` may stay None.
@@ -99,6 +107,7 @@ class BreakerConfig:
     slow_call_rate_threshold: float = 100.0
     slow_call_duration_s: float = 60.0
     consecutive_failures_threshold: int | None = None
+    rejection_rate_threshold: float | None = 90.0
     minimum_calls: int = 100
     window_type: Literal["count", "time"] = "count"
     window_size: int = 100
@@ -181,6 +190,7 @@ def _calls(option: str, value: object) -> int:
 _RULES: dict[str, Callable[[str, object], Any]] = {
     "failure_rate_threshold": v.percent,
     "slow_call_rate_threshold": v.percent,
+    "rejection_rate_threshold": v.percent,
     "slow_call_duration_s": _duration,
     "consecutive_failures_threshold": _calls,
     "minimum_calls": _calls,

@@ -36,7 +36,8 @@ class DeadlineLayer:
         if expiry is not None:
             left = expiry.left()
             if left <= 0.0 or left < self._min_left:
-                raise DeadlineExceeded(self.stage, None if left <= 0.0 else left, "no budget left")
+                budget = None if left <= 0.0 else left
+                raise DeadlineExceeded(self.stage, budget, "no budget left", expiry.budget_s)
         return NO_EXIT
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits

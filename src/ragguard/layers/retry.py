@@ -406,6 +406,9 @@ class RetryLayer:
         return _not_a_rejection(exc) and (self._idempotent or not outcome_of(exc).reached)
 
     def _retries(self, exc: BaseException, outcome: Outcome) -> bool:
+        said = outcome.retry  # the dependency's own word (x-should-retry) over its status's
+        if said is not None:
+            return said and (self._idempotent or not outcome.reached)
         if outcome.reached and not self._idempotent:
             return False
         kind = outcome.kind

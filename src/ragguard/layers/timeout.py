@@ -58,10 +58,11 @@ class TimeoutLayer:
         else:
             left = expiry.left()
             if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
-                detail = (
-                    f"stream cut after {call.items} items" if call.items else "no budget left for an attempt"
-                )
-                raise DeadlineExceeded(self.stage, None if left <= 0.0 else left, detail)
+                whole = expiry.budget_s
+                if call.items:  # mid-stream: the stream ran under the request's budget
+                    raise DeadlineExceeded(self.stage, whole, f"stream cut after {call.items} items", whole)
+                budget = None if left <= 0.0 else left
+                raise DeadlineExceeded(self.stage, budget, "no budget left for an attempt", whole)
             if timeout is None or left < timeout:
                 timeout, by_deadline = left, True
             else:
@@ -113,8 +114,13 @@ class TimeoutLayer:
         budget = call.budget_s if call.budget_s is not None else 0.0
         error: BaseException
         if call.by_deadline:
-            detail = f"stream cut after {call.items} items" if call.items else ""
-            error = DeadlineExceeded(self.stage, budget, detail)
+            expiry = current_expiry()
+            whole = None if expiry is None else expiry.budget_s
+            if call.items:  # mid-stream: the stream ran under the request's budget, not this item's
+                detail, given = f"stream cut after {call.items} items", whole
+            else:
+                detail, given = "", budget
+            error = DeadlineExceeded(self.stage, given, detail, whole)
             error.__cause__ = AttemptTimeout(f"attempt timed out after {budget:.3f}s")
         else:
             error = StageTimeout(self.stage, budget)

@@ -40,6 +40,11 @@ class BreakerPolicy(Options):
     - ``slow_call_rate_threshold``: trip when at least this percentage of the calls were slow.
     - ``slow_call_duration_s``: a call lasting longer is slow (seconds).
     - ``consecutive_failures_threshold``: trip after this many failures in a row (None: off).
+    - ``rejection_rate_threshold``: trip when at least this percentage of the window's calls were
+      turned away by the dependency with a wait that is not a rate limit (a 503 stating a wait,
+      529, an overload event inside a stream; never a 429: that only throttles). Default 90 for
+      every kind: rejections that persist are an outage. The failure and slow-call rates are of
+      the other calls.
     - ``minimum_calls``: no rule trips before the window holds this many calls.
     - ``window_type``: ``count`` (the last ``window_size`` calls) or ``time`` (the calls of the
       last ``window_size`` seconds).
@@ -56,6 +61,7 @@ class BreakerPolicy(Options):
     slow_call_rate_threshold: float | None = None
     slow_call_duration_s: float | None = None
     consecutive_failures_threshold: int | None = None
+    rejection_rate_threshold: float | None = None
     minimum_calls: int | None = None
     window_type: Literal["count", "time"] | None = None
     window_size: int | None = None

@@ -260,11 +260,14 @@ RECORDED = "_ragguard_outcome"
 """The attribute of an error that holds the :class:`Outcome` a guarded call's chain gave it."""
 
 
-def outcome_of(exc: BaseException | None) -> Outcome:
+def outcome_of(
+    exc: BaseException | None, classify: Callable[[BaseException], Outcome] | None = None
+) -> Outcome:
     """The outcome of ``exc`` as the guarded call it came out of classified it: the answer of that
     call's Guard (its own classifier, if it has one), which its chain recorded on the error; else
-    :func:`classify`'s. What a breaker's classifier, a front door or your own breaker reads, so
-    each agrees with the layers of the call about it. Never raises.
+    ``classify``'s (:func:`ragguard.outcomes.classify` unless given). What a breaker's classifier, a
+    front door or your own breaker reads, so each agrees with the layers of the call about it.
+    Never raises.
 
     An error is classified once: by the chain of the first guarded call it leaves; a guarded call
     further out (of the same Guard or another) and the front doors read that answer."""
@@ -273,7 +276,7 @@ def outcome_of(exc: BaseException | None) -> Outcome:
     recorded = getattr(exc, RECORDED, None)
     if type(recorded) is Outcome:
         return recorded
-    return classify(exc)
+    return _classify(exc, None) if classify is None else classify(exc)
 
 
 def kind_of(exc: BaseException | None) -> Kind:

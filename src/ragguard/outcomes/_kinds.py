@@ -15,6 +15,10 @@
                      and ``content_policy`` (the provider's content policy refused it) say what
                      a stage's routed fallbacks and the generation preset's shrink act on
      status          the HTTP status (or 0) the outcome was read from, when there was one
+     retry           the dependency's own word on retrying this request (an ``x-should-retry:
+                     true|false`` header, read as the OpenAI and Anthropic SDKs read it), which
+                     the retry layer follows over what the kind and the status say; None when it
+                     said nothing
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ class Outcome:
     retry_after_s: float | None = None
     reason: str = ""
     status: int = 0
+    retry: bool | None = None
 
     @classmethod
     def of(

@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 from .._admission import WAIT  # a gate's enter answers as a quota backend's admit_now does
 from ..outcomes import Outcome
 
-__all__ = ["NO_EXIT", "WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+__all__ = ["NO_EXIT", "WAIT", "Call", "Gate", "Layer", "Recovery", "Resumption", "Scope", "Wrapper"]
 
 NO_EXIT: Any = object()
 """A gate's ``enter`` answers this to admit the call with nothing to do after it: its ``exit`` is
@@ -82,7 +82,12 @@ class Call:
     - ``threads``: for a sync function's call, its worker threads the call stopped waiting for
       that still run (:class:`ragguard.pipeline._threads.Pending`), else None;
     - ``meter``: the generation preset's record of an open stream (its token account and
-      budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate.
+      budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate;
+    - ``share_expiry``: a stream's own deadline (an :class:`~ragguard.deadline.Expiry`) when its
+      stage draws a share of the request's (``deadline_share``), set as it opens and made current
+      again for each later item by the share layer (:mod:`ragguard.layers.share`);
+    - ``ending``: how a stream ended (:class:`ragguard.StreamEnding`), None until it has: set by
+      the stream driver before the layers it held exit (the observe layer reports it).
     """
 
     __slots__ = (  # noqa: RUF023 - grouped by who writes them, as the docstring
@@ -93,7 +98,7 @@ class Call:
         # the current attempt's
         "started", "budget_s", "by_deadline", "outcome",
         # the running call's
-        "task", "loop", "items", "threads", "meter",
+        "task", "loop", "items", "threads", "meter", "share_expiry", "ending",
     )  # fmt: skip
 
     def __init__(
@@ -120,6 +125,8 @@ class Call:
         self.items = 0
         self.threads: Any = None
         self.meter: Any = None
+        self.share_expiry: Any = None
+        self.ending: Any = None
 
     def __repr__(self) -> str:
         return f"<Call {self.stage!r} attempt={self.attempt} stream={self.stream}>"
@@ -180,6 +187,26 @@ class Wrapper(Protocol):
     """
 
     async def around(self, call: Call, proceed: Callable[..., Awaitable[Any]]) -> Any: ...
+
+
+@runtime_checkable
+class Resumption(Protocol):
+    """What a layer that can carry a stream on past its commit point (the generation preset's
+    continuation) sets on the opened stream's head (``Head.resume``), from its ``around``.
+
+    ``inside``: the head's held entries (``Head.held``) of the layers inside it, as they were when
+    the stream opened. When the stream fails after items reached the caller, the stream driver
+    closes it, exits those layers with the error (a breaker counts it, a token meter settles) and
+    awaits ``take_over(call, exc, items)`` with the error (or the one a gate replaced it with) and
+    the items handed over: None leaves the error to end the stream; ``(name, rest)`` carries it on
+    with ``rest``, an async iterator of the items still to hand over (whose opening, up to its
+    first item, is already done), ``name`` saying who took over. The layers outside stay held
+    until ``rest`` ends, and their item gates (a stage's deadline share) bound the takeover and
+    each of ``rest``'s items: a wrapper that sets ``resume`` says so with ``resumes = True``."""
+
+    inside: tuple[Any, ...]
+
+    async def take_over(self, call: Call, exc: Exception, items: list[Any]) -> tuple[str, Any] | None: ...
 
 
 Layer = Gate | Recovery | Wrapper

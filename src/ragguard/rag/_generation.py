@@ -97,14 +97,15 @@ class StreamRecord:
         n = meter.count(item)
         if type(n) is not int or n < 0:
             if isinstance(n, Usage):
-                self.reported = n
+                self.report(n)
                 return None
             n = _token_count(n)
         if meter.usage is not None:
             reported = meter.usage(item)
             if isinstance(reported, Usage):  # input and output, settled when the stream ends
-                self.reported = reported
-                n = 0
+                self.report(reported)
+                output = reported.output_tokens  # when given, the provider's count so far
+                n = 0 if output is None else output - self.tokens
             elif reported is not None:  # the provider's count so far replaces ours
                 n = _token_count(reported) - self.tokens
         self.tokens += n
@@ -118,6 +119,11 @@ class StreamRecord:
         if type(wait) is float:
             return self._paced(account, n, wait) if wait else None
         return self._paced_shared(account, n, wait)  # a shared ledger's round trip
+
+    def report(self, usage: Usage) -> None:
+        """Keep the provider's report ``usage`` (over an earlier one, count by count)."""
+        earlier = self.reported
+        self.reported = usage if earlier is None else earlier.then(usage)
 
     async def _paced(self, account: TokenAccount, n: int, wait: float) -> None:
         try:

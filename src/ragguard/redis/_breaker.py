@@ -63,7 +63,7 @@ _DISABLED = BreakerState.DISABLED
 
 _FAILED = 1
 _SLOW = 2
-_OUTCOMES = ("success", "failure", "slow_success", "slow_failure")
+_OUTCOMES = ("success", "failure", "slow_success", "slow_failure", "rejection")
 _IGNORED = -1
 
 _UNSYNCED, _SHARED, _LOCAL = 0, 1, 2
@@ -194,6 +194,7 @@ class SharedCircuitBreaker:
         "_pending",
         "_permits",
         "_prefetched",
+        "_rejection_arg",
         "_report",
         "_report_keys",
         "_rng",
@@ -295,6 +296,8 @@ class SharedCircuitBreaker:
             repr(float(opts["open_backoff_multiplier"])),
             0 if math.isinf(open_max) else repr(float(open_max)),
         )]
+        rejection = opts["rejection_rate_threshold"]
+        self._rejection_arg = b"0" if rejection is None else repr(float(rejection)).encode()  # 0: off
         # The epoch a state's first change moves to: random per replica (never the seeded rng), so
         # that tokens from before a Redis restart never match an epoch after it.
         self._birth = random.SystemRandom().randrange(1, 2**46)
@@ -716,7 +719,7 @@ class SharedCircuitBreaker:
     def _args(self, *extra: Any) -> list[Any]:
         spread = self._jitter * (2.0 * self._rng.random() - 1.0) if self._jitter else 0.0
         now = "" if self.clock is None else repr(float(self.clock()))
-        return [now, *self._static_args, repr(spread), self._birth_arg, *extra]
+        return [now, *self._static_args, repr(spread), self._birth_arg, self._rejection_arg, *extra]
 
     def _script(self, script: Script, *extra: Any) -> Awaitable[Any]:
         return script(*self._script_keys, *self._args(*extra))
@@ -850,7 +853,8 @@ class SharedCircuitBreaker:
             state, now=now, open_left_s=max(0.0, self._until - now), open_base_s=self._base,
             trials_running=len(running) if state is _HALF_OPEN else 0, permits=self._permits,
             failure_rate_threshold=opts["failure_rate_threshold"],
-            slow_call_rate_threshold=opts["slow_call_rate_threshold"], open_for_s=opts["open_for_s"],
+            slow_call_rate_threshold=opts["slow_call_rate_threshold"],
+            rejection_rate_threshold=opts["rejection_rate_threshold"], open_for_s=opts["open_for_s"],
             open_backoff_multiplier=opts["open_backoff_multiplier"], open_max_s=opts["open_max_s"],
             open_jitter=self._jitter, rng=self._rng, reject=self._reject, moved=self._hold_moved,
         )

@@ -7,6 +7,7 @@ the in-memory breaker's rules from there, on the replica's monotonic clock::
     open (the time left when last read) --time up--> half-open
     half-open: half_open_permits trials, less this replica's shared trials still running
         all done, rates under the thresholds --> closed: the wrapped breaker takes over, empty
+        (the failure and slow-call rates of the trials not turned away, the rejection rate of all)
         a rate at or over a threshold        --> open again for open_base x multiplier (capped, jittered)
     forced open, disabled: held until an operator acts or Redis answers again
 
@@ -59,12 +60,14 @@ class LocalHold:
         "_open_max_s",
         "_permits",
         "_reject",
+        "_rejection_threshold",
         "_rng",
         "_slow_threshold",
         "base_s",
         "calls",
         "failures",
         "left",
+        "rejected",
         "round",
         "slow",
         "state",
@@ -83,6 +86,7 @@ class LocalHold:
         failure_rate_threshold: float,
         slow_call_rate_threshold: float,
         open_for_s: float,
+        rejection_rate_threshold: float | None = None,
         open_backoff_multiplier: float,
         open_max_s: float,
         open_jitter: float,
@@ -96,6 +100,7 @@ class LocalHold:
         self._permits = permits
         self._failure_threshold = failure_rate_threshold
         self._slow_threshold = slow_call_rate_threshold
+        self._rejection_threshold = rejection_rate_threshold
         self._open_for_s = open_for_s
         self._multiplier = open_backoff_multiplier
         self._open_max_s = open_max_s
@@ -105,7 +110,7 @@ class LocalHold:
         self._moved = moved
         self.round = 0
         self.left = max(0, permits - trials_running)
-        self.calls = self.failures = self.slow = 0
+        self.calls = self.failures = self.slow = self.rejected = 0
 
     @property
     def resolved(self) -> bool:
@@ -132,7 +137,8 @@ class LocalHold:
         return HoldTrial(self.round)
 
     def record(self, round_: int, code: int, now: float) -> None:
-        """The outcome of a trial of ``round_``: code ``FAILED | SLOW`` bits, or < 0 (not counted)."""
+        """The outcome of a trial of ``round_``: code ``FAILED | SLOW`` bits or ``REJECTED`` (4),
+        or < 0 (not counted)."""
         if round_ != self.round or self.state is not _HALF_OPEN:
             return
         if code < 0:
@@ -140,14 +146,19 @@ class LocalHold:
             return
         self.calls += 1
         self.failures += code & _FAILED
-        self.slow += code >> 1
+        self.slow += (code >> 1) & 1
+        self.rejected += code >> 2
         done = self.calls
         if done < self._permits:
             return
-        if self.failures * 100.0 >= self._failure_threshold * done:
+        served = done - self.rejected
+        threshold = self._rejection_threshold
+        if served and self.failures * 100.0 >= self._failure_threshold * served:
             self._reopen(now, f"{self.failures} of {done} trial calls failed (local)")
-        elif self.slow * 100.0 >= self._slow_threshold * done:
+        elif served and self.slow * 100.0 >= self._slow_threshold * served:
             self._reopen(now, f"{self.slow} of {done} trial calls were slow (local)")
+        elif self.rejected and threshold is not None and self.rejected * 100.0 >= threshold * done:
+            self._reopen(now, f"{self.rejected} of {done} trial calls were turned away (local)")
         else:
             self._to(_CLOSED, now, f"{done} trial calls passed (local)")
 
@@ -171,5 +182,5 @@ class LocalHold:
         self.round += 1
         if new is _HALF_OPEN:
             self.left = self._permits
-            self.calls = self.failures = self.slow = 0
+            self.calls = self.failures = self.slow = self.rejected = 0
         self._moved(old, new, now, reason)
