@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 import aiobreaker
+import httpx
 import tenacity
 
 import _baseline
@@ -30,7 +31,16 @@ async def refused(x: int = 1) -> int:
     raise ConnectionRefusedError("the store is down")
 
 
-def _stage(mod: Any, *, full: bool) -> Any:
+_REQUEST = httpx.Request("GET", "http://127.0.0.1:9/search")
+
+
+async def refused_httpx(x: int = 1) -> int:
+    """What an HTTP client's refused connection raises: an error its package's classifier reads
+    (ragguard's own table knows ConnectionRefusedError by its type alone)."""
+    raise httpx.ConnectError("All connection attempts failed", request=_REQUEST)
+
+
+def _stage(mod: Any, *, full: bool, fn: Any = refused) -> Any:
     retry = mod.RetryPolicy(
         attempts=3, retry_on=("connection",), initial_backoff_s=0.0, jitter_s=0.0, budget_min_per_s=1e6
     )
@@ -46,7 +56,7 @@ def _stage(mod: Any, *, full: bool) -> Any:
         stages={"s": stage}, tenants={"acme": mod.TenantQuota(max_concurrency=64, rate_per_s=1e7, timeout_s=0.8)}
     )
     g = mod.Guard(policy, sleep=asyncio.sleep)
-    call = g.guard("s")(refused)
+    call = g.guard("s")(fn)
 
     async def body() -> None:
         try:
@@ -55,7 +65,7 @@ def _stage(mod: Any, *, full: bool) -> Any:
                     await call(1)
             else:
                 await call(1)
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, httpx.ConnectError):
             pass
 
     return body, None
@@ -120,10 +130,14 @@ async def main(ops: int, rounds: int, against: str) -> int:
                   full),
         Contender("stock libraries, natural", "Semaphore+2 asyncio.timeout+tenacity+aiobreaker", natural()),
     ]  # fmt: skip
+    contenders.insert(4, Contender("ragguard full stack, httpx error", "the same, each attempt raising "
+                                   "httpx.ConnectError", _stage(ragguard, full=True, fn=refused_httpx)[0]))
     if before is not None:
-        contenders[4:4] = [
+        contenders[5:5] = [
             Contender(f"{against} retry stage", f"commit {against}, retries only", _stage(before, full=False)[0]),
             Contender(f"{against} full stack", f"commit {against}, the same full stack", _stage(before, full=True)[0]),
+            Contender(f"{against} full stack, httpx error", f"commit {against}, the same",
+                      _stage(before, full=True, fn=refused_httpx)[0]),
         ]  # fmt: skip
     if old is not None:
         old_retry, _ = _stage(old, full=False)
@@ -144,6 +158,9 @@ async def main(ops: int, rounds: int, against: str) -> int:
     if before is not None:
         targets.append(_bench.ratio_target(results, f"full stack failing vs {against}", "ragguard full stack",
                                            f"{against} full stack", 1.05))
+        targets.append(_bench.ratio_target(results, f"full stack failing, httpx error, vs {against}",
+                                           "ragguard full stack, httpx error", f"{against} full stack, httpx error",
+                                           1.05))
     if old is not None:
         targets.append(_bench.ratio_target(results, "full stack failing vs pre-redesign (lower is better)",
                                            "ragguard full stack", "pre-redesign full stack", 1.0))
