@@ -40,8 +40,9 @@ so that one script sees both)::
     <tag>:qexp     ZSET  waiting request id -> expiry (a waiter that stops asking leaves the queue)
     <tag>:share    HASH  local-lease mode: holder -> demand (requests/s) and expiry
 
-Rate is the Generic Cell Rate Algorithm (ATM Forum TM 4.0), the same arithmetic as
-``ragguard.quotas.LocalQuotas``; concurrency counts the unexpired leases.
+Rate is the Generic Cell Rate Algorithm: :data:`GCRA`, the Lua twin of ``ragguard.quotas._gcra``
+(tests/distributed/test_gcra_twin.py steps both alike), used by the quotas here and by the token
+scripts of ``_tokens``; concurrency counts the unexpired leases.
 
 Releases are idempotent: a release removes its lease (or grant) and refunds rate only when it
 removed something, so a replica can send one again after a lost reply.
@@ -49,11 +50,14 @@ removed something, so a replica can send one again after a lost reply.
 
 from __future__ import annotations
 
+from ..quotas._gcra import EPSILON_S
+
 __all__ = [
     "BREAKER_REPORT",
     "BREAKER_SET_STATE",
     "BREAKER_TRIAL_ACQUIRE",
     "BREAKER_TRIAL_DONE",
+    "GCRA",
     "PROBE",
     "QUOTA",
     "QUOTA_SHARE",
@@ -392,15 +396,33 @@ save()
 return snapshot(1)
 """
 
-QUOTA = r"""
+GCRA = rf"""
+-- GCRA, the arithmetic of ragguard.quotas._gcra: n tokens at now from a bucket whose theoretical
+-- arrival time is tat (false or nil: none yet, a full bucket), interval seconds per token and
+-- tolerance = burst x interval seconds; gives tat' (to keep when the step is taken) and the wait
+-- (<= GCRA_EPSILON: the tokens fit now). gcra_back: tat after n tokens are given back.
+local GCRA_EPSILON = {EPSILON_S!r}
+local function gcra(tat, now, n, interval, tolerance)
+  if not tat or tat < now then tat = now end
+  tat = tat + n * interval
+  return tat, tat - now - tolerance
+end
+local function gcra_back(tat, n, interval)
+  return tat - n * interval
+end
+"""
+"""The Lua twin of :mod:`ragguard.quotas._gcra`, a prelude of every script that steps a bucket."""
+
+QUOTA = GCRA + r"""
 -- One script for a tenant's admissions and for the operations a replica sends alone (releases,
 -- renewals, leases put back after an outage). A request counts against one or two levels: the
 -- tenant's own quota and the pool it shares with other tenants (a level the other covers is left
 -- out by the replica), each with three keys: KEYS[3i-2] L (the lease set: lease id -> expiry, and
 -- the member 'tat' scored by the GCRA theoretical arrival time), KEYS[3i-1] Q (the queue: waiter
 -- -> arrival), KEYS[3i] X (waiter -> expiry).
---   ARGV[1] the plan, encoded once per tenant: 'lease_s grant_s queue_ttl' then ' maxc rate burst'
---           per level (maxc 0: no concurrency limit; rate 0: none)
+--   ARGV[1] the plan, encoded once per tenant: 'lease_s grant_s queue_ttl' then
+--           ' maxc interval tolerance' per level (maxc 0: no concurrency limit; interval 0: no
+--           rate; else the level's GCRA interval and tolerance, seconds)
 --   ARGV[2] the request: 'now id wait_s flags' then ' id op' per operation carried; now '-' = TIME;
 --           flags: 1 may queue, 2 id is a lease this replica released (the new request takes over
 --           its slot: its release is not sent), 4 refresh the keys' TTL, 8 operations only (no
@@ -426,13 +448,13 @@ else
 end
 budget, flags = tonumber(budget), tonumber(flags)
 
--- The common case first, with no table and no function: one level, nothing carried, no TTL to
+-- The common case first, with no table: one level, nothing carried, no TTL to
 -- refresh, nobody queued, a slot and a token free, and a key that exists (so it has its TTL). It
 -- writes only when it admits; any other case goes on to the general path below, which decides
 -- the same way.
 do
-  local maxc, rate, burst, more = string.match(spec, ' (%S+) (%S+) (%S+)(.*)')
-  maxc, rate = tonumber(maxc), tonumber(rate)
+  local maxc, interval, tolerance, more = string.match(spec, ' (%S+) (%S+) (%S+)(.*)')
+  maxc, interval = tonumber(maxc), tonumber(interval)
   if more == '' and ops == '' and flags < 4 and (maxc == 0 or redis.call('ZCARD', KEYS[2]) == 0) then
     local L = KEYS[1]
     local tat = tonumber(redis.call('ZSCORE', L, 'tat'))
@@ -447,14 +469,13 @@ do
     if room and exists then
       local expiry = now + grant_s
       if maxc > 0 then expiry = now + lease_s end
-      if rate == 0 then
+      if interval == 0 then
         redis.call('ZADD', L, expiry, id)
         return 'ok 0'
       end
-      local interval = 1 / rate
-      if not tat or tat < now then tat = now end
-      tat = tat + interval
-      if tat - now - tonumber(burst) * interval <= 1e-9 and tat - now <= lease_s then
+      local wait
+      tat, wait = gcra(tat, now, 1, interval, tonumber(tolerance))
+      if wait <= GCRA_EPSILON and tat - now <= lease_s then
         redis.call('ZADD', L, expiry, id, tat, 'tat')
         return 'ok 0'
       end
@@ -463,10 +484,10 @@ do
 end
 
 local levels = {}
-for maxc, rate, burst in string.gmatch(spec, '(%S+) (%S+) (%S+)') do
+for maxc, interval, tolerance in string.gmatch(spec, '(%S+) (%S+) (%S+)') do
   local k = 3 * #levels
   levels[#levels + 1] = {L = KEYS[k + 1], Q = KEYS[k + 2], X = KEYS[k + 3], maxc = tonumber(maxc),
-    rate = tonumber(rate), burst = tonumber(burst)}
+    interval = tonumber(interval), tolerance = tonumber(tolerance)}
 end
 
 local function tat_of(lv)  -- read once; false when there is none
@@ -490,8 +511,8 @@ for lid, op in string.gmatch(ops, '(%S+) (%S+)') do  -- what the replica owes Re
     for _, lv in ipairs(levels) do
       local removed = redis.call('ZREM', lv.L, lid)
       if op >= 2 and redis.call('ZREM', lv.Q, lid) == 1 then redis.call('ZREM', lv.X, lid) end
-      if op % 2 == 1 and removed == 1 and lv.rate > 0 and tat_of(lv) then
-        lv.tat = lv.tat - 1 / lv.rate
+      if op % 2 == 1 and removed == 1 and lv.interval > 0 and tat_of(lv) then
+        lv.tat = gcra_back(lv.tat, 1, lv.interval)
         redis.call('ZADD', lv.L, lv.tat, 'tat')
       end
     end
@@ -575,16 +596,13 @@ end
 
 local delay = 0
 for _, lv in ipairs(levels) do
-  if lv.rate > 0 then
-    local interval = 1 / lv.rate
-    local tat = tat_of(lv) or now
-    if tat < now then tat = now end
-    lv.next_tat = tat + interval
-    local d = lv.next_tat - now - lv.burst * interval
+  if lv.interval > 0 then
+    local d
+    lv.next_tat, d = gcra(tat_of(lv), now, 1, lv.interval, lv.tolerance)
     if d > delay then delay = d end
   end
 end
-if delay <= 1e-9 then
+if delay <= GCRA_EPSILON then
   delay = 0
 elseif delay > budget then
   leave()
@@ -597,7 +615,7 @@ for _, lv in ipairs(levels) do
     expiry = now + grant_s
     if refresh then redis.call('ZREMRANGEBYSCORE', lv.L, '-inf', now) end  -- expired grants
   end
-  if lv.rate > 0 then
+  if lv.interval > 0 then
     redis.call('ZADD', lv.L, expiry, id, lv.next_tat, 'tat')
     if lv.next_tat > horizon then horizon = lv.next_tat end
   else
