@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable
 from typing import NoReturn
 
-from ..breakers import BreakerState
+from ..breakers import BreakerConfig, BreakerState
 
 __all__ = ["HoldTrial", "LocalHold"]
 
@@ -77,39 +77,32 @@ class LocalHold:
     def __init__(
         self,
         state: BreakerState,
+        config: BreakerConfig,
         *,
         now: float,
         open_left_s: float,
         open_base_s: float,
         trials_running: int,
-        permits: int,
-        failure_rate_threshold: float,
-        slow_call_rate_threshold: float,
-        open_for_s: float,
-        rejection_rate_threshold: float | None = None,
-        open_backoff_multiplier: float,
-        open_max_s: float,
-        open_jitter: float,
         rng: random.Random,
         reject: Callable[[BreakerState, float | None], NoReturn],
         moved: Callable[[BreakerState, BreakerState, float, str], None],
     ) -> None:
         self.state = state
         self.until = now + open_left_s
-        self.base_s = open_base_s or open_for_s
-        self._permits = permits
-        self._failure_threshold = failure_rate_threshold
-        self._slow_threshold = slow_call_rate_threshold
-        self._rejection_threshold = rejection_rate_threshold
-        self._open_for_s = open_for_s
-        self._multiplier = open_backoff_multiplier
-        self._open_max_s = open_max_s
-        self._jitter = open_jitter
+        self.base_s = open_base_s or config.open_for_s
+        self._permits = config.half_open_permits
+        self._failure_threshold = config.failure_rate_threshold
+        self._slow_threshold = config.slow_call_rate_threshold
+        self._rejection_threshold = config.rejection_rate_threshold
+        self._open_for_s = config.open_for_s
+        self._multiplier = config.open_backoff_multiplier
+        self._open_max_s = config.open_cap_s
+        self._jitter = config.open_jitter
         self._rng = rng
         self._reject = reject
         self._moved = moved
         self.round = 0
-        self.left = max(0, permits - trials_running)
+        self.left = max(0, self._permits - trials_running)
         self.calls = self.failures = self.slow = self.rejected = 0
 
     @property

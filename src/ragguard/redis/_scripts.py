@@ -17,7 +17,7 @@ Breaker keys (``<tag>`` is ``{<prefix>:breaker:<name>}``, the name percent-encod
 
 The breaker scripts mirror ``ragguard.breakers.CircuitBreaker`` (the same window arithmetic and
 transitions); outcome codes are its ``FAILED | SLOW`` bits, or ``REJECTED`` (4) alone: a call the
-dependency turned away with a wait, counted by the rejection rate (ARGV[15], 0: off) and left out
+dependency turned away with a wait, counted by the rejection rate (``r_thr``, 0: off) and left out
 of the failure and slow-call rates. Every write refreshes the keys' TTL
 (``ttl_ms``, lengthened by the time left open); a script that changes nothing writes nothing.
 Every reply is the snapshot ``'extra state epoch open_left_s open_base_s trial_permits_left reason'``,
@@ -50,14 +50,18 @@ removed something, so a replica can send one again after a lost reply.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from ..breakers import BreakerConfig
 from ..quotas._gcra import EPSILON_S
 
+# the scripts (tests load each); the preludes (NOW, GCRA) and BREAKER_OPTION_ARGS are imported by name
 __all__ = [
     "BREAKER_REPORT",
     "BREAKER_SET_STATE",
     "BREAKER_TRIAL_ACQUIRE",
     "BREAKER_TRIAL_DONE",
-    "GCRA",
     "PROBE",
     "QUOTA",
     "QUOTA_SHARE",
@@ -78,23 +82,68 @@ _NOW = NOW + r"""
 local function fmt(x) return string.format('%.17g', x) end
 """
 
-# ARGV[1..15] are the same for every breaker script; script-specific arguments follow.
+
+def _text(value: Any) -> str:
+    return str(value)
+
+
+def _int(value: Any) -> str:
+    return str(int(value))
+
+
+def _number(value: Any) -> str:
+    return repr(float(value))
+
+
+def _off(value: float | None) -> str:
+    return "0" if value is None else repr(float(value))  # 0: the rule is off
+
+
+BREAKER_OPTION_ARGS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("wtype", "window_type", _text),
+    ("wsize", "window_size", _int),
+    ("min_calls", "minimum_calls", _int),
+    ("f_thr", "failure_rate_threshold", _number),
+    ("s_thr", "slow_call_rate_threshold", _number),
+    ("c_thr", "consecutive_failures_threshold", _off),
+    ("r_thr", "rejection_rate_threshold", _off),
+    ("permits", "half_open_permits", _int),
+    ("open_for", "open_for_s", _number),
+    ("mult", "open_backoff_multiplier", _number),
+    ("open_max", "open_cap_s", _number),
+)
+"""The options of :class:`~ragguard.breakers.BreakerConfig` the breaker scripts run on, in ARGV
+order after the four per-call arguments: the Lua local each becomes, the config attribute it is
+read from, and how it is sent. The scripts' prelude is generated from it and
+:func:`breaker_option_args` encodes a config by it, so the two cannot disagree; the other options
+are the replica's own (``slow_call_duration_s`` and the classifiers decide an outcome's code before
+it is sent, ``open_jitter`` is drawn per call as ``spread``), which
+tests/distributed/test_shared_breaker.py holds to every field of the config."""
+
+
+def breaker_option_args(config: BreakerConfig) -> list[bytes]:
+    """``config``'s values for the breaker scripts (see :data:`BREAKER_OPTION_ARGS`), encoded."""
+    return [encode(getattr(config, attr)).encode() for _, attr, encode in BREAKER_OPTION_ARGS]
+
+
+def _option_locals() -> str:
+    lines = []
+    for at, (name, _, encode) in enumerate(BREAKER_OPTION_ARGS, start=5):
+        read = f"ARGV[{at}]" if encode is _text else f"tonumber(ARGV[{at}])"
+        lines.append(f"local {name} = {read}")
+    lines.append(f"local own = {5 + len(BREAKER_OPTION_ARGS)}  -- ARGV[own..]: the script's own arguments")
+    return "\n".join(lines) + "\n"
+
+
+# ARGV[1] now ('': TIME), [2] the keys' TTL (ms), [3] the open time's spread (the jitter drawn by
+# the replica), [4] the replica's birth epoch, then the config's options (BREAKER_OPTION_ARGS),
+# then from ARGV[own] the script's own arguments.
 _BREAKER_PRELUDE = _NOW + r"""
 local S, W, T = KEYS[1], KEYS[2], KEYS[3]
 local ttl_ms = tonumber(ARGV[2])
-local wtype = ARGV[3]
-local wsize = tonumber(ARGV[4])
-local min_calls = tonumber(ARGV[5])
-local f_thr = tonumber(ARGV[6])
-local s_thr = tonumber(ARGV[7])
-local c_thr = tonumber(ARGV[8])
-local permits = tonumber(ARGV[9])
-local open_for = tonumber(ARGV[10])
-local mult = tonumber(ARGV[11])
-local open_max = tonumber(ARGV[12])
-local spread = tonumber(ARGV[13])
-local birth = tonumber(ARGV[14])
-local r_thr = tonumber(ARGV[15])
+local spread = tonumber(ARGV[3])
+local birth = tonumber(ARGV[4])
+""" + _option_locals() + r"""
 
 local f = redis.call('HMGET', S, 'state', 'epoch', 'open_until', 'open_base', 'consecutive', 'reason',
   'calls', 'failures', 'slow', 'head', 'trial_calls', 'trial_failures', 'trial_slow', 'pos', 'rejected',
@@ -228,16 +277,16 @@ end
 """
 
 BREAKER_REPORT = _BREAKER_PRELUDE + r"""
--- KEYS[4]: this replica's batch sequence key. ARGV[16]: the epoch the outcomes were recorded in
--- (-1: before the replica first read the state; they count if it is closed); ARGV[17]: one byte
--- per outcome code; ARGV[18]: the batch's sequence number. A batch whose
+-- KEYS[4]: this replica's batch sequence key. ARGV[own]: the epoch the outcomes were recorded in
+-- (-1: before the replica first read the state; they count if it is closed); ARGV[own + 1]: one byte
+-- per outcome code; ARGV[own + 2]: the batch's sequence number. A batch whose
 -- sequence number was already applied is a resend after a lost reply: counted once only.
 -- Codes are applied in order and the rules checked after each, as the in-memory breaker does;
 -- the codes after a trip are dropped (the window they belonged to is over). A success cannot trip
 -- the breaker once the served calls are >= min_calls and every rate is under its threshold (it
 -- lowers every rate and ends the run of failures), and neither can the successes after it: such a
 -- run of successes, the bulk of a healthy batch, is applied at once with a few string operations.
-local expected, codes, seq = tonumber(ARGV[16]), ARGV[17], tonumber(ARGV[18])
+local expected, codes, seq = tonumber(ARGV[own]), ARGV[own + 1], tonumber(ARGV[own + 2])
 local k = #codes
 if k > 0 then
   local last = tonumber(redis.call('GET', KEYS[4])) or 0
@@ -327,15 +376,15 @@ return snapshot(k)
 """
 
 BREAKER_TRIAL_ACQUIRE = _BREAKER_PRELUDE + r"""
--- ARGV[16]: lease duration (seconds); ARGV[17..]: lease ids, one per permit wanted (a replica asks
+-- ARGV[own]: lease duration (seconds); ARGV[own + 1..]: lease ids, one per permit wanted (a replica asks
 -- once for its whole crowd). Grants the first ones while permits are left; extra = how many.
-local lease_s = tonumber(ARGV[16])
+local lease_s = tonumber(ARGV[own])
 if st.state == 'open' and now >= st.open_until then to_state('half_open', 'open duration elapsed') end
 local granted = 0
 if st.state == 'half_open' then
   redis.call('ZREMRANGEBYSCORE', T, '-inf', fmt(now))
   local left = permits - st.trial_calls - redis.call('ZCARD', T)
-  for i = 17, #ARGV do
+  for i = own + 1, #ARGV do
     if left <= 0 then break end
     redis.call('ZADD', T, fmt(now + lease_s), ARGV[i])
     left = left - 1
@@ -348,12 +397,12 @@ return snapshot(granted)
 """
 
 BREAKER_TRIAL_DONE = _BREAKER_PRELUDE + r"""
--- ARGV[16..]: pairs of (lease id, outcome code), the code -1 to give the permit back unrecorded
+-- ARGV[own..]: pairs of (lease id, outcome code), the code -1 to give the permit back unrecorded
 -- (cancelled, ignored error, unused, or a grant whose reply was lost). A lease still in the ZSET
 -- belongs to the current half-open round (every transition deletes the ZSET); a late result of an
 -- expired lease is dropped: its permit was already handed to another trial. Idempotent.
 local counted = 0
-for i = 16, #ARGV, 2 do
+for i = own, #ARGV, 2 do
   local lease, code = ARGV[i], tonumber(ARGV[i + 1])
   if st.state == 'half_open' and redis.call('ZREM', T, lease) == 1 then
     dirty = true
@@ -385,8 +434,8 @@ return snapshot(counted)
 """
 
 BREAKER_SET_STATE = _BREAKER_PRELUDE + r"""
--- ARGV[16]: closed (reset), forced_open or disabled.
-local target = ARGV[16]
+-- ARGV[own]: closed (reset), forced_open or disabled.
+local target = ARGV[own]
 if target == 'closed' then
   to_state('closed', 'reset')
 else
