@@ -45,7 +45,7 @@ from .._context import current_tenant
 from .._errors import RagguardError, StageTimeout
 from ..deadline import current_expiry, remaining
 from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
-from ..options import RetryPolicy
+from ..options import HedgePolicy, RetryPolicy
 from ..outcomes import Kind, Outcome, classify
 from ..pipeline import Call, Scope
 
@@ -83,6 +83,13 @@ class RetryBudget:
         "ratio",
         "window_s",
     )
+
+    @classmethod
+    def of(cls, policy: RetryPolicy | HedgePolicy, clock: Callable[[], float]) -> RetryBudget:
+        """The budget a policy's ``budget_ratio``, ``budget_min_per_s`` and ``budget_window_s``
+        give (the retries' or the hedges')."""
+        return cls(ratio=policy.budget_ratio, min_per_s=policy.budget_min_per_s,
+                   window_s=policy.budget_window_s, clock=clock)  # fmt: skip
 
     def __init__(
         self, *, ratio: float, min_per_s: float, window_s: float, clock: Callable[[], float]
@@ -561,12 +568,7 @@ def make_budget(stage: Stage) -> RetryBudget | None:
     retry = stage.policy.retry
     if retry.attempts <= 1:
         return None
-    return RetryBudget(
-        ratio=retry.budget_ratio,
-        min_per_s=retry.budget_min_per_s,
-        window_s=retry.budget_window_s,
-        clock=stage.clock,
-    )
+    return RetryBudget.of(retry, stage.clock)
 
 
 def build(stage: Stage, bound: Bound) -> RetryLayer | None:
