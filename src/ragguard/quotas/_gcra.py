@@ -50,7 +50,7 @@ class Rate:
 
     def take(self, tat: float, now: float) -> float | None:
         """The ``tat'`` after one token taken at ``now`` if it fits now, else None."""
-        after = (tat if tat > now else now) + self.interval_s
+        after = (tat if tat > now else now) + self.interval_s  # step(tat, now), inlined: the hot path
         return after if after - now - self.tolerance_s <= EPSILON_S else None
 
     def give_back(self, tat: float, n: float = 1) -> float:
