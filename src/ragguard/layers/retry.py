@@ -459,20 +459,62 @@ class RetryLayer:
         return None
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
-        """The retry loop: after each failed attempt, ask whether and how long to wait (the policy's
-        strategies inline, or the layer's tenacity strategies, in tenacity's order), say so
-        (RetryScheduled), sleep, and run the next attempt; the error of the attempt not retried
-        is raised."""
+        """The retry loop: after each failed attempt, decide whether and how long to wait (the
+        policy's strategies, asked inline: the failure path's cost; or the layer's tenacity
+        strategies, :meth:`_next_wait_of_strategies`), say so (RetryScheduled), sleep, and run the
+        next attempt; the error of the attempt not retried is raised."""
         state = None if self._native else _CallState(call, self.clock)
         attempt = 1  # the number of the attempt that failed with ``exc``
+        sure = self._sure
+        backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
         try:
             while True:
-                if state is None:
-                    wait = self._next_wait(call, exc, attempt)
-                else:
+                if state is not None:
                     wait = self._next_wait_of_strategies(call, exc, state)
-                if wait is None:
-                    raise exc
+                    if wait is None:
+                        raise exc
+                else:
+                    # The policy's strategies, in tenacity's order: the retry predicate, the wait,
+                    # the stop (attempts, deadline, budget: short-circuited, so the budget is
+                    # charged only for a retry that happens). First retryable(exc), with its
+                    # usual answer first (exc is an Exception here).
+                    outer = call.recoverable
+                    if isinstance(exc, sure) and not isinstance(exc, RagguardError):
+                        if outer is not None and outer(exc):
+                            raise exc
+                        stated = getattr(exc, "retry_after_s", None) is not None
+                        after = retry_after_of(exc) if stated else 0.0
+                    else:
+                        if not _not_a_rejection(exc):
+                            raise exc
+                        outcome = self._classify(exc)
+                        if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
+                            raise exc
+                        after = outcome.retry_after_s or 0.0
+                    if after > self._max_after_s:
+                        raise exc  # the dependency asks for more than this stage would ever wait
+                    wait = backoffs[attempt - 1]
+                    if jitter_s:
+                        wait += self.rng.uniform(0.0, jitter_s)
+                    if attempt >= self._attempts:
+                        # the last attempt failed: stop (the deadline and Retry-After below only
+                        # shape the wait, which no retry will sleep; the jitter is drawn as before)
+                        raise exc
+                    expiry = current_expiry()
+                    if expiry is not None:
+                        left = expiry.left()
+                        if wait > left - min_left:
+                            wait = left - min_left if left > min_left else 0.0
+                    if after > wait:  # the wait the dependency stated
+                        wait = after
+                    if expiry is not None:
+                        # the time left read again, as _DeadlineStop does after _CutWait: a wait
+                        # cut to leave exactly min_left is stopped once any time has passed since
+                        left = expiry.left()
+                        if (left if left > 0.0 else 0.0) - wait < min_left:
+                            raise exc
+                    if not self._spend():
+                        raise exc
                 if self._bus.active:
                     tenant = current_tenant()
                     self._bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__, tenant))
@@ -489,54 +531,10 @@ class RetryLayer:
             # objects per failed call, traceback and frames included)
             del exc, state
 
-    def _next_wait(self, call: Call, exc: Exception, attempt: int) -> float | None:
-        """The seconds to wait before retrying attempt ``attempt`` that failed with ``exc``, or
-        None to stop: the policy's strategies asked inline, in tenacity's order (the retry
-        predicate, the wait, the stop: attempts, deadline, budget, short-circuited so that the
-        budget is charged only for a retry that happens)."""
-        # retryable(exc), with its usual answer first (exc is an Exception here)
-        outer = call.recoverable
-        if isinstance(exc, self._sure) and not isinstance(exc, RagguardError):
-            if outer is not None and outer(exc):
-                return None
-            after = retry_after_of(exc) if getattr(exc, "retry_after_s", None) is not None else 0.0
-        else:
-            if not _not_a_rejection(exc):
-                return None
-            outcome = self._classify(exc)
-            if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
-                return None
-            after = outcome.retry_after_s or 0.0
-        if after > self._max_after_s:
-            return None  # the dependency asks for more than this stage would ever wait
-        wait = self._backoffs[attempt - 1]
-        if self._jitter_s:
-            wait += self.rng.uniform(0.0, self._jitter_s)
-        if attempt >= self._attempts:
-            # the last attempt failed: stop (the deadline and Retry-After below only shape the
-            # wait, which no retry will sleep; the jitter is drawn as before)
-            return None
-        min_left = self._min_left
-        expiry = current_expiry()
-        if expiry is not None:
-            left = expiry.left()
-            if wait > left - min_left:
-                wait = left - min_left if left > min_left else 0.0
-        if after > wait:  # the wait the dependency stated
-            wait = after
-        if expiry is not None:
-            # the time left read again, as _DeadlineStop does after _CutWait: a wait cut to leave
-            # exactly min_left is stopped once any time has passed since
-            left = expiry.left()
-            if (left if left > 0.0 else 0.0) - wait < min_left:
-                return None
-        if not self._spend():
-            return None
-        return wait
-
     def _next_wait_of_strategies(self, call: Call, exc: Exception, state: _CallState) -> float | None:
-        """:meth:`_next_wait` asking the layer's tenacity strategies (a user's among them), in
-        tenacity's order (``BaseRetrying.iter``): the outcome, the retry predicate, the wait (as
+        """The seconds to wait before the next attempt after ``exc``, or None to stop, asking the
+        layer's tenacity strategies (a user's among them) in tenacity's order
+        (``BaseRetrying.iter``): the outcome, the retry predicate, the wait (as
         ``upcoming_sleep``), the stop; then the state moves on to the next attempt."""
         state.outcome = _Failed(exc, state.attempt_number)  # type: ignore[assignment]
         state.outcome_timestamp = self.clock()
