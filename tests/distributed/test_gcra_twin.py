@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,8 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ragguard import FakeClock, QuotaExceeded, TenantQuota
-from ragguard.chaos import RedisServer, RedisServerUnavailable
-from ragguard.chaos._redis_server import find_redis_server
 from ragguard.options._policy import burst_of
 from ragguard.quotas import WAIT, LocalQuotas
 from ragguard.quotas._gcra import EPSILON_S, Rate
@@ -27,7 +24,6 @@ from ragguard.redis._scripts import GCRA
 
 pytestmark = [pytest.mark.timeout(120)]
 
-_server: RedisServer | None = None
 _tenants = itertools.count()
 
 # Steps a bucket through ARGV: interval, tolerance, the first tat, then (op, now, n) per step: 't'
@@ -49,21 +45,6 @@ for i = 4, #ARGV, 3 do
 end
 return table.concat(out, ' ')
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_redis() -> Iterator[None]:
-    global _server
-    if find_redis_server() is None:
-        pytest.skip("redis-server not found on PATH")
-    try:
-        with RedisServer() as server:
-            _server = server
-            yield
-    except RedisServerUnavailable as exc:
-        pytest.skip(f"redis-server would not start: {exc}")
-    finally:
-        _server = None
 
 
 def _python_steps(rate: Rate, tat: float, steps: list[tuple[str, float, int]]) -> list[float]:
@@ -95,9 +76,8 @@ _step = st.tuples(
     steps=st.lists(_step, min_size=1, max_size=40),
 )
 def test_the_lua_gcra_steps_as_the_python_one(
-    rate_per_s: float, burst: int | None, start: float, steps: list[tuple[str, float, int]]
+    module_redis: Any, rate_per_s: float, burst: int | None, start: float, steps: list[tuple[str, float, int]]
 ) -> None:
-    assert _server is not None
     rate = Rate(rate_per_s, burst_of(rate_per_s, burst))
     timeline, now = [], start
     for op, dt, n in steps:
@@ -106,7 +86,7 @@ def test_the_lua_gcra_steps_as_the_python_one(
     args: list[Any] = [repr(rate.interval_s), repr(rate.tolerance_s), repr(start)]
     for op, at, n in timeline:
         args += [op, repr(at), n]
-    client = redis.Redis(host=_server.host, port=_server.port, socket_timeout=PATIENT_S)
+    client = redis.Redis(host=module_redis.host, port=module_redis.port, socket_timeout=PATIENT_S)
     try:
         lua = [float(x) for x in client.eval(_STEPS, 0, *args).split()]
     finally:
@@ -134,14 +114,15 @@ def test_take_is_the_one_token_step_that_fits() -> None:
     burst=st.one_of(st.none(), st.integers(1, 5)),
     gaps=st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.1, 0.3, 0.5, 1.0, 2.0]), min_size=1, max_size=25),
 )
-def test_shared_and_local_quotas_admit_alike(rate_per_s: float, burst: int | None, gaps: list[float]) -> None:
-    assert _server is not None
+def test_shared_and_local_quotas_admit_alike(
+    module_redis: Any, rate_per_s: float, burst: int | None, gaps: list[float]
+) -> None:
     quota = TenantQuota(rate_per_s=rate_per_s, burst=burst)
     tenant = f"twin{next(_tenants)}"
     clock = FakeClock(1000.0)
 
     async def run() -> tuple[list[Any], list[Any]]:
-        client = make_client(_server.host, _server.port, socket_timeout=PATIENT_S)
+        client = make_client(module_redis.host, module_redis.port, socket_timeout=PATIENT_S)
         shared = RedisQuotas(lambda t: quota, client, clock=clock, redis_timeout_s=PATIENT_S)
         local = LocalQuotas(lambda t: quota, clock=clock)
         seen_local, seen_shared = [], []

@@ -52,17 +52,10 @@ class LocalHold:
     """
 
     __slots__ = (
-        "_failure_threshold",
-        "_jitter",
+        "_config",
         "_moved",
-        "_multiplier",
-        "_open_for_s",
-        "_open_max_s",
-        "_permits",
         "_reject",
-        "_rejection_threshold",
         "_rng",
-        "_slow_threshold",
         "base_s",
         "calls",
         "failures",
@@ -90,19 +83,12 @@ class LocalHold:
         self.state = state
         self.until = now + open_left_s
         self.base_s = open_base_s or config.open_for_s
-        self._permits = config.half_open_permits
-        self._failure_threshold = config.failure_rate_threshold
-        self._slow_threshold = config.slow_call_rate_threshold
-        self._rejection_threshold = config.rejection_rate_threshold
-        self._open_for_s = config.open_for_s
-        self._multiplier = config.open_backoff_multiplier
-        self._open_max_s = config.open_cap_s
-        self._jitter = config.open_jitter
+        self._config = config  # the wrapped breaker's options: the rules are its rules
         self._rng = rng
         self._reject = reject
         self._moved = moved
         self.round = 0
-        self.left = max(0, self._permits - trials_running)
+        self.left = max(0, config.half_open_permits - trials_running)
         self.calls = self.failures = self.slow = self.rejected = 0
 
     @property
@@ -142,13 +128,14 @@ class LocalHold:
         self.slow += (code >> 1) & 1
         self.rejected += code >> 2
         done = self.calls
-        if done < self._permits:
+        config = self._config
+        if done < config.half_open_permits:
             return
         served = done - self.rejected
-        threshold = self._rejection_threshold
-        if served and self.failures * 100.0 >= self._failure_threshold * served:
+        threshold = config.rejection_rate_threshold
+        if served and self.failures * 100.0 >= config.failure_rate_threshold * served:
             self._reopen(now, f"{self.failures} of {done} trial calls failed (local)")
-        elif served and self.slow * 100.0 >= self._slow_threshold * served:
+        elif served and self.slow * 100.0 >= config.slow_call_rate_threshold * served:
             self._reopen(now, f"{self.slow} of {done} trial calls were slow (local)")
         elif self.rejected and threshold is not None and self.rejected * 100.0 >= threshold * done:
             self._reopen(now, f"{self.rejected} of {done} trial calls were turned away (local)")
@@ -161,11 +148,13 @@ class LocalHold:
             self.left += 1
 
     def _reopen(self, now: float, reason: str) -> None:
-        base = min(self.base_s * self._multiplier, self._open_max_s)
+        config = self._config
+        cap, jitter = config.open_cap_s, config.open_jitter
+        base = min(self.base_s * config.open_backoff_multiplier, cap)
         self.base_s = base
         duration = base
-        if self._jitter:
-            duration = min(base * (1.0 + self._jitter * (2.0 * self._rng.random() - 1.0)), self._open_max_s)
+        if jitter:
+            duration = min(base * (1.0 + jitter * (2.0 * self._rng.random() - 1.0)), cap)
         self.until = now + duration
         self._to(_OPEN, now, reason)
 
@@ -174,6 +163,6 @@ class LocalHold:
         self.state = new
         self.round += 1
         if new is _HALF_OPEN:
-            self.left = self._permits
+            self.left = self._config.half_open_permits
             self.calls = self.failures = self.slow = self.rejected = 0
         self._moved(old, new, now, reason)
