@@ -21,6 +21,7 @@ tests/packaging/test_layout.py holds the core to it.
 from . import rag  # noqa: F401 - the RAG wing: its presets register themselves into the core
 from ._clock import FakeClock
 from ._context import current_tenant, degraded
+from ._endings import StreamEnding, stream_endings
 from ._errors import (
     BreakerOpen,
     ConfigError,
@@ -53,6 +54,7 @@ from .options import (
     HedgePolicy,
     Policy,
     PoolQuota,
+    ReservePolicy,
     RetryPolicy,
     StagePolicy,
     TenantQuota,
@@ -62,6 +64,7 @@ from .options import (
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority
+from .pipeline import GuardedStream
 
 __version__ = "0.1.0"
 
@@ -87,6 +90,7 @@ __all__ = [
     "FakeClock",
     "GenerationPolicy",
     "Guard",
+    "GuardedStream",
     "HedgePolicy",
     "InvalidInput",
     "Outcome",
@@ -98,9 +102,11 @@ __all__ = [
     "RagguardError",
     "RerankOOMBreaker",
     "RerankOutOfMemory",
+    "ReservePolicy",
     "RetryPolicy",
     "StagePolicy",
     "StageTimeout",
+    "StreamEnding",
     "StreamTimeout",
     "TenantQuota",
     "ThrottlePolicy",
@@ -117,5 +123,6 @@ __all__ = [
     "priority",
     "register_classifier",
     "remaining",
+    "stream_endings",
     "tenant",
 ]

@@ -56,7 +56,12 @@ current_expiry: Callable[[], Expiry | None] = _deadline.get
 on every call (the context variable's own ``get``, so no Python frame)."""
 
 restore: Callable[[Token[Expiry | None]], None] = _deadline.reset
-"""Put back the deadline that :func:`narrow` replaced, given the token it returned."""
+"""Put back the deadline that :func:`narrow` (or :func:`shorten`) replaced, given the token it returned."""
+
+shorten: Callable[[Expiry], Token[Expiry | None]] = _deadline.set
+"""Make an :class:`Expiry` the current deadline; returns the token :func:`restore` takes. For a
+layer that gives the code inside it an earlier deadline than the request's (a stage's share, the
+time kept for a fallback): the caller passes one no later than the current deadline."""
 
 
 def remaining() -> float | None:

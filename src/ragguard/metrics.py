@@ -33,6 +33,7 @@ from . import _validate as v
 from . import events
 from ._errors import ConfigError
 from ._extras import install_hint
+from .deadline import remaining
 from .events import StageCompleted, error_type
 from .guard import Guard, default_guard
 
@@ -257,6 +258,10 @@ class PrometheusExporter:
             "ragguard_streams_cut", "Streams a generation budget cut (first_item, idle, total).",
             ["stage", "budget"], registry=r,
         )  # fmt: skip
+        self.stream_endings = pc.Counter(
+            "ragguard_stream_endings", "Guarded streams ended: completed, continued or incomplete.",
+            ["stage", "ending"], registry=r,
+        )  # fmt: skip
         self.stream_tokens = pc.Counter(
             "ragguard_stream_tokens", "Tokens counted in generation streams, per tenant.",
             ["stage", "tenant"], registry=r,
@@ -301,6 +306,7 @@ class PrometheusExporter:
             "SharedStateRestored": self._restored,
             "FaultInjected": self._fault,
             "StreamCut": self._cut,
+            "StreamEnded": self._ended,
             "StreamSettled": self._settled,
             "LoopStall": self._stall,
             "PoolExhausted": self._pool,
@@ -413,6 +419,9 @@ class PrometheusExporter:
 
     def _cut(self, e: events.StreamCut) -> None:
         self.stream_cuts.labels(self._stage_label(e.stage), e.budget).inc()
+
+    def _ended(self, e: events.StreamEnded) -> None:
+        self.stream_endings.labels(self._stage_label(e.stage), e.ending).inc()
 
     def _settled(self, e: events.StreamSettled) -> None:
         stage, tenant = self._stage_label(e.stage), self._tenant(e.tenant)
@@ -762,6 +771,14 @@ class _OtelTracer:
             span.set_status(status(error, kind))
         span.end()
 
+    def stream_ended(self, span: Any, ending: Any) -> None:
+        """A stream's ending (:class:`ragguard.StreamEnding`) on its span, before it ends."""
+        span.set_attribute("ragguard.stream.ending", ending.kind)
+        span.set_attribute("ragguard.items", ending.items)
+        if ending.continued_by:
+            span.set_attribute("ragguard.stream.continued_by", ending.continued_by)
+            span.set_attribute("ragguard.stream.continued_after", ending.continued_after)
+
     def record(self, event: Any) -> None:
         """The bus tap: the event as a span event of the span current where it was emitted."""
         kind = type(event)
@@ -793,8 +810,8 @@ class StageSpan:
     """
 
     __slots__ = (
-        "_attached", "_bus", "_clock", "_tracer", "breaker_state", "fallback", "outcome", "span", "stage",
-        "started", "tenant",
+        "_attached", "_bus", "_clock", "_tracer", "breaker_state", "deadline_s", "fallback", "outcome",
+        "span", "stage", "started", "tenant",
     )  # fmt: skip
 
     def __init__(
@@ -818,6 +835,7 @@ class StageSpan:
         self._tracer = tracer
         self._attached: Any = None
         self.started = clock()
+        self.deadline_s = remaining()  # what the request's deadline had left when the stage started
 
     def set_breaker_state(self, state: str) -> None:
         self.breaker_state = str(state)
@@ -854,7 +872,7 @@ class StageSpan:
             error = error_type(exc) if self.outcome == "error" else ""
             bus.emit(
                 StageCompleted(self.stage, self.tenant, self.outcome, self._clock() - self.started,
-                               self.fallback, self.breaker_state, error)
+                               self.fallback, self.breaker_state, error, None, self.deadline_s)
             )  # fmt: skip
 
 
@@ -926,7 +944,9 @@ class OTelMetrics:
     - ``ragguard.rejections`` (counter, {call}): ``ragguard.rejection`` (``breaker``, ``quota``,
       ``shed``, ``throttle``), ``ragguard.reason`` and the stage (breaker) it happened at;
     - ``ragguard.fallbacks`` (counter, {call}): ``ragguard.stage``, ``ragguard.fallback`` and the
-      ``error.type`` it answered for.
+      ``error.type`` it answered for;
+    - ``ragguard.stream.endings`` (counter, {stream}): ``ragguard.stage``, ``ragguard.stream.ending``
+      (``completed``, ``continued``, ``incomplete``).
 
     No tenant attribute (a tenant id is unbounded). Raises ImportError with an install hint when
     opentelemetry-api is missing.
@@ -958,6 +978,10 @@ class OTelMetrics:
         self.fallbacks = meter.create_counter(
             "ragguard.fallbacks", unit="{call}", description="Answers served by a fallback."
         )
+        self.endings = meter.create_counter(
+            "ragguard.stream.endings", unit="{stream}",
+            description="Guarded streams ended: completed, continued or incomplete.",
+        )  # fmt: skip
 
     def start(self) -> OTelMetrics:
         """Subscribe to the bus; returns self. Starting twice is a no-op."""
@@ -982,6 +1006,8 @@ class OTelMetrics:
             first = getattr(e, "first_item_s", None)
             if first is not None:
                 self.first_chunk.record(first, {"ragguard.stage": e.stage})
+        elif kind == "StreamEnded":
+            self.endings.add(1, {"ragguard.stage": e.stage, "ragguard.stream.ending": e.ending})
         elif kind == "StreamSettled":
             if e.tokens:
                 self.tokens.add(e.tokens, {"ragguard.stage": e.stage, "gen_ai.token.type": "output"})

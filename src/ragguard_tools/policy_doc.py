@@ -193,6 +193,8 @@ def render() -> str:
         out += _section(title, model, _breaker_options() if model is BreakerPolicy else None)
     out += _section("`generation` (the generation preset's stream budgets): `GenerationPolicy`",
                     policy.GenerationPolicy)  # fmt: skip
+    out += _section("`reserve` (the time a stage with a fallback keeps for it): `ReservePolicy`",
+                    policy.ReservePolicy)  # fmt: skip
     out += _section("TenantQuota: `tenants.<id>`, `default_quota`", policy.TenantQuota)
     out += _section("TokenLimits: `tenants.<id>.models.<model>`", policy.TokenLimits)
     out += _section("PoolQuota: `unlisted_pool`", policy.PoolQuota)

@@ -35,12 +35,15 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .._clock import Clock, monotonic
 from .._context import current_tenant, mark_degraded
 from .._errors import ConfigError, QuotaExceeded
 from .._validate import bounded
 from ..events import EventBus, FallbackServed, bus
 from ..outcomes import Kind, Outcome, classify, kind_of
 from ..pipeline import Call
+from ..pipeline._drivers import Head
+from . import reserve
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -142,7 +145,7 @@ class FallbackLayer:
     names (reason -> fallbacks) from theirs (see the module docstring); ``classify`` reads what
     the dependency said (the build context's)."""
 
-    __slots__ = ("_applies", "_bus", "_classify", "fallbacks", "routes", "stage")
+    __slots__ = ("_applies", "_bus", "_classify", "_clock", "_learn", "fallbacks", "routes", "stage")
 
     def __init__(
         self,
@@ -152,6 +155,8 @@ class FallbackLayer:
         event_bus: EventBus = bus,
         routes: Mapping[str, Sequence[Fallback]] | None = None,
         classify: Callable[[BaseException], Outcome] = classify,
+        learn: Callable[[float], None] | None = None,
+        clock: Clock = monotonic,
     ) -> None:
         self.stage = stage
         self.fallbacks = tuple(fallbacks)
@@ -159,6 +164,8 @@ class FallbackLayer:
         self._applies = applies
         self._bus = event_bus
         self._classify = classify
+        self._learn = learn  # told how long the chain took to answer (the stage's reserve learns it)
+        self._clock = clock
 
     def chain_for(self, exc: BaseException) -> tuple[Fallback, ...]:
         """The fallbacks that may serve ``exc``, in order: its route's (a caller's error whose
@@ -176,6 +183,8 @@ class FallbackLayer:
             chain = self.chain_for(exc)
             if not chain:
                 raise exc
+            learn = self._learn
+            started = self._clock() if learn is not None else 0.0
             for fallback in chain:
                 try:
                     result = await fallback.serve(call, exc)
@@ -189,12 +198,54 @@ class FallbackLayer:
                 if (events := self._bus).active:
                     error = type(exc).__name__
                     events.emit(FallbackServed(self.stage, fallback.name, current_tenant(), error))
+                if learn is not None:
+                    if call.stream and not isinstance(result, Head):  # an opened stream is not timed
+                        # a stream's fallback has answered once its first item is there
+                        return _FirstItem(result, learn, self._clock, started)
+                    learn(self._clock() - started)
                 return result
             raise exc
         finally:
             # this frame lets go of the error it raises: the error's traceback holds the frame, and
             # the two would otherwise be a reference cycle only the garbage collector frees
             del exc
+
+
+class _FirstItem:
+    """A stream a fallback returned, telling ``learn`` the time from ``started`` to its first
+    item (once, when that item is read; nothing when it ends or fails before one)."""
+
+    __slots__ = ("_clock", "_iter", "_learn", "_produced", "_started")
+
+    def __init__(self, produced: Any, learn: Callable[[float], None], clock: Clock, started: float) -> None:
+        self._produced = produced
+        self._iter: Any = None
+        self._learn: Callable[[float], None] | None = learn
+        self._clock = clock
+        self._started = started
+
+    def __aiter__(self) -> _FirstItem:
+        produced = self._produced
+        self._iter = produced.__aiter__() if hasattr(produced, "__aiter__") else _items(produced)
+        return self
+
+    async def __anext__(self) -> Any:
+        item = await self._iter.__anext__()
+        learn = self._learn
+        if learn is not None:
+            self._learn = None
+            learn(self._clock() - self._started)
+        return item
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._iter, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _items(items: Any) -> Any:
+    for item in items:
+        yield item
 
 
 def _note(exc: BaseException, text: str) -> None:
@@ -236,4 +287,7 @@ def build(stage: Stage, bound: Bound) -> FallbackLayer | None:
     counts = stage.breaker.classifier if stage.breaker is not None else None
     ctx = stage.context
     applies = applies_for(counts, stage.policy.fallback_on, ctx.kind_of)
-    return FallbackLayer(stage.name, fallbacks, applies, ctx.bus, bound.routes, ctx.classify)
+    learn = reserve.learner(stage) if fallbacks else None
+    return FallbackLayer(
+        stage.name, fallbacks, applies, ctx.bus, bound.routes, ctx.classify, learn, stage.clock
+    )

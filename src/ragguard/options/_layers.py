@@ -40,7 +40,9 @@ __all__ = [
 
 _table: tuple[tuple[str, type[Any] | None], ...] = (
     ("observe", None),
+    ("share", None),
     ("fallback", None),
+    ("reserve", None),
     ("deadline", None),
     ("quota", None),
     ("preset", None),

@@ -50,6 +50,7 @@ __all__ = [
     "GenerationPolicy",
     "Policy",
     "PoolQuota",
+    "ReservePolicy",
     "StagePolicy",
     "TenantQuota",
     "TokenLimits",
@@ -287,12 +288,69 @@ class GenerationPolicy(Options):
     estimate_tokens: int = Field(default=256, ge=1, le=1_000_000_000)
     max_shrinks: int = Field(default=2, ge=0, le=10)
     min_passages: int = Field(default=1, ge=0, le=1_000_000)
+class ReservePolicy(Options):
+    """The time a stage with a fallback keeps for it under a deadline (its *reserve*).
+
+    The primary attempts (retries and their backoff included) run under a deadline that ends the
+    reserve's length before the request's, so a hung or slow dependency is cut while its fallback
+    can still answer in time; the fallback then runs under the request's own deadline. By
+    default the reserve is learnt: the ``percentile`` of the fallback chain's recent latencies
+    (from the failure to its answer, misses of earlier fallbacks included; for a stream, to its
+    first item) times ``margin``, within ``min_s`` and ``max_s``; and never more than
+    ``max_share`` of the time left when the stage starts, so the primary always gets a real
+    chance. A stream keeps it until its first item (its fallback serves only before it). Kept
+    only under a deadline, and only by a stage that has a fallback.
+
+    - ``fixed_s``: a fixed reserve in seconds instead of the learnt one (still at most
+      ``max_share`` of the time left), 0 to 3600; 0 turns the reserve off. None (the default):
+      learnt. A stage's ``reserve`` may be given as this number alone (``reserve: 0``).
+    - ``min_s``: the floor of the learnt reserve, 0 to 60 (default 0.05: a cheap fallback still
+      needs the event loop to come back to it, and a busy loop lags by tens of milliseconds).
+    - ``max_s``: the ceiling of the learnt reserve, 0 to 3600, >= ``min_s`` (default 2.0; raise it
+      for a fallback that is itself a slow call, such as a second model).
+    - ``max_share``: the most of the time left when the stage starts that the reserve may take,
+      > 0 and <= 0.9 (default 0.25: the primary keeps at least three quarters).
+    - ``percentile``: which percentile of the fallback's recent latencies is learnt, 50 to 100
+      (default 99: P99).
+    - ``margin``: the learnt percentile is multiplied by this, 1 to 10 (default 1.5).
+    - ``window``: how many of the fallback's most recent latencies are kept, 1 to 10000
+      (default 100).
+    """
+
+    fixed_s: float | None = Field(default=None, ge=0, le=3600)
+    min_s: float = Field(default=0.05, ge=0, le=60)
+    max_s: float = Field(default=2.0, ge=0, le=3600)
+    max_share: float = Field(default=0.25, gt=0, le=0.9)
+    percentile: float = Field(default=99.0, ge=50, le=100)
+    margin: float = Field(default=1.5, ge=1, le=10)
+    window: int = Field(default=100, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReservePolicy:
+        if self.max_s < self.min_s:
+            raise ValueError(f"max_s ({self.max_s:g}) must be >= min_s ({self.min_s:g})")
+        return self
+
+    @property
+    def off(self) -> bool:
+        """Whether the reserve is turned off (``fixed_s`` 0)."""
+        return self.fixed_s == 0
+
+
 class StagePolicy(Options):
     """How one stage is guarded.
 
     - ``timeout_s``: per-attempt timeout in seconds (None: only the deadline bounds it).
     - ``min_attempt_s``: no attempt starts with less budget than this (seconds); a call with less
       left raises DeadlineExceeded at once instead of starting work it cannot finish.
+    - ``deadline_share``: the most of the request's deadline the stage may spend, as a share of
+      the time left when it starts, > 0 and <= 1 (None, the default: all of it). The stage runs
+      under a deadline that ends there, its fallback and retries included, so the stages after it
+      keep their time; one that runs out of it raises DeadlineExceeded (its fallback, if any,
+      answers first within the share). The standard stages have shares of their own (see the
+      standard stages' table).
+    - ``reserve``: the time a stage with a fallback keeps for it under a deadline
+      (:class:`ReservePolicy`; a number alone is its ``fixed_s``, 0 turns it off).
     - ``breaker``: the breaker kind and options; ``retry``: the retry policy.
     - ``fallback_on``: which failures the stage's fallback serves: ``breaker`` (the breaker's own
       failure kinds and BreakerOpen, the default) or ``any`` (every Exception but cancellation).
@@ -328,6 +386,8 @@ class StagePolicy(Options):
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
     min_attempt_s: float = Field(default=0.0, ge=0, le=3600)
+    deadline_share: float | None = Field(default=None, gt=0, le=1)
+    reserve: ReservePolicy = ReservePolicy()
     fallback_on: Literal["breaker", "any"] = "breaker"
     cache_size: int = Field(default=10_000, ge=0, le=10_000_000)
     cache_ttl_s: float = Field(default=3600.0, gt=0)
@@ -345,6 +405,8 @@ class StagePolicy(Options):
             *,
             timeout_s: float | None = None,
             min_attempt_s: float = 0.0,
+            deadline_share: float | None = None,
+            reserve: ReservePolicy | Mapping[str, Any] | float = ...,
             fallback_on: Literal["breaker", "any"] = "breaker",
             cache_size: int = 10_000,
             cache_ttl_s: float = 3600.0,
@@ -385,6 +447,14 @@ class StagePolicy(Options):
                     held[name] = value
         data["layers"] = held
         return data
+
+    @field_validator("reserve", mode="before")
+    @classmethod
+    def _reserve_number(cls, value: Any) -> Any:
+        # ``reserve: 0`` (off) or ``reserve: 0.05`` (fixed): the number is the fixed reserve
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return {"fixed_s": value}
+        return value
 
     @field_validator("layers")
     @classmethod
@@ -548,24 +618,28 @@ _HEDGE_NOT_IDEMPOTENT = (
 STANDARD_STAGE_OPTIONS: dict[str, dict[str, Any]] = {
     "embedding": {
         "preset": "embedding",
+        "deadline_share": 0.25,
         "timeout_s": 5.0,
         "breaker": {"kind": "embedding_timeout"},
         "retry": {"attempts": 2, "retry_on": ("connection", "rejection")},
     },
     "vector_store": {
         "preset": "vector_store",
+        "deadline_share": 0.25,
         "timeout_s": 2.0,
         "breaker": {"kind": "vector_store_unavailable"},
         "retry": {"attempts": 2, "retry_on": ("connection", "timeout", "rejection")},
     },
     "rerank": {
         "preset": "rerank",
+        "deadline_share": 0.3,
         "timeout_s": None,
         "breaker": {"kind": "rerank_oom"},
         "retry": {"attempts": 1, "retry_on": ()},
     },
     "generation": {
         "preset": "generation",
+        "deadline_share": 1.0,
         "timeout_s": None,
         "breaker": {"kind": "generic"},
         "retry": {"attempts": 2, "retry_on": ("connection", "timeout", "rejection")},
