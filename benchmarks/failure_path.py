@@ -1,10 +1,11 @@
 """The failure path: a call whose dependency refuses every attempt, 3 attempts, beside a hand-written
-retry loop, main before issue 30 (or another commit), the pre-redesign code and the stock libraries,
-in one interleaved run.
+retry loop, main before issue 30 (or another commit: ``--against``), the pre-redesign code and the
+stock libraries, in one interleaved run.
 
     .venv/bin/python benchmarks/failure_path.py [--ops 1000] [--rounds 15] [--against 9b27c28]
 
-Every contender makes 3 attempts at a coroutine raising ConnectionRefusedError, with a zero backoff
+Every contender makes 3 attempts at a coroutine raising ConnectionRefusedError (the full stack once
+more with httpx's ConnectError, which its package's classifier reads), with a zero backoff
 (one ``asyncio.sleep(0)`` between attempts), and ends with the error (no fallback); breakers are
 configured so that they never open (they count, they do not reject). CPU time of the loop's thread
 per failed call, median over rounds.
@@ -21,6 +22,7 @@ import aiobreaker
 import httpx
 import tenacity
 
+import _against
 import _baseline
 import _bench
 import ragguard
@@ -114,11 +116,10 @@ def natural() -> Any:
     return body
 
 
-async def main(ops: int, rounds: int, against: str) -> int:
+async def main(ops: int, rounds: int, against: str | None = None) -> int:
     _bench.header()
+    newer = _against.load(against)
     old, note = _baseline.load()
-    _bench.console.print(note, markup=False)
-    before, note = _baseline.load_commit(against)
     _bench.console.print(note, markup=False)
     retry_only, _ = _stage(ragguard, full=False)
     full, _ = _stage(ragguard, full=True)
@@ -128,24 +129,25 @@ async def main(ops: int, rounds: int, against: str) -> int:
         Contender("ragguard retry stage", "a stage with retries only (3 attempts)", retry_only),
         Contender("ragguard full stack", "tenant quota+deadline, retry, breaker, 2 s attempt timeout",
                   full),
+        Contender("ragguard full stack, httpx error", "the same, each attempt raising httpx.ConnectError",
+                  _stage(ragguard, full=True, fn=refused_httpx)[0]),
         Contender("stock libraries, natural", "Semaphore+2 asyncio.timeout+tenacity+aiobreaker", natural()),
     ]  # fmt: skip
-    contenders.insert(4, Contender("ragguard full stack, httpx error", "the same, each attempt raising "
-                                   "httpx.ConnectError", _stage(ragguard, full=True, fn=refused_httpx)[0]))
-    if before is not None:
-        contenders[5:5] = [
-            Contender(f"{against} retry stage", f"commit {against}, retries only", _stage(before, full=False)[0]),
-            Contender(f"{against} full stack", f"commit {against}, the same full stack", _stage(before, full=True)[0]),
-            Contender(f"{against} full stack, httpx error", f"commit {against}, the same",
-                      _stage(before, full=True, fn=refused_httpx)[0]),
-        ]  # fmt: skip
     if old is not None:
         old_retry, _ = _stage(old, full=False)
         old_full, _ = _stage(old, full=True)
-        contenders[4:4] = [
+        contenders[5:5] = [
             Contender("pre-redesign retry stage", "commit ba06c64, retries only", old_retry),
             Contender("pre-redesign full stack", "commit ba06c64, the same full stack", old_full),
         ]
+    mine = {
+        "ragguard retry stage": {"full": False},
+        "ragguard full stack": {"full": True},
+        "ragguard full stack, httpx error": {"full": True, "fn": refused_httpx},
+    }
+    if newer is not None and against is not None:
+        contenders += [Contender(_against.named(name, against), f"at {against}", _stage(newer, **how)[0])
+                       for name, how in mine.items()]  # fmt: skip
     results = await _bench.run_async(contenders, ops=ops, rounds=rounds, yield_every=0)
     _bench.print_table(results, "failure path: 3 failed attempts per call", against=["hand-written loop"],
                        unit="failed call")  # fmt: skip
@@ -155,15 +157,11 @@ async def main(ops: int, rounds: int, against: str) -> int:
         _bench.ratio_target(results, "full stack failing vs a hand-written loop", "ragguard full stack",
                             "hand-written loop", 2.0),
     ]  # fmt: skip
-    if before is not None:
-        targets.append(_bench.ratio_target(results, f"full stack failing vs {against}", "ragguard full stack",
-                                           f"{against} full stack", 1.05))
-        targets.append(_bench.ratio_target(results, f"full stack failing, httpx error, vs {against}",
-                                           "ragguard full stack, httpx error", f"{against} full stack, httpx error",
-                                           1.05))
     if old is not None:
         targets.append(_bench.ratio_target(results, "full stack failing vs pre-redesign (lower is better)",
                                            "ragguard full stack", "pre-redesign full stack", 1.0))
+    if newer is not None and against is not None:
+        targets += _against.targets(results, list(mine), against)
     _bench.print_targets(targets)
     return 0
 
@@ -172,6 +170,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=1000, help="failed calls per contender per round")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--against", default=_baseline.PRE_ISSUE_30, help="the commit to compare with")
+    _against.add_argument(parser, default=_baseline.PRE_ISSUE_30)
     args = parser.parse_args()
     sys.exit(asyncio.run(main(args.ops, args.rounds, args.against)))
