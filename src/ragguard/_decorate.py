@@ -21,7 +21,7 @@ from .layers import PRESETS, Bound, Stage, preset
 from .layers.breaker import adapt_breaker
 from .layers.fallback import ROUTES, user_fallbacks, user_routes
 from .pipeline import Call, Chain, GuardedStream
-from .pipeline._threads import ThreadCall, limiter_for
+from .pipeline._threads import limiter_for, thread_call
 
 __all__ = ["GuardDecorator", "check_preset", "decorator"]
 
@@ -129,7 +129,7 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
             async def guarded_sync(*args: Any, **kwargs: Any) -> Any:
                 g = fixed if fixed is not None else get_guard()
                 c = compiled(g)
-                return await chain(g).run(ThreadCall(stage, fn, args, kwargs, limiter_for(c.stage)))
+                return await chain(g).run(thread_call(stage, fn, args, kwargs, limiter_for(c.stage)))
 
             guarded_sync.__ragguard_stage__ = stage  # type: ignore[attr-defined]
             return guarded_sync

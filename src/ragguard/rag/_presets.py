@@ -47,7 +47,7 @@ from .._errors import ConfigError
 from ..layers import Bound, Stage, register_preset
 from ..layers.fallback import Fallback, applies_for
 from ..layers.timeout import build as timeout_layer
-from ..outcomes import Kind
+from ..outcomes import Kind, outcome_of
 from ..pipeline import Chain, Layer
 from ..quotas import TokenAccounts
 from ._args import ArgRef
@@ -343,13 +343,14 @@ def _continuation(
     own, under the request's deadline), a guarded one under its own stage's."""
     timeout = timeout_layer(stage, bound)
     layers: list[Layer] = [meter, _budgets(stage)] if timeout is None else [meter, _budgets(stage), timeout]
-    chain = Chain(layers, inner=True)
-    kind_of = stage.context.kind_of
+    classify = stage.context.classify
+    chain = Chain(layers, classify, inner=True)
     counts = stage.counts if stage.breaker is not None else None
-    served = applies_for(counts, stage.policy.fallback_on, kind_of)
+    served = applies_for(counts, stage.policy.fallback_on)
 
     def applies(exc: BaseException) -> bool:
-        return kind_of(exc) is not Kind.DEADLINE and served(exc)  # no time left to continue in
+        outcome = outcome_of(exc, classify)  # the chain's record (the stream driver classified it)
+        return outcome.kind is not Kind.DEADLINE and served(exc, outcome)  # no time left to continue in
 
     return ContinuationLayer(
         stage.name,
@@ -372,7 +373,6 @@ def _shrink(stage: Stage, passages: ArgRef | None) -> ShrinkPassages | None:
         max_shrinks=policy.generation.max_shrinks,
         min_passages=policy.generation.min_passages,
         min_attempt_s=policy.min_attempt_s,
-        classify=stage.context.classify,
         event_bus=stage.context.bus,
     )
 
