@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from ..layers.fallback import FallbackMiss
 from ..pipeline import Call
-from ._args import ArgRef
+from .._args import ArgRef
 from ._cache import EmbeddingCache
 
 __all__ = ["CacheFallback", "CacheTap", "texts_of"]

@@ -47,7 +47,7 @@ from ..events import EventBus, StreamCut, StreamSettled, bus
 from ..options import GenerationPolicy
 from ..pipeline import WAIT, Call, Scope
 from ..quotas._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts
-from ._args import ArgRef
+from .._args import ArgRef
 from ._counting import Usage
 
 __all__ = ["StreamBudgets", "StreamRecord", "TokenMeter"]

@@ -45,7 +45,7 @@ from ..layers import Bound, Stage, register_preset
 from ..layers.fallback import Fallback
 from ..pipeline import Layer
 from ..quotas import TokenAccounts
-from ._args import ArgRef
+from .._args import ArgRef
 from ._cache import EmbeddingCache
 from ._counting import count_tokens, token_accounts
 from ._embedding import CacheFallback, CacheTap

@@ -25,7 +25,7 @@ from ..breakers import is_out_of_memory
 from ..events import EventBus, FallbackServed, bus
 from ..layers.fallback import FallbackMiss
 from ..pipeline import Call
-from ._args import MISSING, ArgRef
+from .._args import MISSING, ArgRef
 
 __all__ = ["BatchLimiter", "ChunkedRerank", "SkipRerank", "score_of"]
 

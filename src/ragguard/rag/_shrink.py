@@ -34,7 +34,7 @@ from ..deadline import remaining
 from ..events import EventBus, FallbackServed, bus
 from ..outcomes import CONTEXT_LENGTH, Kind, Outcome, classify, context_overflow
 from ..pipeline import Call
-from ._args import ArgRef
+from .._args import ArgRef
 from ._counting import count_tokens
 
 __all__ = ["SHRINK", "ShrinkPassages", "passage_tokens"]
