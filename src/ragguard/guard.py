@@ -224,6 +224,7 @@ def guard(
     breaker: Any = None,
     on_context_length: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
     on_content_policy: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+    key: str | int | Callable[..., Any] | None = None,
     **preset_options: Any,
 ) -> GuardDecorator:
     """Guard an async function (or async generator function) as stage ``stage``; a sync function
@@ -244,6 +245,12 @@ def guard(
       TGI's), or one its content policy refused (see :mod:`ragguard.outcomes`). E.g. the same
       question to a model with a larger context; the generation preset's ``passages=`` tries
       fewer passages first.
+    - ``key``: the stage is keyed by deployment for this function (docs/layers.md, "Keyed
+      stages"): a parameter name or position whose value (a str) is the call's key, or a
+      function of the call's arguments returning it (``lambda q, *, model: model``); each key
+      runs with its own breaker, adaptive limit, budgets and limits under the stage's policy. A
+      call whose key is not a str runs on the stage's own instance. None: the stage policy's
+      ``key``, if it names one.
     - ``breaker``: a ragguard breaker or an ``aiobreaker.CircuitBreaker`` for this stage, instead
       of the one its policy builds; ``False`` for none (a step that composes guarded stages, whose
       own breakers already count their dependencies' failures).
@@ -253,9 +260,10 @@ def guard(
       ``passages=`` (generation: where the passages are, best first, to send fewer of them when
       the model refuses the request as too long).
 
-    Raises ConfigError at decoration for a bad option, a sync generator function, or a preset
-    option the function's signature does not have. At call time, raises what the call raised when no fallback
-    serves, or BreakerOpen, QuotaExceeded, DeadlineExceeded, StageTimeout.
+    Raises ConfigError at decoration for a bad option, a sync generator function, a preset
+    option or a key the function's signature does not have, or a key with a breaker of its own.
+    At call time, raises what the call raised when no fallback serves, or BreakerOpen,
+    QuotaExceeded, DeadlineExceeded, StageTimeout.
     """
     return cast(
         GuardDecorator,
@@ -267,6 +275,7 @@ def guard(
                 "breaker": breaker,
                 "on_context_length": on_context_length,
                 "on_content_policy": on_content_policy,
+                "key": key,
                 **preset_options,
             },
         ),

@@ -8,9 +8,9 @@ of your own; :func:`release_memory_on_oom` empties an ML framework's cached memo
 out-of-memory error (the CrossEncoder recipe of docs/sync.md).
 """
 
+from .._args import ArgRef
 from ..layers import PRESETS, preset, register_preset
 from ..quotas import TokenAccounts
-from .._args import ArgRef
 from ._cache import EmbeddingCache, normalise_text
 from ._counting import Usage, count_tokens, token_accounts
 from ._memory import empty_framework_cache, release_memory_on_oom

@@ -39,13 +39,13 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._args import ArgRef
 from .._clock import timers_of
 from .._errors import ConfigError
 from ..layers import Bound, Stage, register_preset
 from ..layers.fallback import Fallback
 from ..pipeline import Layer
 from ..quotas import TokenAccounts
-from .._args import ArgRef
 from ._cache import EmbeddingCache
 from ._counting import count_tokens, token_accounts
 from ._embedding import CacheFallback, CacheTap
@@ -205,6 +205,7 @@ class GenerationPreset:
 
     name = "generation"
     streams = True
+    counts_tokens = True  # its streams carry their estimates and usage (call.meter)
     option_names = frozenset({*_GENERATION_OPTIONS, "passages"})
 
     def resolve(self, fn: Callable[..., Any], given: Mapping[str, Any]) -> _GenerationOptions:
@@ -253,6 +254,7 @@ class GenerationPreset:
             model=options.model,
             usage=options.usage,
             event_bus=stage.context.bus,
+            always_estimate=policy.limits is not None and policy.limits.tpm is not None,
         )
         return (meter,) if shrink is None else (meter, shrink)
 
