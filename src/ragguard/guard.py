@@ -117,9 +117,15 @@ class Guard:
             st.check_breaker(breaker)
         return st
 
-    def breaker(self, stage: str) -> Any:
-        """The breaker guarding ``stage`` (None when the stage has none)."""
-        return self.stage(stage).breaker
+    def breaker(self, stage: str, key: str | None = None) -> Any:
+        """The breaker guarding ``stage`` (None when the stage has none); with ``key``, the one of
+        that key of the keyed stage (None when the key has no runtime now: it never ran, was
+        forgotten, or runs on the stage's own instance)."""
+        st = self.stage(stage)
+        if key is None:
+            return st.breaker
+        found = None if st.keys is None else st.keys.peek(key)
+        return None if found is None else found.breaker
 
     def stage_names(self) -> tuple[str, ...]:
         """The names of the stages this Guard has built, in the order they were first used."""

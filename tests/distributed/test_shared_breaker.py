@@ -438,7 +438,8 @@ async def test_a_provider_turning_every_call_away_opens_the_shared_breaker_of_ev
             for guarded in clients:  # one call each: two attempts each, four rejections together
                 with pytest.raises(openai.InternalServerError):
                     await guarded.chat.completions.create(model="m", messages=ask)
-            a, b = (g.breaker("generation") for g in guards)
+            a, b = (g.breaker(*c.chat.completions.create.__ragguard_deployment__("m")[1:])
+                    for g, c in zip(guards, clients, strict=True))  # fmt: skip
             await a.refresh()
             await b.refresh()
             await a.refresh()
