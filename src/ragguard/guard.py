@@ -22,9 +22,10 @@ from ._http import field_name
 from ._services import services
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
+from .groups import ModelGroup
 from .layers import Stage, preset
 from .layers._stage import forget_idle
-from .options import Policy, policy_of
+from .options import GroupPolicy, Policy, key_id, policy_of
 from .pipeline import Backend
 from .quotas import QuotaBackend, TenantContext
 from .status import snapshot
@@ -176,6 +177,33 @@ class Guard:
     async def aclose(self) -> None:
         """Stop the background work of shared (backend) breakers and quotas; a no-op otherwise."""
         await self.context.aclose()
+
+    def group(
+        self, name: str, targets: Mapping[str, Any], *, policy: GroupPolicy | Mapping[str, Any] | None = None
+    ) -> ModelGroup:
+        """The model group ``name`` of the policy's ``groups`` (or ``policy``, a
+        :class:`~ragguard.options.GroupPolicy` or its mapping), each deployment bound by name to
+        its target in ``targets``: a wrapped OpenAI or Anthropic client (or its ``create``), a
+        guarded LangChain runnable, or any callable (guarded here as the key of its deployment
+        name in the group's stage). See :mod:`ragguard.groups`.
+
+        Raises ConfigError for an unknown group, a deployment without a target or a target of
+        none, or a deployment's limits its stage cannot apply."""
+        if policy is None:
+            found = self.policy.groups.get(name) if isinstance(name, str) else None
+            if found is None:
+                known = ", ".join(sorted(self.policy.groups)) or "none"
+                raise ConfigError(f"no model group {name!r:.60} in the policy (its groups: {known})",
+                                  field="groups")  # fmt: skip
+            policy = found
+        elif not isinstance(policy, GroupPolicy):
+            policy = GroupPolicy.model_validate(dict(policy)) if isinstance(policy, Mapping) else policy
+        if not isinstance(policy, GroupPolicy):
+            raise ConfigError(f"group {name!r}: policy must be a GroupPolicy, got {type(policy).__name__}")
+        if not isinstance(targets, Mapping):
+            raise ConfigError(f"group {name!r}: targets must map deployment names to targets",
+                              field="targets")  # fmt: skip
+        return ModelGroup(self, key_id(name), policy, targets)
 
     def tenant(self, tenant_id: str) -> TenantContext:
         """``async with guard.tenant("acme"):`` admits one request of the tenant (see :func:`tenant`)."""

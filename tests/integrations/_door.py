@@ -33,7 +33,7 @@ def deployment_breaker(create: Any, model: str | None) -> Any:
     ``model`` on: its stage's key for the client's endpoint and the model."""
     where = getattr(create, "__ragguard_deployment__")  # noqa: B009 - the protocol's name
     guard, stage, key = where(model)
-    return guard.breaker(stage, key)
+    return guard().breaker(stage, key)
 
 
 async def eventually(check: Any, *, within_s: float = 5.0) -> None:

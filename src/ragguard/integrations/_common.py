@@ -97,6 +97,10 @@ class Stages:
     def current(self) -> ragguard.Guard:
         return self.guard if self.guard is not None else ragguard.default_guard()
 
+    def current_guard(self) -> ragguard.Guard:
+        """:attr:`current`, as a function."""
+        return self.guard if self.guard is not None else ragguard.default_guard()
+
     def preset_of(self, stage: str) -> str | None:
         return self.current.policy.stage(stage).preset
 

@@ -65,8 +65,9 @@ class Generation:
     """``create`` of a generation resource (chat completions, responses), as the generation stage,
     keyed by ``<endpoint>/<model>`` unless ``keyed`` is False (see :func:`model_key`).
 
-    ``create`` carries ``__ragguard_deployment__(model)``: the Guard, the stage and the key its
-    calls of ``model`` run under (what a model group reads a deployment's health from)."""
+    ``create`` carries ``__ragguard_deployment__(model)``: where its calls of ``model`` run, as
+    ``(guard, stage, key)``: a function returning the Guard, the stage's name and the key (what a
+    model group reads a deployment's health from; :mod:`ragguard.groups`)."""
 
     def __init__(
         self,
@@ -144,11 +145,11 @@ class Generation:
         self.create: Callable[..., Awaitable[Any]] = ragguard.named(stage, self._create)
         self.create.__ragguard_deployment__ = self.deployment  # type: ignore[attr-defined]
 
-    def deployment(self, model: str | None) -> tuple[ragguard.Guard, str, str | None]:
-        """The Guard, the stage and the key (None: the stage's own instance) of this create's
-        calls of ``model``."""
+    def deployment(self, model: str | None) -> tuple[Callable[[], ragguard.Guard], str, str | None]:
+        """Where this create's calls of ``model`` run: a function returning the Guard, the stage
+        and the key (None: the stage's own instance)."""
         key = None if self.key is None else self.key(model=model)
-        return self.stages.current, self.stage, key
+        return self.stages.current_guard, self.stage, key
 
     async def _create(self, **kwargs: Any) -> Any:
         """The SDK's ``create(**kwargs)`` as the generation stage: with ``stream=True`` a stream

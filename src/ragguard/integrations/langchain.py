@@ -204,10 +204,10 @@ class GuardedRunnable(Runnable[Any, Any]):
             model=lambda input, config, kwargs: name,
         )
 
-    def __ragguard_deployment__(self, model: str | None) -> tuple[Guard, str, str | None]:
-        """The Guard, the stage and the key this runnable's calls run under (``model`` is the
-        runnable's own: a model group passes None)."""
-        return self._stages.current, self.stage, self.key
+    def __ragguard_deployment__(self, model: str | None) -> tuple[Callable[[], Guard], str, str | None]:
+        """Where this runnable's calls run: a function returning the Guard, the stage and the key
+        (``model`` is ignored: the runnable has its own)."""
+        return self._stages.current_guard, self.stage, self.key
 
     @property
     def InputType(self) -> Any:
