@@ -71,16 +71,20 @@ class _Compiled:
         """The chain ``call`` runs: observed while the event bus has listeners or tracing is on;
         its key's, for a keyed function."""
         observed = bus.active or events.tracer is not None
+        root = self.own(observed)
+        keyed = self.keyed
+        return root if keyed is None else keyed.chain(call, root, observed)
+
+    def own(self, observed: bool) -> Chain:
+        """The chain of the stage's own instance (observed or not)."""
         if observed:
             root = self.observed
             if root is None:
                 assert self.stage is not None and self.bound is not None
                 root = self.observed = self.stage.chain(self.bound, observed=True)
-        else:
-            root = self.plain
-        assert root is not None
-        keyed = self.keyed
-        return root if keyed is None else keyed.chain(call, root, observed)
+            return root
+        assert self.plain is not None
+        return self.plain
 
 
 def _keyed(g: Any, st: Stage, bound: Bound, key: Any) -> KeyedChains | None:
@@ -192,16 +196,34 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
         async def guarded(*args: Any, **kwargs: Any) -> Any:
             g = fixed if fixed is not None else get_guard()
             c = slot
+            observed = bus.active or events.tracer is not None
             if c.guard is g and c.epoch == _inject.epoch:
-                run = c.run
-                if run is not None and not bus.active and events.tracer is None:
-                    return await run(Call(stage, fn, args, kwargs))
-                if c.observed is not None and c.keyed is None:  # observed: its chain is compiled already
+                if not observed:
+                    run = c.run
+                    if run is not None:
+                        return await run(Call(stage, fn, args, kwargs))
+                elif c.observed is not None and c.keyed is None:  # observed: its chain is compiled already
                     return await c.observed.run(Call(stage, fn, args, kwargs))
+            else:
+                c = compiled(g)
             call = Call(stage, fn, args, kwargs)
-            return await chain(g, call).run(call)
+            keyed = c.keyed
+            entry = None if keyed is None else keyed.entry(call, observed)
+            if entry is None:  # not keyed, no key, or past the bound: the stage's own chain
+                return await c.own(observed).run(call)
+            if entry[3]:  # its KeyGate counts the call (and times it)
+                return await entry[2 if observed else 1].run(call)
+            # the key's chain; the call counts itself, as a KeyGate would (a gate cost a fifth of it)
+            runtime = entry[0]
+            runtime.in_flight += 1
+            runtime.calls += 1
+            try:
+                return await entry[2 if observed else 1].run(call)
+            finally:
+                runtime.in_flight -= 1
 
         guarded.__ragguard_stage__ = stage  # type: ignore[attr-defined]
+        guarded.__ragguard_compiled__ = lambda: compiled(get_guard())  # type: ignore[attr-defined]
         return guarded
 
     return decorate

@@ -176,19 +176,21 @@ async def test_idle_keys_are_forgotten_when_room_is_needed_but_not_busy_or_open_
     call = _failing(g, key="model")
     await call("q", "idle")
     await _fail_twice(call, "bad-open")
+    await call("q", "recent")
     keys = g.stage("gen").keys
     assert keys is not None
-    busy = dict(keys.items())
-    busy["idle"].in_flight = 0
-    await call("q", "recent")
+    idle = dict(keys.items())["idle"]
     clock.advance(61)
-    await call("q", "recent")  # used just now
+    assert await call("q", "new") == "new"  # no room: the overflow; the map looks at its keys
+    assert keys.evicted == 0  # calls are counted, not timed: each key is quiet from that look on
+    clock.advance(30)
+    await call("q", "recent")  # used again
+    clock.advance(31)  # 61 s since that look, with no call since but recent's
     assert await call("q", "new") == "new"
-    kept = sorted(k for k, _ in keys.items())
-    assert kept == ["bad-open", "new", "recent"]  # the idle one made room; open and recent stay
-    assert keys.evicted == 1
-    assert not busy["idle"].alive
+    assert sorted(k for k, _ in keys.items()) == ["bad-open", "new", "recent"]  # open and recent stay
+    assert keys.evicted == 1 and not idle.alive
     assert await call("q", "idle") == "idle"  # comes back afresh (the map is full: overflow)
+    assert keys.overflowed == 2
 
 
 async def test_an_idle_key_in_flight_is_never_forgotten() -> None:
@@ -201,13 +203,15 @@ async def test_an_idle_key_in_flight_is_never_forgotten() -> None:
 
     held = stream("long")
     await held.__anext__()
-    clock.advance(100)
-    await _failing(g, key="model")("q", "other")  # no room: overflow
+    other = _failing(g, key="model")
+    for _ in range(3):  # looks 100 s apart: the stream is in flight at each
+        clock.advance(100)
+        await other("q", "other")  # no room: overflow
     keys = g.stage("gen").keys
     assert keys is not None and [k for k, _ in keys.items()] == ["long"]
     await held.aclose()
     clock.advance(100)
-    await _failing(g, key="model")("q", "other")
+    await other("q", "other")
     assert sorted(k for k, _ in keys.items()) == ["other"]
 
 
@@ -217,8 +221,9 @@ async def test_keys_named_in_the_policy_are_always_kept_and_do_not_count() -> No
     call = _failing(g, key="model")
     await call("q", "gpt-4o")
     await call("q", "other")
-    clock.advance(1000)
-    await call("q", "third")
+    for _ in range(2):  # a look, then one a while later: other is forgotten, gpt-4o never
+        clock.advance(1000)
+        await call("q", "third")
     keys = g.stage("gen").keys
     assert keys is not None
     assert sorted(k for k, _ in keys.items()) == ["gpt-4o", "third"]

@@ -114,6 +114,15 @@ async def test_a_callers_error_and_the_tenants_quota_are_not_failed_over() -> No
     assert b.calls == 0
 
 
+async def test_each_deployment_gets_its_own_model_and_one_without_keeps_the_callers() -> None:
+    g = _guard({"deployments": [{"name": "a", "model": "model-a"}, {"name": "b"}]})
+    a, b = Model("a"), Model("b")
+    a.down = ConnectionResetError()
+    group = g.group("chat", {"a": a, "b": b})
+    assert await group("q", model="callers") == "b:callers:q"  # a's model never leaks to b
+    assert await group("q") == "b:None:q"
+
+
 async def test_priorities_come_first_and_ordered_keeps_the_declared_order() -> None:
     deployments = [
         {"name": "backup", "priority": 1},

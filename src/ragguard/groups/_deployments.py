@@ -22,8 +22,12 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import _inject, events
 from .._errors import ConfigError
+from ..events import bus
+from ..layers._keys import Fixed
 from ..options import DeploymentPolicy
+from ..pipeline import Call
 
 if TYPE_CHECKING:
     from ..layers import Stage
@@ -31,8 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["Deployment", "bind"]
 
 Where = Callable[[str | None], tuple[Callable[[], Any], str, "str | None"]]
-Invoke = Callable[[tuple[Any, ...], dict[str, Any]], Any]
-"""How a deployment is called: (args, kwargs) -> what its target returns."""
 """``target.__ragguard_deployment__``: a model -> (the Guard's getter, the stage, the key)."""
 
 _TOKENS = (
@@ -45,25 +47,40 @@ _CLIENT_METHODS = (("chat", "completions", "create"), ("messages", "create"))
 
 class Deployment:
     """One deployment of a group: its ``policy``, declared position ``index``, how to call it
-    (:meth:`call`, :meth:`open`) and its runtime (:meth:`runtime`)."""
+    (:meth:`invoke`: a call; :meth:`open`: a stream) and its runtime (:meth:`runtime`).
+
+    ``call`` and ``stream`` are the target's callables; ``model``, when set, is passed as
+    ``model=`` (replacing the caller's); ``static``: the Guard its calls run in never changes
+    (a plain callable's, guarded by the group's Guard)."""
 
     __slots__ = (
-        "_cached", "_declared", "_guard", "_key", "_stage", "call", "index", "name", "open", "policy",
+        "_cached", "_chain", "_compiled", "_declared", "_epoch", "_guard", "_key", "_stage", "call", "fn",
+        "index", "model", "name", "policy", "static", "stream",
     )  # fmt: skip
 
     def __init__(
         self,
         policy: DeploymentPolicy,
         index: int,
-        call: Invoke,
-        open_stream: Invoke,
+        call: Callable[..., Any],
+        stream: Callable[..., Any],
         where: tuple[Callable[[], Any], str, str | None],
+        *,
+        model: str | None,
+        static: bool = False,
+        fn: Callable[..., Any] | None = None,
     ) -> None:
         self.policy = policy
         self.name = policy.name
         self.index = index
         self.call = call
-        self.open = open_stream
+        self.stream = stream
+        self.model = model
+        self.static = static
+        self.fn = fn  # a coroutine function the group guarded itself: its key's chain is run directly
+        self._compiled: Callable[[], Any] | None = getattr(call, "__ragguard_compiled__", None)
+        self._chain: list[Any] | None = None  # [runtime, plain chain, ...] of its key, as compiled
+        self._epoch = -1
         self._guard, self._stage, self._key = where
         self._declared: dict[str, Any] = {} if policy.limits is None else {"limits": policy.limits}
         self._cached: tuple[Any, Stage] | None = None
@@ -72,13 +89,51 @@ class Deployment:
     def context_window(self) -> int | None:
         return self.policy.context_window
 
+    def invoke(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call the target (what it returns: a coroutine, for the targets a group takes), with
+        the deployment's ``model`` over the caller's.
+
+        A coroutine function the group guarded itself, unobserved, runs its key's chain directly:
+        the guarded function's frame, its look-ups and the count of its calls left out (a
+        declared key is never forgotten, so nothing needs the count; a group whose strategy
+        reads it, ``least_busy`` or ``latency``, goes through the guarded function)."""
+        model = self.model
+        if model is not None:
+            kwargs = {**kwargs, "model": model}
+        fn = self.fn
+        if fn is not None and not bus.active and events.tracer is None:
+            entry = self._chain
+            if entry is None or self._epoch != _inject.epoch or not entry[0].alive:
+                entry = self._direct()
+            if entry is not None:
+                return entry[1].run(Call(self._stage, fn, args, kwargs))
+        return self.call(*args, **kwargs)
+
+    def _direct(self) -> list[Any] | None:
+        """Its key's entry as compiled now (None: the guarded function must run it)."""
+        compiled = self._compiled
+        if compiled is None:
+            return None
+        epoch = _inject.epoch
+        keyed = compiled().keyed
+        entry = None if keyed is None else keyed.for_key(self._key, False)
+        self._chain, self._epoch = entry, epoch
+        return entry
+
+    def open(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Start the target's stream (an async iterator, or an awaitable of one)."""
+        model = self.model
+        if model is None:
+            return self.stream(*args, **kwargs)
+        return self.stream(*args, **{**kwargs, "model": model})
+
     def runtime(self) -> Stage:
         """The runtime its calls run on: its key of its stage (declared there on first use, in
         the Guard its target runs in now)."""
-        guard = self._guard()
         cached = self._cached
-        if cached is not None and cached[0] is guard and cached[1].alive:
+        if cached is not None and cached[1].alive and (self.static or cached[0] is self._guard()):
             return cached[1]
+        guard = self._guard()
         root = guard.stage(self._stage)
         limits = self.policy.limits
         if limits is not None and limits.tpm is not None and not root.counts_tokens:
@@ -100,22 +155,23 @@ def bind(guard: Any, stage: str, policy: DeploymentPolicy, index: int, target: A
     model = policy.model
     if where_of is not None:
         where = where_of(model)
-        if hasattr(target, "ainvoke") and hasattr(target, "astream"):  # a guarded runnable
-            return Deployment(policy, index, _method(target.ainvoke), _method(target.astream), where)
-        call = _with_model(target, model)
-        return Deployment(policy, index, call, call, where)
+        if hasattr(target, "ainvoke") and hasattr(target, "astream"):  # a guarded runnable: its own model
+            return Deployment(policy, index, target.ainvoke, target.astream, where, model=None)
+        return Deployment(policy, index, target, target, where, model=model)
     if not callable(target):
         raise ConfigError(
             f"deployment {policy.name!r}: bind a wrapped client, its create, a guarded runnable or a "
             f"callable, got {type(target).__name__}",
             field=policy.name,
         )
-    key = policy.name
     if policy.limits is not None and policy.limits.tpm is not None and not inspect.isasyncgenfunction(target):
         raise ConfigError(_TOKENS.format(name=policy.name, stage=stage), field=f"{policy.name}.limits.tpm")
-    guarded = guard.guard(stage, key=lambda *args, **kwargs: key)(target)
-    call = _with_model(guarded, model if model is not None and _takes_model(target) else None)
-    return Deployment(policy, index, call, call, (lambda: guard, stage, key))
+    key = Fixed(policy.name)
+    guarded = guard.guard(stage, key=key)(target)
+    passed = model if model is not None and _takes_model(target) else None
+    direct = target if inspect.iscoroutinefunction(target) else None
+    return Deployment(policy, index, guarded, guarded, (lambda: guard, stage, key), model=passed, static=True,
+                      fn=direct)  # fmt: skip
 
 
 def _located(target: Any) -> tuple[Where | None, Any]:
@@ -134,23 +190,6 @@ def _located(target: Any) -> tuple[Where | None, Any]:
         if where is not None:
             return where, found
     return None, target
-
-
-def _method(fn: Callable[..., Any]) -> Invoke:
-    def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return fn(*args, **kwargs)
-
-    return call
-
-
-def _with_model(fn: Callable[..., Any], model: str | None) -> Invoke:
-    if model is None:
-        return _method(fn)
-
-    def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return fn(*args, **{**kwargs, "model": model})
-
-    return call
 
 
 def _takes_model(fn: Callable[..., Any]) -> bool:

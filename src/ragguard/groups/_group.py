@@ -31,6 +31,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import _inject
 from .._context import mark_degraded
 from .._errors import BreakerOpen, DeadlineExceeded, NoDeploymentAvailable, Overloaded, QuotaExceeded
 from ..deadline import remaining
@@ -69,9 +70,16 @@ class ModelGroup:
         self._tiers = _tiers(bound)
         self._ordered = [d for tier in self._tiers for d in tier]
         self._strategy = policy.strategy
+        self._fixed_order = self._ordered if policy.strategy == "ordered" else None
         self._max_tries = policy.max_tries or len(bound)
+        counted = policy.strategy in ("least_busy", "latency")
         for deployment in bound:
-            deployment.runtime()  # declared now: a bad limit fails here, and status lists it
+            runtime = deployment.runtime()  # declared now: a bad limit fails here, and status lists it
+            if policy.strategy == "latency" and not runtime.timed:
+                runtime.timed = True
+                _inject.epoch += 1  # chains compiled for the key before: rebuilt with its timing gate
+            if counted:
+                deployment.fn = None  # through the guarded function, which counts the calls
 
     def deployments(self) -> list[tuple[str, Stage]]:
         """``(name, runtime)`` of each deployment, in declared priority order."""
@@ -85,7 +93,11 @@ class ModelGroup:
         Raises NoDeploymentAvailable (every deployment out: ``retry_after_s``, ``out``),
         DeadlineExceeded, a context-length refusal none of the larger deployments could take, or
         a deployment's caller's error as it is."""
-        return await self._serve(args, kwargs, _call)
+        order = self._fixed_order or self._order()
+        try:  # the common case, inline: the first answers (an open breaker refuses without a call)
+            return await order[0].invoke(args, kwargs)
+        except Exception as exc:
+            return await self._serve(args, kwargs, _call, order, exc)
 
     create = __call__
 
@@ -93,7 +105,8 @@ class ModelGroup:
         """The items of the first deployment whose stream gives its first item (failing over
         before it only); raises as :meth:`__call__`, and after the first item what the stream
         raises."""
-        items, first = await self._serve(args, kwargs, _open)
+        order = self._fixed_order or self._order()
+        items, first = await self._serve(args, kwargs, _open, order)
         try:
             if first is _EMPTY:
                 return
@@ -110,51 +123,71 @@ class ModelGroup:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         run: Callable[[Deployment, tuple[Any, ...], dict[str, Any]], Awaitable[Any]],
+        order: list[Deployment],
+        failed: Exception | None = None,
     ) -> Any:
+        """Try ``order``'s deployments in turn (``failed``: the first's error, tried inline)."""
         out: dict[str, str] = {}
         soonest: float | None = None
         last: Exception | None = None
         refusal: Exception | None = None
         need: int | None = None  # the context window a deployment needs (a refusal said so)
         tried = 0
-        for deployment in self._order():
+        for deployment in order:
             if tried >= self._max_tries:
                 break
-            if need is not None:
-                window = deployment.context_window
-                if window is None or window < need:
-                    continue
-            runtime = deployment.runtime()
-            back = _closed_for(runtime)
-            if back is not None:
-                out[deployment.name] = "open"
-                soonest = _sooner(soonest, back)
-                continue
-            left = remaining()
-            if left is not None and left <= 0.0:
-                raise DeadlineExceeded(self.name, detail="spent before a deployment answered") from last
             tried += 1
-            try:
-                result = await run(deployment, args, kwargs)
-            except Exception as exc:
-                outcome = classify(exc)
-                if outcome.kind is Kind.CALLER_ERROR and outcome.reason == CONTEXT_LENGTH:
-                    refusal = last = exc
-                    need = _needed(exc, deployment)
-                    out[deployment.name] = CONTEXT_LENGTH
+            if failed is None:
+                if need is not None:
+                    window = deployment.context_window
+                    if window is None or window < need:
+                        tried -= 1
+                        continue
+                back = _closed_for(deployment.runtime())
+                if back is not None:
+                    tried -= 1
+                    out[deployment.name] = "open"
+                    soonest = _sooner(soonest, back)
                     continue
-                if not _fails_over(exc, outcome.kind, runtime):
-                    raise
-                last = exc
-                out[deployment.name] = _why(exc, outcome.kind)
-                soonest = _sooner(soonest, _comes_back(outcome.retry_after_s, runtime))
-                continue
-            if out:
-                mark_degraded(f"{self.name}/{deployment.name}")
-            return result
+                left = remaining()
+                if left is not None and left <= 0.0:
+                    raise DeadlineExceeded(self.name, detail="spent before a deployment answered") from last
+                try:
+                    result = await run(deployment, args, kwargs)
+                except Exception as exc:
+                    failed = exc
+                else:
+                    if out:
+                        mark_degraded(f"{self.name}/{deployment.name}")
+                    return result
+            error, failed = failed, None
+            verdict = self._judge(error, deployment, out)
+            if verdict is None:
+                raise error
+            last = error
+            wait, needed = verdict
+            if needed is not None:
+                refusal, need = error, needed
+            soonest = _sooner(soonest, wait)
         if refusal is not None and not any(r != CONTEXT_LENGTH for r in out.values()):
             raise refusal  # no deployment could take a request this long
         raise NoDeploymentAvailable(self.name, soonest, out=out) from last
+
+    @staticmethod
+    def _judge(
+        exc: Exception, deployment: Deployment, out: dict[str, str]
+    ) -> tuple[float | None, int | None] | None:
+        """What ``deployment``'s failure ``exc`` means for the call: None to raise it, else (when
+        it comes back, the context window the next one needs or None); ``out`` says why it is out."""
+        outcome = classify(exc)
+        if outcome.kind is Kind.CALLER_ERROR and outcome.reason == CONTEXT_LENGTH:
+            out[deployment.name] = CONTEXT_LENGTH
+            return None, _needed(exc, deployment)
+        runtime = deployment.runtime()
+        if not _fails_over(exc, outcome.kind, runtime):
+            return None
+        out[deployment.name] = _why(exc, outcome.kind)
+        return _comes_back(outcome.retry_after_s, runtime), None
 
     def _order(self) -> list[Deployment]:
         strategy = self._strategy
@@ -185,8 +218,7 @@ def _tiers(deployments: list[Deployment]) -> list[list[Deployment]]:
 
 
 async def _call(deployment: Deployment, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    produced = deployment.call(args, kwargs)
-    return await produced if inspect.isawaitable(produced) else produced
+    return await deployment.invoke(args, kwargs)
 
 
 async def _open(deployment: Deployment, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:

@@ -14,8 +14,10 @@ Bounded, because keys come from callers (:class:`KeyedStages`):
   instance (the *overflow*, shared by every key past the bound, and by calls without a key), so
   no caller's input grows memory, Redis keys or metric series without bound;
 - a key with nothing in flight, its breaker closed and no call for ``key_idle_s`` is forgotten when
-  room is needed (a sweep, at most once per ``key_idle_s / 4`` while the map is full): its shared
-  breaker is closed and its limits dropped; if it comes back it starts afresh;
+  room is needed (a sweep, at most once per ``key_idle_s / 4`` while the map is full; a call only
+  counts itself, and a sweep that sees a key's count moved takes it as quiet from then on, so a
+  key is forgotten ``key_idle_s`` after its last call or later, never sooner): its shared breaker
+  is closed and its limits dropped; if it comes back it starts afresh;
 - a key's name in Redis keys, breaker names and metric labels is its :func:`~ragguard.options.key_id`:
   bounded in length and charset whatever the caller sent.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._args import MISSING, ArgRef
+from .._args import ArgRef
 from .._clock import Clock
 from .._errors import ConfigError
 from ..options._keyed import MAX_KEY_ID, key_id
@@ -34,7 +36,7 @@ from ..pipeline import Call, Chain, Scope
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
-__all__ = ["KeyGate", "KeyedChains", "KeyedStages", "key_getter"]
+__all__ = ["Fixed", "KeyGate", "KeyedChains", "KeyedStages", "key_getter"]
 
 KeyOf = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 """A call's key from its arguments (``args``, ``kwargs``): a str, or anything else for none."""
@@ -44,20 +46,23 @@ _LATENCY_WEIGHT = 0.2
 
 
 class KeyGate:
-    """The outermost gate of a key's chain: counts the key's calls in flight, when it was last
-    used, and the average latency of its successes (what eviction and a model group's
-    ``least_busy`` and ``latency`` strategies read). A stream holds it until it ends."""
+    """The outermost gate of a key's chain for a stream or a sync function's call: counts the
+    key's calls and those in flight (what eviction and a model group's ``least_busy`` strategy
+    read) and, while its stage is ``timed`` (a group's ``latency`` strategy asks for it), the
+    average latency of its successes. A stream holds it until it ends. A coroutine function's call
+    does the same inline (``_decorate``: a gate would cost a fifth of the call)."""
 
     scope: ClassVar[Scope] = "call"
-    __slots__ = ("clock", "stage")
+    __slots__ = ("stage",)
 
     def __init__(self, stage: Stage) -> None:
         self.stage = stage
-        self.clock = stage.clock
 
     def enter(self, call: Call) -> Any:
-        self.stage.in_flight += 1
-        return self.clock()
+        stage = self.stage
+        stage.in_flight += 1
+        stage.calls += 1
+        return stage.clock() if stage.timed else None
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
@@ -65,12 +70,16 @@ class KeyGate:
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
         stage = self.stage
         stage.in_flight -= 1
-        stage.last_used = now = self.clock()
-        if exc is None:
-            took = now - token
-            average = stage.latency_s
-            stage.latency_s = took if average is None else average + _LATENCY_WEIGHT * (took - average)
+        if token is not None and exc is None:
+            timed(stage, token)
         return None
+
+
+def timed(stage: Stage, started: float) -> None:
+    """Add a success that started at ``started`` (the stage's clock) to its latency average."""
+    took = stage.clock() - started
+    average = stage.latency_s
+    stage.latency_s = took if average is None else average + _LATENCY_WEIGHT * (took - average)
 
 
 class KeyedStages:
@@ -174,7 +183,10 @@ class KeyedStages:
         self._next_sweep = now + self.idle_s / 4
         before = now - self.idle_s
         for held, st in list(self._live.items()):
-            if st.declared or st.in_flight or st.last_used > before or not _closed(st):
+            if st.calls != st.calls_seen:  # used since the last look: quiet from now on at most
+                st.calls_seen, st.quiet_since = st.calls, now
+                continue
+            if st.declared or st.in_flight or st.quiet_since > before or not _closed(st):
                 continue
             del self._live[held]
             self._counted -= 1
@@ -191,66 +203,110 @@ def _closed(stage: Stage) -> bool:
     return getattr(state, "value", state) == "closed"
 
 
+class Fixed(str):
+    """A key every call of a function has (``@guard(key=Fixed("primary"))``: a model group's own
+    deployment), rather than a parameter's name."""
+
+    __slots__ = ()
+
+
 class KeyedChains:
     """One keyed function's chains, per key, of stage ``root`` (``bound`` the function).
 
     :meth:`chain` is the chain a call runs: the key's (its runtime's, behind a :class:`KeyGate`),
-    or the root's ``plain`` / ``observed`` one for a call without a str key or past the bound.
-    Chains of forgotten keys are dropped once they pass twice the number the map may hold."""
+    or the root's ``plain`` / ``observed`` one for a call without a str key or past the bound;
+    :meth:`plain` the same without observation (the hot path, the key found inline). Chains of
+    forgotten keys are dropped once they pass twice the number the map may hold."""
 
-    __slots__ = ("_chains", "_limit", "bound", "key_of", "keys", "root")
+    __slots__ = (
+        "_chains", "_fixed", "_limit", "_name", "_position", "bound", "gated", "key_of", "keys", "root",
+    )  # fmt: skip
 
-    def __init__(self, root: Stage, bound: Bound, key_of: KeyOf) -> None:
+    def __init__(self, root: Stage, bound: Bound, key_of: KeyOf | ArgRef | Fixed) -> None:
         self.root = root
         self.bound = bound
-        self.key_of = key_of
+        self._fixed = key_of if isinstance(key_of, Fixed) else None
+        self._position = key_of.position if isinstance(key_of, ArgRef) else None
+        self._name = key_of.name if isinstance(key_of, ArgRef) else None
+        self.key_of: KeyOf | None = None if isinstance(key_of, (ArgRef, Fixed)) else key_of
         self.keys = root.keyed()
+        self.gated = bound.stream or bound.threaded
+        """Whether its key chains start with a :class:`KeyGate` (else a call counts itself)."""
         self._chains: dict[str, list[Any]] = {}  # key -> [runtime, plain chain, observed chain]
         self._limit = 2 * (self.keys.max_keys + len(root.policy.keys)) + 8
 
+    def key(self, call: Call) -> Any:
+        """The call's key: its argument, or what the key function says (not a str: none)."""
+        fixed = self._fixed
+        if fixed is not None:
+            return fixed
+        position = self._position
+        if position is not None and position < len(call.args):
+            return call.args[position]
+        name = self._name
+        if name is not None:
+            return call.kwargs.get(name)
+        key_of = self.key_of
+        return None if key_of is None else key_of(call.args, call.kwargs)
+
+    def entry(self, call: Call, observed: bool) -> list[Any] | None:
+        """``[runtime, plain chain, observed chain, gated]`` of ``call``'s key, the chain asked
+        for made (None: no str key, or past the bound: the stage's own chain runs it). The chains
+        of a stream or of a sync function (``gated``), or of a key whose calls are ``timed``,
+        start with a :class:`KeyGate` (``entry[3]``); a coroutine function's call counts itself
+        otherwise (see :func:`ragguard._decorate.decorator`)."""
+        position = self._position
+        args = call.args
+        key = args[position] if position is not None and position < len(args) else self.key(call)
+        try:
+            entry = self._chains.get(key)
+        except TypeError:  # an unhashable key: none
+            return None
+        if entry is not None and entry[2 if observed else 1] is not None and entry[0].alive:
+            return entry
+        return None if not isinstance(key, str) else self.for_key(key, observed)
+
     def chain(self, call: Call, root_chain: Chain, observed: bool) -> Chain:
-        key = self.key_of(call.args, call.kwargs)
-        if type(key) is not str:
-            return root_chain
+        """The chain ``call`` runs (``root_chain`` without a key, or past the bound)."""
+        entry = self.entry(call, observed)
+        return root_chain if entry is None else entry[2 if observed else 1]
+
+    def for_key(self, key: str, observed: bool) -> list[Any] | None:
+        """The entry of ``key`` (see :meth:`entry`), made if need be; None past the bound."""
         entry = self._chains.get(key)
         if entry is None or not entry[0].alive:
             st = self.keys.get(key)
             if st is self.root:
-                return root_chain
-            entry = self._chains[key] = [st, None, None]
+                return None
+            entry = self._chains[key] = [st, None, None, self.gated or st.timed]
             if len(self._chains) > self._limit:
                 self._prune()
-        made = entry[2 if observed else 1]
-        if made is None:
+        at = 2 if observed else 1
+        if entry[at] is None:
             st = entry[0]
-            made = entry[2 if observed else 1] = st.chain(self.bound, observed=observed, first=KeyGate(st))
-        return made  # type: ignore[no-any-return]
+            entry[at] = st.chain(self.bound, observed=observed, first=KeyGate(st) if entry[3] else None)
+        return entry
 
     def _prune(self) -> None:
         for key in [k for k, entry in self._chains.items() if not entry[0].alive]:
             del self._chains[key]
 
 
-def key_getter(stage: Stage, bound: Bound, given: Any) -> KeyOf | None:
+def key_getter(stage: Stage, bound: Bound, given: Any) -> KeyOf | ArgRef | Fixed | None:
     """How a call of ``bound`` names its key: ``given`` (``@guard(key=...)``: a parameter name or
-    position, or a function of the call's arguments), else the stage policy's ``key`` (a
-    parameter name); None when the function is not keyed. ConfigError when the function has no
-    such parameter."""
+    position, a function of the call's arguments, or a :class:`Fixed` key), else the stage
+    policy's ``key`` (a parameter name); None when the function is not keyed. ConfigError when
+    the function has no such parameter."""
     if given is None:
         name = stage.policy.key
         if name is None:
             return None
         try:
-            ref = ArgRef.resolve(bound.fn, name, "key")
+            return ArgRef.resolve(bound.fn, name, "key")
         except ConfigError as exc:
             raise ConfigError(f"stages.{stage.name}.key: {exc}", field=f"stages.{stage.name}.key") from None
-    elif callable(given):
+    if isinstance(given, Fixed):
+        return given
+    if callable(given):
         return lambda args, kwargs: given(*args, **kwargs)
-    else:
-        ref = ArgRef.resolve(bound.fn, given, "key")
-
-    def of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        found = ref.get(args, kwargs)
-        return None if found is MISSING else found
-
-    return of
+    return ArgRef.resolve(bound.fn, given, "key")

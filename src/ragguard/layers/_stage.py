@@ -155,8 +155,9 @@ class Stage:
     A keyed stage (:mod:`ragguard.layers._keys`) has one more runtime per key (:meth:`for_key`):
     ``key`` is its key id (None for the stage's own), ``label`` the name of its breaker
     (``stage[key]``); it shares the stage's ``preset_state``. ``keys`` is the stage's map of them
-    (None until a keyed function runs it); ``in_flight``, ``last_used`` and ``latency_s`` (the
-    average latency of its successes, seconds, None before one) are kept by the key's gate."""
+    (None until a keyed function runs it); ``in_flight``, ``calls`` and ``latency_s`` (the
+    average latency of its successes while ``timed``, seconds, None before one) are kept by its
+    calls (:mod:`ragguard.layers._keys`)."""
 
     def __init__(
         self,
@@ -181,7 +182,10 @@ class Stage:
         self.alive = True
         self.declared = False
         self.in_flight = 0
-        self.last_used = self.clock()
+        self.calls = 0
+        self.timed = False  # the key's calls are timed (a group's latency strategy reads it)
+        self.calls_seen = 0  # the calls counted when its map last looked (see KeyedStages._sweep)
+        self.quiet_since = self.clock()
         self.latency_s: float | None = None
         self.keys: KeyedStages | None = None
         self.breaker: Breaker | None = make_breaker(self, breaker)

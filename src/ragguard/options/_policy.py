@@ -400,7 +400,10 @@ class StagePolicy(Options):
       a new key past it runs on the stage's own instance (the overflow, shared by every key past
       the bound), so no caller's input grows memory, Redis keys or metric series without bound.
     - ``key_idle_s``: a key with no call in flight, a closed breaker and no call for this long is
-      forgotten when a new key needs its room, seconds >= 1 (default 300).
+      forgotten when a new key needs its room, seconds >= 1 (default 300). Its calls are counted,
+      not timed: the map, looking at its keys as new ones ask for room (at most every quarter of
+      this), takes a key as quiet from the first look that finds no new call, so a key goes at
+      least this long after its last call.
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
