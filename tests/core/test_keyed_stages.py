@@ -306,3 +306,21 @@ async def test_a_keys_limits_are_its_own() -> None:
         await call("a")
     assert refused.value.reason == "requests" and refused.value.retry_after_s > 0
     assert await call("b") == "b"  # another key has its own two
+
+
+def test_the_keyed_stage_of_docs_layers_md_means_what_the_page_says() -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).parents[2] / "docs" / "layers.md").read_text()
+    section = text[text.index("## Keyed stages"):]
+    found = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert found is not None
+    stage = Policy.parse(yaml.safe_load(found.group(1))).stage("generation")
+    assert (stage.key, stage.max_keys, stage.limits.rpm) == ("model", 64, 600)  # type: ignore[union-attr]
+    gpt = stage.for_key("gpt-4o")
+    assert gpt.breaker.open_for_s == 60 and gpt.breaker.consecutive_failures_threshold == 5
+    assert (gpt.limits.rpm, gpt.limits.tpm) == (600, 90_000)  # type: ignore[union-attr]
+    assert stage.for_key("other") is stage

@@ -5,12 +5,16 @@ model's faults never refusing another model's."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+import yaml
 from _door import deployment_breaker
 
 import ragguard
@@ -191,3 +195,71 @@ async def test_one_models_faults_never_refuse_another_model_of_the_same_client(
     embedded = await client.embeddings.create(model="text-embedding-3-small", input=["a"])
     assert len(embedded.data) == 1
     assert ragguard.degraded() == ()
+
+
+# -- docs/integrations.md's model-group recipe, run as the page shows it ------------------------
+
+DOC = Path(__file__).parents[2] / "docs" / "integrations.md"
+
+
+def _block(after: str, lang: str) -> str:
+    text = DOC.read_text()
+    found = re.search(rf"```{lang}\n(.*?)```", text[text.index(after):], re.S)
+    assert found is not None
+    return found.group(1)
+
+
+async def test_the_model_group_recipe_runs_as_the_page_shows_it(
+    tmp_path: Path, openai_wire: OpenAIWire, backup_wire: OpenAIWire, closing: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "ragguard.yaml").write_text(_block("## A model group", "yaml"))
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {
+        "azure_url": f"{openai_wire.url}/v1", "azure_key": "k",
+        "openai_url": f"{backup_wire.url}/v1", "openai_key": "k",
+    }  # fmt: skip
+    exec(_block("executed by tests/integrations/test_deployments.py", "python"), namespace)
+    closing.extend(c for name in ("azure", "openai") for c in (namespace[name].client,))
+    ask = [{"role": "user", "content": "hi"}]
+    assert await namespace["answer"](ask) == "Hello from the wire"  # primary, while it answers
+    openai_wire.faults.always("chat", Fault(status=500))
+    for _ in range(5):
+        assert await namespace["answer"](ask) == "Backup answer"
+    assert openai_wire.faults.seen["chat"] == 3  # an answer, two 500s: half of 3 calls failed, it opened
+    assert [r["json"]["model"] for r in backup_wire.requests] == ["gpt-4o-mini"] * 5
+    assert backup_wire.requests[0]["json"]["max_tokens"] == 512
+
+
+async def test_the_litellm_configuration_translated_means_what_the_table_says() -> None:
+    policy = Policy.parse(yaml.safe_load(_block("parsed by tests/integrations/test_deployments.py", "yaml")))
+    group = policy.groups["chat"]
+    assert group.strategy == "weighted"  # simple-shuffle
+    assert [(d.name, d.model, d.priority) for d in group.deployments] == [
+        ("eu", "gpt-4o", 0), ("mini", "gpt-4o-mini", 1), ("long", "gpt-4.1", 2),
+    ]  # fmt: skip
+    eu = group.deployment("eu")
+    assert eu is not None and eu.limits is not None and (eu.limits.rpm, eu.limits.tpm) == (500, 90_000)
+    openai_stage = policy.stage("openai")
+    assert openai_stage.retry.attempts == 1  # num_retries: 0
+    config = openai_stage.breaker.config()
+    assert config is not None
+    assert (config.consecutive_failures_threshold, config.minimum_calls, config.open_for_s) == (4, 4, 30.0)
+    assert config.failure_rate_threshold == 100
+    g = Guard(policy, clock=FakeClock(auto_advance=False))
+
+    @g.guard("openai", key="model")
+    async def create(model: str, fail: bool) -> str:
+        if fail:
+            raise ConnectionResetError(model)
+        return model
+
+    for fail in (True, True, True, False) * 5 + (True, True, True):  # allowed_fails: 3 never cools it
+        with pytest.raises(ConnectionResetError) if fail else contextlib.nullcontext():
+            await create("gpt-4o", fail)
+    assert g.breaker("openai", "gpt-4o").state is BreakerState.CLOSED
+    with pytest.raises(ConnectionResetError):
+        await create("gpt-4o", True)  # the fourth in a row
+    assert g.breaker("openai", "gpt-4o").state is BreakerState.OPEN
+    assert g.breaker("openai", "gpt-4o").retry_after_s == 30  # cooldown_time
+    assert policy.stage("openai").preset == "generation"  # it starts from the generation stage
