@@ -263,3 +263,22 @@ async def test_the_litellm_configuration_translated_means_what_the_table_says() 
     assert g.breaker("openai", "gpt-4o").state is BreakerState.OPEN
     assert g.breaker("openai", "gpt-4o").retry_after_s == 30  # cooldown_time
     assert policy.stage("openai").preset == "generation"  # it starts from the generation stage
+
+
+@pytest.mark.parametrize("limits", [{"rpm": 1}, {"tpm": 24}])
+async def test_a_deployment_whose_limits_are_spent_is_skipped_and_nothing_is_sent_to_it(
+    wrap: Any, openai_wire: OpenAIWire, backup_wire: OpenAIWire, limits: dict[str, int]
+) -> None:
+    """A call reserves max_tokens (16) and its input's text / 4 from ``tpm`` and settles with the
+    usage reported (3 + 4 tokens): 24 tokens a minute admit the first call, and what the first
+    left (17) cannot hold the second's estimate (17 or more)."""
+    group_policy = {"deployments": [
+        {"name": "a", "model": "gpt-a", "limits": limits}, {"name": "b", "model": "gpt-b"},
+    ]}  # fmt: skip
+    g = Guard(_policy(groups={"chat": group_policy}), clock=FakeClock(auto_advance=False))
+    group = g.group("chat", {"a": wrap(openai_wire, g), "b": wrap(backup_wire, g)})
+    ask = [{"role": "user", "content": "a question of a few words"}]
+    answers = [await _text(await group(messages=ask, max_tokens=16, stream=i == 1)) for i in range(3)]
+    assert answers == ["Hello from the wire", "Backup answer", "Backup answer"]
+    assert openai_wire.faults.seen["chat"] == 1  # the spent deployment was sent nothing
+    assert ragguard.degraded() == ("chat/b",)

@@ -324,3 +324,5 @@ def forget_idle(stages: dict[str, Stage], max_stages: int, *, warn: bool) -> Non
         state = getattr(st.breaker, "state", None)
         if st.breaker is None or getattr(state, "value", state) == "closed":
             del stages[name]
+            for _, key in () if st.keys is None else st.keys.items():
+                key.forget()  # its keys go with it: their shared breakers stop
