@@ -1,7 +1,7 @@
 """The failure path: a call whose dependency refuses every attempt, 3 attempts, beside a hand-written
 retry loop, the pre-redesign code and the stock libraries, in one interleaved run.
 
-    .venv/bin/python benchmarks/failure_path.py [--ops 1000] [--rounds 15]
+    .venv/bin/python benchmarks/failure_path.py [--ops 1000] [--rounds 15] [--against COMMIT]
 
 Every contender makes 3 attempts at a coroutine raising ConnectionRefusedError, with a zero backoff
 (one ``asyncio.sleep(0)`` between attempts), and ends with the error (no fallback); breakers are
@@ -19,6 +19,7 @@ from typing import Any
 import aiobreaker
 import tenacity
 
+import _against
 import _baseline
 import _bench
 import ragguard
@@ -103,8 +104,9 @@ def natural() -> Any:
     return body
 
 
-async def main(ops: int, rounds: int) -> int:
+async def main(ops: int, rounds: int, against: str | None = None) -> int:
     _bench.header()
+    newer = _against.load(against)
     old, note = _baseline.load()
     _bench.console.print(note, markup=False)
     retry_only, _ = _stage(ragguard, full=False)
@@ -124,6 +126,10 @@ async def main(ops: int, rounds: int) -> int:
             Contender("pre-redesign retry stage", "commit ba06c64, retries only", old_retry),
             Contender("pre-redesign full stack", "commit ba06c64, the same full stack", old_full),
         ]
+    mine = ["ragguard retry stage", "ragguard full stack"]
+    if newer is not None and against is not None:
+        contenders += [Contender(_against.named(name, against), f"at {against}", _stage(newer, full=full)[0])
+                       for name, full in zip(mine, (False, True), strict=True)]  # fmt: skip
     results = await _bench.run_async(contenders, ops=ops, rounds=rounds, yield_every=0)
     _bench.print_table(results, "failure path: 3 failed attempts per call", against=["hand-written loop"],
                        unit="failed call")  # fmt: skip
@@ -136,6 +142,8 @@ async def main(ops: int, rounds: int) -> int:
     if old is not None:
         targets.append(_bench.ratio_target(results, "full stack failing vs pre-redesign (lower is better)",
                                            "ragguard full stack", "pre-redesign full stack", 1.0))
+    if newer is not None and against is not None:
+        targets += _against.targets(results, mine, against)
     _bench.print_targets(targets)
     return 0
 
@@ -144,5 +152,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=1000, help="failed calls per contender per round")
     parser.add_argument("--rounds", type=int, default=15)
+    _against.add_argument(parser)
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.ops, args.rounds)))
+    sys.exit(asyncio.run(main(args.ops, args.rounds, args.against)))

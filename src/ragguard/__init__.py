@@ -21,6 +21,7 @@ tests/packaging/test_layout.py holds the core to it.
 from . import rag  # noqa: F401 - the RAG wing: its presets register themselves into the core
 from ._clock import FakeClock
 from ._context import current_tenant, degraded
+from ._endings import StreamEnding, stream_endings
 from ._errors import (
     BreakerOpen,
     ConfigError,
@@ -64,6 +65,7 @@ from .options import (
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority
+from .pipeline import GuardedStream
 
 __version__ = "0.1.0"
 
@@ -89,6 +91,7 @@ __all__ = [
     "FakeClock",
     "GenerationPolicy",
     "Guard",
+    "GuardedStream",
     "HedgePolicy",
     "InvalidInput",
     "NoDeploymentAvailable",
@@ -105,6 +108,7 @@ __all__ = [
     "RetryPolicy",
     "StagePolicy",
     "StageTimeout",
+    "StreamEnding",
     "StreamTimeout",
     "TenantQuota",
     "ThrottlePolicy",
@@ -121,5 +125,6 @@ __all__ = [
     "priority",
     "register_classifier",
     "remaining",
+    "stream_endings",
     "tenant",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from . import _inject, events
@@ -21,7 +21,7 @@ from .layers import PRESETS, Bound, Stage, preset
 from .layers._keys import KeyedChains, key_getter
 from .layers.breaker import adapt_breaker
 from .layers.fallback import ROUTES, user_fallbacks, user_routes
-from .pipeline import Call, Chain
+from .pipeline import Call, Chain, GuardedStream
 from .pipeline._threads import ThreadCall, limiter_for
 
 __all__ = ["GuardDecorator", "check_preset", "decorator"]
@@ -37,7 +37,7 @@ class GuardDecorator(Protocol):
     @overload
     def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
     @overload
-    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, AsyncGenerator[Y, None]]: ...  # type: ignore[overload-overlap]
+    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, GuardedStream[Y]]: ...  # type: ignore[overload-overlap]
     @overload
     def __call__(self, fn: Callable[P, R], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
@@ -184,7 +184,7 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
         if stream:
 
             @functools.wraps(fn)
-            def guarded_stream(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            def guarded_stream(*args: Any, **kwargs: Any) -> GuardedStream[Any]:
                 g = fixed if fixed is not None else get_guard()
                 call = Call(stage, fn, args, kwargs, True)
                 return chain(g, call).stream(call)

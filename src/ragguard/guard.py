@@ -292,7 +292,9 @@ def guard(
       are, a position or a name, default 0), ``candidates=`` (rerank: where the candidate list is,
       default 1), ``score=`` (rerank: a reranked item's score, default its ``score``) and
       ``passages=`` (generation: where the passages are, best first, to send fewer of them when
-      the model refuses the request as too long).
+      the model refuses the request as too long), ``continuation=`` (generation streams: a
+      callable or a sequence that carries a stream cut after its first item on from what the
+      caller has, given ``partial=``; see docs/generation.md).
 
     Raises ConfigError at decoration for a bad option, a sync generator function, a preset
     option or a key the function's signature does not have, or a key with a breaker of its own.

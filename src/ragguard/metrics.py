@@ -258,6 +258,10 @@ class PrometheusExporter:
             "ragguard_streams_cut", "Streams a generation budget cut (first_item, idle, total).",
             ["stage", "budget"], registry=r,
         )  # fmt: skip
+        self.stream_endings = pc.Counter(
+            "ragguard_stream_endings", "Guarded streams ended: completed, continued or incomplete.",
+            ["stage", "ending"], registry=r,
+        )  # fmt: skip
         self.stream_tokens = pc.Counter(
             "ragguard_stream_tokens", "Tokens counted in generation streams, per tenant.",
             ["stage", "tenant"], registry=r,
@@ -302,6 +306,7 @@ class PrometheusExporter:
             "SharedStateRestored": self._restored,
             "FaultInjected": self._fault,
             "StreamCut": self._cut,
+            "StreamEnded": self._ended,
             "StreamSettled": self._settled,
             "LoopStall": self._stall,
             "PoolExhausted": self._pool,
@@ -414,6 +419,9 @@ class PrometheusExporter:
 
     def _cut(self, e: events.StreamCut) -> None:
         self.stream_cuts.labels(self._stage_label(e.stage), e.budget).inc()
+
+    def _ended(self, e: events.StreamEnded) -> None:
+        self.stream_endings.labels(self._stage_label(e.stage), e.ending).inc()
 
     def _settled(self, e: events.StreamSettled) -> None:
         stage, tenant = self._stage_label(e.stage), self._tenant(e.tenant)
@@ -763,6 +771,14 @@ class _OtelTracer:
             span.set_status(status(error, kind))
         span.end()
 
+    def stream_ended(self, span: Any, ending: Any) -> None:
+        """A stream's ending (:class:`ragguard.StreamEnding`) on its span, before it ends."""
+        span.set_attribute("ragguard.stream.ending", ending.kind)
+        span.set_attribute("ragguard.items", ending.items)
+        if ending.continued_by:
+            span.set_attribute("ragguard.stream.continued_by", ending.continued_by)
+            span.set_attribute("ragguard.stream.continued_after", ending.continued_after)
+
     def record(self, event: Any) -> None:
         """The bus tap: the event as a span event of the span current where it was emitted."""
         kind = type(event)
@@ -928,7 +944,9 @@ class OTelMetrics:
     - ``ragguard.rejections`` (counter, {call}): ``ragguard.rejection`` (``breaker``, ``quota``,
       ``shed``, ``throttle``), ``ragguard.reason`` and the stage (breaker) it happened at;
     - ``ragguard.fallbacks`` (counter, {call}): ``ragguard.stage``, ``ragguard.fallback`` and the
-      ``error.type`` it answered for.
+      ``error.type`` it answered for;
+    - ``ragguard.stream.endings`` (counter, {stream}): ``ragguard.stage``, ``ragguard.stream.ending``
+      (``completed``, ``continued``, ``incomplete``).
 
     No tenant attribute (a tenant id is unbounded). Raises ImportError with an install hint when
     opentelemetry-api is missing.
@@ -960,6 +978,10 @@ class OTelMetrics:
         self.fallbacks = meter.create_counter(
             "ragguard.fallbacks", unit="{call}", description="Answers served by a fallback."
         )
+        self.endings = meter.create_counter(
+            "ragguard.stream.endings", unit="{stream}",
+            description="Guarded streams ended: completed, continued or incomplete.",
+        )  # fmt: skip
 
     def start(self) -> OTelMetrics:
         """Subscribe to the bus; returns self. Starting twice is a no-op."""
@@ -984,6 +1006,8 @@ class OTelMetrics:
             first = getattr(e, "first_item_s", None)
             if first is not None:
                 self.first_chunk.record(first, {"ragguard.stage": e.stage})
+        elif kind == "StreamEnded":
+            self.endings.add(1, {"ragguard.stage": e.stage, "ragguard.stream.ending": e.ending})
         elif kind == "StreamSettled":
             if e.tokens:
                 self.tokens.add(e.tokens, {"ragguard.stage": e.stage, "gen_ai.token.type": "output"})

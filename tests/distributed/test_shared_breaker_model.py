@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from distributed_helpers import make_client
+from distributed_helpers import make_client, redis_for_the_module
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ragguard import BreakerOpen, FakeClock
 from ragguard.breakers import BreakerState, CircuitBreaker
-from ragguard.chaos import RedisServer, RedisServerUnavailable
-from ragguard.chaos._redis_server import find_redis_server
+from ragguard.chaos import RedisServer
 from ragguard.redis import SharedCircuitBreaker
 
 _spec = importlib.util.spec_from_file_location(
@@ -49,14 +48,9 @@ _prefixes = itertools.count()
 @pytest.fixture(scope="module", autouse=True)
 def _one_redis_for_every_example() -> Iterator[None]:
     global _server
-    if find_redis_server() is None:
-        pytest.skip("redis-server not found on PATH")
     try:
-        with RedisServer() as server:
-            _server = server
+        with redis_for_the_module() as _server:
             yield
-    except RedisServerUnavailable as exc:
-        pytest.skip(f"redis-server would not start: {exc}")
     finally:
         _server = None
 

@@ -34,15 +34,14 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, fields
-from datetime import timedelta
-from typing import Any, ClassVar, Literal, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar, Unpack
 
 from .. import _validate, events
 from .._errors import BreakerOpen, ConfigError
 from ._aiobreaker import AiobreakerListenerAdapter
 from ._classify import judge
 from ._live import register_breaker
-from ._options import MAX_DURATION_S, BreakerConfig, Classifier
+from ._options import MAX_DURATION_S, BreakerConfig, BreakerOptions, Classifier
 from ._outcome import OUTCOMES, BreakerCallOutcome
 from ._state import BreakerState
 from ._window import FAILED, REJECTED, SLOW, CountWindow, TimeWindow
@@ -92,53 +91,31 @@ _DEFAULT_OPTIONS: dict[str, Any] = {
     **{f.name: f.default for f in fields(BreakerConfig)},
     "classifier": None,
 }
-"""The option keywords of :class:`CircuitBreaker` as their defaults."""
+"""The option keywords of :class:`CircuitBreaker` as their defaults (a keyword given with its
+default beside ``config=`` is no conflict)."""
 
 
 class CircuitBreaker:
     """A circuit breaker with sliding-window failure and slow-call rates.
 
-    Options (keyword-only; names after resilience4j's, in seconds and percent):
+    Options (keyword-only): the fields of :class:`BreakerConfig`, which gives each one's default,
+    units, range and meaning (resilience4j's names in snake_case with units:
+    ``failure_rate_threshold``, ``slow_call_rate_threshold`` and ``slow_call_duration_s``,
+    ``consecutive_failures_threshold``, ``rejection_rate_threshold``, ``minimum_calls``,
+    ``window_type`` and ``window_size``, ``half_open_permits``, ``open_for_s`` with
+    ``open_backoff_multiplier``, ``open_max_s`` and ``open_jitter``), and ``classifier`` (``exc ->
+    bool``, default :func:`counts_by_default`: True when an error counts as a failure; other errors
+    pass through uncounted and give a half-open permit back), ``slow_classifier`` (``exc -> bool``
+    or None: errors that count as slow whatever their duration; the embedding breaker passes
+    ``is_timeout``) and ``error_class`` (a :class:`ragguard.BreakerOpen` subclass): raised on
+    rejection, with ``retry_after_s`` the true time left open (0.0 while half-open with every
+    permit taken, None while forced open).
 
-    ``failure_rate_threshold`` (percent, (0, 100], default 50): trip when at least this share
-    of the calls in the window failed (resilience4j ``failureRateThreshold``).
-    ``slow_call_rate_threshold`` (percent, (0, 100], default 100): trip when at least this
-    share of the calls took longer than ``slow_call_duration_s`` (resilience4j's slow-call rate,
-    ``slowCallRateThreshold``); slow successes and slow failures both count.
-    ``slow_call_duration_s`` (seconds, (0, 1 year], default 60): a call lasting longer is slow.
-    ``consecutive_failures_threshold`` (int >= 1 or None = off, default None): trip after this
-    many failures in a row (a success resets the run; ignored errors and rejections do not).
-    ``rejection_rate_threshold`` (percent, (0, 100] or None = off, default 90): trip when at
-    least this share of the calls in the window were turned away by the dependency with a wait
-    that is not a rate limit (:func:`~ragguard.breakers.counts_overloads`: a 503 stating a wait,
-    529, an overload event inside a stream; never a 429): rejections that persist are an outage.
-    Such rejections are calls of the window; the failure and slow-call rates are taken over the
-    other calls. With None they are ignored, as any error the classifier does not count.
-    ``minimum_calls`` (int >= 1, default 100; at most ``window_size`` for a count window): no
-    rule trips before the window holds this many calls (``minimumNumberOfCalls``).
-    ``window_type`` (``"count"`` or ``"time"``, default count) and ``window_size`` (default 100):
-    the last ``window_size`` calls (1..1,000,000), or the calls of the last ``window_size``
-    seconds of the clock (1..86,400) in one-second buckets.
-    ``half_open_permits`` (int 1..100,000, default 10): trial calls admitted while half-open;
-    further callers are rejected at once (``permittedNumberOfCallsInHalfOpenState``). When all
-    trials are done, their failure and slow-call rates against the same thresholds decide:
-    closed (window cleared) or open again.
-    ``open_for_s`` (seconds, (0, 1 year], default 60): how long the breaker stays open after a
-    trip (``waitDurationInOpenState``). Each reopening from half-open multiplies it by
-    ``open_backoff_multiplier`` ([1, 100], default 1: constant), capped at ``open_max_s`` (>=
-    ``open_for_s`` and at most a year, or None: a year); closing resets it. ``open_jitter`` (in
-    [0, 1), default 0) spreads each open duration uniformly by up to that fraction either way
-    (never above the cap), drawn from ``rng`` (a ``random.Random``; seed it in tests).
-    ``classifier`` (``exc -> bool``, default :func:`counts_by_default`): True when an error counts
-    as a failure; other errors pass through uncounted and give a half-open permit back.
-    ``slow_classifier`` (``exc -> bool`` or None): errors that count as slow whatever their
-    duration (a timed-out call was slow; the embedding breaker passes ``is_timeout``).
-    ``clock`` (callable returning monotonic seconds, default ``time.monotonic``).
-    ``config`` (a :class:`BreakerConfig`, e.g. ``BreakerPolicy.config()`` of a stage's policy):
+    Or ``config`` (a :class:`BreakerConfig`, e.g. ``BreakerPolicy.config()`` of a stage's policy):
     the options validated already, used as they are (then no option keyword may be given).
-    ``error_class`` (a :class:`ragguard.BreakerOpen` subclass): raised on rejection, with
-    ``retry_after_s`` the true time left open (0.0 while half-open with every permit taken,
-    None while forced open).
+
+    Not options of its behaviour: ``rng`` (a ``random.Random`` for the open-duration jitter; seed
+    it in tests) and ``clock`` (a callable returning monotonic seconds, default ``time.monotonic``).
 
     Cancellation (``asyncio.CancelledError``, trio's ``Cancelled``, any ``BaseException``) is
     never recorded: the call's half-open permit is given back and the cancellation re-raised.
@@ -190,62 +167,25 @@ class CircuitBreaker:
         "window_type",
     )
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        failure_rate_threshold: float = 50.0,
-        slow_call_rate_threshold: float = 100.0,
-        slow_call_duration_s: float | timedelta = 60.0,
-        consecutive_failures_threshold: int | None = None,
-        rejection_rate_threshold: float | None = 90.0,
-        minimum_calls: int = 100,
-        window_type: Literal["count", "time"] = "count",
-        window_size: int = 100,
-        half_open_permits: int = 10,
-        open_for_s: float | timedelta = 60.0,
-        open_backoff_multiplier: float = 1.0,
-        open_max_s: float | timedelta | None = None,
-        open_jitter: float = 0.0,
-        rng: random.Random | None = None,
-        classifier: Classifier | None = None,
-        slow_classifier: Classifier | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        error_class: type[BreakerOpen] = BreakerOpen,
-        config: BreakerConfig | None = None,
-    ) -> None:
+    def __init__(self, name: str, **options: Unpack[BreakerOptions]) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"name must be a non-empty str, got {_validate.shown(name)}", field="name")
         self.name = name
-        options = dict(
-            failure_rate_threshold=failure_rate_threshold,
-            slow_call_rate_threshold=slow_call_rate_threshold,
-            slow_call_duration_s=slow_call_duration_s,
-            consecutive_failures_threshold=consecutive_failures_threshold,
-            rejection_rate_threshold=rejection_rate_threshold,
-            minimum_calls=minimum_calls,
-            window_type=window_type,
-            window_size=window_size,
-            half_open_permits=half_open_permits,
-            open_for_s=open_for_s,
-            open_backoff_multiplier=open_backoff_multiplier,
-            open_max_s=open_max_s,
-            open_jitter=open_jitter,
-            classifier=classifier,
-            slow_classifier=slow_classifier,
-            error_class=error_class,
-        )
+        rng = options.pop("rng", None)
+        clock = options.pop("clock", time.monotonic)
+        config = options.pop("config", None)
         if config is None:
             config = BreakerConfig.of(**options)
         elif not isinstance(config, BreakerConfig):
             got = _validate.shown(config)
             raise ConfigError(f"config must be a ragguard.breakers.BreakerConfig, got {got}", field="config")
-        elif options != _DEFAULT_OPTIONS:
-            given = sorted(k for k, value in options.items() if _DEFAULT_OPTIONS[k] != value)
-            raise ConfigError(
-                f"give config= or the option keywords, not both (also given: {', '.join(given)})",
-                field="config",
-            )
+        else:
+            given = sorted(k for k, value in options.items() if _DEFAULT_OPTIONS.get(k, config) != value)
+            if given:
+                raise ConfigError(
+                    f"give config= or the option keywords, not both (also given: {', '.join(given)})",
+                    field="config",
+                )
         if rng is not None and not callable(getattr(rng, "random", None)):
             raise ConfigError(f"rng must be a random.Random, got {_validate.shown(rng)}", field="rng")
         _validate.function("clock", clock, "returning monotonic seconds")

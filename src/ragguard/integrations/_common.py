@@ -79,6 +79,9 @@ _PRESET_OF_OPTION = {
     "estimate": "generation",
     "input_tokens": "generation",
     "model": "generation",
+    "continuation": "generation",
+    "text": "generation",
+    "continue_structured": "generation",
 }
 
 
@@ -307,16 +310,22 @@ class GuardedStream:
     ``await stream.close()`` / ``aclose()``, ``async with stream:``. ``drop(item)`` True hides an
     item from the caller after ragguard counted it (the usage chunk the integration asked for)."""
 
-    __slots__ = ("_drop", "_first", "_items", "_pending")
+    __slots__ = ("_drop", "_first", "_items", "_next", "_pending")
 
     def __init__(self, items: Any, first: Any, pending: bool, drop: Callable[[Any], bool] | None) -> None:
         self._items = items
+        self._next = items.__aiter__().__anext__  # a guarded stream's generator: no call of ours per item
         self._first = first
         self._pending = pending
         self._drop = drop
 
     def __aiter__(self) -> GuardedStream:
         return self
+
+    @property
+    def ending(self) -> Any:
+        """How the stream ended (:class:`ragguard.StreamEnding`), None while it runs."""
+        return getattr(self._items, "ending", None)
 
     async def __anext__(self) -> Any:
         if self._pending:
@@ -325,7 +334,7 @@ class GuardedStream:
             if self._drop is None or not self._drop(first):
                 return first
         while True:
-            item = await self._items.__anext__()
+            item = await self._next()
             if self._drop is None or not self._drop(item):
                 return item
 

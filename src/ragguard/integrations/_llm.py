@@ -85,6 +85,9 @@ class Generation:
         include_usage: bool,
         prompt: Callable[[Mapping[str, Any]], int],
         wrap_events: Callable[[Any], AsyncIterator[Any]] | None = None,
+        continuation: Callable[..., Any] | None = None,
+        text: Callable[[Any], str | None] | None = None,
+        continue_structured: bool | None = None,
         client: Any = None,
         keyed: bool = True,
     ) -> None:
@@ -123,15 +126,11 @@ class Generation:
             yield await resource.create(**options)
 
         preset = {"estimate": estimate, "input_tokens": input_tokens, "model": model}
+        continues = {"continuation": continuation, "text": text, "continue_structured": continue_structured}
         self._stream = stages.decorate(
-            stage,
-            stream,
-            fallback=fallbacks(fallback, _given_kwargs),
-            key=self.key,
-            tokens=tokens,
-            usage=usage,
-            **preset,
-        )
+            stage, stream, fallback=fallbacks(fallback, _given_kwargs), key=self.key, tokens=tokens,
+            usage=usage, **preset, **continues,
+        )  # fmt: skip
         self._whole = stages.decorate(
             stage,
             whole,

@@ -37,6 +37,12 @@ gateway, by ``base_url``), guarded: ``pip install '/path/to/ragguard[openai]'``.
   ``input_tokens`` the provider reports; the call's ``model`` names the model whose limits
   (``TenantQuota.models``) apply.
 
+A chat stream that fails after its first token (a stall cut by ``idle_s``, a reset, an error
+event) goes on with ``continuation=`` when given (:func:`continue_chat`: the same client, another
+one or another model, asked for the rest of the answer with the partial answer as an assistant
+message and an instruction to continue; :func:`continuation_messages` is that recipe for a
+function of your own), its repeat of the answer so far trimmed.
+
 Every attempt is one HTTP request: the SDK's own retries are off (``max_retries=0``), so the
 stage's retry policy is the only loop, and each attempt says its number in
 ``x-stainless-retry-count`` as the SDK's own retries do (a server's ``x-should-retry`` is read by
@@ -53,8 +59,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import ragguard
 from ragguard import Guard
-from ragguard.rag import Usage
+from ragguard.rag import Partial, Usage
 
 from ._common import (
     Attempts,
@@ -68,9 +75,17 @@ from ._common import (
     sdk_options,
     usage_of,
 )
+from ._continue import ClientContinuation
 from ._llm import Fallback, Generation, GuardedClient, Resource
 
-__all__ = ["GuardedOpenAI", "guard_openai"]
+__all__ = [
+    "CONTINUE_INSTRUCTION",
+    "ChatContinuation",
+    "GuardedOpenAI",
+    "continuation_messages",
+    "continue_chat",
+    "guard_openai",
+]
 
 
 def guard_openai(
@@ -84,6 +99,8 @@ def guard_openai(
     responses_fallback: Fallback = None,
     include_usage: bool = True,
     keyed: bool = True,
+    continuation: ChatContinuation | None = None,
+    continue_structured: bool = False,
 ) -> GuardedOpenAI:
     """``client`` (an ``openai.AsyncOpenAI``, or ``AsyncAzureOpenAI``) guarded by ``guard`` (None:
     the default registry at each call); see the module docstring.
@@ -97,9 +114,18 @@ def guard_openai(
     travels in, for this client (None: the Guard's ``tenant_header``). ``keyed=False`` runs every
     model of the client on the stages' own instances (one breaker for all).
 
-    Raises ConfigError for a bad ``guard`` or ``tenant_header``; ImportError with the install
-    command when ``openai`` is missing."""
+    ``continuation``: how a chat stream cut after its first token goes on (:func:`continue_chat`);
+    ``continue_structured=True`` continues a request that asks for structured output
+    (``response_format``) or offers tools as well (a stream that has begun a tool call never is).
+
+    Raises ConfigError for a bad ``guard``, ``tenant_header`` or ``continuation``; ImportError
+    with the install command when ``openai`` is missing."""
     needs("openai", "openai")
+    if continuation is not None and not isinstance(continuation, ChatContinuation):
+        raise ragguard.ConfigError(
+            f"continuation must be what continue_chat() returns, got {type(continuation).__name__}",
+            field="continuation",
+        )
     return GuardedOpenAI(
         client,
         stages=Stages(guard),
@@ -110,6 +136,8 @@ def guard_openai(
         responses_fallback=responses_fallback,
         include_usage=include_usage,
         keyed=keyed,
+        continuation=continuation,
+        continue_structured=continue_structured,
     )
 
 
@@ -130,6 +158,8 @@ class GuardedOpenAI(GuardedClient):
         responses_fallback: Fallback,
         include_usage: bool,
         keyed: bool = True,
+        continuation: ChatContinuation | None = None,
+        continue_structured: bool = False,
     ) -> None:
         super().__init__(
             client,
@@ -141,7 +171,15 @@ class GuardedOpenAI(GuardedClient):
             responses_fallback=responses_fallback,
             include_usage=include_usage,
             keyed=keyed,
+            continuation=continuation,
+            continue_structured=continue_structured,
         )
+        continues: dict[str, Any] = {}
+        if continuation is not None:
+            continues = continuation.options(
+                stages, generation_stage, tenant_header, self.client,
+                structured=continue_structured, text=_chat_text,
+            )  # fmt: skip
         self._stages = stages
         self.embeddings = _Embeddings(self.client, stages, embedding_stage, tenant_header, keyed)
         completions = Generation(
@@ -159,6 +197,7 @@ class GuardedOpenAI(GuardedClient):
             prompt=_chat_prompt,
             client=self.client,
             keyed=keyed,
+            **continues,
         ).create
         chat = self.client.chat
         self.chat = Resource(chat, completions=Resource(chat.completions, create=completions))
@@ -318,3 +357,134 @@ def _whole_responses_usage(response: Any) -> Usage | None:
     if usage is None:
         return None
     return usage_of(getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None))
+
+
+# -- continuation ---------------------------------------------------------------------------
+
+CONTINUE_INSTRUCTION = (
+    "Your answer above was cut off. Continue it exactly where it stops, without repeating any of "
+    "it and without any preamble."
+)
+"""The instruction :func:`continuation_messages` sends after the partial answer."""
+
+
+def continuation_messages(
+    messages: Any, partial_text: str, *, instruction: str = CONTINUE_INSTRUCTION
+) -> list[Any]:
+    """The chat messages that ask an OpenAI-compatible server for the rest of an answer cut at
+    ``partial_text``: ``messages``, then the partial answer as an assistant message, then
+    ``instruction`` as a user message. The model may still repeat the end of the partial answer:
+    ragguard trims that repeat (:class:`ragguard.rag.Overlap`)."""
+    return [
+        *(messages or ()),
+        {"role": "assistant", "content": partial_text},
+        {"role": "user", "content": instruction},
+    ]
+
+
+class ChatContinuation(ClientContinuation):
+    """How a wrapped OpenAI client continues its chat streams (see :func:`continue_chat`)."""
+
+    resource = ("chat", "completions")
+    default_name = "continue_chat"
+
+    def __init__(
+        self,
+        client: Any = None,
+        *,
+        model: str | None = None,
+        name: str | None = None,
+        instruction: str = CONTINUE_INSTRUCTION,
+    ) -> None:
+        super().__init__(client, model=model, name=name)
+        self.instruction = instruction
+
+    def request(self, kwargs: Any, partial: Partial) -> dict[str, Any]:
+        asked = dict(kwargs)
+        asked["messages"] = continuation_messages(
+            kwargs.get("messages"), partial.text or "", instruction=self.instruction
+        )
+        if self.model is not None:
+            asked["model"] = self.model
+        return asked
+
+    def refuses(self, kwargs: Any, structured: bool) -> str | None:
+        n = kwargs.get("n")
+        if isinstance(n, int) and n > 1:
+            return "n > 1: several answers cannot be continued as one"
+        if structured:
+            return None
+        if kwargs.get("tools") or kwargs.get("functions"):
+            return "the request offers tools (continue_structured=True to continue it anyway)"
+        form = kwargs.get("response_format")
+        if form is not None and not (isinstance(form, dict) and form.get("type") == "text"):
+            return "the request asks for structured output (continue_structured=True to continue it anyway)"
+        return None
+
+    async def rewrite(self, events: Any, partial: Partial) -> AsyncIterator[Any]:
+        trim = partial.overlap()
+        template = None
+        async for chunk in events:
+            choices = getattr(chunk, "choices", None)
+            if not choices:
+                yield chunk  # the usage chunk
+                continue
+            if _chat_preamble(chunk):
+                continue  # the continuation's role-only chunk: the caller has had its own
+            choice = choices[0]
+            text = choice.delta.content
+            finish = choice.finish_reason
+            kept = trim.feed(text) if text else text
+            if finish is not None and not trim.done:
+                kept = (kept or "") + trim.flush()
+            if kept == text:
+                yield chunk
+            elif kept or finish is not None or choice.delta.tool_calls:
+                yield _with_content(chunk, kept or None)
+            if text:
+                template = chunk
+        held = trim.flush()
+        if held and template is not None:  # a stream that ended without its finish chunk
+            yield _with_content(template, held)
+
+
+def continue_chat(
+    client: Any = None,
+    *,
+    model: str | None = None,
+    name: str | None = None,
+    instruction: str = CONTINUE_INSTRUCTION,
+) -> ChatContinuation:
+    """A continuation for ``guard_openai(..., continuation=continue_chat(...))``: a chat stream
+    cut after its first token asks ``client`` for the rest of the answer, the partial answer as an
+    assistant message followed by ``instruction`` (:func:`continuation_messages`), the request's
+    other arguments unchanged (``model`` in place of its model when given).
+
+    ``client``: None for the wrapped client itself (under the stage's continuation budgets and
+    tokens); another ``guard_openai`` client (another deployment: under its own stage, breaker
+    and budgets); or a plain ``AsyncOpenAI``. ``name``: what ``StreamEnding.continued_by`` and
+    :func:`ragguard.degraded` call it (default ``model``, else ``"continue_chat"``). The events
+    that open the new stream (its role-only chunk) are left out, and the text it repeats of the
+    partial answer is trimmed. A request with ``n`` > 1, tools or a ``response_format`` other than
+    text is not continued (unless ``continue_structured=True``: tools and structured output)."""
+    return ChatContinuation(client, model=model, name=name, instruction=instruction)
+
+
+def _with_content(chunk: Any, content: str | None) -> Any:
+    copy = chunk.model_copy(deep=True)
+    copy.choices[0].delta.content = content
+    return copy
+
+
+def _chat_text(chunk: Any) -> str | None:
+    """A chat chunk's text (the stage's ``text=``): "" for one without (a role-only or usage
+    chunk), None for one that is not text (a tool call, a refusal, a second choice)."""
+    parts = []
+    for choice in getattr(chunk, "choices", None) or ():
+        delta = choice.delta
+        if choice.index != 0 or delta.tool_calls or getattr(delta, "function_call", None):
+            return None
+        if getattr(delta, "refusal", None):
+            return None
+        parts.append(delta.content or "")
+    return "".join(parts)

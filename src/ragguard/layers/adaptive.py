@@ -15,12 +15,14 @@ samples.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .._clock import timers_of
 from .._context import current_tenant
 from .._errors import DeadlineExceeded
 from ..deadline import current_expiry
+from ..options import AdaptivePolicy
 from ..outcomes import Kind
 from ..overload import AdaptiveLimiter, LimitSettings, QueueSettings
 from ..overload._priority import current_priority
@@ -85,6 +87,17 @@ class AdaptiveLayer:
         return None
 
 
+_S = TypeVar("_S")
+
+
+def _settings(kind: type[_S], policy: AdaptivePolicy) -> _S:
+    """The ``kind`` settings (LimitSettings, QueueSettings: the mechanism's own view of the
+    options) read from ``policy``, field by field: the policy is where the options live
+    (tests/core/test_option_shapes.py holds the settings' defaults to the policy's)."""
+    given = type(policy).model_fields
+    return kind(**{f.name: getattr(policy, f.name) for f in fields(kind) if f.name in given})  # type: ignore[arg-type]
+
+
 def limiter_for(stage: Stage) -> AdaptiveLimiter:
     """The adaptive limiter of ``stage`` (built once from its policy's ``adaptive``)."""
 
@@ -95,28 +108,8 @@ def limiter_for(stage: Stage) -> AdaptiveLimiter:
         quota_of = stage.context.quota_of
         return AdaptiveLimiter(
             stage.name,
-            LimitSettings(
-                min_limit=p.min_limit,
-                max_limit=p.max_limit,
-                initial_limit=p.initial_limit,
-                tolerance=p.tolerance,
-                percentile=p.percentile,
-                window_s=p.window_s,
-                min_samples=p.min_samples,
-                smoothing=p.smoothing,
-                growth=p.growth,
-                probe_interval_s=p.probe_interval_s,
-                probe_jitter=p.probe_jitter,
-                probe_samples=p.probe_samples,
-                probe_limit=p.probe_limit,
-                backoff=p.backoff,
-            ),
-            QueueSettings(
-                max_queue=p.max_queue,
-                early_queue=p.early_queue,
-                max_wait_s=p.max_wait_s,
-                usage_window_s=p.usage_window_s,
-            ),
+            _settings(LimitSettings, p),
+            _settings(QueueSettings, p),
             clock=stage.clock,
             rng=stage.context.rng,
             timers=timers_of(stage.clock),

@@ -337,9 +337,7 @@ def hedge_state(stage: Stage) -> HedgeState:
         p = stage.policy.hedge
         assert p is not None
         tracker = LatencyTracker(quantile=p.quantile, size=p.samples, min_samples=p.min_samples)
-        budget = RetryBudget(
-            ratio=p.budget_ratio, min_per_s=p.budget_min_per_s, window_s=p.budget_window_s, clock=stage.clock
-        )
+        budget = RetryBudget.of(p, stage.clock)
         return HedgeState(tracker, budget, min_delay_s=p.min_delay_s, max_delay_s=p.max_delay_s)
 
     return stage.part("hedge", make)

@@ -1,4 +1,5 @@
-"""Observation: a span and a :class:`ragguard.events.StageCompleted` event per guarded call or stream.
+"""Observation: a span and a :class:`ragguard.events.StageCompleted` event per guarded call or stream
+(and a :class:`ragguard.events.StreamEnded` per stream, with its ending on the span).
 
 Outermost in the chain, so it sees the call as its caller does (fallbacks included) and, for a
 stream, the whole stream. The observed chain is a separate compiled chain that a guarded function
@@ -19,9 +20,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from .. import events
 from .._clock import Clock
 from .._context import DEFAULT_TENANT, current_scope, current_tenant, degraded, degraded_count
+from .._endings import StreamEnding, ended_by
 from ..breakers import BreakerState
 from ..deadline import Expiry, current_expiry
-from ..events import EventBus, StageCompleted, bus, error_type
+from ..events import EventBus, StageCompleted, StreamEnded, bus, error_type
 from ..pipeline import Call, Gate, Scope
 
 if TYPE_CHECKING:
@@ -106,8 +108,10 @@ class ObserveLayer(_Observe):
 
 class ObserveStream(_Observe):
     """The observe layer of a stream: a wrapper around its opening that keeps the span current
-    while the stream's own code runs (see the module docstring) and ends it, with StageCompleted,
-    when the stream ends however it ends (the stream driver exits it with the others it holds)."""
+    while the stream's own code runs (see the module docstring) and ends it, with StageCompleted
+    and StreamEnded, when the stream ends however it ends (the stream driver exits it with the
+    others it holds, once it has set the stream's ending). A tracer with a ``stream_ended(span,
+    ending)`` method is given the ending before the span ends."""
 
     scope: ClassVar[Scope] = "call"
     streams: ClassVar[bool] = True
@@ -129,7 +133,8 @@ class ObserveStream(_Observe):
         except BaseException as exc:
             if tracer is not None:
                 tracer.detach(attached)
-            self._end(_Open(tracer, span, tenant, state, started, before, None, left), exc)
+            ending = StreamEnding("incomplete", self.stage, 0, error=ended_by(exc))
+            self._end(_Open(tracer, span, tenant, state, started, before, None, left), exc, ending)
             raise
         first_s = None if head.done else self.clock() - started
         opened = _Open(tracer, span, tenant, state, started, before, first_s, left)
@@ -143,20 +148,30 @@ class ObserveStream(_Observe):
         return head
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        self._end(token, exc)
+        self._end(token, exc, call.ending)
         return None
 
-    def _end(self, opened: _Open, exc: BaseException | None) -> None:
+    def _end(self, opened: _Open, exc: BaseException | None, ending: StreamEnding | None) -> None:
         fallback = _served_since(opened.before)
         tracer = opened.tracer
         if tracer is not None:
             if opened.attached is not None:
                 tracer.detach(opened.attached)
                 opened.attached = None
+            stream_ended = getattr(tracer, "stream_ended", None)
+            if stream_ended is not None and ending is not None:
+                stream_ended(opened.span, ending)
             tracer.end(opened.span, _outcome(exc, fallback), exc, fallback, opened.first_item_s)
         if self._bus.active:
             took, first_s, left = self.clock() - opened.started, opened.first_item_s, opened.deadline_s
             _completed(self._bus, self.stage, opened.tenant, exc, fallback, opened.state, took, first_s, left)
+            if ending is not None:
+                self._bus.emit(
+                    StreamEnded(
+                        self.stage, opened.tenant, ending.kind, ending.items, ending.continued_by,
+                        ending.continued_after, ending.error,
+                    )
+                )  # fmt: skip
 
 
 class _Open:

@@ -45,7 +45,7 @@ from .._context import current_tenant
 from .._errors import RagguardError, StageTimeout
 from ..deadline import current_expiry, remaining
 from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
-from ..options import RetryPolicy
+from ..options import HedgePolicy, RetryPolicy
 from ..outcomes import Kind, Outcome, classify
 from ..pipeline import Call, Scope
 
@@ -83,6 +83,13 @@ class RetryBudget:
         "ratio",
         "window_s",
     )
+
+    @classmethod
+    def of(cls, policy: RetryPolicy | HedgePolicy, clock: Callable[[], float]) -> RetryBudget:
+        """The budget a policy's ``budget_ratio``, ``budget_min_per_s`` and ``budget_window_s``
+        give (the retries' or the hedges')."""
+        return cls(ratio=policy.budget_ratio, min_per_s=policy.budget_min_per_s,
+                   window_s=policy.budget_window_s, clock=clock)  # fmt: skip
 
     def __init__(
         self, *, ratio: float, min_per_s: float, window_s: float, clock: Callable[[], float]
@@ -452,54 +459,62 @@ class RetryLayer:
         return None
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
-        if not self._native:
-            return await self._recover_with_strategies(call, exc, again)
-        # The policy's strategies, in tenacity's order (see _recover_with_strategies): the retry
-        # predicate, the wait, the stop (attempts, deadline, budget: short-circuited, so the budget
-        # is charged only for a retry that happens), RetryScheduled, the sleep.
+        """The retry loop: after each failed attempt, decide whether and how long to wait (the
+        policy's strategies, asked inline: the failure path's cost; or the layer's tenacity
+        strategies, :meth:`_next_wait_of_strategies`), say so (RetryScheduled), sleep, and run the
+        next attempt; the error of the attempt not retried is raised."""
+        state = None if self._native else _CallState(call, self.clock)
+        attempt = 1  # the number of the attempt that failed with ``exc``
+        sure = self._sure
+        backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
         try:
-            attempt = 1  # the number of the attempt that failed with ``exc``
-            sure = self._sure
-            backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
             while True:
-                # retryable(exc), with its usual answer first (exc is an Exception here)
-                if isinstance(exc, sure) and not isinstance(exc, RagguardError):
-                    outer = call.recoverable
-                    if outer is not None and outer(exc):
+                if state is not None:
+                    wait = self._next_wait_of_strategies(call, exc, state)
+                    if wait is None:
                         raise exc
-                    after = retry_after_of(exc) if getattr(exc, "retry_after_s", None) is not None else 0.0
                 else:
+                    # The policy's strategies, in tenacity's order: the retry predicate, the wait,
+                    # the stop (attempts, deadline, budget: short-circuited, so the budget is
+                    # charged only for a retry that happens). First retryable(exc), with its
+                    # usual answer first (exc is an Exception here).
                     outer = call.recoverable
-                    if not _not_a_rejection(exc):
+                    if isinstance(exc, sure) and not isinstance(exc, RagguardError):
+                        if outer is not None and outer(exc):
+                            raise exc
+                        stated = getattr(exc, "retry_after_s", None) is not None
+                        after = retry_after_of(exc) if stated else 0.0
+                    else:
+                        if not _not_a_rejection(exc):
+                            raise exc
+                        outcome = self._classify(exc)
+                        if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
+                            raise exc
+                        after = outcome.retry_after_s or 0.0
+                    if after > self._max_after_s:
+                        raise exc  # the dependency asks for more than this stage would ever wait
+                    wait = backoffs[attempt - 1]
+                    if jitter_s:
+                        wait += self.rng.uniform(0.0, jitter_s)
+                    if attempt >= self._attempts:
+                        # the last attempt failed: stop (the deadline and Retry-After below only
+                        # shape the wait, which no retry will sleep; the jitter is drawn as before)
                         raise exc
-                    outcome = self._classify(exc)
-                    if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
+                    expiry = current_expiry()
+                    if expiry is not None:
+                        left = expiry.left()
+                        if wait > left - min_left:
+                            wait = left - min_left if left > min_left else 0.0
+                    if after > wait:  # the wait the dependency stated
+                        wait = after
+                    if expiry is not None:
+                        # the time left read again, as _DeadlineStop does after _CutWait: a wait
+                        # cut to leave exactly min_left is stopped once any time has passed since
+                        left = expiry.left()
+                        if (left if left > 0.0 else 0.0) - wait < min_left:
+                            raise exc
+                    if not self._spend():
                         raise exc
-                    after = outcome.retry_after_s or 0.0
-                if after > self._max_after_s:
-                    raise exc  # the dependency asks for more than this stage would ever wait
-                wait = backoffs[attempt - 1]
-                if jitter_s:
-                    wait += self.rng.uniform(0.0, jitter_s)
-                if attempt >= self._attempts:
-                    # the last attempt failed: stop (the deadline and Retry-After below only
-                    # shape the wait, which no retry will sleep; the jitter is drawn as before)
-                    raise exc
-                expiry = current_expiry()
-                if expiry is not None:
-                    left = expiry.left()
-                    if wait > left - min_left:
-                        wait = left - min_left if left > min_left else 0.0
-                if after > wait:  # the wait the dependency stated
-                    wait = after
-                if expiry is not None:
-                    # the time left read again, as _DeadlineStop does after _CutWait: a wait cut to
-                    # leave exactly min_left is stopped once any time has passed since
-                    left = expiry.left()
-                    if (left if left > 0.0 else 0.0) - wait < min_left:
-                        raise exc
-                if not self._spend():
-                    raise exc
                 if self._bus.active:
                     tenant = current_tenant()
                     self._bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__, tenant))
@@ -514,42 +529,27 @@ class RetryLayer:
             # this frame lets go of the error it raises: the error's traceback holds the frame, and
             # the two would otherwise be a reference cycle only the garbage collector frees (25
             # objects per failed call, traceback and frames included)
-            del exc
+            del exc, state
 
-    async def _recover_with_strategies(
-        self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]
-    ) -> Any:
-        """:meth:`recover` asking the layer's tenacity strategies (a user's among them)."""
-        state = _CallState(call, self.clock)
-        stop, wait, retry, clock = self.stop, self.wait, self.retry, self.clock
-        try:
-            while True:
-                # tenacity's order (BaseRetrying.iter): the outcome, the retry predicate, the wait
-                # (as upcoming_sleep), the stop, then before_sleep with the failed attempt's number
-                state.outcome = _Failed(exc, state.attempt_number)  # type: ignore[assignment]
-                state.outcome_timestamp = clock()
-                outer = call.recoverable
-                if not retry(state) or (outer is not None and outer(exc)):
-                    # (an outer layer recovers this error itself, as the rerank chunker shrinks the
-                    # batch on an out-of-memory error: retrying the same attempt would repeat it)
-                    raise exc
-                sleep = float(wait(state))
-                state.upcoming_sleep = sleep
-                if stop(state):
-                    raise exc
-                state.idle_for += sleep
-                if self._bus.active:
-                    error, tenant = type(exc).__name__, current_tenant()
-                    self._bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, error, tenant))
-                state.prepare_for_next_attempt()
-                await self.sleep(sleep)
-                call.attempt += 1
-                try:
-                    return await again()
-                except Exception as failed:  # a cancellation is never retried: it propagates
-                    exc = failed
-        finally:
-            del exc, state  # no reference cycle through this frame (see recover)
+    def _next_wait_of_strategies(self, call: Call, exc: Exception, state: _CallState) -> float | None:
+        """The seconds to wait before the next attempt after ``exc``, or None to stop, asking the
+        layer's tenacity strategies (a user's among them) in tenacity's order
+        (``BaseRetrying.iter``): the outcome, the retry predicate, the wait (as
+        ``upcoming_sleep``), the stop; then the state moves on to the next attempt."""
+        state.outcome = _Failed(exc, state.attempt_number)  # type: ignore[assignment]
+        state.outcome_timestamp = self.clock()
+        outer = call.recoverable
+        if not self.retry(state) or (outer is not None and outer(exc)):
+            # (an outer layer recovers this error itself, as the rerank chunker shrinks the batch
+            # on an out-of-memory error: retrying the same attempt would repeat it)
+            return None
+        sleep = float(self.wait(state))
+        state.upcoming_sleep = sleep
+        if self.stop(state):
+            return None
+        state.idle_for += sleep
+        state.prepare_for_next_attempt()
+        return sleep
 
     def _spend(self) -> bool:
         # Consulted by tenacity only after the attempt and deadline checks allowed a retry, so
@@ -566,12 +566,7 @@ def make_budget(stage: Stage) -> RetryBudget | None:
     retry = stage.policy.retry
     if retry.attempts <= 1:
         return None
-    return RetryBudget(
-        ratio=retry.budget_ratio,
-        min_per_s=retry.budget_min_per_s,
-        window_s=retry.budget_window_s,
-        clock=stage.clock,
-    )
+    return RetryBudget.of(retry, stage.clock)
 
 
 def build(stage: Stage, bound: Bound) -> RetryLayer | None:

@@ -72,9 +72,7 @@ def throttle_for(stage: Stage) -> AdaptiveThrottle:
         p = stage.policy.throttle
         if p is None:
             raise ValueError(f"stage {stage.name!r} has no throttle policy")
-        return AdaptiveThrottle(
-            k=p.k, window_s=p.window_s, max_reject=p.max_reject, clock=stage.clock, rng=stage.context.rng
-        )
+        return AdaptiveThrottle(**p.model_dump(), clock=stage.clock, rng=stage.context.rng)
 
     return stage.part("throttle", make)
 

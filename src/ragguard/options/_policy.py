@@ -24,7 +24,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
 
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -101,11 +101,8 @@ def _looser(at: str, model: TokenLimits, where: str, tenant: TenantQuota) -> lis
             )
     rate, theirs_rate = model.tokens_per_s, tenant.tokens_per_s
     if rate is not None and theirs_rate is not None and rate >= theirs_rate:
-        burst = model.token_burst if model.token_burst is not None else max(1, math.ceil(rate))
-        theirs_burst = tenant.token_burst
-        if theirs_burst is None:
-            theirs_burst = max(1, math.ceil(theirs_rate))
-        if burst >= theirs_burst:
+        theirs_burst = burst_of(theirs_rate, tenant.token_burst)
+        if burst_of(rate, model.token_burst) >= theirs_burst:
             found.append(
                 f"{at}.tokens_per_s ({rate:g}) is never reached: the tenant's own {where}.tokens_per_s "
                 f"({theirs_rate:g}, burst {theirs_burst}) paces every stream at least as tightly"
@@ -113,14 +110,26 @@ def _looser(at: str, model: TokenLimits, where: str, tenant: TenantQuota) -> lis
     return found
 
 
-def _limits_tokens(limits: TokenLimits | TenantQuota) -> bool:
-    """Whether ``limits`` sets a token rate or a token quota of its own."""
-    return not (
-        limits.tokens_per_s is None
-        and limits.token_quota is None
-        and limits.input_token_quota is None
-        and limits.output_token_quota is None
-    )
+@overload
+def burst_of(rate: float, burst: int | None) -> int: ...
+@overload
+def burst_of(rate: None, burst: int | None) -> None: ...
+def burst_of(rate: float | None, burst: int | None) -> int | None:
+    """The burst of a rate (``rate_per_s`` and ``burst``, ``tokens_per_s`` and ``token_burst``):
+    ``burst``, else a second's worth of the rate (at least 1) when it is not set; None without a
+    rate. The one statement of that default (the quotas, the token accounts and the Redis scripts
+    all ask it)."""
+    if rate is None:
+        return None
+    return burst if burst is not None else max(1, math.ceil(rate))
+
+
+class _Requests(Options):
+    """The request limits a tenant's quota and a pool share (see :class:`TenantQuota`)."""
+
+    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
+    rate_per_s: float | None = Field(default=None, gt=0, le=1e9)
+    burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
 
 
 class TokenLimits(Options):
@@ -143,10 +152,15 @@ class TokenLimits(Options):
     @property
     def limits_tokens(self) -> bool:
         """Whether any token limit is set."""
-        return _limits_tokens(self)
+        return not (
+            self.tokens_per_s is None
+            and self.token_quota is None
+            and self.input_token_quota is None
+            and self.output_token_quota is None
+        )
 
 
-class TenantQuota(Options):
+class TenantQuota(TokenLimits, _Requests):
     """A tenant's share of the service; None means unlimited.
 
     - ``max_concurrency``: requests in flight at once (a bulkhead per tenant), >= 1.
@@ -189,17 +203,10 @@ class TenantQuota(Options):
       tenant whose usage per unit of weight is highest is shed first.
     """
 
-    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
-    rate_per_s: float | None = Field(default=None, gt=0, le=1e9)
-    burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    # the request limits (max_concurrency, rate_per_s, burst) and the tenant's own token limits
+    # are those of _Requests and TokenLimits
     max_wait_s: float = Field(default=0.0, ge=0, le=3600)
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
-    tokens_per_s: float | None = Field(default=None, gt=0, le=1e9)
-    token_burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
-    token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
-    token_window_s: float = Field(default=60.0, gt=0, le=31 * 86_400)
-    input_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
-    output_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
     models: dict[str, TokenLimits] = Field(default_factory=dict)
     priority: Priority = "interactive"
     weight: float = Field(default=1.0, gt=0, le=1e6)
@@ -217,14 +224,14 @@ class TenantQuota(Options):
     @property
     def limits_tokens(self) -> bool:
         """Whether any token limit is set, the tenant's or a model's."""
-        return _limits_tokens(self) or any(m.limits_tokens for m in self.models.values())
+        return super().limits_tokens or any(m.limits_tokens for m in self.models.values())
 
     @property
     def unlimited(self) -> bool:
         return self.max_concurrency is None and self.rate_per_s is None and self.timeout_s is None
 
 
-class PoolQuota(Options):
+class PoolQuota(_Requests):
     """A bound that a group of tenants share together (None means unlimited): the tenants not
     named in :attr:`Policy.tenants` share one (:attr:`Policy.unlisted_pool`).
 
@@ -236,10 +243,6 @@ class PoolQuota(Options):
     is admitted only when both have a slot and a token (waiting, first come first served, up to
     the tenant's ``max_wait_s``).
     """
-
-    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
-    rate_per_s: float | None = Field(default=None, gt=0, le=1e9)
-    burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
 
     @property
     def unlimited(self) -> bool:
@@ -255,11 +258,7 @@ class PoolQuota(Options):
         if quota.rate_per_s is None:
             return True
         return (self.rate_per_s is not None and self.rate_per_s <= quota.rate_per_s
-                and _burst(self.burst, self.rate_per_s) <= _burst(quota.burst, quota.rate_per_s))
-
-
-def _burst(burst: int | None, rate: float) -> int:
-    return burst if burst is not None else max(1, math.ceil(rate))
+                and burst_of(self.rate_per_s, self.burst) <= burst_of(quota.rate_per_s, quota.burst))
 
 
 class GenerationPolicy(Options):

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from .._admission import WAIT  # a gate's enter answers as a quota backend's admit_now does
 
-__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Resumption", "Scope", "Wrapper"]
 
 Scope = Literal["call", "attempt", "item"]
 
@@ -64,7 +64,9 @@ class Call:
       budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate;
     - ``share_expiry``: a stream's own deadline (an :class:`~ragguard.deadline.Expiry`) when its
       stage draws a share of the request's (``deadline_share``), set as it opens and made current
-      again for each later item by the share layer (:mod:`ragguard.layers.share`).
+      again for each later item by the share layer (:mod:`ragguard.layers.share`);
+    - ``ending``: how a stream ended (:class:`ragguard.StreamEnding`), None until it has: set by
+      the stream driver before the layers it held exit (the observe layer reports it).
 
     Every layer may read every field; :data:`WRITERS` names the modules that may write each one
     (tests/pipeline/test_call_fields.py holds the code to it): a layer that needs to tell another
@@ -86,6 +88,7 @@ class Call:
     threads: Any = None
     meter: Any = None
     share_expiry: Any = None
+    ending: Any = None
 
     WRITERS: ClassVar[Mapping[str, frozenset[str]]] = {
         # a chunk's candidates while the chunker runs; fewer passages while the shrink runs
@@ -104,6 +107,7 @@ class Call:
         "threads": frozenset({"ragguard.pipeline._threads"}),
         "meter": frozenset({"ragguard.rag._generation"}),
         "share_expiry": frozenset({"ragguard.layers.share"}),
+        "ending": frozenset({"ragguard.pipeline._drivers"}),
     }
     """Field -> the modules that may write it (``stage``, ``fn`` and ``stream`` are set once, here)."""
 
@@ -182,6 +186,26 @@ class Wrapper(Protocol):
     streams: ClassVar[bool]
 
     async def around(self, call: Call, proceed: Callable[..., Awaitable[Any]]) -> Any: ...
+
+
+@runtime_checkable
+class Resumption(Protocol):
+    """What a layer that can carry a stream on past its commit point (the generation preset's
+    continuation) sets on the opened stream's head (``Head.resume``), from its ``around``.
+
+    ``inside``: the head's held entries (``Head.held``) of the layers inside it, as they were when
+    the stream opened. When the stream fails after items reached the caller, the stream driver
+    closes it, exits those layers with the error (a breaker counts it, a token meter settles) and
+    awaits ``take_over(call, exc, items)`` with the error (or the one a gate replaced it with) and
+    the items handed over: None leaves the error to end the stream; ``(name, rest)`` carries it on
+    with ``rest``, an async iterator of the items still to hand over (whose opening, up to its
+    first item, is already done), ``name`` saying who took over. The layers outside stay held
+    until ``rest`` ends, and their item gates (a stage's deadline share) bound the takeover and
+    each of ``rest``'s items: a wrapper that sets ``resume`` says so with ``resumes = True``."""
+
+    inside: tuple[Any, ...]
+
+    async def take_over(self, call: Call, exc: Exception, items: list[Any]) -> tuple[str, Any] | None: ...
 
 
 Layer = Gate | Recovery | Wrapper

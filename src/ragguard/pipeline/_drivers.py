@@ -21,8 +21,10 @@ from functools import partial
 from typing import Any
 
 from .._compat import PY311, current_task, running_loop
+from .._context import mark_degraded
+from .._endings import StreamEnding, ended_by, record_ending
 from .._errors import DeadlineExceeded, StageTimeout
-from ._contract import WAIT, Call, Gate, Recovery, Wrapper
+from ._contract import WAIT, Call, Gate, Recovery, Resumption, Wrapper
 
 __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
 
@@ -30,7 +32,9 @@ __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
 class Node:
     """Recoveries, then gates, then a wrapper or the next node or the call (see module docstring)."""
 
-    __slots__ = ("gates", "inner", "recoveries", "run", "runs", "source", "stream_gates", "wrapper")
+    __slots__ = (
+        "gates", "inner", "recoveries", "resume_gates", "run", "runs", "source", "stream_gates", "wrapper",
+    )
 
     def __init__(self) -> None:
         self.recoveries: tuple[Recovery, ...] = ()
@@ -39,6 +43,9 @@ class Node:
         self.inner: Node | None = None
         self.stream_gates: tuple[Gate, ...] = ()  # the call/attempt-scope gates, for streams
         self.source = ""  # the compiled run(), for reading in a debugger
+        # (the root's) the item gates outside a wrapper that ``resumes`` a stream: what a
+        # continuation's items still pass (a stage's deadline share)
+        self.resume_gates: tuple[Gate, ...] = ()
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -198,7 +205,7 @@ class Head:
     wait, so the wait is not the dependency's time and an item that needs none costs no coroutine).
     """
 
-    __slots__ = ("agen", "deliver", "done", "first", "guarded", "held")
+    __slots__ = ("agen", "deliver", "done", "first", "guarded", "held", "resume")
 
     def __init__(self, agen: Any, first: Any, done: bool, guarded: bool = True) -> None:
         self.agen = agen
@@ -207,6 +214,7 @@ class Head:
         self.guarded = guarded  # False for a fallback's stream: its items skip the item gates
         self.held: list[tuple[Sequence[Gate], list[Any]]] = []
         self.deliver: Callable[[Any], Awaitable[Any] | None] | None = None
+        self.resume: Resumption | None = None  # set by a layer that can carry the stream on
 
     @classmethod
     async def of_fallback(cls, produced: Any) -> Head:
@@ -310,40 +318,80 @@ async def _close(agen: Any) -> None:
         await aclose()
 
 
-async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> AsyncIterator[Any]:
+async def run_stream(
+    root: Node, item_gates: tuple[Gate, ...], call: Call, *, record: bool = True
+) -> AsyncIterator[Any]:
     """Drive a stream through the chain rooted at ``root`` (an async generator of its items).
 
     Before the first item, recoveries may retry or serve a fallback; after it, an error ends the
     stream (the commit point, gRPC's "committed" rule) and says how many items the caller had:
-    ``items`` on ragguard's timeouts and deadline errors, a note on any other error. Call- and
-    attempt-scope gates hold until the stream ends, however it ends (exhausted, failed, closed
-    early or cancelled) and exit once with that outcome. ``call.items`` counts the items handed
-    over; the head's ``deliver`` hook, if any, runs before each is.
+    ``items`` on ragguard's timeouts and deadline errors, a note on any other error, unless a
+    layer set the head's ``resume`` (:class:`~ragguard.pipeline.Resumption`): then the layers
+    inside that one are released with the error and its ``take_over`` may carry the stream on
+    from the items handed over. Call- and attempt-scope gates hold until the stream ends, however
+    it ends (exhausted, failed, closed early or cancelled) and exit once with that outcome.
+    ``call.items`` counts the items handed over; the head's ``deliver`` hook, if any, runs before
+    each is. ``call.ending`` says how the stream ended (:class:`ragguard.StreamEnding`), set
+    before the layers it held exit, and kept in the request (``record``; a stream cut after its
+    commit point is named in :func:`ragguard.degraded` too).
     """
-    head = await root.open(call, item_gates)
-    outcome: BaseException | None = None
     try:
-        if head.done:
-            return
-        deliver = head.deliver
-        if deliver is not None:
-            pending = deliver(head.first)
-            if pending is not None:
-                await pending
-        call.items = 1
-        yield head.first
-        agen = head.agen
-        while True:
+        head = await root.open(call, item_gates)
+    except BaseException as exc:
+        _end(call, exc, record)
+        raise
+    outcome: BaseException | None = None
+    outer = root.resume_gates  # item gates a continuation's items pass too
+    taken = ""  # the continuation that carries the stream on, once one has
+    after = 0
+    cause = ""
+    rest: Any = None
+    try:
+        if not head.done:
+            deliver = head.deliver
+            kept: list[Any] | None = None if head.resume is None else []
             try:
-                item = await (next_item(call, agen, item_gates) if head.guarded else agen.__anext__())
-            except StopAsyncIteration:
-                return
-            if deliver is not None:
-                pending = deliver(item)
-                if pending is not None:
-                    await pending
-            call.items += 1
-            yield item
+                if deliver is not None:
+                    pending = deliver(head.first)
+                    if pending is not None:
+                        await pending
+                call.items = 1
+                if kept is not None:
+                    kept.append(head.first)
+                yield head.first
+                agen = head.agen
+                while True:
+                    try:
+                        item = await (next_item(call, agen, item_gates) if head.guarded else agen.__anext__())
+                    except StopAsyncIteration:
+                        break
+                    if deliver is not None:
+                        pending = deliver(item)
+                        if pending is not None:
+                            await pending
+                    call.items += 1
+                    if kept is not None:
+                        kept.append(item)
+                    yield item
+            except Exception as exc:
+                if kept is None or not call.items:
+                    raise
+                failed = await _release_inside(call, head, exc)
+                take_over = partial(head.resume.take_over, call, failed, kept)  # type: ignore[union-attr]
+                takeover = await (_gated(call, outer, take_over) if outer else take_over())
+                del kept, take_over
+                if takeover is None:
+                    raise failed  # noqa: B904 - its own error, or the one a gate replaced it with
+                taken, rest = takeover
+                after, cause = call.items, ended_by(failed)
+            if rest is not None:
+                while True:
+                    try:
+                        item = await (next_item(call, rest, outer) if outer else rest.__anext__())
+                    except StopAsyncIteration:
+                        break
+                    call.items += 1
+                    yield item
     except BaseException as exc:
         outcome = exc
         if call.items and isinstance(exc, Exception):
@@ -351,12 +399,81 @@ async def run_stream(root: Node, item_gates: tuple[Gate, ...], call: Call) -> As
         raise
     finally:
         try:
-            await _close(head.agen)
+            try:
+                if rest is not None:
+                    await _close(rest)
+            finally:
+                await _close(head.agen)
         finally:
+            _end(call, outcome, record, taken, after, cause)
             # innermost node first; a consumer that stops early closes us with GeneratorExit, which
             # gates treat as a cancellation: released, nothing recorded
             for gates, tokens in head.held:
                 _exit_all(call, gates, tokens, outcome)
+            if record and outcome is not None and call.items and isinstance(outcome, Exception):
+                mark_degraded(f"incomplete: {call.stage} after {_items(call.items)}")
+
+
+async def _gated(call: Call, gates: tuple[Gate, ...], step: Callable[[], Awaitable[Any]]) -> Any:
+    """``await step()`` inside ``gates`` (entered in order, exited innermost first with its outcome)."""
+    entered: list[Any] = []
+    try:
+        for gate in gates:
+            token = gate.enter(call)
+            if token is WAIT:
+                token = await gate.enter_async(call)
+            entered.append(token)
+        result = await step()
+    except BaseException as exc:
+        _exit_all(call, gates, entered, exc)
+        raise
+    _exit_all(call, gates, entered, None)
+    return result
+
+
+async def _release_inside(call: Call, head: Head, exc: Exception) -> Exception:
+    """``exc`` ended the stream of ``head`` past its commit point and a layer may carry it on:
+    close the stream and release the layers inside that one (``head.resume.inside``) with
+    ``exc`` (a breaker counts it, a token meter settles); the others stay held. Returns ``exc``,
+    or the error a gate replaced it with."""
+    inside = {id(entry) for entry in head.resume.inside}  # type: ignore[union-attr]
+    failed: BaseException = exc
+    try:
+        await _close(head.agen)
+    finally:
+        held: list[tuple[Sequence[Gate], list[Any]]] = []
+        for entry in head.held:
+            if id(entry) not in inside:
+                held.append(entry)
+                continue
+            try:
+                _exit_all(call, entry[0], entry[1], failed)
+            except Exception as replaced:
+                failed = replaced
+        head.held = held
+    return failed if isinstance(failed, Exception) else exc
+
+
+def _items(n: int) -> str:
+    return "1 item" if n == 1 else f"{n} items"
+
+
+def _end(
+    call: Call, outcome: BaseException | None, record: bool, taken: str = "", after: int = 0, cause: str = ""
+) -> None:
+    """Set (and ``record`` in the request) how ``call``'s stream ended (see
+    :mod:`ragguard._endings`): ``taken`` names the continuation that carried it on after ``after``
+    items, from an error named ``cause``."""
+    if outcome is None:
+        if taken:
+            ending = StreamEnding("continued", call.stage, call.items, taken, after, cause)
+        else:
+            ending = StreamEnding("completed", call.stage, call.items)
+    else:
+        ending = StreamEnding("incomplete", call.stage, call.items, taken, after, ended_by(outcome))
+    call.ending = ending
+    if record:
+        record_ending(ending)
 
 
 _COMMITTED = "ragguard: stream of stage "
@@ -407,6 +524,8 @@ def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
     while n is not None:
         n.stream_gates = tuple(g for g in n.gates if g.scope != "item")
         item_gates.extend(g for g in n.gates if g.scope == "item")
+        if getattr(n.wrapper, "resumes", False) and not root.resume_gates:
+            root.resume_gates = tuple(item_gates)  # the node's gates stand outside its wrapper
         nodes.append(n)
         n = n.inner
     for n in reversed(nodes):  # innermost first: a node's run() calls its inner node's

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import itertools
 import logging
@@ -49,7 +48,13 @@ from .._errors import BreakerOpen, ConfigError
 from ..breakers import BreakerState, CircuitBreaker, classify_outcome, register_breaker
 from ._hold import HoldTrial, LocalHold
 from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable
-from ._scripts import BREAKER_REPORT, BREAKER_SET_STATE, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE
+from ._scripts import (
+    BREAKER_REPORT,
+    BREAKER_SET_STATE,
+    BREAKER_TRIAL_ACQUIRE,
+    BREAKER_TRIAL_DONE,
+    breaker_option_args,
+)
 
 __all__ = ["SharedCircuitBreaker", "breaker_keys", "encode_key_part"]
 
@@ -137,16 +142,6 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _options_of(breaker: CircuitBreaker) -> dict[str, Any]:
-    """The wrapped breaker's validated options (its :class:`~ragguard.breakers.BreakerConfig`), with
-    the open-duration cap it applies (a year when ``open_max_s`` is None) and its jitter's rng."""
-    config = breaker.config
-    options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    options["open_max_s"] = config.open_cap_s
-    options["rng"] = breaker.rng
-    return options
-
-
 class SharedCircuitBreaker:
     """``breaker``'s state machine, shared by every replica through ``redis``.
 
@@ -201,11 +196,10 @@ class SharedCircuitBreaker:
         "_now",
         "_oks",
         "_oks_room",
-        "_opts",
+        "_option_args",
         "_pending",
         "_permits",
         "_prefetched",
-        "_rejection_arg",
         "_report",
         "_report_keys",
         "_rng",
@@ -217,7 +211,6 @@ class SharedCircuitBreaker:
         "_slow_classifier",
         "_slow_s",
         "_state",
-        "_static_args",
         "_sync_lock",
         "_task",
         "_trial_acquire",
@@ -226,6 +219,7 @@ class SharedCircuitBreaker:
         "_trial_lock",
         "_trial_outbox",
         "_trials",
+        "_ttl_arg",
         "_ttl_ms",
         "_unacked",
         "_until",
@@ -283,32 +277,17 @@ class SharedCircuitBreaker:
         self.wrapped = breaker
         self.name = name
         self.bus = breaker.bus
-        opts = _options_of(breaker)
-        self._opts = opts
-        self._config = breaker.config
-        self.classifier: Callable[[BaseException], bool] = opts["classifier"]
-        self._slow_classifier: Callable[[BaseException], bool] | None = opts["slow_classifier"]
-        self._slow_s: float = opts["slow_call_duration_s"]
-        self._error_class: type[BreakerOpen] = opts["error_class"]
-        self._rng: random.Random = opts["rng"]
-        self._jitter: float = opts["open_jitter"]
-        self._permits: int = opts["half_open_permits"]
-        open_max = opts["open_max_s"]
-        self._static_args = [str(arg).encode() for arg in (
-            self._ttl_ms,
-            opts["window_type"],
-            opts["window_size"],
-            opts["minimum_calls"],
-            repr(float(opts["failure_rate_threshold"])),
-            repr(float(opts["slow_call_rate_threshold"])),
-            opts["consecutive_failures_threshold"] or 0,
-            opts["half_open_permits"],
-            repr(float(opts["open_for_s"])),
-            repr(float(opts["open_backoff_multiplier"])),
-            0 if math.isinf(open_max) else repr(float(open_max)),
-        )]
-        rejection = opts["rejection_rate_threshold"]
-        self._rejection_arg = b"0" if rejection is None else repr(float(rejection)).encode()  # 0: off
+        # the wrapped breaker's options, validated once (by it): every decision here reads them
+        config = self._config = breaker.config
+        self.classifier: Callable[[BaseException], bool] = config.classifier
+        self._slow_classifier = config.slow_classifier
+        self._slow_s = config.slow_call_duration_s
+        self._error_class: type[BreakerOpen] = config.error_class
+        self._rng: random.Random = breaker.rng
+        self._jitter = config.open_jitter
+        self._permits = config.half_open_permits
+        self._ttl_arg = str(self._ttl_ms).encode()
+        self._option_args = breaker_option_args(config)  # what the scripts run on, named by field
         # The epoch a state's first change moves to: random per replica (never the seeded rng), so
         # that tokens from before a Redis restart never match an epoch after it.
         self._birth = random.SystemRandom().randrange(1, 2**46)
@@ -743,7 +722,7 @@ class SharedCircuitBreaker:
     def _args(self, *extra: Any) -> list[Any]:
         spread = self._jitter * (2.0 * self._rng.random() - 1.0) if self._jitter else 0.0
         now = "" if self.clock is None else repr(float(self.clock()))
-        return [now, *self._static_args, repr(spread), self._birth_arg, self._rejection_arg, *extra]
+        return [now, self._ttl_arg, repr(spread), self._birth_arg, *self._option_args, *extra]
 
     def _script(self, script: Script, *extra: Any) -> Awaitable[Any]:
         return script(*self._script_keys, *self._args(*extra))
@@ -872,15 +851,10 @@ class SharedCircuitBreaker:
                 self._silently(self.wrapped.reset)
             return
         running = [t for t in self._trials.values() if t.epoch == self._epoch]
-        opts = self._opts
         self._hold = LocalHold(
-            state, now=now, open_left_s=max(0.0, self._until - now), open_base_s=self._base,
-            trials_running=len(running) if state is _HALF_OPEN else 0, permits=self._permits,
-            failure_rate_threshold=opts["failure_rate_threshold"],
-            slow_call_rate_threshold=opts["slow_call_rate_threshold"],
-            rejection_rate_threshold=opts["rejection_rate_threshold"], open_for_s=opts["open_for_s"],
-            open_backoff_multiplier=opts["open_backoff_multiplier"], open_max_s=opts["open_max_s"],
-            open_jitter=self._jitter, rng=self._rng, reject=self._reject, moved=self._hold_moved,
+            state, self._config, now=now, open_left_s=max(0.0, self._until - now), open_base_s=self._base,
+            trials_running=len(running) if state is _HALF_OPEN else 0, rng=self._rng,
+            reject=self._reject, moved=self._hold_moved,
         )
         if state is _HALF_OPEN:
             for trial in running:

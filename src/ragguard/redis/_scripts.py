@@ -17,7 +17,7 @@ Breaker keys (``<tag>`` is ``{<prefix>:breaker:<name>}``, the name percent-encod
 
 The breaker scripts mirror ``ragguard.breakers.CircuitBreaker`` (the same window arithmetic and
 transitions); outcome codes are its ``FAILED | SLOW`` bits, or ``REJECTED`` (4) alone: a call the
-dependency turned away with a wait, counted by the rejection rate (ARGV[15], 0: off) and left out
+dependency turned away with a wait, counted by the rejection rate (``r_thr``, 0: off) and left out
 of the failure and slow-call rates. Every write refreshes the keys' TTL
 (``ttl_ms``, lengthened by the time left open); a script that changes nothing writes nothing.
 Every reply is the snapshot ``'extra state epoch open_left_s open_base_s trial_permits_left reason'``,
@@ -40,8 +40,9 @@ so that one script sees both)::
     <tag>:qexp     ZSET  waiting request id -> expiry (a waiter that stops asking leaves the queue)
     <tag>:share    HASH  local-lease mode: holder -> demand (requests/s) and expiry
 
-Rate is the Generic Cell Rate Algorithm (ATM Forum TM 4.0), the same arithmetic as
-``ragguard.quotas.LocalQuotas``; concurrency counts the unexpired leases.
+Rate is the Generic Cell Rate Algorithm: :data:`GCRA`, the Lua twin of ``ragguard.quotas._gcra``
+(tests/distributed/test_gcra_twin.py steps both alike), used by the quotas here and by the token
+scripts of ``_tokens``; concurrency counts the unexpired leases.
 
 Releases are idempotent: a release removes its lease (or grant) and refunds rate only when it
 removed something, so a replica can send one again after a lost reply.
@@ -49,6 +50,13 @@ removed something, so a replica can send one again after a lost reply.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from ..breakers import BreakerConfig
+from ..quotas._gcra import EPSILON_S
+
+# the scripts (tests load each); the preludes (NOW, GCRA) and BREAKER_OPTION_ARGS are imported by name
 __all__ = [
     "BREAKER_REPORT",
     "BREAKER_SET_STATE",
@@ -74,23 +82,68 @@ _NOW = NOW + r"""
 local function fmt(x) return string.format('%.17g', x) end
 """
 
-# ARGV[1..15] are the same for every breaker script; script-specific arguments follow.
+
+def _text(value: Any) -> str:
+    return str(value)
+
+
+def _int(value: Any) -> str:
+    return str(int(value))
+
+
+def _number(value: Any) -> str:
+    return repr(float(value))
+
+
+def _off(value: float | None) -> str:
+    return "0" if value is None else repr(float(value))  # 0: the rule is off
+
+
+BREAKER_OPTION_ARGS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("wtype", "window_type", _text),
+    ("wsize", "window_size", _int),
+    ("min_calls", "minimum_calls", _int),
+    ("f_thr", "failure_rate_threshold", _number),
+    ("s_thr", "slow_call_rate_threshold", _number),
+    ("c_thr", "consecutive_failures_threshold", _off),
+    ("r_thr", "rejection_rate_threshold", _off),
+    ("permits", "half_open_permits", _int),
+    ("open_for", "open_for_s", _number),
+    ("mult", "open_backoff_multiplier", _number),
+    ("open_max", "open_cap_s", _number),
+)
+"""The options of :class:`~ragguard.breakers.BreakerConfig` the breaker scripts run on, in ARGV
+order after the four per-call arguments: the Lua local each becomes, the config attribute it is
+read from, and how it is sent. The scripts' prelude is generated from it and
+:func:`breaker_option_args` encodes a config by it, so the two cannot disagree; the other options
+are the replica's own (``slow_call_duration_s`` and the classifiers decide an outcome's code before
+it is sent, ``open_jitter`` is drawn per call as ``spread``), which
+tests/distributed/test_shared_breaker.py holds to every field of the config."""
+
+
+def breaker_option_args(config: BreakerConfig) -> list[bytes]:
+    """``config``'s values for the breaker scripts (see :data:`BREAKER_OPTION_ARGS`), encoded."""
+    return [encode(getattr(config, attr)).encode() for _, attr, encode in BREAKER_OPTION_ARGS]
+
+
+def _option_locals() -> str:
+    lines = []
+    for at, (name, _, encode) in enumerate(BREAKER_OPTION_ARGS, start=5):
+        read = f"ARGV[{at}]" if encode is _text else f"tonumber(ARGV[{at}])"
+        lines.append(f"local {name} = {read}")
+    lines.append(f"local own = {5 + len(BREAKER_OPTION_ARGS)}  -- ARGV[own..]: the script's own arguments")
+    return "\n".join(lines) + "\n"
+
+
+# ARGV[1] now ('': TIME), [2] the keys' TTL (ms), [3] the open time's spread (the jitter drawn by
+# the replica), [4] the replica's birth epoch, then the config's options (BREAKER_OPTION_ARGS),
+# then from ARGV[own] the script's own arguments.
 _BREAKER_PRELUDE = _NOW + r"""
 local S, W, T = KEYS[1], KEYS[2], KEYS[3]
 local ttl_ms = tonumber(ARGV[2])
-local wtype = ARGV[3]
-local wsize = tonumber(ARGV[4])
-local min_calls = tonumber(ARGV[5])
-local f_thr = tonumber(ARGV[6])
-local s_thr = tonumber(ARGV[7])
-local c_thr = tonumber(ARGV[8])
-local permits = tonumber(ARGV[9])
-local open_for = tonumber(ARGV[10])
-local mult = tonumber(ARGV[11])
-local open_max = tonumber(ARGV[12])
-local spread = tonumber(ARGV[13])
-local birth = tonumber(ARGV[14])
-local r_thr = tonumber(ARGV[15])
+local spread = tonumber(ARGV[3])
+local birth = tonumber(ARGV[4])
+""" + _option_locals() + r"""
 
 local f = redis.call('HMGET', S, 'state', 'epoch', 'open_until', 'open_base', 'consecutive', 'reason',
   'calls', 'failures', 'slow', 'head', 'trial_calls', 'trial_failures', 'trial_slow', 'pos', 'rejected',
@@ -224,16 +277,16 @@ end
 """
 
 BREAKER_REPORT = _BREAKER_PRELUDE + r"""
--- KEYS[4]: this replica's batch sequence key. ARGV[16]: the epoch the outcomes were recorded in
--- (-1: before the replica first read the state; they count if it is closed); ARGV[17]: one byte
--- per outcome code; ARGV[18]: the batch's sequence number. A batch whose
+-- KEYS[4]: this replica's batch sequence key. ARGV[own]: the epoch the outcomes were recorded in
+-- (-1: before the replica first read the state; they count if it is closed); ARGV[own + 1]: one byte
+-- per outcome code; ARGV[own + 2]: the batch's sequence number. A batch whose
 -- sequence number was already applied is a resend after a lost reply: counted once only.
 -- Codes are applied in order and the rules checked after each, as the in-memory breaker does;
 -- the codes after a trip are dropped (the window they belonged to is over). A success cannot trip
 -- the breaker once the served calls are >= min_calls and every rate is under its threshold (it
 -- lowers every rate and ends the run of failures), and neither can the successes after it: such a
 -- run of successes, the bulk of a healthy batch, is applied at once with a few string operations.
-local expected, codes, seq = tonumber(ARGV[16]), ARGV[17], tonumber(ARGV[18])
+local expected, codes, seq = tonumber(ARGV[own]), ARGV[own + 1], tonumber(ARGV[own + 2])
 local k = #codes
 if k > 0 then
   local last = tonumber(redis.call('GET', KEYS[4])) or 0
@@ -323,15 +376,15 @@ return snapshot(k)
 """
 
 BREAKER_TRIAL_ACQUIRE = _BREAKER_PRELUDE + r"""
--- ARGV[16]: lease duration (seconds); ARGV[17..]: lease ids, one per permit wanted (a replica asks
+-- ARGV[own]: lease duration (seconds); ARGV[own + 1..]: lease ids, one per permit wanted (a replica asks
 -- once for its whole crowd). Grants the first ones while permits are left; extra = how many.
-local lease_s = tonumber(ARGV[16])
+local lease_s = tonumber(ARGV[own])
 if st.state == 'open' and now >= st.open_until then to_state('half_open', 'open duration elapsed') end
 local granted = 0
 if st.state == 'half_open' then
   redis.call('ZREMRANGEBYSCORE', T, '-inf', fmt(now))
   local left = permits - st.trial_calls - redis.call('ZCARD', T)
-  for i = 17, #ARGV do
+  for i = own + 1, #ARGV do
     if left <= 0 then break end
     redis.call('ZADD', T, fmt(now + lease_s), ARGV[i])
     left = left - 1
@@ -344,12 +397,12 @@ return snapshot(granted)
 """
 
 BREAKER_TRIAL_DONE = _BREAKER_PRELUDE + r"""
--- ARGV[16..]: pairs of (lease id, outcome code), the code -1 to give the permit back unrecorded
+-- ARGV[own..]: pairs of (lease id, outcome code), the code -1 to give the permit back unrecorded
 -- (cancelled, ignored error, unused, or a grant whose reply was lost). A lease still in the ZSET
 -- belongs to the current half-open round (every transition deletes the ZSET); a late result of an
 -- expired lease is dropped: its permit was already handed to another trial. Idempotent.
 local counted = 0
-for i = 16, #ARGV, 2 do
+for i = own, #ARGV, 2 do
   local lease, code = ARGV[i], tonumber(ARGV[i + 1])
   if st.state == 'half_open' and redis.call('ZREM', T, lease) == 1 then
     dirty = true
@@ -381,8 +434,8 @@ return snapshot(counted)
 """
 
 BREAKER_SET_STATE = _BREAKER_PRELUDE + r"""
--- ARGV[16]: closed (reset), forced_open or disabled.
-local target = ARGV[16]
+-- ARGV[own]: closed (reset), forced_open or disabled.
+local target = ARGV[own]
 if target == 'closed' then
   to_state('closed', 'reset')
 else
@@ -392,15 +445,33 @@ save()
 return snapshot(1)
 """
 
-QUOTA = r"""
+GCRA = rf"""
+-- GCRA, the arithmetic of ragguard.quotas._gcra: n tokens at now from a bucket whose theoretical
+-- arrival time is tat (false or nil: none yet, a full bucket), interval seconds per token and
+-- tolerance = burst x interval seconds; gives tat' (to keep when the step is taken) and the wait
+-- (<= GCRA_EPSILON: the tokens fit now). gcra_back: tat after n tokens are given back.
+local GCRA_EPSILON = {EPSILON_S!r}
+local function gcra(tat, now, n, interval, tolerance)
+  if not tat or tat < now then tat = now end
+  tat = tat + n * interval
+  return tat, tat - now - tolerance
+end
+local function gcra_back(tat, n, interval)
+  return tat - n * interval
+end
+"""
+"""The Lua twin of :mod:`ragguard.quotas._gcra`, a prelude of every script that steps a bucket."""
+
+QUOTA = GCRA + r"""
 -- One script for a tenant's admissions and for the operations a replica sends alone (releases,
 -- renewals, leases put back after an outage). A request counts against one or two levels: the
 -- tenant's own quota and the pool it shares with other tenants (a level the other covers is left
 -- out by the replica), each with three keys: KEYS[3i-2] L (the lease set: lease id -> expiry, and
 -- the member 'tat' scored by the GCRA theoretical arrival time), KEYS[3i-1] Q (the queue: waiter
 -- -> arrival), KEYS[3i] X (waiter -> expiry).
---   ARGV[1] the plan, encoded once per tenant: 'lease_s grant_s queue_ttl' then ' maxc rate burst'
---           per level (maxc 0: no concurrency limit; rate 0: none)
+--   ARGV[1] the plan, encoded once per tenant: 'lease_s grant_s queue_ttl' then
+--           ' maxc interval tolerance' per level (maxc 0: no concurrency limit; interval 0: no
+--           rate; else the level's GCRA interval and tolerance, seconds)
 --   ARGV[2] the request: 'now id wait_s flags' then ' id op' per operation carried; now '-' = TIME;
 --           flags: 1 may queue, 2 id is a lease this replica released (the new request takes over
 --           its slot: its release is not sent), 4 refresh the keys' TTL, 8 operations only (no
@@ -426,13 +497,13 @@ else
 end
 budget, flags = tonumber(budget), tonumber(flags)
 
--- The common case first, with no table and no function: one level, nothing carried, no TTL to
+-- The common case first, with no table: one level, nothing carried, no TTL to
 -- refresh, nobody queued, a slot and a token free, and a key that exists (so it has its TTL). It
 -- writes only when it admits; any other case goes on to the general path below, which decides
 -- the same way.
 do
-  local maxc, rate, burst, more = string.match(spec, ' (%S+) (%S+) (%S+)(.*)')
-  maxc, rate = tonumber(maxc), tonumber(rate)
+  local maxc, interval, tolerance, more = string.match(spec, ' (%S+) (%S+) (%S+)(.*)')
+  maxc, interval = tonumber(maxc), tonumber(interval)
   if more == '' and ops == '' and flags < 4 and (maxc == 0 or redis.call('ZCARD', KEYS[2]) == 0) then
     local L = KEYS[1]
     local tat = tonumber(redis.call('ZSCORE', L, 'tat'))
@@ -447,14 +518,13 @@ do
     if room and exists then
       local expiry = now + grant_s
       if maxc > 0 then expiry = now + lease_s end
-      if rate == 0 then
+      if interval == 0 then
         redis.call('ZADD', L, expiry, id)
         return 'ok 0'
       end
-      local interval = 1 / rate
-      if not tat or tat < now then tat = now end
-      tat = tat + interval
-      if tat - now - tonumber(burst) * interval <= 1e-9 and tat - now <= lease_s then
+      local wait
+      tat, wait = gcra(tat, now, 1, interval, tonumber(tolerance))
+      if wait <= GCRA_EPSILON and tat - now <= lease_s then
         redis.call('ZADD', L, expiry, id, tat, 'tat')
         return 'ok 0'
       end
@@ -463,10 +533,10 @@ do
 end
 
 local levels = {}
-for maxc, rate, burst in string.gmatch(spec, '(%S+) (%S+) (%S+)') do
+for maxc, interval, tolerance in string.gmatch(spec, '(%S+) (%S+) (%S+)') do
   local k = 3 * #levels
   levels[#levels + 1] = {L = KEYS[k + 1], Q = KEYS[k + 2], X = KEYS[k + 3], maxc = tonumber(maxc),
-    rate = tonumber(rate), burst = tonumber(burst)}
+    interval = tonumber(interval), tolerance = tonumber(tolerance)}
 end
 
 local function tat_of(lv)  -- read once; false when there is none
@@ -490,8 +560,8 @@ for lid, op in string.gmatch(ops, '(%S+) (%S+)') do  -- what the replica owes Re
     for _, lv in ipairs(levels) do
       local removed = redis.call('ZREM', lv.L, lid)
       if op >= 2 and redis.call('ZREM', lv.Q, lid) == 1 then redis.call('ZREM', lv.X, lid) end
-      if op % 2 == 1 and removed == 1 and lv.rate > 0 and tat_of(lv) then
-        lv.tat = lv.tat - 1 / lv.rate
+      if op % 2 == 1 and removed == 1 and lv.interval > 0 and tat_of(lv) then
+        lv.tat = gcra_back(lv.tat, 1, lv.interval)
         redis.call('ZADD', lv.L, lv.tat, 'tat')
       end
     end
@@ -575,16 +645,13 @@ end
 
 local delay = 0
 for _, lv in ipairs(levels) do
-  if lv.rate > 0 then
-    local interval = 1 / lv.rate
-    local tat = tat_of(lv) or now
-    if tat < now then tat = now end
-    lv.next_tat = tat + interval
-    local d = lv.next_tat - now - lv.burst * interval
+  if lv.interval > 0 then
+    local d
+    lv.next_tat, d = gcra(tat_of(lv), now, 1, lv.interval, lv.tolerance)
     if d > delay then delay = d end
   end
 end
-if delay <= 1e-9 then
+if delay <= GCRA_EPSILON then
   delay = 0
 elseif delay > budget then
   leave()
@@ -597,7 +664,7 @@ for _, lv in ipairs(levels) do
     expiry = now + grant_s
     if refresh then redis.call('ZREMRANGEBYSCORE', lv.L, '-inf', now) end  -- expired grants
   end
-  if lv.rate > 0 then
+  if lv.interval > 0 then
     redis.call('ZADD', lv.L, expiry, id, lv.next_tat, 'tat')
     if lv.next_tat > horizon then horizon = lv.next_tat end
   else
