@@ -22,12 +22,16 @@ import random
 import sys
 import time
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aredis
 
 from ragguard import Guard, NoDeploymentAvailable, Policy, events
 from ragguard.redis import RedisBackend, SharedStateDegraded
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _replica import Lag, started
 
 TPM, WINDOW_S, ESTIMATE = 300, 1.0, 30
 LIMITS = {"tpm": TPM, "window_s": WINDOW_S}
@@ -56,11 +60,7 @@ async def main(port: int, duration_s: float, streams: int, seed: int) -> dict[st
     group = g.group("chat", {"a": model("a"), "b": model("b")})
     served: list[tuple[float, str, int]] = []
     refused = 0
-    await client.ping()
-    print("ready", flush=True)
-    start_at = float(sys.stdin.readline())
-    end = start_at + duration_s
-    await asyncio.sleep(max(0.0, start_at - time.time()))
+    end = await started(client) + duration_s
 
     async def caller(srng: random.Random) -> None:
         nonlocal refused
@@ -79,19 +79,11 @@ async def main(port: int, duration_s: float, streams: int, seed: int) -> dict[st
                 continue
             served.append((first, by, used))
 
-    lag = 0.0
-
-    async def lag_monitor() -> None:
-        nonlocal lag
-        while time.time() < end:
-            before = time.monotonic()
-            await asyncio.sleep(0.005)
-            lag = max(lag, time.monotonic() - before - 0.005)
-
-    await asyncio.gather(*(caller(random.Random(rng.random())) for _ in range(streams)), lag_monitor())
+    lag = Lag()
+    await asyncio.gather(*(caller(random.Random(rng.random())) for _ in range(streams)), lag.watch(end))
     await g.aclose()
     await client.aclose()
-    return {"streams": served, "refused": refused, "degraded": len(degraded), "lag_s": lag}
+    return {"streams": served, "refused": refused, "degraded": len(degraded), "lag_s": lag.s}
 
 
 if __name__ == "__main__":

@@ -63,12 +63,18 @@ async def _text(answer: Any) -> str:
 # -- a model group of two deployments ------------------------------------------------------
 
 
+def _two(**a: Any) -> tuple[Guard, FakeClock]:
+    """A Guard (on a FakeClock it alone advances) with the group ``chat`` of deployments ``a``
+    (model gpt-a, and ``a``'s options) and ``b`` (gpt-b)."""
+    clock = FakeClock(auto_advance=False)
+    deployments = [{"name": "a", "model": "gpt-a", **a}, {"name": "b", "model": "gpt-b"}]
+    return Guard(_policy(groups={"chat": {"deployments": deployments}}), clock=clock), clock
+
+
 async def test_a_500_storm_on_deployment_a_is_answered_by_b_and_a_comes_back_after_its_cooldown(
     wrap: Any, openai_wire: OpenAIWire, backup_wire: OpenAIWire
 ) -> None:
-    clock = FakeClock(auto_advance=False)
-    group_policy = {"deployments": [{"name": "a", "model": "gpt-a"}, {"name": "b", "model": "gpt-b"}]}
-    g = Guard(_policy(groups={"chat": group_policy}), clock=clock)
+    g, clock = _two()
     a, b = wrap(openai_wire, g), wrap(backup_wire, g)
     group = g.group("chat", {"a": a, "b": b})
     openai_wire.faults.always("chat", Fault(status=500))
@@ -97,9 +103,7 @@ async def test_a_500_storm_on_deployment_a_is_answered_by_b_and_a_comes_back_aft
 async def test_when_both_deployments_are_out_the_error_says_when_one_comes_back(
     wrap: Any, openai_wire: OpenAIWire, backup_wire: OpenAIWire
 ) -> None:
-    clock = FakeClock(auto_advance=False)
-    group_policy = {"deployments": [{"name": "a", "model": "gpt-a"}, {"name": "b", "model": "gpt-b"}]}
-    g = Guard(_policy(groups={"chat": group_policy}), clock=clock)
+    g, clock = _two()
     group = g.group("chat", {"a": wrap(openai_wire, g), "b": wrap(backup_wire, g)})
     openai_wire.faults.always("chat", Fault(status=500))
     backup_wire.faults.always("chat", Fault(status=503))
@@ -272,10 +276,7 @@ async def test_a_deployment_whose_limits_are_spent_is_skipped_and_nothing_is_sen
     """A call reserves max_tokens (16) and its input's text / 4 from ``tpm`` and settles with the
     usage reported (3 + 4 tokens): 24 tokens a minute admit the first call, and what the first
     left (17) cannot hold the second's estimate (17 or more)."""
-    group_policy = {"deployments": [
-        {"name": "a", "model": "gpt-a", "limits": limits}, {"name": "b", "model": "gpt-b"},
-    ]}  # fmt: skip
-    g = Guard(_policy(groups={"chat": group_policy}), clock=FakeClock(auto_advance=False))
+    g, _ = _two(limits=limits)
     group = g.group("chat", {"a": wrap(openai_wire, g), "b": wrap(backup_wire, g)})
     ask = [{"role": "user", "content": "a question of a few words"}]
     answers = [await _text(await group(messages=ask, max_tokens=16, stream=i == 1)) for i in range(3)]
