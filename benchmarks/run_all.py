@@ -52,6 +52,9 @@ BENCHMARKS = [
     ("continuation", "What a typed ending and a continuation cost a generation stream (issue 31): the stage "
      "as shipped, read with `async for` and with `anext()`, with a `continuation=` declared, and a stream "
      "cut at half and continued."),
+    ("deployments", "What a keyed stage and a model group's call cost (issue 28) against the unkeyed stage "
+     "doing the same work (one key against one stage, 64 keys against 64 stages), with LiteLLM's published "
+     "gateway overhead cited for scale."),
 ]
 
 

@@ -29,6 +29,7 @@ from ._errors import (
     DeadlineExceeded,
     EmbeddingUnavailable,
     InvalidInput,
+    NoDeploymentAvailable,
     Overloaded,
     QuotaExceeded,
     RagguardError,
@@ -71,8 +72,8 @@ __version__ = "0.1.0"
 # The errors' public home is this namespace: tracebacks and reprs say ragguard.ConfigError, not
 # ragguard._errors.ConfigError, and pickle finds each class here.
 for _error in (BreakerOpen, ConfigError, CorruptPayload, DeadlineExceeded, EmbeddingUnavailable, InvalidInput,
-               Overloaded, QuotaExceeded, RagguardError, RerankOutOfMemory, StageTimeout, StreamTimeout,
-               VectorStoreUnavailable):  # fmt: skip
+               NoDeploymentAvailable, Overloaded, QuotaExceeded, RagguardError, RerankOutOfMemory,
+               StageTimeout, StreamTimeout, VectorStoreUnavailable):  # fmt: skip
     _error.__module__ = __name__
 del _error
 
@@ -93,6 +94,7 @@ __all__ = [
     "GuardedStream",
     "HedgePolicy",
     "InvalidInput",
+    "NoDeploymentAvailable",
     "Outcome",
     "OutcomeKind",
     "Overloaded",

@@ -7,6 +7,7 @@ Every rejection ragguard makes on a caller's behalf derives from one root::
      |    +-- EmbeddingUnavailable     the embedding breaker (slow calls, timeouts)
      |    +-- VectorStoreUnavailable   the vector-store breaker (connection-class errors)
      |    +-- RerankOutOfMemory        the rerank breaker (out-of-memory)
+     |    +-- NoDeploymentAvailable    every deployment of a model group is out (open, spent, failed)
      +-- QuotaExceeded                 the tenant is over its concurrency or rate quota
      +-- Overloaded                    shed: the stage's adaptive limit, queue or throttle refused
      +-- DeadlineExceeded              the request's time budget is spent
@@ -39,6 +40,7 @@ __all__ = [
     "DeadlineExceeded",
     "EmbeddingUnavailable",
     "InvalidInput",
+    "NoDeploymentAvailable",
     "Overloaded",
     "PermissionDenied",
     "QuotaExceeded",
@@ -119,6 +121,40 @@ class VectorStoreUnavailable(BreakerOpen):
 
 class RerankOutOfMemory(BreakerOpen):
     """The rerank breaker is open (the reranker ran out of memory repeatedly)."""
+
+
+class NoDeploymentAvailable(BreakerOpen):
+    """No deployment of model group ``group`` answered: each was out (its breaker open, its limits
+    spent) or failed over to the next, within the request's deadline.
+
+    ``retry_after_s``: the soonest time, in seconds, one of them comes back (its breaker's time
+    left open, its limits' wait, a rejection's stated wait); None when none said (they failed
+    with their breakers still closed). ``out``: deployment name -> why it was left (``open``,
+    ``limits``, ``failure``, ``rejection``, ``timeout``, ``overloaded``, ``context_length``...).
+    A :class:`BreakerOpen`: the front doors answer 503 / UNAVAILABLE with ``Retry-After``, and a
+    stage's fallback serves it. The last deployment's error is ``__cause__``.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        retry_after_s: float | None,
+        *,
+        state: str = "open",
+        out: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(group, retry_after_s, state=state)
+        self.out: dict[str, str] = dict(out or {})
+
+    @property
+    def group(self) -> str:
+        """The model group's name."""
+        return self.breaker
+
+    def __str__(self) -> str:
+        why = ", ".join(f"{name}: {reason}" for name, reason in list(self.out.items())[:8])
+        after = "" if self.retry_after_s is None else f"; retry after {self.retry_after_s:.3f}s"
+        return f"no deployment of model group {self.group!r} is available ({why or 'none'}){after}"
 
 
 class QuotaExceeded(RagguardError):

@@ -120,6 +120,8 @@ def _type(annotation: Any) -> str:
 
 
 def _default(field: Any) -> str:
+    if field.is_required():
+        return "required"
     if field.default_factory is not None:
         value = field.default_factory()
     else:
@@ -198,6 +200,8 @@ def render() -> str:
     out += _section("TenantQuota: `tenants.<id>`, `default_quota`", policy.TenantQuota)
     out += _section("TokenLimits: `tenants.<id>.models.<model>`", policy.TokenLimits)
     out += _section("PoolQuota: `unlisted_pool`", policy.PoolQuota)
+    out += _section("GroupPolicy: `groups.<name>` (a model group)", policy.GroupPolicy)
+    out += _section("DeploymentPolicy: `groups.<name>.deployments[]`", policy.DeploymentPolicy)
     out += ["## Breaker kinds (`breaker.kind`)", "",
             "A kind's defaults replace `BreakerConfig`'s; the options a stage sets replace the kind's.",
             "", "| kind | defaults |", "|---|---|"]  # fmt: skip

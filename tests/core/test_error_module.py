@@ -18,7 +18,7 @@ PUBLIC_ERRORS = [
 
 
 def test_every_public_error_names_ragguard_as_its_module() -> None:
-    assert len(PUBLIC_ERRORS) == 13, PUBLIC_ERRORS
+    assert len(PUBLIC_ERRORS) == 14, PUBLIC_ERRORS
     for cls in PUBLIC_ERRORS:
         assert cls.__module__ == "ragguard", cls
         assert getattr(ragguard, cls.__qualname__) is cls

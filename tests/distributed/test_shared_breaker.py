@@ -438,7 +438,8 @@ async def test_a_provider_turning_every_call_away_opens_the_shared_breaker_of_ev
             for guarded in clients:  # one call each: two attempts each, four rejections together
                 with pytest.raises(openai.InternalServerError):
                     await guarded.chat.completions.create(model="m", messages=ask)
-            a, b = (g.breaker("generation") for g in guards)
+            a, b = (g.breaker(*c.chat.completions.create.__ragguard_deployment__("m")[1:])
+                    for g, c in zip(guards, clients, strict=True))  # fmt: skip
             await a.refresh()
             await b.refresh()
             await a.refresh()
@@ -452,3 +453,24 @@ async def test_a_provider_turning_every_call_away_opens_the_shared_breaker_of_ev
             await sdk.close()
         for g in guards:
             await g.aclose()
+
+
+async def test_a_call_admitted_before_the_first_read_and_ended_after_it_counts_fleet_wide(
+    client: Any, fake_clock: FakeClock
+) -> None:
+    """A breaker that starts on its first call (a key's does) admits that call before it has read
+    the shared state; the call ends after the read: its outcome counts in the shared window too,
+    not only in the replica's own."""
+    a, b = replica(client, fake_clock, name="early"), replica(client, fake_clock, name="early")
+    try:
+        tokens = [(r, r.acquire()) for r in (a, b) for _ in range(2)]  # each starts itself here
+        await asyncio.sleep(0.05)  # ... and reads the shared state while the calls run
+        assert a.shared and b.shared
+        for r, token in tokens:
+            r.on_result(token, 0.01, ConnectionRefusedError("down"))
+        for r in (a, b, a):
+            await r.refresh()
+        assert a.state is OPEN and b.state is OPEN  # four failures of four, counted together
+    finally:
+        await a.aclose()
+        await b.aclose()

@@ -8,7 +8,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from _door import Sleeps, eventually, leave_after_first_chunk, streaming_app
+from _door import Sleeps, deployment_breaker, eventually, leave_after_first_chunk, streaming_app
 
 import ragguard
 from ragguard import (
@@ -67,8 +67,9 @@ async def test_a_529_is_attempted_as_often_as_the_retry_policy_says(
     assert caught.value.status_code == 529
     assert anthropic_wire.faults.seen["messages"] == 3  # no SDK retry under ragguard's
     # three of three turned away: the rejection rate (90% by default) says the provider is down
-    assert overloaded.breaker("generation").state is BreakerState.OPEN
-    assert overloaded.breaker("generation").metrics().rejected_calls == 3
+    breaker = deployment_breaker(client_of(anthropic_wire, overloaded).messages.create, "c")
+    assert breaker.state is BreakerState.OPEN
+    assert breaker.metrics().rejected_calls == 3
     breaker = BreakerPolicy(kind="generic", minimum_calls=2, failure_rate_threshold=50)
     g = Guard(_policy(breaker=breaker), sleep=sleeps)
     client = client_of(anthropic_wire, g)
@@ -77,12 +78,13 @@ async def test_a_529_is_attempted_as_often_as_the_retry_policy_says(
     for _ in range(3):
         with pytest.raises(anthropic.RateLimitError):
             await client.messages.create(model="c", max_tokens=64, messages=ASK)
-    assert g.breaker("generation").state is BreakerState.CLOSED  # a rate limit never opens it
+    deployment = deployment_breaker(client.messages.create, "c")
+    assert deployment.state is BreakerState.CLOSED  # a rate limit never opens it
     anthropic_wire.faults.clear()
     anthropic_wire.faults.always("messages", Fault(status=500))
     with pytest.raises(ragguard.BreakerOpen):  # the second failed attempt opened it
         await client.messages.create(model="c", max_tokens=64, messages=ASK)
-    assert g.breaker("generation").state is BreakerState.OPEN  # the control: failures open it
+    assert deployment.state is BreakerState.OPEN  # the control: failures open it
 
 
 async def test_retries_are_numbered_and_the_servers_x_should_retry_is_obeyed(

@@ -328,7 +328,8 @@ async def test_a_continuation_on_another_deployment_runs_under_its_own_stage(sdk
     assert (stream.ending.kind, stream.ending.continued_by) == ("continued", "backup")
     assert len(sdk.wire.requests) == 1 and len(backup_server.requests) == 1
     # the backup's own guarded stream ended too, before the one it continued
-    assert [(e.stage, e.kind) for e in endings] == [("backup", "completed"), ("generation", "continued")]
+    # (a wrapped client's stage is its provider's: openai, anthropic)
+    assert [(e.stage, e.kind) for e in endings] == [("backup", "completed"), (sdk.name, "continued")]
     await settled(g)
 
 
@@ -345,7 +346,7 @@ async def test_the_sse_client_gets_the_whole_answer_and_a_continued_ending(sdk: 
     (kind, ending), done = others
     assert kind == SSE_ENDING_EVENT and done == ("message", "[DONE]")  # told before the app's [DONE]
     assert ending["ending"] == "continued" and ending["continued_by"] == sdk.continuation
-    assert ending["continued_after"] == sdk.preamble + CUT and ending["stage"] == "generation"
+    assert ending["continued_after"] == sdk.preamble + CUT and ending["stage"] == sdk.name
     assert ending["items"] > ending["continued_after"] and ending["error"]
     await settled(g)
 
@@ -387,7 +388,7 @@ async def test_without_a_continuation_a_cut_answer_ends_incomplete_with_its_coun
     assert kind == SSE_ENDING_EVENT and error_kind == SSE_ERROR_EVENT  # the ending, then the error
     assert (ending["ending"], ending["stage"], ending["items"]) == (
         "incomplete",
-        "generation",
+        sdk.name,
         sdk.preamble + CUT,
     )
     assert ending["error"] == (error or ending["error"]) and "continued_by" not in ending
@@ -410,7 +411,7 @@ async def test_a_whole_answer_ends_completed_at_both_doors(sdk: Sdk) -> None:
         text, others = await read_sse(url)
     assert text == ANSWER
     (kind, ending), _ = others
-    assert kind == SSE_ENDING_EVENT and (ending["ending"], ending["stage"]) == ("completed", "generation")
+    assert kind == SSE_ENDING_EVENT and (ending["ending"], ending["stage"]) == ("completed", sdk.name)
     async with GrpcDoor(g, sdk, sdk.continuing(g)) as door:
         text, trailers, code = await door.read()
     assert (code, text, trailers[STREAM_ENDING_KEY]) == (grpc.StatusCode.OK, ANSWER, "completed")

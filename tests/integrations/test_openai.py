@@ -10,7 +10,7 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from _door import Sleeps, eventually, leave_after_first_chunk, streaming_app
+from _door import Sleeps, deployment_breaker, eventually, leave_after_first_chunk, streaming_app
 
 import ragguard
 from ragguard import (
@@ -256,7 +256,8 @@ async def test_the_breaker_in_front_of_the_provider_opens_and_stops_the_calls(
     for _ in range(4):
         with pytest.raises(openai.InternalServerError):
             await client.chat.completions.create(model="m", messages=ASK, stream=True)
-    assert g.breaker("generation").state is BreakerState.OPEN
+    assert deployment_breaker(client.chat.completions.create, "m").state is BreakerState.OPEN
+    assert g.breaker("openai").state is BreakerState.CLOSED  # the stage's own: other models'
     with pytest.raises(ragguard.BreakerOpen):
         await client.chat.completions.create(model="m", messages=ASK, stream=True)
     assert openai_wire.faults.seen["chat"] == 4  # the open breaker sent nothing
@@ -280,8 +281,9 @@ async def test_a_provider_whose_503s_always_state_a_wait_is_an_outage_and_opens_
     for _ in range(2):  # two calls, two attempts each: four rejections in a window of four
         with pytest.raises(openai.InternalServerError):
             await client.chat.completions.create(model="m", messages=ASK, stream=True)
-    assert g.breaker("generation").state is BreakerState.OPEN
-    assert g.breaker("generation").metrics().rejected_calls == 4
+    breaker = deployment_breaker(client.chat.completions.create, "m")
+    assert breaker.state is BreakerState.OPEN
+    assert breaker.metrics().rejected_calls == 4
     for _ in range(6):
         with pytest.raises(ragguard.BreakerOpen):
             await client.chat.completions.create(model="m", messages=ASK, stream=True)
@@ -299,7 +301,7 @@ async def test_a_429_only_throttles_and_never_opens_the_breaker(
         with pytest.raises(openai.RateLimitError):
             await client.chat.completions.create(model="m", messages=ASK, stream=True)
     assert openai_wire.faults.seen["chat"] == 16
-    breaker = g.breaker("generation")
+    breaker = deployment_breaker(client.chat.completions.create, "m")
     assert breaker.state is BreakerState.CLOSED and breaker.metrics().calls == 0
 
 
@@ -463,7 +465,8 @@ async def test_a_short_deadline_ends_the_call_as_the_deadline_and_is_not_counted
     with pytest.raises(ragguard.DeadlineExceeded):
         async with g.deadline(0.2):
             await client.chat.completions.create(model="m", messages=ASK)
-    assert g.breaker("generation").state is BreakerState.CLOSED
+    breaker = deployment_breaker(client.chat.completions.create, "m")
+    assert breaker.state is BreakerState.CLOSED and breaker.metrics().calls == 0
 
 
 async def test_a_stream_cut_mid_stream_by_the_deadline_reports_the_requests_budget(

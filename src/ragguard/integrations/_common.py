@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 import ragguard
 from ragguard.rag import Usage
@@ -30,6 +31,7 @@ __all__ = [
     "GuardedStream",
     "Stages",
     "count_text",
+    "endpoint_of",
     "fallback_name",
     "fallbacks",
     "held_back",
@@ -98,6 +100,10 @@ class Stages:
     def current(self) -> ragguard.Guard:
         return self.guard if self.guard is not None else ragguard.default_guard()
 
+    def current_guard(self) -> ragguard.Guard:
+        """:attr:`current`, as a function."""
+        return self.guard if self.guard is not None else ragguard.default_guard()
+
     def preset_of(self, stage: str) -> str | None:
         return self.current.policy.stage(stage).preset
 
@@ -107,16 +113,18 @@ class Stages:
         fn: Callable[..., Any],
         *,
         fallback: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+        key: Callable[..., Any] | None = None,
         **preset_options: Any,
     ) -> Callable[..., Any]:
-        """``fn`` guarded as ``stage``: the preset options are given only when the stage runs the
-        preset they belong to (a stage of another name without a preset runs the generic layers)."""
+        """``fn`` guarded as ``stage`` (keyed by ``key``, a function of its arguments, when
+        given): the preset options are given only when the stage runs the preset they belong to
+        (a stage of another name without a preset runs the generic layers)."""
         options = {k: v for k, v in preset_options.items() if v is not None}
         preset = self.preset_of(stage)
         options = {k: v for k, v in options.items() if _PRESET_OF_OPTION.get(k) == preset}
         if self.guard is not None:
-            return self.guard.guard(stage, fallback=fallback, **options)(fn)
-        return ragguard.guard(stage, fallback=fallback, **options)(fn)
+            return self.guard.guard(stage, fallback=fallback, key=key, **options)(fn)
+        return ragguard.guard(stage, fallback=fallback, key=key, **options)(fn)
 
     def estimate_default(self, stage: str) -> int:
         """The stage's ``generation.estimate_tokens`` (what a stream reserves when the request does
@@ -130,6 +138,31 @@ class Stages:
         """The header the tenant travels in: ``given`` (a wrapper's own), else the Guard's
         ``tenant_header`` (None: none)."""
         return given if given is not None else self.current.tenant_header
+
+
+def endpoint_of(url: Any) -> str:
+    """The host (and port, when it is not the scheme's default) of ``url`` (an SDK client's
+    ``base_url``: an httpx URL or a str): the endpoint part of a deployment's key
+    (``api.openai.com``, ``127.0.0.1:8000``); ``-`` when there is none."""
+    host = getattr(url, "host", None)
+    if host is None:
+        try:
+            return (urlsplit(url).netloc.rpartition("@")[2] or "-") if isinstance(url, str) else "-"
+        except ValueError:
+            return "-"
+    port = getattr(url, "port", None)
+    return str(host) if port is None else f"{host}:{port}"
+
+
+def model_key(endpoint: str) -> Callable[..., str | None]:
+    """A generation's key from its keyword arguments: ``<endpoint>/<model>`` (None without a
+    str ``model``: the call runs on the stage's own instance)."""
+
+    def key(*args: Any, **kwargs: Any) -> str | None:
+        model = kwargs.get("model")
+        return f"{endpoint}/{model}" if isinstance(model, str) else None
+
+    return key
 
 
 def header_option(given: str | None) -> str | None:

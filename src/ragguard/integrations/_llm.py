@@ -15,8 +15,10 @@ import ragguard
 from ._common import (
     Attempts,
     Stages,
+    endpoint_of,
     fallbacks,
     held_back,
+    model_key,
     one_item,
     open_stream,
     sdk_options,
@@ -60,7 +62,12 @@ class GuardedClient:
 
 
 class Generation:
-    """``create`` of a generation resource (chat completions, responses), as the generation stage."""
+    """``create`` of a generation resource (chat completions, responses), as the generation stage,
+    keyed by ``<endpoint>/<model>`` unless ``keyed`` is False (see :func:`model_key`).
+
+    ``create`` carries ``__ragguard_deployment__(model)``: where its calls of ``model`` run, as
+    ``(guard, stage, key)``: a function returning the Guard, the stage's name and the key (what a
+    model group reads a deployment's health from; :mod:`ragguard.groups`)."""
 
     def __init__(
         self,
@@ -81,8 +88,13 @@ class Generation:
         continuation: Callable[..., Any] | None = None,
         text: Callable[[Any], str | None] | None = None,
         continue_structured: bool | None = None,
+        client: Any = None,
+        keyed: bool = True,
     ) -> None:
         self._include_usage = include_usage
+        self.stages = stages
+        self.stage = stage
+        self.key = model_key(endpoint_of(getattr(client, "base_url", None))) if keyed else None
 
         # The generation preset's options read the call's arguments: the attempt counter first
         # (positional only), then the SDK's keyword arguments.
@@ -116,19 +128,27 @@ class Generation:
         preset = {"estimate": estimate, "input_tokens": input_tokens, "model": model}
         continues = {"continuation": continuation, "text": text, "continue_structured": continue_structured}
         self._stream = stages.decorate(
-            stage, stream, fallback=fallbacks(fallback, _given_kwargs), tokens=tokens, usage=usage,
-            **preset, **continues,
+            stage, stream, fallback=fallbacks(fallback, _given_kwargs), key=self.key, tokens=tokens,
+            usage=usage, **preset, **continues,
         )  # fmt: skip
         self._whole = stages.decorate(
             stage,
             whole,
             fallback=fallbacks(fallback, lambda fn: _given_kwargs(streamed(fn))),
+            key=self.key,
             tokens=_no_tokens,
             usage=whole_usage,
             **preset,
         )
         # as another call's fallback, ragguard.degraded() names it by its stage (a client of its own)
         self.create: Callable[..., Awaitable[Any]] = ragguard.named(stage, self._create)
+        self.create.__ragguard_deployment__ = self.deployment  # type: ignore[attr-defined]
+
+    def deployment(self, model: str | None) -> tuple[Callable[[], ragguard.Guard], str, str | None]:
+        """Where this create's calls of ``model`` run: a function returning the Guard, the stage
+        and the key (None: the stage's own instance)."""
+        key = None if self.key is None else self.key(model=model)
+        return self.stages.current_guard, self.stage, key
 
     async def _create(self, **kwargs: Any) -> Any:
         """The SDK's ``create(**kwargs)`` as the generation stage: with ``stream=True`` a stream

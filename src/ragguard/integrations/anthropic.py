@@ -10,19 +10,21 @@
     async for event in stream: ...
 
 :func:`guard_anthropic` returns a client whose ``messages.create`` runs as the generation stage
-(``generation_stage``, default ``generation``), as :mod:`ragguard.integrations.openai` runs chat
-completions: a stream is opened up to its first token (``message_start``, ``content_block_start``
-and ``ping`` come with the first ``content_block_delta``) and runs under the stage's budgets and
-commit point; ``max_tokens`` is reserved from the tenant's token quota, with the input estimated
-from the text of ``messages`` and ``system`` (characters / 4), and the stream settles with the
-usage it reports: the input of its ``message_start`` (``input_tokens`` plus the cache's
-``cache_creation_input_tokens`` and ``cache_read_input_tokens``: the whole prompt, as OpenAI's
-``prompt_tokens`` counts it) and the ``output_tokens`` of its ``message_delta`` (a whole message:
-its ``usage``); the call's ``model`` names the model whose limits apply. An ``overloaded_error``
-event inside a stream that began with HTTP 200 is a rejection, retried or replaced before the
-first token like a 529. The SDK's retries are off and each attempt says its number in
-``x-stainless-retry-count``, its timeout is the attempt's bound, ``tenant_header`` (default: the
-Guard's) carries the tenant; the rest of the client is its own.
+(``generation_stage``, default ``anthropic``: a stage of its own starting from the policy's
+``generation``, keyed by ``<endpoint>/<model>`` unless ``keyed=False``), as
+:mod:`ragguard.integrations.openai` runs chat completions: a stream is opened up to its first token
+(``message_start``, ``content_block_start`` and ``ping`` come with the first
+``content_block_delta``) and runs under the stage's budgets and commit point; ``max_tokens`` is
+reserved from the tenant's token quota, with the input estimated from the text of ``messages`` and
+``system`` (characters / 4), and the stream settles with the usage it reports: the input of its
+``message_start`` (``input_tokens`` plus the cache's ``cache_creation_input_tokens`` and
+``cache_read_input_tokens``: the whole prompt, as OpenAI's ``prompt_tokens`` counts it) and the
+``output_tokens`` of its ``message_delta`` (a whole message: its ``usage``); the call's ``model``
+names the model whose limits apply. An ``overloaded_error`` event inside a stream that began with
+HTTP 200 is a rejection, retried or replaced before the first token like a 529. The SDK's retries
+are off and each attempt says its number in ``x-stainless-retry-count``, its timeout is the
+attempt's bound, ``tenant_header`` (default: the Guard's) carries the tenant; the rest of the client
+is its own.
 
 A stream that fails after its first token (a stall cut by ``idle_s``, a reset, an in-stream
 ``overloaded_error``) goes on with ``continuation=`` when given (:func:`continue_message`: the same
@@ -56,9 +58,10 @@ def guard_anthropic(
     client: Any,
     *,
     guard: Guard | None = None,
-    generation_stage: str = "generation",
+    generation_stage: str = "anthropic",
     tenant_header: str | None = None,
     fallback: Fallback = None,
+    keyed: bool = True,
     continuation: MessageContinuation | None = None,
     continue_structured: bool = False,
 ) -> GuardedAnthropic:
@@ -69,7 +72,8 @@ def guard_anthropic(
     after its first token on (:func:`continue_message`), ``continue_structured=True`` for a
     request that offers tools too (a stream that has begun a tool call never is). Raises
     ConfigError for a bad ``guard``, ``tenant_header`` or ``continuation``; ImportError with the
-    install command when ``anthropic`` is missing."""
+    install command when ``anthropic`` is missing. ``keyed=False`` runs every model on the
+    stage's own instance (one breaker for all)."""
     needs("anthropic", "anthropic")
     if continuation is not None and not isinstance(continuation, MessageContinuation):
         raise ragguard.ConfigError(
@@ -82,6 +86,7 @@ def guard_anthropic(
         generation_stage=generation_stage,
         tenant_header=header_option(tenant_header),
         fallback=fallback,
+        keyed=keyed,
         continuation=continuation,
         continue_structured=continue_structured,
     )
@@ -99,6 +104,7 @@ class GuardedAnthropic(GuardedClient):
         generation_stage: str,
         tenant_header: str | None,
         fallback: Fallback,
+        keyed: bool = True,
         continuation: MessageContinuation | None = None,
         continue_structured: bool = False,
     ) -> None:
@@ -108,6 +114,7 @@ class GuardedAnthropic(GuardedClient):
             generation_stage=generation_stage,
             tenant_header=tenant_header,
             fallback=fallback,
+            keyed=keyed,
             continuation=continuation,
             continue_structured=continue_structured,
         )
@@ -132,6 +139,8 @@ class GuardedAnthropic(GuardedClient):
                 budget=("max_tokens",),
                 include_usage=False,
                 prompt=_prompt,
+                client=self.client,
+                keyed=keyed,
                 **continues,
             ).create,
         )

@@ -41,7 +41,15 @@ from ragguard.quotas import WAIT, LocalQuotas
 from ragguard.rag import Usage
 
 from .._extras import install_hint
-from ._common import Stages, count_text, fallback_name, header_option, held_back, prompt_tokens
+from ._common import (
+    Stages,
+    count_text,
+    endpoint_of,
+    fallback_name,
+    header_option,
+    held_back,
+    prompt_tokens,
+)
 
 try:
     from langchain_core.rate_limiters import BaseRateLimiter
@@ -51,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in the t
         f"ragguard's langchain integration needs langchain-core: {install_hint('langchain')}"
     ) from exc
 
-__all__ = ["GuardedRunnable", "TenantRateLimiter"]
+__all__ = ["GuardedRunnable", "TenantRateLimiter", "deployment_key"]
 
 
 class _Counted:
@@ -116,13 +124,27 @@ def _model_name(runnable: Any) -> str | None:
     return None
 
 
+def deployment_key(runnable: Any, model: str | None) -> str:
+    """A chat model's deployment: ``<provider>:<endpoint>/<model>`` (``openai-chat:api.openai.com/gpt-4o``),
+    from its ``_llm_type``, the host of its ``base_url`` (or ``openai_api_base``,
+    ``anthropic_api_url``) and its model; the parts it lacks are left out."""
+    provider = getattr(runnable, "_llm_type", None)
+    provider = provider if isinstance(provider, str) and provider else type(runnable).__name__
+    urls = (getattr(runnable, name, None) for name in ("base_url", "openai_api_base", "anthropic_api_url"))
+    endpoint = next((endpoint_of(url) for url in urls if isinstance(url, str) and url), None)
+    where = provider if endpoint is None else f"{provider}:{endpoint}"
+    return where if model is None else f"{where}/{model}"
+
+
 class GuardedRunnable(Runnable[Any, Any]):
     """``runnable`` run as stage ``stage`` of ``guard`` (None: the default registry at each
     call); see the module docstring. ``tokens`` (chunk -> int) and ``estimate`` (int tokens) are
     the generation preset's options for ``astream``; ``model`` the model whose limits apply
     (default: the runnable's ``model_name`` or ``model``); ``tenant_header`` the header the tenant
-    travels in (default: the Guard's). Raises ConfigError at construction for a bad option (as
-    ``@guard`` does)."""
+    travels in (default: the Guard's). The stage is keyed by the runnable's deployment
+    (:func:`deployment_key`: its provider, endpoint and model), so two models guarded as one stage
+    each have their own breaker, budgets and limits; ``keyed=False`` gives them the stage's one.
+    Raises ConfigError at construction for a bad option (as ``@guard`` does)."""
 
     def __init__(
         self,
@@ -135,6 +157,7 @@ class GuardedRunnable(Runnable[Any, Any]):
         estimate: int | None = None,
         model: str | None = None,
         tenant_header: str | None = None,
+        keyed: bool = True,
     ) -> None:
         self.runnable = runnable
         self.stage = stage
@@ -144,6 +167,8 @@ class GuardedRunnable(Runnable[Any, Any]):
         count = tokens or _chunk_text
         header = header_option(tenant_header)
         name = model if model is not None else _model_name(runnable)
+        self.key = deployment_key(runnable, name) if keyed else None
+        key = None if self.key is None else (lambda *args, **kwargs: self.key)
 
         def sent(target: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
             """``kwargs`` with the tenant header for ``target``'s requests."""
@@ -163,19 +188,26 @@ class GuardedRunnable(Runnable[Any, Any]):
                     inputs, outputs, seen = inputs + (n_in or 0), outputs + (n_out or 0), True
                 yield _Counted(chunk, Usage(inputs, outputs) if seen else None)
 
+        self._stages = stages
         self._call = stages.decorate(
-            stage, call, fallback=tuple(_invoking(f, sent) for f in served) or None
+            stage, call, fallback=tuple(_invoking(f, sent) for f in served) or None, key=key
         )
         self._stream = stages.decorate(
             stage,
             stream,
             fallback=tuple(_streaming(f, sent) for f in served) or None,
+            key=key,
             tokens=lambda item: count(item.chunk) if isinstance(item, _Counted) else 0,
             usage=lambda item: item.reported if isinstance(item, _Counted) else None,
             estimate=estimate,
             input_tokens=lambda input, config, kwargs: _input_text(input),
             model=lambda input, config, kwargs: name,
         )
+
+    def __ragguard_deployment__(self, model: str | None) -> tuple[Callable[[], Guard], str, str | None]:
+        """Where this runnable's calls run: a function returning the Guard, the stage and the key
+        (``model`` is ignored: the runnable has its own)."""
+        return self._stages.current_guard, self.stage, self.key
 
     @property
     def InputType(self) -> Any:

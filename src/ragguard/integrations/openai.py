@@ -18,7 +18,11 @@ gateway, by ``base_url``), guarded: ``pip install '/path/to/ragguard[openai]'``.
   ``encoding_format`` and the text, which answers (a response of the cached vectors, usage 0)
   when the provider fails;
 - ``chat.completions.create`` and ``responses.create`` run as the generation stage
-  (``generation_stage``, default ``generation``). A stream is opened up to its first token
+  (``generation_stage``, default ``openai``: a stage of its own, starting from the policy's
+  ``generation``, so another provider's faults never refuse these calls), keyed by deployment:
+  ``<endpoint>/<model>`` (``api.openai.com/gpt-4o``), each with its own breaker, budgets and
+  limits (docs/layers.md, "Keyed stages"; ``keyed=False``: one for all). The embeddings are keyed
+  the same way. A stream is opened up to its first token
   before ``create`` returns (what fails before it raises there, as the SDK's HTTP errors do), then
   runs under the stage's first-item, idle and total budgets and its commit point; the events a
   server sends before the first token (a role-only chunk, ``response.created``...) come with it.
@@ -63,7 +67,9 @@ from ._common import (
     Attempts,
     Stages,
     count_text,
+    endpoint_of,
     header_option,
+    model_key,
     needs,
     prompt_tokens,
     sdk_options,
@@ -87,11 +93,12 @@ def guard_openai(
     *,
     guard: Guard | None = None,
     embedding_stage: str = "embedding",
-    generation_stage: str = "generation",
+    generation_stage: str = "openai",
     tenant_header: str | None = None,
     fallback: Fallback = None,
     responses_fallback: Fallback = None,
     include_usage: bool = True,
+    keyed: bool = True,
     continuation: ChatContinuation | None = None,
     continue_structured: bool = False,
 ) -> GuardedOpenAI:
@@ -104,7 +111,8 @@ def guard_openai(
     ``stream=True``, a completion otherwise); ``responses_fallback`` the same for
     ``responses.create``. ``include_usage=False`` never adds ``stream_options`` (for a server that
     refuses it; tokens are then the chunks' text / 4). ``tenant_header``: the header the tenant
-    travels in, for this client (None: the Guard's ``tenant_header``).
+    travels in, for this client (None: the Guard's ``tenant_header``). ``keyed=False`` runs every
+    model of the client on the stages' own instances (one breaker for all).
 
     ``continuation``: how a chat stream cut after its first token goes on (:func:`continue_chat`);
     ``continue_structured=True`` continues a request that asks for structured output
@@ -127,6 +135,7 @@ def guard_openai(
         fallback=fallback,
         responses_fallback=responses_fallback,
         include_usage=include_usage,
+        keyed=keyed,
         continuation=continuation,
         continue_structured=continue_structured,
     )
@@ -148,6 +157,7 @@ class GuardedOpenAI(GuardedClient):
         fallback: Fallback,
         responses_fallback: Fallback,
         include_usage: bool,
+        keyed: bool = True,
         continuation: ChatContinuation | None = None,
         continue_structured: bool = False,
     ) -> None:
@@ -160,6 +170,7 @@ class GuardedOpenAI(GuardedClient):
             fallback=fallback,
             responses_fallback=responses_fallback,
             include_usage=include_usage,
+            keyed=keyed,
             continuation=continuation,
             continue_structured=continue_structured,
         )
@@ -170,7 +181,7 @@ class GuardedOpenAI(GuardedClient):
                 structured=continue_structured, text=_chat_text,
             )  # fmt: skip
         self._stages = stages
-        self.embeddings = _Embeddings(self.client, stages, embedding_stage, tenant_header)
+        self.embeddings = _Embeddings(self.client, stages, embedding_stage, tenant_header, keyed)
         completions = Generation(
             self.client.chat.completions,
             stages,
@@ -184,6 +195,8 @@ class GuardedOpenAI(GuardedClient):
             budget=("max_completion_tokens", "max_tokens"),
             include_usage=include_usage,
             prompt=_chat_prompt,
+            client=self.client,
+            keyed=keyed,
             **continues,
         ).create
         chat = self.client.chat
@@ -204,6 +217,8 @@ class GuardedOpenAI(GuardedClient):
                 include_usage=False,
                 prompt=_responses_prompt,
                 wrap_events=_raising,
+                client=self.client,
+                keyed=keyed,
             ).create,
         )
 
@@ -219,7 +234,9 @@ class _Rows(list[Any]):
 
 
 class _Embeddings:
-    def __init__(self, client: Any, stages: Stages, stage: str, tenant_header: str | None) -> None:
+    def __init__(
+        self, client: Any, stages: Stages, stage: str, tenant_header: str | None, keyed: bool
+    ) -> None:
         self._client = client
         self._stages = stages
         self._stage = stage
@@ -232,7 +249,9 @@ class _Embeddings:
             rows.response = response
             return rows
 
-        self._embed = stages.decorate(stage, embed, texts="keys")
+        by_model = model_key(endpoint_of(client.base_url))
+        key = (lambda keys, kwargs, attempts: by_model(**kwargs)) if keyed else None
+        self._embed = stages.decorate(stage, embed, texts="keys", key=key)
 
     async def create(self, **kwargs: Any) -> Any:
         """``client.embeddings.create(**kwargs)`` as the embedding stage: the SDK's

@@ -37,6 +37,7 @@ from ._adaptive import AdaptivePolicy
 from ._base import Options
 from ._breaker import BreakerPolicy
 from ._hedge import HedgePolicy
+from ._keyed import GroupPolicy, LimitsPolicy, check_key_id
 from ._retry import RetryPolicy
 from ._throttle import ThrottlePolicy
 
@@ -382,6 +383,26 @@ class StagePolicy(Options):
     - ``max_threads``: worker threads the stage's sync functions run in at once, at most (the
       stage's thread bulkhead, 1 to 10000, default 8; docs/sync.md). A thread a timeout stopped
       waiting for counts until it returns; a call waits for a thread within its attempt's timeout.
+    - ``limits``: requests and tokens per window (:class:`~ragguard.options.LimitsPolicy`): of each
+      key of a keyed stage, else of the stage as a whole. None: none.
+
+    Keyed by deployment (docs/layers.md, "Keyed stages"): each key (a model, an endpoint) gets its
+    own breaker, adaptive limit, throttle, hedge and retry budgets, reserve and limits, under this
+    one configuration:
+
+    - ``key``: the parameter whose value is a call's key (``@guard(key=...)`` in code may name
+      one or give a function of the arguments instead); None: the stage is keyed only by the
+      functions that say so in code.
+    - ``keys``: key -> its own options over the stage's (``{"gpt-4o": {"breaker": {...}}}``;
+      a stage's fields but its preset, keys and threads): a key named here is always kept.
+    - ``max_keys``: keys kept at once besides those named in ``keys``, 1 to 10000 (default 64);
+      a new key past it runs on the stage's own instance (the overflow, shared by every key past
+      the bound), so no caller's input grows memory, Redis keys or metric series without bound.
+    - ``key_idle_s``: a key with no call in flight, a closed breaker and no call for this long is
+      forgotten when a new key needs its room, seconds >= 1 (default 300). Its calls are counted,
+      not timed: the map, looking at its keys as new ones ask for room (at most every quarter of
+      this), takes a key as quiet from the first look that finds no new call, so a key goes at
+      least this long after its last call.
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
@@ -396,6 +417,10 @@ class StagePolicy(Options):
     preset: str | None = None
     idempotent: bool | None = None
     max_threads: int = Field(default=8, ge=1, le=10_000)
+    key: str | None = Field(default=None, min_length=1, max_length=200)
+    keys: dict[str, StagePolicy] = Field(default_factory=dict)
+    max_keys: int = Field(default=64, ge=1, le=10_000)
+    key_idle_s: float = Field(default=300.0, ge=1, le=31 * 86_400)
     layers: dict[str, Any] = Field(default_factory=dict)
 
     if TYPE_CHECKING:  # the built-in layers' options are keywords too (moved into ``layers``)
@@ -415,12 +440,17 @@ class StagePolicy(Options):
             preset: str | None = None,
             idempotent: bool | None = None,
             max_threads: int = 8,
+            key: str | None = None,
+            keys: Mapping[str, StagePolicy | Mapping[str, Any]] = ...,
+            max_keys: int = 64,
+            key_idle_s: float = 300.0,
             layers: Mapping[str, Any] = ...,
             breaker: BreakerPolicy | Mapping[str, Any] | None = None,
             retry: RetryPolicy | Mapping[str, Any] | None = None,
             hedge: HedgePolicy | Mapping[str, Any] | None = None,
             throttle: ThrottlePolicy | Mapping[str, Any] | None = None,
             adaptive: AdaptivePolicy | Mapping[str, Any] | None = None,
+            limits: LimitsPolicy | Mapping[str, Any] | None = None,
         ) -> None: ...
 
     also_spelt: ClassVar[tuple[str, ...]] = _layers.STAGE_FIELDS
@@ -474,6 +504,20 @@ class StagePolicy(Options):
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return checked
+
+    @field_validator("keys")
+    @classmethod
+    def _key_options(cls, value: dict[str, StagePolicy]) -> dict[str, StagePolicy]:
+        for name, options in value.items():
+            check_key_id(name, "a key named in keys")
+            stage_wide = sorted(options.model_fields_set & _STAGE_WIDE)
+            if stage_wide:
+                raise ValueError(
+                    f"keys.{name}: {', '.join(stage_wide)}: the stage's, not one key's "
+                    f"(a key may set: {', '.join(sorted(set(cls.model_fields) - _STAGE_WIDE))} "
+                    "and the layers' options)"
+                )
+        return value
 
     @model_validator(mode="after")
     def _checked(self) -> StagePolicy:
@@ -541,11 +585,28 @@ class StagePolicy(Options):
         return self.layer("adaptive")  # type: ignore[no-any-return]
 
     @property
+    def limits(self) -> LimitsPolicy | None:
+        """The limits of each key, or of the stage (:class:`~ragguard.options.LimitsPolicy`), None: none."""
+        return self.layer("limits")  # type: ignore[no-any-return]
+
+    def for_key(self, key: str) -> StagePolicy:
+        """The options of key ``key``: the stage's, with the key's own from ``keys`` over them."""
+        own = self.keys.get(key)
+        return self if own is None else _overlay(self.model_copy(update={"keys": {}}), own)
+
+    @property
     def is_idempotent(self) -> bool:
         """``idempotent``, or the preset's answer when it is None (see the class docstring)."""
         if self.idempotent is not None:
             return self.idempotent
         return self.preset in IDEMPOTENT_PRESETS
+
+
+_STAGE_WIDE = frozenset({
+    "preset", "key", "keys", "max_keys", "key_idle_s", "idempotent", "max_threads", "cache_size",
+    "cache_ttl_s", "rerank_min_batch",
+})  # fmt: skip
+"""What a key of a keyed stage cannot set for itself: the stage's preset and what its state holds."""
 
 
 class _Pending(dict[str, Any]):
@@ -661,6 +722,12 @@ def _with_preset_defaults(given: StagePolicy) -> StagePolicy:
 
 STANDARD_STAGES = ("embedding", "vector_store", "rerank", "generation")
 
+PROVIDER_STAGES = ("openai", "anthropic")
+"""The stages the OpenAI and Anthropic integrations run their generations as by default: each
+starts from the policy's ``generation`` stage (the standard one with what you set for it), and
+the fields you set for it replace those; each has its own runtime, so one provider's faults never
+refuse another's calls."""
+
 
 def _overlay(base: _M, given: _M) -> _M:
     """``base`` with the fields ``given`` set explicitly, nested models merged the same way (so
@@ -689,6 +756,10 @@ class Policy(Options):
       the fields you set override the standard values and the rest keep them; so does any stage
       (and ``default_stage``) whose ``preset`` is one of theirs. Stages not listed use
       ``default_stage``.
+      The provider stages ``openai`` and ``anthropic`` (:data:`PROVIDER_STAGES`) start from the
+      ``generation`` stage as you set it.
+    - ``groups``: model group name -> :class:`~ragguard.options.GroupPolicy` (its deployments,
+      bound to callables by name in code: :meth:`ragguard.Guard.group`).
     - ``tenants``: tenant id -> TenantQuota; tenants not listed get ``default_quota`` each.
     - ``unlisted_pool``: the bound the tenants not listed share all together (a
       :class:`PoolQuota`), so that new tenant ids cannot multiply ``default_quota``. None (the
@@ -700,6 +771,7 @@ class Policy(Options):
 
     stages: dict[str, StagePolicy] = Field(default_factory=_standard_stages)
     default_stage: StagePolicy = StagePolicy()
+    groups: dict[str, GroupPolicy] = Field(default_factory=dict)
     tenants: dict[str, TenantQuota] = Field(default_factory=dict)
     default_quota: TenantQuota = TenantQuota()
     unlisted_pool: PoolQuota | None = None
@@ -729,19 +801,31 @@ class Policy(Options):
         # standard ``generation`` stage does), and ``default_stage`` when it names one.
         stages = _standard_stages()
         for name, given in self.stages.items():
+            if name in PROVIDER_STAGES:
+                continue
             base = stages.get(name)
             stages[name] = _with_preset_defaults(given) if base is None else _overlay(base, given)
+        for name in PROVIDER_STAGES:  # after generation, as you set it
+            own = self.stages.get(name)
+            stages[name] = stages["generation"] if own is None else _overlay(stages["generation"], own)
         object.__setattr__(self, "stages", stages)
         if self.default_stage.preset in STANDARD_STAGE_OPTIONS:
             object.__setattr__(self, "default_stage", _with_preset_defaults(self.default_stage))
         checked = [(f"stages.{name}", stage) for name, stage in stages.items()]
         for where, stage in [*checked, ("default_stage", self.default_stage)]:
+            keyed = [(f"{where}.keys.{key}", stage.for_key(key)) for key in stage.keys]
+            for at, options in [(where, stage), *keyed]:
+                try:
+                    options.breaker.config()
+                except ConfigError as exc:
+                    raise ConfigError(str(exc), field=f"{at}.breaker.{exc.field}") from None
+                if options.hedge is not None and not options.is_idempotent:
+                    raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field=f"{at}.hedge")
+        for name in self.groups:
             try:
-                stage.breaker.config()
-            except ConfigError as exc:
-                raise ConfigError(str(exc), field=f"{where}.breaker.{exc.field}") from None
-            if stage.hedge is not None and not stage.is_idempotent:
-                raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field=f"{where}.hedge")
+                check_key_id(name, "a group's name")
+            except ValueError as exc:
+                raise ConfigError(str(exc), field=f"groups.{name[:40]}") from None
         for tenant_id in self.tenants:
             validate_tenant_id(tenant_id)
         return self

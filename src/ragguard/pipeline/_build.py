@@ -11,7 +11,8 @@ close path for all of it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from .. import _inject, events, outcomes
@@ -108,6 +109,7 @@ class BuildContext:
     __slots__ = (
         "_closers",
         "_parts",
+        "_releasing",
         "backend",
         "bus",
         "chaos",
@@ -146,6 +148,7 @@ class BuildContext:
         self.chaos = chaos
         self._closers: list[Callable[[], Awaitable[Any]]] = []
         self._parts: dict[str, Any] = {}
+        self._releasing: set[Any] = set()
 
     def use_chaos(self, injector: _inject.Injector | None) -> None:
         """Make ``injector`` the Guard's own (None: the process-wide one applies); chains compiled
@@ -185,6 +188,22 @@ class BuildContext:
         if close is not None:
             self.on_close(close)
         return shared  # type: ignore[no-any-return]
+
+    def release(self, close: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Close now, in the background, what ``close`` closes (registered with :meth:`on_close`:
+        a forgotten key's shared breaker), rather than with the Guard; nothing when it is not
+        registered (closed already). Outside an event loop it stays for :meth:`aclose`."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        try:
+            self._closers.remove(close)
+        except ValueError:
+            return
+        task: asyncio.Task[Any] = loop.create_task(close())
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     async def aclose(self) -> None:
         """Close what the layers registered (each once; a second call closes nothing)."""

@@ -10,10 +10,10 @@ stage's continuation is given (``partial=``), :class:`Overlap` the trim of what 
 framework's cached memory after an out-of-memory error (the CrossEncoder recipe of docs/sync.md).
 """
 
+from .._args import ArgRef
 from ..layers import PRESETS, preset, register_preset
 from ..layers.fallback import FallbackMiss
 from ..quotas import TokenAccounts
-from ._args import ArgRef
 from ._cache import EmbeddingCache, normalise_text
 from ._continuation import MAX_OVERLAP_CHARS, Overlap, Partial
 from ._counting import Usage, count_tokens, token_accounts

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from .._args import ArgRef
 from ..layers.fallback import FallbackMiss
 from ..pipeline import Call
-from ._args import ArgRef
 from ._cache import EmbeddingCache
 
 __all__ = ["CacheFallback", "CacheTap", "texts_of"]

@@ -42,6 +42,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._args import ArgRef
 from .._clock import timers_of
 from .._errors import ConfigError
 from ..layers import Bound, Stage, register_preset
@@ -50,7 +51,6 @@ from ..layers.timeout import build as timeout_layer
 from ..outcomes import Kind, outcome_of
 from ..pipeline import Chain, Layer
 from ..quotas import TokenAccounts
-from ._args import ArgRef
 from ._cache import EmbeddingCache
 from ._continuation import Continuation, ContinuationLayer, continuations, read_str
 from ._counting import count_tokens, token_accounts
@@ -221,6 +221,7 @@ class GenerationPreset:
 
     name = "generation"
     streams = True
+    counts_tokens = True  # its streams carry their estimates and usage (call.meter)
     option_names = frozenset({*_GENERATION_OPTIONS, *_CONTINUATION_OPTIONS, "passages"})
 
     def resolve(self, fn: Callable[..., Any], given: Mapping[str, Any]) -> _GenerationOptions:
@@ -287,6 +288,7 @@ def _meter(stage: Stage, options: _GenerationOptions) -> TokenMeter:
         model=options.model,
         usage=options.usage,
         event_bus=stage.context.bus,
+        always_estimate=stage.policy.limits is not None and stage.policy.limits.tpm is not None,
     )
 
 

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from .._args import MISSING, ArgRef
 from .._clock import Clock
 from .._context import current_tenant, mark_degraded
 from .._errors import BreakerOpen, ConfigError
@@ -25,7 +26,6 @@ from ..breakers import is_out_of_memory
 from ..events import EventBus, FallbackServed, bus
 from ..layers.fallback import FallbackMiss
 from ..pipeline import Call
-from ._args import MISSING, ArgRef
 
 __all__ = ["BatchLimiter", "ChunkedRerank", "SkipRerank", "score_of"]
 

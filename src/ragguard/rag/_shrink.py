@@ -29,12 +29,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from .._args import ArgRef
 from .._context import current_tenant, mark_degraded
 from ..deadline import remaining
 from ..events import EventBus, FallbackServed, bus
 from ..outcomes import CONTEXT_LENGTH, Kind, Outcome, context_overflow, outcome_of
 from ..pipeline import Call
-from ._args import ArgRef
 from ._counting import count_tokens
 
 __all__ = ["SHRINK", "ShrinkPassages", "passage_tokens"]

@@ -91,6 +91,16 @@ class _Trial:
         self.hold_round: int | None = None
 
 
+class _Early:
+    """Token of a call admitted before the shared state was first read (the wrapped breaker's
+    ``token``): whenever it ends, its outcome counts in the shared window too."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+
 class _TrialBatch:
     """Callers waiting for one request of trial permits (``prefetch``: a synchronous caller asked
     for one to be fetched for the next)."""
@@ -103,9 +113,10 @@ class _TrialBatch:
         self.sent = False
 
 
-Token = int | _Trial | HoldTrial | None
+Token = int | _Trial | HoldTrial | _Early | None
 """int >= 0: shared epoch (closed); int < 0: ``-1 - token`` of the wrapped breaker (local mode);
-a trial lease while half-open (a HoldTrial on local state); None while disabled (nothing recorded)."""
+a trial lease while half-open (a HoldTrial on local state); an _Early before the first read; None
+while disabled (nothing recorded)."""
 
 
 def encode_key_part(text: str) -> str:
@@ -381,6 +392,8 @@ class SharedCircuitBreaker:
             return token  # type: ignore[no-any-return]
         if self._task is None:
             self._autostart()
+        if self._mode is _UNSYNCED and self._hold is None:
+            return _Early(self.wrapped.acquire())  # may end after the first read: see on_result
         return self._acquire_local()
 
     async def acquire_async(self) -> Token:
@@ -453,6 +466,15 @@ class SharedCircuitBreaker:
             return  # else it started before a shared transition: the old epoch is over
         if isinstance(token, _Trial):
             self._trial_ended(token, self._code_of(duration_s, exc))
+        elif isinstance(token, _Early):
+            self.wrapped.on_result(token.token, duration_s, exc, now)
+            code = self._code_of(duration_s, exc)
+            if code >= 0 and self._mode is not _LOCAL:  # for the shared window too, read or not yet
+                pending = self._fold()
+                pending.append(code)
+                self._oks_room = room = self._batch_size - len(pending)
+                if room <= 0 and self._mode is _SHARED:
+                    self._batch_full()
         elif isinstance(token, HoldTrial) and self._hold is not None:
             self._hold.record(token.round, self._code_of(duration_s, exc), self._now())
             self._settle_hold()
@@ -462,6 +484,8 @@ class SharedCircuitBreaker:
         if type(token) is int:
             if token < 0:
                 self.wrapped.release(-1 - token)
+        elif isinstance(token, _Early):
+            self.wrapped.release(token.token)
         elif isinstance(token, _Trial):
             self._trial_ended(token, _IGNORED)
         elif isinstance(token, HoldTrial) and self._hold is not None:
