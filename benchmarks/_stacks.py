@@ -4,7 +4,9 @@ before the redesign), and the same layers composed from stock libraries or inter
 "The full stack" is one request of tenant ``acme`` (a concurrency limit of 64, a rate limit, a
 0.8 s deadline) calling a ``vector_store`` stage with a 2.0 s attempt timeout, 3 attempts for
 connection errors and timeouts, a circuit breaker and a keyword-search fallback. Every contender
-below does that work; each says how in its ``does`` text.
+below does that work; each says how in its ``does`` text. The stage's share of the deadline and
+the reserve kept for its fallback (issue 31) are off here, so the comparisons with older code and
+with stock libraries do equal work: ``deadline_budget.py`` measures what they cost.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def full_stack_guard(
         "breaker": mod.BreakerPolicy(kind="vector_store_unavailable"),
         "retry": mod.RetryPolicy(attempts=3, retry_on=("connection", "timeout")),
     }
+    options.update(_as_before(mod))
     options.update(stage)
     policy = mod.Policy(
         stages={"vector_store": mod.StagePolicy(**options)},
@@ -55,6 +58,12 @@ def full_stack_guard(
             return await search(1)
 
     return g, body
+
+
+def _as_before(mod: ModuleType) -> dict[str, Any]:
+    """``deadline_share`` and ``reserve`` off, where ``mod`` has them (older code has neither)."""
+    fields = getattr(mod.StagePolicy, "model_fields", {})
+    return {name: off for name, off in (("deadline_share", 1.0), ("reserve", 0)) if name in fields}
 
 
 def nothing_configured(mod: ModuleType, fn: Callable[..., Awaitable[Any]] = work) -> Body:

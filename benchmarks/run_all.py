@@ -46,6 +46,15 @@ BENCHMARKS = [
      "(issue 24)."),
     ("refusals", "What routing a provider's refusals costs (issue 28): the happy path with `passages=` and "
      "`on_context_length=`, a refusal answered by the shrink or the route, a failure by a plain fallback."),
+    ("deadline_budget", "What a stage's share of the deadline and the reserve kept for its fallback cost "
+     "(issue 31): the full stack with both (the standard vector_store stage's) beside both off, on the happy "
+     "path and when the fallback answers (and the reserve learns its latency)."),
+    ("continuation", "What a typed ending and a continuation cost a generation stream (issue 31): the stage "
+     "as shipped, read with `async for` and with `anext()`, with a `continuation=` declared, and a stream "
+     "cut at half and continued."),
+    ("deployments", "What a keyed stage and a model group's call cost (issue 28) against the unkeyed stage "
+     "doing the same work (one key against one stage, 64 keys against 64 stages), with LiteLLM's published "
+     "gateway overhead cited for scale."),
 ]
 
 

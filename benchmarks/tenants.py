@@ -1,7 +1,7 @@
 """Tenant scaling: the full stack's request cost with 1, 1,000 and 100,000 tenants taking turns
 (in one interleaved run), and the memory an idle tenant holds.
 
-    .venv/bin/python benchmarks/tenants.py [--ops 2000] [--rounds 15]
+    .venv/bin/python benchmarks/tenants.py [--ops 2000] [--rounds 15] [--against COMMIT]
 
 Each contender is a Guard of its own whose requests rotate over its tenants (request i is tenant
 ``i % n``, every tenant limited by the default quota), so with 100,000 tenants no tenant is seen
@@ -19,21 +19,22 @@ import sys
 import tracemalloc
 from typing import Any
 
+import _against
 import _bench
 import _stacks
 import ragguard
 from _bench import Contender, Target
 
 
-def rotating(n: int) -> Any:
-    policy = ragguard.Policy(
-        stages={"vector_store": ragguard.StagePolicy(
-            timeout_s=2.0, min_attempt_s=0.01, breaker=ragguard.BreakerPolicy(kind="vector_store_unavailable"),
-            retry=ragguard.RetryPolicy(attempts=3, retry_on=("connection", "timeout")),
+def rotating(n: int, mod: Any = ragguard) -> Any:
+    policy = mod.Policy(
+        stages={"vector_store": mod.StagePolicy(
+            timeout_s=2.0, min_attempt_s=0.01, breaker=mod.BreakerPolicy(kind="vector_store_unavailable"),
+            retry=mod.RetryPolicy(attempts=3, retry_on=("connection", "timeout")),
         )},
-        default_quota=ragguard.TenantQuota(max_concurrency=64, rate_per_s=1e7, timeout_s=0.8),
+        default_quota=mod.TenantQuota(max_concurrency=64, rate_per_s=1e7, timeout_s=0.8),
     )  # fmt: skip
-    g = ragguard.Guard(policy)
+    g = mod.Guard(policy)
     search = g.guard("vector_store", fallback=_stacks.keyword_search)(_stacks.work)
     ids = [f"tenant{i}" for i in range(n)]
     state = {"i": 0}
@@ -47,9 +48,9 @@ def rotating(n: int) -> Any:
     return body
 
 
-async def bytes_per_idle_tenant(n: int = 90_000) -> float:
-    policy = ragguard.Policy(default_quota=ragguard.TenantQuota(max_concurrency=64, rate_per_s=1e7))
-    g = ragguard.Guard(policy)
+async def bytes_per_idle_tenant(n: int = 90_000, mod: Any = ragguard) -> float:
+    policy = mod.Policy(default_quota=mod.TenantQuota(max_concurrency=64, rate_per_s=1e7))
+    g = mod.Guard(policy)
     ids = [f"idle{i}" for i in range(n)]
     async with g.tenant("warm"):
         pass
@@ -66,13 +67,17 @@ async def bytes_per_idle_tenant(n: int = 90_000) -> float:
     return (after - before) / n
 
 
-async def main(ops: int, rounds: int) -> int:
+async def main(ops: int, rounds: int, against: str | None = None) -> int:
     _bench.header()
+    old = _against.load(against)
     contenders = [
         Contender("1 tenant", "the full stack, one tenant", rotating(1)),
         Contender("1,000 tenants", "the full stack, 1,000 tenants in turn", rotating(1000)),
         Contender("100,000 tenants", "the full stack, 100,000 tenants in turn", rotating(100_000)),
     ]
+    if old is not None and against is not None:
+        contenders += [Contender(_against.named(c.name, against), f"{c.does}, at {against}", rotating(n, old))
+                       for c, n in zip(list(contenders), (1, 1000, 100_000), strict=True)]  # fmt: skip
     results = await _bench.run_async(contenders, ops=ops, rounds=rounds, warmup=100_000)
     _bench.print_table(results, "tenant scaling", against=["1 tenant"], unit="request")
     per_tenant = await bytes_per_idle_tenant()
@@ -82,6 +87,12 @@ async def main(ops: int, rounds: int) -> int:
         _bench.ratio_target(results, "1,000 tenants vs 1 tenant", "1,000 tenants", "1 tenant", 1.2),
         Target("bytes per idle tenant vs 300 bytes", per_tenant / 300, 1.0, f"{per_tenant:.0f} bytes"),
     ]
+    if old is not None and against is not None:
+        old_per_tenant = await bytes_per_idle_tenant(mod=old)
+        _bench.console.print(f"bytes per idle tenant at {against}: {old_per_tenant:,.0f}", markup=False)
+        targets += _against.targets(results, ["1 tenant", "1,000 tenants", "100,000 tenants"], against)
+        targets.append(Target(f"bytes per idle tenant vs {against}", per_tenant / old_per_tenant, 1.0,
+                              f"{per_tenant:.0f} vs {old_per_tenant:.0f} bytes"))  # fmt: skip
     _bench.print_targets(targets)
     return 0
 
@@ -90,5 +101,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=15)
+    _against.add_argument(parser)
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.ops, args.rounds)))
+    sys.exit(asyncio.run(main(args.ops, args.rounds, args.against)))

@@ -5,7 +5,8 @@
 The generation stage streams the answer under its budgets; a 529, a 429 or an
 ``overloaded_error`` event before the first token is retried by ragguard (the SDK's own retries
 are off), then served by the smaller model; the tenant's token quota is reserved from
-``max_tokens`` and settled from the stream's ``message_delta`` usage.
+``max_tokens`` and the prompt's text, and settled from the stream's usage (its ``message_start``
+input and ``message_delta`` output).
 Needs the ``anthropic`` extra: pip install '/path/to/ragguard[anthropic]'.
 """
 

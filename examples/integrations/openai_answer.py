@@ -3,8 +3,9 @@
     .venv/bin/python examples/integrations/openai_answer.py --base-url http://127.0.0.1:8000/v1
 
 Embeds the question (the embedding stage: its cache answers when the provider fails), then
-streams the answer (the generation stage: stream budgets, the tenant's token quota settled from
-the usage the server reports), under a tenant and a deadline; every request carries the tenant in
+streams the answer (the generation stage: stream budgets, the tenant's token quota reserved from
+the prompt and max_tokens and settled from the input and output tokens the server reports), under a
+tenant and a deadline; every request carries the tenant in
 ``x-tenant-id`` and the seconds left as the SDK's timeout; the SDK itself never retries.
 Needs the ``openai`` extra: pip install '/path/to/ragguard[openai]'.
 """
@@ -29,9 +30,9 @@ POLICY = ragguard.Policy(
 
 
 async def main(base_url: str, model: str) -> None:
-    guard = ragguard.configure(POLICY)
+    guard = ragguard.configure(POLICY, tenant_header="x-tenant-id")  # every wrapped client sends it
     async with openai.AsyncOpenAI(base_url=base_url, api_key="sk-local") as raw:
-        client = guard_openai(raw, tenant_header="x-tenant-id")
+        client = guard_openai(raw)
         async with ragguard.tenant("acme"), ragguard.deadline(20):
             question = "What does a generator's send() do?"
             vectors = await client.embeddings.create(model=model, input=[question])

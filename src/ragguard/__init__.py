@@ -21,6 +21,7 @@ tests/packaging/test_layout.py holds the core to it.
 from . import rag  # noqa: F401 - the RAG wing: its presets register themselves into the core
 from ._clock import FakeClock
 from ._context import current_tenant, degraded
+from ._endings import StreamEnding, stream_endings
 from ._errors import (
     BreakerOpen,
     ConfigError,
@@ -28,6 +29,7 @@ from ._errors import (
     DeadlineExceeded,
     EmbeddingUnavailable,
     InvalidInput,
+    NoDeploymentAvailable,
     Overloaded,
     QuotaExceeded,
     RagguardError,
@@ -36,6 +38,7 @@ from ._errors import (
     StreamTimeout,
     VectorStoreUnavailable,
 )
+from ._naming import named
 from .breakers import (
     BreakerState,
     CircuitBreaker,
@@ -52,6 +55,7 @@ from .options import (
     HedgePolicy,
     Policy,
     PoolQuota,
+    ReservePolicy,
     RetryPolicy,
     StagePolicy,
     TenantQuota,
@@ -61,14 +65,15 @@ from .options import (
 from .outcomes import Kind as OutcomeKind
 from .outcomes import Outcome, register_classifier
 from .overload import priority
+from .pipeline import GuardedStream
 
 __version__ = "0.1.0"
 
 # The errors' public home is this namespace: tracebacks and reprs say ragguard.ConfigError, not
 # ragguard._errors.ConfigError, and pickle finds each class here.
 for _error in (BreakerOpen, ConfigError, CorruptPayload, DeadlineExceeded, EmbeddingUnavailable, InvalidInput,
-               Overloaded, QuotaExceeded, RagguardError, RerankOutOfMemory, StageTimeout, StreamTimeout,
-               VectorStoreUnavailable):  # fmt: skip
+               NoDeploymentAvailable, Overloaded, QuotaExceeded, RagguardError, RerankOutOfMemory,
+               StageTimeout, StreamTimeout, VectorStoreUnavailable):  # fmt: skip
     _error.__module__ = __name__
 del _error
 
@@ -86,8 +91,10 @@ __all__ = [
     "FakeClock",
     "GenerationPolicy",
     "Guard",
+    "GuardedStream",
     "HedgePolicy",
     "InvalidInput",
+    "NoDeploymentAvailable",
     "Outcome",
     "OutcomeKind",
     "Overloaded",
@@ -97,9 +104,11 @@ __all__ = [
     "RagguardError",
     "RerankOOMBreaker",
     "RerankOutOfMemory",
+    "ReservePolicy",
     "RetryPolicy",
     "StagePolicy",
     "StageTimeout",
+    "StreamEnding",
     "StreamTimeout",
     "TenantQuota",
     "ThrottlePolicy",
@@ -112,8 +121,10 @@ __all__ = [
     "default_guard",
     "degraded",
     "guard",
+    "named",
     "priority",
     "register_classifier",
     "remaining",
+    "stream_endings",
     "tenant",
 ]

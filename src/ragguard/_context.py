@@ -25,16 +25,20 @@ _TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,63}")
 
 
 class RequestScope:
-    """One request's mutable record, created by ``tenant(...)``: which fallbacks served it, and
-    the worker threads its sync calls stopped waiting for that still run (``threads``, a
-    :class:`ragguard.pipeline._threads.Pending`, None until one is)."""
+    """One request's mutable record, created by ``tenant(...)``: which fallbacks served it, the
+    worker threads its sync calls stopped waiting for that still run (``threads``, a
+    :class:`ragguard.pipeline._threads.Pending`, None until one is), and how its guarded streams
+    ended (``endings``, :mod:`ragguard._endings`; ``ended_before``: how many older ones were let
+    go to keep the list bounded)."""
 
-    __slots__ = ("fallbacks", "tenant", "threads")
+    __slots__ = ("ended_before", "endings", "fallbacks", "tenant", "threads")
 
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         self.fallbacks: list[str] | None = None  # allocated by the first fallback only
         self.threads: Any = None
+        self.endings: list[Any] | None = None  # allocated by the first stream that ends
+        self.ended_before = 0
 
     def __repr__(self) -> str:
         return f"RequestScope(tenant={self.tenant!r}, fallbacks={self.fallbacks!r})"

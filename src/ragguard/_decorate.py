@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from . import _inject, events
 from ._errors import ConfigError
 from .events import bus
 from .layers import PRESETS, Bound, Stage, preset
+from .layers._keys import KeyedChains, key_getter
 from .layers.breaker import adapt_breaker
 from .layers.fallback import ROUTES, user_fallbacks, user_routes
-from .pipeline import Call, Chain
-from .pipeline._threads import ThreadCall, limiter_for
+from .pipeline import Call, Chain, GuardedStream
+from .pipeline._threads import limiter_for, thread_call
 
 __all__ = ["GuardDecorator", "check_preset", "decorator"]
 
@@ -36,25 +37,69 @@ class GuardDecorator(Protocol):
     @overload
     def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
     @overload
-    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, AsyncGenerator[Y, None]]: ...  # type: ignore[overload-overlap]
+    def __call__(self, fn: Callable[P, AsyncIterator[Y]], /) -> Callable[P, GuardedStream[Y]]: ...  # type: ignore[overload-overlap]
     @overload
     def __call__(self, fn: Callable[P, R], /) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
 
 class _Compiled:
-    """A decorated function's chains for one Guard, valid while ``epoch`` is the injection epoch."""
+    """A decorated function's chains for one Guard, valid while ``epoch`` is the injection epoch.
 
-    __slots__ = ("__weakref__", "epoch", "guard", "observed", "plain", "run", "stage")
+    ``keyed``: the function's chains per key when its stage is keyed for it (``plain`` and
+    ``observed`` are then those of the stage's own instance: calls without a key, or past the
+    bound); ``run`` is the plain chain's driver, awaited directly, for a function that is not."""
 
-    def __init__(self, guard: Any, stage: Stage | None, plain: Chain | None) -> None:
+    __slots__ = ("__weakref__", "bound", "epoch", "guard", "keyed", "observed", "plain", "run", "stage")
+
+    def __init__(
+        self, guard: Any, stage: Stage | None, bound: Bound | None, keyed: KeyedChains | None = None
+    ) -> None:
         self.guard = guard
         self.stage = stage
-        self.plain = plain
-        self.run: Callable[..., Awaitable[Any]] | None = None if plain is None else plain.run
+        self.bound = bound
+        self.plain: Chain | None = None if stage is None or bound is None else stage.chain(bound)
+        self.keyed = keyed
+        self.run: Callable[..., Awaitable[Any]] | None = (
+            None if self.plain is None or keyed is not None else self.plain.run
+        )
         self.observed: Chain | None = None
         self.epoch = _inject.epoch
         if stage is not None:
             stage.users.add(self)  # the stage is in use while this function's chains live
+
+    def chain(self, call: Call) -> Chain:
+        """The chain ``call`` runs: observed while the event bus has listeners or tracing is on;
+        its key's, for a keyed function."""
+        observed = bus.active or events.tracer is not None
+        root = self.own(observed)
+        keyed = self.keyed
+        return root if keyed is None else keyed.chain(call, root, observed)
+
+    def own(self, observed: bool) -> Chain:
+        """The chain of the stage's own instance (observed or not)."""
+        if observed:
+            root = self.observed
+            if root is None:
+                assert self.stage is not None and self.bound is not None
+                root = self.observed = self.stage.chain(self.bound, observed=True)
+            return root
+        assert self.plain is not None
+        return self.plain
+
+
+def _keyed(g: Any, st: Stage, bound: Bound, key: Any) -> KeyedChains | None:
+    """The per-key chains of ``bound`` in stage ``st`` when it is keyed (``key``: ``@guard(key=...)``,
+    else the stage policy's), else None; ConfigError for a key and a breaker of one's own."""
+    key_of = key_getter(st, bound, key)
+    if key_of is None:
+        return None
+    if bound.breaker is not None and bound.breaker is not False:
+        raise ConfigError(
+            f"guard({bound.stage!r}): a keyed stage builds a breaker per key from its policy; "
+            "breaker= gives one for all: set the breaker in the policy instead",
+            field="breaker",
+        )
+    return KeyedChains(st, bound, key_of)
 
 
 def check_preset(g: Any, bound: Bound) -> None:
@@ -67,7 +112,7 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
     returning the default one); ConfigError for a bad stage name or option."""
     if not isinstance(stage, str) or not stage:
         raise ConfigError(f"guard: stage must be a non-empty str, got {stage!r:.60}")
-    own = frozenset({"fallback", "breaker", *ROUTES})
+    own = frozenset({"fallback", "breaker", "key", *ROUTES})
     known = own.union(*(p.option_names for p in PRESETS.values()))
     unknown = set(options) - known
     if unknown:
@@ -77,6 +122,13 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
     breaker = options.get("breaker")
     if breaker is not None and breaker is not False:
         breaker = adapt_breaker(breaker)
+    key = options.get("key")
+    if key is not None and not callable(key) and (isinstance(key, bool) or not isinstance(key, (int, str))):
+        raise ConfigError(
+            f"guard: key must be a parameter name or position, or a function of the call's arguments, "
+            f"got {type(key).__name__}",
+            field="key",
+        )
     preset_options = {k: v for k, v in options.items() if k not in own and v is not None}
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -106,17 +158,11 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
             if current.guard is not g or current.epoch != _inject.epoch:
                 st = g.stage(stage, breaker=breaker)
                 check_preset(g, bound)
-                current = slot = _Compiled(g, st, st.chain(bound))
+                current = slot = _Compiled(g, st, bound, _keyed(g, st, bound, key))
             return current
 
-        def chain(g: Any) -> Chain:
-            c = compiled(g)
-            if bus.active or events.tracer is not None:
-                if c.observed is None:
-                    assert c.stage is not None
-                    c.observed = c.stage.chain(bound, observed=True)
-                return c.observed
-            return cast(Chain, c.plain)
+        def chain(g: Any, call: Call) -> Chain:
+            return compiled(g).chain(call)
 
         get_guard: Callable[[], Any] = registry if fixed is None else lambda: fixed
         compiled(get_guard())
@@ -129,7 +175,8 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
             async def guarded_sync(*args: Any, **kwargs: Any) -> Any:
                 g = fixed if fixed is not None else get_guard()
                 c = compiled(g)
-                return await chain(g).run(ThreadCall(stage, fn, args, kwargs, limiter_for(c.stage)))
+                call = thread_call(stage, fn, args, kwargs, limiter_for(c.stage))
+                return await c.chain(call).run(call)
 
             guarded_sync.__ragguard_stage__ = stage  # type: ignore[attr-defined]
             return guarded_sync
@@ -137,9 +184,10 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
         if stream:
 
             @functools.wraps(fn)
-            def guarded_stream(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            def guarded_stream(*args: Any, **kwargs: Any) -> GuardedStream[Any]:
                 g = fixed if fixed is not None else get_guard()
-                return chain(g).stream(Call(stage, fn, args, kwargs, True))
+                call = Call(stage, fn, args, kwargs, True)
+                return chain(g, call).stream(call)
 
             guarded_stream.__ragguard_stage__ = stage  # type: ignore[attr-defined]
             return guarded_stream
@@ -148,14 +196,34 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
         async def guarded(*args: Any, **kwargs: Any) -> Any:
             g = fixed if fixed is not None else get_guard()
             c = slot
+            observed = bus.active or events.tracer is not None
             if c.guard is g and c.epoch == _inject.epoch:
-                if not bus.active and events.tracer is None:
-                    return await c.run(Call(stage, fn, args, kwargs))  # type: ignore[misc]
-                if c.observed is not None:  # observed: its chain is compiled already
+                if not observed:
+                    run = c.run
+                    if run is not None:
+                        return await run(Call(stage, fn, args, kwargs))
+                elif c.observed is not None and c.keyed is None:  # observed: its chain is compiled already
                     return await c.observed.run(Call(stage, fn, args, kwargs))
-            return await chain(g).run(Call(stage, fn, args, kwargs))
+            else:
+                c = compiled(g)
+            call = Call(stage, fn, args, kwargs)
+            keyed = c.keyed
+            entry = None if keyed is None else keyed.entry(call, observed)
+            if entry is None:  # not keyed, no key, or past the bound: the stage's own chain
+                return await c.own(observed).run(call)
+            if entry[3]:  # its KeyGate counts the call (and times it)
+                return await entry[2 if observed else 1].run(call)
+            # the key's chain; the call counts itself, as a KeyGate would (a gate cost a fifth of it)
+            runtime = entry[0]
+            runtime.in_flight += 1
+            runtime.calls += 1
+            try:
+                return await entry[2 if observed else 1].run(call)
+            finally:
+                runtime.in_flight -= 1
 
         guarded.__ragguard_stage__ = stage  # type: ignore[attr-defined]
+        guarded.__ragguard_compiled__ = lambda: compiled(get_guard())  # type: ignore[attr-defined]
         return guarded
 
     return decorate

@@ -7,6 +7,7 @@ Every rejection ragguard makes on a caller's behalf derives from one root::
      |    +-- EmbeddingUnavailable     the embedding breaker (slow calls, timeouts)
      |    +-- VectorStoreUnavailable   the vector-store breaker (connection-class errors)
      |    +-- RerankOutOfMemory        the rerank breaker (out-of-memory)
+     |    +-- NoDeploymentAvailable    every deployment of a model group is out (open, spent, failed)
      +-- QuotaExceeded                 the tenant is over its concurrency or rate quota
      +-- Overloaded                    shed: the stage's adaptive limit, queue or throttle refused
      +-- DeadlineExceeded              the request's time budget is spent
@@ -39,6 +40,7 @@ __all__ = [
     "DeadlineExceeded",
     "EmbeddingUnavailable",
     "InvalidInput",
+    "NoDeploymentAvailable",
     "Overloaded",
     "PermissionDenied",
     "QuotaExceeded",
@@ -119,6 +121,40 @@ class VectorStoreUnavailable(BreakerOpen):
 
 class RerankOutOfMemory(BreakerOpen):
     """The rerank breaker is open (the reranker ran out of memory repeatedly)."""
+
+
+class NoDeploymentAvailable(BreakerOpen):
+    """No deployment of model group ``group`` answered: each was out (its breaker open, its limits
+    spent) or failed over to the next, within the request's deadline.
+
+    ``retry_after_s``: the soonest time, in seconds, one of them comes back (its breaker's time
+    left open, its limits' wait, a rejection's stated wait); None when none said (they failed
+    with their breakers still closed). ``out``: deployment name -> why it was left (``open``,
+    ``limits``, ``failure``, ``rejection``, ``timeout``, ``overloaded``, ``context_length``...).
+    A :class:`BreakerOpen`: the front doors answer 503 / UNAVAILABLE with ``Retry-After``, and a
+    stage's fallback serves it. The last deployment's error is ``__cause__``.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        retry_after_s: float | None,
+        *,
+        state: str = "open",
+        out: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(group, retry_after_s, state=state)
+        self.out: dict[str, str] = dict(out or {})
+
+    @property
+    def group(self) -> str:
+        """The model group's name."""
+        return self.breaker
+
+    def __str__(self) -> str:
+        why = ", ".join(f"{name}: {reason}" for name, reason in list(self.out.items())[:8])
+        after = "" if self.retry_after_s is None else f"; retry after {self.retry_after_s:.3f}s"
+        return f"no deployment of model group {self.group!r} is available ({why or 'none'}){after}"
 
 
 class QuotaExceeded(RagguardError):
@@ -232,26 +268,37 @@ class DeadlineExceeded(RagguardError):
     """The request's time budget was spent before or during stage ``stage``.
 
     ``budget_s`` is the budget the stage was given, in seconds (None when it was already spent
-    on arrival); ``items``: for a stream cut by the deadline, how many items had been handed to
-    the caller (None for a call).
+    on arrival): for a stream cut after its first item, the request's (the stream runs under the
+    request's deadline, not under what one item had left); ``deadline_s``: the request's whole
+    budget, the seconds its deadline was set to (None when not known); ``items``: for a stream cut
+    by the deadline, how many items had been handed to the caller (None for a call).
     """
 
     def __init__(
-        self, stage: str, budget_s: float | None = None, detail: str = "", *, items: int | None = None
+        self,
+        stage: str,
+        budget_s: float | None = None,
+        detail: str = "",
+        deadline_s: float | None = None,
+        *,
+        items: int | None = None,
     ) -> None:
         self.stage = stage
         self.budget_s = budget_s
         self.items = items
         self.detail = detail
+        self.deadline_s = deadline_s
         msg = f"deadline exceeded in stage {stage!r}"
         if budget_s is not None:
             msg += f" after a budget of {budget_s:.3f}s"
+        if deadline_s is not None and deadline_s != budget_s:
+            msg += f" (the request's {deadline_s:.3f}s)"
         if detail:
             msg += f": {detail}"
         super().__init__(msg)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.stage, self.budget_s, self.detail), self.__dict__)
+        return (type(self), (self.stage, self.budget_s, self.detail, self.deadline_s), self.__dict__)
 
 
 class StageTimeout(RagguardError, TimeoutError):

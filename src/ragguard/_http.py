@@ -35,6 +35,7 @@ __all__ = [
     "TENANT_HEADER",
     "TIMEOUT_HEADER",
     "check_field_name",
+    "field_name",
     "format_retry_after",
     "format_retry_after_ms",
     "format_timeout_ms",
@@ -60,8 +61,15 @@ _MAX_SHOWN = 40
 def check_field_name(option: str, name: object) -> str:
     """``name`` when it is a lowercase HTTP field name, else ConfigError naming ``option``."""
     if not isinstance(name, str) or not _TOKEN.fullmatch(name):
-        raise ConfigError(f"{option} must be a lowercase HTTP field name (an RFC 9110 token), got {name!r}")
+        rule = "must be a lowercase HTTP field name (an RFC 9110 token)"
+        raise ConfigError(f"{option} {rule}, got {name!r:.80}")
     return name
+
+
+def field_name(option: str, name: object) -> str:
+    """``name`` lowercased when it is an HTTP field name in any case (field names are
+    case-insensitive), else ConfigError naming ``option``."""
+    return check_field_name(option, name.lower() if isinstance(name, str) else name)
 
 
 def _whole(value: float) -> int:

@@ -31,13 +31,15 @@ MAX_DEADLINE_S = 10 * 365 * 24 * 3600.0
 
 
 class Expiry:
-    """A deadline: the time ``at`` on ``clock`` (monotonic seconds)."""
+    """A deadline: the time ``at`` on ``clock`` (monotonic seconds), set ``budget_s`` seconds
+    ahead (the request's whole budget, for the errors that report it; None: not known)."""
 
-    __slots__ = ("at", "clock")
+    __slots__ = ("at", "budget_s", "clock")
 
-    def __init__(self, at: float, clock: Clock) -> None:
+    def __init__(self, at: float, clock: Clock, budget_s: float | None = None) -> None:
         self.at = at
         self.clock = clock
+        self.budget_s = budget_s
 
     def left(self) -> float:
         """Seconds left, negative once passed."""
@@ -54,7 +56,12 @@ current_expiry: Callable[[], Expiry | None] = _deadline.get
 on every call (the context variable's own ``get``, so no Python frame)."""
 
 restore: Callable[[Token[Expiry | None]], None] = _deadline.reset
-"""Put back the deadline that :func:`narrow` replaced, given the token it returned."""
+"""Put back the deadline that :func:`narrow` (or :func:`shorten`) replaced, given the token it returned."""
+
+shorten: Callable[[Expiry], Token[Expiry | None]] = _deadline.set
+"""Make an :class:`Expiry` the current deadline; returns the token :func:`restore` takes. For a
+layer that gives the code inside it an earlier deadline than the request's (a stage's share, the
+time kept for a fallback): the caller passes one no later than the current deadline."""
 
 
 def remaining() -> float | None:
@@ -80,7 +87,7 @@ def narrow(seconds: float, clock: Clock) -> Token[Expiry | None] | None:
     outer = _deadline.get()
     if outer is not None and outer.left() <= seconds:
         return None
-    return _deadline.set(Expiry(clock() + seconds, clock))
+    return _deadline.set(Expiry(clock() + seconds, clock, seconds))
 
 
 def seconds_of(value: object, what: str = "deadline: seconds") -> float | None:

@@ -44,7 +44,9 @@ __all__ = [
     "RetryScheduled",
     "StageCompleted",
     "StageTracer",
+    "StreamContinued",
     "StreamCut",
+    "StreamEnded",
     "StreamSettled",
     "bus",
     "error_type",
@@ -129,7 +131,9 @@ class StageCompleted:
     ``cancelled``; ``breaker_state`` the stage breaker's state when it ran ("" when none);
     ``error`` the class name of the error it ended with ("" when none: see
     :func:`ragguard.metrics.error_type`); ``first_item_s`` for a stream, the seconds until its
-    first item reached the caller (None for a call, or a stream that failed before it).
+    first item reached the caller (None for a call, or a stream that failed before it);
+    ``deadline_s`` the seconds the request's deadline had left when the stage started (None
+    without a deadline): ``duration_s`` of it is what the stage spent of the request's budget.
     Emitted by the observe layer (and :func:`ragguard.metrics.otel_span`) when the bus has listeners.
     """
 
@@ -141,6 +145,7 @@ class StageCompleted:
     breaker_state: str = ""
     error: str = ""
     first_item_s: float | None = None
+    deadline_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +206,37 @@ class StreamCut:
     tenant: str
     budget: str
     items: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamContinued:
+    """A stream of stage ``stage`` (tenant ``tenant``) failed with ``error`` (a class name) after
+    ``items`` items had reached the caller, and ``continuation`` took it over from there (its
+    first item is there)."""
+
+    stage: str
+    tenant: str
+    continuation: str
+    items: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnded:
+    """A guarded stream of stage ``stage`` (tenant ``tenant``) ended: ``ending`` is
+    ``completed``, ``continued`` or ``incomplete`` (:class:`ragguard.StreamEnding`), after
+    ``items`` items reached the caller; ``continued_by`` the continuation that took over after
+    ``continued_after`` items ("" and 0 when none did); ``error`` what ended it, or what the
+    continuation took over from ("" when completed; ``closed`` or ``cancelled`` when the caller
+    stopped reading). Emitted by the observe layer when the bus has listeners."""
+
+    stage: str
+    tenant: str
+    ending: str
+    items: int
+    continued_by: str = ""
+    continued_after: int = 0
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ chain per decorated function; ``@guard`` uses the default Guard, which :func:`co
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from os import PathLike
@@ -17,17 +18,22 @@ from . import _default, _inject
 from ._clock import Clock, monotonic
 from ._decorate import GuardDecorator, decorator
 from ._errors import ConfigError
+from ._http import field_name
 from ._services import services
 from .breakers import Breaker
 from .deadline import deadline as _deadline_block
+from .groups import ModelGroup
 from .layers import Stage, preset
 from .layers._stage import forget_idle
-from .options import Policy, policy_of
+from .options import GroupPolicy, Policy, key_id, policy_of
+from .outcomes import OutcomeClassifier
 from .pipeline import Backend
 from .quotas import QuotaBackend, TenantContext
 from .status import snapshot
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
+
+_log = logging.getLogger("ragguard.policy")
 
 
 class Guard:
@@ -44,10 +50,25 @@ class Guard:
       policy builds and the generation stages' token accounts in Redis (see docs/distributed.md);
       call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;
+    - ``classifier``: an outcome classifier of this Guard's own (``exc -> Outcome | None``, as
+      :func:`ragguard.outcomes.register_classifier` takes), asked about its calls' errors after
+      ragguard's own errors and before the process-wide classifiers (None: it passes the error
+      on). Each error is classified once; every layer, the breakers and both front doors read
+      that answer;
     - ``max_stages``: stages kept at most (stage names name code paths, not data; past the bound
       the oldest idle stages are forgotten, with a warning: idle means no live decorated function
       runs it and its breaker is closed, so a stage in use or with a breaker that is not closed
       is never forgotten).
+    - ``tenant_header``: an HTTP field name (``"x-tenant-id"``; case-insensitive, kept lowercase)
+      in which every client wrapped by :mod:`ragguard.integrations` for this Guard sends
+      :func:`ragguard.current_tenant` with each request (OpenAI, Anthropic, their fallback clients,
+      LangChain chat models, Qdrant, LlamaIndex; see docs/integrations.md); None (the default):
+      none is sent unless a wrapper names its own.
+
+    Building a Guard logs a warning (logger ``ragguard.policy``) for every limit of the policy
+    that no call can ever reach (:meth:`Policy.unreachable_limits`: a burst without its rate, a
+    model's limit the tenant's own is always tighter than...): it changes nothing, and it is
+    almost always a mistake.
 
     Raises ConfigError naming the option for a bad value.
     """
@@ -62,7 +83,9 @@ class Guard:
         quotas: QuotaBackend | None = None,
         backend: Backend | None = None,
         chaos: _inject.Injector | None = None,
+        classifier: OutcomeClassifier | None = None,
         max_stages: int = 1000,
+        tenant_header: str | None = None,
     ) -> None:
         if policy is not None and not isinstance(policy, Policy):
             raise ConfigError(f"policy must be a ragguard.Policy, got {type(policy).__name__}")
@@ -70,14 +93,18 @@ class Guard:
             raise ConfigError(f"max_stages must be an int >= 1, got {max_stages!r:.40}")
         self.policy = policy if policy is not None else Policy()
         self.context = services(
-            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, backend=backend, chaos=chaos
-        )
+            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, backend=backend, chaos=chaos,
+            classifier=classifier,
+        )  # fmt: skip
         self.max_stages = max_stages
+        self.tenant_header = None if tenant_header is None else field_name("tenant_header", tenant_header)
         self.clock, self.rng, self.sleep = clock, self.context.rng, self.context.sleep
         self.quotas: Any = self.context.quotas
         self.backend = backend
         self._stages: dict[str, Stage] = {}
         self._warned_stages = False
+        for unreachable in self.policy.unreachable_limits():
+            _log.warning("ragguard policy: %s", unreachable)
 
     # -- stages -----------------------------------------------------------------------------------
 
@@ -99,9 +126,15 @@ class Guard:
             st.check_breaker(breaker)
         return st
 
-    def breaker(self, stage: str) -> Any:
-        """The breaker guarding ``stage`` (None when the stage has none)."""
-        return self.stage(stage).breaker
+    def breaker(self, stage: str, key: str | None = None) -> Any:
+        """The breaker guarding ``stage`` (None when the stage has none); with ``key``, the one of
+        that key of the keyed stage (None when the key has no runtime now: it never ran, was
+        forgotten, or runs on the stage's own instance)."""
+        st = self.stage(stage)
+        if key is None:
+            return st.breaker
+        found = None if st.keys is None else st.keys.peek(key)
+        return None if found is None else found.breaker
 
     def stage_names(self) -> tuple[str, ...]:
         """The names of the stages this Guard has built, in the order they were first used."""
@@ -152,6 +185,33 @@ class Guard:
     async def aclose(self) -> None:
         """Stop the background work of shared (backend) breakers and quotas; a no-op otherwise."""
         await self.context.aclose()
+
+    def group(
+        self, name: str, targets: Mapping[str, Any], *, policy: GroupPolicy | Mapping[str, Any] | None = None
+    ) -> ModelGroup:
+        """The model group ``name`` of the policy's ``groups`` (or ``policy``, a
+        :class:`~ragguard.options.GroupPolicy` or its mapping), each deployment bound by name to
+        its target in ``targets``: a wrapped OpenAI or Anthropic client (or its ``create``), a
+        guarded LangChain runnable, or any callable (guarded here as the key of its deployment
+        name in the group's stage). See :mod:`ragguard.groups`.
+
+        Raises ConfigError for an unknown group, a deployment without a target or a target of
+        none, or a deployment's limits its stage cannot apply."""
+        if policy is None:
+            found = self.policy.groups.get(name) if isinstance(name, str) else None
+            if found is None:
+                known = ", ".join(sorted(self.policy.groups)) or "none"
+                raise ConfigError(f"no model group {name!r:.60} in the policy (its groups: {known})",
+                                  field="groups")  # fmt: skip
+            policy = found
+        elif not isinstance(policy, GroupPolicy):
+            policy = GroupPolicy.model_validate(dict(policy)) if isinstance(policy, Mapping) else policy
+        if not isinstance(policy, GroupPolicy):
+            raise ConfigError(f"group {name!r}: policy must be a GroupPolicy, got {type(policy).__name__}")
+        if not isinstance(targets, Mapping):
+            raise ConfigError(f"group {name!r}: targets must map deployment names to targets",
+                              field="targets")  # fmt: skip
+        return ModelGroup(self, key_id(name), policy, targets)
 
     def tenant(self, tenant_id: str) -> TenantContext:
         """``async with guard.tenant("acme"):`` admits one request of the tenant (see :func:`tenant`)."""
@@ -206,6 +266,7 @@ def guard(
     breaker: Any = None,
     on_context_length: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
     on_content_policy: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+    key: str | int | Callable[..., Any] | None = None,
     **preset_options: Any,
 ) -> GuardDecorator:
     """Guard an async function (or async generator function) as stage ``stage``; a sync function
@@ -226,6 +287,12 @@ def guard(
       TGI's), or one its content policy refused (see :mod:`ragguard.outcomes`). E.g. the same
       question to a model with a larger context; the generation preset's ``passages=`` tries
       fewer passages first.
+    - ``key``: the stage is keyed by deployment for this function (docs/layers.md, "Keyed
+      stages"): a parameter name or position whose value (a str) is the call's key, or a
+      function of the call's arguments returning it (``lambda q, *, model: model``); each key
+      runs with its own breaker, adaptive limit, budgets and limits under the stage's policy. A
+      call whose key is not a str runs on the stage's own instance. None: the stage policy's
+      ``key``, if it names one.
     - ``breaker``: a ragguard breaker or an ``aiobreaker.CircuitBreaker`` for this stage, instead
       of the one its policy builds; ``False`` for none (a step that composes guarded stages, whose
       own breakers already count their dependencies' failures).
@@ -233,11 +300,14 @@ def guard(
       are, a position or a name, default 0), ``candidates=`` (rerank: where the candidate list is,
       default 1), ``score=`` (rerank: a reranked item's score, default its ``score``) and
       ``passages=`` (generation: where the passages are, best first, to send fewer of them when
-      the model refuses the request as too long).
+      the model refuses the request as too long), ``continuation=`` (generation streams: a
+      callable or a sequence that carries a stream cut after its first item on from what the
+      caller has, given ``partial=``; see docs/generation.md).
 
-    Raises ConfigError at decoration for a bad option, a sync generator function, or a preset
-    option the function's signature does not have. At call time, raises what the call raised when no fallback
-    serves, or BreakerOpen, QuotaExceeded, DeadlineExceeded, StageTimeout.
+    Raises ConfigError at decoration for a bad option, a sync generator function, a preset
+    option or a key the function's signature does not have, or a key with a breaker of its own.
+    At call time, raises what the call raised when no fallback serves, or BreakerOpen,
+    QuotaExceeded, DeadlineExceeded, StageTimeout.
     """
     return cast(
         GuardDecorator,
@@ -249,6 +319,7 @@ def guard(
                 "breaker": breaker,
                 "on_context_length": on_context_length,
                 "on_content_policy": on_content_policy,
+                "key": key,
                 **preset_options,
             },
         ),

@@ -3,7 +3,7 @@
 Prometheus (prometheus-client, a core dependency)::
 
     exporter = ragguard.metrics.PrometheusExporter().start()   # subscribes to ragguard.events.bus
-    app.mount("/metrics", exporter.asgi())                      # an ASGI app; or exporter.serve(9464)
+    app.add_route("/metrics", exporter.asgi())                  # an ASGI app; or exporter.serve(9464)
 
 Metrics live in a dedicated ``CollectorRegistry`` unless one is passed. Names follow Prometheus
 conventions: ``ragguard_`` prefix, ``_seconds`` for durations, ``_total`` for counters, labels
@@ -33,6 +33,7 @@ from . import _validate as v
 from . import events
 from ._errors import ConfigError
 from ._extras import install_hint
+from .deadline import remaining
 from .events import StageCompleted, error_type
 from .guard import Guard, default_guard
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BREAKER_STATES",
     "DEFAULT_LATENCY_BUCKETS_S",
+    "MetricsApp",
     "OTelMetrics",
     "PrometheusExporter",
     "StageCompleted",
@@ -70,6 +72,20 @@ def _prometheus() -> Any:
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise ImportError("ragguard.metrics needs prometheus-client: pip install prometheus-client") from exc
     return prometheus_client
+
+
+class MetricsApp:
+    """The ASGI app of :meth:`PrometheusExporter.asgi`: prometheus-client's, as an object (a
+    Starlette or FastAPI route takes an object as an ASGI app, and a plain function as an endpoint
+    of a request; so ``app.add_route("/metrics", exporter.asgi())`` works)."""
+
+    __slots__ = ("_app",)
+
+    def __init__(self, app: Callable[..., Any]) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._app(scope, receive, send)
 
 
 class _Capped:
@@ -242,6 +258,10 @@ class PrometheusExporter:
             "ragguard_streams_cut", "Streams a generation budget cut (first_item, idle, total).",
             ["stage", "budget"], registry=r,
         )  # fmt: skip
+        self.stream_endings = pc.Counter(
+            "ragguard_stream_endings", "Guarded streams ended: completed, continued or incomplete.",
+            ["stage", "ending"], registry=r,
+        )  # fmt: skip
         self.stream_tokens = pc.Counter(
             "ragguard_stream_tokens", "Tokens counted in generation streams, per tenant.",
             ["stage", "tenant"], registry=r,
@@ -286,6 +306,7 @@ class PrometheusExporter:
             "SharedStateRestored": self._restored,
             "FaultInjected": self._fault,
             "StreamCut": self._cut,
+            "StreamEnded": self._ended,
             "StreamSettled": self._settled,
             "LoopStall": self._stall,
             "PoolExhausted": self._pool,
@@ -316,11 +337,14 @@ class PrometheusExporter:
         """The registry in the Prometheus text format (what a scrape returns)."""
         return bytes(_prometheus().generate_latest(self.registry))
 
-    def asgi(self) -> Any:
+    def asgi(self) -> MetricsApp:
         """An ASGI app answering every request with a scrape of the registry (prometheus-client's
-        ``make_asgi_app``): ``app.mount("/metrics", exporter.asgi())`` in FastAPI or Starlette.
-        Exempt its path from the tenant middleware (``/metrics`` is exempt by default)."""
-        return _prometheus().make_asgi_app(registry=self.registry)
+        ``make_asgi_app``): ``app.add_route("/metrics", exporter.asgi())`` in FastAPI or
+        Starlette answers ``/metrics`` itself (a Starlette ``Mount`` matches only the paths below
+        its own: ``app.mount("/metrics", ...)`` serves ``/metrics/`` and redirects ``/metrics``
+        to it with a 307, which a scraper that does not follow redirects reads as empty). Exempt
+        its path from the tenant middleware (``/metrics`` is exempt by default)."""
+        return MetricsApp(_prometheus().make_asgi_app(registry=self.registry))
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> Any:
         """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread (prometheus-client's
@@ -395,6 +419,9 @@ class PrometheusExporter:
 
     def _cut(self, e: events.StreamCut) -> None:
         self.stream_cuts.labels(self._stage_label(e.stage), e.budget).inc()
+
+    def _ended(self, e: events.StreamEnded) -> None:
+        self.stream_endings.labels(self._stage_label(e.stage), e.ending).inc()
 
     def _settled(self, e: events.StreamSettled) -> None:
         stage, tenant = self._stage_label(e.stage), self._tenant(e.tenant)
@@ -744,6 +771,14 @@ class _OtelTracer:
             span.set_status(status(error, kind))
         span.end()
 
+    def stream_ended(self, span: Any, ending: Any) -> None:
+        """A stream's ending (:class:`ragguard.StreamEnding`) on its span, before it ends."""
+        span.set_attribute("ragguard.stream.ending", ending.kind)
+        span.set_attribute("ragguard.items", ending.items)
+        if ending.continued_by:
+            span.set_attribute("ragguard.stream.continued_by", ending.continued_by)
+            span.set_attribute("ragguard.stream.continued_after", ending.continued_after)
+
     def record(self, event: Any) -> None:
         """The bus tap: the event as a span event of the span current where it was emitted."""
         kind = type(event)
@@ -775,8 +810,8 @@ class StageSpan:
     """
 
     __slots__ = (
-        "_attached", "_bus", "_clock", "_tracer", "breaker_state", "fallback", "outcome", "span", "stage",
-        "started", "tenant",
+        "_attached", "_bus", "_clock", "_tracer", "breaker_state", "deadline_s", "fallback", "outcome",
+        "span", "stage", "started", "tenant",
     )  # fmt: skip
 
     def __init__(
@@ -800,6 +835,7 @@ class StageSpan:
         self._tracer = tracer
         self._attached: Any = None
         self.started = clock()
+        self.deadline_s = remaining()  # what the request's deadline had left when the stage started
 
     def set_breaker_state(self, state: str) -> None:
         self.breaker_state = str(state)
@@ -836,7 +872,7 @@ class StageSpan:
             error = error_type(exc) if self.outcome == "error" else ""
             bus.emit(
                 StageCompleted(self.stage, self.tenant, self.outcome, self._clock() - self.started,
-                               self.fallback, self.breaker_state, error)
+                               self.fallback, self.breaker_state, error, None, self.deadline_s)
             )  # fmt: skip
 
 
@@ -908,7 +944,9 @@ class OTelMetrics:
     - ``ragguard.rejections`` (counter, {call}): ``ragguard.rejection`` (``breaker``, ``quota``,
       ``shed``, ``throttle``), ``ragguard.reason`` and the stage (breaker) it happened at;
     - ``ragguard.fallbacks`` (counter, {call}): ``ragguard.stage``, ``ragguard.fallback`` and the
-      ``error.type`` it answered for.
+      ``error.type`` it answered for;
+    - ``ragguard.stream.endings`` (counter, {stream}): ``ragguard.stage``, ``ragguard.stream.ending``
+      (``completed``, ``continued``, ``incomplete``).
 
     No tenant attribute (a tenant id is unbounded). Raises ImportError with an install hint when
     opentelemetry-api is missing.
@@ -940,6 +978,10 @@ class OTelMetrics:
         self.fallbacks = meter.create_counter(
             "ragguard.fallbacks", unit="{call}", description="Answers served by a fallback."
         )
+        self.endings = meter.create_counter(
+            "ragguard.stream.endings", unit="{stream}",
+            description="Guarded streams ended: completed, continued or incomplete.",
+        )  # fmt: skip
 
     def start(self) -> OTelMetrics:
         """Subscribe to the bus; returns self. Starting twice is a no-op."""
@@ -964,6 +1006,8 @@ class OTelMetrics:
             first = getattr(e, "first_item_s", None)
             if first is not None:
                 self.first_chunk.record(first, {"ragguard.stage": e.stage})
+        elif kind == "StreamEnded":
+            self.endings.add(1, {"ragguard.stage": e.stage, "ragguard.stream.ending": e.ending})
         elif kind == "StreamSettled":
             if e.tokens:
                 self.tokens.add(e.tokens, {"ragguard.stage": e.stage, "gen_ai.token.type": "output"})

@@ -27,7 +27,11 @@ Rules, most telling first:
                                whose stack held only Python's own code (``origin`` "runtime")
                                is worded as CPU starvation or a GC pause, not as code to move.
 
-Every diagnosis also has a timeline: the notable moments in order, in seconds from the first record.
+Every diagnosis also has a timeline: the notable moments in order, in seconds from the first record,
+and, when stages ran under a deadline, where the requests' deadlines went, stage by stage (the
+recorder's ``budget`` counts): for each stage, in the order the stages ran (the most time left
+first), the time its calls had left when they started and what they spent of it, on average, and
+how many a fallback answered or ran out of time.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ from ragguard._errors import InvalidInput
 from ragguard.monitors._record import Record, check_record, default_recorder, load_records, to_record
 
 __all__ = [
-    "DEFAULT_EVENTS_FILE", "DEMO_EVENTS_FILE", "Diagnosis", "Finding", "Moment", "diagnose", "doctor_main",
+    "DEFAULT_EVENTS_FILE", "DEMO_EVENTS_FILE", "Diagnosis", "Finding", "Moment", "StageBudget", "diagnose",
+    "doctor_main",
 ]
 
 DEFAULT_EVENTS_FILE = "ragguard-events.jsonl"
@@ -109,12 +114,46 @@ class Moment:
 
 
 @dataclass(frozen=True, slots=True)
+class StageBudget:
+    """Where the requests' deadlines went in stage ``stage``: ``calls`` of its calls ran under a
+    deadline, which had ``left_s`` seconds left on average when they started and spent
+    ``spent_s`` seconds on average; ``fallback`` of them a fallback answered, ``deadline`` ended
+    with DeadlineExceeded. ``run``: as :attr:`Finding.run`."""
+
+    stage: str
+    calls: int
+    left_s: float
+    spent_s: float
+    fallback: int = 0
+    deadline: int = 0
+    run: str = ""
+
+    @property
+    def spent_share(self) -> float:
+        """``spent_s`` as a share of ``left_s`` (0.0 when nothing was left)."""
+        return self.spent_s / self.left_s if self.left_s > 0 else 0.0
+
+    def line(self, width: int = 14) -> str:
+        """One line of the doctor's budget table."""
+        text = (
+            f"{self.stage:<{width}} {self.calls:>6} call(s): started with {_ms(self.left_s)} left, "
+            f"spent {_ms(self.spent_s)} ({self.spent_share:.0%})"
+        )
+        also = [f"{self.fallback} answered by a fallback"] if self.fallback else []
+        also += [f"{self.deadline} ran out of time"] if self.deadline else []
+        return text + ("; " + ", ".join(also) if also else "")
+
+
+@dataclass(frozen=True, slots=True)
 class Diagnosis:
     """The findings over ``events`` records spanning ``span_s`` seconds, and their ``timeline``.
 
     ``started_wall`` is the Unix time of the first record (None when unknown); ``calls`` counts
     the guarded stage calls the recorder tallied (0 without a tally); ``runs`` the runs the log
-    marks, in order (empty when it marks none), each finding naming its own (``Finding.run``).
+    marks, in order (empty when it marks none), each finding naming its own (``Finding.run``);
+    ``budget`` where the requests' deadlines went, stage by stage (:class:`StageBudget`, in the
+    order the stages ran; empty when no stage ran under a deadline). The budget is a report,
+    not a finding: it does not make a diagnosis unhealthy.
     """
 
     findings: tuple[Finding, ...]
@@ -124,6 +163,7 @@ class Diagnosis:
     started_wall: float | None = None
     calls: int = 0
     runs: tuple[Run, ...] = ()
+    budget: tuple[StageBudget, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -139,6 +179,7 @@ class Diagnosis:
             "findings": [asdict(f) | {"details": list(f.details)} for f in self.findings],
             "timeline": [{"at_s": m.at_s, "what": m.what} for m in self.timeline],
             "runs": [asdict(r) for r in self.runs],
+            "budget": [asdict(b) | {"spent_share": round(b.spent_share, 6)} for b in self.budget],
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
@@ -150,24 +191,43 @@ class Diagnosis:
             f"ragguard doctor: {len(self.findings)} finding(s) in {self.events} event(s){counted} "
             f"over {self.span_s:.1f} s"
         )
-        if not self.findings:
-            return head + (
-                "\nno stalls, pool exhaustion, leaks, breaker trips, quota refusals or fallbacks seen."
-            )
         lines = [head]
+        if not self.findings:
+            lines.append(_QUIET)
+            if not self.budget:
+                return lines[0] + "\n" + lines[1]
         runs = self.runs or (Run("", None, None),)
         for run in runs:
             findings = [f for f in self.findings if f.run == run.name]
-            if self.runs and (findings or run.name):
+            budget = self._budget_lines((run,))
+            if self.runs and (findings or budget or run.name):
                 lines.append(_run_header(run, len(findings)))
             for f in findings:
                 lines.append(f"[{f.severity}] {f.summary}")
                 lines.extend(f"    {d}" for d in f.details)
+            lines.extend(budget)
         if self.timeline:
             since = "" if self.started_wall is None else f" (from {_utc(self.started_wall)})"
             lines.append(f"timeline{since}:")
             lines.extend(f"  {_offset(m.at_s)}  {m.what}" for m in self.timeline)
         return "\n".join(lines)
+
+
+    def _budget_lines(self, runs: Sequence[Run]) -> list[str]:
+        """The budget table of ``runs``: a title, then a line per stage."""
+        names = {run.name for run in runs}
+        rows = [b for b in self.budget if b.run in names]
+        if not rows:
+            return []
+        width = max(14, *(len(b.stage) for b in rows))
+        title = (
+            "where the requests' deadlines went, stage by stage (means of the calls made under a "
+            "deadline, in the order the stages ran):"
+        )
+        return [title, *(f"  {b.line(width)}" for b in rows)]
+
+
+_QUIET = "no stalls, pool exhaustion, leaks, breaker trips, quota refusals or fallbacks seen."
 
 
 def _run_header(run: Run, findings: int) -> str:
@@ -226,6 +286,7 @@ def _by_run(records: list[Record], grace_s: float) -> Diagnosis:
     findings: list[Finding] = []
     moments: list[Moment] = []
     runs: list[Run] = []
+    budget: list[StageBudget] = []
     calls = 0
     previous: Record | None = None  # the recorder's counts are cumulative: a run's are the difference
     for name, mark, part in zip(names, [None, *marks], parts, strict=True):
@@ -241,6 +302,7 @@ def _by_run(records: list[Record], grace_s: float) -> Diagnosis:
             rules.moment(float(mark["t"]), f"run {name!r} begins")
         result = rules.run(capped=False)
         findings.extend(replace(f, run=name) for f in result.findings)
+        budget.extend(replace(b, run=name) for b in result.budget)
         moments.extend(result.timeline)
         calls += result.calls
         start = float(mark["t"]) if mark is not None else None
@@ -250,7 +312,7 @@ def _by_run(records: list[Record], grace_s: float) -> Diagnosis:
     return Diagnosis(
         tuple(findings), sum(r["type"] not in ("RunStarted", "Tally") for r in records),
         max(times) - min(times) if times else 0.0, _capped_timeline(moments),
-        everything.started_wall, calls, tuple(runs),
+        everything.started_wall, calls, tuple(runs), tuple(budget),
     )  # fmt: skip
 
 
@@ -278,7 +340,8 @@ def _tally_since(tally: Record, before: Record | None) -> Record:
             return now - then
         return now
 
-    return {**tally, **{k: minus(tally.get(k, {}), before.get(k)) for k in ("stages", "calls", "rejected")}}
+    kept = ("stages", "calls", "rejected", "budget")
+    return {**tally, **{k: minus(tally.get(k, {}), before.get(k)) for k in kept}}
 
 
 def opened_times(opened: int, reopened: int) -> str:
@@ -488,7 +551,32 @@ class _Rules:
         calls = 0
         if self.tally is not None:
             calls = sum(n for counts in self.tally["stages"].values() for n in counts.values() if _finite(n))
-        return Diagnosis(tuple(findings), len(self.records), self.span, timeline, self.started_wall, calls)
+        return Diagnosis(
+            tuple(findings), len(self.records), self.span, timeline, self.started_wall, calls,
+            budget=self._budget(),
+        )  # fmt: skip
+
+    def _budget(self) -> tuple[StageBudget, ...]:
+        """Where the deadlines went, from the recorder's ``budget`` counts (see the module docstring)."""
+        given = self.tally.get("budget") if self.tally is not None else None
+        if not isinstance(given, dict):
+            return ()
+        rows = []
+        for stage, counts in given.items():
+            if not isinstance(counts, dict):
+                continue
+            n: Any = counts.get("calls")
+            left: Any = counts.get("left_s")
+            spent: Any = counts.get("spent_s")
+            if not (_finite(n) and n >= 1 and _finite(left) and _finite(spent)):
+                continue
+            fallback, deadline = counts.get("fallback", 0), counts.get("deadline", 0)
+            rows.append(StageBudget(
+                str(stage), int(n), max(0.0, left / n), max(0.0, spent / n),
+                int(fallback) if _finite(fallback) else 0, int(deadline) if _finite(deadline) else 0,
+            ))  # fmt: skip
+        rows.sort(key=lambda b: (-b.left_s, b.stage))
+        return tuple(rows)
 
     # -- the loop and the pools ----------------------------------------------------------------------
 

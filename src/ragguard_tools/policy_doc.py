@@ -3,15 +3,17 @@
     python -m ragguard_tools.policy_doc            # rewrite docs/policy.md
     python -m ragguard_tools.policy_doc --check    # exit 1 when docs/policy.md is not what the models say
 
-Each model's table gives a field's type, default, bounds (pydantic's ``gt``/``ge``/``lt``/``le``,
-or for the breaker's options the rule table of :mod:`ragguard.breakers._options`) and its
-description: the bullet of the model's docstring that names the field. The layers' options come
+Each model's table gives a field's type, default, bounds (pydantic's ``gt``/``ge``/``lt``/``le``)
+and its description: the bullet of the model's docstring that names the field. The breaker's
+options are declared once, by :class:`ragguard.breakers.BreakerConfig`: their bounds, defaults and
+descriptions come from there (:func:`ragguard.breakers._options.option_info`). The layers' options come
 in the order of the layer registry; then the breaker kinds with their defaults and the standard
 stages with what their presets set. tests/core/test_policy_doc.py checks the committed file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import types
@@ -22,7 +24,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from ragguard import options as policy
-from ragguard.breakers import _options as breaker_options
+from ragguard.breakers import BreakerConfig
+from ragguard.breakers._options import OPTIONS, option_info
 from ragguard.options import BREAKER_KINDS, BreakerPolicy, _layers
 from ragguard.options._policy import STANDARD_STAGE_OPTIONS
 
@@ -117,6 +120,8 @@ def _type(annotation: Any) -> str:
 
 
 def _default(field: Any) -> str:
+    if field.is_required():
+        return "required"
     if field.default_factory is not None:
         value = field.default_factory()
     else:
@@ -143,34 +148,35 @@ def _bounds(field: Any) -> str:
     return ", ".join(parts)
 
 
-def _breaker_ranges() -> dict[str, str]:
-    """Option -> range, read from the rule table of ragguard.breakers._options."""
-    ranges: dict[str, str] = {}
-    for line in (breaker_options.__doc__ or "").splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and "``" in cells[0]:
-            names = re.findall(r"``(\w+)``", cells[0])
-            defaults = [d.strip() for d in cells[2].split(",")]
-            for k, name in enumerate(names):
-                default = defaults[k] if len(defaults) == len(names) else cells[2]
-                ranges[name] = f"{cells[1]} (BreakerConfig's default: {default})".replace("``", "`")
-    return ranges
+def _breaker_options() -> dict[str, tuple[str, str]]:
+    """Breaker option -> (its range with BreakerConfig's default, its meaning), from BreakerConfig."""
+    defaults = {f.name: f.default for f in dataclasses.fields(BreakerConfig)}
+    found: dict[str, tuple[str, str]] = {}
+    for name in OPTIONS:
+        info = option_info(name)
+        default = defaults[name]
+        shown = "None" if default is None else default if isinstance(default, str) else f"{default:g}"
+        found[name] = (f"{info.shown} (BreakerConfig's default: {shown})", f"``{name}``: {info.doc}")
+    return found
 
 
-def _table(model: type[BaseModel], ranges: dict[str, str] | None = None) -> list[str]:
+def _table(model: type[BaseModel], options: dict[str, tuple[str, str]] | None = None) -> list[str]:
     bullets = _bullets(model.__doc__)
     shown: dict[int, str] = {}
     rows = ["| field | type | default | bounds | description |", "|---|---|---|---|---|"]
     for name, field in model.model_fields.items():
-        bounds = _bounds(field) or (ranges or {}).get(name, "")
-        described = _describe(name, bullets, shown)
+        declared = (options or {}).get(name)
+        bounds = _bounds(field) or (declared[0] if declared else "")
+        described = _rst(declared[1]).replace("|", "\\|") if declared else _describe(name, bullets, shown)
         cells = [f"`{name}`", _type(field.annotation), f"`{_default(field)}`", bounds, described]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
 
-def _section(title: str, model: type[BaseModel], ranges: dict[str, str] | None = None) -> list[str]:
-    return [f"## {title}", "", _summary(model.__doc__), "", *_table(model, ranges), ""]
+def _section(
+    title: str, model: type[BaseModel], options: dict[str, tuple[str, str]] | None = None
+) -> list[str]:
+    return [f"## {title}", "", _summary(model.__doc__), "", *_table(model, options), ""]
 
 
 def render() -> str:
@@ -186,12 +192,16 @@ def render() -> str:
             "off unless configured"
         )
         title = f"Layer `{name}`: `{model.__name__}` ({on})"
-        out += _section(title, model, _breaker_ranges() if model is BreakerPolicy else None)
+        out += _section(title, model, _breaker_options() if model is BreakerPolicy else None)
     out += _section("`generation` (the generation preset's stream budgets): `GenerationPolicy`",
                     policy.GenerationPolicy)  # fmt: skip
+    out += _section("`reserve` (the time a stage with a fallback keeps for it): `ReservePolicy`",
+                    policy.ReservePolicy)  # fmt: skip
     out += _section("TenantQuota: `tenants.<id>`, `default_quota`", policy.TenantQuota)
     out += _section("TokenLimits: `tenants.<id>.models.<model>`", policy.TokenLimits)
     out += _section("PoolQuota: `unlisted_pool`", policy.PoolQuota)
+    out += _section("GroupPolicy: `groups.<name>` (a model group)", policy.GroupPolicy)
+    out += _section("DeploymentPolicy: `groups.<name>.deployments[]`", policy.DeploymentPolicy)
     out += ["## Breaker kinds (`breaker.kind`)", "",
             "A kind's defaults replace `BreakerConfig`'s; the options a stage sets replace the kind's.",
             "", "| kind | defaults |", "|---|---|"]  # fmt: skip
@@ -204,7 +214,9 @@ def render() -> str:
     out += ["| `none` | no breaker |", ""]
     out += ["## Standard stages", "",
             "Always present, each with the preset of its name; what they set (every other field "
-            "has its default):", "", "| stage | sets |", "|---|---|"]  # fmt: skip
+            "has its default). A stage that names one of these presets (`backup: {preset: "
+            "generation}`) starts from the same values, its own fields replacing them:", "",
+            "| stage | sets |", "|---|---|"]  # fmt: skip
     for name, options in STANDARD_STAGE_OPTIONS.items():
         shown = ", ".join(f"`{k}: {_yaml(v)}`" for k, v in options.items())
         out.append(f"| `{name}` | {shown} |")

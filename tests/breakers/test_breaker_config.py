@@ -199,3 +199,47 @@ def test_the_guard_builds_the_breaker_from_the_policy_s_own_config() -> None:
     assert described is policy.stage("s").breaker.config()  # validated once, kept
     built = ragguard.Guard(policy).stage("s").breaker
     assert isinstance(built, CircuitBreaker) and built.config is described
+
+
+# -- one declaration of the options (issue 30) ------------------------------------------------------
+
+
+_CODE = {"classifier", "slow_classifier", "error_class"}  # code, not data: no policy file sets them
+
+
+def test_the_config_declares_every_option_once_and_the_other_shapes_hold_its_names() -> None:
+    from typing import get_type_hints
+
+    from ragguard.breakers._options import OPTIONS, BreakerOptions, option_info
+    from ragguard.options import BreakerPolicy
+
+    declared = get_type_hints(BreakerConfig)
+    assert set(OPTIONS) == set(declared) - _CODE
+    for name in OPTIONS:  # each with its rule, its range as shown, and its meaning
+        info = option_info(name)
+        assert callable(info.rule) and info.shown and info.doc
+    # the policy's model: the same options, each of the config's type or None (the kind's default)
+    policy = BreakerPolicy.model_fields
+    assert list(policy) == ["kind", *OPTIONS]
+    for name in OPTIONS:
+        own = declared[name]
+        wanted = own if type(None) in getattr(own, "__args__", ()) else own | None
+        assert policy[name].annotation == wanted, name
+    # the breaker's keywords: the config's fields, a whole config, and its clock and randomness
+    assert set(BreakerOptions.__annotations__) == set(declared) | {"config", "rng", "clock"}
+
+
+def test_the_shared_breaker_scripts_run_on_every_option_the_replica_does_not_decide_itself() -> None:
+    from ragguard.redis._scripts import BREAKER_OPTION_ARGS, breaker_option_args
+
+    sent = {"open_max_s" if attr == "open_cap_s" else attr for _, attr, _ in BREAKER_OPTION_ARGS}
+    # the replica classifies a call (slow or not, failed or not) before it sends its outcome code,
+    # and draws the open time's jitter itself (sent per call as the spread)
+    decided_by_the_replica = {"slow_call_duration_s", "open_jitter", *_CODE}
+    assert not sent & decided_by_the_replica
+    assert sent | decided_by_the_replica == {f.name for f in dataclasses.fields(BreakerConfig)}
+    config = BreakerConfig.of(window_type="time", window_size=30, minimum_calls=7, open_max_s=90.0)
+    args = breaker_option_args(config)
+    shown = dict(zip([name for name, _, _ in BREAKER_OPTION_ARGS], args, strict=True))
+    assert (shown["wtype"], shown["wsize"], shown["min_calls"]) == (b"time", b"30", b"7")
+    assert (shown["c_thr"], shown["open_max"], shown["r_thr"]) == (b"0", b"90.0", b"90.0")  # 0: off

@@ -1,9 +1,9 @@
 """A Hypothesis state machine drives a breaker and a small reference model side by side.
 
-Random calls, outcomes (success, slow success, failure, slow failure, ignored error,
-cancellation), clock jumps and operator actions; after every step the breaker must agree with
-the model on state, admissions, ``retry_after_s`` and the window's counts, and a half-open
-breaker must always have a trial in flight or a permit to give.
+Random calls, outcomes (success, slow success, failure, slow failure, a 503 stating a wait, a
+429, ignored error, cancellation), clock jumps and operator actions; after every step the breaker
+must agree with the model on state, admissions, ``retry_after_s`` and the window's counts, and a
+half-open breaker must always have a trial in flight or a permit to give.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -22,7 +23,17 @@ from ragguard.breakers import BreakerState, CircuitBreaker
 SLOW_S = 1.0
 OPEN_FOR_S = 5.0
 OPEN_MAX_S = 20.0
-KINDS = ["success", "slow_success", "failure", "slow_failure", "ignored", "cancelled"]
+KINDS = [
+    "success", "slow_success", "failure", "slow_failure", "rejection", "rate_limited", "ignored", "cancelled",
+]
+_REQUEST = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
+
+
+def _status_error(status: int) -> httpx.HTTPStatusError:
+    """What httpx raises for ``status`` with ``Retry-After: 1``: a rejection (503 stating a wait,
+    counted by the rejection rate; 429, a rate limit, never counted)."""
+    response = httpx.Response(status, headers={"retry-after": "1"}, request=_REQUEST)
+    return httpx.HTTPStatusError(f"{status}", request=_REQUEST, response=response)
 
 
 @dataclass
@@ -37,16 +48,18 @@ class Model:
     consecutive_limit: int | None
     permits: int
     multiplier: float
+    rejection_pct: float | None = None
     state: str = "closed"
     epoch: int = 0
-    outcomes: list[tuple[int, bool, bool]] = field(default_factory=list)  # (second, failed, slow)
+    # (second, failed, slow, rejected)
+    outcomes: list[tuple[int, bool, bool, bool]] = field(default_factory=list)
     consecutive: int = 0
     open_until: float = 0.0
     open_s: float = 0.0
     permits_left: int = 0
-    trials: list[tuple[bool, bool]] = field(default_factory=list)
+    trials: list[tuple[bool, bool, bool]] = field(default_factory=list)
 
-    def window(self, now: float) -> list[tuple[int, bool, bool]]:
+    def window(self, now: float) -> list[tuple[int, bool, bool, bool]]:
         if self.window_type == "count":
             return self.outcomes[-self.size:]
         return [o for o in self.outcomes if o[0] > math.floor(now) - self.size]
@@ -80,33 +93,44 @@ class Model:
         self.move("open")
         self.open_until = now + self.open_s
 
+    def over(self, outcomes: list[tuple[bool, bool, bool]]) -> bool:
+        """Whether ``(failed, slow, rejected)`` outcomes trip a rate rule: the failure and slow-call
+        rates of the calls not turned away, the rejection rate of them all."""
+        n = len(outcomes)
+        rejected = sum(r for _, _, r in outcomes)
+        served = n - rejected
+        return (
+            (served > 0 and sum(f for f, _, _ in outcomes) * 100 >= self.fail_pct * served)
+            or (served > 0 and sum(s for _, s, _ in outcomes) * 100 >= self.slow_pct * served)
+            or (rejected > 0 and self.rejection_pct is not None and rejected * 100 >= self.rejection_pct * n)
+        )
+
     def finish(self, token: int, kind: str, now: float) -> None:
         if token != self.epoch or self.state == "disabled":
             return
-        if kind in ("ignored", "cancelled"):
+        uncounted = kind in ("ignored", "cancelled", "rate_limited")
+        if uncounted or (kind == "rejection" and self.rejection_pct is None):
             if self.state == "half_open":
                 self.permits_left += 1
             return
-        failed, slow = kind.endswith("failure"), kind.startswith("slow")
+        failed, slow, rejected = kind.endswith("failure"), kind.startswith("slow"), kind == "rejection"
         if self.state == "half_open":
-            self.trials.append((failed, slow))
+            self.trials.append((failed, slow, rejected))
             if len(self.trials) == self.permits:
-                n = len(self.trials)
-                if (sum(f for f, _ in self.trials) * 100 >= self.fail_pct * n
-                        or sum(s for _, s in self.trials) * 100 >= self.slow_pct * n):
+                if self.over(self.trials):
                     self.trip(now)
                 else:
                     self.move("closed")
             return
-        self.outcomes.append((math.floor(now), failed, slow))
-        self.consecutive = self.consecutive + 1 if failed else 0
+        self.outcomes.append((math.floor(now), failed, slow, rejected))
+        if not rejected:  # a rejection neither extends nor ends a run of failures
+            self.consecutive = self.consecutive + 1 if failed else 0
         window = self.window(now)
-        n = len(window)
-        if n < self.min_calls:
+        if len(window) < self.min_calls:
             return
-        if (sum(o[1] for o in window) * 100 >= self.fail_pct * n
-                or sum(o[2] for o in window) * 100 >= self.slow_pct * n
-                or (self.consecutive_limit is not None and self.consecutive >= self.consecutive_limit)):
+        if self.over([o[1:] for o in window]) or (
+            self.consecutive_limit is not None and self.consecutive >= self.consecutive_limit
+        ):
             self.trip(now)
 
 
@@ -125,9 +149,10 @@ class BreakerVsModel(RuleBasedStateMachine):
         consecutive=st.sampled_from([None, 2, 3]),
         permits=st.integers(1, 3),
         multiplier=st.sampled_from([1.0, 2.0]),
+        rejection_pct=st.sampled_from([None, 50.0, 90.0, 100.0]),
     )
     def build(self, window_type: str, size: int, min_calls: int, fail_pct: float, slow_pct: float,
-              consecutive: int | None, permits: int, multiplier: float) -> None:
+              consecutive: int | None, permits: int, multiplier: float, rejection_pct: float | None) -> None:
         if window_type == "count":
             min_calls = min(min_calls, size)
         self.breaker = CircuitBreaker(
@@ -135,9 +160,11 @@ class BreakerVsModel(RuleBasedStateMachine):
             failure_rate_threshold=fail_pct, slow_call_rate_threshold=slow_pct,
             consecutive_failures_threshold=consecutive, half_open_permits=permits,
             slow_call_duration_s=SLOW_S, open_for_s=OPEN_FOR_S, open_backoff_multiplier=multiplier,
-            open_max_s=OPEN_MAX_S, classifier=lambda e: not isinstance(e, ValueError), clock=self.clock,
+            open_max_s=OPEN_MAX_S, classifier=lambda e: isinstance(e, ConnectionResetError), clock=self.clock,
+            rejection_rate_threshold=rejection_pct,
         )
-        self.model = Model(window_type, size, min_calls, fail_pct, slow_pct, consecutive, permits, multiplier)
+        self.model = Model(window_type, size, min_calls, fail_pct, slow_pct, consecutive, permits, multiplier,
+                           rejection_pct)
 
     @rule()
     def start_call(self) -> None:
@@ -165,6 +192,8 @@ class BreakerVsModel(RuleBasedStateMachine):
             self.breaker.release(token)
         elif kind == "ignored":
             self.breaker.on_result(token, 0.1, ValueError("caller's input"))
+        elif kind in ("rejection", "rate_limited"):
+            self.breaker.on_result(token, 0.1, _status_error(503 if kind == "rejection" else 429))
         elif kind.endswith("failure"):
             self.breaker.on_result(token, duration, ConnectionResetError("reset"))
         else:
@@ -230,6 +259,7 @@ class BreakerVsModel(RuleBasedStateMachine):
             assert metrics.calls == len(window)
             assert metrics.failed_calls == sum(o[1] for o in window)
             assert metrics.slow_calls == sum(o[2] for o in window)
+            assert metrics.rejected_calls == sum(o[3] for o in window)
         if self.model.state == "half_open":
             trials_in_flight = sum(1 for _, t in self.inflight if t == self.model.epoch)
             assert metrics.trial_permits_left == self.model.permits_left

@@ -18,7 +18,7 @@ PUBLIC_ERRORS = [
 
 
 def test_every_public_error_names_ragguard_as_its_module() -> None:
-    assert len(PUBLIC_ERRORS) == 13, PUBLIC_ERRORS
+    assert len(PUBLIC_ERRORS) == 14, PUBLIC_ERRORS
     for cls in PUBLIC_ERRORS:
         assert cls.__module__ == "ragguard", cls
         assert getattr(ragguard, cls.__qualname__) is cls
@@ -46,6 +46,7 @@ SAMPLES = [
     ragguard.CorruptPayload("bad"),
     ragguard.QuotaExceeded("acme", 0.5, "rate"),  # did not unpickle: its args were the message only
     ragguard.DeadlineExceeded("search", 0.8, "late", items=3),  # its message doubled
+    ragguard.DeadlineExceeded("search", 0.2, "late", 0.7),
 ]  # fmt: skip
 
 

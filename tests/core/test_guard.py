@@ -466,7 +466,7 @@ async def test_an_error_mid_stream_counts_against_the_breaker() -> None:
     assert got == [1]  # no fallback once items were yielded
     assert g.breaker("tokens").state is BreakerState.OPEN
     assert [i async for i in tokens()] == ["fallback"]  # open: the fallback stream serves
-    assert degraded() == ("fallback",)
+    assert degraded() == ("incomplete: tokens after 1 item", "fallback")
 
 
 async def test_a_failing_stream_before_any_item_is_served_by_the_fallback() -> None:

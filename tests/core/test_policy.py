@@ -65,6 +65,31 @@ def test_an_explicit_kind_still_replaces_the_standard_breaker() -> None:
     assert Guard(p).breaker("rerank") is None
 
 
+def test_a_stage_naming_a_standard_preset_starts_from_that_standard_stage() -> None:
+    p = Policy.parse({
+        "stages": {
+            "backup": {"preset": "generation"},
+            "rerank_v2": {"preset": "rerank", "breaker": {"open_for_s": 5}},
+            "keyword": {"preset": "vector_store", "timeout_s": 0.5, "retry": {"attempts": 3}},
+        },
+        "default_stage": {"preset": "embedding"},
+    })
+    backup, generation = p.stage("backup"), p.stage("generation")
+    assert backup.retry == generation.retry and backup.retry.attempts == 2
+    assert backup.breaker == generation.breaker
+    rerank_v2 = p.stage("rerank_v2")
+    assert rerank_v2.breaker.kind == "rerank_oom" and rerank_v2.breaker.open_for_s == 5
+    assert rerank_v2.retry.attempts == 1
+    keyword = p.stage("keyword")
+    assert keyword.breaker.kind == "vector_store_unavailable"
+    assert keyword.timeout_s == 0.5 and keyword.retry.attempts == 3  # its own fields win
+    assert keyword.retry.retry_on == p.stage("vector_store").retry.retry_on
+    unlisted = p.stage("anything_else")
+    assert unlisted.breaker.kind == "embedding_timeout" and unlisted.timeout_s == 5.0
+    assert Policy().stage("anything_else").retry.attempts == 1  # no preset: the defaults
+    assert isinstance(Guard(p).breaker("keyword"), VectorStoreUnavailableBreaker)
+
+
 def test_policies_are_frozen() -> None:
     p = Policy()
     with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen error type
@@ -368,3 +393,48 @@ def test_an_unknown_field_suggests_the_nearest_known_one(data: dict, said: str, 
     with pytest.raises(ConfigError) as info:
         Policy.from_file(path)
     assert f"  {said}" in str(info.value).splitlines()
+
+
+# -- limits no call can reach: reported when the Guard is built -----------------------------------
+
+
+def test_a_limit_no_call_can_reach_is_logged_when_the_guard_is_built(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from ragguard import TokenLimits
+
+    policy = Policy.parse({
+        "tenants": {
+            "acme": {
+                "token_quota": 1000,
+                "output_token_quota": 1000,  # the total is as tight: never reached
+                "burst": 5,  # no rate_per_s
+                "tokens_per_s": 10,
+                "models": {
+                    "gpt-4o": {"token_quota": 5000},  # the tenant's 1000 per minute always refuses first
+                    "gpt-4o-mini": {"token_quota": 500, "token_window_s": 1},  # holds less: reachable
+                    "o3": {"token_quota": 200, "tokens_per_s": 20},  # a tighter quota; a looser pace
+                    "o4": {},
+                },
+            },
+            "beta": {"token_quota": 100, "models": {"m": TokenLimits(token_quota=50, token_burst=3)}},
+        },
+    })
+    with caplog.at_level("WARNING", logger="ragguard.policy"):
+        Guard(policy)
+    said = [r.getMessage() for r in caplog.records if r.name == "ragguard.policy"]
+    fields = sorted(m.split(" ")[2] for m in said)
+    assert fields == [
+        "tenants.acme.burst",
+        "tenants.acme.models.gpt-4o.token_quota",
+        "tenants.acme.models.o3.tokens_per_s",
+        "tenants.acme.models.o4",
+        "tenants.acme.output_token_quota",
+        "tenants.beta.models.m.token_burst",
+    ], said
+    assert policy.unreachable_limits() == [m.removeprefix("ragguard policy: ") for m in said]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ragguard.policy"):
+        tight = TenantQuota(token_quota=1000, models={"gpt-4o": TokenLimits(token_quota=10)})
+        Guard(Policy(tenants={"acme": tight}))
+    assert not caplog.records  # a model's tighter quota: reachable, nothing said

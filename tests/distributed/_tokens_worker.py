@@ -22,12 +22,16 @@ import random
 import sys
 import time
 from contextlib import aclosing
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aredis
 
 from ragguard import Guard, Policy, QuotaExceeded, StagePolicy, TenantQuota, events
 from ragguard.redis import RedisBackend, SharedStateDegraded
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _replica import Lag, started
 
 QUOTA, WINDOW_S, ESTIMATE = 300, 1.0, 30
 PACE_PER_S, PACE_BURST = 200.0, 20
@@ -56,11 +60,7 @@ async def main(port: int, duration_s: float, streams: int, seed: int) -> dict[st
     quota: list[tuple[float, int]] = []
     paced: list[float] = []
     refused = 0
-    await client.ping()
-    print("ready", flush=True)
-    start_at = float(sys.stdin.readline())
-    end = start_at + duration_s
-    await asyncio.sleep(max(0.0, start_at - time.time()))
+    end = await started(client) + duration_s
 
     async def metered(srng: random.Random) -> None:
         nonlocal refused
@@ -87,23 +87,15 @@ async def main(port: int, duration_s: float, streams: int, seed: int) -> dict[st
                     if time.time() >= end:
                         break
 
-    lag = 0.0
-
-    async def lag_monitor() -> None:
-        nonlocal lag
-        while time.time() < end:
-            before = time.monotonic()
-            await asyncio.sleep(0.005)
-            lag = max(lag, time.monotonic() - before - 0.005)
-
+    lag = Lag()
     await asyncio.gather(
         *(metered(random.Random(rng.random())) for _ in range(streams)),
         *(reader() for _ in range(max(1, streams // 2))),
-        lag_monitor(),
+        lag.watch(end),
     )
     await g.aclose()
     await client.aclose()
-    return {"quota": quota, "refused": refused, "paced": paced, "degraded": len(degraded), "lag_s": lag}
+    return {"quota": quota, "refused": refused, "paced": paced, "degraded": len(degraded), "lag_s": lag.s}
 
 
 if __name__ == "__main__":

@@ -3,12 +3,12 @@ plugin) and redis.asyncio clients that surface faults instead of retrying them."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio as aredis
-from distributed_helpers import PATIENT_S, make_client
+from distributed_helpers import PATIENT_S, make_client, redis_for_the_module
 
 from ragguard import events
 
@@ -39,3 +39,10 @@ def seen() -> Any:
         yield got
     finally:
         unsubscribe()
+
+
+@pytest.fixture(scope="module")
+def module_redis() -> Iterator[Any]:
+    """One real redis-server for the whole module (a Hypothesis test's examples share it)."""
+    with redis_for_the_module() as server:
+        yield server

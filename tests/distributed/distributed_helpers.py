@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import pytest
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ragguard import Policy
+from ragguard.chaos import RedisServer, RedisServerUnavailable
+from ragguard.chaos._redis_server import find_redis_server
 from ragguard.options import BreakerPolicy, StagePolicy
 
 PATIENT_S = 2.0
@@ -63,3 +67,16 @@ async def evalsha_calls(client: Any) -> int:
 async def leases_in(client: Any, key: Any) -> int:
     """The leases in a quota's lease set (ZCARD, less its ``tat`` member: the rate's state)."""
     return int(await client.zcard(key)) - (1 if await client.zscore(key, "tat") is not None else 0)
+
+
+@contextlib.contextmanager
+def redis_for_the_module() -> Iterator[RedisServer]:
+    """One real redis-server for a whole module (a Hypothesis test's examples share it); the
+    module is skipped when no redis-server is installed or none will start."""
+    if find_redis_server() is None:
+        pytest.skip("redis-server not found on PATH")
+    try:
+        with RedisServer() as server:
+            yield server
+    except RedisServerUnavailable as exc:
+        pytest.skip(f"redis-server would not start: {exc}")

@@ -8,10 +8,22 @@ import time
 from typing import Any
 
 import pytest
-from distributed_helpers import BREAKER_PATIENT_S
+from distributed_helpers import BREAKER_PATIENT_S, PATIENT
 
-from ragguard import BreakerOpen, BreakerState, CircuitBreaker, ConfigError, FakeClock, Guard
-from ragguard.redis import SharedCircuitBreaker, breaker_keys
+import ragguard
+from ragguard import (
+    BreakerOpen,
+    BreakerPolicy,
+    BreakerState,
+    CircuitBreaker,
+    ConfigError,
+    FakeClock,
+    Guard,
+    Policy,
+    RetryPolicy,
+    StagePolicy,
+)
+from ragguard.redis import RedisBackend, SharedCircuitBreaker, breaker_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -386,4 +398,79 @@ async def test_the_shared_window_matches_the_in_memory_breaker(client: Any, fake
             fake_clock.advance(rng.choice((0.0, 0.4, 3.0)))
         assert trips >= 3  # every rule got exercised across the run
     finally:
+        await b.aclose()
+
+
+async def test_a_provider_turning_every_call_away_opens_the_shared_breaker_of_every_replica(
+    client: Any,
+) -> None:
+    """Two replicas call an OpenAI-compatible provider through the real SDK; it answers every
+    request 503 with Retry-After (a rejection, not a failure). Their rejections, counted together
+    in Redis, make the rejection rate: the shared breaker opens for both, and the other replica
+    sends nothing more."""
+    import openai
+
+    from ragguard.integrations.openai import guard_openai
+    from wire import Fault, OpenAIWire
+
+    async def no_wait(seconds: float) -> None:
+        return None
+
+    breaker = BreakerPolicy(kind="generic", minimum_calls=4, window_size=4, open_for_s=60)
+    policy = Policy(stages={"generation": StagePolicy(breaker=breaker, retry=RetryPolicy(attempts=2))})
+    wire = OpenAIWire()
+    wire.faults.always("chat", Fault(status=503, headers={"retry-after": "1"}))
+    guards = [Guard(policy, backend=RedisBackend(client, prefix="t-rejections", **PATIENT), sleep=no_wait)
+              for _ in range(2)]
+    sdks: list[Any] = []
+    for g in guards:
+        g.breaker("generation")  # built, then started: shared from the first call
+        await g.start()
+    try:
+        with wire.running() as url:
+            clients = []
+            for g in guards:
+                raw = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k")
+                guarded = guard_openai(raw, guard=g)
+                sdks += [raw, guarded.client]
+                clients.append(guarded)
+            ask = [{"role": "user", "content": "hi"}]
+            for guarded in clients:  # one call each: two attempts each, four rejections together
+                with pytest.raises(openai.InternalServerError):
+                    await guarded.chat.completions.create(model="m", messages=ask)
+            a, b = (g.breaker(*c.chat.completions.create.__ragguard_deployment__("m")[1:])
+                    for g, c in zip(guards, clients, strict=True))  # fmt: skip
+            await a.refresh()
+            await b.refresh()
+            await a.refresh()
+            assert a.state is OPEN and b.state is OPEN
+            for guarded in clients:
+                with pytest.raises(ragguard.BreakerOpen):
+                    await guarded.chat.completions.create(model="m", messages=ask)
+            assert wire.faults.seen["chat"] == 4
+    finally:
+        for sdk in sdks:
+            await sdk.close()
+        for g in guards:
+            await g.aclose()
+
+
+async def test_a_call_admitted_before_the_first_read_and_ended_after_it_counts_fleet_wide(
+    client: Any, fake_clock: FakeClock
+) -> None:
+    """A breaker that starts on its first call (a key's does) admits that call before it has read
+    the shared state; the call ends after the read: its outcome counts in the shared window too,
+    not only in the replica's own."""
+    a, b = replica(client, fake_clock, name="early"), replica(client, fake_clock, name="early")
+    try:
+        tokens = [(r, r.acquire()) for r in (a, b) for _ in range(2)]  # each starts itself here
+        await asyncio.sleep(0.05)  # ... and reads the shared state while the calls run
+        assert a.shared and b.shared
+        for r, token in tokens:
+            r.on_result(token, 0.01, ConnectionRefusedError("down"))
+        for r in (a, b, a):
+            await r.refresh()
+        assert a.state is OPEN and b.state is OPEN  # four failures of four, counted together
+    finally:
+        await a.aclose()
         await b.aclose()

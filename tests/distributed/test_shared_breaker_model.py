@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from distributed_helpers import make_client
+from distributed_helpers import make_client, redis_for_the_module
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ragguard import BreakerOpen, FakeClock
 from ragguard.breakers import BreakerState, CircuitBreaker
-from ragguard.chaos import RedisServer, RedisServerUnavailable
-from ragguard.chaos._redis_server import find_redis_server
+from ragguard.chaos import RedisServer
 from ragguard.redis import SharedCircuitBreaker
 
 _spec = importlib.util.spec_from_file_location(
@@ -38,7 +37,7 @@ assert _spec is not None and _spec.loader is not None
 _reference = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _reference  # dataclasses look their module up there
 _spec.loader.exec_module(_reference)
-Model, KINDS = _reference.Model, _reference.KINDS
+Model, KINDS, status_error = _reference.Model, _reference.KINDS, _reference._status_error
 SLOW_S, OPEN_FOR_S, OPEN_MAX_S = _reference.SLOW_S, _reference.OPEN_FOR_S, _reference.OPEN_MAX_S
 
 MAX_IN_FLIGHT = 12
@@ -49,14 +48,9 @@ _prefixes = itertools.count()
 @pytest.fixture(scope="module", autouse=True)
 def _one_redis_for_every_example() -> Iterator[None]:
     global _server
-    if find_redis_server() is None:
-        pytest.skip("redis-server not found on PATH")
     try:
-        with RedisServer() as server:
-            _server = server
+        with redis_for_the_module() as _server:
             yield
-    except RedisServerUnavailable as exc:
-        pytest.skip(f"redis-server would not start: {exc}")
     finally:
         _server = None
 
@@ -94,10 +88,12 @@ class SharedVsModel(RuleBasedStateMachine):
         consecutive=st.sampled_from([None, 2, 3]),
         permits=st.integers(1, 3),
         multiplier=st.sampled_from([1.0, 2.0]),
+        rejection_pct=st.sampled_from([None, 50.0, 90.0, 100.0]),
         replicas=st.integers(2, 3),
     )
     def build(self, window_type: str, size: int, min_calls: int, fail_pct: float, slow_pct: float,
-              consecutive: int | None, permits: int, multiplier: float, replicas: int) -> None:
+              consecutive: int | None, permits: int, multiplier: float, rejection_pct: float | None,
+              replicas: int) -> None:
         assert _server is not None
         if window_type == "count":
             min_calls = min(min_calls, size)
@@ -106,7 +102,8 @@ class SharedVsModel(RuleBasedStateMachine):
             failure_rate_threshold=fail_pct, slow_call_rate_threshold=slow_pct,
             consecutive_failures_threshold=consecutive, half_open_permits=permits,
             slow_call_duration_s=SLOW_S, open_for_s=OPEN_FOR_S, open_backoff_multiplier=multiplier,
-            open_max_s=OPEN_MAX_S, classifier=lambda e: not isinstance(e, ValueError),
+            open_max_s=OPEN_MAX_S, classifier=lambda e: isinstance(e, ConnectionResetError),
+            rejection_rate_threshold=rejection_pct,
         )
         prefix = f"model-{next(_prefixes)}"
         # Timeouts well above a loopback round trip (the default is 0.25 s): on a loaded 2-core
@@ -123,7 +120,8 @@ class SharedVsModel(RuleBasedStateMachine):
         ]
         for b in self.replicas:
             self.run(b.start())
-        self.model = Model(window_type, size, min_calls, fail_pct, slow_pct, consecutive, permits, multiplier)
+        self.model = Model(window_type, size, min_calls, fail_pct, slow_pct, consecutive, permits, multiplier,
+                           rejection_pct)
 
     def teardown(self) -> None:
         async def close() -> None:
@@ -179,6 +177,8 @@ class SharedVsModel(RuleBasedStateMachine):
             b.release(token)
         elif kind == "ignored":
             b.on_result(token, 0.1, ValueError("caller's input"))
+        elif kind in ("rejection", "rate_limited"):
+            b.on_result(token, 0.1, status_error(503 if kind == "rejection" else 429))
         elif kind.endswith("failure"):
             b.on_result(token, duration, ConnectionResetError("reset"))
         else:
@@ -305,7 +305,7 @@ class SharedVsModel(RuleBasedStateMachine):
         self.inflight.clear()
         m = self.model
         self.model = Model(m.window_type, m.size, m.min_calls, m.fail_pct, m.slow_pct, m.consecutive_limit,
-                           m.permits, m.multiplier)
+                           m.permits, m.multiplier, m.rejection_pct)
         self.run(self.sync())
 
     # -- after every step ----------------------------------------------------------------------
@@ -324,9 +324,10 @@ class SharedVsModel(RuleBasedStateMachine):
         if model.state == "closed" and model.window_type == "count":
             h = self.run(client.hgetall(keys[0]))
             window = model.window(now)
-            got = tuple(int(h.get(f, 0)) for f in (b"calls", b"failures", b"slow", b"consecutive"))
+            fields = (b"calls", b"failures", b"slow", b"rejected", b"consecutive")
+            got = tuple(int(h.get(f, 0)) for f in fields)
             assert got == (len(window), sum(o[1] for o in window), sum(o[2] for o in window),
-                           model.consecutive)
+                           sum(o[3] for o in window), model.consecutive)
         if model.state == "half_open":
             trials_in_flight = sum(1 for _, t, mt in self.inflight if mt == model.epoch)
             assert self.run(client.zcard(keys[2])) == trials_in_flight  # no permit leaked

@@ -19,11 +19,8 @@ measured (``lag_s``), and ``SKEW_S`` for the trip of a reply.
 from __future__ import annotations
 
 import bisect
-import json
 import math
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +30,7 @@ import redis
 from ragguard.redis import token_key
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _replica import run_replicas
 from _tokens_worker import ESTIMATE, PACE_BURST, PACE_PER_S, QUOTA, WINDOW_S
 
 WORKER = Path(__file__).with_name("_tokens_worker.py")
@@ -52,26 +50,7 @@ def worst_window(events: list[tuple[float, int]], length_s: float) -> int:
 
 @pytest.mark.timeout(180)
 def test_three_processes_hold_a_tenant_to_its_token_quota_and_pacing(redis_server: Any) -> None:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(redis_server.port), str(DURATION_S), str(STREAMS), str(seed)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for seed in range(PROCESSES)
-    ]  # fmt: skip
-    for p in procs:
-        assert p.stdout is not None and p.stdin is not None
-        assert p.stdout.readline().strip() == "ready", p.communicate(timeout=30)[1]
-    start_at = time.time() + 0.3
-    for p in procs:
-        assert p.stdin is not None
-        p.stdin.write(f"{start_at!r}\n")
-        p.stdin.flush()
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=90)
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    start_at, results = run_replicas(WORKER, redis_server.port, DURATION_S, STREAMS, processes=PROCESSES)
     assert all(r["degraded"] == 0 for r in results)  # measured on shared state, not the fallback
     assert sum(r["refused"] for r in results) > 0  # demand was above the quota
     lag = max(r["lag_s"] for r in results)

@@ -376,3 +376,47 @@ async def test_start_strict_names_refused_credentials_and_a_good_client_starts(r
     finally:
         await bad.aclose()
         await good.aclose()
+
+
+async def test_the_input_tokens_openai_reports_fill_the_shared_input_quota_of_every_replica(
+    redis_server: Any, client: aredis.Redis
+) -> None:
+    """Two replicas call an OpenAI-compatible server through the real SDK: each stream reserves
+    its messages' text before it is sent and settles the ``prompt_tokens`` the server reports, in
+    the tenant's one input bucket in Redis, so the replica that did not spend them refuses the
+    next call before it is sent."""
+    import openai
+
+    from ragguard.integrations.openai import guard_openai
+    from wire import OpenAIWire
+
+    clock = FakeClock(1000.0)
+    pol = policy(input_token_quota=30, token_window_s=3600.0)
+    a, b = (Replica(redis_server.host, redis_server.port, pol, clock) for _ in range(2))
+    wire = OpenAIWire(usage_prompt_tokens=15)
+    sdks: list[Any] = []
+    ask = [{"role": "user", "content": "q" * 20}]  # 5 input tokens reserved, 15 reported
+    try:
+        with wire.running() as url:
+            clients = []
+            for r in (a, b):
+                raw = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k")
+                guarded = guard_openai(raw, guard=r.guard)
+                sdks += [raw, guarded.client]
+                clients.append(guarded)
+            for _ in range(2):
+                async with a.guard.tenant("acme"):
+                    stream = await clients[0].chat.completions.create(model="m", messages=ask, stream=True)
+                    assert [c async for c in stream]
+            await settled(a)
+            assert await tat(client, ":q:input") == pytest.approx(1000.0 + 30 * 120.0)  # 2 x 15
+            async with b.guard.tenant("acme"):
+                with pytest.raises(QuotaExceeded):  # b reserves 5 more of a spent bucket
+                    await clients[1].chat.completions.create(model="m", messages=ask, stream=True)
+            assert wire.faults.seen["chat"] == 2
+            assert b.ledger.reserved("acme") == 0
+    finally:
+        for sdk in sdks:
+            await sdk.close()
+        await a.close()
+        await b.close()

@@ -84,7 +84,8 @@ async def test_no_fallback_after_the_first_item_the_error_carries_the_count() ->
             await drive(clock, collect(answer("q"), got))
     assert got == ["q0 ", "q1 "]  # committed: the caller keeps what it had, no fallback appended
     assert (cut.value.budget, cut.value.items) == ("idle", 2)
-    assert request.fallbacks is None  # no fallback served the request
+    # no fallback served the request; degraded() says the answer was cut short
+    assert request.fallbacks == ["incomplete: answer after 2 items"]
     assert model.closed == 1
 
 
@@ -122,7 +123,7 @@ async def test_an_error_after_the_commit_point_keeps_its_type_and_gains_a_note()
     assert len(got) == 3
     notes = getattr(failed.value, "__notes__", [])
     assert any("'answer' failed after 3 item(s) had reached the caller" in n for n in notes), notes
-    assert request.fallbacks is None
+    assert request.fallbacks == ["incomplete: answer after 3 items"]  # no fallback: a cut answer
 
     # before the commit point the same error is the fallback's to serve, and gains no note
     early = g.guard("answer", fallback=extractive)(stream_of(Model(clock, fail_at=0)))

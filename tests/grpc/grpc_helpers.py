@@ -12,13 +12,14 @@ import grpc
 from grpc import aio
 
 import ragguard
-from ragguard import BreakerOpen, DeadlineExceeded, InvalidInput, QuotaExceeded
+from ragguard import BreakerOpen, DeadlineExceeded, InvalidInput, NoDeploymentAvailable, QuotaExceeded
 
 SERVICE = "ragguard.test.Svc"
 
 ERRORS: dict[bytes, Callable[[], Exception]] = {
     b"quota": lambda: QuotaExceeded("acme", 2.5, "rate"),
     b"breaker": lambda: BreakerOpen("vector_store", 1.25),
+    b"no_deployment": lambda: NoDeploymentAvailable("chat", 7.5, out={"a": "open", "b": "limits"}),
     b"deadline": lambda: DeadlineExceeded("embed", 0.5),
     b"invalid": lambda: InvalidInput("bad query"),
     b"runtime": lambda: RuntimeError("plain bug"),

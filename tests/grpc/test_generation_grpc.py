@@ -16,7 +16,13 @@ from grpc_helpers import collect_until_error
 
 import ragguard
 from ragguard import FakeClock, GenerationPolicy, Policy, StagePolicy, TenantQuota
-from ragguard.grpc import STREAM_BUDGET_KEY, STREAM_ITEMS_KEY, GuardServerInterceptor
+from ragguard.grpc import (
+    STREAM_BUDGET_KEY,
+    STREAM_ENDING_KEY,
+    STREAM_ERROR_KEY,
+    STREAM_ITEMS_KEY,
+    GuardServerInterceptor,
+)
 from ragguard.rag import token_accounts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -91,6 +97,7 @@ async def test_a_stalled_answer_ends_deadline_exceeded_after_the_messages_sent()
     assert "idle budget" in (error.details() or "") and "after 3 items" in (error.details() or "")
     trailers = dict(error.trailing_metadata() or ())
     assert (trailers[STREAM_BUDGET_KEY], trailers[STREAM_ITEMS_KEY]) == ("idle", "3")
+    assert (trailers[STREAM_ENDING_KEY], trailers[STREAM_ERROR_KEY]) == ("incomplete", "StreamTimeout")
     assert served.generator.calls == 1  # committed: no retry after the first message
 
 
@@ -149,3 +156,35 @@ async def test_a_client_that_cancels_mid_answer_leaves_nothing_reserved() -> Non
     assert (accounts.open_streams("acme"), accounts.reserved("acme")) == (0, 0)
     assert accounts.settled("acme") == 3
     assert g.quotas.in_flight("acme") == 0
+
+
+async def test_the_ending_is_told_beside_the_handlers_own_trailing_metadata() -> None:
+    g = ragguard.Guard(budgets())
+
+    @g.guard("generation")
+    async def model(question: str) -> AsyncIterator[str]:
+        for word in ("a", "b", "c"):
+            yield word
+
+    async def answer(request: bytes, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        context.set_trailing_metadata((("x-own", "kept"),))
+        async for word in model("why"):
+            yield word.encode()
+
+    server = aio.server(interceptors=[GuardServerInterceptor(guard=g)])
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE, {"Answer": grpc.unary_stream_rpc_method_handler(answer)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_stream(f"/{SERVICE}/Answer")(b"q", timeout=10)
+            got = [message async for message in call]
+            trailers = dict(await call.trailing_metadata() or ())
+    finally:
+        await server.stop(None)
+    assert got == [b"a", b"b", b"c"]
+    assert trailers["x-own"] == "kept"
+    assert (trailers[STREAM_ENDING_KEY], trailers[STREAM_ITEMS_KEY]) == ("completed", "3")

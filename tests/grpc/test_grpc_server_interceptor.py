@@ -89,6 +89,7 @@ async def test_malformed_tenant_is_invalid_argument_and_handler_does_not_run(bad
     [
         (b"quota", grpc.StatusCode.RESOURCE_EXHAUSTED),
         (b"breaker", grpc.StatusCode.UNAVAILABLE),
+        (b"no_deployment", grpc.StatusCode.UNAVAILABLE),
         (b"deadline", grpc.StatusCode.DEADLINE_EXCEEDED),
         (b"invalid", grpc.StatusCode.INVALID_ARGUMENT),
         (b"runtime", grpc.StatusCode.UNKNOWN),
@@ -108,6 +109,8 @@ async def test_handler_errors_map_to_statuses(kind: str, request_bytes: bytes, c
         assert trailing["retry-after"] == "2.500"
     elif request_bytes == b"breaker":
         assert trailing["retry-after"] == "1.250"
+    elif request_bytes == b"no_deployment":  # every deployment of a model group out
+        assert trailing["retry-after"] == "7.500"
     else:
         assert "retry-after" not in trailing
     if request_bytes == b"abort":

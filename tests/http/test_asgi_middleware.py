@@ -98,6 +98,7 @@ async def test_bad_tenant_or_timeout_is_400_and_the_endpoint_does_not_run(
         ("breaker", 503, "2", "1251"),
         ("breaker_half_open", 503, "1", "0"),
         ("breaker_forced", 503, None, None),
+        ("no_deployment", 503, "8", "7500"),
         ("deadline", 504, None, None),
         ("stage_timeout", 504, None, None),
         ("invalid", 400, None, None),

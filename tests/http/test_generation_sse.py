@@ -18,7 +18,7 @@ from http_helpers import eventually, running
 
 import ragguard
 from ragguard import FakeClock, GenerationPolicy, Policy, StagePolicy, TenantQuota
-from ragguard.asgi import SSE_ERROR_EVENT, RagguardMiddleware, primed
+from ragguard.asgi import SSE_ENDING_EVENT, SSE_ERROR_EVENT, RagguardMiddleware, primed
 from ragguard.rag import token_accounts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -80,9 +80,12 @@ async def test_a_stalled_answer_is_cut_with_an_event_naming_the_budget_and_the_i
                 assert reply.status_code == 200
                 events = await sse_events(reply)
     assert events[:3] == [("message", "w00"), ("message", "w01"), ("message", "w02")]
-    kind, data = events[3]
+    ending = json.loads(events[3][1])  # how the answer ended, before the error that ended it
+    assert events[3][0] == SSE_ENDING_EVENT
+    assert ending == {"ending": "incomplete", "stage": "generation", "items": 3, "error": "StreamTimeout"}
+    kind, data = events[4]
     error = json.loads(data)
-    assert kind == SSE_ERROR_EVENT and len(events) == 4  # no fallback after the first item
+    assert kind == SSE_ERROR_EVENT and len(events) == 5  # no fallback after the first item
     assert (error["status"], error["error"]) == (504, "StreamTimeout")
     assert (error["budget"], error["items"]) == ("idle", 3)
 
@@ -93,7 +96,9 @@ async def test_an_answer_whose_first_item_never_comes_is_served_by_the_fallback(
         async with httpx.AsyncClient(base_url=url) as client:
             async with client.stream("GET", "/answer", params={"q": "why", "mode": "slow_start"}) as reply:
                 events = await sse_events(reply)
-    assert [data for _, data in events] == ["from", "the", "passages", "[DONE]"]
+    assert [data for _, data in events][:3] == ["from", "the", "passages"]
+    assert events[3] == (SSE_ENDING_EVENT, '{"ending": "completed", "stage": "generation", "items": 3}')
+    assert events[4] == ("message", "[DONE]")  # the ending is told before what the app sends next
 
 
 async def test_a_greedy_tenant_is_paced_and_another_is_not() -> None:
@@ -164,3 +169,36 @@ async def test_primed_raises_before_the_first_item_and_closes_what_it_read() -> 
     assert await anext(early) == 0
     await early.aclose()
     assert closed == ["True:3", "False:3", "False:0", "False:5"]
+
+
+def _read_first_app(g: ragguard.Guard, **options: Any) -> Any:
+    """An endpoint that reads a guarded stream to its end, then streams what it read as SSE."""
+    app = FastAPI()
+
+    @g.guard("generation")
+    async def model(question: str) -> AsyncIterator[str]:
+        for word in ("a", "b"):
+            yield word
+
+    @app.get("/answer")
+    async def answer() -> StreamingResponse:
+        words = [word async for word in model("why")]
+
+        async def events() -> AsyncIterator[str]:
+            for word in words:
+                yield f"data: {word}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return RagguardMiddleware(app, guard=g, **options)
+
+
+async def test_a_stream_read_before_the_response_is_told_with_its_first_chunk_unless_turned_off() -> None:
+    g = ragguard.Guard(budgets())
+    for options, told in (({}, True), ({"ending_events": False}, False)):
+        transport = httpx.ASGITransport(app=_read_first_app(g, **options))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            reply = await client.get("/answer")
+        data = '{"ending": "completed", "stage": "generation", "items": 2}'
+        ending = f"event: {SSE_ENDING_EVENT}\ndata: {data}\n\n"
+        assert reply.text == (ending if told else "") + "data: a\n\ndata: b\n\n"

@@ -28,6 +28,14 @@ class Sleeps:
         await asyncio.sleep(0)
 
 
+def deployment_breaker(create: Any, model: str | None) -> Any:
+    """The breaker of the deployment a wrapped client's ``create`` (or a guarded runnable) calls
+    ``model`` on: its stage's key for the client's endpoint and the model."""
+    where = getattr(create, "__ragguard_deployment__")  # noqa: B009 - the protocol's name
+    guard, stage, key = where(model)
+    return guard().breaker(stage, key)
+
+
 async def eventually(check: Any, *, within_s: float = 5.0) -> None:
     """Wait (polling every 10 ms, at most ``within_s``) until ``check()`` is true; assert it."""
     for _ in range(int(within_s / 0.01)):

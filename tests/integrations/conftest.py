@@ -71,6 +71,7 @@ def _qdrant_grpc_server() -> Iterator[QdrantGrpcWire]:
 @pytest.fixture
 def openai_wire(_openai_server: OpenAIWire) -> OpenAIWire:
     _openai_server.completion_tokens = None
+    _openai_server.usage_prompt_tokens = 3
     return _fresh(_openai_server)  # type: ignore[no-any-return]
 
 
@@ -81,6 +82,7 @@ def backup_wire(_openai_backup_server: OpenAIWire) -> OpenAIWire:
 
 @pytest.fixture
 def anthropic_wire(_anthropic_server: AnthropicWire) -> AnthropicWire:
+    _anthropic_server.input_tokens, _anthropic_server.cache_read_input_tokens = 3, 0
     return _fresh(_anthropic_server)  # type: ignore[no-any-return]
 
 

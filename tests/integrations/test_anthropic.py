@@ -8,10 +8,19 @@ from typing import Any
 
 import anthropic
 import pytest
-from _door import Sleeps, eventually, leave_after_first_chunk, streaming_app
+from _door import Sleeps, deployment_breaker, eventually, leave_after_first_chunk, streaming_app
 
 import ragguard
-from ragguard import BreakerPolicy, GenerationPolicy, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota
+from ragguard import (
+    BreakerPolicy,
+    GenerationPolicy,
+    Guard,
+    Policy,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+    TokenLimits,
+)
 from ragguard.breakers import BreakerState
 from ragguard.integrations.anthropic import guard_anthropic
 from ragguard.rag import token_accounts
@@ -49,20 +58,49 @@ async def _text(stream: Any) -> str:
 async def test_a_529_is_attempted_as_often_as_the_retry_policy_says(
     client_of: Any, anthropic_wire: AnthropicWire, sleeps: Sleeps
 ) -> None:
+    overloaded = Guard(_policy(breaker=BreakerPolicy(kind="generic", minimum_calls=3)), sleep=sleeps)
+    anthropic_wire.faults.always("messages", Fault(status=529))
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        await client_of(anthropic_wire, overloaded).messages.create(
+            model="c", max_tokens=64, messages=ASK, stream=True
+        )
+    assert caught.value.status_code == 529
+    assert anthropic_wire.faults.seen["messages"] == 3  # no SDK retry under ragguard's
+    # three of three turned away: the rejection rate (90% by default) says the provider is down
+    breaker = deployment_breaker(client_of(anthropic_wire, overloaded).messages.create, "c")
+    assert breaker.state is BreakerState.OPEN
+    assert breaker.metrics().rejected_calls == 3
     breaker = BreakerPolicy(kind="generic", minimum_calls=2, failure_rate_threshold=50)
     g = Guard(_policy(breaker=breaker), sleep=sleeps)
     client = client_of(anthropic_wire, g)
-    anthropic_wire.faults.always("messages", Fault(status=529))
-    with pytest.raises(anthropic.APIStatusError) as caught:
-        await client.messages.create(model="c", max_tokens=64, messages=ASK, stream=True)
-    assert caught.value.status_code == 529
-    assert anthropic_wire.faults.seen["messages"] == 3  # no SDK retry under ragguard's
-    assert g.breaker("generation").state is BreakerState.CLOSED  # three rejections: not an outage
+    anthropic_wire.faults.clear()
+    anthropic_wire.faults.always("messages", Fault(status=429, headers={"retry-after": "1"}))
+    for _ in range(3):
+        with pytest.raises(anthropic.RateLimitError):
+            await client.messages.create(model="c", max_tokens=64, messages=ASK)
+    deployment = deployment_breaker(client.messages.create, "c")
+    assert deployment.state is BreakerState.CLOSED  # a rate limit never opens it
     anthropic_wire.faults.clear()
     anthropic_wire.faults.always("messages", Fault(status=500))
     with pytest.raises(ragguard.BreakerOpen):  # the second failed attempt opened it
         await client.messages.create(model="c", max_tokens=64, messages=ASK)
-    assert g.breaker("generation").state is BreakerState.OPEN  # the control: failures open it
+    assert deployment.state is BreakerState.OPEN  # the control: failures open it
+
+
+async def test_retries_are_numbered_and_the_servers_x_should_retry_is_obeyed(
+    client_of: Any, anthropic_wire: AnthropicWire, sleeps: Sleeps
+) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+    client = client_of(anthropic_wire, g)
+    anthropic_wire.faults.always("messages", Fault(status=500))
+    with pytest.raises(anthropic.InternalServerError):
+        await client.messages.create(model="c", max_tokens=64, messages=ASK, stream=True)
+    assert [r["headers"]["x-stainless-retry-count"] for r in anthropic_wire.requests] == ["0", "1", "2"]
+    anthropic_wire.faults.clear()
+    anthropic_wire.faults.always("messages", Fault(status=529, headers={"x-should-retry": "false"}))
+    with pytest.raises(anthropic.APIStatusError):
+        await client.messages.create(model="c", max_tokens=64, messages=ASK)
+    assert anthropic_wire.faults.seen["messages"] == 3 + 1  # the server said no: one request
 
 
 async def test_the_overloaded_event_inside_a_200_stream_is_retried_before_the_first_token(
@@ -134,15 +172,37 @@ async def test_a_stall_mid_stream_ends_it_with_the_idle_budget(
 async def test_max_tokens_is_reserved_and_the_message_delta_usage_settles(
     client_of: Any, anthropic_wire: AnthropicWire
 ) -> None:
+    anthropic_wire.input_tokens, anthropic_wire.cache_read_input_tokens = 12, 5
     g = Guard(_policy())
     client = client_of(anthropic_wire, g)
     accounts = token_accounts(g)
     async with g.tenant("acme"):
-        stream = await client.messages.create(model="c", max_tokens=300, messages=ASK, stream=True)
-        assert accounts.reserved("acme") == 300
+        stream = await client.messages.create(
+            model="c", max_tokens=300, messages=ASK, system="s" * 40, stream=True
+        )
+        assert accounts.reserved("acme") == 300 + 1 + 10  # max_tokens, and the input's text / 4
         await _text(stream)
+        assert accounts.settled("acme") == 4 + 12 + 5  # message_delta's output, message_start's input
         await client.messages.create(model="c", max_tokens=300, messages=ASK)
-    assert accounts.reserved("acme") == 0 and accounts.settled("acme") == 4 + 4
+    assert accounts.reserved("acme") == 0 and accounts.settled("acme") == 2 * (4 + 12 + 5)
+
+
+async def test_the_input_of_message_start_fills_the_input_quota_and_the_models_limits_apply(
+    client_of: Any, anthropic_wire: AnthropicWire
+) -> None:
+    anthropic_wire.input_tokens = 20  # message_start's input_tokens
+    quota = TenantQuota(models={"claude-big": TokenLimits(input_token_quota=40, token_window_s=3600)})
+    g = Guard(Policy(tenants={"acme": quota}))
+    client = client_of(anthropic_wire, g)
+    async with g.tenant("acme"):
+        for _ in range(2):
+            big = await client.messages.create(model="claude-big", max_tokens=64, messages=ASK, stream=True)
+            await _text(big)
+        with pytest.raises(ragguard.QuotaExceeded):  # 40 of the model's 40 input tokens spent
+            await client.messages.create(model="claude-big", max_tokens=64, messages=ASK, stream=True)
+        await client.messages.create(model="claude-small", max_tokens=64, messages=ASK)  # not limited
+    assert [r["json"]["model"] for r in anthropic_wire.requests] == ["claude-big"] * 2 + ["claude-small"]
+    assert token_accounts(g).settled("acme") == 3 * (20 + 4)
 
 
 async def test_a_client_leaving_the_front_door_cancels_the_upstream_stream(

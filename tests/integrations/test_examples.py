@@ -26,7 +26,7 @@ def test_openai_answer_retries_a_503_and_settles_the_usage(openai_wire: OpenAIWi
     out = _run("openai_answer.py", "--base-url", f"{openai_wire.url}/v1")
     assert "embedded: 3 dimensions" in out
     assert "answer: Hello from the wire" in out
-    assert "tokens settled for acme: 4" in out and "degraded: no" in out
+    assert "tokens settled for acme: 7" in out and "degraded: no" in out  # 4 output, 3 input
     assert openai_wire.faults.seen["chat"] == 2  # one retry, by ragguard
     assert {r["headers"]["x-tenant-id"] for r in openai_wire.requests} == {"acme"}
 

@@ -13,12 +13,21 @@ import openai
 import pytest
 from _door import Sleeps, eventually, leave_after_first_chunk, streaming_app
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import RunnableLambda
 
 import ragguard
-from ragguard import FakeClock, GenerationPolicy, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota
+from ragguard import (
+    FakeClock,
+    GenerationPolicy,
+    Guard,
+    Policy,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+    TokenLimits,
+)
 from ragguard.integrations.langchain import GuardedRunnable, TenantRateLimiter
 from ragguard.rag import token_accounts
 from wire import Fault, OpenAIWire, serving
@@ -28,9 +37,13 @@ pytestmark = pytest.mark.anyio
 
 class WireChat(BaseChatModel):
     """A chat model of langchain-core calling the OpenAI wire server with the real SDK (what
-    langchain-openai's ChatOpenAI does, without that package): content chunks, then the usage."""
+    langchain-openai's ChatOpenAI does, without that package): content chunks, then the usage;
+    its ``model_name``, and the ``extra_headers`` a call passes, go to the SDK as ChatOpenAI's
+    do (it has ``default_headers`` as ChatOpenAI has)."""
 
     base_url: str
+    model_name: str = "m"
+    default_headers: dict[str, str] | None = None
 
     @property
     def _llm_type(self) -> str:
@@ -48,7 +61,11 @@ class WireChat(BaseChatModel):
         self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any
     ) -> ChatResult:
         async with self._sdk() as sdk:
-            done = await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            done = await sdk.chat.completions.create(
+                model=self.model_name,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers=kwargs.get("extra_headers"),
+            )
         message = AIMessage(content=done.choices[0].message.content or "")
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -57,17 +74,18 @@ class WireChat(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         async with self._sdk() as sdk:
             stream = await sdk.chat.completions.create(
-                model="m",
+                model=self.model_name,
                 messages=[{"role": "user", "content": "hi"}],
                 stream=True,
                 stream_options={"include_usage": True},
+                extra_headers=kwargs.get("extra_headers"),
             )
             async for chunk in stream:
                 if chunk.usage is not None:
                     usage = {
-                        "input_tokens": 3,
+                        "input_tokens": chunk.usage.prompt_tokens,
                         "output_tokens": chunk.usage.completion_tokens,
-                        "total_tokens": 3,
+                        "total_tokens": chunk.usage.total_tokens,
                     }
                     yield ChatGenerationChunk(message=AIMessageChunk(content="", usage_metadata=usage))
                 elif chunk.choices:
@@ -106,12 +124,14 @@ async def test_a_fallback_runnable_keeps_the_stream_going(
     openai_wire: OpenAIWire, backup_wire: OpenAIWire, sleeps: Sleeps
 ) -> None:
     g = Guard(_policy(), sleep=sleeps)
-    backup = WireChat(base_url=backup_wire.url)
-    chain = GuardedRunnable(WireChat(base_url=openai_wire.url), "generation", guard=g, fallback=backup)
+    backup = WireChat(base_url=backup_wire.url, model_name="gpt-4o-mini")
+    primary = WireChat(base_url=openai_wire.url, model_name="gpt-4o")
+    chain = GuardedRunnable(primary, "generation", guard=g, fallback=backup)
     openai_wire.faults.always("chat", Fault(status=503))
     assert await _text(chain) == "Backup answer"
     assert (await chain.ainvoke("hi")).content == "Backup answer"
-    assert "WireChat" in ragguard.degraded()
+    # a fallback of the same class as the model it stands in for: named by its model
+    assert ragguard.degraded() == ("WireChat(gpt-4o-mini)",)
     piped = chain | RunnableLambda(lambda message: message.content.upper())  # composes as a Runnable
     assert await piped.ainvoke("hi") == "BACKUP ANSWER"
 
@@ -149,12 +169,48 @@ async def test_a_stall_mid_stream_ends_it_with_the_idle_budget(
 
 
 async def test_the_usage_metadata_settles_the_streams_tokens(openai_wire: OpenAIWire) -> None:
-    openai_wire.completion_tokens = 33
+    openai_wire.completion_tokens, openai_wire.usage_prompt_tokens = 33, 12
     g = Guard(_policy())
     model = GuardedRunnable(WireChat(base_url=openai_wire.url), "generation", guard=g, estimate=100)
     async with g.tenant("acme"):
+        stream = model.astream([HumanMessage("q" * 40)])
+        first = await anext(stream)
+        assert token_accounts(g).reserved("acme") == 100 + 10  # the estimate, the input's text / 4
+        assert first.content + "".join([c.content async for c in stream]) == "Hello from the wire"
+    assert token_accounts(g).settled("acme") == 33 + 12  # usage_metadata: output and input
+    assert token_accounts(g).reserved("acme") == 0
+
+
+async def test_the_chat_models_limits_apply_and_a_spent_input_quota_refuses_before_the_request(
+    openai_wire: OpenAIWire,
+) -> None:
+    openai_wire.usage_prompt_tokens = 20
+    limits = TokenLimits(input_token_quota=40, token_window_s=3600)
+    g = Guard(Policy(tenants={"acme": TenantQuota(models={"gpt-4o": limits})}))
+    big = GuardedRunnable(WireChat(base_url=openai_wire.url, model_name="gpt-4o"), "generation", guard=g)
+    mini = WireChat(base_url=openai_wire.url, model_name="gpt-4o-mini")
+    small = GuardedRunnable(mini, "generation", guard=g)
+    async with g.tenant("acme"):
+        assert await _text(big) == await _text(big) == "Hello from the wire"
+        with pytest.raises(ragguard.QuotaExceeded):  # gpt-4o's 40 input tokens are spent
+            await _text(big)
+        assert await _text(small) == "Hello from the wire"  # its own model: the tenant's limits only
+    assert [r["json"]["model"] for r in openai_wire.requests] == ["gpt-4o"] * 2 + ["gpt-4o-mini"]
+
+
+async def test_the_guards_tenant_header_reaches_the_chat_model_and_its_fallback(
+    openai_wire: OpenAIWire, backup_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    g = Guard(_policy(), sleep=sleeps, tenant_header="X-Tenant-Id")
+    backup = WireChat(base_url=backup_wire.url)
+    model = GuardedRunnable(WireChat(base_url=openai_wire.url), "generation", guard=g, fallback=backup)
+    async with g.tenant("acme"):
         assert await _text(model) == "Hello from the wire"
-    assert token_accounts(g).settled("acme") == 33 and token_accounts(g).reserved("acme") == 0
+        openai_wire.faults.always("chat", Fault(status=503))
+        assert await _text(model) == "Backup answer"
+        assert (await model.ainvoke("hi")).content == "Backup answer"
+    sent = [r["headers"].get("x-tenant-id") for r in openai_wire.requests + backup_wire.requests]
+    assert sent == ["acme"] * len(sent) and len(sent) == 1 + (3 + 1) * 2  # three attempts, the backup
 
 
 async def test_abatch_guards_each_input_on_its_own(openai_wire: OpenAIWire, sleeps: Sleeps) -> None:
@@ -228,6 +284,22 @@ async def test_a_fallback_may_be_a_callable_of_the_input(openai_wire: OpenAIWire
     assert await _text(model) == "no model for 'hi'"
     assert (await model.ainvoke("hi")).content == "no model for 'hi'"
     assert "canned" in ragguard.degraded()
+
+
+async def test_a_lambda_fallback_goes_by_the_name_it_is_given(
+    openai_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+    canned = ragguard.named("canned answer", lambda question: AIMessageChunk(content="sorry"))
+    model = GuardedRunnable(WireChat(base_url=openai_wire.url), "generation", guard=g, fallback=canned)
+    openai_wire.faults.always("chat", Fault(status=503))
+    async with g.tenant("acme"):
+        assert await _text(model) == "sorry"
+        assert ragguard.degraded() == ("canned answer",)  # not "<lambda>"
+    with pytest.raises(ragguard.ConfigError, match="name"):
+        ragguard.named("", canned)
+    with pytest.raises(ragguard.ConfigError, match="callable"):
+        ragguard.named("x", "not a function")  # type: ignore[type-var]
 
 
 def test_the_sync_rate_limiter_sleeps_its_turn_then_refuses_past_max_wait_s() -> None:

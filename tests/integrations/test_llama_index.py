@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import httpx2
 import openai
 import pytest
 from _door import Sleeps, eventually
@@ -27,6 +28,7 @@ import ragguard
 from ragguard import Guard, Policy, StagePolicy
 from ragguard.asgi import RagguardMiddleware
 from ragguard.breakers import BreakerState
+from ragguard.integrations import send_tenant_header, tenant_headers
 from ragguard.integrations.llama_index import GuardedEmbedding, GuardedPostprocessor, GuardedRetriever
 from wire import Fault, OpenAIWire, QdrantWire, serving
 
@@ -34,12 +36,17 @@ pytestmark = pytest.mark.anyio
 
 
 class WireEmbedding(BaseEmbedding):
-    """An embedding model of llama-index-core calling the OpenAI wire server with the real SDK."""
+    """An embedding model of llama-index-core calling the OpenAI wire server with the real SDK;
+    ``hooks``: request hooks of its HTTP client (as OpenAIEmbedding's ``async_http_client``)."""
 
     base_url: str
+    hooks: list[Any] = Field(default_factory=list)
 
     def _sdk(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="k", max_retries=0)
+        http = httpx2.AsyncClient(event_hooks={"request": list(self.hooks)})
+        return openai.AsyncOpenAI(
+            base_url=f"{self.base_url}/v1", api_key="k", max_retries=0, http_client=http
+        )
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
         return (await self._aget_text_embeddings([query]))[0]
@@ -122,6 +129,32 @@ async def test_the_embedding_model_falls_back_to_the_cache_and_waits_retry_after
         await model.aget_query_embedding("beta")  # a text, never embedded as a query
     with pytest.raises(TypeError, match="async only"):
         model.get_query_embedding("alpha")
+
+
+async def test_the_guards_tenant_header_reaches_the_store_the_fallback_and_a_hooked_embedding_client(
+    openai_wire: OpenAIWire,
+    qdrant_wire: QdrantWire,
+    qdrant: AsyncQdrantClient,
+    closing: list[Any],
+    sleeps: Sleeps,
+) -> None:
+    g = Guard(sleep=sleeps, tenant_header="x-tenant-id")
+    backup = AsyncQdrantClient(url=qdrant_wire.url, check_compatibility=False)
+    closing.append(backup)
+    retriever = GuardedRetriever(WireRetriever(qdrant), guard=g, fallback=WireRetriever(backup))
+    hooked = WireEmbedding(base_url=openai_wire.url, hooks=[send_tenant_header])
+    embedding = GuardedEmbedding(hooked, guard=g)
+    async with g.tenant("acme"):
+        await retriever.aretrieve("q")
+        qdrant_wire.faults.push("query", Fault(status=400), times=1)  # a caller's error: no fallback
+        with pytest.raises(Exception):  # noqa: B017 - qdrant-client's error of the 400
+            await retriever.aretrieve("q")
+        qdrant_wire.faults.push("query", Fault(status=503), times=2)  # both attempts: the fallback
+        await retriever.aretrieve("q")
+        await embedding.aget_query_embedding("alpha")
+        assert tenant_headers() == {}  # only while a wrapped call runs
+    assert [r["headers"].get("x-tenant-id") for r in qdrant_wire.requests] == ["acme"] * 5
+    assert [r["headers"].get("x-tenant-id") for r in openai_wire.requests] == ["acme"]
 
 
 async def test_a_hanging_embedding_model_is_cut_by_the_stage_timeout(

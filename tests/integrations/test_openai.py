@@ -10,10 +10,19 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from _door import Sleeps, eventually, leave_after_first_chunk, streaming_app
+from _door import Sleeps, deployment_breaker, eventually, leave_after_first_chunk, streaming_app
 
 import ragguard
-from ragguard import BreakerPolicy, GenerationPolicy, Guard, Policy, RetryPolicy, StagePolicy, TenantQuota
+from ragguard import (
+    BreakerPolicy,
+    GenerationPolicy,
+    Guard,
+    Policy,
+    RetryPolicy,
+    StagePolicy,
+    TenantQuota,
+    TokenLimits,
+)
 from ragguard.breakers import BreakerState
 from ragguard.integrations.openai import guard_openai
 from ragguard.rag import token_accounts
@@ -67,6 +76,55 @@ async def test_a_failing_provider_is_attempted_exactly_as_often_as_the_retry_pol
         await client.chat.completions.create(model="m", messages=ASK, stream=stream)
     assert openai_wire.faults.seen["chat"] == 3  # the SDK's own 2 retries would make it 9
     assert client.client.max_retries == 0
+
+
+async def test_each_retry_says_its_number_in_x_stainless_retry_count_as_the_sdks_own_would(
+    client_of: Any, openai_wire: OpenAIWire, sleeps: Sleeps, closing: list[Any]
+) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+    client = client_of(openai_wire, g)
+    down = Fault(status=500, headers={"retry-after-ms": "1"})  # (the SDK's own retries: no backoff)
+    openai_wire.faults.always("chat", down)
+    openai_wire.faults.always("embeddings", down)
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    with pytest.raises(openai.InternalServerError):
+        await client.chat.completions.create(model="m", messages=ASK)
+    with pytest.raises(openai.InternalServerError):
+        await client.embeddings.create(model="e", input=["alpha"])  # the embedding stage: 2 attempts
+    numbers = [(r["route"], r["headers"]["x-stainless-retry-count"]) for r in openai_wire.requests]
+    assert numbers == [("chat", n) for n in "012012"] + [("embeddings", "0"), ("embeddings", "1")]
+    raw = openai.AsyncOpenAI(base_url=f"{openai_wire.url}/v1", api_key="k", max_retries=2)
+    closing.append(raw)
+    with pytest.raises(openai.InternalServerError):  # the control: the SDK's own retries say the same
+        await raw.chat.completions.create(model="m", messages=ASK)
+    assert [r["headers"]["x-stainless-retry-count"] for r in openai_wire.requests[-3:]] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize(
+    ("status", "said", "requests"), [(500, "false", 1), (400, "true", 3), (400, "nope", 1), (500, "", 3)]
+)
+async def test_the_servers_x_should_retry_overrides_what_its_status_says_as_in_the_sdk(
+    client_of: Any,
+    openai_wire: OpenAIWire,
+    sleeps: Sleeps,
+    closing: list[Any],
+    status: int,
+    said: str,
+    requests: int,
+) -> None:
+    g = Guard(_policy(), sleep=sleeps)
+    client = client_of(openai_wire, g)
+    headers = {"x-should-retry": said, "retry-after-ms": "1"}  # (the SDK's own retries: no backoff)
+    openai_wire.faults.always("chat", Fault(status=status, headers=headers))
+    with pytest.raises(openai.APIStatusError):
+        await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert openai_wire.faults.seen["chat"] == requests  # the stage allows three
+    raw = openai.AsyncOpenAI(base_url=f"{openai_wire.url}/v1", api_key="k", max_retries=2)
+    closing.append(raw)
+    with pytest.raises(openai.APIStatusError):  # the control: the SDK alone sends as many
+        await raw.chat.completions.create(model="m", messages=ASK)
+    assert openai_wire.faults.seen["chat"] == 2 * requests
 
 
 async def test_the_unguarded_sdk_would_retry_on_its_own(openai_wire: OpenAIWire, closing: list[Any]) -> None:
@@ -165,10 +223,26 @@ async def test_a_fallback_client_keeps_the_stream_going(
     openai_wire.faults.always("chat", Fault(status=503))
     stream = await client.chat.completions.create(model="m", messages=ASK, stream=True)
     assert await _text(stream) == "Backup answer"
-    assert "create" in ragguard.degraded()
+    assert "backup" in ragguard.degraded()  # the fallback client, by its stage (not "create")
     assert backup_wire.faults.seen["chat"] == 1
     whole = await client.chat.completions.create(model="m", messages=ASK)  # not streamed: the same
     assert whole.choices[0].message.content == "Backup answer"
+
+
+async def test_a_fallback_clients_stage_declared_with_the_generation_preset_retries_as_generation_does(
+    client_of: Any, openai_wire: OpenAIWire, backup_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    """The docs' fallback client: its stage says only ``preset: generation``, and gets the standard
+    generation stage's two attempts, so a reset on the backup model is retried, not a 502."""
+    g = Guard(Policy(stages={"backup": StagePolicy(preset="generation")}), sleep=sleeps)
+    assert g.policy.stage("backup").retry.attempts == 2
+    backup = client_of(backup_wire, g, generation_stage="backup")
+    client = client_of(openai_wire, g, fallback=backup.chat.completions.create)
+    openai_wire.faults.always("chat", Fault(status=500))
+    backup_wire.faults.push("chat", Fault(reset=True))
+    stream = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert await _text(stream) == "Backup answer"
+    assert backup_wire.faults.seen["chat"] == 2  # the reset, then the retry that answered
 
 
 async def test_the_breaker_in_front_of_the_provider_opens_and_stops_the_calls(
@@ -182,10 +256,53 @@ async def test_the_breaker_in_front_of_the_provider_opens_and_stops_the_calls(
     for _ in range(4):
         with pytest.raises(openai.InternalServerError):
             await client.chat.completions.create(model="m", messages=ASK, stream=True)
-    assert g.breaker("generation").state is BreakerState.OPEN
+    assert deployment_breaker(client.chat.completions.create, "m").state is BreakerState.OPEN
+    assert g.breaker("openai").state is BreakerState.CLOSED  # the stage's own: other models'
     with pytest.raises(ragguard.BreakerOpen):
         await client.chat.completions.create(model="m", messages=ASK, stream=True)
     assert openai_wire.faults.seen["chat"] == 4  # the open breaker sent nothing
+
+
+def _small_breaker() -> Policy:
+    breaker = BreakerPolicy(kind="generic", minimum_calls=4, window_size=4, open_for_s=60)
+    retry = RetryPolicy(attempts=2, initial_backoff_s=0, jitter_s=0)
+    return Policy(stages={"generation": StagePolicy(breaker=breaker, retry=retry)})
+
+
+async def test_a_provider_whose_503s_always_state_a_wait_is_an_outage_and_opens_the_breaker(
+    client_of: Any, openai_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    """A provider down behind a load balancer that adds Retry-After to every 503: each answer is a
+    rejection (retried after its wait), and rejections that make the window's rejection rate
+    (90% by default) open the breaker, as failures would."""
+    g = Guard(_small_breaker(), sleep=sleeps)
+    client = client_of(openai_wire, g)
+    openai_wire.faults.always("chat", Fault(status=503, headers={"retry-after": "1"}))
+    for _ in range(2):  # two calls, two attempts each: four rejections in a window of four
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    breaker = deployment_breaker(client.chat.completions.create, "m")
+    assert breaker.state is BreakerState.OPEN
+    assert breaker.metrics().rejected_calls == 4
+    for _ in range(6):
+        with pytest.raises(ragguard.BreakerOpen):
+            await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert openai_wire.faults.seen["chat"] == 4  # not 16: the open breaker sent nothing more
+    assert sleeps.waits == [1.0, 1.0]  # each retry waited what the provider said
+
+
+async def test_a_429_only_throttles_and_never_opens_the_breaker(
+    client_of: Any, openai_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    g = Guard(_small_breaker(), sleep=sleeps)
+    client = client_of(openai_wire, g)
+    openai_wire.faults.always("chat", Fault(status=429, headers={"retry-after": "1"}))
+    for _ in range(8):
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert openai_wire.faults.seen["chat"] == 16
+    breaker = deployment_breaker(client.chat.completions.create, "m")
+    assert breaker.state is BreakerState.CLOSED and breaker.metrics().calls == 0
 
 
 # -- tokens: reserved from the request, settled from the usage reported -------------------
@@ -202,9 +319,9 @@ async def test_a_stream_reserves_max_tokens_and_settles_the_usage_it_reports(
         stream = await client.chat.completions.create(
             model="m", messages=ASK, stream=True, max_tokens=100, n=2
         )
-        assert accounts.reserved("acme") == 200
+        assert accounts.reserved("acme") == 200 + 1  # and "hi", one input token (characters / 4)
         chunks = [chunk async for chunk in stream]
-    assert accounts.reserved("acme") == 0 and accounts.settled("acme") == 40
+    assert accounts.reserved("acme") == 0 and accounts.settled("acme") == 40 + 3  # the usage: output, input
     assert openai_wire.requests[-1]["json"]["stream_options"] == {"include_usage": True}
     assert all(chunk.choices for chunk in chunks)  # the usage chunk it asked for is not shown
     async with g.tenant("acme"):
@@ -213,7 +330,56 @@ async def test_a_stream_reserves_max_tokens_and_settles_the_usage_it_reports(
             model="m", messages=ASK, stream=True, stream_options={"include_usage": True}
         )
         assert [c.usage.completion_tokens async for c in given if c.usage] == [40]  # asked for: shown
-    assert accounts.settled("acme") == 120
+    assert accounts.settled("acme") == 3 * (40 + 3)
+
+
+async def test_input_tokens_are_reserved_from_the_messages_and_settled_from_the_prompt_tokens(
+    client_of: Any, openai_wire: OpenAIWire
+) -> None:
+    """The prompt is most of a RAG call's spend: its text is reserved from the input quota before
+    the request (characters / 4), settled with the provider's ``prompt_tokens`` after, so a spent
+    input quota refuses the next call before it is sent."""
+    openai_wire.usage_prompt_tokens = 15  # what the provider counts (its own framing included)
+    quota = TenantQuota(input_token_quota=30, token_window_s=3600)
+    g = Guard(Policy(tenants={"acme": quota}))
+    client = client_of(openai_wire, g)
+    accounts = token_accounts(g)
+    passages = [{"role": "system", "content": "p" * 20}, {"role": "user", "content": "q" * 20}]
+    async with g.tenant("acme"):
+        stream = await client.chat.completions.create(
+            model="m", messages=passages, stream=True, max_tokens=8
+        )
+        assert accounts.reserved("acme") == 10 + 8  # the messages' 40 characters, and max_tokens
+        assert await _text(stream) == "Hello from the wire"
+        assert accounts.settled("acme") == 15 + 4
+        await client.chat.completions.create(model="m", messages=passages, max_tokens=8)  # whole
+        assert accounts.settled("acme") == 2 * (15 + 4)
+        with pytest.raises(ragguard.QuotaExceeded) as refused:  # 30 of 30 input tokens spent
+            await client.chat.completions.create(model="m", messages=passages, stream=True, max_tokens=8)
+    assert refused.value.reason == "tokens"
+    assert openai_wire.faults.seen["chat"] == 2  # refused before the request was sent
+    assert accounts.reserved("acme") == 0
+
+
+async def test_a_models_limits_apply_to_the_calls_of_that_model(
+    client_of: Any, openai_wire: OpenAIWire
+) -> None:
+    """``TenantQuota.models`` (docs/generation.md's shape): the call's ``model`` names the model, so
+    gpt-4o's own quota refuses a second gpt-4o call while another model's calls go on."""
+    openai_wire.completion_tokens = 40
+    gpt_4o = TokenLimits(token_quota=50, token_window_s=3600)
+    quota = TenantQuota(token_quota=10_000, models={"gpt-4o": gpt_4o})
+    g = Guard(Policy(tenants={"acme": quota}))
+    client = client_of(openai_wire, g)
+    accounts = token_accounts(g)
+    async with g.tenant("acme"):
+        await client.chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=20)
+        assert accounts.bucket_tat("acme", "m:gpt-4o:q:total") is not None
+        with pytest.raises(ragguard.QuotaExceeded):  # 43 of gpt-4o's 50 spent: 20 + 1 do not fit
+            await client.chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=20, stream=True)
+        for _ in range(3):  # another model: the tenant's own quota only
+            await client.responses.create(model="gpt-4o-mini", input="hi", max_output_tokens=20)
+    assert [r["json"]["model"] for r in openai_wire.requests] == ["gpt-4o"] + ["gpt-4o-mini"] * 3
 
 
 async def test_the_responses_api_streams_under_the_budgets_and_settles_its_usage(
@@ -230,7 +396,7 @@ async def test_the_responses_api_streams_under_the_budgets_and_settles_its_usage
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert openai_wire.faults.seen["responses"] == 3  # the stalled one, then two that answered
     assert whole.output_text == "Hello from the wire"
-    assert token_accounts(g).settled("acme") == 50
+    assert token_accounts(g).settled("acme") == 2 * (25 + 3)  # output and input tokens
 
 
 async def test_an_error_event_of_the_responses_api_is_raised_and_retried(
@@ -269,6 +435,26 @@ async def test_the_deadline_left_is_the_sdks_timeout_and_the_tenant_travels_as_a
     assert [r["headers"]["x-tenant-id"] for r in openai_wire.requests] == ["acme", "default"]
 
 
+async def test_the_guards_tenant_header_reaches_every_wrapped_client_the_docs_fallback_included(
+    client_of: Any, openai_wire: OpenAIWire, backup_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    """One Guard-wide setting: the docs' fallback client (``guard_openai`` with a stage of its own
+    and no ``tenant_header``) sends it too, as do embeddings and the Responses API."""
+    policy = Policy(stages={"generation_backup": StagePolicy(preset="generation")})
+    g = Guard(policy, sleep=sleeps, tenant_header="x-tenant-id")
+    backup = client_of(backup_wire, g, generation_stage="generation_backup")
+    client = client_of(openai_wire, g, fallback=backup.chat.completions.create)
+    async with g.tenant("acme"):
+        await client.embeddings.create(model="e", input=["alpha"])
+        await client.responses.create(model="m", input="hi")
+        openai_wire.faults.always("chat", Fault(status=503))
+        stream = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+        assert await _text(stream) == "Backup answer"
+        assert ragguard.degraded() == ("generation_backup",)  # the fallback client, by its stage
+    sent = [r["headers"].get("x-tenant-id") for r in openai_wire.requests + backup_wire.requests]
+    assert sent == ["acme"] * 5  # embeddings, responses, two chat attempts, the backup
+
+
 async def test_a_short_deadline_ends_the_call_as_the_deadline_and_is_not_counted(
     client_of: Any,
     openai_wire: OpenAIWire,
@@ -279,7 +465,27 @@ async def test_a_short_deadline_ends_the_call_as_the_deadline_and_is_not_counted
     with pytest.raises(ragguard.DeadlineExceeded):
         async with g.deadline(0.2):
             await client.chat.completions.create(model="m", messages=ASK)
-    assert g.breaker("generation").state is BreakerState.CLOSED
+    breaker = deployment_breaker(client.chat.completions.create, "m")
+    assert breaker.state is BreakerState.CLOSED and breaker.metrics().calls == 0
+
+
+async def test_a_stream_cut_mid_stream_by_the_deadline_reports_the_requests_budget(
+    client_of: Any, openai_wire: OpenAIWire
+) -> None:
+    """Not what was left at the last item (0.09 s of a 0.7 s request, as the issue saw it)."""
+    g = Guard(_policy())
+    client = client_of(openai_wire, g)
+    openai_wire.faults.push("chat", Fault(stall_after=3, stall_s=5.0))  # role chunk, two tokens
+    got = []
+    with pytest.raises(ragguard.DeadlineExceeded) as cut:
+        async with g.deadline(0.4):
+            stream = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+            async for chunk in stream:
+                got.append(chunk.choices[0].delta.content)
+    assert got == ["", "Hello", " from"] and cut.value.items == 3
+    assert cut.value.budget_s == cut.value.deadline_s == 0.4
+    assert "after a budget of 0.400s: stream cut after 3 items" in str(cut.value)
+    assert g.breaker("generation").state is BreakerState.CLOSED  # the caller's budget: not counted
 
 
 async def test_embeddings_fall_back_to_the_stage_cache_when_the_provider_fails(

@@ -92,6 +92,16 @@ async def test_a_rate_limited_store_is_retried_after_its_retry_after(store: Any,
     assert 2.0 in sleeps.waits and wire.faults.seen["query"] == 2
 
 
+async def test_the_guards_tenant_header_reaches_the_store_over_rest_and_grpc(store: Any) -> None:
+    _, wire, make = store
+    g = Guard(tenant_header="X-Tenant-Id")
+    client = make(g)
+    async with g.tenant("acme"):
+        await client.query_points("docs", query=[0.1, 0.2], limit=3)
+    await client.query_points("docs", query=[0.1, 0.2], limit=3)
+    assert [r["headers"].get("x-tenant-id") for r in wire.requests] == ["acme", "default"]
+
+
 async def test_a_hanging_store_is_cut_by_the_stage_timeout_and_the_deadline_is_its_timeout(
     store: Any, sleeps: Sleeps
 ) -> None:
@@ -103,11 +113,16 @@ async def test_a_hanging_store_is_cut_by_the_stage_timeout_and_the_deadline_is_i
     assert wire.faults.seen["query"] == 2  # each attempt cut at 0.3 s, then the fallback
     if protocol == "rest":
         assert [r["query"].get("timeout") for r in wire.requests] == ["1", "1"]  # 0.3 s, in whole seconds
-    unbounded = Guard(Policy(stages={"vector_store": StagePolicy(timeout_s=None)}))
+    unbounded = Guard(Policy(stages={"vector_store": StagePolicy(timeout_s=None, deadline_share=1)}))
     async with unbounded.deadline(5.0):
         await make(unbounded).query_points("docs", query=[0.1], limit=1)
     if protocol == "rest":
         assert wire.requests[-1]["query"]["timeout"] == "5"
+    shared = Guard(Policy(stages={"vector_store": StagePolicy(timeout_s=None)}))  # its standard share, 0.25
+    async with shared.deadline(5.0):
+        await make(shared).query_points("docs", query=[0.1], limit=1)
+    if protocol == "rest":
+        assert wire.requests[-1]["query"]["timeout"] == "2"  # 1.25 s of the 5, in whole seconds
 
 
 async def test_a_client_leaving_the_front_door_cancels_the_waiting_search(store: Any) -> None:

@@ -256,6 +256,27 @@ async def test_the_exporters_asgi_app_serves_a_scrape_without_created_series() -
     assert "ragguard_quota_rejections_created" in kept.scrape().decode()
 
 
+async def test_the_exporter_added_as_a_route_answers_200_on_metrics_itself() -> None:
+    """A scraper that does not follow redirects: ``/metrics`` must answer, not send it elsewhere.
+    As a route the exporter's app answers there; as a Starlette mount it answers ``/metrics/``
+    only (a mount matches the paths below it), and ``/metrics`` is redirected."""
+    from fastapi import FastAPI
+
+    exporter = PrometheusExporter(bus=ragguard.events.EventBus())
+    exporter.handle(ragguard.events.QuotaRejected("acme", "rate", 0.1))
+    routed, mounted = FastAPI(), FastAPI()
+    routed.add_route("/metrics", exporter.asgi())
+    mounted.mount("/metrics", exporter.asgi())
+    with serving(routed) as routed_url, serving(mounted) as mounted_url:
+        async with httpx.AsyncClient(follow_redirects=False) as client:
+            got = await client.get(f"{routed_url}/metrics")
+            below = await client.get(f"{mounted_url}/metrics/")
+            redirected = await client.get(f"{mounted_url}/metrics")
+    assert got.status_code == 200
+    assert 'ragguard_quota_rejections_total{reason="rate",tenant="acme"} 1.0' in got.text
+    assert below.status_code == 200 and redirected.status_code == 307  # why the docs say add_route
+
+
 async def test_a_dropped_status_endpoint_stops_counting_and_leaves_the_bus_idle() -> None:
     # its counts listen from its first request on; once the endpoint is gone, nobody reads them,
     # and every guarded call in the process must not go on building events for them

@@ -33,6 +33,8 @@ from ragguard.breakers import (
     EmbeddingTimeoutBreaker,
     RerankOOMBreaker,
     VectorStoreUnavailableBreaker,
+    classify_outcome,
+    outcome_name,
 )
 from ragguard.grpc import status_for
 from ragguard.layers.throttle import throttle_for
@@ -57,6 +59,7 @@ class Row:
     throttle: str  # accepted / rejected / forgotten
     http: int | None
     grpc: grpc.StatusCode | None
+    rejected: bool = False  # every breaker counts it as a rejection (its rejection rate)
 
 
 ROWS: dict[str, tuple[Any, Row]] = {
@@ -78,7 +81,10 @@ ROWS: dict[str, tuple[Any, Row]] = {
     ),
     "rejection: 503 stating a wait": (
         lambda: _status_error(503, {"retry-after": "1"}),
-        Row(Kind.REJECTION, False, False, True, True, "rejected", 503, grpc.StatusCode.UNAVAILABLE),
+        Row(
+            Kind.REJECTION, False, False, True, True, "rejected", 503, grpc.StatusCode.UNAVAILABLE,
+            rejected=True,
+        ),
     ),
     "timeout": (
         lambda: StageTimeout("s", 1.0),
@@ -154,6 +160,9 @@ async def test_a_row_of_the_outcome_table(name: str) -> None:
     for typed in (EmbeddingTimeoutBreaker(), VectorStoreUnavailableBreaker(), RerankOOMBreaker()):
         assert typed.classifier(make()) is row.typed, typed
     assert CircuitBreaker("generic").classifier(make()) is row.generic
+    for breaker in (EmbeddingTimeoutBreaker(), VectorStoreUnavailableBreaker(), RerankOOMBreaker(),
+                    CircuitBreaker("generic")):
+        assert (outcome_name(classify_outcome(breaker.config, make(), 0.0)) == "rejection") is row.rejected
     # retry (an idempotent stage retrying every dependency kind)
     retry = RetryPolicy(
         attempts=2, retry_on=("connection", "timeout", "out_of_memory", "rejection"), jitter_s=0.0

@@ -6,7 +6,18 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import ragguard
-from ragguard import CircuitBreaker, Guard, Policy, TenantQuota, deadline, guard, tenant
+from ragguard import (
+    CircuitBreaker,
+    Guard,
+    GuardedStream,
+    Policy,
+    StreamEnding,
+    TenantQuota,
+    deadline,
+    guard,
+    tenant,
+)
+from ragguard.rag import Partial
 
 
 @guard("embedding")
@@ -61,3 +72,21 @@ async def closes_a_guarded_stream() -> list[str]:
     # a guarded async generator is an async generator: aclosing() accepts it
     async with aclosing(tokens("q")) as words:
         return [w async for w in words]
+
+
+async def finish(prompt: str, *, partial: Partial) -> AsyncIterator[str]:
+    yield (partial.text or "")[-1:]
+
+
+@guard("generation", continuation=finish)
+async def continued(prompt: str) -> AsyncIterator[str]:
+    yield prompt
+
+
+async def reads_the_ending() -> StreamEnding | None:
+    stream: GuardedStream[str] = continued("q")
+    words: list[str] = [w async for w in stream]
+    del words
+    endings: tuple[StreamEnding, ...] = ragguard.stream_endings()
+    del endings
+    return stream.ending

@@ -6,6 +6,7 @@
     faults.push("embeddings", Fault(status=429, headers={"retry-after-ms": "250"}), times=2)
     faults.push("chat", Fault(stall_after=2, stall_s=5.0))        # two events, then silence
     faults.push("chat", Fault(reset=True))                          # TCP reset, no response
+    faults.push("chat", Fault(reset=True, after_tokens=3))          # three tokens, then a reset
 
 A request takes the first fault queued for its route (or for ``"*"``), once per ``times``; with
 none queued it is served normally. ``seen`` counts the requests of each route (a test asserts how
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["Fault", "Faults"]
+__all__ = ["Fault", "Faults", "placed"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class Fault:
       ends (``event_after`` events first);
     - ``reset``: reset the TCP connection (RST) before any byte (``reset_after`` events first, for
       a stream: mid-stream);
+    - ``after_tokens``: for a stream, the stall (``stall_s``), the error event (``event``) or the
+      reset (``reset``) comes after this many tokens, whatever events open the stream (a role
+      chunk, ``message_start``...);
     - ``grpc_code``/``trailers``: for the gRPC servers, abort with this status and trailing
       metadata.
     """
@@ -48,9 +52,23 @@ class Fault:
     event_after: int = 0
     reset: bool = False
     reset_after: int | None = None
+    after_tokens: int | None = None
     grpc_code: str | None = None
     details: str = ""
     trailers: tuple[tuple[str, str], ...] = ()
+
+
+def placed(fault: Fault | None, preamble: int) -> Fault | None:
+    """``fault`` with its ``after_tokens`` turned into the event index it applies at, in a stream
+    whose tokens follow ``preamble`` opening events."""
+    if fault is None or fault.after_tokens is None:
+        return fault
+    at = preamble + fault.after_tokens
+    if fault.event is not None:
+        return replace(fault, event_after=at, after_tokens=None)
+    if fault.reset:
+        return replace(fault, reset_after=at, after_tokens=None)
+    return replace(fault, stall_after=at, after_tokens=None)
 
 
 class Faults:

@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ._faults import Fault, Faults
+from ._faults import Fault, Faults, placed
 
 __all__ = ["HttpWire", "serving", "sse"]
 
@@ -90,10 +90,18 @@ class HttpWire:
         return Response(json.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
     async def stream(
-        self, request: Request, fault: Fault | None, events: list[str], headers: dict[str, str] | None = None
+        self,
+        request: Request,
+        fault: Fault | None,
+        events: list[str],
+        headers: dict[str, str] | None = None,
+        *,
+        preamble: int = 0,
     ) -> Response:
         """An SSE stream of ``events``, unless ``fault`` changes it (a status instead, a delay
-        before the head, a stall, an error event, a reset mid-stream)."""
+        before the head, a stall, an error event, a reset mid-stream; ``preamble``: the events
+        before the first token, for a fault ``after_tokens``)."""
+        fault = placed(fault, preamble)
         extra = dict(headers or {})
         if fault is not None:
             if fault.delay_s:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ._continue import rest_of
 from ._faults import Fault
 from ._http import HttpWire, sse
 
@@ -92,12 +93,17 @@ def context_length_error(
 class OpenAIWire(HttpWire):
     """``/v1/embeddings``, ``/v1/chat/completions`` and ``/v1/responses`` (routes ``embeddings``,
     ``chat`` and ``responses``). A completion is ``tokens``, one per chunk or delta; its usage
-    says ``3`` prompt tokens and ``completion_tokens`` (default: one per token) completion ones.
+    says ``usage_prompt_tokens`` (default 3) prompt (input) tokens and ``completion_tokens``
+    (default: one per token) completion ones.
 
     ``context_limits`` (model -> tokens): a chat request to such a model whose input
     (:func:`prompt_tokens`) plus its ``max_tokens`` (vLLM: its input alone) passes the limit is
     refused as ``dialect``'s server refuses it (:func:`context_length_error`); TGI streams the
-    refusal as an error event after HTTP 200, as its router does."""
+    refusal as an error event after HTTP 200, as its router does.
+
+    A chat request whose messages end with an assistant message that begins the answer, then a
+    user message (ragguard's continuation recipe), is answered with the rest of the answer, from
+    ``repeat_tokens`` tokens back (:func:`wire._continue.rest_of`)."""
 
     error_body = staticmethod(openai_error)
 
@@ -106,15 +112,18 @@ class OpenAIWire(HttpWire):
         *,
         tokens: tuple[str, ...] = ("Hello", " from", " the", " wire"),
         completion_tokens: int | None = None,
+        usage_prompt_tokens: int = 3,
         context_limits: Mapping[str, int] | None = None,
         dialect: Dialect = "openai",
     ) -> None:
         super().__init__()
         self.tokens = tokens
         self.completion_tokens = completion_tokens
+        self.usage_prompt_tokens = usage_prompt_tokens
         self.context_limits = dict(context_limits or {})
         self.dialect: Dialect = dialect
         self.finish_reason = "stop"  # a whole completion's (Azure's "content_filter", say)
+        self.repeat_tokens = 0  # how far back a continuation starts
         self.route("/v1/embeddings", "embeddings", self._embeddings, ["POST"])
         self.route("/v1/chat/completions", "chat", self._chat, ["POST"])
         self.route("/v1/responses", "responses", self._responses, ["POST"])
@@ -175,8 +184,9 @@ class OpenAIWire(HttpWire):
                 }
             )
 
+        answer = self._answer(payload)
         events = [chunk({"role": "assistant", "content": ""}, None)]
-        events += [chunk({"content": token}, None) for token in self.tokens]
+        events += [chunk({"content": token}, None) for token in answer]
         events.append(chunk({}, "stop"))
         if (payload.get("stream_options") or {}).get("include_usage"):
             usage = {
@@ -185,11 +195,21 @@ class OpenAIWire(HttpWire):
                 "created": created,
                 "model": model,
                 "choices": [],
-                "usage": self._chat_usage(),
+                "usage": self._chat_usage(len(answer) if answer is not self.tokens else None),
             }
             events.append(sse(usage))
         events.append("data: [DONE]\n\n")
-        return await self.stream(request, fault, events)
+        return await self.stream(request, fault, events, preamble=1)
+
+    def _answer(self, payload: dict[str, Any]) -> tuple[str, ...]:
+        """The tokens to stream: the answer, or the rest of it when the request continues it."""
+        messages = payload.get("messages") or []
+        roles = [m.get("role") for m in messages[-2:]]
+        if roles == ["assistant", "user"]:
+            partial = messages[-2].get("content")
+            if isinstance(partial, str) and partial and "".join(self.tokens).startswith(partial):
+                return rest_of(self.tokens, partial, self.repeat_tokens)
+        return self.tokens
 
     def _too_long(self, payload: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         limit = self.context_limits.get(str(payload.get("model")))
@@ -202,9 +222,9 @@ class OpenAIWire(HttpWire):
             return None
         return context_length_error(self.dialect, limit, prompt, completion)
 
-    def _chat_usage(self) -> dict[str, int]:
-        used = self._used()
-        return {"prompt_tokens": 3, "completion_tokens": used, "total_tokens": 3 + used}
+    def _chat_usage(self, tokens: int | None = None) -> dict[str, int]:
+        used, prompt = self._used() if tokens is None else tokens, self.usage_prompt_tokens
+        return {"prompt_tokens": prompt, "completion_tokens": used, "total_tokens": prompt + used}
 
     async def _responses(self, request: Request, payload: dict[str, Any], fault: Fault | None) -> Response:
         used = self._used()
@@ -227,11 +247,11 @@ class OpenAIWire(HttpWire):
             "tool_choice": "auto",
             "tools": [],
             "usage": {
-                "input_tokens": 3,
+                "input_tokens": self.usage_prompt_tokens,
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": used,
                 "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": 3 + used,
+                "total_tokens": self.usage_prompt_tokens + used,
             },
         }
         if not payload.get("stream"):

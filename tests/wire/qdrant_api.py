@@ -46,10 +46,13 @@ class QdrantWire(HttpWire):
 
 
 class _Points(points_service_pb2_grpc.PointsServicer):  # type: ignore[misc]
-    def __init__(self, faults: Faults) -> None:
+    def __init__(self, faults: Faults, requests: list[dict[str, Any]]) -> None:
         self.faults = faults
+        self.requests = requests
 
     async def Query(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        headers = {key: value for key, value in context.invocation_metadata() or ()}
+        self.requests.append({"route": "query", "headers": headers})
         fault = self.faults.take("query")
         if fault is not None:
             if fault.delay_s:
@@ -66,10 +69,11 @@ class _Points(points_service_pb2_grpc.PointsServicer):  # type: ignore[misc]
 
 class QdrantGrpcWire:
     """gRPC ``qdrant.Points/Query`` (route ``query``) on a ``grpc.aio`` server in its own thread
-    and loop; ``port`` once running."""
+    and loop; ``port`` once running; ``requests`` records each call's metadata (``headers``)."""
 
     def __init__(self) -> None:
         self.faults = Faults()
+        self.requests: list[dict[str, Any]] = []
         self.port = 0
 
     @contextmanager
@@ -82,7 +86,7 @@ class QdrantGrpcWire:
             nonlocal stop
             stop = asyncio.Event()
             server = aio.server()
-            points_service_pb2_grpc.add_PointsServicer_to_server(_Points(self.faults), server)
+            points_service_pb2_grpc.add_PointsServicer_to_server(_Points(self.faults, self.requests), server)
             self.port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
             started.set()

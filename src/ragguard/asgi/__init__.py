@@ -27,7 +27,7 @@ from .._http import (
 )
 from .._identity import API_KEY_HEADER, APIKeyResolver, Caller, HeaderResolver, Identity, TenantResolver
 from ._health import StatusEndpoint
-from ._middleware import SSE_ERROR_EVENT, RagguardMiddleware
+from ._middleware import SSE_ENDING_EVENT, SSE_ERROR_EVENT, RagguardMiddleware
 from ._status import HttpStatus, http_status_for
 from ._stream import primed
 
@@ -36,6 +36,7 @@ __all__ = [
     "DEGRADED_HEADER",
     "RETRY_AFTER_HEADER",
     "RETRY_AFTER_MS_HEADER",
+    "SSE_ENDING_EVENT",
     "SSE_ERROR_EVENT",
     "TENANT_HEADER",
     "TIMEOUT_HEADER",

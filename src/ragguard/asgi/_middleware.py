@@ -46,6 +46,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SSE_ERROR_EVENT = "ragguard-error"
+SSE_ENDING_EVENT = "ragguard-ending"
 
 
 class RagguardMiddleware:
@@ -93,6 +94,13 @@ class RagguardMiddleware:
     A response served in part by fallbacks names them in ``degraded_header`` (default
     ``ragguard-degraded``), as far as they are known when the response starts.
 
+    An SSE response (``text/event-stream``) tells how each guarded stream of the request ended
+    (:class:`ragguard.StreamEnding`): one ``event: ragguard-ending`` whose data is the ending's
+    JSON (``{"ending": "continued", "stage": ..., "items": ..., "continued_by": ...,
+    "continued_after": ..., "error": ...}``), sent before the next message the app sends once the
+    stream has ended (before a ``data: [DONE]``, before the response's end), and before a
+    ``ragguard-error`` event (``ending_events=False``: none).
+
     Streaming responses (SSE, chunked) hold the tenant's slot until the last chunk. When the client
     disconnects first, the app is cancelled (``cancel_on_disconnect``, default True) and the slot
     released at once, for plain responses too. The watch for a disconnect starts only once the app
@@ -125,6 +133,7 @@ class RagguardMiddleware:
         ratelimit_fields: bool = True,
         cancel_on_disconnect: bool = True,
         enforce_deadline: bool = True,
+        ending_events: bool = True,
     ) -> None:
         if not callable(app):
             raise ConfigError(f"RagguardMiddleware: app must be an ASGI callable, got {app!r}")
@@ -153,6 +162,7 @@ class RagguardMiddleware:
         self.ratelimit_fields = bool(ratelimit_fields)
         self.cancel_on_disconnect = bool(cancel_on_disconnect)
         self.enforce_deadline = bool(enforce_deadline)
+        self.ending_events = bool(ending_events)
         self._later: _WatchLater | None = None
 
     def _watch_later(self, loop: asyncio.AbstractEventLoop) -> _WatchLater:
@@ -314,10 +324,12 @@ class _Exchange:
         "_send",
         "_starter",
         "_taken",
+        "_told",
         "_watcher",
         "complete",
         "content_length",
         "disconnected",
+        "ended_in",
         "event_stream",
         "request",
         "started",
@@ -337,6 +349,8 @@ class _Exchange:
         self._starter: _WatchLater | None = None  # starts the watcher once the app waits
         self._watcher: asyncio.Task[None] | None = None
         self.request: TenantContext | None = None
+        self.ended_in: TenantContext | None = None  # the request whose stream endings are told
+        self._told = 0  # stream endings told so far (SSE)
         self.started = False
         self.complete = False
         self.disconnected = False
@@ -365,6 +379,8 @@ class _Exchange:
             with limit:
                 async with request:
                     self.request = request
+                    if self._middleware.ending_events:
+                        self.ended_in = request
                     expiry = current_expiry() if self._middleware.enforce_deadline else None
                     if expiry is None:
                         await self._middleware.app(scope, body, self.send)
@@ -462,6 +478,7 @@ class _Exchange:
         if self.content_length and not self.complete:
             raise failure  # a fixed-length body cannot end early: the server aborts it
         if not self.complete:
+            await self._tell_endings()
             if status is not None and self.event_stream:
                 data = json.dumps({"status": status[0], **status[2]})
                 event = f"event: {SSE_ERROR_EVENT}\ndata: {data}\n\n".encode()
@@ -493,6 +510,8 @@ class _Exchange:
                 await self._release_held()  # a streamed 500 is the app's own: let it flow
             return
         if kind == "http.response.body":
+            if self.ended_in is not None and self.ended_in.endings is not None:
+                await self._tell_endings()
             if not message.get("more_body", False):
                 self.complete = True  # before sending: the server's receive() wakes on it
         elif kind in ("http.response.pathsend", "http.response.zerocopysend"):
@@ -513,6 +532,25 @@ class _Exchange:
             message = {**message, "headers": [*headers, (degraded_header.encode(), names.encode())]}
         self.started = True
         await self._send(message)
+
+    async def _tell_endings(self) -> None:
+        """Send the endings of the request's streams not told yet, as SSE events (an SSE response
+        that has started and not ended only)."""
+        request = self.ended_in
+        if request is None or not self.event_stream or not self.started or self.complete:
+            return
+        endings = request.endings
+        if not endings:
+            return
+        total = request.ended_before + len(endings)
+        if total <= self._told:
+            return
+        fresh = endings[max(0, len(endings) - (total - self._told)) :]
+        self._told = total
+        body = "".join(
+            f"event: {SSE_ENDING_EVENT}\ndata: {json.dumps(ending.as_dict())}\n\n" for ending in fresh
+        )
+        await self._send({"type": "http.response.body", "body": body.encode(), "more_body": True})
 
     async def _release_held(self) -> None:
         held, self._held = self._held, None

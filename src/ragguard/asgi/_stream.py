@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import Any, TypeVar
 
+from ..pipeline import GuardedStream
+
 __all__ = ["primed"]
 
 T = TypeVar("T")
@@ -24,17 +26,21 @@ async def primed(stream: AsyncIterable[T]) -> AsyncGenerator[T, None]:
         return StreamingResponse(sse(items), media_type="text/event-stream")
 
     The generator returned closes ``stream`` when it ends or is closed; iterate it or close it
-    (``aclose``, ``contextlib.aclosing``). Raises what ``stream`` raised before its first item.
+    (``aclose``, ``contextlib.aclosing``); for a guarded stream it is a
+    :class:`~ragguard.GuardedStream` too, whose ``ending`` is the stream's. Raises what ``stream``
+    raised before its first item.
     """
     iterator = aiter(stream)
     try:
         first = await anext(iterator)
     except StopAsyncIteration:
-        return _rest(iterator, None, empty=True)
+        rest = _rest(iterator, None, empty=True)
     except BaseException:
         await _close(iterator)
         raise
-    return _rest(iterator, first, empty=False)
+    else:
+        rest = _rest(iterator, first, empty=False)
+    return GuardedStream(rest, stream) if isinstance(stream, GuardedStream) else rest
 
 
 async def _rest(iterator: AsyncIterator[T], first: Any, *, empty: bool) -> AsyncGenerator[T, None]:

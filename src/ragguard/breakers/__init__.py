@@ -13,7 +13,14 @@ pipeline's embedding, vector-store and rerank stages.
 
 from ._aiobreaker import AiobreakerBreaker, AiobreakerListenerAdapter, from_aiobreaker
 from ._breaker import BreakerCallOutcome, BreakerMetrics, CircuitBreaker, Classifier
-from ._classify import counts_by_default, counts_outages, is_connection_error, is_out_of_memory, is_timeout
+from ._classify import (
+    counts_by_default,
+    counts_outages,
+    counts_overloads,
+    is_connection_error,
+    is_out_of_memory,
+    is_timeout,
+)
 from ._live import live_breakers, register_breaker
 from ._options import BreakerConfig
 from ._outcome import IGNORED, OUTCOMES, classify_outcome, outcome_name
@@ -46,6 +53,7 @@ __all__ = [
     "classify_outcome",
     "counts_by_default",
     "counts_outages",
+    "counts_overloads",
     "from_aiobreaker",
     "is_connection_error",
     "is_out_of_memory",

@@ -2,8 +2,8 @@
 
 ::
 
-    CLOSED --(failure rate, slow-call rate or consecutive failures over threshold,
-              once the window holds minimum_calls)--> OPEN
+    CLOSED --(failure rate, slow-call rate, rejection rate or consecutive failures over
+              threshold, once the window holds minimum_calls)--> OPEN
     OPEN --(open duration elapsed; checked lazily on the next acquire)--> HALF_OPEN
     HALF_OPEN --(all half_open_permits trials done, rates under threshold)--> CLOSED
     HALF_OPEN --(all trials done, a rate at or over threshold)--> OPEN (open duration grows)
@@ -34,17 +34,17 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, fields
-from datetime import timedelta
-from typing import Any, ClassVar, Literal, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar, Unpack
 
 from .. import _validate, events
 from .._errors import BreakerOpen, ConfigError
 from ._aiobreaker import AiobreakerListenerAdapter
+from ._classify import judge
 from ._live import register_breaker
-from ._options import MAX_DURATION_S, BreakerConfig, Classifier
+from ._options import MAX_DURATION_S, BreakerConfig, BreakerOptions, Classifier
 from ._outcome import OUTCOMES, BreakerCallOutcome
 from ._state import BreakerState
-from ._window import FAILED, SLOW, CountWindow, TimeWindow
+from ._window import FAILED, REJECTED, SLOW, CountWindow, TimeWindow
 
 _new_exception = BaseException.__new__
 
@@ -67,8 +67,10 @@ class BreakerMetrics:
     """A snapshot of a breaker's window, read with :meth:`CircuitBreaker.metrics`.
 
     Rates are percentages in [0, 100], or -1.0 while the window holds fewer than
-    ``minimum_calls`` calls (as resilience4j reports them). ``retry_after_s`` is the time left
-    open in seconds (None unless open).
+    ``minimum_calls`` calls (as resilience4j reports them): the failure and slow-call rates of
+    the calls the dependency did not turn away (``calls - rejected_calls``; 0.0 when there are
+    none), the rejection rate of all the calls. ``retry_after_s`` is the time left open in seconds
+    (None unless open).
     """
 
     state: BreakerState
@@ -81,53 +83,39 @@ class BreakerMetrics:
     trial_permits_left: int
     trial_calls_done: int
     retry_after_s: float | None
+    rejected_calls: int = 0
+    rejection_rate: float = -1.0
 
 
 _DEFAULT_OPTIONS: dict[str, Any] = {
     **{f.name: f.default for f in fields(BreakerConfig)},
     "classifier": None,
 }
-"""The option keywords of :class:`CircuitBreaker` as their defaults."""
+"""The option keywords of :class:`CircuitBreaker` as their defaults (a keyword given with its
+default beside ``config=`` is no conflict)."""
 
 
 class CircuitBreaker:
     """A circuit breaker with sliding-window failure and slow-call rates.
 
-    Options (keyword-only; names after resilience4j's, in seconds and percent):
+    Options (keyword-only): the fields of :class:`BreakerConfig`, which gives each one's default,
+    units, range and meaning (resilience4j's names in snake_case with units:
+    ``failure_rate_threshold``, ``slow_call_rate_threshold`` and ``slow_call_duration_s``,
+    ``consecutive_failures_threshold``, ``rejection_rate_threshold``, ``minimum_calls``,
+    ``window_type`` and ``window_size``, ``half_open_permits``, ``open_for_s`` with
+    ``open_backoff_multiplier``, ``open_max_s`` and ``open_jitter``), and ``classifier`` (``exc ->
+    bool``, default :func:`counts_by_default`: True when an error counts as a failure; other errors
+    pass through uncounted and give a half-open permit back), ``slow_classifier`` (``exc -> bool``
+    or None: errors that count as slow whatever their duration; the embedding breaker passes
+    ``is_timeout``) and ``error_class`` (a :class:`ragguard.BreakerOpen` subclass): raised on
+    rejection, with ``retry_after_s`` the true time left open (0.0 while half-open with every
+    permit taken, None while forced open).
 
-    ``failure_rate_threshold`` (percent, (0, 100], default 50): trip when at least this share
-    of the calls in the window failed (resilience4j ``failureRateThreshold``).
-    ``slow_call_rate_threshold`` (percent, (0, 100], default 100): trip when at least this
-    share of the calls took longer than ``slow_call_duration_s`` (resilience4j's slow-call rate,
-    ``slowCallRateThreshold``); slow successes and slow failures both count.
-    ``slow_call_duration_s`` (seconds, (0, 1 year], default 60): a call lasting longer is slow.
-    ``consecutive_failures_threshold`` (int >= 1 or None = off, default None): trip after this
-    many failures in a row (a success resets the run; ignored errors do not).
-    ``minimum_calls`` (int >= 1, default 100; at most ``window_size`` for a count window): no
-    rule trips before the window holds this many calls (``minimumNumberOfCalls``).
-    ``window_type`` (``"count"`` or ``"time"``, default count) and ``window_size`` (default 100):
-    the last ``window_size`` calls (1..1,000,000), or the calls of the last ``window_size``
-    seconds of the clock (1..86,400) in one-second buckets.
-    ``half_open_permits`` (int 1..100,000, default 10): trial calls admitted while half-open;
-    further callers are rejected at once (``permittedNumberOfCallsInHalfOpenState``). When all
-    trials are done, their failure and slow-call rates against the same thresholds decide:
-    closed (window cleared) or open again.
-    ``open_for_s`` (seconds, (0, 1 year], default 60): how long the breaker stays open after a
-    trip (``waitDurationInOpenState``). Each reopening from half-open multiplies it by
-    ``open_backoff_multiplier`` ([1, 100], default 1: constant), capped at ``open_max_s`` (>=
-    ``open_for_s`` and at most a year, or None: a year); closing resets it. ``open_jitter`` (in
-    [0, 1), default 0) spreads each open duration uniformly by up to that fraction either way
-    (never above the cap), drawn from ``rng`` (a ``random.Random``; seed it in tests).
-    ``classifier`` (``exc -> bool``, default :func:`counts_by_default`): True when an error counts
-    as a failure; other errors pass through uncounted and give a half-open permit back.
-    ``slow_classifier`` (``exc -> bool`` or None): errors that count as slow whatever their
-    duration (a timed-out call was slow; the embedding breaker passes ``is_timeout``).
-    ``clock`` (callable returning monotonic seconds, default ``time.monotonic``).
-    ``config`` (a :class:`BreakerConfig`, e.g. ``BreakerPolicy.config()`` of a stage's policy):
+    Or ``config`` (a :class:`BreakerConfig`, e.g. ``BreakerPolicy.config()`` of a stage's policy):
     the options validated already, used as they are (then no option keyword may be given).
-    ``error_class`` (a :class:`ragguard.BreakerOpen` subclass): raised on rejection, with
-    ``retry_after_s`` the true time left open (0.0 while half-open with every permit taken,
-    None while forced open).
+
+    Not options of its behaviour: ``rng`` (a ``random.Random`` for the open-duration jitter; seed
+    it in tests) and ``clock`` (a callable returning monotonic seconds, default ``time.monotonic``).
 
     Cancellation (``asyncio.CancelledError``, trio's ``Cancelled``, any ``BaseException``) is
     never recorded: the call's half-open permit is given back and the cancellation re-raised.
@@ -161,6 +149,7 @@ class CircuitBreaker:
         "_open_until",
         "_permits",
         "_permits_total",
+        "_rejection_threshold",
         "_rng",
         "_slow_classifier",
         "_slow_s",
@@ -168,6 +157,7 @@ class CircuitBreaker:
         "_state",
         "_trial_calls",
         "_trial_failures",
+        "_trial_rejected",
         "_trial_slow",
         "_window",
         "bus",
@@ -177,60 +167,25 @@ class CircuitBreaker:
         "window_type",
     )
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        failure_rate_threshold: float = 50.0,
-        slow_call_rate_threshold: float = 100.0,
-        slow_call_duration_s: float | timedelta = 60.0,
-        consecutive_failures_threshold: int | None = None,
-        minimum_calls: int = 100,
-        window_type: Literal["count", "time"] = "count",
-        window_size: int = 100,
-        half_open_permits: int = 10,
-        open_for_s: float | timedelta = 60.0,
-        open_backoff_multiplier: float = 1.0,
-        open_max_s: float | timedelta | None = None,
-        open_jitter: float = 0.0,
-        rng: random.Random | None = None,
-        classifier: Classifier | None = None,
-        slow_classifier: Classifier | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        error_class: type[BreakerOpen] = BreakerOpen,
-        config: BreakerConfig | None = None,
-    ) -> None:
+    def __init__(self, name: str, **options: Unpack[BreakerOptions]) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"name must be a non-empty str, got {_validate.shown(name)}", field="name")
         self.name = name
-        options = dict(
-            failure_rate_threshold=failure_rate_threshold,
-            slow_call_rate_threshold=slow_call_rate_threshold,
-            slow_call_duration_s=slow_call_duration_s,
-            consecutive_failures_threshold=consecutive_failures_threshold,
-            minimum_calls=minimum_calls,
-            window_type=window_type,
-            window_size=window_size,
-            half_open_permits=half_open_permits,
-            open_for_s=open_for_s,
-            open_backoff_multiplier=open_backoff_multiplier,
-            open_max_s=open_max_s,
-            open_jitter=open_jitter,
-            classifier=classifier,
-            slow_classifier=slow_classifier,
-            error_class=error_class,
-        )
+        rng = options.pop("rng", None)
+        clock = options.pop("clock", time.monotonic)
+        config = options.pop("config", None)
         if config is None:
             config = BreakerConfig.of(**options)
         elif not isinstance(config, BreakerConfig):
             got = _validate.shown(config)
             raise ConfigError(f"config must be a ragguard.breakers.BreakerConfig, got {got}", field="config")
-        elif options != _DEFAULT_OPTIONS:
-            given = sorted(k for k, value in options.items() if _DEFAULT_OPTIONS[k] != value)
-            raise ConfigError(
-                f"give config= or the option keywords, not both (also given: {', '.join(given)})",
-                field="config",
-            )
+        else:
+            given = sorted(k for k, value in options.items() if _DEFAULT_OPTIONS.get(k, config) != value)
+            if given:
+                raise ConfigError(
+                    f"give config= or the option keywords, not both (also given: {', '.join(given)})",
+                    field="config",
+                )
         if rng is not None and not callable(getattr(rng, "random", None)):
             raise ConfigError(f"rng must be a random.Random, got {_validate.shown(rng)}", field="rng")
         _validate.function("clock", clock, "returning monotonic seconds")
@@ -241,6 +196,7 @@ class CircuitBreaker:
         self._slow_threshold = config.slow_call_rate_threshold
         self._slow_s = config.slow_call_duration_s
         self._consecutive_threshold = config.consecutive_failures_threshold
+        self._rejection_threshold = config.rejection_rate_threshold
         self._min_calls = config.minimum_calls
         self.window_type = config.window_type
         self.window_size = config.window_size
@@ -269,7 +225,7 @@ class CircuitBreaker:
         self._open_until = 0.0
         self._open_base_s = 0.0
         self._permits = 0
-        self._trial_calls = self._trial_failures = self._trial_slow = 0
+        self._trial_calls = self._trial_failures = self._trial_slow = self._trial_rejected = 0
         self._oks = 0
         self._oks_until = self._window.clean_until()
         register_breaker(self)
@@ -312,6 +268,7 @@ class CircuitBreaker:
             self._oks = 0
         window.expire(self.clock())
         calls = window.calls
+        served = calls - window.rejected
         enough = calls >= self._min_calls
         half_open = self._state is _HALF_OPEN
         return BreakerMetrics(
@@ -319,12 +276,14 @@ class CircuitBreaker:
             calls=calls,
             failed_calls=window.failures,
             slow_calls=window.slow,
-            failure_rate=window.failures * 100.0 / calls if enough else -1.0,
-            slow_call_rate=window.slow * 100.0 / calls if enough else -1.0,
+            failure_rate=(window.failures * 100.0 / served if served else 0.0) if enough else -1.0,
+            slow_call_rate=(window.slow * 100.0 / served if served else 0.0) if enough else -1.0,
             consecutive_failures=self._consecutive,
             trial_permits_left=self._permits if half_open else 0,
             trial_calls_done=self._trial_calls if half_open else 0,
             retry_after_s=self.retry_after_s,
+            rejected_calls=window.rejected,
+            rejection_rate=window.rejected * 100.0 / calls if enough else -1.0,
         )
 
     def __repr__(self) -> str:
@@ -495,9 +454,13 @@ class CircuitBreaker:
             window = self._record(code, now)
             self._consecutive = 0
             calls = window.calls
-            if calls >= self._min_calls and (
-                window.failures * 100.0 >= self._failure_threshold * calls
-                or window.slow * 100.0 >= self._slow_threshold * calls
+            if calls < self._min_calls:
+                return
+            served = calls - window.rejected
+            if (
+                window.failures * 100.0 >= self._failure_threshold * served
+                or window.slow * 100.0 >= self._slow_threshold * served
+                or window.rejected  # the window just reached minimum_calls, or a rate moved
             ):
                 self._check(now)
         elif state is _HALF_OPEN:
@@ -511,8 +474,9 @@ class CircuitBreaker:
         # classify_outcome(self._config, exc, duration_s), inlined: it runs
         # once per failed attempt, and a dependency that is down fails every attempt
         try:
-            if not self._classifier(exc):
-                code = -1  # IGNORED
+            counted, rejected = judge(self._classifier, exc, self._rejection_threshold is not None)
+            if not counted:
+                code = REJECTED if rejected else -1  # or IGNORED
             else:
                 slow_of = self._slow_classifier
                 slow = duration_s > self._slow_s or (slow_of is not None and bool(slow_of(exc)))
@@ -535,7 +499,8 @@ class CircuitBreaker:
                 self._oks = 0
             window.record(code, now)
             self._oks_until = -math.inf  # a window holding a failure takes no success in bulk
-            self._consecutive += 1
+            if code != REJECTED:
+                self._consecutive += 1
             if window.calls >= self._min_calls:
                 self._check(now)
         elif state is _HALF_OPEN:
@@ -556,12 +521,18 @@ class CircuitBreaker:
         calls = window.calls
         if calls < self._min_calls:
             return
-        if window.failures * 100.0 >= self._failure_threshold * calls:
-            reason = f"failure rate {window.failures * 100.0 / calls:.1f}% >= {self._failure_threshold}%"
-        elif window.slow * 100.0 >= self._slow_threshold * calls:
-            reason = f"slow-call rate {window.slow * 100.0 / calls:.1f}% >= {self._slow_threshold}%"
+        rejected = window.rejected
+        served = calls - rejected  # the rates of failures and slow calls are of these
+        if served and window.failures * 100.0 >= self._failure_threshold * served:
+            reason = f"failure rate {window.failures * 100.0 / served:.1f}% >= {self._failure_threshold}%"
+        elif served and window.slow * 100.0 >= self._slow_threshold * served:
+            reason = f"slow-call rate {window.slow * 100.0 / served:.1f}% >= {self._slow_threshold}%"
         elif self._consecutive_threshold is not None and self._consecutive >= self._consecutive_threshold:
             reason = f"{self._consecutive} consecutive failures"
+        elif rejected and (threshold := self._rejection_threshold) is not None and (
+            rejected * 100.0 >= threshold * calls
+        ):
+            reason = f"rejection rate {rejected * 100.0 / calls:.1f}% >= {threshold}%"
         else:
             return
         self._to(_OPEN, now, reason)
@@ -569,14 +540,20 @@ class CircuitBreaker:
     def _trial(self, code: int, now: float) -> None:
         self._trial_calls += 1
         self._trial_failures += code & FAILED
-        self._trial_slow += code >> 1
+        self._trial_slow += (code >> 1) & 1
+        self._trial_rejected += code >> 2
         done = self._trial_calls
         if done < self._permits_total:
             return
-        if self._trial_failures * 100.0 >= self._failure_threshold * done:
-            self._to(_OPEN, now, f"{self._trial_failures} of {done} trial calls failed")
-        elif self._trial_slow * 100.0 >= self._slow_threshold * done:
-            self._to(_OPEN, now, f"{self._trial_slow} of {done} trial calls were slow")
+        failed, slow, rejected = self._trial_failures, self._trial_slow, self._trial_rejected
+        served = done - rejected
+        threshold = self._rejection_threshold
+        if served and failed * 100.0 >= self._failure_threshold * served:
+            self._to(_OPEN, now, f"{failed} of {done} trial calls failed")
+        elif served and slow * 100.0 >= self._slow_threshold * served:
+            self._to(_OPEN, now, f"{slow} of {done} trial calls were slow")
+        elif rejected and threshold is not None and rejected * 100.0 >= threshold * done:
+            self._to(_OPEN, now, f"{rejected} of {done} trial calls were turned away")
         else:
             self._to(_CLOSED, now, f"{done} trial calls passed")
 
@@ -602,7 +579,7 @@ class CircuitBreaker:
             self._open_until = now + self._open_duration()
         elif new is _HALF_OPEN:
             self._permits = self._permits_total
-            self._trial_calls = self._trial_failures = self._trial_slow = 0
+            self._trial_calls = self._trial_failures = self._trial_slow = self._trial_rejected = 0
         elif new is _CLOSED:
             window = self._window
             window.clear()

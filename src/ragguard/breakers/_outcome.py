@@ -4,9 +4,10 @@ The in-memory breaker and the Redis-shared one classify with this one function, 
 the same way whichever breaker records it; the classifiers it asks (``config.classifier``: every
 breaker kind's default is a question about :func:`ragguard.outcomes.classify`) are the same
 answer every other layer reads. A code is the ``FAILED | SLOW`` bits of the sliding
-windows (see ``_window``), or :data:`IGNORED`::
+windows (see ``_window``), :data:`REJECTION` (the dependency turned the call away with a wait, a
+rate limit aside: counted by a breaker with a ``rejection_rate_threshold``), or :data:`IGNORED`::
 
-    SUCCESS 0, FAILURE 1, SLOW_SUCCESS 2, SLOW_FAILURE 3, IGNORED -1
+    SUCCESS 0, FAILURE 1, SLOW_SUCCESS 2, SLOW_FAILURE 3, REJECTION 4, IGNORED -1
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import events
-from ._window import FAILED, SLOW
+from ._classify import judge
+from ._window import FAILED, REJECTED, SLOW
 
 if TYPE_CHECKING:
     from ._options import BreakerConfig
@@ -25,6 +27,7 @@ __all__ = [
     "FAILURE",
     "IGNORED",
     "OUTCOMES",
+    "REJECTION",
     "SLOW_FAILURE",
     "SLOW_SUCCESS",
     "SUCCESS",
@@ -39,8 +42,9 @@ SUCCESS = 0
 FAILURE = FAILED
 SLOW_SUCCESS = SLOW
 SLOW_FAILURE = FAILED | SLOW
+REJECTION = REJECTED
 IGNORED = -1
-OUTCOMES = ("success", "failure", "slow_success", "slow_failure")
+OUTCOMES = ("success", "failure", "slow_success", "slow_failure", "rejection")
 """Outcome names indexed by code (the ``outcome`` of :class:`ragguard.events.CallOutcome`)."""
 
 
@@ -66,16 +70,20 @@ def classify_outcome(
     A return is slow when it took longer than ``config.slow_call_duration_s``. An error counts
     (FAILURE) when ``config.classifier(exc)`` is True, and is then slow when it took too long or
     ``config.slow_classifier(exc)`` is True (a timeout was slow whatever its measured duration).
-    IGNORED: the classifier said no, ``exc`` is a cancellation (not an ``Exception``), or a
-    classifier raised (logged, naming ``breaker``): a broken classifier never trips a breaker.
+    REJECTION: the classifier said no, the config has a ``rejection_rate_threshold`` and
+    :func:`~ragguard.breakers.counts_overloads` says the dependency turned the call away.
+    IGNORED: the classifier said no (and it was no such rejection), ``exc`` is a cancellation (not
+    an ``Exception``), or a classifier raised (logged, naming ``breaker``): a broken classifier
+    never trips a breaker.
     """
     if exc is None:
         return SLOW if duration_s > config.slow_call_duration_s else SUCCESS
     if not isinstance(exc, Exception):
         return IGNORED
     try:
-        if not config.classifier(exc):
-            return IGNORED
+        counted, rejected = judge(config.classifier, exc, config.rejection_rate_threshold is not None)
+        if not counted:
+            return REJECTION if rejected else IGNORED
         slow_classifier = config.slow_classifier
         slow = duration_s > config.slow_call_duration_s or (
             slow_classifier is not None and bool(slow_classifier(exc))

@@ -10,8 +10,11 @@ Every kind counts outages (:func:`~ragguard.breakers.counts_outages`: refused, r
 ``UNAVAILABLE``, out of memory, and timeouts, the stage's own ``timeout_s`` included): an
 embedding provider that is down opens the embedding breaker as surely as one that is slow. What
 distinguishes the kinds is what else they count (the embedding breaker slow calls) and their
-defaults. None counts a caller's error, a dependency's rejection (429: the throttle's business),
-ragguard's own refusals or a spent deadline (see :mod:`ragguard.outcomes`).
+defaults. Every kind also counts the dependency's rejections that are not rate limits (a 503
+stating a wait, 529: :func:`~ragguard.breakers.counts_overloads`) apart, and opens when they make
+``rejection_rate_threshold`` (90 %) of its window. None counts a caller's error, a rate limit
+(429: the throttle's business), ragguard's own refusals or a spent deadline (see
+:mod:`ragguard.outcomes`).
 
 Every option of :class:`CircuitBreaker` can be overridden by keyword.
 """

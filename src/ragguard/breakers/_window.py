@@ -8,9 +8,11 @@ Both keep running totals, so recording a call and reading the rates are O(1):
   new second clears the buckets that fell out of the window (each bucket is cleared at most once
   per second of clock time, so the cost is amortised O(1) per call).
 
-An outcome code is ``FAILED | SLOW`` bits: 0 success, 1 failure, 2 slow success, 3 slow failure.
+An outcome code is ``FAILED | SLOW`` bits: 0 success, 1 failure, 2 slow success, 3 slow failure;
+or ``REJECTED`` (4) alone: the dependency turned the call away with a wait (see
+:func:`~ragguard.breakers.counts_overloads`).
 
-A window holding no failure and no slow call (*clean*) can take successes in bulk:
+A window holding no failure, no slow call and no rejection (*clean*) can take successes in bulk:
 :meth:`~CountWindow.add_successes` records ``n`` of them at once, for a breaker that counts the
 successes of its clean, closed window and records them only when the window is next read (see
 ``CircuitBreaker``: a success that cannot trip anything then costs one increment).
@@ -21,16 +23,17 @@ from __future__ import annotations
 import math
 from math import floor as _floor
 
-__all__ = ["FAILED", "SLOW", "CountWindow", "TimeWindow"]
+__all__ = ["FAILED", "REJECTED", "SLOW", "CountWindow", "TimeWindow"]
 
 FAILED = 1
 SLOW = 2
+REJECTED = 4
 
 
 class CountWindow:
     """The outcomes of the last ``size`` recorded calls (``size`` >= 1)."""
 
-    __slots__ = ("_codes", "_pos", "_size", "calls", "failures", "slow")
+    __slots__ = ("_codes", "_pos", "_size", "calls", "failures", "rejected", "slow")
 
     def __init__(self, size: int) -> None:
         self._size = size
@@ -39,19 +42,24 @@ class CountWindow:
         self.calls = 0
         self.failures = 0
         self.slow = 0
+        self.rejected = 0
 
     def record(self, code: int, now: float) -> None:
         """Add one call's outcome ``code``; ``now`` is unused (same signature as TimeWindow)."""
         pos = self._pos
         if self.calls == self._size:
             old = self._codes[pos]
-            self.failures -= old & FAILED
-            self.slow -= old >> 1
+            if old:
+                self.failures -= old & FAILED
+                self.slow -= (old >> 1) & 1
+                self.rejected -= old >> 2
         else:
             self.calls += 1
         self._codes[pos] = code
-        self.failures += code & FAILED
-        self.slow += code >> 1
+        if code:
+            self.failures += code & FAILED
+            self.slow += (code >> 1) & 1
+            self.rejected += code >> 2
         pos += 1
         self._pos = 0 if pos == self._size else pos
 
@@ -65,15 +73,15 @@ class CountWindow:
 
     def clean_until(self) -> float:
         """The clock time before which successes may be added in bulk: never after it for a window
-        holding a failure or a slow call (-inf), else always (inf)."""
-        return -math.inf if self.failures or self.slow else math.inf
+        holding a failure, a slow call or a rejection (-inf), else always (inf)."""
+        return -math.inf if self.failures or self.slow or self.rejected else math.inf
 
     def expire(self, now: float) -> None:
         """Nothing expires by time in a count window."""
 
     def clear(self) -> None:
         self._codes[:] = bytes(self._size)
-        self._pos = self.calls = self.failures = self.slow = 0
+        self._pos = self.calls = self.failures = self.slow = self.rejected = 0
 
 
 _NEVER = -(1 << 62)
@@ -91,15 +99,18 @@ class TimeWindow:
     __slots__ = (
         "_bcalls",
         "_bfailures",
+        "_brejected",
         "_bslow",
         "_hcalls",
         "_head",
         "_hfailures",
+        "_hrejected",
         "_hslow",
         "_next",
         "_size",
         "calls",
         "failures",
+        "rejected",
         "slow",
     )
 
@@ -108,12 +119,14 @@ class TimeWindow:
         self._bcalls = [0] * size
         self._bfailures = [0] * size
         self._bslow = [0] * size
+        self._brejected = [0] * size
         self._head = _NEVER
         self._next = float(_NEVER + 1)  # the clock time the head second ends: _head + 1
-        self._hcalls = self._hfailures = self._hslow = 0  # the head's bucket
+        self._hcalls = self._hfailures = self._hslow = self._hrejected = 0  # the head's bucket
         self.calls = 0
         self.failures = 0
         self.slow = 0
+        self.rejected = 0
 
     def record(self, code: int, now: float) -> None:
         """Add one call's outcome ``code`` at clock time ``now`` (seconds)."""
@@ -127,6 +140,9 @@ class TimeWindow:
         if code & SLOW:
             self._hslow += 1
             self.slow += 1
+        if code & REJECTED:
+            self._hrejected += 1
+            self.rejected += 1
 
     def add_successes(self, n: int) -> None:
         """Record ``n`` fast successes at once, in the window's latest second (its head); only
@@ -136,9 +152,10 @@ class TimeWindow:
 
     def clean_until(self) -> float:
         """The clock time before which successes may be added in bulk: the end of the window's
-        latest second when it holds no failure and no slow call (a later success may expire
-        buckets first), else -inf."""
-        return -math.inf if self.failures or self.slow or self._head == _NEVER else self._head + 1.0
+        latest second when it holds no failure, no slow call and no rejection (a later success may
+        expire buckets first), else -inf."""
+        dirty = self.failures or self.slow or self.rejected
+        return -math.inf if dirty or self._head == _NEVER else self._head + 1.0
 
     def expire(self, now: float) -> None:
         """Drop the buckets older than the window at clock time ``now``."""
@@ -151,16 +168,18 @@ class TimeWindow:
         if sec - self._head >= size:
             self.clear()
         else:
-            calls, failures, slow = self._bcalls, self._bfailures, self._bslow
+            calls, failures, slow, rejected = self._bcalls, self._bfailures, self._bslow, self._brejected
             i = self._head % size  # the head's bucket goes into its slot
             calls[i], failures[i], slow[i] = self._hcalls, self._hfailures, self._hslow
-            self._hcalls = self._hfailures = self._hslow = 0
+            rejected[i] = self._hrejected
+            self._hcalls = self._hfailures = self._hslow = self._hrejected = 0
             for s in range(self._head + 1, sec + 1):
                 i = s % size
                 self.calls -= calls[i]
                 self.failures -= failures[i]
                 self.slow -= slow[i]
-                calls[i] = failures[i] = slow[i] = 0
+                self.rejected -= rejected[i]
+                calls[i] = failures[i] = slow[i] = rejected[i] = 0
         self._head = sec
         self._next = sec + 1.0
 
@@ -169,5 +188,6 @@ class TimeWindow:
         self._bcalls[:] = [0] * size
         self._bfailures[:] = [0] * size
         self._bslow[:] = [0] * size
-        self._hcalls = self._hfailures = self._hslow = 0
-        self.calls = self.failures = self.slow = 0
+        self._brejected[:] = [0] * size
+        self._hcalls = self._hfailures = self._hslow = self._hrejected = 0
+        self.calls = self.failures = self.slow = self.rejected = 0

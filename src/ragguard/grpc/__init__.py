@@ -33,7 +33,18 @@ from ._errors import (
     remote_error,
 )
 from ._server import EXEMPT_SERVICES, TENANT_KEY, GuardServerInterceptor, client_budget
-from ._status import PUSHBACK_KEY, RETRY_AFTER_KEY, STREAM_BUDGET_KEY, STREAM_ITEMS_KEY, status_for
+from ._status import (
+    PUSHBACK_KEY,
+    RETRY_AFTER_KEY,
+    STREAM_AFTER_KEY,
+    STREAM_BUDGET_KEY,
+    STREAM_BY_KEY,
+    STREAM_ENDING_KEY,
+    STREAM_ERROR_KEY,
+    STREAM_ITEMS_KEY,
+    ending_trailers,
+    status_for,
+)
 
 __all__ = [
     "ACCEPT_ENCODING_KEY",
@@ -42,7 +53,11 @@ __all__ = [
     "EXEMPT_SERVICES",
     "PUSHBACK_KEY",
     "RETRY_AFTER_KEY",
+    "STREAM_AFTER_KEY",
     "STREAM_BUDGET_KEY",
+    "STREAM_BY_KEY",
+    "STREAM_ENDING_KEY",
+    "STREAM_ERROR_KEY",
     "STREAM_ITEMS_KEY",
     "TENANT_KEY",
     "APIKeyResolver",
@@ -61,6 +76,7 @@ __all__ = [
     "Unauthenticated",
     "client_budget",
     "client_interceptors",
+    "ending_trailers",
     "remote_error",
     "snappy_channel",
     "status_for",

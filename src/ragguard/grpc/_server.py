@@ -27,7 +27,7 @@ from .._identity import (
 from ..deadline import current_expiry
 from ..overload._priority import reset_priority, set_priority
 from ._handlers import Behavior, rebuild
-from ._status import status_for
+from ._status import ending_trailers, status_for
 
 if TYPE_CHECKING:
     from ..guard import Guard
@@ -100,6 +100,13 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     pass through with no tenant, deadline or quota; default :data:`EXEMPT_SERVICES` (health
     checking and server reflection). Raises :class:`~ragguard.ConfigError` for an invalid
     ``tenant_key`` or ``exempt_services``.
+
+    A call whose handler streamed a guarded stream (a server-streaming handler reading a guarded
+    generation stream) tells how that stream ended in trailing metadata, whatever its status
+    (:func:`ragguard.grpc.ending_trailers`): ``ragguard-stream-ending`` (``completed``,
+    ``continued`` or ``incomplete``), ``ragguard-stream-items``, and for a continued stream
+    ``ragguard-stream-continued-by`` and ``ragguard-stream-continued-after``; the last guarded
+    stream that ended in the call is the one told.
 
     A cancelled call (the client went away, or its deadline passed) releases its slot at once,
     streams included: a streaming handler written as an async generator is driven from the call's
@@ -189,9 +196,11 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         registry = self._guard if self._guard is not None else _default_guard()
         identity, priority = await self._identify(context, method, metadata, registry)
         token = None if priority is None else set_priority(priority)
+        request = None
         try:
             with registry.deadline(client_budget(context)):
-                async with registry.tenant(identity.tenant):
+                request = registry.tenant(identity.tenant)
+                async with request:
                     expiry = current_expiry() if self.enforce_deadline else None
                     if expiry is None:
                         yield
@@ -202,10 +211,20 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             raise  # the handler set its own status
         except Exception as exc:
             status = status_for(exc)
+            ending = ending_trailers(request)
             if status is None:
+                if ending:
+                    context.set_trailing_metadata((*_trailing(context), *ending))
                 raise
             code, details, trailing = status
+            if ending:
+                told = {key for key, _ in ending}
+                trailing = (*(kv for kv in trailing if kv[0] not in told), *ending)
             await context.abort(code, details, trailing_metadata=trailing)
+        else:
+            ending = ending_trailers(request)
+            if ending:
+                context.set_trailing_metadata((*_trailing(context), *ending))
         finally:
             if token is not None:
                 reset_priority(token)
@@ -225,6 +244,14 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
             code, details, _ = status_for(exc) or (grpc.StatusCode.UNAUTHENTICATED, str(exc), ())
         await context.abort(code, details)
         raise AssertionError("context.abort() returned")  # it raises AbortError
+
+
+def _trailing(context: aio.ServicerContext[Any, Any]) -> tuple[tuple[str, Any], ...]:
+    """The trailing metadata the handler set itself (kept beside ragguard's)."""
+    try:
+        return tuple(context.trailing_metadata() or ())
+    except Exception:  # pragma: no cover - a context without the getter (older grpcio)
+        return ()
 
 
 def _service_names(names: Iterable[str]) -> frozenset[str]:

@@ -16,6 +16,7 @@ timeout
 StreamTimeout                      DEADLINE_EXCEEDED    ``ragguard-stream-budget``: ``first_item``,
                                                         ``idle`` or ``total``
 (a stream cut by either)                                ``ragguard-stream-items``: the messages sent
+                                                        (the guarded stream's items, with its ending)
 a dependency's rejection           UNAVAILABLE          both: the wait it stated, else 1 s
 a dependency's failure             UNAVAILABLE          both, when it stated a wait
 InvalidInput (ValueError)          INVALID_ARGUMENT     (bad tenant id, bad option, corrupt payload)
@@ -39,9 +40,10 @@ import math
 
 import grpc
 
+from .._context import RequestScope
 from .._errors import DeadlineExceeded, StageTimeout, StreamTimeout
 from .._waits import clamp_wait, clamped
-from ..outcomes import classify
+from ..outcomes import outcome_of
 from ..outcomes._doors import ANSWERS, door_answer
 from ..outcomes._grpc import (
     PUSHBACK_KEY,
@@ -54,9 +56,14 @@ from ..outcomes._grpc import (
 __all__ = [
     "PUSHBACK_KEY",
     "RETRY_AFTER_KEY",
+    "STREAM_AFTER_KEY",
     "STREAM_BUDGET_KEY",
+    "STREAM_BY_KEY",
+    "STREAM_ENDING_KEY",
+    "STREAM_ERROR_KEY",
     "STREAM_ITEMS_KEY",
     "Status",
+    "ending_trailers",
     "format_retry_after",
     "parse_pushback_ms",
     "parse_retry_after",
@@ -67,6 +74,10 @@ __all__ = [
 
 STREAM_BUDGET_KEY = "ragguard-stream-budget"
 STREAM_ITEMS_KEY = "ragguard-stream-items"
+STREAM_ENDING_KEY = "ragguard-stream-ending"
+STREAM_BY_KEY = "ragguard-stream-continued-by"
+STREAM_AFTER_KEY = "ragguard-stream-continued-after"
+STREAM_ERROR_KEY = "ragguard-stream-error"
 
 Status = tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]
 
@@ -100,6 +111,31 @@ def _stream_trailers(exc: DeadlineExceeded | StageTimeout) -> tuple[tuple[str, s
     return (items,)
 
 
+def ending_trailers(request: RequestScope | None) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that tells how the last guarded stream of ``request`` (a request's
+    scope: ``ragguard.tenant(...)``) ended: ``ragguard-stream-ending`` (``completed``,
+    ``continued``, ``incomplete``) and ``ragguard-stream-items``; ``ragguard-stream-continued-by``
+    and ``ragguard-stream-continued-after`` when a continuation took over;
+    ``ragguard-stream-error`` when an error ended it (or was taken over from). () when no
+    guarded stream ended in it."""
+    endings = None if request is None else request.endings
+    if not endings:
+        return ()
+    ending = endings[-1]
+    trailers = [(STREAM_ENDING_KEY, ending.kind), (STREAM_ITEMS_KEY, str(ending.items))]
+    if ending.continued_by:
+        trailers.append((STREAM_BY_KEY, _ascii(ending.continued_by)))
+        trailers.append((STREAM_AFTER_KEY, str(ending.continued_after)))
+    if ending.error:
+        trailers.append((STREAM_ERROR_KEY, _ascii(ending.error)))
+    return tuple(trailers)
+
+
+def _ascii(text: str) -> str:
+    """``text`` as a metadata value: printable ASCII, at most 128 characters."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text[:128])
+
+
 _CODES = {name: grpc.StatusCode[row.grpc_code] for name, row in ANSWERS.items()}
 """The table's gRPC code names as ``grpc.StatusCode`` members."""
 
@@ -107,7 +143,7 @@ _CODES = {name: grpc.StatusCode[row.grpc_code] for name, row in ANSWERS.items()}
 def status_for(exc: BaseException) -> Status | None:
     """The (code, details, trailing metadata) that ``exc`` maps to, or None to leave it to gRPC.
     Never raises for any wait."""
-    answer = door_answer(exc, classify(exc))
+    answer = door_answer(exc, outcome_of(exc))  # the guarded call's own classification
     if answer is None:
         return None
     row, wait, detail = answer

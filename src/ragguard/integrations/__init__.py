@@ -14,5 +14,12 @@ optional extra imported only when its module is (docs/integrations.md has a reci
   the vector-store stage, REST or gRPC (extra ``qdrant``).
 
 Each uses ragguard's public API only (``Guard.guard``, ``ragguard.guard``, the policy, the
-outcome classifiers), as a user's own code would.
+outcome classifiers), as a user's own code would. Every wrapped client sends the current tenant in
+the Guard's ``tenant_header`` (``Guard(tenant_header="x-tenant-id")``); :func:`send_tenant_header`
+is the request hook that does it for an HTTP client ragguard cannot reach into, and
+:func:`tenant_headers` what it sends.
 """
+
+from ._common import send_tenant_header, tenant_headers
+
+__all__ = ["send_tenant_header", "tenant_headers"]

@@ -1,5 +1,6 @@
 """What every integration shares: the stage decorator of a Guard, the SDK's timeout from the
-deadline, the tenant header, streams opened up to their first token, and calls of one item.
+deadline, the tenant header and the retry count, streams opened up to their first token, calls of
+one item, and a prompt's token estimate.
 
 Only ragguard's public API is used here (``ragguard.guard``, ``Guard.guard``, ``ragguard.remaining``,
 ``ragguard.current_tenant``), so the integrations do not depend on how the core is laid out.
@@ -7,29 +8,51 @@ Only ragguard's public API is used here (``ragguard.guard``, ``Guard.guard``, ``
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 import ragguard
+from ragguard.rag import Usage
 
 from .._extras import install_hint
+from .._http import field_name
 
 __all__ = [
+    "RETRY_COUNT_HEADER",
     "SDK_TIMEOUT_GRACE_S",
+    "Attempts",
     "GuardedStream",
     "Stages",
     "count_text",
+    "endpoint_of",
+    "fallback_name",
     "fallbacks",
     "held_back",
     "needs",
     "one_item",
     "open_stream",
+    "prompt_tokens",
     "sdk_options",
+    "send_tenant_header",
+    "sending_tenant",
     "streamed",
+    "tenant_headers",
+    "usage_of",
 ]
+
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+"""The header in which the OpenAI and Anthropic SDKs number a request's retries (0: the first
+attempt); ragguard's retries are numbered in it the same way, so the provider tells a retry from
+a new request."""
+
+log = logging.getLogger("ragguard.integrations")
 
 SDK_TIMEOUT_GRACE_S = 0.1
 """Seconds the SDK's own timeout is given past ragguard's bound of the attempt, so that ragguard's
@@ -54,6 +77,11 @@ _PRESET_OF_OPTION = {
     "tokens": "generation",
     "usage": "generation",
     "estimate": "generation",
+    "input_tokens": "generation",
+    "model": "generation",
+    "continuation": "generation",
+    "text": "generation",
+    "continue_structured": "generation",
 }
 
 
@@ -72,6 +100,10 @@ class Stages:
     def current(self) -> ragguard.Guard:
         return self.guard if self.guard is not None else ragguard.default_guard()
 
+    def current_guard(self) -> ragguard.Guard:
+        """:attr:`current`, as a function."""
+        return self.guard if self.guard is not None else ragguard.default_guard()
+
     def preset_of(self, stage: str) -> str | None:
         return self.current.policy.stage(stage).preset
 
@@ -81,16 +113,18 @@ class Stages:
         fn: Callable[..., Any],
         *,
         fallback: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+        key: Callable[..., Any] | None = None,
         **preset_options: Any,
     ) -> Callable[..., Any]:
-        """``fn`` guarded as ``stage``: the preset options are given only when the stage runs the
-        preset they belong to (a stage of another name without a preset runs the generic layers)."""
+        """``fn`` guarded as ``stage`` (keyed by ``key``, a function of its arguments, when
+        given): the preset options are given only when the stage runs the preset they belong to
+        (a stage of another name without a preset runs the generic layers)."""
         options = {k: v for k, v in preset_options.items() if v is not None}
         preset = self.preset_of(stage)
         options = {k: v for k, v in options.items() if _PRESET_OF_OPTION.get(k) == preset}
         if self.guard is not None:
-            return self.guard.guard(stage, fallback=fallback, **options)(fn)
-        return ragguard.guard(stage, fallback=fallback, **options)(fn)
+            return self.guard.guard(stage, fallback=fallback, key=key, **options)(fn)
+        return ragguard.guard(stage, fallback=fallback, key=key, **options)(fn)
 
     def estimate_default(self, stage: str) -> int:
         """The stage's ``generation.estimate_tokens`` (what a stream reserves when the request does
@@ -100,6 +134,118 @@ class Stages:
     def timeout_s(self, stage: str) -> float | None:
         return self.current.policy.stage(stage).timeout_s
 
+    def tenant_header(self, given: str | None) -> str | None:
+        """The header the tenant travels in: ``given`` (a wrapper's own), else the Guard's
+        ``tenant_header`` (None: none)."""
+        return given if given is not None else self.current.tenant_header
+
+
+def endpoint_of(url: Any) -> str:
+    """The host (and port, when it is not the scheme's default) of ``url`` (an SDK client's
+    ``base_url``: an httpx URL or a str): the endpoint part of a deployment's key
+    (``api.openai.com``, ``127.0.0.1:8000``); ``-`` when there is none."""
+    host = getattr(url, "host", None)
+    if host is None:
+        try:
+            return (urlsplit(url).netloc.rpartition("@")[2] or "-") if isinstance(url, str) else "-"
+        except ValueError:
+            return "-"
+    port = getattr(url, "port", None)
+    return str(host) if port is None else f"{host}:{port}"
+
+
+def model_key(endpoint: str) -> Callable[..., str | None]:
+    """A generation's key from its keyword arguments: ``<endpoint>/<model>`` (None without a
+    str ``model``: the call runs on the stage's own instance)."""
+
+    def key(*args: Any, **kwargs: Any) -> str | None:
+        model = kwargs.get("model")
+        return f"{endpoint}/{model}" if isinstance(model, str) else None
+
+    return key
+
+
+def header_option(given: str | None) -> str | None:
+    """A wrapper's ``tenant_header=``: None, or an HTTP field name (lowercased); else ConfigError."""
+    return None if given is None else field_name("tenant_header", given)
+
+
+class Attempts:
+    """The attempts one call of a wrapped SDK method has made so far: :meth:`next` numbers each
+    (0 for the first), as the SDK numbers its own retries in :data:`RETRY_COUNT_HEADER`."""
+
+    __slots__ = ("made",)
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def next(self) -> int:
+        made = self.made
+        self.made = made + 1
+        return made
+
+
+_outgoing: ContextVar[Mapping[str, str] | None] = ContextVar("ragguard_tenant_headers", default=None)
+
+
+def tenant_headers() -> Mapping[str, str]:
+    """The tenant header of the wrapped call running now (``{"x-tenant-id": "acme"}``), as the
+    Guard's (or the wrapper's) ``tenant_header`` names it; {} outside one, or when none is named.
+    What :func:`send_tenant_header` adds to a request."""
+    return _outgoing.get() or {}
+
+
+async def send_tenant_header(request: Any) -> None:
+    """An httpx event hook (``httpx.AsyncClient(event_hooks={"request": [send_tenant_header]})``,
+    the same for ``httpx2``): adds :func:`tenant_headers` to each request a wrapped call makes, for
+    a client ragguard cannot reach into (a LlamaIndex embedding model's own SDK client). A header
+    the request sets itself is kept."""
+    for name, value in tenant_headers().items():
+        if name not in request.headers:
+            request.headers[name] = value
+
+
+@contextlib.contextmanager
+def sending_tenant(header: str | None) -> Iterator[None]:
+    """While it is open, the current tenant goes out in ``header`` (None: nothing changes) from
+    the clients that read the context: :func:`send_tenant_header`, and qdrant-client (REST and
+    gRPC) through its own context headers."""
+    if header is None:
+        yield
+        return
+    sent = {header: ragguard.current_tenant()}
+    token = _outgoing.set(sent)
+    try:
+        with _qdrant_context(sent):
+            yield
+    finally:
+        _outgoing.reset(token)
+
+
+_QDRANT_HEADERS: Any = None
+
+
+def _qdrant_context(sent: Mapping[str, str]) -> contextlib.AbstractContextManager[Any]:
+    """qdrant-client's ``context_headers.headers(...)`` when qdrant-client is imported and has it
+    (it sends them with every REST and gRPC request made in the context), else nothing."""
+    global _QDRANT_HEADERS
+    if _QDRANT_HEADERS is None:
+        import sys
+
+        if "qdrant_client" not in sys.modules:
+            return contextlib.nullcontext()
+        try:
+            from qdrant_client import context_headers
+        except ImportError:
+            log.warning("qdrant-client has no context_headers (an older release): the tenant header "
+                        "is not sent to Qdrant")
+            _QDRANT_HEADERS = False
+        else:
+            _QDRANT_HEADERS = context_headers.headers
+    if _QDRANT_HEADERS is False:
+        return contextlib.nullcontext()
+    return _QDRANT_HEADERS(dict(sent))  # type: ignore[no-any-return]
+
 
 def sdk_options(
     stages: Stages,
@@ -107,13 +253,16 @@ def sdk_options(
     kwargs: Mapping[str, Any],
     tenant_header: str | None,
     *,
+    retries: int | None = None,
     timeout_name: str = "timeout",
     headers_name: str = "extra_headers",
 ) -> dict[str, Any]:
     """``kwargs`` with the attempt's SDK options: ``timeout`` (seconds) the smallest of the
     caller's own, the stage's ``timeout_s`` and the deadline's remaining seconds, plus
-    :data:`SDK_TIMEOUT_GRACE_S` (unchanged when none of them is set); the current tenant's id in
-    the header ``tenant_header`` (when one is named), merged into the caller's extra headers."""
+    :data:`SDK_TIMEOUT_GRACE_S` (unchanged when none of them is set); merged into the caller's
+    extra headers, the current tenant's id in the header ``tenant_header`` (when one is named:
+    the wrapper's own, else the Guard's) and the attempt's number ``retries`` in
+    :data:`RETRY_COUNT_HEADER` (unless the caller set that header itself)."""
     out = dict(kwargs)
     bounds = [b for b in (stages.timeout_s(stage), ragguard.remaining()) if b is not None]
     if bounds:
@@ -123,9 +272,13 @@ def sdk_options(
             bound = min(bound, float(given))
         if given is None or isinstance(given, (int, float)):
             out[timeout_name] = bound
-    if tenant_header:
+    tenant_header = stages.tenant_header(tenant_header)
+    if tenant_header or retries is not None:
         headers = dict(out.get(headers_name) or {})
-        headers[tenant_header] = ragguard.current_tenant()
+        if tenant_header:
+            headers[tenant_header] = ragguard.current_tenant()
+        if retries is not None and not any(k.lower() == RETRY_COUNT_HEADER for k in headers):
+            headers[RETRY_COUNT_HEADER] = str(retries)
         out[headers_name] = headers
     return out
 
@@ -157,16 +310,22 @@ class GuardedStream:
     ``await stream.close()`` / ``aclose()``, ``async with stream:``. ``drop(item)`` True hides an
     item from the caller after ragguard counted it (the usage chunk the integration asked for)."""
 
-    __slots__ = ("_drop", "_first", "_items", "_pending")
+    __slots__ = ("_drop", "_first", "_items", "_next", "_pending")
 
     def __init__(self, items: Any, first: Any, pending: bool, drop: Callable[[Any], bool] | None) -> None:
         self._items = items
+        self._next = items.__aiter__().__anext__  # a guarded stream's generator: no call of ours per item
         self._first = first
         self._pending = pending
         self._drop = drop
 
     def __aiter__(self) -> GuardedStream:
         return self
+
+    @property
+    def ending(self) -> Any:
+        """How the stream ended (:class:`ragguard.StreamEnding`), None while it runs."""
+        return getattr(self._items, "ending", None)
 
     async def __anext__(self) -> Any:
         if self._pending:
@@ -175,7 +334,7 @@ class GuardedStream:
             if self._drop is None or not self._drop(first):
                 return first
         while True:
-            item = await self._items.__anext__()
+            item = await self._next()
             if self._drop is None or not self._drop(item):
                 return item
 
@@ -242,8 +401,63 @@ def fallbacks(
     return tuple(wrap(fn) for fn in chain) if wrap is not None else chain
 
 
+def fallback_name(fallback: Any) -> str:
+    """What :func:`ragguard.degraded` calls ``fallback``: a model by its class and its model
+    (``ChatOpenAI(gpt-4o-mini)``, as a fallback of ChatOpenAI should read), a runnable by its
+    ``get_name()``, a function by its ``__name__`` (give a lambda a name with
+    :func:`ragguard.named`), anything else by its class."""
+    get_name = getattr(fallback, "get_name", None)
+    base = str(get_name()) if callable(get_name) else None
+    if base is None:
+        name = getattr(fallback, "__name__", None)
+        base = name if isinstance(name, str) and name else type(fallback).__name__
+    if not inspect.isroutine(fallback):
+        for field in ("model_name", "model"):
+            model = getattr(fallback, field, None)
+            if isinstance(model, str) and model:
+                return f"{base}({model})"
+    return base
+
+
 def count_text(*texts: Any) -> int:
     """Tokens of the text pieces of an item (``ragguard.rag.count_tokens`` of each str)."""
     from ragguard.rag import count_tokens
 
     return sum(count_tokens(t) for t in texts if isinstance(t, str))
+
+
+def usage_of(input_tokens: Any, output_tokens: Any) -> Usage | None:
+    """The provider's report as a :class:`ragguard.rag.Usage` (a count that is not an int >= 0 is
+    not reported), None when it reports neither."""
+    counts = [
+        n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+        for n in (input_tokens, output_tokens)
+    ]
+    return None if counts == [None, None] else Usage(*counts)
+
+
+_TEXT_FIELDS = frozenset({"content", "text", "input", "instructions", "system", "arguments", "output"})
+_MAX_DEPTH = 8
+
+
+def prompt_tokens(*parts: Any) -> int:
+    """The estimate of the input tokens a request sends: the text of ``parts`` (a str, or the
+    messages of a chat request: dicts and lists, their ``content``, ``text``, ``input``,
+    ``instructions``, ``system``, ``arguments`` and ``output`` fields, any depth up to 8; an
+    object's ``content``), counted as ``ragguard.rag.count_tokens`` counts text (characters / 4).
+    Images, file data, tool schemas and the provider's own framing are not counted: the reported
+    usage settles the difference."""
+    return sum(_text_tokens(part, 0) for part in parts)
+
+
+def _text_tokens(value: Any, depth: int) -> int:
+    if isinstance(value, str):
+        return count_text(value)
+    if depth >= _MAX_DEPTH:
+        return 0
+    if isinstance(value, Mapping):
+        return sum(_text_tokens(v, depth + 1) for k, v in value.items() if k in _TEXT_FIELDS)
+    if isinstance(value, (list, tuple)):
+        return sum(_text_tokens(v, depth + 1) for v in value)
+    content = getattr(value, "content", None)  # a LangChain message, a LlamaIndex ChatMessage
+    return 0 if content is None else _text_tokens(content, depth + 1)

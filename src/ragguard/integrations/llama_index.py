@@ -24,18 +24,24 @@
   the reranker's ``top_n`` either way.
 
 Each runs async (``aquery``, ``aretrieve``, ``aget_query_embedding``...); the sync methods raise
-TypeError, since a guarded call runs on the event loop.
+TypeError, since a guarded call runs on the event loop. The current tenant goes out in the Guard's
+``tenant_header`` (or the one the wrapper names) from the clients that read the call's context:
+qdrant-client's (a Qdrant retriever's searches, REST and gRPC), and any httpx client given
+:func:`~ragguard.integrations.send_tenant_header` as a request hook (an embedding model's own SDK
+client: ``OpenAIEmbedding(async_http_client=httpx.AsyncClient(event_hooks=...))``); fallbacks
+included.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from ragguard import Guard
 
 from .._extras import install_hint
-from ._common import Stages
+from ._common import Stages, fallback_name, header_option, sending_tenant
 
 try:
     from llama_index.core.base.base_retriever import BaseRetriever
@@ -56,23 +62,33 @@ def _sync(name: str) -> TypeError:
 
 class GuardedEmbedding(BaseEmbedding):
     """``embed_model``'s async embeddings as stage ``stage`` of ``guard`` (None: the default
-    registry at each call); see the module docstring."""
+    registry at each call); ``tenant_header`` the header the tenant travels in (None: the
+    Guard's); see the module docstring."""
 
     _inner: Any = PrivateAttr()
     _embed: Any = PrivateAttr()
     _prefix: str = PrivateAttr()
 
-    def __init__(self, embed_model: Any, stage: str = "embedding", *, guard: Guard | None = None) -> None:
+    def __init__(
+        self,
+        embed_model: Any,
+        stage: str = "embedding",
+        *,
+        guard: Guard | None = None,
+        tenant_header: str | None = None,
+    ) -> None:
         super().__init__(model_name=embed_model.model_name, embed_batch_size=embed_model.embed_batch_size)
         self._inner = embed_model
         self._prefix = f"{embed_model.model_name!r}|"
+        stages, header = Stages(guard), header_option(tenant_header)
 
         async def embed(keys: list[str], texts: list[str], query: bool) -> list[Any]:
-            if query:
-                return [await embed_model.aget_query_embedding(texts[0])]
-            return list(await embed_model.aget_text_embedding_batch(texts))
+            with sending_tenant(stages.tenant_header(header)):
+                if query:
+                    return [await embed_model.aget_query_embedding(texts[0])]
+                return list(await embed_model.aget_text_embedding_batch(texts))
 
-        self._embed = Stages(guard).decorate(stage, embed, texts="keys")
+        self._embed = stages.decorate(stage, embed, texts="keys")
 
     def _key(self, kind: str, text: str) -> str:
         return f"{self._prefix}{kind}|{text}"
@@ -99,7 +115,8 @@ class GuardedEmbedding(BaseEmbedding):
 
 class GuardedRetriever(BaseRetriever):
     """``retriever.aretrieve`` as stage ``stage`` (default ``vector_store``) of ``guard``;
-    ``fallback`` a retriever or a callable of the ``QueryBundle`` (or a sequence of them)."""
+    ``fallback`` a retriever or a callable of the ``QueryBundle`` (or a sequence of them);
+    ``tenant_header`` the header the tenant travels in (None: the Guard's)."""
 
     def __init__(
         self,
@@ -108,16 +125,22 @@ class GuardedRetriever(BaseRetriever):
         *,
         guard: Guard | None = None,
         fallback: Any = None,
+        tenant_header: str | None = None,
     ) -> None:
         super().__init__(callback_manager=getattr(retriever, "callback_manager", None))
         self.retriever = retriever
+        stages, header = Stages(guard), header_option(tenant_header)
+
+        def sending() -> Any:
+            return sending_tenant(stages.tenant_header(header))
 
         async def retrieve(query_bundle: Any) -> Any:
-            return await retriever.aretrieve(query_bundle)
+            with sending():
+                return await retriever.aretrieve(query_bundle)
 
         chain = fallback if isinstance(fallback, (list, tuple)) else (fallback,) if fallback else ()
-        served = tuple(_retrieving(f) for f in chain) or None
-        self._guarded = Stages(guard).decorate(stage, retrieve, fallback=served)
+        served = tuple(_retrieving(f, sending) for f in chain) or None
+        self._guarded = stages.decorate(stage, retrieve, fallback=served)
 
     async def _aretrieve(self, query_bundle: Any) -> Any:
         return await self._guarded(query_bundle)
@@ -126,16 +149,18 @@ class GuardedRetriever(BaseRetriever):
         raise _sync("GuardedRetriever")
 
 
-def _retrieving(fallback: Any) -> Callable[..., Any]:
-    if isinstance(fallback, BaseRetriever):
-        method = fallback.aretrieve
+def _retrieving(fallback: Any, sending: Callable[[], Any]) -> Callable[..., Any]:
+    """``fallback`` (a retriever, or a callable of the ``QueryBundle``) as a fallback of the
+    retrieve call, sending the tenant header as the retriever does."""
+    method = fallback.aretrieve if isinstance(fallback, BaseRetriever) else fallback
 
-        async def serve(query_bundle: Any) -> Any:
-            return await method(query_bundle)
+    async def serve(query_bundle: Any) -> Any:
+        with sending():
+            produced = method(query_bundle)
+            return await produced if inspect.isawaitable(produced) else produced
 
-        serve.__name__ = type(fallback).__name__
-        return serve
-    return fallback  # type: ignore[no-any-return]
+    serve.__name__ = fallback_name(fallback)
+    return serve
 
 
 class GuardedPostprocessor(BaseNodePostprocessor):
@@ -145,14 +170,23 @@ class GuardedPostprocessor(BaseNodePostprocessor):
     _inner: Any = PrivateAttr()
     _rerank: Any = PrivateAttr()
 
-    def __init__(self, postprocessor: Any, stage: str = "rerank", *, guard: Guard | None = None) -> None:
+    def __init__(
+        self,
+        postprocessor: Any,
+        stage: str = "rerank",
+        *,
+        guard: Guard | None = None,
+        tenant_header: str | None = None,
+    ) -> None:
         super().__init__()
         self._inner = postprocessor
+        stages, header = Stages(guard), header_option(tenant_header)
 
         async def rerank(query_bundle: Any, nodes: list[Any]) -> list[Any]:
-            return list(await postprocessor.apostprocess_nodes(nodes, query_bundle))
+            with sending_tenant(stages.tenant_header(header)):
+                return list(await postprocessor.apostprocess_nodes(nodes, query_bundle))
 
-        self._rerank = Stages(guard).decorate(stage, rerank)
+        self._rerank = stages.decorate(stage, rerank)
 
     @classmethod
     def class_name(cls) -> str:

@@ -18,7 +18,22 @@ from typing import TYPE_CHECKING, Any, overload
 from .. import _inject
 from .._errors import ConfigError
 from ..options import _layers as _options
-from . import adaptive, breaker, chaos, deadline, fallback, hedge, observe, quota, retry, throttle, timeout
+from . import (
+    adaptive,
+    breaker,
+    chaos,
+    deadline,
+    fallback,
+    hedge,
+    limits,
+    observe,
+    quota,
+    reserve,
+    retry,
+    share,
+    throttle,
+    timeout,
+)
 
 if TYPE_CHECKING:
     from ..pipeline import Layer
@@ -47,10 +62,13 @@ def _preset_attempt(stage: Stage, bound: Bound) -> Sequence[Layer]:
 
 _builds: dict[str, Builder] = {
     "observe": observe.build,
+    "share": share.build,
     "fallback": fallback.build,
+    "reserve": reserve.build,
     "deadline": deadline.build,
     "quota": quota.build,
     "preset": _preset,
+    "limits": limits.build,
     "retry": retry.build,
     "hedge": hedge.build,
     "throttle": throttle.build,

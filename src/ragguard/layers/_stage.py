@@ -15,6 +15,7 @@ from ..breakers import Breaker, counts_by_default
 from ..options import StagePolicy
 from ..pipeline import BuildContext, Chain, Layer
 from ..pipeline._threads import held
+from ._keys import KeyedStages
 from ._registry import build_layers
 from .breaker import make_breaker
 from .fallback import Fallback, UserFallback
@@ -149,7 +150,14 @@ class Stage:
     preset state and the parts its layers keep (:meth:`part`). Every function decorated with the
     stage's name shares it; each gets its own compiled chain (:meth:`chain`), since fallbacks are
     given per function. ``context`` is the Guard's :class:`~ragguard.pipeline.BuildContext`: the
-    services a layer is built with (a layer never reaches the Guard itself)."""
+    services a layer is built with (a layer never reaches the Guard itself).
+
+    A keyed stage (:mod:`ragguard.layers._keys`) has one more runtime per key (:meth:`for_key`):
+    ``key`` is its key id (None for the stage's own), ``label`` the name of its breaker
+    (``stage[key]``); it shares the stage's ``preset_state``. ``keys`` is the stage's map of them
+    (None until a keyed function runs it); ``in_flight``, ``calls`` and ``latency_s`` (the
+    average latency of its successes while ``timed``, seconds, None before one) are kept by its
+    calls (:mod:`ragguard.layers._keys`)."""
 
     def __init__(
         self,
@@ -158,22 +166,81 @@ class Stage:
         policy: StagePolicy,
         preset: StagePreset | None,
         breaker: Breaker | Literal[False] | None = None,
+        *,
+        key: str | None = None,
+        parent: Stage | None = None,
     ) -> None:
         self.context = context
         self.name = name
+        self.key = key
+        self.label = name if key is None else f"{name}[{key}]"
         self.policy = policy
         self.clock: Clock = context.clock
         self._parts: dict[str, Any] = {}
+        self._forget: list[Callable[[], Any]] = []
         self.preset = preset
+        self.alive = True
+        self.declared = False
+        self.in_flight = 0
+        self.calls = 0
+        self.timed = False  # the key's calls are timed (a group's latency strategy reads it)
+        self.calls_seen = 0  # the calls counted when its map last looked (see KeyedStages._sweep)
+        self.quiet_since = self.clock()
+        self.latency_s: float | None = None
+        self.keys: KeyedStages | None = None
         self.breaker: Breaker | None = make_breaker(self, breaker)
+        close = getattr(self.breaker, "aclose", None)
+        if key is not None and close is not None:
+            self.on_forget(lambda: context.release(close))
         self.counts: Callable[[BaseException], bool] = (
             self.breaker.classifier if self.breaker is not None else counts_by_default
         )
         self.budget: RetryBudget | None = make_budget(self)
-        self.preset_state: Any = None if preset is None else preset.state(self)
+        if parent is not None:
+            self.preset_state: Any = parent.preset_state
+        else:
+            self.preset_state = None if preset is None else preset.state(self)
         self.users: weakref.WeakSet[Any] = weakref.WeakSet()
         """The decorated functions' compiled chains that run this stage (held weakly): a stage
         with users is never forgotten by its Guard's ``max_stages`` bound."""
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    def keyed(self) -> KeyedStages:
+        """The stage's keys (made on first use: a function keyed in code, or by the policy's ``key``)."""
+        keys = self.keys
+        if keys is None:
+            keys = self.keys = KeyedStages(self)
+        return keys
+
+    def for_key(self, key: str, declared: Mapping[str, Any] | None = None) -> Stage:
+        """A new runtime for key ``key`` (a key id): the stage's policy with the key's options
+        over it (the policy's ``keys`` entry, then ``declared``: layer name -> options, when
+        the key is declared)."""
+        policy = self.policy.for_key(key)
+        if declared:  # layers' options (a model group's deployment limits)
+            policy = policy.model_copy(update={"layers": {**policy.layers, **declared}})
+        breaker: Literal[False] | None = None if self.breaker is not None else False  # as the stage
+        made = Stage(self.context, self.name, policy, self.preset, breaker, key=key, parent=self)
+        made.declared = declared is not None
+        return made
+
+    def on_forget(self, forget: Callable[[], Any]) -> None:
+        """Call ``forget()`` when this key's runtime is forgotten (its map made room)."""
+        self._forget.append(forget)
+
+    def forget(self) -> None:
+        """This key's runtime is no longer used: release what it holds (its shared breaker, its
+        limits) and mark it dead, so the chains compiled for it are dropped."""
+        self.alive = False
+        forgets, self._forget = self._forget, []
+        for forget in forgets:
+            forget()
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether the stage's streams count their tokens (the generation preset's do)."""
+        return bool(getattr(self.preset, "counts_tokens", False))
 
     def check_breaker(self, given: Breaker | Literal[False] | None) -> None:
         """ConfigError when a function of the stage gives a breaker the stage does not have:
@@ -225,13 +292,15 @@ class Stage:
         layer): then it checks its deadline first."""
         return self.context.per_call_quota or bool(self.preset_layers(bound))
 
-    def chain(self, bound: Bound, *, observed: bool = False) -> Chain:
-        """Compile ``bound``'s chain of layers (see :mod:`ragguard.layers`)."""
+    def chain(self, bound: Bound, *, observed: bool = False, first: Layer | None = None) -> Chain:
+        """Compile ``bound``'s chain of layers (see :mod:`ragguard.layers`), ``first`` outermost."""
         layers = build_layers(self, bound, observed=observed)
-        return Chain(held(layers) if bound.threaded else layers)
+        if first is not None:
+            layers.insert(0, first)
+        return Chain(held(layers) if bound.threaded else layers, self.context.classify)
 
     def __repr__(self) -> str:
-        return f"<Stage {self.name!r} preset={None if self.preset is None else self.preset.name!r}>"
+        return f"<Stage {self.label!r} preset={None if self.preset is None else self.preset.name!r}>"
 
 
 def forget_idle(stages: dict[str, Stage], max_stages: int, *, warn: bool) -> None:
@@ -255,3 +324,5 @@ def forget_idle(stages: dict[str, Stage], max_stages: int, *, warn: bool) -> Non
         state = getattr(st.breaker, "state", None)
         if st.breaker is None or getattr(state, "value", state) == "closed":
             del stages[name]
+            for _, key in () if st.keys is None else st.keys.items():
+                key.forget()  # its keys go with it: their shared breakers stop

@@ -17,13 +17,14 @@ signal). A stream holds its slot until it ends and feeds no samples.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .._clock import timers_of
 from .._context import current_tenant
-from .._errors import DeadlineExceeded
 from ..deadline import current_expiry
-from ..outcomes import Kind
+from ..options import AdaptivePolicy
+from ..outcomes import Kind, outcome_of
 from ..overload import AdaptiveLimiter, LimitSettings, QueueSettings
 from ..overload._priority import current_priority
 from ..pipeline import WAIT, Call, Scope
@@ -39,7 +40,7 @@ class AdaptiveLayer:
 
     scope: ClassVar[Scope] = "attempt"
     holds: ClassVar[bool] = True  # a permit: held until a sync call's worker thread returns
-    __slots__ = ("_classify", "_oom", "_quota_of", "clock", "limiter", "max_wait_s", "min_attempt_s")
+    __slots__ = ("_oom", "_quota_of", "clock", "limiter", "max_wait_s", "min_attempt_s")
 
     def __init__(self, stage: Stage, limiter: AdaptiveLimiter) -> None:
         policy = stage.policy.adaptive
@@ -50,7 +51,6 @@ class AdaptiveLayer:
         self.min_attempt_s = max(stage.policy.min_attempt_s, 0.0)
         self._oom = "out_of_memory" in policy.signals
         self._quota_of = stage.context.quota_of
-        self._classify = stage.context.classify
 
     def enter(self, call: Call) -> Any:
         permit = self.limiter.try_acquire(current_tenant())
@@ -80,7 +80,7 @@ class AdaptiveLayer:
                 self._out_of_time(token)
             else:
                 limiter.release(token, None)  # says nothing of the dependency
-        elif (outcome := self._classify(exc)).kind is Kind.TIMEOUT or isinstance(exc, DeadlineExceeded):
+        elif (outcome := call.outcome or outcome_of(exc)).kind in _SLOW:
             self._out_of_time(token)
         else:
             limiter.release(token, None)
@@ -98,6 +98,18 @@ class AdaptiveLayer:
             self.limiter.release(token, None)
 
 
+_SLOW = frozenset({Kind.TIMEOUT, Kind.DEADLINE})  # the stage's timeout or the deadline cut the attempt
+_S = TypeVar("_S")
+
+
+def _settings(kind: type[_S], policy: AdaptivePolicy) -> _S:
+    """The ``kind`` settings (LimitSettings, QueueSettings: the mechanism's own view of the
+    options) read from ``policy``, field by field: the policy is where the options live
+    (tests/core/test_option_shapes.py holds the settings' defaults to the policy's)."""
+    given = type(policy).model_fields
+    return kind(**{f.name: getattr(policy, f.name) for f in fields(kind) if f.name in given})  # type: ignore[arg-type]
+
+
 def limiter_for(stage: Stage) -> AdaptiveLimiter:
     """The adaptive limiter of ``stage`` (built once from its policy's ``adaptive``)."""
 
@@ -108,28 +120,8 @@ def limiter_for(stage: Stage) -> AdaptiveLimiter:
         quota_of = stage.context.quota_of
         return AdaptiveLimiter(
             stage.name,
-            LimitSettings(
-                min_limit=p.min_limit,
-                max_limit=p.max_limit,
-                initial_limit=p.initial_limit,
-                tolerance=p.tolerance,
-                percentile=p.percentile,
-                window_s=p.window_s,
-                min_samples=p.min_samples,
-                smoothing=p.smoothing,
-                growth=p.growth,
-                probe_interval_s=p.probe_interval_s,
-                probe_jitter=p.probe_jitter,
-                probe_samples=p.probe_samples,
-                probe_limit=p.probe_limit,
-                backoff=p.backoff,
-            ),
-            QueueSettings(
-                max_queue=p.max_queue,
-                early_queue=p.early_queue,
-                max_wait_s=p.max_wait_s,
-                usage_window_s=p.usage_window_s,
-            ),
+            _settings(LimitSettings, p),
+            _settings(QueueSettings, p),
             clock=stage.clock,
             rng=stage.context.rng,
             timers=timers_of(stage.clock),

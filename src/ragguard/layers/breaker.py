@@ -98,7 +98,8 @@ def adapt_breaker(breaker: object) -> Breaker:
 
 def make_breaker(stage: Stage, given: Breaker | Literal[False] | None) -> Breaker | None:
     """The stage's breaker: ``given`` (False: none), else the kind its policy names (None for
-    ``none``), shared through Redis when the Guard has a client."""
+    ``none``), named by the stage's label (``stage``, or ``stage[key]`` for a key's), shared
+    through Redis when the Guard has a client."""
     if given is False:
         return None
     if given is not None:
@@ -109,7 +110,7 @@ def make_breaker(stage: Stage, given: Breaker | Literal[False] | None) -> Breake
         return None
     ctx = stage.context
     # every kind counts StageTimeout (breakers/_typed.py)
-    local = BREAKER_KINDS[policy.kind](stage.name, clock=ctx.clock, rng=ctx.rng, config=config)
+    local = BREAKER_KINDS[policy.kind](stage.label, clock=ctx.clock, rng=ctx.rng, config=config)
     return ctx.share("breaker", local)
 
 

@@ -94,7 +94,6 @@ class HedgeLayer:
     ``clock``: the Guard's; ``sleep``: its sleep (the hedge delay on trio with a clock that has no
     timers of its own); ``min_attempt_s``: the least deadline left for a hedge to be sent."""
 
-    streams: ClassVar[bool] = False
     forks: ClassVar[bool] = True  # proceed(call): the second leg runs the inner layers with its own record
     __slots__ = ("_bus", "_fake", "clock", "min_attempt_s", "sleep", "stage", "state")
 
@@ -337,9 +336,7 @@ def hedge_state(stage: Stage) -> HedgeState:
         p = stage.policy.hedge
         assert p is not None
         tracker = LatencyTracker(quantile=p.quantile, size=p.samples, min_samples=p.min_samples)
-        budget = RetryBudget(
-            ratio=p.budget_ratio, min_per_s=p.budget_min_per_s, window_s=p.budget_window_s, clock=stage.clock
-        )
+        budget = RetryBudget.of(p, stage.clock)
         return HedgeState(tracker, budget, min_delay_s=p.min_delay_s, max_delay_s=p.max_delay_s)
 
     return stage.part("hedge", make)

@@ -1,4 +1,5 @@
-"""Observation: a span and a :class:`ragguard.events.StageCompleted` event per guarded call or stream.
+"""Observation: a span and a :class:`ragguard.events.StageCompleted` event per guarded call or stream
+(and a :class:`ragguard.events.StreamEnded` per stream, with its ending on the span).
 
 Outermost in the chain, so it sees the call as its caller does (fallbacks included) and, for a
 stream, the whole stream. The observed chain is a separate compiled chain that a guarded function
@@ -19,8 +20,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from .. import events
 from .._clock import Clock
 from .._context import DEFAULT_TENANT, current_scope, current_tenant, degraded, degraded_count
+from .._endings import StreamEnding, ended_by
 from ..breakers import BreakerState
-from ..events import EventBus, StageCompleted, bus, error_type
+from ..deadline import Expiry, current_expiry
+from ..events import EventBus, StageCompleted, StreamEnded, bus, error_type
 from ..pipeline import Call, Gate, Scope
 
 if TYPE_CHECKING:
@@ -77,35 +80,40 @@ class ObserveLayer(_Observe):
             # current_tenant() and degraded_count(), inlined for a call inside a request
             scope = current_scope()
             if scope is None:
-                return None, DEFAULT_TENANT, state, self.clock(), degraded_count()
+                return None, DEFAULT_TENANT, state, self.clock(), degraded_count(), current_expiry()
             served = scope.fallbacks
-            return None, scope.tenant, state, self.clock(), 0 if served is None else len(served)
+            before = 0 if served is None else len(served)
+            return None, scope.tenant, state, self.clock(), before, current_expiry()
         tenant = current_tenant()
         span = tracer.start(self.stage, tenant, state, self.operation)
-        return (tracer, span, tracer.attach(span)), tenant, state, self.clock(), degraded_count()
+        traced = (tracer, span, tracer.attach(span))
+        return traced, tenant, state, self.clock(), degraded_count(), current_expiry()
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        traced, tenant, state, started, before = token
+        traced, tenant, state, started, before, expiry = token
         fallback = _served_since(before)
         if traced is not None:
             tracer, span, attached = traced
             tracer.detach(attached)
             tracer.end(span, _outcome(exc, fallback), exc, fallback, None)
         if self._bus.active:
-            _completed(self._bus, self.stage, tenant, exc, fallback, state, self.clock() - started, None)
+            took = self.clock() - started
+            left = _left(expiry, started, self.clock)
+            _completed(self._bus, self.stage, tenant, exc, fallback, state, took, None, left)
         return None
 
 
 class ObserveStream(_Observe):
     """The observe layer of a stream: a wrapper around its opening that keeps the span current
-    while the stream's own code runs (see the module docstring) and ends it, with StageCompleted,
-    when the stream ends however it ends (the stream driver exits it with the others it holds)."""
+    while the stream's own code runs (see the module docstring) and ends it, with StageCompleted
+    and StreamEnded, when the stream ends however it ends (the stream driver exits it with the
+    others it holds, once it has set the stream's ending). A tracer with a ``stream_ended(span,
+    ending)`` method is given the ending before the span ends."""
 
     scope: ClassVar[Scope] = "call"
-    streams: ClassVar[bool] = True
     __slots__ = ()
 
     async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:
@@ -113,6 +121,7 @@ class ObserveStream(_Observe):
         tenant = current_tenant()
         before = degraded_count()
         started = self.clock()
+        left = _left(current_expiry(), started, self.clock)
         tracer = events.tracer
         span = attached = None
         if tracer is not None:
@@ -123,10 +132,11 @@ class ObserveStream(_Observe):
         except BaseException as exc:
             if tracer is not None:
                 tracer.detach(attached)
-            self._end(_Open(tracer, span, tenant, state, started, before, None), exc)
+            ending = StreamEnding("incomplete", self.stage, 0, error=ended_by(exc))
+            self._end(_Open(tracer, span, tenant, state, started, before, None, left), exc, ending)
             raise
         first_s = None if head.done else self.clock() - started
-        opened = _Open(tracer, span, tenant, state, started, before, first_s)
+        opened = _Open(tracer, span, tenant, state, started, before, first_s, left)
         if tracer is not None:
             tracer.detach(attached)
             head.agen = _Traced(head.agen, tracer, span)
@@ -137,26 +147,38 @@ class ObserveStream(_Observe):
         return head
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        self._end(token, exc)
+        self._end(token, exc, call.ending)
         return None
 
-    def _end(self, opened: _Open, exc: BaseException | None) -> None:
+    def _end(self, opened: _Open, exc: BaseException | None, ending: StreamEnding | None) -> None:
         fallback = _served_since(opened.before)
         tracer = opened.tracer
         if tracer is not None:
             if opened.attached is not None:
                 tracer.detach(opened.attached)
                 opened.attached = None
+            stream_ended = getattr(tracer, "stream_ended", None)
+            if stream_ended is not None and ending is not None:
+                stream_ended(opened.span, ending)
             tracer.end(opened.span, _outcome(exc, fallback), exc, fallback, opened.first_item_s)
         if self._bus.active:
-            took, first_s = self.clock() - opened.started, opened.first_item_s
-            _completed(self._bus, self.stage, opened.tenant, exc, fallback, opened.state, took, first_s)
+            took, first_s, left = self.clock() - opened.started, opened.first_item_s, opened.deadline_s
+            _completed(self._bus, self.stage, opened.tenant, exc, fallback, opened.state, took, first_s, left)
+            if ending is not None:
+                self._bus.emit(
+                    StreamEnded(
+                        self.stage, opened.tenant, ending.kind, ending.items, ending.continued_by,
+                        ending.continued_after, ending.error,
+                    )
+                )  # fmt: skip
 
 
 class _Open:
     """One observed stream between its opening and its end."""
 
-    __slots__ = ("attached", "before", "first_item_s", "span", "started", "state", "tenant", "tracer")
+    __slots__ = (
+        "attached", "before", "deadline_s", "first_item_s", "span", "started", "state", "tenant", "tracer",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -167,6 +189,7 @@ class _Open:
         started: float,
         before: int,
         first_item_s: float | None,
+        deadline_s: float | None,
     ) -> None:
         self.tracer = tracer
         self.span = span
@@ -175,6 +198,7 @@ class _Open:
         self.started = started
         self.before = before
         self.first_item_s = first_item_s
+        self.deadline_s = deadline_s
         self.attached: Any = None
 
 
@@ -240,6 +264,15 @@ def _served_since(before: int) -> str:
     return degraded()[-1] if degraded_count() > before else ""
 
 
+def _left(expiry: Expiry | None, now: float, clock: Clock) -> float | None:
+    """What ``expiry`` (the request's deadline) had left at ``now`` on ``clock``, >= 0 (None: no
+    deadline); read on the deadline's own clock when it is another."""
+    if expiry is None:
+        return None
+    left = expiry.at - now if expiry.clock is clock else expiry.left()
+    return left if left > 0.0 else 0.0
+
+
 def _outcome(exc: BaseException | None, fallback: str) -> str:
     if exc is None:
         return "fallback" if fallback else "success"
@@ -255,10 +288,13 @@ def _completed(
     state: str,
     duration_s: float,
     first_item_s: float | None,
+    deadline_s: float | None,
 ) -> None:
     outcome = _outcome(exc, fallback)
     error = error_type(exc) if outcome == "error" else ""
-    event_bus.emit(StageCompleted(stage, tenant, outcome, duration_s, fallback, state, error, first_item_s))
+    event_bus.emit(
+        StageCompleted(stage, tenant, outcome, duration_s, fallback, state, error, first_item_s, deadline_s)
+    )
 
 
 _STATE_NAMES: dict[Any, str] = {state: state.value for state in BreakerState}

@@ -2,13 +2,14 @@
 
 A recovery: nothing runs until an attempt fails with an error the stage retries (``retry_on``:
 dependency failures, timeouts, out of memory, a dependency's rejections, or anything the breaker
-counts, as :func:`ragguard.outcomes.classify` says; never a caller's error, a cancellation or a
-refusal by ragguard itself). A stage that is not idempotent retries only errors raised before its
-request could have left (``Outcome.reached`` False: a refused connection, a connect timeout), never
-after a timeout or a reset mid-request. Then the layer's own loop drives the retries with tenacity's
-strategy objects (built once per layer, from small strategies that compose as tenacity intends; a
-caller may pass its own ``stop``, ``wait`` and ``retry``), asking them exactly as tenacity's
-``AsyncRetrying`` would, in the same order, with a fresh ``tenacity.RetryCallState`` per call:
+counts, as the outcome the chain classified says, ``Call.outcome``; never a caller's error, a
+cancellation or a refusal by ragguard itself). A stage that is not idempotent retries only errors
+raised before its request could have left (``Outcome.reached`` False: a refused connection, a
+connect timeout), never after a timeout or a reset mid-request. Then the layer's own loop drives the
+retries with tenacity's strategy objects (built once per layer, from small strategies that compose
+as tenacity intends; a caller may pass its own ``stop``, ``wait`` and ``retry``), asking them
+exactly as tenacity's ``AsyncRetrying`` would, in the same order, with a fresh
+``tenacity.RetryCallState`` per call:
 
 - stop after ``attempts``, or when the next attempt could not start before the deadline with
   ``min_attempt_s`` left (the upcoming sleep included), or when the retry budget refuses;
@@ -40,14 +41,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import tenacity
 
-from .. import outcomes
 from .._context import current_tenant
 from .._errors import RagguardError, StageTimeout
 from ..deadline import current_expiry, remaining
 from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
-from ..options import RetryPolicy
-from ..outcomes import Kind, Outcome, classify
-from ..pipeline import Call, Scope
+from ..options import HedgePolicy, RetryPolicy
+from ..outcomes import Kind, Outcome, outcome_of
+from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -55,13 +55,8 @@ if TYPE_CHECKING:
 __all__ = ["RetryBudget", "RetryLayer", "build", "make_budget"]
 
 
-_KINDS: dict[str, Callable[[Outcome], bool]] = {
-    "connection": lambda o: o.kind is Kind.FAILURE and o.reason != "out_of_memory",
-    "timeout": lambda o: o.kind is Kind.TIMEOUT,
-    "out_of_memory": lambda o: o.out_of_memory,
-    "rejection": lambda o: o.kind is Kind.REJECTION,
-}
-_NEVER = frozenset({Kind.CALLER_ERROR, Kind.CANCELLED, Kind.REFUSED, Kind.DEADLINE, Kind.SUCCESS})
+_FAILURE, _TIMEOUT, _REJECTION, _UNKNOWN = Kind.FAILURE, Kind.TIMEOUT, Kind.REJECTION, Kind.UNKNOWN
+"""(A module's names: in CPython 3.11 ``Kind.FAILURE`` costs a descriptor call per look-up.)"""
 
 
 class RetryBudget:
@@ -83,6 +78,13 @@ class RetryBudget:
         "ratio",
         "window_s",
     )
+
+    @classmethod
+    def of(cls, policy: RetryPolicy | HedgePolicy, clock: Callable[[], float]) -> RetryBudget:
+        """The budget a policy's ``budget_ratio``, ``budget_min_per_s`` and ``budget_window_s``
+        give (the retries' or the hedges')."""
+        return cls(ratio=policy.budget_ratio, min_per_s=policy.budget_min_per_s,
+                   window_s=policy.budget_window_s, clock=clock)  # fmt: skip
 
     def __init__(
         self, *, ratio: float, min_per_s: float, window_s: float, clock: Callable[[], float]
@@ -164,11 +166,12 @@ class _DeadlineStop(tenacity.stop.stop_base):
 
 
 def retry_after_of(exc: BaseException | None) -> float:
-    """The wait in seconds the dependency stated with an error (``classify(exc).retry_after_s``,
-    clamped), 0.0 when it stated none."""
+    """The wait in seconds the dependency stated with an error (the ``retry_after_s`` of its
+    outcome, as the chain recorded it: :func:`ragguard.outcomes.outcome_of`), 0.0 when it stated
+    none."""
     if exc is None:
         return 0.0
-    return classify(exc).retry_after_s or 0.0
+    return outcome_of(exc).retry_after_s or 0.0
 
 
 class _StatedWaitStop(tenacity.stop.stop_base):
@@ -236,13 +239,6 @@ def _not_a_rejection(exc: BaseException) -> bool:
     )
 
 
-_SURE: dict[str, type[BaseException]] = {
-    "connection": ConnectionError,
-    "timeout": TimeoutError,
-    "out_of_memory": MemoryError,
-}
-
-
 class _Numbered:
     """What ``wait_exponential`` reads of a retry state: the number of the attempt that failed."""
 
@@ -303,21 +299,21 @@ class RetryLayer:
     retry budget's ratio."""
 
     scope: ClassVar[Scope] = "call"
-    exits: ClassVar[bool] = False
     __slots__ = (
         "_any",
         "_attempts",
         "_backoffs",
         "_bus",
-        "_classify",
+        "_connection",
         "_counts",
         "_idempotent",
         "_jitter_s",
-        "_kinds",
         "_max_after_s",
         "_min_left",
         "_native",
-        "_sure",
+        "_out_of_memory",
+        "_rejection",
+        "_timeout",
         "budget",
         "clock",
         "min_attempt_s",
@@ -346,11 +342,9 @@ class RetryLayer:
         retry: Strategy | None = None,
         idempotent: bool = True,
         event_bus: EventBus = bus,
-        classify: Callable[[BaseException], Outcome] = classify,
     ) -> None:
         self.stage = stage
         self._bus = event_bus
-        self._classify = classify
         self.policy = policy
         self.budget = budget
         self.min_attempt_s = min_attempt_s
@@ -362,20 +356,11 @@ class RetryLayer:
         self._counts = counts
         self._idempotent = idempotent
         self._max_after_s = policy.max_retry_after_s
-        self._kinds: tuple[Callable[[Outcome], bool], ...] = (
-            (_KINDS["rejection"],) if self._any else tuple(_KINDS[k] for k in kinds)
-        )
-        # the classes each kind matches before any closer look (a ConnectionError is a dependency
-        # failure...): the usual failures of an idempotent stage are told apart by one isinstance
-        # (a stage that is not idempotent is sure only of a refused connection: it never left)
-        # (another classifier than ragguard's own is asked about every error)
-        self._sure: tuple[type[BaseException], ...] = (
-            ()
-            if self._any or classify is not outcomes.classify
-            else tuple(_SURE[k] for k in kinds if k in _SURE)
-            if idempotent
-            else (ConnectionRefusedError,) if "connection" in kinds else ()
-        )
+        # what ``retry_on`` retries of each kind ("any": rejections, and what the breaker counts)
+        self._rejection = self._any or "rejection" in kinds
+        self._connection = not self._any and "connection" in kinds
+        self._out_of_memory = not self._any and "out_of_memory" in kinds
+        self._timeout = not self._any and "timeout" in kinds
         # A policy's own strategies (RetryPolicy.stop/wait/retry) join the policy's rules (see
         # RetryPolicy); ``stop``/``wait``/``retry`` given here replace them outright.
         if stop is None and policy.stop is not None:
@@ -419,84 +404,94 @@ class RetryLayer:
         have reached the dependency."""
         if not _not_a_rejection(exc):
             return False  # tenacity hands cancellations to the predicate too: never retry them
-        if isinstance(exc, self._sure):
-            return True
-        return self._retries(exc, self._classify(exc))
+        return self._retries(exc, outcome_of(exc))
 
     def _may_repeat(self, exc: BaseException) -> bool:
         """Neither a cancellation nor a refusal by ragguard, and for a stage that is not
         idempotent an error raised before the request could have left (a user's ``retry``
         predicate is asked only then)."""
-        return _not_a_rejection(exc) and (self._idempotent or not self._classify(exc).reached)
+        return _not_a_rejection(exc) and (self._idempotent or not outcome_of(exc).reached)
 
     def _retries(self, exc: BaseException, outcome: Outcome) -> bool:
-        if outcome.kind in _NEVER or (outcome.reached and not self._idempotent):
+        said = outcome.retry  # the dependency's own word (x-should-retry) over its status's
+        if said is not None:
+            return said and (self._idempotent or not outcome.reached)
+        if outcome.reached and not self._idempotent:
             return False
-        for kind in self._kinds:
-            if kind(outcome):
-                return True
-        return self._any and bool(self._counts(exc))
+        kind = outcome.kind
+        if kind is _FAILURE:
+            retried = self._out_of_memory if outcome.reason == "out_of_memory" else self._connection
+        elif kind is _TIMEOUT:
+            retried = self._timeout
+        elif kind is _REJECTION:
+            return self._rejection
+        elif kind is not _UNKNOWN:
+            return False  # the caller's error, a cancellation, ragguard's refusal, the deadline
+        else:
+            retried = False
+        return retried or (self._any and bool(self._counts(exc)))
 
     def enter(self, call: Call) -> Any:
         if call.attempt == 1:
             self.budget.on_call(self.clock())
-        return None
+        return NO_EXIT
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        return None
+        return None  # pragma: no cover - enter answers NO_EXIT
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
-        if not self._native:
-            return await self._recover_with_strategies(call, exc, again)
-        # The policy's strategies, in tenacity's order (see _recover_with_strategies): the retry
-        # predicate, the wait, the stop (attempts, deadline, budget: short-circuited, so the budget
-        # is charged only for a retry that happens), RetryScheduled, the sleep.
+        """The retry loop: after each failed attempt, decide whether and how long to wait (the
+        policy's strategies, asked inline: the failure path's cost; or the layer's tenacity
+        strategies, :meth:`_next_wait_of_strategies`), say so (RetryScheduled), sleep, and run the
+        next attempt; the error of the attempt not retried is raised."""
+        state = None if self._native else _CallState(call, self.clock)
+        attempt = 1  # the number of the attempt that failed with ``exc``
+        backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
         try:
-            attempt = 1  # the number of the attempt that failed with ``exc``
-            sure = self._sure
-            backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
             while True:
-                # retryable(exc), with its usual answer first (exc is an Exception here)
-                if isinstance(exc, sure) and not isinstance(exc, RagguardError):
-                    outer = call.recoverable
-                    if outer is not None and outer(exc):
+                if state is not None:
+                    wait = self._next_wait_of_strategies(call, exc, state)
+                    if wait is None:
                         raise exc
-                    after = retry_after_of(exc) if getattr(exc, "retry_after_s", None) is not None else 0.0
                 else:
-                    outer = call.recoverable
+                    # The policy's strategies, in tenacity's order: the retry predicate, the wait,
+                    # the stop (attempts, deadline, budget: short-circuited, so the budget is
+                    # charged only for a retry that happens). First retryable(exc), with the
+                    # outcome the chain recorded (exc is an Exception here).
                     if not _not_a_rejection(exc):
                         raise exc
-                    outcome = self._classify(exc)
+                    outcome = call.outcome or outcome_of(exc)
+                    outer = call.recoverable
                     if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
                         raise exc
                     after = outcome.retry_after_s or 0.0
-                if after > self._max_after_s:
-                    raise exc  # the dependency asks for more than this stage would ever wait
-                wait = backoffs[attempt - 1]
-                if jitter_s:
-                    wait += self.rng.uniform(0.0, jitter_s)
-                if attempt >= self._attempts:
-                    # the last attempt failed: stop (the deadline and Retry-After below only
-                    # shape the wait, which no retry will sleep; the jitter is drawn as before)
-                    raise exc
-                expiry = current_expiry()
-                if expiry is not None:
-                    left = expiry.left()
-                    if wait > left - min_left:
-                        wait = left - min_left if left > min_left else 0.0
-                if after > wait:  # the wait the dependency stated
-                    wait = after
-                if expiry is not None:
-                    # the time left read again, as _DeadlineStop does after _CutWait: a wait cut to
-                    # leave exactly min_left is stopped once any time has passed since
-                    left = expiry.left()
-                    if (left if left > 0.0 else 0.0) - wait < min_left:
+                    if after > self._max_after_s:
+                        raise exc  # the dependency asks for more than this stage would ever wait
+                    wait = backoffs[attempt - 1]
+                    if jitter_s:
+                        wait += self.rng.uniform(0.0, jitter_s)
+                    if attempt >= self._attempts:
+                        # the last attempt failed: stop (the deadline and Retry-After below only
+                        # shape the wait, which no retry will sleep; the jitter is drawn as before)
                         raise exc
-                if not self._spend():
-                    raise exc
+                    expiry = current_expiry()
+                    if expiry is not None:
+                        left = expiry.left()
+                        if wait > left - min_left:
+                            wait = left - min_left if left > min_left else 0.0
+                    if after > wait:  # the wait the dependency stated
+                        wait = after
+                    if expiry is not None:
+                        # the time left read again, as _DeadlineStop does after _CutWait: a wait
+                        # cut to leave exactly min_left is stopped once any time has passed since
+                        left = expiry.left()
+                        if (left if left > 0.0 else 0.0) - wait < min_left:
+                            raise exc
+                    if not self._spend():
+                        raise exc
                 if self._bus.active:
                     tenant = current_tenant()
                     self._bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__, tenant))
@@ -511,42 +506,27 @@ class RetryLayer:
             # this frame lets go of the error it raises: the error's traceback holds the frame, and
             # the two would otherwise be a reference cycle only the garbage collector frees (25
             # objects per failed call, traceback and frames included)
-            del exc
+            del exc, state
 
-    async def _recover_with_strategies(
-        self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]
-    ) -> Any:
-        """:meth:`recover` asking the layer's tenacity strategies (a user's among them)."""
-        state = _CallState(call, self.clock)
-        stop, wait, retry, clock = self.stop, self.wait, self.retry, self.clock
-        try:
-            while True:
-                # tenacity's order (BaseRetrying.iter): the outcome, the retry predicate, the wait
-                # (as upcoming_sleep), the stop, then before_sleep with the failed attempt's number
-                state.outcome = _Failed(exc, state.attempt_number)  # type: ignore[assignment]
-                state.outcome_timestamp = clock()
-                outer = call.recoverable
-                if not retry(state) or (outer is not None and outer(exc)):
-                    # (an outer layer recovers this error itself, as the rerank chunker shrinks the
-                    # batch on an out-of-memory error: retrying the same attempt would repeat it)
-                    raise exc
-                sleep = float(wait(state))
-                state.upcoming_sleep = sleep
-                if stop(state):
-                    raise exc
-                state.idle_for += sleep
-                if self._bus.active:
-                    error, tenant = type(exc).__name__, current_tenant()
-                    self._bus.emit(RetryScheduled(self.stage, state.attempt_number + 1, sleep, error, tenant))
-                state.prepare_for_next_attempt()
-                await self.sleep(sleep)
-                call.attempt += 1
-                try:
-                    return await again()
-                except Exception as failed:  # a cancellation is never retried: it propagates
-                    exc = failed
-        finally:
-            del exc, state  # no reference cycle through this frame (see recover)
+    def _next_wait_of_strategies(self, call: Call, exc: Exception, state: _CallState) -> float | None:
+        """The seconds to wait before the next attempt after ``exc``, or None to stop, asking the
+        layer's tenacity strategies (a user's among them) in tenacity's order
+        (``BaseRetrying.iter``): the outcome, the retry predicate, the wait (as
+        ``upcoming_sleep``), the stop; then the state moves on to the next attempt."""
+        state.outcome = _Failed(exc, state.attempt_number)  # type: ignore[assignment]
+        state.outcome_timestamp = self.clock()
+        outer = call.recoverable
+        if not self.retry(state) or (outer is not None and outer(exc)):
+            # (an outer layer recovers this error itself, as the rerank chunker shrinks the batch
+            # on an out-of-memory error: retrying the same attempt would repeat it)
+            return None
+        sleep = float(self.wait(state))
+        state.upcoming_sleep = sleep
+        if self.stop(state):
+            return None
+        state.idle_for += sleep
+        state.prepare_for_next_attempt()
+        return sleep
 
     def _spend(self) -> bool:
         # Consulted by tenacity only after the attempt and deadline checks allowed a retry, so
@@ -563,12 +543,7 @@ def make_budget(stage: Stage) -> RetryBudget | None:
     retry = stage.policy.retry
     if retry.attempts <= 1:
         return None
-    return RetryBudget(
-        ratio=retry.budget_ratio,
-        min_per_s=retry.budget_min_per_s,
-        window_s=retry.budget_window_s,
-        clock=stage.clock,
-    )
+    return RetryBudget.of(retry, stage.clock)
 
 
 def build(stage: Stage, bound: Bound) -> RetryLayer | None:
@@ -586,5 +561,4 @@ def build(stage: Stage, bound: Bound) -> RetryLayer | None:
         sleep=stage.context.sleep,
         idempotent=stage.policy.is_idempotent,
         event_bus=stage.context.bus,
-        classify=stage.context.classify,
     )

@@ -19,7 +19,7 @@ from .._compat import current_task, running_loop
 from .._errors import DeadlineExceeded, StageTimeout
 from .._timeouts import MAX_TIMEOUT_S, AttemptTimeout, wheel_for
 from ..deadline import current_expiry
-from ..pipeline import Call, Scope
+from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -31,7 +31,6 @@ class TimeoutLayer:
     """Bounds each attempt by ``timeout_s`` (None: only the deadline) and the request's deadline."""
 
     scope: ClassVar[Scope] = "item"
-    exits_none: ClassVar[bool] = False  # no timer armed: nothing to disarm
     __slots__ = ("_loop", "_min_left", "_timers", "_wheel", "stage", "timeout_s")
 
     def __init__(
@@ -54,21 +53,22 @@ class TimeoutLayer:
         expiry = current_expiry()
         if expiry is None:
             if timeout is None or timeout >= MAX_TIMEOUT_S:
-                return None
+                return NO_EXIT  # no timer to arm
             by_deadline = False
         else:
             left = expiry.left()
             if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
-                detail = (
-                    f"stream cut after {call.items} items" if call.items else "no budget left for an attempt"
-                )
-                raise DeadlineExceeded(self.stage, None if left <= 0.0 else left, detail)
+                whole = expiry.budget_s
+                if call.items:  # mid-stream: the stream ran under the request's budget
+                    raise DeadlineExceeded(self.stage, whole, f"stream cut after {call.items} items", whole)
+                budget = None if left <= 0.0 else left
+                raise DeadlineExceeded(self.stage, budget, "no budget left for an attempt", whole)
             if timeout is None or left < timeout:
                 timeout, by_deadline = left, True
             else:
                 by_deadline = False
             if timeout >= MAX_TIMEOUT_S:
-                return None
+                return NO_EXIT
         call.budget_s = timeout
         call.by_deadline = by_deadline
         loop = running_loop()  # the one running-loop lookup of a call
@@ -76,7 +76,7 @@ class TimeoutLayer:
             return _trio_scope(timeout)
         call.task = task = current_task(loop)
         if task is None:  # pragma: no cover - awaited outside a task: nothing to cancel
-            return None
+            return NO_EXIT
         timers = self._timers
         if timers is not None:
             return timers.arm(task, timeout)
@@ -91,8 +91,6 @@ class TimeoutLayer:
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        if token is None:
-            return None
         if type(token) is not int:
             return self._exit_trio(call, token, exc)
         # a Guard serves one event loop at a time, so the wheel enter used is ``_wheel``
@@ -116,8 +114,13 @@ class TimeoutLayer:
         budget = call.budget_s if call.budget_s is not None else 0.0
         error: BaseException
         if call.by_deadline:
-            detail = f"stream cut after {call.items} items" if call.items else ""
-            error = DeadlineExceeded(self.stage, budget, detail)
+            expiry = current_expiry()
+            whole = None if expiry is None else expiry.budget_s
+            if call.items:  # mid-stream: the stream ran under the request's budget, not this item's
+                detail, given = f"stream cut after {call.items} items", whole
+            else:
+                detail, given = "", budget
+            error = DeadlineExceeded(self.stage, given, detail, whole)
             error.__cause__ = AttemptTimeout(f"attempt timed out after {budget:.3f}s")
         else:
             error = StageTimeout(self.stage, budget)

@@ -10,7 +10,13 @@ file at most once a second while they change and when the recorder closes, so th
 say what share of a stage's answers a fallback served::
 
     {"type": "Tally", "t": ..., "wall": ..., "since": <monotonic s>,
-     "stages": {stage: {outcome: n}}, "calls": {breaker: {outcome: n}}, "rejected": {breaker: n}}
+     "stages": {stage: {outcome: n}}, "calls": {breaker: {outcome: n}}, "rejected": {breaker: n},
+     "budget": {stage: {"calls": n, "left_s": s, "spent_s": s, "fallback": n, "deadline": n}}}
+
+``budget`` says where the requests' deadlines went, stage by stage: of a stage's completions made
+under a deadline, how many (``calls``), the seconds their deadlines had left when they started
+(``left_s``, summed), the seconds they spent (``spent_s``, summed), how many a fallback answered
+and how many ended with :class:`~ragguard.DeadlineExceeded` (``deadline``).
 
 A breaker's opening says what its calls did since its previous transition (the last
 :data:`_MAX_TRIP_OUTCOMES` slow or failed ones), so the diagnosis can tell a trip by slowness or
@@ -143,6 +149,7 @@ class EventRecorder:
         self._stages: dict[str, dict[str, int]] = {}
         self._calls: dict[str, dict[str, int]] = {}
         self._rejected: dict[str, int] = {}
+        self._budget: dict[str, dict[str, float]] = {}
         self._tally_changed = False
         self._tally_written = float("-inf")
         self._tallied: dict[type, Any] = {}
@@ -268,6 +275,8 @@ class EventRecorder:
                 owner = str(getattr(event, "stage" if name == "StageCompleted" else "breaker", ""))
                 counts = table.setdefault(_key(table, owner), {})
                 counts[outcome] = counts.get(outcome, 0) + 1
+                if name == "StageCompleted":
+                    self._spent(owner, outcome, event)
             self._tally_changed = True
             if self.path is not None:
                 now = self._clock()
@@ -275,6 +284,25 @@ class EventRecorder:
                     self._tally_written = now
                     self._tally_changed = False
                     self._append(self._tally_record())
+
+    def _spent(self, stage: str, outcome: str, event: Any) -> None:
+        """Count what a stage completion under a deadline spent of it (the lock is held)."""
+        left: Any = getattr(event, "deadline_s", None)
+        took: Any = getattr(event, "duration_s", None)
+        if not (_finite_number(left) and _finite_number(took)):
+            return
+        budget = self._budget.get(stage)
+        if budget is None:
+            budget = self._budget[_key(self._budget, stage)] = {
+                "calls": 0, "left_s": 0.0, "spent_s": 0.0, "fallback": 0, "deadline": 0,
+            }  # fmt: skip
+        budget["calls"] += 1
+        budget["left_s"] += left
+        budget["spent_s"] += took
+        if outcome == "fallback":
+            budget["fallback"] += 1
+        elif getattr(event, "error", "") == "DeadlineExceeded":
+            budget["deadline"] += 1
 
     def _tally_record(self) -> Record:
         return {
@@ -285,6 +313,7 @@ class EventRecorder:
             "stages": {k: dict(v) for k, v in self._stages.items()},
             "calls": {k: dict(v) for k, v in self._calls.items()},
             "rejected": dict(self._rejected),
+            "budget": {k: dict(v) for k, v in self._budget.items()},
         }
 
     def _append(self, rec: Record) -> None:
@@ -353,6 +382,10 @@ def record_events(
 def default_recorder() -> EventRecorder | None:
     """The recorder started by :func:`record_events`, or None."""
     return _default
+
+
+def _finite_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 
 def _key(table: dict[str, Any], name: str) -> str:

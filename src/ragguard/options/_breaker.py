@@ -15,7 +15,7 @@ from ..breakers import (
     RerankOOMBreaker,
     VectorStoreUnavailableBreaker,
 )
-from ..breakers._options import NUMBER_OPTIONS, BreakerConfig, check_option
+from ..breakers._options import OPTIONS, BreakerConfig, check_option
 from ._base import Options
 
 __all__ = ["BREAKER_KINDS", "BreakerKind", "BreakerPolicy"]
@@ -27,28 +27,16 @@ BreakerKind = Literal["embedding_timeout", "vector_store_unavailable", "rerank_o
 class BreakerPolicy(Options):
     """Which breaker guards a stage and its options; None keeps the kind's default.
 
-    Names after resilience4j's (``open_for_s`` is its ``waitDurationInOpenState``); each option
-    has the range :class:`ragguard.breakers.BreakerConfig` gives it; the rules between options
-    (``minimum_calls`` <= ``window_size`` of a count window, a time window of at most a day,
-    ``open_max_s`` >= ``open_for_s``) are checked with the kind's defaults filled in when the
-    :class:`Policy` is built, once: the stage's breaker is built from that config (:meth:`config`).
-
     - ``kind``: ``embedding_timeout``, ``vector_store_unavailable``, ``rerank_oom`` (the typed
       breakers, each with its defaults and its error), ``generic`` (counts every error but a
       caller's) or ``none`` (no breaker).
-    - ``failure_rate_threshold``: trip when at least this percentage of the window's calls failed.
-    - ``slow_call_rate_threshold``: trip when at least this percentage of the calls were slow.
-    - ``slow_call_duration_s``: a call lasting longer is slow (seconds).
-    - ``consecutive_failures_threshold``: trip after this many failures in a row (None: off).
-    - ``minimum_calls``: no rule trips before the window holds this many calls.
-    - ``window_type``: ``count`` (the last ``window_size`` calls) or ``time`` (the calls of the
-      last ``window_size`` seconds).
-    - ``window_size``: calls (count window) or seconds (time window).
-    - ``half_open_permits``: trial calls admitted while half-open; their rates decide.
-    - ``open_for_s``: how long the breaker stays open after a trip (seconds).
-    - ``open_backoff_multiplier``: each reopening from half-open multiplies the open time by this.
-    - ``open_max_s``: the open time's cap (seconds; None: a year).
-    - ``open_jitter``: each open time is spread uniformly by up to this fraction either way.
+    - every other field is the option of the same name of :class:`ragguard.breakers.BreakerConfig`,
+      which declares each one's default, range and meaning once (resilience4j's names: ``open_for_s``
+      is its ``waitDurationInOpenState``) and checks each value here by the same rule. The rules
+      between options (``minimum_calls`` <= ``window_size`` of a count window, a time window of at
+      most a day, ``open_max_s`` >= ``open_for_s``) are checked with the kind's defaults filled in
+      when the :class:`Policy` is built, once: the stage's breaker is built from that config
+      (:meth:`config`).
     """
 
     kind: BreakerKind = "generic"
@@ -56,6 +44,7 @@ class BreakerPolicy(Options):
     slow_call_rate_threshold: float | None = None
     slow_call_duration_s: float | None = None
     consecutive_failures_threshold: int | None = None
+    rejection_rate_threshold: float | None = None
     minimum_calls: int | None = None
     window_type: Literal["count", "time"] | None = None
     window_size: int | None = None
@@ -66,7 +55,7 @@ class BreakerPolicy(Options):
     open_jitter: float | None = None
     _config: tuple[int, BreakerConfig | None] | None = PrivateAttr(default=None)
 
-    @field_validator(*NUMBER_OPTIONS)
+    @field_validator(*OPTIONS)
     @classmethod
     def _in_range(cls, value: Any, info: Any) -> Any:
         return None if value is None else check_option(info.field_name, value)

@@ -21,6 +21,7 @@ from .._validate import shown
 from ._adaptive import AdaptivePolicy
 from ._breaker import BreakerPolicy
 from ._hedge import HedgePolicy
+from ._keyed import LimitsPolicy
 from ._retry import RetryPolicy
 from ._throttle import ThrottlePolicy
 
@@ -40,10 +41,13 @@ __all__ = [
 
 _table: tuple[tuple[str, type[Any] | None], ...] = (
     ("observe", None),
+    ("share", None),
     ("fallback", None),
+    ("reserve", None),
     ("deadline", None),
     ("quota", None),
     ("preset", None),
+    ("limits", LimitsPolicy),
     ("retry", RetryPolicy),
     ("hedge", HedgePolicy),
     ("throttle", ThrottlePolicy),

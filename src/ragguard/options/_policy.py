@@ -24,7 +24,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
 
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -37,6 +37,7 @@ from ._adaptive import AdaptivePolicy
 from ._base import Options
 from ._breaker import BreakerPolicy
 from ._hedge import HedgePolicy
+from ._keyed import GroupPolicy, LimitsPolicy, check_key_id
 from ._retry import RetryPolicy
 from ._throttle import ThrottlePolicy
 
@@ -50,6 +51,7 @@ __all__ = [
     "GenerationPolicy",
     "Policy",
     "PoolQuota",
+    "ReservePolicy",
     "StagePolicy",
     "TenantQuota",
     "TokenLimits",
@@ -67,14 +69,67 @@ _M = TypeVar("_M", bound=Options)
 _MODEL_NAME_MAX = 128
 
 
-def _limits_tokens(limits: TokenLimits | TenantQuota) -> bool:
-    """Whether ``limits`` sets a token rate or a token quota of its own."""
-    return not (
-        limits.tokens_per_s is None
-        and limits.token_quota is None
-        and limits.input_token_quota is None
-        and limits.output_token_quota is None
-    )
+def _unused(where: str, limits: TokenLimits | TenantQuota) -> list[str]:
+    """What :meth:`Policy.unreachable_limits` finds within one quota (see there)."""
+    found = []
+    if isinstance(limits, TenantQuota) and limits.burst is not None and limits.rate_per_s is None:
+        found.append(f"{where}.burst is set without rate_per_s: it limits nothing")
+    if limits.token_burst is not None and limits.tokens_per_s is None:
+        found.append(f"{where}.token_burst is set without tokens_per_s: it limits nothing")
+    total = limits.token_quota
+    for name in ("input_token_quota", "output_token_quota"):
+        part = getattr(limits, name)
+        if total is not None and part is not None and part >= total:
+            found.append(
+                f"{where}.{name} ({part}) is never reached: {where}.token_quota ({total}) counts input "
+                "and output together in the same window and refuses first"
+            )
+    return found
+
+
+def _looser(at: str, model: TokenLimits, where: str, tenant: TenantQuota) -> list[str]:
+    """The limits of ``model`` that ``tenant``'s own of the same kind are always as tight as."""
+    found = []
+    for name in ("token_quota", "input_token_quota", "output_token_quota"):
+        mine, theirs = getattr(model, name), getattr(tenant, name)
+        if mine is None or theirs is None:
+            continue
+        if mine >= theirs and mine / model.token_window_s >= theirs / tenant.token_window_s:
+            found.append(
+                f"{at}.{name} ({mine} per {model.token_window_s:g} s) is never reached: the tenant's "
+                f"own {where}.{name} ({theirs} per {tenant.token_window_s:g} s) is always as tight"
+            )
+    rate, theirs_rate = model.tokens_per_s, tenant.tokens_per_s
+    if rate is not None and theirs_rate is not None and rate >= theirs_rate:
+        theirs_burst = burst_of(theirs_rate, tenant.token_burst)
+        if burst_of(rate, model.token_burst) >= theirs_burst:
+            found.append(
+                f"{at}.tokens_per_s ({rate:g}) is never reached: the tenant's own {where}.tokens_per_s "
+                f"({theirs_rate:g}, burst {theirs_burst}) paces every stream at least as tightly"
+            )
+    return found
+
+
+@overload
+def burst_of(rate: float, burst: int | None) -> int: ...
+@overload
+def burst_of(rate: None, burst: int | None) -> None: ...
+def burst_of(rate: float | None, burst: int | None) -> int | None:
+    """The burst of a rate (``rate_per_s`` and ``burst``, ``tokens_per_s`` and ``token_burst``):
+    ``burst``, else a second's worth of the rate (at least 1) when it is not set; None without a
+    rate. The one statement of that default (the quotas, the token accounts and the Redis scripts
+    all ask it)."""
+    if rate is None:
+        return None
+    return burst if burst is not None else max(1, math.ceil(rate))
+
+
+class _Requests(Options):
+    """The request limits a tenant's quota and a pool share (see :class:`TenantQuota`)."""
+
+    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
+    rate_per_s: float | None = Field(default=None, gt=0, le=1e9)
+    burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
 
 
 class TokenLimits(Options):
@@ -97,10 +152,15 @@ class TokenLimits(Options):
     @property
     def limits_tokens(self) -> bool:
         """Whether any token limit is set."""
-        return _limits_tokens(self)
+        return not (
+            self.tokens_per_s is None
+            and self.token_quota is None
+            and self.input_token_quota is None
+            and self.output_token_quota is None
+        )
 
 
-class TenantQuota(Options):
+class TenantQuota(TokenLimits, _Requests):
     """A tenant's share of the service; None means unlimited.
 
     - ``max_concurrency``: requests in flight at once (a bulkhead per tenant), >= 1.
@@ -125,11 +185,15 @@ class TenantQuota(Options):
     - ``token_window_s``: the quota's window, seconds, > 0 (default 60: tokens per minute).
     - ``input_token_quota``, ``output_token_quota``: input (prompt) and output (generated) tokens
       per ``token_window_s``, each its own bucket, reserved and settled as ``token_quota`` is;
-      ``token_quota`` counts both together. Input tokens are what the stage's ``input_tokens=``
-      estimate or the provider's reported usage says (0 when neither is given).
+      ``token_quota`` counts both together. A stream reserves its input estimate (the stage's
+      ``input_tokens=``; the integrations' is the text they send, characters / 4) and settles
+      with the input the provider reports (OpenAI's ``prompt_tokens``, Anthropic's input), 0 when
+      neither is given; output tokens likewise (docs/integrations.md says which fields).
     - ``models``: model name -> :class:`TokenLimits`, limits of the tenant's streams of that model
-      on top of the tenant's own (the stage's ``model=`` option names the call's model; a model
-      not listed has the tenant's limits only). Names are 1 to 128 printable characters.
+      on top of the tenant's own (the stage's ``model=`` option names the call's model, and every
+      integration passes its call's; a model not listed has the tenant's limits only). Names are
+      1 to 128 printable characters. A limit no call can reach (one the tenant's own is always as
+      tight as...) is logged when a Guard is built (:meth:`Policy.unreachable_limits`).
     - ``priority``: the priority of the tenant's requests at the stages' adaptive limits
       (``critical``, ``interactive`` or ``batch``; a front door's ``x-priority`` header may lower
       it per request, and raise it only for a trusted caller; :func:`ragguard.overload.priority`
@@ -139,17 +203,10 @@ class TenantQuota(Options):
       tenant whose usage per unit of weight is highest is shed first.
     """
 
-    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
-    rate_per_s: float | None = Field(default=None, gt=0, le=1e9)
-    burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    # the request limits (max_concurrency, rate_per_s, burst) and the tenant's own token limits
+    # are those of _Requests and TokenLimits
     max_wait_s: float = Field(default=0.0, ge=0, le=3600)
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
-    tokens_per_s: float | None = Field(default=None, gt=0, le=1e9)
-    token_burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
-    token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
-    token_window_s: float = Field(default=60.0, gt=0, le=31 * 86_400)
-    input_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
-    output_token_quota: int | None = Field(default=None, ge=1, le=1_000_000_000_000)
     models: dict[str, TokenLimits] = Field(default_factory=dict)
     priority: Priority = "interactive"
     weight: float = Field(default=1.0, gt=0, le=1e6)
@@ -167,14 +224,14 @@ class TenantQuota(Options):
     @property
     def limits_tokens(self) -> bool:
         """Whether any token limit is set, the tenant's or a model's."""
-        return _limits_tokens(self) or any(m.limits_tokens for m in self.models.values())
+        return super().limits_tokens or any(m.limits_tokens for m in self.models.values())
 
     @property
     def unlimited(self) -> bool:
         return self.max_concurrency is None and self.rate_per_s is None and self.timeout_s is None
 
 
-class PoolQuota(Options):
+class PoolQuota(_Requests):
     """A bound that a group of tenants share together (None means unlimited): the tenants not
     named in :attr:`Policy.tenants` share one (:attr:`Policy.unlisted_pool`).
 
@@ -186,10 +243,6 @@ class PoolQuota(Options):
     is admitted only when both have a slot and a token (waiting, first come first served, up to
     the tenant's ``max_wait_s``).
     """
-
-    max_concurrency: int | None = Field(default=None, ge=1, le=1_000_000)
-    rate_per_s: float | None = Field(default=None, gt=0, le=1e9)
-    burst: int | None = Field(default=None, ge=1, le=1_000_000_000)
 
     @property
     def unlimited(self) -> bool:
@@ -205,11 +258,7 @@ class PoolQuota(Options):
         if quota.rate_per_s is None:
             return True
         return (self.rate_per_s is not None and self.rate_per_s <= quota.rate_per_s
-                and _burst(self.burst, self.rate_per_s) <= _burst(quota.burst, quota.rate_per_s))
-
-
-def _burst(burst: int | None, rate: float) -> int:
-    return burst if burst is not None else max(1, math.ceil(rate))
+                and burst_of(self.rate_per_s, self.burst) <= burst_of(quota.rate_per_s, quota.burst))
 
 
 class GenerationPolicy(Options):
@@ -240,18 +289,78 @@ class GenerationPolicy(Options):
     estimate_tokens: int = Field(default=256, ge=1, le=1_000_000_000)
     max_shrinks: int = Field(default=2, ge=0, le=10)
     min_passages: int = Field(default=1, ge=0, le=1_000_000)
+class ReservePolicy(Options):
+    """The time a stage with a fallback keeps for it under a deadline (its *reserve*).
+
+    The primary attempts (retries and their backoff included) run under a deadline that ends the
+    reserve's length before the request's, so a hung or slow dependency is cut while its fallback
+    can still answer in time; the fallback then runs under the request's own deadline. By
+    default the reserve is learnt: the ``percentile`` of the fallback chain's recent latencies
+    (from the failure to its answer, misses of earlier fallbacks included; for a stream, to its
+    first item) times ``margin``, within ``min_s`` and ``max_s``; and never more than
+    ``max_share`` of the time left when the stage starts, so the primary always gets a real
+    chance. A stream keeps it until its first item (its fallback serves only before it). Kept
+    only under a deadline, and only by a stage that has a fallback.
+
+    - ``fixed_s``: a fixed reserve in seconds instead of the learnt one (still at most
+      ``max_share`` of the time left), 0 to 3600; 0 turns the reserve off. None (the default):
+      learnt. A stage's ``reserve`` may be given as this number alone (``reserve: 0``).
+    - ``min_s``: the floor of the learnt reserve, 0 to 60 (default 0.05: a cheap fallback still
+      needs the event loop to come back to it, and a busy loop lags by tens of milliseconds).
+    - ``max_s``: the ceiling of the learnt reserve, 0 to 3600, >= ``min_s`` (default 2.0; raise it
+      for a fallback that is itself a slow call, such as a second model).
+    - ``max_share``: the most of the time left when the stage starts that the reserve may take,
+      > 0 and <= 0.9 (default 0.25: the primary keeps at least three quarters).
+    - ``percentile``: which percentile of the fallback's recent latencies is learnt, 50 to 100
+      (default 99: P99).
+    - ``margin``: the learnt percentile is multiplied by this, 1 to 10 (default 1.5).
+    - ``window``: how many of the fallback's most recent latencies are kept, 1 to 10000
+      (default 100).
+    """
+
+    fixed_s: float | None = Field(default=None, ge=0, le=3600)
+    min_s: float = Field(default=0.05, ge=0, le=60)
+    max_s: float = Field(default=2.0, ge=0, le=3600)
+    max_share: float = Field(default=0.25, gt=0, le=0.9)
+    percentile: float = Field(default=99.0, ge=50, le=100)
+    margin: float = Field(default=1.5, ge=1, le=10)
+    window: int = Field(default=100, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReservePolicy:
+        if self.max_s < self.min_s:
+            raise ValueError(f"max_s ({self.max_s:g}) must be >= min_s ({self.min_s:g})")
+        return self
+
+    @property
+    def off(self) -> bool:
+        """Whether the reserve is turned off (``fixed_s`` 0)."""
+        return self.fixed_s == 0
+
+
 class StagePolicy(Options):
     """How one stage is guarded.
 
     - ``timeout_s``: per-attempt timeout in seconds (None: only the deadline bounds it).
     - ``min_attempt_s``: no attempt starts with less budget than this (seconds); a call with less
       left raises DeadlineExceeded at once instead of starting work it cannot finish.
+    - ``deadline_share``: the most of the request's deadline the stage may spend, as a share of
+      the time left when it starts, > 0 and <= 1 (None, the default: all of it). The stage runs
+      under a deadline that ends there, its fallback and retries included, so the stages after it
+      keep their time; one that runs out of it raises DeadlineExceeded (its fallback, if any,
+      answers first within the share). The standard stages have shares of their own (see the
+      standard stages' table).
+    - ``reserve``: the time a stage with a fallback keeps for it under a deadline
+      (:class:`ReservePolicy`; a number alone is its ``fixed_s``, 0 turns it off).
     - ``breaker``: the breaker kind and options; ``retry``: the retry policy.
     - ``fallback_on``: which failures the stage's fallback serves: ``breaker`` (the breaker's own
       failure kinds and BreakerOpen, the default) or ``any`` (every Exception but cancellation).
     - ``preset``: the RAG preset the stage runs (``embedding``, ``vector_store``, ``rerank``,
       ``generation``, or one registered with :func:`ragguard.rag.register_preset`; None: the
-      generic layers only). The standard stages of the same names have theirs.
+      generic layers only). The standard stages of the same names have theirs, and a stage that
+      names a standard stage's preset starts from that stage's values (its timeout, breaker and
+      retries: ``backup: {preset: generation}`` retries as ``generation`` does); the fields it
+      sets replace them.
     - embedding cache (``embedding`` preset): ``cache_size`` entries, ``cache_ttl_s`` seconds.
     - rerank (``rerank`` preset): ``rerank_min_batch`` is the floor the batch is halved down to.
     - ``generation`` (``generation`` preset): the stream budgets and the token estimate
@@ -274,10 +383,32 @@ class StagePolicy(Options):
     - ``max_threads``: worker threads the stage's sync functions run in at once, at most (the
       stage's thread bulkhead, 1 to 10000, default 8; docs/sync.md). A thread a timeout stopped
       waiting for counts until it returns; a call waits for a thread within its attempt's timeout.
+    - ``limits``: requests and tokens per window (:class:`~ragguard.options.LimitsPolicy`): of each
+      key of a keyed stage, else of the stage as a whole. None: none.
+
+    Keyed by deployment (docs/layers.md, "Keyed stages"): each key (a model, an endpoint) gets its
+    own breaker, adaptive limit, throttle, hedge and retry budgets, reserve and limits, under this
+    one configuration:
+
+    - ``key``: the parameter whose value is a call's key (``@guard(key=...)`` in code may name
+      one or give a function of the arguments instead); None: the stage is keyed only by the
+      functions that say so in code.
+    - ``keys``: key -> its own options over the stage's (``{"gpt-4o": {"breaker": {...}}}``;
+      a stage's fields but its preset, keys and threads): a key named here is always kept.
+    - ``max_keys``: keys kept at once besides those named in ``keys``, 1 to 10000 (default 64);
+      a new key past it runs on the stage's own instance (the overflow, shared by every key past
+      the bound), so no caller's input grows memory, Redis keys or metric series without bound.
+    - ``key_idle_s``: a key with no call in flight, a closed breaker and no call for this long is
+      forgotten when a new key needs its room, seconds >= 1 (default 300). Its calls are counted,
+      not timed: the map, looking at its keys as new ones ask for room (at most every quarter of
+      this), takes a key as quiet from the first look that finds no new call, so a key goes at
+      least this long after its last call.
     """
 
     timeout_s: float | None = Field(default=None, gt=0, le=86_400)
     min_attempt_s: float = Field(default=0.0, ge=0, le=3600)
+    deadline_share: float | None = Field(default=None, gt=0, le=1)
+    reserve: ReservePolicy = ReservePolicy()
     fallback_on: Literal["breaker", "any"] = "breaker"
     cache_size: int = Field(default=10_000, ge=0, le=10_000_000)
     cache_ttl_s: float = Field(default=3600.0, gt=0)
@@ -286,6 +417,10 @@ class StagePolicy(Options):
     preset: str | None = None
     idempotent: bool | None = None
     max_threads: int = Field(default=8, ge=1, le=10_000)
+    key: str | None = Field(default=None, min_length=1, max_length=200)
+    keys: dict[str, StagePolicy] = Field(default_factory=dict)
+    max_keys: int = Field(default=64, ge=1, le=10_000)
+    key_idle_s: float = Field(default=300.0, ge=1, le=31 * 86_400)
     layers: dict[str, Any] = Field(default_factory=dict)
 
     if TYPE_CHECKING:  # the built-in layers' options are keywords too (moved into ``layers``)
@@ -295,6 +430,8 @@ class StagePolicy(Options):
             *,
             timeout_s: float | None = None,
             min_attempt_s: float = 0.0,
+            deadline_share: float | None = None,
+            reserve: ReservePolicy | Mapping[str, Any] | float = ...,
             fallback_on: Literal["breaker", "any"] = "breaker",
             cache_size: int = 10_000,
             cache_ttl_s: float = 3600.0,
@@ -303,12 +440,17 @@ class StagePolicy(Options):
             preset: str | None = None,
             idempotent: bool | None = None,
             max_threads: int = 8,
+            key: str | None = None,
+            keys: Mapping[str, StagePolicy | Mapping[str, Any]] = ...,
+            max_keys: int = 64,
+            key_idle_s: float = 300.0,
             layers: Mapping[str, Any] = ...,
             breaker: BreakerPolicy | Mapping[str, Any] | None = None,
             retry: RetryPolicy | Mapping[str, Any] | None = None,
             hedge: HedgePolicy | Mapping[str, Any] | None = None,
             throttle: ThrottlePolicy | Mapping[str, Any] | None = None,
             adaptive: AdaptivePolicy | Mapping[str, Any] | None = None,
+            limits: LimitsPolicy | Mapping[str, Any] | None = None,
         ) -> None: ...
 
     also_spelt: ClassVar[tuple[str, ...]] = _layers.STAGE_FIELDS
@@ -336,6 +478,14 @@ class StagePolicy(Options):
         data["layers"] = held
         return data
 
+    @field_validator("reserve", mode="before")
+    @classmethod
+    def _reserve_number(cls, value: Any) -> Any:
+        # ``reserve: 0`` (off) or ``reserve: 0.05`` (fixed): the number is the fixed reserve
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return {"fixed_s": value}
+        return value
+
     @field_validator("layers")
     @classmethod
     def _layer_options(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +504,20 @@ class StagePolicy(Options):
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return checked
+
+    @field_validator("keys")
+    @classmethod
+    def _key_options(cls, value: dict[str, StagePolicy]) -> dict[str, StagePolicy]:
+        for name, options in value.items():
+            check_key_id(name, "a key named in keys")
+            stage_wide = sorted(options.model_fields_set & _STAGE_WIDE)
+            if stage_wide:
+                raise ValueError(
+                    f"keys.{name}: {', '.join(stage_wide)}: the stage's, not one key's "
+                    f"(a key may set: {', '.join(sorted(set(cls.model_fields) - _STAGE_WIDE))} "
+                    "and the layers' options)"
+                )
+        return value
 
     @model_validator(mode="after")
     def _checked(self) -> StagePolicy:
@@ -421,11 +585,28 @@ class StagePolicy(Options):
         return self.layer("adaptive")  # type: ignore[no-any-return]
 
     @property
+    def limits(self) -> LimitsPolicy | None:
+        """The limits of each key, or of the stage (:class:`~ragguard.options.LimitsPolicy`), None: none."""
+        return self.layer("limits")  # type: ignore[no-any-return]
+
+    def for_key(self, key: str) -> StagePolicy:
+        """The options of key ``key``: the stage's, with the key's own from ``keys`` over them."""
+        own = self.keys.get(key)
+        return self if own is None else _overlay(self.model_copy(update={"keys": {}}), own)
+
+    @property
     def is_idempotent(self) -> bool:
         """``idempotent``, or the preset's answer when it is None (see the class docstring)."""
         if self.idempotent is not None:
             return self.idempotent
         return self.preset in IDEMPOTENT_PRESETS
+
+
+_STAGE_WIDE = frozenset({
+    "preset", "key", "keys", "max_keys", "key_idle_s", "idempotent", "max_threads", "cache_size",
+    "cache_ttl_s", "rerank_min_batch",
+})  # fmt: skip
+"""What a key of a keyed stage cannot set for itself: the stage's preset and what its state holds."""
 
 
 class _Pending(dict[str, Any]):
@@ -498,24 +679,28 @@ _HEDGE_NOT_IDEMPOTENT = (
 STANDARD_STAGE_OPTIONS: dict[str, dict[str, Any]] = {
     "embedding": {
         "preset": "embedding",
+        "deadline_share": 0.25,
         "timeout_s": 5.0,
         "breaker": {"kind": "embedding_timeout"},
         "retry": {"attempts": 2, "retry_on": ("connection", "rejection")},
     },
     "vector_store": {
         "preset": "vector_store",
+        "deadline_share": 0.25,
         "timeout_s": 2.0,
         "breaker": {"kind": "vector_store_unavailable"},
         "retry": {"attempts": 2, "retry_on": ("connection", "timeout", "rejection")},
     },
     "rerank": {
         "preset": "rerank",
+        "deadline_share": 0.3,
         "timeout_s": None,
         "breaker": {"kind": "rerank_oom"},
         "retry": {"attempts": 1, "retry_on": ()},
     },
     "generation": {
         "preset": "generation",
+        "deadline_share": 1.0,
         "timeout_s": None,
         "breaker": {"kind": "generic"},
         "retry": {"attempts": 2, "retry_on": ("connection", "timeout", "rejection")},
@@ -528,7 +713,20 @@ def _standard_stages() -> dict[str, StagePolicy]:
     return {name: StagePolicy(**options) for name, options in STANDARD_STAGE_OPTIONS.items()}
 
 
+def _with_preset_defaults(given: StagePolicy) -> StagePolicy:
+    """``given`` over the standard stage of its preset (the fields it sets win), or ``given`` as
+    it is when its preset is not a standard stage's (None, or one registered by the user)."""
+    options = STANDARD_STAGE_OPTIONS.get(given.preset) if given.preset is not None else None
+    return given if options is None else _overlay(StagePolicy(**options), given)
+
+
 STANDARD_STAGES = ("embedding", "vector_store", "rerank", "generation")
+
+PROVIDER_STAGES = ("openai", "anthropic")
+"""The stages the OpenAI and Anthropic integrations run their generations as by default: each
+starts from the policy's ``generation`` stage (the standard one with what you set for it), and
+the fields you set for it replace those; each has its own runtime, so one provider's faults never
+refuse another's calls."""
 
 
 def _overlay(base: _M, given: _M) -> _M:
@@ -555,8 +753,13 @@ class Policy(Options):
 
     - ``stages``: stage name -> StagePolicy. The standard stages ``embedding``, ``vector_store``,
       ``rerank`` and ``generation`` are always present with their presets and breakers; for those,
-      the fields you set override the standard values and the rest keep them. Stages not listed use
+      the fields you set override the standard values and the rest keep them; so does any stage
+      (and ``default_stage``) whose ``preset`` is one of theirs. Stages not listed use
       ``default_stage``.
+      The provider stages ``openai`` and ``anthropic`` (:data:`PROVIDER_STAGES`) start from the
+      ``generation`` stage as you set it.
+    - ``groups``: model group name -> :class:`~ragguard.options.GroupPolicy` (its deployments,
+      bound to callables by name in code: :meth:`ragguard.Guard.group`).
     - ``tenants``: tenant id -> TenantQuota; tenants not listed get ``default_quota`` each.
     - ``unlisted_pool``: the bound the tenants not listed share all together (a
       :class:`PoolQuota`), so that new tenant ids cannot multiply ``default_quota``. None (the
@@ -568,6 +771,7 @@ class Policy(Options):
 
     stages: dict[str, StagePolicy] = Field(default_factory=_standard_stages)
     default_stage: StagePolicy = StagePolicy()
+    groups: dict[str, GroupPolicy] = Field(default_factory=dict)
     tenants: dict[str, TenantQuota] = Field(default_factory=dict)
     default_quota: TenantQuota = TenantQuota()
     unlisted_pool: PoolQuota | None = None
@@ -592,23 +796,36 @@ class Policy(Options):
     @model_validator(mode="after")
     def _fill_standard(self) -> Policy:
         # A standard stage given by the user keeps the standard values of the fields it leaves
-        # unset: setting only ``timeout_s`` must not drop the typed breaker.
+        # unset: setting only ``timeout_s`` must not drop the typed breaker. So does any stage that
+        # names a standard stage's preset (``backup: {preset: generation}`` retries as the
+        # standard ``generation`` stage does), and ``default_stage`` when it names one.
         stages = _standard_stages()
         for name, given in self.stages.items():
+            if name in PROVIDER_STAGES:
+                continue
             base = stages.get(name)
-            if base is None:
-                stages[name] = given
-            else:
-                stages[name] = _overlay(base, given)
+            stages[name] = _with_preset_defaults(given) if base is None else _overlay(base, given)
+        for name in PROVIDER_STAGES:  # after generation, as you set it
+            own = self.stages.get(name)
+            stages[name] = stages["generation"] if own is None else _overlay(stages["generation"], own)
         object.__setattr__(self, "stages", stages)
+        if self.default_stage.preset in STANDARD_STAGE_OPTIONS:
+            object.__setattr__(self, "default_stage", _with_preset_defaults(self.default_stage))
         checked = [(f"stages.{name}", stage) for name, stage in stages.items()]
         for where, stage in [*checked, ("default_stage", self.default_stage)]:
+            keyed = [(f"{where}.keys.{key}", stage.for_key(key)) for key in stage.keys]
+            for at, options in [(where, stage), *keyed]:
+                try:
+                    options.breaker.config()
+                except ConfigError as exc:
+                    raise ConfigError(str(exc), field=f"{at}.breaker.{exc.field}") from None
+                if options.hedge is not None and not options.is_idempotent:
+                    raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field=f"{at}.hedge")
+        for name in self.groups:
             try:
-                stage.breaker.config()
-            except ConfigError as exc:
-                raise ConfigError(str(exc), field=f"{where}.breaker.{exc.field}") from None
-            if stage.hedge is not None and not stage.is_idempotent:
-                raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field=f"{where}.hedge")
+                check_key_id(name, "a group's name")
+            except ValueError as exc:
+                raise ConfigError(str(exc), field=f"groups.{name[:40]}") from None
         for tenant_id in self.tenants:
             validate_tenant_id(tenant_id)
         return self
@@ -646,6 +863,27 @@ class Policy(Options):
             return self.tenants.get(tenant_id, self.default_quota)
         except TypeError:  # an unhashable id: not a tenant; the tenant context rejects it by name
             return self.default_quota
+
+    def unreachable_limits(self) -> list[str]:
+        """The limits of this policy that no call can ever reach, each a sentence naming its field
+        (a :class:`~ragguard.Guard` logs them when it is built): a ``burst`` without
+        ``rate_per_s``, a ``token_burst`` without ``tokens_per_s``, an entry of ``models`` that
+        sets no limit; an ``input_token_quota`` or ``output_token_quota`` not below the
+        ``token_quota`` beside it (a stream's input and its output are each at most their sum,
+        counted in the same window); a model's limit that the tenant's own of the same kind is
+        always at least as tight as (its bucket holds no more and refills no faster: every stream
+        of the model takes the tenant's bucket too). [] when there is none."""
+        found: list[str] = []
+        quotas = [("default_quota", self.default_quota)]
+        quotas += [(f"tenants.{tenant}", quota) for tenant, quota in self.tenants.items()]
+        for where, quota in quotas:
+            found += _unused(where, quota)
+            for model, limits in quota.models.items():
+                at = f"{where}.models.{model}"
+                if not limits.limits_tokens:
+                    found.append(f"{at} sets no limit")
+                found += _unused(at, limits) + _looser(at, limits, where, quota)
+        return found
 
     # -- loading ----------------------------------------------------------------------------
 

@@ -28,7 +28,10 @@ class RetryPolicy(Options):
       (every error the stage's breaker counts, and rejections). Never a caller's error,
       cancellation, BreakerOpen, QuotaExceeded, Overloaded or DeadlineExceeded. A stage that is not
       idempotent (``StagePolicy.idempotent``) retries only errors raised before its request could
-      have left (a refused connection, a connect timeout).
+      have left (a refused connection, a connect timeout). A dependency's own word replaces what
+      its status says, as the OpenAI and Anthropic SDKs let it: ``x-should-retry: false`` is never
+      retried (a 500 included), ``x-should-retry: true`` is (a 400 included) when the stage
+      retries at all (``Outcome.retry``).
     - ``max_retry_after_s``: the longest wait a dependency may state (``Retry-After``,
       ``retry-after-ms``, rate-limit resets, gRPC pushback) that a retry sleeps for, seconds; a
       longer stated wait, or one the deadline cannot fit, ends the retries at once so the stage's

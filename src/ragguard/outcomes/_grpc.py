@@ -53,7 +53,9 @@ def from_grpc_code(name: str, details: str = "", trailing: Any = None) -> Outcom
     if name == "RESOURCE_EXHAUSTED":
         if "memory" in details.lower():
             return Outcome(Kind.FAILURE, reason="out_of_memory")
-        return Outcome.of(Kind.REJECTION, retry_after_s=wait, reason="status")
+        # a quota or rate limit: 429 in google.rpc.Code's HTTP mapping (never counted by a
+        # breaker's rejection rate, as a 429 is not)
+        return Outcome.of(Kind.REJECTION, retry_after_s=wait, reason="status", status=429)
     if name == "UNAVAILABLE" and wait is not None:
         # the server says when to come back (gRFC A6 pushback, a ragguard server's open breaker or
         # shedding): a rejection, not an outage

@@ -15,6 +15,10 @@
                      and ``content_policy`` (the provider's content policy refused it) say what
                      a stage's routed fallbacks and the generation preset's shrink act on
      status          the HTTP status (or 0) the outcome was read from, when there was one
+     retry           the dependency's own word on retrying this request (an ``x-should-retry:
+                     true|false`` header, read as the OpenAI and Anthropic SDKs read it), which
+                     the retry layer follows over what the kind and the status say; None when it
+                     said nothing
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class Kind(enum.Enum):
     - ``UNKNOWN``: no classifier recognises the error (most likely a bug in the calling code):
       only the generic breaker counts it, and a front door leaves it to the application.
     """
+
+    __hash__ = object.__hash__  # a member is its own identity (Enum's hashes its name, in Python)
 
     SUCCESS = "success"
     FAILURE = "failure"
@@ -101,6 +107,7 @@ class Outcome:
     retry_after_s: float | None = None
     reason: str = ""
     status: int = 0
+    retry: bool | None = None
 
     @classmethod
     def of(
@@ -118,7 +125,7 @@ class Outcome:
     @property
     def counts_as_outage(self) -> bool:
         """True for a dependency failure or timeout: what every breaker kind counts."""
-        return self.kind is Kind.FAILURE or self.kind is Kind.TIMEOUT
+        return self.kind is _FAILURE or self.kind is _TIMEOUT
 
     @property
     def from_dependency(self) -> bool:
@@ -128,7 +135,8 @@ class Outcome:
     @property
     def out_of_memory(self) -> bool:
         """True for a failure that ran out of (host or accelerator) memory."""
-        return self.kind is Kind.FAILURE and self.reason == "out_of_memory"
+        return self.kind is _FAILURE and self.reason == "out_of_memory"
 
 
+_FAILURE, _TIMEOUT = Kind.FAILURE, Kind.TIMEOUT  # (a look-up of ``Kind.FAILURE`` costs a descriptor call)
 _FROM_DEPENDENCY = frozenset({Kind.FAILURE, Kind.REJECTION, Kind.TIMEOUT})

@@ -20,7 +20,9 @@ _BAD_RETRY_AFTER = re.compile(r"retry-after header value is not a valid integer:
 def classify(exc: BaseException) -> Outcome | None:
     names = [cls.__name__ for cls in type(exc).__mro__]
     if "ResourceExhaustedResponse" in names:
-        return Outcome.of(Kind.REJECTION, retry_after_s=getattr(exc, "retry_after_s", None), reason="status")
+        # qdrant-client's answer to a 429 (REST) or RESOURCE_EXHAUSTED (gRPC) stating a wait
+        wait = getattr(exc, "retry_after_s", None)
+        return Outcome.of(Kind.REJECTION, retry_after_s=wait, reason="status", status=429)
     if "UnexpectedResponse" in names:
         return from_http_status(getattr(exc, "status_code", None), getattr(exc, "headers", None))
     if "ResponseHandlingException" in names:

@@ -6,9 +6,10 @@ themselves live in :mod:`ragguard.layers`, one file each.
 """
 
 from ._build import Backend, BuildContext
-from ._chain import Chain
-from ._contract import WAIT, Call, Gate, Layer, Recovery, Scope, Wrapper
+from ._chain import Chain, GuardedStream
+from ._contract import NO_EXIT, WAIT, Call, Gate, Layer, Recovery, Resumption, Scope, Wrapper
 
 __all__ = [
-    "WAIT", "Backend", "BuildContext", "Call", "Chain", "Gate", "Layer", "Recovery", "Scope", "Wrapper",
+    "NO_EXIT", "WAIT", "Backend", "BuildContext", "Call", "Chain", "Gate", "GuardedStream", "Layer",
+    "Recovery", "Resumption", "Scope", "Wrapper",
 ]

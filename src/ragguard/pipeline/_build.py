@@ -11,7 +11,8 @@ close path for all of it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from .. import _inject, events, outcomes
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from ..breakers import Breaker
     from ..events import EventBus
     from ..options import Policy, TenantQuota
-    from ..outcomes import Kind, Outcome
+    from ..outcomes import Outcome
     from ..quotas import QuotaBackend, TokenAccounts
 
 __all__ = ["Backend", "BuildContext", "check_services"]
@@ -99,19 +100,21 @@ class BuildContext:
     - ``backend``: where the Guard shares state across replicas (:class:`Backend`), else None;
     - ``chaos``: the Guard's own chaos injector; :attr:`injector` the one its chains run through;
     - ``bus``: the event bus the layers emit to (:data:`ragguard.events.bus` unless given);
-      ``classify`` and ``kind_of``: what a dependency said (:func:`ragguard.outcomes.classify`,
-      :func:`ragguard.outcomes.kind_of` unless given). A layer reads them when it is built.
+    - ``classify``: what a dependency said (:func:`ragguard.outcomes.classify` unless given): the
+      stage's chains ask it once per error and record the answer on the call (``Call.outcome``,
+      what every layer reads) and on the error (:func:`ragguard.outcomes.outcome_of`, what the
+      breakers' classifiers and the front doors read); no layer classifies an error itself.
     """
 
     __slots__ = (
         "_closers",
         "_parts",
+        "_releasing",
         "backend",
         "bus",
         "chaos",
         "classify",
         "clock",
-        "kind_of",
         "per_call_quota",
         "quota_of",
         "quotas",
@@ -132,11 +135,9 @@ class BuildContext:
         chaos: _inject.Injector | None = None,
         bus: EventBus | None = None,
         classify: Callable[[BaseException], Outcome] | None = None,
-        kind_of: Callable[[BaseException], Kind] | None = None,
     ) -> None:
         self.bus = events.bus if bus is None else bus
         self.classify = outcomes.classify if classify is None else classify
-        self.kind_of = outcomes.kind_of if kind_of is None else kind_of
         self.clock = clock
         self.sleep = sleep
         self.rng = rng
@@ -147,6 +148,7 @@ class BuildContext:
         self.chaos = chaos
         self._closers: list[Callable[[], Awaitable[Any]]] = []
         self._parts: dict[str, Any] = {}
+        self._releasing: set[Any] = set()
 
     def use_chaos(self, injector: _inject.Injector | None) -> None:
         """Make ``injector`` the Guard's own (None: the process-wide one applies); chains compiled
@@ -186,6 +188,22 @@ class BuildContext:
         if close is not None:
             self.on_close(close)
         return shared  # type: ignore[no-any-return]
+
+    def release(self, close: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Close now, in the background, what ``close`` closes (registered with :meth:`on_close`:
+        a forgotten key's shared breaker), rather than with the Guard; nothing when it is not
+        registered (closed already). Outside an event loop it stays for :meth:`aclose`."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        try:
+            self._closers.remove(close)
+        except ValueError:
+            return
+        task: asyncio.Task[Any] = loop.create_task(close())
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     async def aclose(self) -> None:
         """Close what the layers registered (each once; a second call closes nothing)."""

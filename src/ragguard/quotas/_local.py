@@ -4,7 +4,7 @@ Concurrency is a counting semaphore whose waiters are served strictly first come
 released slot is handed to the oldest waiter directly, so a stream of new arrivals cannot overtake
 it, and only while the slots in flight are below the tenant's *current* limit (a lowered limit is
 not over-granted; a raised one wakes as many waiters as it frees). Rate is the Generic Cell Rate
-Algorithm (ATM Forum TM 4.0; the same arithmetic as a token bucket of ``burst`` tokens refilled at
+Algorithm (:mod:`ragguard.quotas._gcra`: a token bucket of ``burst`` tokens refilled at
 ``rate_per_s``): one number per tenant, the theoretical arrival time.
 
 Tenants may share a pool (``pool_for``; from a :class:`~ragguard.Policy`, the tenants it does not
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -36,6 +35,8 @@ from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import Policy, PoolQuota, TenantQuota
+from ..options._policy import burst_of
+from ._gcra import EPSILON_S, Rate
 
 __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]
 
@@ -97,15 +98,14 @@ class _Bucket:
     and the quota's derived limits are shared by every tenant of the quota."""
 
     __slots__ = (
-        "burst_s",
         "hold_ewma_s",
         "holders",
         "in_flight",
-        "interval_s",
         "limit",
         "pool",
         "prune_at",
         "quota",
+        "rate",
         "tat",
         "tenant",
         "used",
@@ -130,7 +130,7 @@ class _Bucket:
     def adopt(self, quota: TenantQuota | PoolQuota) -> None:
         """Take ``quota``'s limits (precomputed for the admission fast path)."""
         self.quota = quota
-        self.limit, self.interval_s, self.burst_s = _limits(quota)
+        self.limit, self.rate = _limits(quota)
 
     def hold(self, started: float) -> Lease:
         """A lease on one of this bucket's slots (``in_flight`` already counts it)."""
@@ -162,19 +162,18 @@ class _Bucket:
         return self.in_flight == 0 and not self.waiters
 
 
-_limits_of: dict[int, tuple[TenantQuota | PoolQuota, tuple[int | None, float, float]]] = {}
+_limits_of: dict[int, tuple[TenantQuota | PoolQuota, tuple[int | None, Rate | None]]] = {}
 
 
-def _limits(quota: TenantQuota | PoolQuota) -> tuple[int | None, float, float]:
-    """``(max_concurrency, seconds per token, burst in seconds)`` of ``quota``, computed once per
-    quota object and shared (the floats of 100,000 tenants of one quota are one set of floats)."""
+def _limits(quota: TenantQuota | PoolQuota) -> tuple[int | None, Rate | None]:
+    """``(max_concurrency, rate)`` of ``quota``, computed once per quota object and shared (the
+    100,000 tenants of one quota share one :class:`Rate`)."""
     got = _limits_of.get(id(quota))
     if got is not None and got[0] is quota:
         return got[1]
-    rate = quota.rate_per_s
-    interval_s = 0.0 if rate is None else 1.0 / rate
-    burst = quota.burst if quota.burst is not None else (1 if rate is None else max(1, math.ceil(rate)))
-    limits = (quota.max_concurrency, interval_s, burst * interval_s)
+    per_s = quota.rate_per_s
+    rate = None if per_s is None else Rate(per_s, burst_of(per_s, quota.burst))
+    limits = (quota.max_concurrency, rate)
     if len(_limits_of) >= 1024:  # quota_for may build a quota per call: stay bounded
         _limits_of.clear()
     _limits_of[id(quota)] = (quota, limits)
@@ -260,19 +259,20 @@ class LocalQuotas:
         if limit is not None and (bucket.in_flight >= limit or bucket.waiters):
             return WAIT
         now = self._clock()
-        interval = bucket.interval_s
+        rate = bucket.rate
         tat = 0.0
-        if interval:
-            tat = (bucket.tat if bucket.tat > now else now) + interval
-            if tat - now - bucket.burst_s > 1e-9:
+        if rate is not None:
+            taken = rate.take(bucket.tat, now)
+            if taken is None:
                 return WAIT
+            tat = taken
         pool = bucket.pool
         if pool is not None:
             if not self._pool_admits(pool, now):
                 return WAIT
             if pool.limit is not None:
                 pool.in_flight += 1
-        if interval:
+        if rate is not None:
             bucket.tat = tat
         bucket.used = True
         if limit is not None:  # bucket.hold(now), inlined: this is the hot path
@@ -298,10 +298,10 @@ class LocalQuotas:
         limit = pool.limit
         if limit is not None and (pool.in_flight >= limit or pool.waiters):
             return False
-        interval = pool.interval_s
-        if interval:
-            tat = (pool.tat if pool.tat > now else now) + interval
-            if tat - now - pool.burst_s > 1e-9:
+        rate = pool.rate
+        if rate is not None:
+            tat = rate.take(pool.tat, now)
+            if tat is None:
                 return False
             pool.tat = tat
         return True
@@ -320,7 +320,7 @@ class LocalQuotas:
             if quota.max_concurrency is None and quota.rate_per_s is None and not self._pooled(tenant):
                 return None
             bucket = self._bucket(tenant, quota, now)
-        elif bucket.limit is None and not bucket.interval_s and bucket.pool is None:
+        elif bucket.limit is None and bucket.rate is None and bucket.pool is None:
             return None  # unlimited
         pool = bucket.pool
         pool_quota = None if pool is None else pool.quota
@@ -330,13 +330,13 @@ class LocalQuotas:
         if limited_by_deadline:
             wait_budget = left  # type: ignore[assignment]
         reserved = 0.0
-        rated: list[tuple[_Bucket, TenantQuota | PoolQuota]] = []  # buckets whose token it took
+        rated: list[tuple[_Bucket, Rate]] = []  # buckets whose token it took
         try:
-            for b, q in ((bucket, quota), (pool, pool_quota)):
-                if b is not None and q is not None and q.rate_per_s is not None:
-                    delay = self._reserve(b, q, tenant, now, wait_budget, limited_by_deadline)
+            for b in (bucket, pool):
+                if b is not None and b.rate is not None:
+                    delay = self._reserve(b, b.rate, tenant, now, wait_budget, limited_by_deadline)
                     reserved = max(reserved, delay)
-                    rated.append((b, q))
+                    rated.append((b, b.rate))
             if reserved > 0.0:
                 await self._sleep(reserved)
             start = self._clock()
@@ -357,8 +357,8 @@ class LocalQuotas:
                     self._hand_off(b)
                 raise
         except BaseException:
-            for b, q in rated:
-                self._refund(b, q)  # a refused request spends no rate
+            for b, rate in rated:
+                b.tat = rate.give_back(b.tat)  # a refused request spends no rate
             raise
         bucket.used = True
         now = self._clock()
@@ -497,26 +497,17 @@ class LocalQuotas:
                         del buckets[key]
 
     def _reserve(
-        self, bucket: _Bucket, quota: TenantQuota | PoolQuota, tenant: str, now: float, wait_budget: float,
-        by_deadline: bool,
+        self, bucket: _Bucket, rate: Rate, tenant: str, now: float, wait_budget: float, by_deadline: bool
     ) -> float:
-        rate = quota.rate_per_s
-        assert rate is not None
-        interval = 1.0 / rate
-        burst = quota.burst if quota.burst is not None else max(1, math.ceil(rate))
-        tat = max(bucket.tat, now) + interval
-        delay = tat - now - burst * interval
-        if delay <= 1e-9:
-            bucket.tat = tat
-            return 0.0
-        if delay > wait_budget:
+        """Take ``bucket``'s next token, due in the seconds returned (0.0: now); raises QuotaExceeded
+        when that is longer than ``wait_budget``."""
+        tat, delay = rate.step(bucket.tat, now)
+        if delay <= EPSILON_S:
+            delay = 0.0
+        elif delay > wait_budget:
             raise self._reject(tenant, delay, "deadline" if by_deadline else "rate")
         bucket.tat = tat
         return delay
-
-    def _refund(self, bucket: _Bucket, quota: TenantQuota | PoolQuota) -> None:
-        assert quota.rate_per_s is not None
-        bucket.tat -= 1.0 / quota.rate_per_s
 
     async def _wait_for_slot(
         self, bucket: _Bucket, quota: TenantQuota | PoolQuota, tenant: str, budget: float, by_deadline: bool

@@ -63,6 +63,8 @@ class TenantContext(RequestScope):
         self.tenant = hit if hit is not None else _checked(tenant_id)
         self.fallbacks = None
         self.threads = None
+        self.endings = None
+        self.ended_before = 0
         self._backend = backend
         self._quota = quota
         self._lease: Any = None

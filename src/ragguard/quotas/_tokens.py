@@ -1,14 +1,9 @@
 """Each tenant's tokens: pacing (a flow of output tokens per second) and token quotas.
 
 Every limit is a bucket of the Generic Cell Rate Algorithm that :mod:`ragguard.quotas` uses for
-request rates (one number per bucket, the theoretical arrival time ``tat``), with a cost of ``n``
-tokens where a request costs one (ATM Forum TM 4.0; a token bucket of ``burst`` tokens refilled at
-``rate``)::
-
-    interval  = 1 / rate                      seconds per token
-    tolerance = burst * interval
-    tat'      = max(tat, now) + n * interval  the step; then tat = tat'
-    wait      = tat' - now - tolerance        <= 0: the n tokens fit now; > 0: that many seconds
+request rates (:mod:`ragguard.quotas._gcra`: one number per bucket, the theoretical arrival time
+``tat``), with a cost of ``n`` tokens where a request costs one: the step of ``n`` tokens gives
+``tat'`` (then kept) and the ``wait`` before they fit (0 or less: now).
 
 - pacing (``tokens_per_s``, ``token_burst``): every item a stream hands over takes the step with
   its output tokens, and the stream waits ``wait`` seconds (on the Guard's sleep) before handing it
@@ -33,7 +28,6 @@ cannot answer.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,6 +36,8 @@ from .._errors import QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import TenantQuota, TokenLimits
+from ..options._policy import burst_of
+from ._gcra import EPSILON_S, Rate
 
 __all__ = [
     "Bucket",
@@ -51,47 +47,41 @@ __all__ = [
     "quota_buckets",
 ]
 
-_EPSILON_S = 1e-9
-
 KINDS = ("total", "input", "output")
 """What a quota bucket counts: input + output tokens, input tokens, output tokens."""
 
 
 class Bucket:
-    """One GCRA bucket: ``interval_s`` seconds per token, ``burst_s`` of tolerance, ``limit``
-    tokens at most in one step (the burst), and its ``tat`` (clock seconds)."""
+    """One GCRA bucket: its ``rate`` (a :class:`~ragguard.quotas._gcra.Rate`; ``rate.burst`` is
+    the most tokens one step may take) and its ``tat`` (clock seconds)."""
 
-    __slots__ = ("burst_s", "interval_s", "key", "limit", "tat")
+    __slots__ = ("key", "rate", "tat")
 
-    def __init__(self, key: str, rate: float, burst: int, now: float) -> None:
+    def __init__(self, key: str, rate: Rate, now: float) -> None:
         self.key = key
-        self.interval_s = 1.0 / rate
-        self.burst_s = burst * self.interval_s
-        self.limit = burst
+        self.rate = rate
         self.tat = now
 
     def step(self, n: int, now: float) -> tuple[float, float]:
-        """``(tat', wait)`` for ``n`` tokens now (see the module docstring); nothing changes."""
-        tat = (self.tat if self.tat > now else now) + n * self.interval_s
-        return tat, tat - now - self.burst_s
+        """``(tat', wait)`` for ``n`` tokens now (see :mod:`ragguard.quotas._gcra`); nothing changes."""
+        return self.rate.step(self.tat, now, n)
 
 
-def _pace_bucket(key: str, limits: TenantQuota | TokenLimits, now: float) -> Bucket | None:
-    rate = limits.tokens_per_s
-    if rate is None:
+def _pace_bucket(key: str, limits: TokenLimits, now: float) -> Bucket | None:
+    per_s = limits.tokens_per_s
+    if per_s is None:
         return None
-    burst = limits.token_burst if limits.token_burst is not None else max(1, math.ceil(rate))
-    return Bucket(key, rate, burst, now)
+    return Bucket(key, Rate(per_s, burst_of(per_s, limits.token_burst)), now)
 
 
-def quota_buckets(prefix: str, limits: TenantQuota | TokenLimits, now: float) -> list[tuple[int, Bucket]]:
+def quota_buckets(prefix: str, limits: TokenLimits, now: float) -> list[tuple[int, Bucket]]:
     """The quota buckets ``limits`` sets, as ``(kind index in KINDS, bucket)``; keys
     ``<prefix>total`` / ``input`` / ``output``."""
     found: list[tuple[int, Bucket]] = []
     window = limits.token_window_s
     for kind, limit in enumerate((limits.token_quota, limits.input_token_quota, limits.output_token_quota)):
         if limit is not None:
-            found.append((kind, Bucket(prefix + KINDS[kind], limit / window, limit, now)))
+            found.append((kind, Bucket(prefix + KINDS[kind], Rate(limit / window, limit), now)))
     return found
 
 
@@ -125,7 +115,7 @@ class TokenAccount:
     @property
     def interval_s(self) -> float:
         """Seconds per output token of the tightest pacing (0.0: not paced)."""
-        return max((b.interval_s for b in self.paces), default=0.0)
+        return max((b.rate.interval_s for b in self.paces), default=0.0)
 
     @property
     def limits(self) -> bool:
@@ -151,7 +141,7 @@ class _TenantTokens:
         """Take ``quota``'s limits; a bucket whose key stays keeps its ``tat``."""
         old = self.buckets
         fresh: dict[str, Bucket] = {}
-        sources: list[tuple[str, TenantQuota | TokenLimits]] = [("", quota)]
+        sources: list[tuple[str, TokenLimits]] = [("", quota)]
         sources += [(f"m:{name}", limits) for name, limits in quota.models.items()]
         for prefix, limits in sources:
             pace = _pace_bucket(f"{prefix}:pace", limits, now)
@@ -212,7 +202,7 @@ class Reservation:
 
 def due(wait_s: float) -> float:
     """``wait_s``, or 0.0 when it is a nanosecond or less (float noise of a bucket already due)."""
-    return wait_s if wait_s > _EPSILON_S else 0.0
+    return wait_s if wait_s > EPSILON_S else 0.0
 
 
 NOTHING = Reservation((), 0, 0, 0)
@@ -223,13 +213,13 @@ def shares(account: TokenAccount, input_n: int, output_n: int) -> tuple[int, ...
     """Each quota bucket's share of an estimate (``input_n + output_n``, ``input_n``, ``output_n``
     by kind), at most the bucket's limit (a stream may reserve at most a whole bucket)."""
     wanted = (input_n + output_n, input_n, output_n)
-    return tuple(min(wanted[kind], bucket.limit) for kind, bucket in account.quotas)
+    return tuple(min(wanted[kind], bucket.rate.burst) for kind, bucket in account.quotas)
 
 
 def refuse_or_wait(tenant: str, wait: float, quota: TenantQuota) -> float:
     """``wait`` when the tenant may wait that long (``max_wait_s``, cut to the deadline left),
     0.0 when it needs none; else raise QuotaExceeded (reason ``tokens``, or ``deadline``)."""
-    if wait <= _EPSILON_S:
+    if wait <= EPSILON_S:
         return 0.0
     budget = quota.max_wait_s
     left = remaining()
@@ -358,7 +348,7 @@ class TokenAccounts:
         real count of its kind (the difference given back or owed), the reservation released."""
         spent = reservation.spent(used, input_used)
         for (kind, bucket), n in zip(account.quotas, reservation.taken, strict=False):
-            bucket.tat += (spent[kind] - n) * bucket.interval_s
+            bucket.tat = bucket.rate.give_back(bucket.tat, n - spent[kind])
         state = account.state
         state.reserved -= reservation.total
         state.settled += spent[0]
@@ -380,7 +370,7 @@ class TokenAccounts:
     def unpace(self, account: TokenAccount, tokens: int) -> None:
         """Give back ``tokens`` paced and never handed over (the wait was cancelled)."""
         for bucket in account.paces:
-            bucket.tat -= tokens * bucket.interval_s
+            bucket.tat = bucket.rate.give_back(bucket.tat, tokens)
 
     def _evict(self) -> None:
         """Forget tenants with no open stream, nothing reserved and nothing owed, down to 90% of

@@ -33,10 +33,13 @@ def count_tokens(item: Any) -> int:
 
 class Usage:
     """The token usage a provider reported for a whole stream (OpenAI's ``usage`` chunk,
-    Anthropic's ``message_delta``): what a ``tokens=`` counter returns for the item that carries
-    it, instead of an int. ``input_tokens`` / ``output_tokens`` (ints >= 0, or None: not reported)
-    replace the stage's input estimate and the counted output tokens when the stream settles; the
-    last report of a stream wins. The item itself is paced as 0 tokens."""
+    Anthropic's ``message_start`` and ``message_delta``): what a ``tokens=`` or ``usage=`` counter
+    returns for the item that carries it, instead of an int. ``input_tokens`` / ``output_tokens``
+    (ints >= 0, or None: not reported) replace the stage's input estimate and the counted output
+    tokens when the stream settles; a stream's later report wins, count by count (a report of the
+    output only keeps the input an earlier one gave: :meth:`then`). Returned by ``usage=``, its
+    ``output_tokens`` replace the count so far, as an int does (the difference is paced or given
+    back); returned by ``tokens=``, the item is paced as 0 tokens."""
 
     __slots__ = ("input_tokens", "output_tokens")
 
@@ -49,6 +52,13 @@ class Usage:
 
     def __repr__(self) -> str:
         return f"Usage(input_tokens={self.input_tokens}, output_tokens={self.output_tokens})"
+
+    def then(self, later: Usage) -> Usage:
+        """``later``'s counts, and this report's where ``later`` reports none."""
+        return Usage(
+            self.input_tokens if later.input_tokens is None else later.input_tokens,
+            self.output_tokens if later.output_tokens is None else later.output_tokens,
+        )
 
 
 def token_accounts(guard: _Built | BuildContext) -> TokenAccounts:

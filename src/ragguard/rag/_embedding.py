@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
+from .._args import ArgRef
 from ..layers.fallback import FallbackMiss
 from ..pipeline import Call
-from ._args import ArgRef
 from ._cache import EmbeddingCache
 
 __all__ = ["CacheFallback", "CacheTap", "texts_of"]
@@ -26,7 +26,6 @@ def texts_of(ref: ArgRef, call: Call) -> Sequence[str] | None:
 class CacheTap:
     """Stores every successful embedding call's rows in the stage's cache, one per text."""
 
-    streams: ClassVar[bool] = False
     __slots__ = ("cache", "texts")
 
     def __init__(self, cache: EmbeddingCache, texts: ArgRef) -> None:

@@ -37,6 +37,7 @@ import operator
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
+from .._args import ArgRef
 from .._clock import Clock, Timers
 from .._compat import current_task, running_loop
 from .._context import current_tenant
@@ -47,7 +48,6 @@ from ..events import EventBus, StreamCut, StreamSettled, bus
 from ..options import GenerationPolicy
 from ..pipeline import WAIT, Call, Scope
 from ..quotas._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts
-from ._args import ArgRef
 from ._counting import Usage
 
 __all__ = ["StreamBudgets", "StreamRecord", "TokenMeter"]
@@ -62,6 +62,7 @@ class StreamRecord:
     __slots__ = (
         "account",
         "entered",
+        "estimate",
         "handle",
         "input_tokens",
         "kind",
@@ -81,6 +82,7 @@ class StreamRecord:
         self.account = account
         self.tokens = 0
         self.input_tokens = 0
+        self.estimate = 0  # output tokens estimated (when a limit reserves them)
         self.reservation: Reservation = NOTHING
         self.reported: Usage | None = None  # the provider's report, if an item carried one
         self.wait_s = 0.0
@@ -97,14 +99,15 @@ class StreamRecord:
         n = meter.count(item)
         if type(n) is not int or n < 0:
             if isinstance(n, Usage):
-                self.reported = n
+                self.report(n)
                 return None
             n = _token_count(n)
         if meter.usage is not None:
             reported = meter.usage(item)
             if isinstance(reported, Usage):  # input and output, settled when the stream ends
-                self.reported = reported
-                n = 0
+                self.report(reported)
+                output = reported.output_tokens  # when given, the provider's count so far
+                n = 0 if output is None else output - self.tokens
             elif reported is not None:  # the provider's count so far replaces ours
                 n = _token_count(reported) - self.tokens
         self.tokens += n
@@ -118,6 +121,11 @@ class StreamRecord:
         if type(wait) is float:
             return self._paced(account, n, wait) if wait else None
         return self._paced_shared(account, n, wait)  # a shared ledger's round trip
+
+    def report(self, usage: Usage) -> None:
+        """Keep the provider's report ``usage`` (over an earlier one, count by count)."""
+        earlier = self.reported
+        self.reported = usage if earlier is None else earlier.then(usage)
 
     async def _paced(self, account: TokenAccount, n: int, wait: float) -> None:
         try:
@@ -157,10 +165,10 @@ class TokenMeter:
     hand-over of its items (see the module docstring)."""
 
     scope: ClassVar[Scope] = "call"
-    streams: ClassVar[bool] = True
     __slots__ = (
         "_bus",
         "accounts",
+        "always_estimate",
         "count",
         "estimate",
         "estimate_tokens",
@@ -184,8 +192,10 @@ class TokenMeter:
         model: ArgRef | Callable[..., Any] | None = None,
         usage: Callable[[Any], Any] | None = None,
         event_bus: EventBus = bus,
+        always_estimate: bool = False,
     ) -> None:
         self.stage = stage
+        self.always_estimate = always_estimate  # a deployment's token limit reads the estimates
         self._bus = event_bus
         self.usage = usage
         self.accounts = accounts
@@ -201,10 +211,18 @@ class TokenMeter:
         accounts = self.accounts
         account = accounts.open(tenant, None if self.model is None else self._model(call))
         record = StreamRecord(self, tenant, account)
-        if account is not None and account.limits:
+        if self.always_estimate and (account is None or not account.limits):
             try:
                 record.input_tokens = self._input_tokens(call)
-                estimate = self._estimate(call)
+                record.estimate = self._estimate(call)
+            except BaseException:
+                if account is not None:
+                    accounts.close(account)
+                raise
+        elif account is not None and account.limits:
+            try:
+                record.input_tokens = self._input_tokens(call)
+                record.estimate = estimate = self._estimate(call)
                 if accounts.shared:  # a round trip to Redis: in enter_async
                     record.reservation = Reservation((), record.input_tokens, estimate, 0)
                     call.meter = record
@@ -239,7 +257,7 @@ class TokenMeter:
     async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:
         head = await proceed()
         record = call.meter
-        if record is not None and (record.account is not None or self._bus.active):
+        if record is not None and (record.account is not None or self.always_estimate or self._bus.active):
             head.deliver = record.deliver
         return head
 

@@ -27,7 +27,10 @@ stage called ``rerank_v2``). Arguments are declared, never guessed from keyword 
   retrieved passages, best first) adds the shrink, for streams and coroutine functions alike: a
   call the model refused as longer than its context window is made again with fewer passages
   (:mod:`ragguard.rag._shrink`). A coroutine function of such a stage runs the generic layers and
-  the shrink only.
+  the shrink only. ``continuation=`` (a callable or a sequence, each taking ``partial=``) carries
+  a stream that fails after its first item on from what the caller has, ``text=`` (item -> str |
+  None) reads an item's text for it, ``continue_structured=True`` lets it continue items that are
+  not text (:mod:`ragguard.rag._continuation`).
 
 :func:`ragguard.layers.register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the
 contract); these four register themselves when ``ragguard`` is imported.
@@ -39,14 +42,17 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._args import ArgRef
 from .._clock import timers_of
 from .._errors import ConfigError
 from ..layers import Bound, Stage, register_preset
-from ..layers.fallback import Fallback
-from ..pipeline import Layer
+from ..layers.fallback import Fallback, applies_for
+from ..layers.timeout import build as timeout_layer
+from ..outcomes import Kind, outcome_of
+from ..pipeline import Chain, Layer
 from ..quotas import TokenAccounts
-from ._args import ArgRef
 from ._cache import EmbeddingCache
+from ._continuation import Continuation, ContinuationLayer, continuations, read_str
 from ._counting import count_tokens, token_accounts
 from ._embedding import CacheFallback, CacheTap
 from ._generation import StreamBudgets, TokenMeter
@@ -151,7 +157,10 @@ class RerankPreset:
 
 
 class _GenerationOptions:
-    __slots__ = ("count", "estimate", "input_tokens", "model", "passages", "usage")
+    __slots__ = (
+        "continuations", "count", "estimate", "input_tokens", "model", "passages", "structured", "text",
+        "usage",
+    )
 
     def __init__(
         self,
@@ -161,6 +170,9 @@ class _GenerationOptions:
         model: ArgRef | Callable[..., Any] | None = None,
         usage: Callable[[Any], Any] | None = None,
         passages: ArgRef | None = None,
+        continuations: tuple[Callable[..., Any], ...] = (),
+        text: Callable[[Any], str | None] = read_str,
+        structured: bool = False,
     ) -> None:
         self.count = count
         self.estimate = estimate
@@ -168,6 +180,9 @@ class _GenerationOptions:
         self.model = model
         self.usage = usage
         self.passages = passages
+        self.continuations = continuations
+        self.text = text
+        self.structured = structured
 
 
 def _per_call(value: Any, option: str, least: int) -> Callable[..., Any] | None:
@@ -197,6 +212,7 @@ class _GenerationState:
 
 
 _GENERATION_OPTIONS = ("tokens", "estimate", "input_tokens", "model", "usage")
+_CONTINUATION_OPTIONS = ("continuation", "text", "continue_structured")
 
 
 class GenerationPreset:
@@ -205,7 +221,8 @@ class GenerationPreset:
 
     name = "generation"
     streams = True
-    option_names = frozenset({*_GENERATION_OPTIONS, "passages"})
+    counts_tokens = True  # its streams carry their estimates and usage (call.meter)
+    option_names = frozenset({*_GENERATION_OPTIONS, *_CONTINUATION_OPTIONS, "passages"})
 
     def resolve(self, fn: Callable[..., Any], given: Mapping[str, Any]) -> _GenerationOptions:
         count = given.get("tokens")
@@ -230,7 +247,9 @@ class GenerationPreset:
             model = ArgRef.resolve(fn, model, "model")
         which = given.get("passages")
         passages = None if which is None else ArgRef.resolve(fn, which, "passages")
-        return _GenerationOptions(count or count_tokens, estimate, input_tokens, model, usage, passages)
+        chosen = _GenerationOptions(count or count_tokens, estimate, input_tokens, model, usage, passages)
+        _resolve_continuation(fn, given, chosen)
+        return chosen
 
     def state(self, stage: Stage) -> _GenerationState:
         return _GenerationState(token_accounts(stage.context))
@@ -240,39 +259,109 @@ class GenerationPreset:
         shrink = _shrink(stage, options.passages)
         if not bound.stream:
             return () if shrink is None else (shrink,)
-        state: _GenerationState = stage.preset_state
-        policy = stage.policy
-        meter = TokenMeter(
-            stage.name,
-            state.accounts,
-            count=options.count,
-            estimate=options.estimate,
-            estimate_tokens=policy.generation.estimate_tokens,
-            sleep=stage.context.sleep,
-            input_tokens=options.input_tokens,
-            model=options.model,
-            usage=options.usage,
-            event_bus=stage.context.bus,
-        )
-        return (meter,) if shrink is None else (meter, shrink)
+        meter = _meter(stage, options)
+        layers: list[Layer] = [meter] if shrink is None else [meter, shrink]
+        if options.continuations:
+            layers.insert(0, _continuation(stage, bound, options, meter))
+        return layers
 
     def attempt_layers(self, stage: Stage, bound: Bound) -> Sequence[Layer]:
         # inside each attempt: a first item that never comes is retried, and counted by the breaker
         if not bound.stream:
             return ()
-        policy = stage.policy
-        budgets: Any = StreamBudgets(
-            stage.name,
-            policy.generation,
-            timeout_s=policy.timeout_s,
-            clock=stage.clock,
-            timers=timers_of(stage.clock),
-            event_bus=stage.context.bus,
-        )
-        return (budgets,)
+        return (_budgets(stage),)
 
     def fallbacks(self, stage: Stage, bound: Bound, users: Sequence[Fallback]) -> Sequence[Fallback]:
         return tuple(users)
+
+
+def _meter(stage: Stage, options: _GenerationOptions) -> TokenMeter:
+    state: _GenerationState = stage.preset_state
+    return TokenMeter(
+        stage.name,
+        state.accounts,
+        count=options.count,
+        estimate=options.estimate,
+        estimate_tokens=stage.policy.generation.estimate_tokens,
+        sleep=stage.context.sleep,
+        input_tokens=options.input_tokens,
+        model=options.model,
+        usage=options.usage,
+        event_bus=stage.context.bus,
+        always_estimate=stage.policy.limits is not None and stage.policy.limits.tpm is not None,
+    )
+
+
+def _budgets(stage: Stage) -> StreamBudgets:
+    policy = stage.policy
+    return StreamBudgets(
+        stage.name,
+        policy.generation,
+        timeout_s=policy.timeout_s,
+        clock=stage.clock,
+        timers=timers_of(stage.clock),
+        event_bus=stage.context.bus,
+    )
+
+
+def _resolve_continuation(
+    fn: Callable[..., Any], given: Mapping[str, Any], chosen: _GenerationOptions
+) -> None:
+    """``continuation=``, ``text=`` and ``continue_structured=`` into ``chosen`` (ConfigError
+    naming the option)."""
+    named = [n for n in _CONTINUATION_OPTIONS if given.get(n) is not None]
+    if not named:
+        return
+    if not inspect.isasyncgenfunction(fn):
+        raise ConfigError(
+            f"{named[0]}= carries a stream on after its first items: it applies to async generator "
+            "functions only",
+            field=named[0],
+        )
+    if given.get("continuation") is not None:
+        chosen.continuations = continuations(given["continuation"], fn)
+    text = given.get("text")
+    if text is not None:
+        if not callable(text):
+            raise ConfigError(
+                f"text must be a function item -> str | None, got {type(text).__name__}", field="text"
+            )
+        chosen.text = text
+    structured = given.get("continue_structured")
+    if structured is not None:
+        if not isinstance(structured, bool):
+            raise ConfigError(
+                f"continue_structured must be True or False, got {structured!r:.40}",
+                field="continue_structured",
+            )
+        chosen.structured = structured
+
+
+def _continuation(
+    stage: Stage, bound: Bound, options: _GenerationOptions, meter: TokenMeter
+) -> ContinuationLayer:
+    """The continuation layer of ``bound``'s streams: its continuations run under a chain of the
+    stage's token meter, stream budgets and timeout (fresh budgets and a reservation of their
+    own, under the request's deadline), a guarded one under its own stage's."""
+    timeout = timeout_layer(stage, bound)
+    layers: list[Layer] = [meter, _budgets(stage)] if timeout is None else [meter, _budgets(stage), timeout]
+    classify = stage.context.classify
+    chain = Chain(layers, classify, inner=True)
+    counts = stage.counts if stage.breaker is not None else None
+    served = applies_for(counts, stage.policy.fallback_on)
+
+    def applies(exc: BaseException) -> bool:
+        outcome = outcome_of(exc, classify)  # the chain's record (the stream driver classified it)
+        return outcome.kind is not Kind.DEADLINE and served(exc, outcome)  # no time left to continue in
+
+    return ContinuationLayer(
+        stage.name,
+        [Continuation(fn, chain) for fn in options.continuations],
+        applies=applies,
+        text=options.text,
+        structured=options.structured,
+        event_bus=stage.context.bus,
+    )
 
 
 def _shrink(stage: Stage, passages: ArgRef | None) -> ShrinkPassages | None:
@@ -286,7 +375,6 @@ def _shrink(stage: Stage, passages: ArgRef | None) -> ShrinkPassages | None:
         max_shrinks=policy.generation.max_shrinks,
         min_passages=policy.generation.min_passages,
         min_attempt_s=policy.min_attempt_s,
-        classify=stage.context.classify,
         event_bus=stage.context.bus,
     )
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
+from .._args import MISSING, ArgRef
 from .._clock import Clock
 from .._context import current_tenant, mark_degraded
 from .._errors import BreakerOpen, ConfigError
@@ -25,7 +26,6 @@ from ..breakers import is_out_of_memory
 from ..events import EventBus, FallbackServed, bus
 from ..layers.fallback import FallbackMiss
 from ..pipeline import Call
-from ._args import MISSING, ArgRef
 
 __all__ = ["BatchLimiter", "ChunkedRerank", "SkipRerank", "score_of"]
 
@@ -101,7 +101,6 @@ class ChunkedRerank:
     docstring). ``candidates`` says where the candidate list is; ``score(item)`` reads a reranked
     item's score for the merge."""
 
-    streams: ClassVar[bool] = False
     __slots__ = ("_bus", "_warned", "candidates", "limiter", "score", "stage")
 
     def __init__(

@@ -33,6 +33,7 @@ from typing import Any, cast
 from .._clock import Clock, monotonic
 from .._errors import ConfigError, QuotaExceeded
 from ..options import TenantQuota
+from ..options._policy import burst_of
 from ..quotas import WAIT, Lease, LocalQuotas
 from ._keys import quota_keys
 from ._link import SharedStateUnavailable
@@ -230,7 +231,7 @@ class LocalLease:
             return  # keep the current share; covers() lets it go after two periods
         share.slots = share.slots[: int(kept)] + [f"{prefix}{i}" for i in range(1, int(granted) + 1)]
         share_rate = float(granted_rate.decode() if isinstance(granted_rate, bytes) else granted_rate)
-        burst = (quota.burst or max(1, math.ceil(rate))) if rate else 0
+        burst = burst_of(rate, quota.burst) if rate else 0
         # no rate granted (the others hold it all until they renew): refuse until the next renewal,
         # rather than let the local bucket's clock run ahead at a near-zero rate
         share.no_rate = bool(rate) and share_rate < rate * 1e-3

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import itertools
 import logging
@@ -49,7 +48,13 @@ from .._errors import BreakerOpen, ConfigError
 from ..breakers import BreakerState, CircuitBreaker, classify_outcome, register_breaker
 from ._hold import HoldTrial, LocalHold
 from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable
-from ._scripts import BREAKER_REPORT, BREAKER_SET_STATE, BREAKER_TRIAL_ACQUIRE, BREAKER_TRIAL_DONE
+from ._scripts import (
+    BREAKER_REPORT,
+    BREAKER_SET_STATE,
+    BREAKER_TRIAL_ACQUIRE,
+    BREAKER_TRIAL_DONE,
+    breaker_option_args,
+)
 
 __all__ = ["SharedCircuitBreaker", "breaker_keys", "encode_key_part"]
 
@@ -63,7 +68,7 @@ _DISABLED = BreakerState.DISABLED
 
 _FAILED = 1
 _SLOW = 2
-_OUTCOMES = ("success", "failure", "slow_success", "slow_failure")
+_OUTCOMES = ("success", "failure", "slow_success", "slow_failure", "rejection")
 _IGNORED = -1
 
 _UNSYNCED, _SHARED, _LOCAL = 0, 1, 2
@@ -86,6 +91,16 @@ class _Trial:
         self.hold_round: int | None = None
 
 
+class _Early:
+    """Token of a call admitted before the shared state was first read (the wrapped breaker's
+    ``token``): whenever it ends, its outcome counts in the shared window too."""
+
+    __slots__ = ("token",)
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+
 class _TrialBatch:
     """Callers waiting for one request of trial permits (``prefetch``: a synchronous caller asked
     for one to be fetched for the next)."""
@@ -98,9 +113,10 @@ class _TrialBatch:
         self.sent = False
 
 
-Token = int | _Trial | HoldTrial | None
+Token = int | _Trial | HoldTrial | _Early | None
 """int >= 0: shared epoch (closed); int < 0: ``-1 - token`` of the wrapped breaker (local mode);
-a trial lease while half-open (a HoldTrial on local state); None while disabled (nothing recorded)."""
+a trial lease while half-open (a HoldTrial on local state); an _Early before the first read; None
+while disabled (nothing recorded)."""
 
 
 def encode_key_part(text: str) -> str:
@@ -124,16 +140,6 @@ def _seconds(option: str, value: object) -> float:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _options_of(breaker: CircuitBreaker) -> dict[str, Any]:
-    """The wrapped breaker's validated options (its :class:`~ragguard.breakers.BreakerConfig`), with
-    the open-duration cap it applies (a year when ``open_max_s`` is None) and its jitter's rng."""
-    config = breaker.config
-    options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    options["open_max_s"] = config.open_cap_s
-    options["rng"] = breaker.rng
-    return options
 
 
 class SharedCircuitBreaker:
@@ -190,7 +196,7 @@ class SharedCircuitBreaker:
         "_now",
         "_oks",
         "_oks_room",
-        "_opts",
+        "_option_args",
         "_pending",
         "_permits",
         "_prefetched",
@@ -205,7 +211,6 @@ class SharedCircuitBreaker:
         "_slow_classifier",
         "_slow_s",
         "_state",
-        "_static_args",
         "_sync_lock",
         "_task",
         "_trial_acquire",
@@ -214,6 +219,7 @@ class SharedCircuitBreaker:
         "_trial_lock",
         "_trial_outbox",
         "_trials",
+        "_ttl_arg",
         "_ttl_ms",
         "_unacked",
         "_until",
@@ -271,30 +277,17 @@ class SharedCircuitBreaker:
         self.wrapped = breaker
         self.name = name
         self.bus = breaker.bus
-        opts = _options_of(breaker)
-        self._opts = opts
-        self._config = breaker.config
-        self.classifier: Callable[[BaseException], bool] = opts["classifier"]
-        self._slow_classifier: Callable[[BaseException], bool] | None = opts["slow_classifier"]
-        self._slow_s: float = opts["slow_call_duration_s"]
-        self._error_class: type[BreakerOpen] = opts["error_class"]
-        self._rng: random.Random = opts["rng"]
-        self._jitter: float = opts["open_jitter"]
-        self._permits: int = opts["half_open_permits"]
-        open_max = opts["open_max_s"]
-        self._static_args = [str(arg).encode() for arg in (
-            self._ttl_ms,
-            opts["window_type"],
-            opts["window_size"],
-            opts["minimum_calls"],
-            repr(float(opts["failure_rate_threshold"])),
-            repr(float(opts["slow_call_rate_threshold"])),
-            opts["consecutive_failures_threshold"] or 0,
-            opts["half_open_permits"],
-            repr(float(opts["open_for_s"])),
-            repr(float(opts["open_backoff_multiplier"])),
-            0 if math.isinf(open_max) else repr(float(open_max)),
-        )]
+        # the wrapped breaker's options, validated once (by it): every decision here reads them
+        config = self._config = breaker.config
+        self.classifier: Callable[[BaseException], bool] = config.classifier
+        self._slow_classifier = config.slow_classifier
+        self._slow_s = config.slow_call_duration_s
+        self._error_class: type[BreakerOpen] = config.error_class
+        self._rng: random.Random = breaker.rng
+        self._jitter = config.open_jitter
+        self._permits = config.half_open_permits
+        self._ttl_arg = str(self._ttl_ms).encode()
+        self._option_args = breaker_option_args(config)  # what the scripts run on, named by field
         # The epoch a state's first change moves to: random per replica (never the seeded rng), so
         # that tokens from before a Redis restart never match an epoch after it.
         self._birth = random.SystemRandom().randrange(1, 2**46)
@@ -399,6 +392,8 @@ class SharedCircuitBreaker:
             return token  # type: ignore[no-any-return]
         if self._task is None:
             self._autostart()
+        if self._mode is _UNSYNCED and self._hold is None:
+            return _Early(self.wrapped.acquire())  # may end after the first read: see on_result
         return self._acquire_local()
 
     async def acquire_async(self) -> Token:
@@ -471,6 +466,15 @@ class SharedCircuitBreaker:
             return  # else it started before a shared transition: the old epoch is over
         if isinstance(token, _Trial):
             self._trial_ended(token, self._code_of(duration_s, exc))
+        elif isinstance(token, _Early):
+            self.wrapped.on_result(token.token, duration_s, exc, now)
+            code = self._code_of(duration_s, exc)
+            if code >= 0 and self._mode is not _LOCAL:  # for the shared window too, read or not yet
+                pending = self._fold()
+                pending.append(code)
+                self._oks_room = room = self._batch_size - len(pending)
+                if room <= 0 and self._mode is _SHARED:
+                    self._batch_full()
         elif isinstance(token, HoldTrial) and self._hold is not None:
             self._hold.record(token.round, self._code_of(duration_s, exc), self._now())
             self._settle_hold()
@@ -480,6 +484,8 @@ class SharedCircuitBreaker:
         if type(token) is int:
             if token < 0:
                 self.wrapped.release(-1 - token)
+        elif isinstance(token, _Early):
+            self.wrapped.release(token.token)
         elif isinstance(token, _Trial):
             self._trial_ended(token, _IGNORED)
         elif isinstance(token, HoldTrial) and self._hold is not None:
@@ -716,7 +722,7 @@ class SharedCircuitBreaker:
     def _args(self, *extra: Any) -> list[Any]:
         spread = self._jitter * (2.0 * self._rng.random() - 1.0) if self._jitter else 0.0
         now = "" if self.clock is None else repr(float(self.clock()))
-        return [now, *self._static_args, repr(spread), self._birth_arg, *extra]
+        return [now, self._ttl_arg, repr(spread), self._birth_arg, *self._option_args, *extra]
 
     def _script(self, script: Script, *extra: Any) -> Awaitable[Any]:
         return script(*self._script_keys, *self._args(*extra))
@@ -845,14 +851,10 @@ class SharedCircuitBreaker:
                 self._silently(self.wrapped.reset)
             return
         running = [t for t in self._trials.values() if t.epoch == self._epoch]
-        opts = self._opts
         self._hold = LocalHold(
-            state, now=now, open_left_s=max(0.0, self._until - now), open_base_s=self._base,
-            trials_running=len(running) if state is _HALF_OPEN else 0, permits=self._permits,
-            failure_rate_threshold=opts["failure_rate_threshold"],
-            slow_call_rate_threshold=opts["slow_call_rate_threshold"], open_for_s=opts["open_for_s"],
-            open_backoff_multiplier=opts["open_backoff_multiplier"], open_max_s=opts["open_max_s"],
-            open_jitter=self._jitter, rng=self._rng, reject=self._reject, moved=self._hold_moved,
+            state, self._config, now=now, open_left_s=max(0.0, self._until - now), open_base_s=self._base,
+            trials_running=len(running) if state is _HALF_OPEN else 0, rng=self._rng,
+            reject=self._reject, moved=self._hold_moved,
         )
         if state is _HALF_OPEN:
             for trial in running:

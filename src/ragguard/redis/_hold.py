@@ -7,6 +7,7 @@ the in-memory breaker's rules from there, on the replica's monotonic clock::
     open (the time left when last read) --time up--> half-open
     half-open: half_open_permits trials, less this replica's shared trials still running
         all done, rates under the thresholds --> closed: the wrapped breaker takes over, empty
+        (the failure and slow-call rates of the trials not turned away, the rejection rate of all)
         a rate at or over a threshold        --> open again for open_base x multiplier (capped, jittered)
     forced open, disabled: held until an operator acts or Redis answers again
 
@@ -19,7 +20,7 @@ import random
 from collections.abc import Callable
 from typing import NoReturn
 
-from ..breakers import BreakerState
+from ..breakers import BreakerConfig, BreakerState
 
 __all__ = ["HoldTrial", "LocalHold"]
 
@@ -51,20 +52,15 @@ class LocalHold:
     """
 
     __slots__ = (
-        "_failure_threshold",
-        "_jitter",
+        "_config",
         "_moved",
-        "_multiplier",
-        "_open_for_s",
-        "_open_max_s",
-        "_permits",
         "_reject",
         "_rng",
-        "_slow_threshold",
         "base_s",
         "calls",
         "failures",
         "left",
+        "rejected",
         "round",
         "slow",
         "state",
@@ -74,38 +70,26 @@ class LocalHold:
     def __init__(
         self,
         state: BreakerState,
+        config: BreakerConfig,
         *,
         now: float,
         open_left_s: float,
         open_base_s: float,
         trials_running: int,
-        permits: int,
-        failure_rate_threshold: float,
-        slow_call_rate_threshold: float,
-        open_for_s: float,
-        open_backoff_multiplier: float,
-        open_max_s: float,
-        open_jitter: float,
         rng: random.Random,
         reject: Callable[[BreakerState, float | None], NoReturn],
         moved: Callable[[BreakerState, BreakerState, float, str], None],
     ) -> None:
         self.state = state
         self.until = now + open_left_s
-        self.base_s = open_base_s or open_for_s
-        self._permits = permits
-        self._failure_threshold = failure_rate_threshold
-        self._slow_threshold = slow_call_rate_threshold
-        self._open_for_s = open_for_s
-        self._multiplier = open_backoff_multiplier
-        self._open_max_s = open_max_s
-        self._jitter = open_jitter
+        self.base_s = open_base_s or config.open_for_s
+        self._config = config  # the wrapped breaker's options: the rules are its rules
         self._rng = rng
         self._reject = reject
         self._moved = moved
         self.round = 0
-        self.left = max(0, permits - trials_running)
-        self.calls = self.failures = self.slow = 0
+        self.left = max(0, config.half_open_permits - trials_running)
+        self.calls = self.failures = self.slow = self.rejected = 0
 
     @property
     def resolved(self) -> bool:
@@ -132,7 +116,8 @@ class LocalHold:
         return HoldTrial(self.round)
 
     def record(self, round_: int, code: int, now: float) -> None:
-        """The outcome of a trial of ``round_``: code ``FAILED | SLOW`` bits, or < 0 (not counted)."""
+        """The outcome of a trial of ``round_``: code ``FAILED | SLOW`` bits or ``REJECTED`` (4),
+        or < 0 (not counted)."""
         if round_ != self.round or self.state is not _HALF_OPEN:
             return
         if code < 0:
@@ -140,14 +125,20 @@ class LocalHold:
             return
         self.calls += 1
         self.failures += code & _FAILED
-        self.slow += code >> 1
+        self.slow += (code >> 1) & 1
+        self.rejected += code >> 2
         done = self.calls
-        if done < self._permits:
+        config = self._config
+        if done < config.half_open_permits:
             return
-        if self.failures * 100.0 >= self._failure_threshold * done:
+        served = done - self.rejected
+        threshold = config.rejection_rate_threshold
+        if served and self.failures * 100.0 >= config.failure_rate_threshold * served:
             self._reopen(now, f"{self.failures} of {done} trial calls failed (local)")
-        elif self.slow * 100.0 >= self._slow_threshold * done:
+        elif served and self.slow * 100.0 >= config.slow_call_rate_threshold * served:
             self._reopen(now, f"{self.slow} of {done} trial calls were slow (local)")
+        elif self.rejected and threshold is not None and self.rejected * 100.0 >= threshold * done:
+            self._reopen(now, f"{self.rejected} of {done} trial calls were turned away (local)")
         else:
             self._to(_CLOSED, now, f"{done} trial calls passed (local)")
 
@@ -157,11 +148,13 @@ class LocalHold:
             self.left += 1
 
     def _reopen(self, now: float, reason: str) -> None:
-        base = min(self.base_s * self._multiplier, self._open_max_s)
+        config = self._config
+        cap, jitter = config.open_cap_s, config.open_jitter
+        base = min(self.base_s * config.open_backoff_multiplier, cap)
         self.base_s = base
         duration = base
-        if self._jitter:
-            duration = min(base * (1.0 + self._jitter * (2.0 * self._rng.random() - 1.0)), self._open_max_s)
+        if jitter:
+            duration = min(base * (1.0 + jitter * (2.0 * self._rng.random() - 1.0)), cap)
         self.until = now + duration
         self._to(_OPEN, now, reason)
 
@@ -170,6 +163,6 @@ class LocalHold:
         self.state = new
         self.round += 1
         if new is _HALF_OPEN:
-            self.left = self._permits
-            self.calls = self.failures = self.slow = 0
+            self.left = self._config.half_open_permits
+            self.calls = self.failures = self.slow = self.rejected = 0
         self._moved(old, new, now, reason)

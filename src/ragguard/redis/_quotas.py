@@ -56,7 +56,9 @@ from .._errors import ConfigError, QuotaExceeded
 from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import PoolQuota, TenantQuota
+from ..options._policy import burst_of
 from ..quotas import WAIT, Lease, LocalQuotas
+from ..quotas._gcra import Rate
 from ..quotas._local import policy_pool_of
 from ._keys import pool_keys, quota_keys
 from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable
@@ -126,17 +128,21 @@ class _Plan:
         # level, which are swept then)
         self.refresh_s = min(lease_s / 2, grant_s) if rate_only else lease_s / 2
         self.fresh_until = -math.inf
-        spec = "".join(f" {q.max_concurrency or 0} {float(q.rate_per_s or 0.0)!r} {_burst(q)}"
-                       for _, q in levels)
+        spec = "".join(_level_spec(q) for _, q in levels)
         # the keys and the plan argument, encoded once: redis-py passes bytes through as they are
         self.keys = [key.encode() for keys, _ in levels for key in keys]
         self.script_plan = f"{lease_s!r} {grant_s!r} {queue_ttl_s!r}{spec}".encode()
         self.script: Script | None = None  # the script bound to this many keys (set by RedisQuotas)
 
 
-def _burst(q: TenantQuota | PoolQuota) -> int:
-    rate = q.rate_per_s
-    return (q.burst or max(1, math.ceil(rate))) if rate else 1
+def _level_spec(q: TenantQuota | PoolQuota) -> str:
+    """``' maxc interval tolerance'`` of one level for the QUOTA script: its concurrency limit (0:
+    none) and its rate's GCRA interval and tolerance (seconds; ``0 0``: no rate)."""
+    per_s = q.rate_per_s
+    if per_s is None:
+        return f" {q.max_concurrency or 0} 0 0"
+    rate = Rate(per_s, burst_of(per_s, q.burst))
+    return f" {q.max_concurrency or 0} {rate.interval_s!r} {rate.tolerance_s!r}"
 
 
 def _seconds(option: str, value: object) -> float:

@@ -7,14 +7,18 @@ caller passes one (tests pass a fake clock), so no replica's wall clock is ever 
 Breaker keys (``<tag>`` is ``{<prefix>:breaker:<name>}``, the name percent-encoded)::
 
     <tag>:state          HASH  state epoch open_until open_base consecutive reason calls failures
-                               slow pos head trial_calls trial_failures trial_slow
+                               slow rejected pos head trial_calls trial_failures trial_slow
+                               trial_rejected
     <tag>:window         STRING ring of one byte per outcome code, next write at pos (count
-                               window), or HASH c<i> f<i> s<i> per one-second bucket i (time window)
+                               window), or HASH c<i> f<i> s<i> r<i> per one-second bucket i (time
+                               window)
     <tag>:trials         ZSET  half-open trial lease id -> expiry
     <tag>:seq:<replica>  STRING the last outcome batch of that replica already applied
 
 The breaker scripts mirror ``ragguard.breakers.CircuitBreaker`` (the same window arithmetic and
-transitions); outcome codes are its ``FAILED | SLOW`` bits. Every write refreshes the keys' TTL
+transitions); outcome codes are its ``FAILED | SLOW`` bits, or ``REJECTED`` (4) alone: a call the
+dependency turned away with a wait, counted by the rejection rate (``r_thr``, 0: off) and left out
+of the failure and slow-call rates. Every write refreshes the keys' TTL
 (``ttl_ms``, lengthened by the time left open); a script that changes nothing writes nothing.
 Every reply is the snapshot ``'extra state epoch open_left_s open_base_s trial_permits_left reason'``,
 one string (redis-py parses a bulk string several times faster than an array; the reason, which has
@@ -36,8 +40,9 @@ so that one script sees both)::
     <tag>:qexp     ZSET  waiting request id -> expiry (a waiter that stops asking leaves the queue)
     <tag>:share    HASH  local-lease mode: holder -> demand (requests/s) and expiry
 
-Rate is the Generic Cell Rate Algorithm (ATM Forum TM 4.0), the same arithmetic as
-``ragguard.quotas.LocalQuotas``; concurrency counts the unexpired leases.
+Rate is the Generic Cell Rate Algorithm: :data:`GCRA`, the Lua twin of ``ragguard.quotas._gcra``
+(tests/distributed/test_gcra_twin.py steps both alike), used by the quotas here and by the token
+scripts of ``_tokens``; concurrency counts the unexpired leases.
 
 Releases are idempotent: a release removes its lease (or grant) and refunds rate only when it
 removed something, so a replica can send one again after a lost reply.
@@ -45,6 +50,13 @@ removed something, so a replica can send one again after a lost reply.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from ..breakers import BreakerConfig
+from ..quotas._gcra import EPSILON_S
+
+# the scripts (tests load each); the preludes (NOW, GCRA) and BREAKER_OPTION_ARGS are imported by name
 __all__ = [
     "BREAKER_REPORT",
     "BREAKER_SET_STATE",
@@ -70,47 +82,101 @@ _NOW = NOW + r"""
 local function fmt(x) return string.format('%.17g', x) end
 """
 
-# ARGV[1..14] are the same for every breaker script; script-specific arguments follow.
+
+def _text(value: Any) -> str:
+    return str(value)
+
+
+def _int(value: Any) -> str:
+    return str(int(value))
+
+
+def _number(value: Any) -> str:
+    return repr(float(value))
+
+
+def _off(value: float | None) -> str:
+    return "0" if value is None else repr(float(value))  # 0: the rule is off
+
+
+BREAKER_OPTION_ARGS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("wtype", "window_type", _text),
+    ("wsize", "window_size", _int),
+    ("min_calls", "minimum_calls", _int),
+    ("f_thr", "failure_rate_threshold", _number),
+    ("s_thr", "slow_call_rate_threshold", _number),
+    ("c_thr", "consecutive_failures_threshold", _off),
+    ("r_thr", "rejection_rate_threshold", _off),
+    ("permits", "half_open_permits", _int),
+    ("open_for", "open_for_s", _number),
+    ("mult", "open_backoff_multiplier", _number),
+    ("open_max", "open_cap_s", _number),
+)
+"""The options of :class:`~ragguard.breakers.BreakerConfig` the breaker scripts run on, in ARGV
+order after the four per-call arguments: the Lua local each becomes, the config attribute it is
+read from, and how it is sent. The scripts' prelude is generated from it and
+:func:`breaker_option_args` encodes a config by it, so the two cannot disagree; the other options
+are the replica's own (``slow_call_duration_s`` and the classifiers decide an outcome's code before
+it is sent, ``open_jitter`` is drawn per call as ``spread``), which
+tests/distributed/test_shared_breaker.py holds to every field of the config."""
+
+
+def breaker_option_args(config: BreakerConfig) -> list[bytes]:
+    """``config``'s values for the breaker scripts (see :data:`BREAKER_OPTION_ARGS`), encoded."""
+    return [encode(getattr(config, attr)).encode() for _, attr, encode in BREAKER_OPTION_ARGS]
+
+
+def _option_locals() -> str:
+    lines = []
+    for at, (name, _, encode) in enumerate(BREAKER_OPTION_ARGS, start=5):
+        read = f"ARGV[{at}]" if encode is _text else f"tonumber(ARGV[{at}])"
+        lines.append(f"local {name} = {read}")
+    lines.append(f"local own = {5 + len(BREAKER_OPTION_ARGS)}  -- ARGV[own..]: the script's own arguments")
+    return "\n".join(lines) + "\n"
+
+
+# ARGV[1] now ('': TIME), [2] the keys' TTL (ms), [3] the open time's spread (the jitter drawn by
+# the replica), [4] the replica's birth epoch, then the config's options (BREAKER_OPTION_ARGS),
+# then from ARGV[own] the script's own arguments.
 _BREAKER_PRELUDE = _NOW + r"""
 local S, W, T = KEYS[1], KEYS[2], KEYS[3]
 local ttl_ms = tonumber(ARGV[2])
-local wtype = ARGV[3]
-local wsize = tonumber(ARGV[4])
-local min_calls = tonumber(ARGV[5])
-local f_thr = tonumber(ARGV[6])
-local s_thr = tonumber(ARGV[7])
-local c_thr = tonumber(ARGV[8])
-local permits = tonumber(ARGV[9])
-local open_for = tonumber(ARGV[10])
-local mult = tonumber(ARGV[11])
-local open_max = tonumber(ARGV[12])
-local spread = tonumber(ARGV[13])
-local birth = tonumber(ARGV[14])
+local spread = tonumber(ARGV[3])
+local birth = tonumber(ARGV[4])
+""" + _option_locals() + r"""
 
 local f = redis.call('HMGET', S, 'state', 'epoch', 'open_until', 'open_base', 'consecutive', 'reason',
-  'calls', 'failures', 'slow', 'head', 'trial_calls', 'trial_failures', 'trial_slow', 'pos')
+  'calls', 'failures', 'slow', 'head', 'trial_calls', 'trial_failures', 'trial_slow', 'pos', 'rejected',
+  'trial_rejected')
 local st = {
   state = f[1] or 'closed', epoch = tonumber(f[2]) or 0, open_until = tonumber(f[3]) or 0,
   open_base = tonumber(f[4]) or 0, consecutive = tonumber(f[5]) or 0, reason = f[6] or '',
   calls = tonumber(f[7]) or 0, failures = tonumber(f[8]) or 0, slow = tonumber(f[9]) or 0,
   head = tonumber(f[10]) or -1, trial_calls = tonumber(f[11]) or 0,
   trial_failures = tonumber(f[12]) or 0, trial_slow = tonumber(f[13]) or 0, pos = tonumber(f[14]) or 0,
+  rejected = tonumber(f[15]) or 0, trial_rejected = tonumber(f[16]) or 0,
 }
 local dirty = false
+
+-- a code's bits: failed, slow, rejected (a rejection is never failed nor slow)
+local function bits(code)
+  return code % 2, math.floor(code / 2) % 2, math.floor(code / 4)
+end
 
 local function advance(sec)
   if sec <= st.head then return end
   if sec - st.head >= wsize then
     redis.call('DEL', W)
-    st.calls, st.failures, st.slow = 0, 0, 0
+    st.calls, st.failures, st.slow, st.rejected = 0, 0, 0, 0
   else
     for s = st.head + 1, sec do
       local i = s % wsize
-      local v = redis.call('HMGET', W, 'c' .. i, 'f' .. i, 's' .. i)
+      local v = redis.call('HMGET', W, 'c' .. i, 'f' .. i, 's' .. i, 'r' .. i)
       st.calls = st.calls - (tonumber(v[1]) or 0)
       st.failures = st.failures - (tonumber(v[2]) or 0)
       st.slow = st.slow - (tonumber(v[3]) or 0)
-      redis.call('HDEL', W, 'c' .. i, 'f' .. i, 's' .. i)
+      st.rejected = st.rejected - (tonumber(v[4]) or 0)
+      redis.call('HDEL', W, 'c' .. i, 'f' .. i, 's' .. i, 'r' .. i)
     end
   end
   st.head = sec
@@ -154,22 +220,28 @@ local function to_state(new, reason)
     if open_max > 0 and d > open_max then d = open_max end
     st.open_until = now + d
   elseif new == 'half_open' then
-    st.trial_calls, st.trial_failures, st.trial_slow = 0, 0, 0
+    st.trial_calls, st.trial_failures, st.trial_slow, st.trial_rejected = 0, 0, 0, 0
   elseif new == 'closed' then
     redis.call('DEL', W)
     st.calls, st.failures, st.slow, st.consecutive, st.open_base, st.pos = 0, 0, 0, 0, 0, 0
+    st.rejected = 0
   end
   dirty = true
 end
 
+-- The failure and slow-call rates are of the calls the dependency did not turn away ("served"),
+-- the rejection rate of them all.
 local function check()
   if st.calls < min_calls then return false end
-  if st.failures * 100 >= f_thr * st.calls then
-    to_state('open', string.format('failure rate %.1f%% >= %s%%', st.failures * 100 / st.calls, f_thr))
-  elseif st.slow * 100 >= s_thr * st.calls then
-    to_state('open', string.format('slow-call rate %.1f%% >= %s%%', st.slow * 100 / st.calls, s_thr))
+  local served = st.calls - st.rejected
+  if served > 0 and st.failures * 100 >= f_thr * served then
+    to_state('open', string.format('failure rate %.1f%% >= %s%%', st.failures * 100 / served, f_thr))
+  elseif served > 0 and st.slow * 100 >= s_thr * served then
+    to_state('open', string.format('slow-call rate %.1f%% >= %s%%', st.slow * 100 / served, s_thr))
   elseif c_thr > 0 and st.consecutive >= c_thr then
     to_state('open', st.consecutive .. ' consecutive failures')
+  elseif r_thr > 0 and st.rejected > 0 and st.rejected * 100 >= r_thr * st.calls then
+    to_state('open', string.format('rejection rate %.1f%% >= %s%%', st.rejected * 100 / st.calls, r_thr))
   else
     return false
   end
@@ -182,7 +254,7 @@ local function save()
     'open_until', fmt(st.open_until), 'open_base', fmt(st.open_base), 'consecutive', st.consecutive,
     'reason', st.reason, 'calls', st.calls, 'failures', st.failures, 'slow', st.slow, 'head', st.head,
     'pos', st.pos, 'trial_calls', st.trial_calls, 'trial_failures', st.trial_failures,
-    'trial_slow', st.trial_slow)
+    'trial_slow', st.trial_slow, 'rejected', st.rejected, 'trial_rejected', st.trial_rejected)
   local ttl = ttl_ms
   if st.state == 'open' then
     local left = math.ceil((st.open_until - now) * 1000)
@@ -205,16 +277,16 @@ end
 """
 
 BREAKER_REPORT = _BREAKER_PRELUDE + r"""
--- KEYS[4]: this replica's batch sequence key. ARGV[15]: the epoch the outcomes were recorded in
--- (-1: before the replica first read the state; they count if it is closed); ARGV[16]: one byte
--- per outcome code; ARGV[17]: the batch's sequence number. A batch whose
+-- KEYS[4]: this replica's batch sequence key. ARGV[own]: the epoch the outcomes were recorded in
+-- (-1: before the replica first read the state; they count if it is closed); ARGV[own + 1]: one byte
+-- per outcome code; ARGV[own + 2]: the batch's sequence number. A batch whose
 -- sequence number was already applied is a resend after a lost reply: counted once only.
 -- Codes are applied in order and the rules checked after each, as the in-memory breaker does;
 -- the codes after a trip are dropped (the window they belonged to is over). A success cannot trip
--- the breaker once calls >= min_calls and both rates are under their thresholds (it lowers both
--- rates and ends the run of failures), and neither can the successes after it: such a run of
--- successes, the bulk of a healthy batch, is applied at once with a few string operations.
-local expected, codes, seq = tonumber(ARGV[15]), ARGV[16], tonumber(ARGV[17])
+-- the breaker once the served calls are >= min_calls and every rate is under its threshold (it
+-- lowers every rate and ends the run of failures), and neither can the successes after it: such a
+-- run of successes, the bulk of a healthy batch, is applied at once with a few string operations.
+local expected, codes, seq = tonumber(ARGV[own]), ARGV[own + 1], tonumber(ARGV[own + 2])
 local k = #codes
 if k > 0 then
   local last = tonumber(redis.call('GET', KEYS[4])) or 0
@@ -227,10 +299,12 @@ end
 if k > 0 and st.state == 'closed' and (st.epoch == expected or expected == -1) then
   dirty = true
   local sec = math.floor(now)
-  local tc, tf, ts = 0, 0, 0
+  local tc, tf, ts, tr = 0, 0, 0, 0
   if wtype ~= 'count' then advance(sec) end
   local function quiet()  -- a success now could trip nothing
-    return st.calls >= min_calls and st.failures * 100 < f_thr * st.calls and st.slow * 100 < s_thr * st.calls
+    local served = st.calls - st.rejected
+    return served >= min_calls and st.failures * 100 < f_thr * served and st.slow * 100 < s_thr * served
+      and (r_thr == 0 or st.rejected * 100 < r_thr * st.calls)
   end
   local i, tripped = 1, false
   while i <= k and not tripped do
@@ -245,6 +319,7 @@ if k > 0 and st.state == 'closed' and (st.epoch == expected or expected == -1) t
         local gone = string.sub(ring_read(st.pos, span), grow + 1)
         st.failures = st.failures - select(2, string.gsub(gone, '[\1\3]', ''))
         st.slow = st.slow - select(2, string.gsub(gone, '[\2\3]', ''))
+        st.rejected = st.rejected - select(2, string.gsub(gone, '\4', ''))
         st.calls = st.calls + grow
         ring_write(st.pos, string.rep('\0', span))
         st.pos = (st.pos + r) % wsize
@@ -261,22 +336,23 @@ if k > 0 and st.state == 'closed' and (st.epoch == expected or expected == -1) t
       for j = 1, m do
         local code = string.byte(codes, i + j - 1)
         if code == 0 and j > 1 and quiet() then break end  -- the run of successes goes in bulk
-        local failed, slow = code % 2, math.floor(code / 2)
+        local failed, slow, rej = bits(code)
         if wtype == 'count' then
           if st.calls >= wsize then
-            local o = string.byte(old, j)
-            st.failures = st.failures - o % 2
-            st.slow = st.slow - math.floor(o / 2)
+            local of, os, orj = bits(string.byte(old, j))
+            st.failures, st.slow, st.rejected = st.failures - of, st.slow - os, st.rejected - orj
           else
             st.calls = st.calls + 1
           end
         else
           st.calls = st.calls + 1
-          tc, tf, ts = tc + 1, tf + failed, ts + slow
+          tc, tf, ts, tr = tc + 1, tf + failed, ts + slow, tr + rej
         end
         st.failures = st.failures + failed
         st.slow = st.slow + slow
-        if failed == 1 then st.consecutive = st.consecutive + 1 else st.consecutive = 0 end
+        st.rejected = st.rejected + rej
+        -- a rejection neither extends nor ends a run of failures
+        if failed == 1 then st.consecutive = st.consecutive + 1 elseif rej == 0 then st.consecutive = 0 end
         n = j
         if check() then tripped = true break end
       end
@@ -292,6 +368,7 @@ if k > 0 and st.state == 'closed' and (st.epoch == expected or expected == -1) t
     redis.call('HINCRBY', W, 'c' .. b, tc)
     if tf > 0 then redis.call('HINCRBY', W, 'f' .. b, tf) end
     if ts > 0 then redis.call('HINCRBY', W, 's' .. b, ts) end
+    if tr > 0 then redis.call('HINCRBY', W, 'r' .. b, tr) end
   end
 end
 save()
@@ -299,15 +376,15 @@ return snapshot(k)
 """
 
 BREAKER_TRIAL_ACQUIRE = _BREAKER_PRELUDE + r"""
--- ARGV[15]: lease duration (seconds); ARGV[16..]: lease ids, one per permit wanted (a replica asks
+-- ARGV[own]: lease duration (seconds); ARGV[own + 1..]: lease ids, one per permit wanted (a replica asks
 -- once for its whole crowd). Grants the first ones while permits are left; extra = how many.
-local lease_s = tonumber(ARGV[15])
+local lease_s = tonumber(ARGV[own])
 if st.state == 'open' and now >= st.open_until then to_state('half_open', 'open duration elapsed') end
 local granted = 0
 if st.state == 'half_open' then
   redis.call('ZREMRANGEBYSCORE', T, '-inf', fmt(now))
   local left = permits - st.trial_calls - redis.call('ZCARD', T)
-  for i = 16, #ARGV do
+  for i = own + 1, #ARGV do
     if left <= 0 then break end
     redis.call('ZADD', T, fmt(now + lease_s), ARGV[i])
     left = left - 1
@@ -320,26 +397,31 @@ return snapshot(granted)
 """
 
 BREAKER_TRIAL_DONE = _BREAKER_PRELUDE + r"""
--- ARGV[15..]: pairs of (lease id, outcome code), the code -1 to give the permit back unrecorded
+-- ARGV[own..]: pairs of (lease id, outcome code), the code -1 to give the permit back unrecorded
 -- (cancelled, ignored error, unused, or a grant whose reply was lost). A lease still in the ZSET
 -- belongs to the current half-open round (every transition deletes the ZSET); a late result of an
 -- expired lease is dropped: its permit was already handed to another trial. Idempotent.
 local counted = 0
-for i = 15, #ARGV, 2 do
+for i = own, #ARGV, 2 do
   local lease, code = ARGV[i], tonumber(ARGV[i + 1])
   if st.state == 'half_open' and redis.call('ZREM', T, lease) == 1 then
     dirty = true
     if code >= 0 then
       counted = counted + 1
+      local failed, slow, rej = bits(code)
       st.trial_calls = st.trial_calls + 1
-      st.trial_failures = st.trial_failures + code % 2
-      st.trial_slow = st.trial_slow + math.floor(code / 2)
+      st.trial_failures = st.trial_failures + failed
+      st.trial_slow = st.trial_slow + slow
+      st.trial_rejected = st.trial_rejected + rej
       local done = st.trial_calls
       if done >= permits then
-        if st.trial_failures * 100 >= f_thr * done then
+        local served = done - st.trial_rejected
+        if served > 0 and st.trial_failures * 100 >= f_thr * served then
           to_state('open', st.trial_failures .. ' of ' .. done .. ' trial calls failed')
-        elseif st.trial_slow * 100 >= s_thr * done then
+        elseif served > 0 and st.trial_slow * 100 >= s_thr * served then
           to_state('open', st.trial_slow .. ' of ' .. done .. ' trial calls were slow')
+        elseif r_thr > 0 and st.trial_rejected > 0 and st.trial_rejected * 100 >= r_thr * done then
+          to_state('open', st.trial_rejected .. ' of ' .. done .. ' trial calls were turned away')
         else
           to_state('closed', done .. ' trial calls passed')
         end
@@ -352,8 +434,8 @@ return snapshot(counted)
 """
 
 BREAKER_SET_STATE = _BREAKER_PRELUDE + r"""
--- ARGV[15]: closed (reset), forced_open or disabled.
-local target = ARGV[15]
+-- ARGV[own]: closed (reset), forced_open or disabled.
+local target = ARGV[own]
 if target == 'closed' then
   to_state('closed', 'reset')
 else
@@ -363,15 +445,33 @@ save()
 return snapshot(1)
 """
 
-QUOTA = r"""
+GCRA = rf"""
+-- GCRA, the arithmetic of ragguard.quotas._gcra: n tokens at now from a bucket whose theoretical
+-- arrival time is tat (false or nil: none yet, a full bucket), interval seconds per token and
+-- tolerance = burst x interval seconds; gives tat' (to keep when the step is taken) and the wait
+-- (<= GCRA_EPSILON: the tokens fit now). gcra_back: tat after n tokens are given back.
+local GCRA_EPSILON = {EPSILON_S!r}
+local function gcra(tat, now, n, interval, tolerance)
+  if not tat or tat < now then tat = now end
+  tat = tat + n * interval
+  return tat, tat - now - tolerance
+end
+local function gcra_back(tat, n, interval)
+  return tat - n * interval
+end
+"""
+"""The Lua twin of :mod:`ragguard.quotas._gcra`, a prelude of every script that steps a bucket."""
+
+QUOTA = GCRA + r"""
 -- One script for a tenant's admissions and for the operations a replica sends alone (releases,
 -- renewals, leases put back after an outage). A request counts against one or two levels: the
 -- tenant's own quota and the pool it shares with other tenants (a level the other covers is left
 -- out by the replica), each with three keys: KEYS[3i-2] L (the lease set: lease id -> expiry, and
 -- the member 'tat' scored by the GCRA theoretical arrival time), KEYS[3i-1] Q (the queue: waiter
 -- -> arrival), KEYS[3i] X (waiter -> expiry).
---   ARGV[1] the plan, encoded once per tenant: 'lease_s grant_s queue_ttl' then ' maxc rate burst'
---           per level (maxc 0: no concurrency limit; rate 0: none)
+--   ARGV[1] the plan, encoded once per tenant: 'lease_s grant_s queue_ttl' then
+--           ' maxc interval tolerance' per level (maxc 0: no concurrency limit; interval 0: no
+--           rate; else the level's GCRA interval and tolerance, seconds)
 --   ARGV[2] the request: 'now id wait_s flags' then ' id op' per operation carried; now '-' = TIME;
 --           flags: 1 may queue, 2 id is a lease this replica released (the new request takes over
 --           its slot: its release is not sent), 4 refresh the keys' TTL, 8 operations only (no
@@ -397,13 +497,13 @@ else
 end
 budget, flags = tonumber(budget), tonumber(flags)
 
--- The common case first, with no table and no function: one level, nothing carried, no TTL to
+-- The common case first, with no table: one level, nothing carried, no TTL to
 -- refresh, nobody queued, a slot and a token free, and a key that exists (so it has its TTL). It
 -- writes only when it admits; any other case goes on to the general path below, which decides
 -- the same way.
 do
-  local maxc, rate, burst, more = string.match(spec, ' (%S+) (%S+) (%S+)(.*)')
-  maxc, rate = tonumber(maxc), tonumber(rate)
+  local maxc, interval, tolerance, more = string.match(spec, ' (%S+) (%S+) (%S+)(.*)')
+  maxc, interval = tonumber(maxc), tonumber(interval)
   if more == '' and ops == '' and flags < 4 and (maxc == 0 or redis.call('ZCARD', KEYS[2]) == 0) then
     local L = KEYS[1]
     local tat = tonumber(redis.call('ZSCORE', L, 'tat'))
@@ -418,14 +518,13 @@ do
     if room and exists then
       local expiry = now + grant_s
       if maxc > 0 then expiry = now + lease_s end
-      if rate == 0 then
+      if interval == 0 then
         redis.call('ZADD', L, expiry, id)
         return 'ok 0'
       end
-      local interval = 1 / rate
-      if not tat or tat < now then tat = now end
-      tat = tat + interval
-      if tat - now - tonumber(burst) * interval <= 1e-9 and tat - now <= lease_s then
+      local wait
+      tat, wait = gcra(tat, now, 1, interval, tonumber(tolerance))
+      if wait <= GCRA_EPSILON and tat - now <= lease_s then
         redis.call('ZADD', L, expiry, id, tat, 'tat')
         return 'ok 0'
       end
@@ -434,10 +533,10 @@ do
 end
 
 local levels = {}
-for maxc, rate, burst in string.gmatch(spec, '(%S+) (%S+) (%S+)') do
+for maxc, interval, tolerance in string.gmatch(spec, '(%S+) (%S+) (%S+)') do
   local k = 3 * #levels
   levels[#levels + 1] = {L = KEYS[k + 1], Q = KEYS[k + 2], X = KEYS[k + 3], maxc = tonumber(maxc),
-    rate = tonumber(rate), burst = tonumber(burst)}
+    interval = tonumber(interval), tolerance = tonumber(tolerance)}
 end
 
 local function tat_of(lv)  -- read once; false when there is none
@@ -461,8 +560,8 @@ for lid, op in string.gmatch(ops, '(%S+) (%S+)') do  -- what the replica owes Re
     for _, lv in ipairs(levels) do
       local removed = redis.call('ZREM', lv.L, lid)
       if op >= 2 and redis.call('ZREM', lv.Q, lid) == 1 then redis.call('ZREM', lv.X, lid) end
-      if op % 2 == 1 and removed == 1 and lv.rate > 0 and tat_of(lv) then
-        lv.tat = lv.tat - 1 / lv.rate
+      if op % 2 == 1 and removed == 1 and lv.interval > 0 and tat_of(lv) then
+        lv.tat = gcra_back(lv.tat, 1, lv.interval)
         redis.call('ZADD', lv.L, lv.tat, 'tat')
       end
     end
@@ -546,16 +645,13 @@ end
 
 local delay = 0
 for _, lv in ipairs(levels) do
-  if lv.rate > 0 then
-    local interval = 1 / lv.rate
-    local tat = tat_of(lv) or now
-    if tat < now then tat = now end
-    lv.next_tat = tat + interval
-    local d = lv.next_tat - now - lv.burst * interval
+  if lv.interval > 0 then
+    local d
+    lv.next_tat, d = gcra(tat_of(lv), now, 1, lv.interval, lv.tolerance)
     if d > delay then delay = d end
   end
 end
-if delay <= 1e-9 then
+if delay <= GCRA_EPSILON then
   delay = 0
 elseif delay > budget then
   leave()
@@ -568,7 +664,7 @@ for _, lv in ipairs(levels) do
     expiry = now + grant_s
     if refresh then redis.call('ZREMRANGEBYSCORE', lv.L, '-inf', now) end  -- expired grants
   end
-  if lv.rate > 0 then
+  if lv.interval > 0 then
     redis.call('ZADD', lv.L, expiry, id, lv.next_tat, 'tat')
     if lv.next_tat > horizon then horizon = lv.next_tat end
   else

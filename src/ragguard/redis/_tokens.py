@@ -54,7 +54,7 @@ from ..deadline import remaining
 from ..quotas._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts, due, refuse_or_wait, shares
 from ._breaker import encode_key_part
 from ._link import Probe, RedisLink, Script, SharedStateUnavailable
-from ._scripts import NOW
+from ._scripts import GCRA, NOW
 
 if TYPE_CHECKING:
     pass
@@ -66,7 +66,7 @@ log = logging.getLogger("ragguard.distributed")
 _MAX_BLOCKS = 10_000
 """Pacing blocks kept at most (per tenant and model); past it the empty ones are forgotten."""
 
-_NOW = NOW + """
+_NOW = NOW + GCRA + """
 local function keep(key, tat)  -- a bucket whose tat is past is full: its key may go
   local ms = math.ceil((tat - now) * 1000)
   if ms > 0 then
@@ -75,10 +75,8 @@ local function keep(key, tat)  -- a bucket whose tat is past is full: its key ma
     redis.call('DEL', key)
   end
 end
-local function tat_of(key)
-  local tat = tonumber(redis.call('GET', key) or '0')
-  if tat < now then return now end
-  return tat
+local function tat_of(key)  -- false when the key is gone: a full bucket
+  return tonumber(redis.call('GET', key) or '') or false
 end
 """
 
@@ -86,15 +84,15 @@ TOKENS_RESERVE = (
     _NOW
     + """
 -- KEYS: the quota buckets, then the reservations hash.
--- ARGV: now|'', budget_s, id, reservations ttl ms, then (n, interval_s, burst_s) per bucket.
+-- ARGV: now|'', budget_s, id, reservations ttl ms, then (n, interval_s, tolerance_s) per bucket.
 local budget = tonumber(ARGV[2])
 local nb = #KEYS - 1
 local tats, wait = {}, 0
 for i = 1, nb do
   local base = 4 + 3 * (i - 1)
-  local tat = tat_of(KEYS[i]) + tonumber(ARGV[base + 1]) * tonumber(ARGV[base + 2])
-  tats[i] = tat
-  local w = tat - now - tonumber(ARGV[base + 3])
+  local w
+  tats[i], w = gcra(tat_of(KEYS[i]), now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
+                    tonumber(ARGV[base + 3]))
   if w > wait then wait = w end
 end
 if wait > budget then return {0, string.format('%.6f', wait)} end
@@ -108,15 +106,13 @@ return {1, string.format('%.6f', wait)}
 TOKENS_SETTLE = (
     _NOW
     + """
--- KEYS: the quota buckets, then the reservations hash. ARGV: now|'', id, then (delta, interval_s).
+-- KEYS: the quota buckets, then the reservations hash. ARGV: now|'', id, then (tokens given back:
+-- reserved minus used, < 0 for a debt; interval_s) per bucket.
 if redis.call('HDEL', KEYS[#KEYS], ARGV[2]) == 0 then return 0 end
 for i = 1, #KEYS - 1 do
-  local d = tonumber(ARGV[1 + 2 * i])
-  if d ~= 0 then
-    local raw = redis.call('GET', KEYS[i])
-    local tat = now
-    if raw then tat = tonumber(raw) end
-    keep(KEYS[i], tat + d * tonumber(ARGV[2 + 2 * i]))
+  local n = tonumber(ARGV[1 + 2 * i])
+  if n ~= 0 then
+    keep(KEYS[i], gcra_back(tat_of(KEYS[i]) or now, n, tonumber(ARGV[2 + 2 * i])))
   end
 end
 return 1
@@ -126,13 +122,14 @@ return 1
 TOKENS_PACE = (
     _NOW
     + """
--- KEYS: the pacing buckets. ARGV: now|'', then (n, interval_s, burst_s) per bucket. Never refused.
+-- KEYS: the pacing buckets. ARGV: now|'', then (n, interval_s, tolerance_s) per bucket. Never
+-- refused.
 local wait = 0
 for i = 1, #KEYS do
   local base = 1 + 3 * (i - 1)
-  local tat = tat_of(KEYS[i]) + tonumber(ARGV[base + 1]) * tonumber(ARGV[base + 2])
+  local tat, w = gcra(tat_of(KEYS[i]), now, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]),
+                      tonumber(ARGV[base + 3]))
   keep(KEYS[i], tat)
-  local w = tat - now - tonumber(ARGV[base + 3])
   if w > wait then wait = w end
 end
 return string.format('%.6f', wait)
@@ -311,7 +308,7 @@ class RedisTokens(TokenAccounts):
         ]
         args: list[Any] = [self._now(), repr(budget), ref, self._res_ttl_ms]
         for (_, bucket), n in zip(account.quotas, taken, strict=True):
-            args += [n, repr(bucket.interval_s), repr(bucket.burst_s)]
+            args += [n, repr(bucket.rate.interval_s), repr(bucket.rate.tolerance_s)]
         try:
             ok, wait_text = await self.link.call(self._script(TOKENS_RESERVE, len(keys)), *keys, *args)
         except SharedStateUnavailable:
@@ -387,7 +384,7 @@ class RedisTokens(TokenAccounts):
             size = max(need, self._block_size(account))
             args: list[Any] = [self._now()]
             for bucket in account.paces:
-                args += [size, repr(bucket.interval_s), repr(bucket.burst_s)]
+                args += [size, repr(bucket.rate.interval_s), repr(bucket.rate.tolerance_s)]
             keys = self._keys(account, account.paces)
             try:
                 wait = float(await self.link.call(self._script(TOKENS_PACE, len(keys)), *keys, *args))
@@ -404,7 +401,8 @@ class RedisTokens(TokenAccounts):
             del self._blocks[key]
 
     def _block_size(self, account: TokenAccount) -> int:
-        return max(1, min(min(b.limit, math.ceil(self._block_s / b.interval_s)) for b in account.paces))
+        rates = [b.rate for b in account.paces]
+        return max(1, min(min(r.burst, math.ceil(self._block_s / r.interval_s)) for r in rates))
 
     def unpace(self, account: TokenAccount, tokens: int) -> None:
         """Tokens taken and never handed over (the wait was cancelled) go back to the block."""
@@ -432,8 +430,8 @@ class RedisTokens(TokenAccounts):
 
 
 def _deltas(account: TokenAccount, taken: tuple[int, ...], spent: tuple[int, int, int]) -> list[Any]:
-    """Per quota bucket: (tokens used of its kind minus those it reserved, its interval)."""
+    """Per quota bucket: (tokens it reserved minus those used of its kind, given back; its interval)."""
     out: list[Any] = []
     for (kind, bucket), n in zip(account.quotas, taken, strict=True):
-        out += [spent[kind] - n, repr(bucket.interval_s)]
+        out += [n - spent[kind], repr(bucket.rate.interval_s)]
     return out

@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._errors import ConfigError
+from ._errors import ConfigError
 
 __all__ = ["MISSING", "ArgRef"]
 

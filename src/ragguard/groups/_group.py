@@ -1,0 +1,310 @@
+"""A model group: one call goes to one of its deployments, picked by a strategy, and fails over to
+the next within the request's deadline.
+
+For each call (:meth:`ModelGroup.__call__`; a stream: :meth:`ModelGroup.stream`)::
+
+    for each deployment, lowest priority first, in the strategy's order within a priority:
+        skip it when its breaker is open with time left (its cooldown) or forced open
+        the deadline spent: DeadlineExceeded
+        call it (its key's chain: its breaker, retries, limits, timeouts)
+        it answered (a stream: its first item came): that is the answer
+        it failed, was rejected, timed out, was refused (breaker, limits, adaptive limit): next
+        it refused the request as longer than its context window: next, among the deployments
+            whose ``context_window`` holds the request (the figures the refusal states), else that
+            refusal is raised (a caller's error: the request is too long for all of them)
+        any other caller's error, the tenant's quota, a cancellation: raised as it is
+    none answered: NoDeploymentAvailable, with the soonest time one comes back
+
+A stream fails over only before its first item (the commit point); after it, its errors reach the
+caller. Strategies (``GroupPolicy.strategy``) order the deployments of one priority: ``ordered``
+(as declared), ``weighted`` (a random order drawn by weight: Efraimidis and Spirakis, "Weighted
+random sampling with a reservoir", 2006: key ``u ** (1 / weight)``, highest first),
+``least_busy`` (fewest calls in flight: the adaptive limiter's count when the key has one, else
+its gate's), ``latency`` (lowest recent latency: the adaptive limiter's last round-trip figure,
+else the key's average of its successes; a key without one first, so it gets measured).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .. import _inject
+from .._context import mark_degraded
+from .._errors import BreakerOpen, DeadlineExceeded, NoDeploymentAvailable, Overloaded, QuotaExceeded
+from ..deadline import remaining
+from ..options import GroupPolicy
+from ..outcomes import CONTEXT_LENGTH, Kind, classify, context_overflow
+from ._deployments import Deployment, bind, check_bindings
+
+if TYPE_CHECKING:
+    from ..layers import Stage
+
+__all__ = ["ModelGroup"]
+
+_OPEN_STATES = frozenset({"open", "forced_open"})
+_FAILED_OVER = frozenset({Kind.FAILURE, Kind.TIMEOUT, Kind.REJECTION, Kind.REFUSED})
+_EMPTY: Any = object()
+
+
+class ModelGroup:
+    """The deployments of group ``name`` (its :class:`~ragguard.options.GroupPolicy`), each bound
+    to a target (see :mod:`ragguard.groups._deployments`); see the module docstring.
+
+    ``await group(*args, **kwargs)`` calls one (a wrapped client's ``create`` with
+    ``stream=True`` returns its opened stream: it failed over before its first token);
+    ``group.stream(*args, **kwargs)`` is an async iterator of the items of one deployment's stream
+    (async generator functions, guarded runnables' ``astream``); :meth:`deployments` lists them with
+    their runtimes. Raises what :meth:`__call__` says."""
+
+    def __init__(self, guard: Any, name: str, policy: GroupPolicy, targets: Mapping[str, Any]) -> None:
+        check_bindings(name, [d.name for d in policy.deployments], targets)
+        self.name = name
+        self.policy = policy
+        stage = policy.stage or name
+        self.stage = stage
+        self._rng: random.Random = guard.rng
+        bound = [bind(guard, stage, d, i, targets[d.name]) for i, d in enumerate(policy.deployments)]
+        self._tiers = _tiers(bound)
+        self._ordered = [d for tier in self._tiers for d in tier]
+        self._strategy = policy.strategy
+        self._fixed_order = self._ordered if policy.strategy == "ordered" else None
+        self._max_tries = policy.max_tries or len(bound)
+        counted = policy.strategy in ("least_busy", "latency")
+        for deployment in bound:
+            runtime = deployment.runtime()  # declared now: a bad limit fails here, and status lists it
+            if policy.strategy == "latency" and not runtime.timed:
+                runtime.timed = True
+                _inject.epoch += 1  # chains compiled for the key before: rebuilt with its timing gate
+            if counted:
+                deployment.fn = None  # through the guarded function, which counts the calls
+
+    def deployments(self) -> list[tuple[str, Stage]]:
+        """``(name, runtime)`` of each deployment, in declared priority order."""
+        return [(d.name, d.runtime()) for d in self._ordered]
+
+    # -- calls and streams -------------------------------------------------------------------
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The answer of the first deployment that answers (see the module docstring).
+
+        Raises NoDeploymentAvailable (every deployment out: ``retry_after_s``, ``out``),
+        DeadlineExceeded, a context-length refusal none of the larger deployments could take, or
+        a deployment's caller's error as it is."""
+        order = self._fixed_order or self._order()
+        try:  # the common case, inline: the first answers (an open breaker refuses without a call)
+            return await order[0].invoke(args, kwargs)
+        except Exception as exc:
+            return await self._serve(args, kwargs, _call, order, exc)
+
+    create = __call__
+
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """The items of the first deployment whose stream gives its first item (failing over
+        before it only); raises as :meth:`__call__`, and after the first item what the stream
+        raises."""
+        order = self._fixed_order or self._order()
+        items, first = await self._serve(args, kwargs, _open, order)
+        try:
+            if first is _EMPTY:
+                return
+            yield first
+            async for item in items:
+                yield item
+        finally:
+            await _close(items)
+
+    # -- the failover loop -------------------------------------------------------------------
+
+    async def _serve(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        run: Callable[[Deployment, tuple[Any, ...], dict[str, Any]], Awaitable[Any]],
+        order: list[Deployment],
+        failed: Exception | None = None,
+    ) -> Any:
+        """Try ``order``'s deployments in turn (``failed``: the first's error, tried inline)."""
+        out: dict[str, str] = {}
+        soonest: float | None = None
+        last: Exception | None = None
+        refusal: Exception | None = None
+        need: int | None = None  # the context window a deployment needs (a refusal said so)
+        tried = 0
+        for deployment in order:
+            if tried >= self._max_tries:
+                break
+            tried += 1
+            if failed is None:
+                if need is not None:
+                    window = deployment.context_window
+                    if window is None or window < need:
+                        tried -= 1
+                        continue
+                back = _closed_for(deployment.runtime())
+                if back is not None:
+                    tried -= 1
+                    out[deployment.name] = "open"
+                    soonest = _sooner(soonest, back)
+                    continue
+                left = remaining()
+                if left is not None and left <= 0.0:
+                    raise DeadlineExceeded(self.name, detail="spent before a deployment answered") from last
+                try:
+                    result = await run(deployment, args, kwargs)
+                except Exception as exc:
+                    failed = exc
+                else:
+                    if out:
+                        mark_degraded(f"{self.name}/{deployment.name}")
+                    return result
+            error, failed = failed, None
+            verdict = self._judge(error, deployment, out)
+            if verdict is None:
+                raise error
+            last = error
+            wait, needed = verdict
+            if needed is not None:
+                refusal, need = error, needed
+            soonest = _sooner(soonest, wait)
+        if refusal is not None and not any(r != CONTEXT_LENGTH for r in out.values()):
+            raise refusal  # no deployment could take a request this long
+        raise NoDeploymentAvailable(self.name, soonest, out=out) from last
+
+    @staticmethod
+    def _judge(
+        exc: Exception, deployment: Deployment, out: dict[str, str]
+    ) -> tuple[float | None, int | None] | None:
+        """What ``deployment``'s failure ``exc`` means for the call: None to raise it, else (when
+        it comes back, the context window the next one needs or None); ``out`` says why it is out."""
+        outcome = classify(exc)
+        if outcome.kind is Kind.CALLER_ERROR and outcome.reason == CONTEXT_LENGTH:
+            out[deployment.name] = CONTEXT_LENGTH
+            return None, _needed(exc, deployment)
+        runtime = deployment.runtime()
+        if not _fails_over(exc, outcome.kind, runtime):
+            return None
+        out[deployment.name] = _why(exc, outcome.kind)
+        return _comes_back(outcome.retry_after_s, runtime), None
+
+    def _order(self) -> list[Deployment]:
+        strategy = self._strategy
+        if strategy == "ordered":
+            return self._ordered
+        rng = self._rng
+        ordered: list[Deployment] = []
+        for tier in self._tiers:
+            if len(tier) == 1:
+                ordered.append(tier[0])
+            elif strategy == "weighted":
+                ordered += sorted(tier, key=lambda d: -(rng.random() ** (1.0 / d.policy.weight)))
+            elif strategy == "least_busy":
+                ordered += sorted(tier, key=lambda d: _in_flight(d.runtime()))
+            else:
+                ordered += sorted(tier, key=lambda d: _latency(d.runtime()))
+        return ordered
+
+    def __repr__(self) -> str:
+        return f"<ModelGroup {self.name!r} {self._strategy} {[d.name for d in self._ordered]}>"
+
+
+def _tiers(deployments: list[Deployment]) -> list[list[Deployment]]:
+    tiers: dict[int, list[Deployment]] = {}
+    for d in sorted(deployments, key=lambda d: (d.policy.priority, d.index)):
+        tiers.setdefault(d.policy.priority, []).append(d)
+    return list(tiers.values())
+
+
+async def _call(deployment: Deployment, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return await deployment.invoke(args, kwargs)
+
+
+async def _open(deployment: Deployment, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """The deployment's stream, opened up to its first item (the commit point)."""
+    produced = deployment.open(args, kwargs)
+    if inspect.isawaitable(produced):
+        produced = await produced
+    items = produced.__aiter__()
+    try:
+        first = await items.__anext__()
+    except StopAsyncIteration:
+        return items, _EMPTY
+    except BaseException:
+        await _close(items)
+        raise
+    return items, first
+
+
+async def _close(items: Any) -> None:
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def _closed_for(runtime: Stage) -> float | None:
+    """Seconds the runtime's breaker keeps it out (its cooldown), None when it may take a call
+    (closed, half-open, or open with its time up: the next call is its trial)."""
+    breaker = runtime.breaker
+    if breaker is None:
+        return None
+    state = getattr(breaker.state, "value", breaker.state)
+    if state not in _OPEN_STATES:
+        return None
+    left = getattr(breaker, "retry_after_s", None)
+    if state == "forced_open":
+        return float("inf")
+    return left if isinstance(left, (int, float)) and left > 0 else None
+
+
+def _fails_over(exc: Exception, kind: Kind, runtime: Stage) -> bool:
+    if isinstance(exc, QuotaExceeded):
+        return False  # the tenant's own share: no other deployment changes it
+    if kind in _FAILED_OVER:
+        return True
+    return kind is Kind.UNKNOWN and bool(runtime.counts(exc))
+
+
+def _why(exc: Exception, kind: Kind) -> str:
+    if isinstance(exc, BreakerOpen):
+        return "open"
+    if isinstance(exc, Overloaded):
+        return "limits" if exc.reason in ("requests", "tokens") else "overloaded"
+    return "failure" if kind is Kind.UNKNOWN else kind.value
+
+
+def _comes_back(stated: float | None, runtime: Stage) -> float | None:
+    """When a deployment that just failed takes calls again: the wait it stated, else the time
+    its breaker stays open, else unknown (None)."""
+    if stated is not None:
+        return stated
+    closed = _closed_for(runtime)
+    return None if closed is None or closed == float("inf") else closed
+
+
+def _sooner(a: float | None, b: float | None) -> float | None:
+    if b is None or b == float("inf"):
+        return a
+    return b if a is None or b < a else a
+
+
+def _needed(exc: Exception, deployment: Deployment) -> int:
+    """The context window a request refused as too long needs: the size the refusal states, else
+    more than the refusing deployment's window."""
+    figures = context_overflow(exc)
+    if figures is not None:
+        return figures[1]
+    window = deployment.context_window
+    return 1 if window is None else window + 1
+
+
+def _in_flight(runtime: Stage) -> int:
+    limiter = runtime.parts().get("limiter")
+    return int(limiter.in_flight) if limiter is not None else runtime.in_flight
+
+
+def _latency(runtime: Stage) -> float:
+    limiter = runtime.parts().get("limiter")
+    figure = getattr(getattr(limiter, "gradient", None), "last_rtt", None) or runtime.latency_s
+    return 0.0 if figure is None else float(figure)
