@@ -18,8 +18,8 @@ from . import _inject, events
 from ._errors import ConfigError
 from .events import bus
 from .layers import PRESETS, Bound, Stage, preset
-from .layers.breaker import adapt_breaker
-from .layers.fallback import ROUTES, user_fallbacks, user_routes
+from .layers._breaker import adapt_breaker
+from .layers._fallback import ROUTES, user_fallbacks, user_routes
 from .pipeline import Call, Chain, GuardedStream
 from .pipeline._threads import ThreadCall, limiter_for
 

@@ -15,7 +15,7 @@ import tenacity
 import ragguard
 from ragguard import _compat
 from ragguard.events import CallOutcome
-from ragguard.layers.retry import RetryBudget, RetryLayer
+from ragguard.layers._retry import RetryBudget, RetryLayer
 from ragguard.metrics import StageCompleted
 from ragguard.pipeline import Call
 from ragguard.quotas import Lease, LocalQuotas, TenantContext

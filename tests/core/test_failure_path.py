@@ -18,7 +18,7 @@ import ragguard
 from ragguard import FakeClock, RetryPolicy
 from ragguard.breakers import counts_by_default
 from ragguard.deadline import deadline
-from ragguard.layers.retry import RetryBudget, RetryLayer, _BudgetStop, _CutWait, _DeadlineStop
+from ragguard.layers._retry import RetryBudget, RetryLayer, _BudgetStop, _CutWait, _DeadlineStop
 from ragguard.pipeline import Call
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ import inspect
 import random
 
 from ragguard import FakeClock
-from ragguard.layers.retry import RetryBudget
+from ragguard.layers._retry import RetryBudget
 from ragguard.options import (
     AdaptivePolicy,
     HedgePolicy,

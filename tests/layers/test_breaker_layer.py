@@ -21,7 +21,7 @@ from ragguard import (
     StagePolicy,
 )
 from ragguard.layers import Bound
-from ragguard.layers.breaker import BreakerLayer, build
+from ragguard.layers._breaker import BreakerLayer, build
 from ragguard.options import BREAKER_KINDS
 from ragguard.pipeline import WAIT
 

@@ -7,7 +7,7 @@ import pytest
 from layer_helpers import Script, make_call
 
 from ragguard import FakeClock
-from ragguard.layers.fallback import FallbackMiss
+from ragguard.layers._fallback import FallbackMiss
 from ragguard.rag import ArgRef, EmbeddingCache
 from ragguard.rag._embedding import CacheFallback, CacheTap
 

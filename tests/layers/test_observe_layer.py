@@ -10,7 +10,7 @@ from layer_helpers import make_call
 from ragguard import BreakerPolicy, FakeClock, Guard, Policy, StagePolicy
 from ragguard._context import mark_degraded
 from ragguard.layers import Bound
-from ragguard.layers.observe import ObserveLayer, build
+from ragguard.layers._observe import ObserveLayer, build
 from ragguard.metrics import StageCompleted
 from ragguard.testing import EventRecorder
 

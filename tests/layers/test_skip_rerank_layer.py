@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from layer_helpers import make_call
 
-from ragguard.layers.fallback import FallbackMiss
+from ragguard.layers._fallback import FallbackMiss
 from ragguard.rag import ArgRef
 from ragguard.rag._rerank import SkipRerank
 

@@ -37,7 +37,7 @@ from ragguard.breakers import (
     outcome_name,
 )
 from ragguard.grpc import status_for
-from ragguard.layers.throttle import throttle_for
+from ragguard.layers._throttle import throttle_for
 from ragguard.outcomes import Kind, classify
 
 pytestmark = pytest.mark.anyio

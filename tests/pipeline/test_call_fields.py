@@ -61,12 +61,12 @@ def _violations(module: str, source: str) -> list[str]:
 
 def test_the_checker_sees_an_undeclared_write() -> None:
     source = "def enter(call):\n    call.started = 1.0\n    call.args, call.note = (), 'x'\n"
-    assert sorted(_violations("ragguard.layers.quota", source)) == [
-        "ragguard.layers.quota:2 writes call.started",
-        "ragguard.layers.quota:3 writes call.args",
-        "ragguard.layers.quota:3 writes call.note",
+    assert sorted(_violations("ragguard.layers._quota", source)) == [
+        "ragguard.layers._quota:2 writes call.started",
+        "ragguard.layers._quota:3 writes call.args",
+        "ragguard.layers._quota:3 writes call.note",
     ]
-    assert _violations("ragguard.layers.breaker", "def f(call):\n    call.started = 0.0\n") == []
+    assert _violations("ragguard.layers._breaker", "def f(call):\n    call.started = 0.0\n") == []
 
 
 def test_every_write_of_a_call_field_in_the_package_is_declared() -> None:

@@ -14,8 +14,8 @@ __all__ = ["EarlierDeadline"]
 
 
 class EarlierDeadline:
-    """The base of :class:`~ragguard.layers.share.ShareLayer` and
-    :class:`~ragguard.layers.reserve.ReserveLayer`: a subclass writes ``enter``."""
+    """The base of :class:`~ragguard.layers._share.ShareLayer` and
+    :class:`~ragguard.layers._reserve.ReserveLayer`: a subclass writes ``enter``."""
 
     scope: ClassVar[Scope] = "item"
     exits_none: ClassVar[bool] = False  # no earlier deadline was made: nothing to put back

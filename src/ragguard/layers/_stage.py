@@ -15,10 +15,10 @@ from ..breakers import Breaker, counts_by_default
 from ..options import StagePolicy
 from ..pipeline import BuildContext, Chain, Layer
 from ..pipeline._threads import held
+from ._breaker import make_breaker
+from ._fallback import Fallback, UserFallback
 from ._registry import build_layers
-from .breaker import make_breaker
-from .fallback import Fallback, UserFallback
-from .retry import RetryBudget, make_budget
+from ._retry import RetryBudget, make_budget
 
 __all__ = ["Bound", "Stage", "StagePreset", "forget_idle"]
 

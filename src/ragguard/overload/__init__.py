@@ -12,10 +12,10 @@ more work than it can do. Each is configured per stage in its :class:`~ragguard.
 - :class:`AdaptiveLimiter`: the limit (a latency gradient, see :mod:`ragguard.overload._gradient`)
   and a bounded priority queue that sheds the lowest priority, then the heaviest tenant, gradually;
 - :class:`AdaptiveThrottle`: Google SRE's client-side throttling;
-- hedged requests: :mod:`ragguard.layers.hedge`.
+- hedged requests: :mod:`ragguard.layers._hedge`.
 
-The layers build these per stage (:func:`ragguard.layers.adaptive.limiter_for`,
-:func:`ragguard.layers.throttle.throttle_for`); this package knows no Guard, stage or layer.
+The layers build these per stage (:func:`ragguard.layers._adaptive.limiter_for`,
+:func:`ragguard.layers._throttle.throttle_for`); this package knows no Guard, stage or layer.
 
 A request's priority comes from :func:`priority` (or a front door's ``x-priority`` header, which
 lowers it and raises it only for a trusted caller), else

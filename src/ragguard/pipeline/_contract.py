@@ -64,7 +64,7 @@ class Call:
       budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate;
     - ``share_expiry``: a stream's own deadline (an :class:`~ragguard.deadline.Expiry`) when its
       stage draws a share of the request's (``deadline_share``), set as it opens and made current
-      again for each later item by the share layer (:mod:`ragguard.layers.share`);
+      again for each later item by the share layer (:mod:`ragguard.layers._share`);
     - ``ending``: how a stream ended (:class:`ragguard.StreamEnding`), None until it has: set by
       the stream driver before the layers it held exit (the observe layer reports it).
 
@@ -94,19 +94,19 @@ class Call:
         # a chunk's candidates while the chunker runs; fewer passages while the shrink runs
         "args": frozenset({"ragguard.rag._rerank", "ragguard.rag._shrink"}),
         "kwargs": frozenset({"ragguard.rag._rerank", "ragguard.rag._shrink"}),
-        "attempt": frozenset({"ragguard.layers.retry", "ragguard.layers.hedge"}),  # hedge: its twin's
-        "recoverable": frozenset({"ragguard.rag._rerank", "ragguard.layers.hedge"}),
-        "started": frozenset({"ragguard.layers.breaker"}),
-        "budget_s": frozenset({"ragguard.layers.timeout"}),
-        "by_deadline": frozenset({"ragguard.layers.timeout"}),
+        "attempt": frozenset({"ragguard.layers._retry", "ragguard.layers._hedge"}),  # hedge: its twin's
+        "recoverable": frozenset({"ragguard.rag._rerank", "ragguard.layers._hedge"}),
+        "started": frozenset({"ragguard.layers._breaker"}),
+        "budget_s": frozenset({"ragguard.layers._timeout"}),
+        "by_deadline": frozenset({"ragguard.layers._timeout"}),
         "items": frozenset({"ragguard.pipeline._drivers"}),
         "task": frozenset({
-            "ragguard.pipeline._drivers", "ragguard.layers.timeout", "ragguard.rag._generation",
+            "ragguard.pipeline._drivers", "ragguard.layers._timeout", "ragguard.rag._generation",
         }),
         "loop": frozenset({"ragguard.pipeline._drivers"}),
         "threads": frozenset({"ragguard.pipeline._threads"}),
         "meter": frozenset({"ragguard.rag._generation"}),
-        "share_expiry": frozenset({"ragguard.layers.share"}),
+        "share_expiry": frozenset({"ragguard.layers._share"}),
         "ending": frozenset({"ragguard.pipeline._drivers"}),
     }
     """Field -> the modules that may write it (``stage``, ``fn`` and ``stream`` are set once, here)."""

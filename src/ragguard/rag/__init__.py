@@ -11,7 +11,7 @@ framework's cached memory after an out-of-memory error (the CrossEncoder recipe 
 """
 
 from ..layers import PRESETS, preset, register_preset
-from ..layers.fallback import FallbackMiss
+from ..layers._fallback import FallbackMiss
 from ..quotas import TokenAccounts
 from ._args import ArgRef
 from ._cache import EmbeddingCache, normalise_text

@@ -40,7 +40,7 @@ from .._context import current_tenant, mark_degraded
 from .._errors import ConfigError
 from .._validate import bounded
 from ..events import EventBus, StreamContinued, bus
-from ..layers.fallback import FallbackMiss, takes_error
+from ..layers._fallback import FallbackMiss, takes_error
 from ..pipeline import Call, Chain
 
 __all__ = [

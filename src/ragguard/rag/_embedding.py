@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
-from ..layers.fallback import FallbackMiss
+from ..layers._fallback import FallbackMiss
 from ..pipeline import Call
 from ._args import ArgRef
 from ._cache import EmbeddingCache

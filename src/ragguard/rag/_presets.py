@@ -45,8 +45,8 @@ from typing import Any
 from .._clock import timers_of
 from .._errors import ConfigError
 from ..layers import Bound, Stage, register_preset
-from ..layers.fallback import Fallback, applies_for
-from ..layers.timeout import build as timeout_layer
+from ..layers._fallback import Fallback, applies_for
+from ..layers._timeout import build as timeout_layer
 from ..outcomes import Kind
 from ..pipeline import Chain, Layer
 from ..quotas import TokenAccounts

@@ -39,7 +39,7 @@ from ..events import EventBus, bus
 from ..overload import HedgeFired, LatencyTracker
 from ..overload._hedge import HedgeState
 from ..pipeline import Call
-from .retry import RetryBudget
+from ._retry import RetryBudget
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
