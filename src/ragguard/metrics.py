@@ -9,7 +9,7 @@ Metrics live in a dedicated ``CollectorRegistry`` unless one is passed. Names fo
 conventions: ``ragguard_`` prefix, ``_seconds`` for durations, ``_total`` for counters, labels
 ``stage``, ``tenant``, ``outcome``, ``breaker``, ``fallback``. Counters and histograms come from
 events; gauges of what is true now (adaptive limits, calls in flight and queued, tenants' slots,
-hedges, shared-state links) are read from the Guards' state at scrape time (:mod:`ragguard.status`).
+hedges, shared-state links) are read from the Guards' state at scrape time (:mod:`ragguard._status`).
 Tenant labels: every tenant the policy names keeps its own; of the others, the first
 ``max_tenants`` seen keep their id and the rest fold into ``"other"`` (stage and breaker labels are
 capped the same way), so generated ids cannot grow a scrape without bound. No ``_created``
@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
 from . import events
+from ._deadline import remaining
 from ._errors import ConfigError
 from ._extras import install_hint
-from .deadline import remaining
+from ._guard import Guard, default_guard
 from .events import StageCompleted, error_type
-from .guard import Guard, default_guard
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -476,7 +476,7 @@ class _StateCollector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from .status import links, overload, quotas
+        from ._status import links, overload, quotas
 
         gauges: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in _STATE_GAUGES}
         hedges: dict[tuple[str, ...], float] = {}

@@ -39,8 +39,8 @@ from typing import Any
 from . import _default, _inject
 from ._clock import Clock, FakeClock
 from ._context import forget_loose_fallbacks
+from ._guard import Guard
 from .events import EventBus, bus
-from .guard import Guard
 from .options import Policy, policy_of
 
 __all__ = ["EventRecorder", "FreshGuard", "fresh_guard", "reset"]

@@ -150,7 +150,7 @@ def _runtime_imports(path: Path) -> set[str]:
 
 # the core below the Guard, and the wings that need no Guard (the RAG presets register into the
 # layers; the Redis backend is handed to one); tests/packaging/test_layout.py checks the rest
-BELOW_THE_GUARD = ("deadline", "status", "events", "layers", "pipeline", "overload", "rag",
+BELOW_THE_GUARD = ("_deadline", "_status", "events", "layers", "pipeline", "overload", "rag",
                    "redis", "quotas", "options", "breakers", "outcomes", "_decorate", "_services")
 
 
@@ -159,11 +159,11 @@ def test_nothing_below_guard_py_imports_it(area: str) -> None:
     paths = [SRC / f"{area}.py"] if (SRC / f"{area}.py").exists() else sorted((SRC / area).rglob("*.py"))
     assert paths
     for path in paths:
-        assert "ragguard.guard" not in _runtime_imports(path), path
+        assert "ragguard._guard" not in _runtime_imports(path), path
 
 
 def test_the_core_does_not_import_metrics_and_the_layer_contract_not_quotas() -> None:
-    for path in (SRC / "guard.py", SRC / "_decorate.py", SRC / "layers" / "observe.py"):
+    for path in (SRC / "_guard.py", SRC / "_decorate.py", SRC / "layers" / "_observe.py"):
         assert "ragguard.metrics" not in _runtime_imports(path), path
     for path in sorted((SRC / "pipeline").rglob("*.py")):
         imported = _runtime_imports(path)

@@ -122,7 +122,7 @@ def test_the_options_import_no_layer() -> None:
         f"root = {str(ROOT / 'src' / 'ragguard')!r}\n"
         "pkg = types.ModuleType('ragguard'); pkg.__path__ = [root]; sys.modules['ragguard'] = pkg\n"
         "import ragguard.options\n"
-        "up = ('ragguard.layers', 'ragguard.rag', 'ragguard.guard')\n"
+        "up = ('ragguard.layers', 'ragguard.rag', 'ragguard._guard')\n"
         "print(sorted(m for m in sys.modules if m.startswith(up)))\n"
         "p = ragguard.options.StagePolicy.model_validate({'breaker': {'kind': 'rerank_oom'}})\n"
         "print(p.breaker.kind)\n"

@@ -14,6 +14,10 @@ DEMO = Path(ragguard_tools.demo.__file__).parent
 SOURCES = sorted(DEMO.glob("*.py"))
 # a dotted ragguard path with a private part, outside the demo's own package
 PRIVATE_PATH = re.compile(r"\bragguard(?:\.(?!demo\b)\w+)*\._\w+")
+# The demo's plumbing that reads ragguard's internals, as ragguard's own tools do (never the
+# guarded pipeline, guarded.py): file -> the private modules it may import. The status server
+# serves Guard.status() with the counts of its fallbacks and refusals (StatusCounts, snapshot).
+INTERNALS = {"_status.py": ("ragguard._status",)}
 
 
 def private_imports(path: Path) -> list[tuple[int, str]]:
@@ -53,7 +57,9 @@ def test_the_demo_package_is_found() -> None:
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
 def test_the_demo_imports_no_private_ragguard_module(path: Path) -> None:
-    assert private_imports(path) == []
+    allowed = INTERNALS.get(path.name, ())
+    found = private_imports(path)
+    assert [(n, what) for n, what in found if what.removeprefix("from ").split(" ")[0] not in allowed] == []
 
 
 def test_the_check_catches_private_imports(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .._clock import timers_of
 from .._context import current_tenant
+from .._deadline import current_expiry
 from .._errors import DeadlineExceeded
-from ..deadline import current_expiry
 from ..options import AdaptivePolicy
 from ..outcomes import Kind
 from ..overload import AdaptiveLimiter, LimitSettings, QueueSettings

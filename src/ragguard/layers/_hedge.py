@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._compat import current_task, running_loop
 from .._context import current_tenant
-from ..deadline import current_expiry
+from .._deadline import current_expiry
 from ..events import EventBus, bus
 from ..overload import HedgeFired, LatencyTracker
 from ..overload._hedge import HedgeState

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from .._context import current_tenant, mark_degraded
-from ..deadline import remaining
+from .._deadline import remaining
 from ..events import EventBus, FallbackServed, bus
 from ..outcomes import CONTEXT_LENGTH, Kind, Outcome, classify, context_overflow
 from ..pipeline import Call

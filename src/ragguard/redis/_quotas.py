@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._clock import Clock, monotonic
 from .._context import validate_tenant_id
+from .._deadline import remaining
 from .._errors import ConfigError, QuotaExceeded
-from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import PoolQuota, TenantQuota
 from ..options._policy import burst_of

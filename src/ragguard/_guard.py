@@ -16,18 +16,18 @@ from typing import Any, Literal, cast
 
 from . import _default, _inject
 from ._clock import Clock, monotonic
+from ._deadline import deadline as _deadline_block
 from ._decorate import GuardDecorator, decorator
 from ._errors import ConfigError
 from ._http import field_name
 from ._services import services
+from ._status import snapshot
 from .breakers import Breaker
-from .deadline import deadline as _deadline_block
 from .layers import Stage, preset
 from .layers._stage import forget_idle
 from .options import Policy, policy_of
 from .pipeline import Backend
 from .quotas import QuotaBackend, TenantContext
-from .status import snapshot
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
 
@@ -132,7 +132,7 @@ class Guard:
     def status(self) -> dict[str, Any]:
         """A JSON-ready snapshot for health endpoints and ``ragguard top``: breakers, adaptive
         limits, throttles, hedges, quotas (per configured tenant and the others added up) and each
-        Redis link; see :mod:`ragguard.status` for its shape. ``ok`` is False while any breaker
+        Redis link; see :mod:`ragguard._status` for its shape. ``ok`` is False while any breaker
         is open, forced open or half-open (``open`` names those stages)."""
         return snapshot(self)
 
