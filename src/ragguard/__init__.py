@@ -61,10 +61,9 @@ from .options import (
     ThrottlePolicy,
     TokenLimits,
 )
-from .outcomes import Kind as OutcomeKind
-from .outcomes import Outcome, register_classifier
+from .outcomes import register_classifier
 from .overload import priority
-from .pipeline import GuardedStream
+from .pipeline._chain import GuardedStream
 
 __version__ = "0.1.0"
 
@@ -93,8 +92,6 @@ __all__ = [
     "GuardedStream",
     "HedgePolicy",
     "InvalidInput",
-    "Outcome",
-    "OutcomeKind",
     "Overloaded",
     "Policy",
     "PoolQuota",

@@ -23,11 +23,14 @@ from ._http import field_name
 from ._services import services
 from ._status import snapshot
 from .breakers import Breaker
-from .layers import Stage, preset
+from .layers import Stage
+from .layers._registry import preset
 from .layers._stage import forget_idle
-from .options import Policy, policy_of
+from .options import Policy
+from .options._policy import policy_of
 from .pipeline import Backend
-from .quotas import QuotaBackend, TenantContext
+from .quotas import QuotaBackend
+from .quotas._tenant import TenantContext
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
 

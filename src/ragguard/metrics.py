@@ -41,19 +41,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-__all__ = [
-    "BREAKER_STATES",
-    "DEFAULT_LATENCY_BUCKETS_S",
-    "MetricsApp",
-    "OTelMetrics",
-    "PrometheusExporter",
-    "StageCompleted",
-    "StageSpan",
-    "disable_tracing",
-    "enable_tracing",
-    "error_type",
-    "otel_span",
-]
+__all__ = ["OTelMetrics", "PrometheusExporter", "disable_tracing", "enable_tracing", "otel_span"]
 
 DEFAULT_LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 2.0, 5.0, 10.0,
@@ -569,7 +557,7 @@ class _PoolCollector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        from .monitors import monitored_pools
+        from .monitors._pool import monitored_pools
 
         conns = GaugeMetricFamily("ragguard_redis_pool_connections", "Pool connections by state.",
                                   labels=["pool", "state"])  # fmt: skip
@@ -618,7 +606,7 @@ class _BreakerStateCollector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from .breakers import live_breakers
+        from .breakers._live import live_breakers
 
         states = dict(self._last)
         for breaker in live_breakers():

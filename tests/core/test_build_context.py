@@ -12,7 +12,8 @@ import pytest
 
 import ragguard
 from ragguard import BreakerPolicy, FakeClock, Guard, Policy, StagePolicy
-from ragguard.layers import Bound, Stage, register_layer, unregister_layer
+from ragguard.layers import Bound, Stage, register_layer
+from ragguard.layers._registry import unregister_layer
 from ragguard.pipeline import BuildContext, Call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]

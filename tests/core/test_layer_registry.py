@@ -16,7 +16,8 @@ import pytest
 
 from ragguard import BreakerPolicy, ConfigError, Guard, HedgePolicy, Policy, RetryPolicy, StagePolicy
 from ragguard import layers as layers_mod
-from ragguard.layers import Bound, unregister_layer
+from ragguard.layers import Bound
+from ragguard.layers._registry import unregister_layer
 
 pytestmark = [pytest.mark.timeout(60)]
 

@@ -22,7 +22,7 @@ from ragguard import (
 )
 from ragguard.layers import Bound
 from ragguard.layers._breaker import BreakerLayer, build
-from ragguard.options import BREAKER_KINDS
+from ragguard.options._breaker import BREAKER_KINDS
 from ragguard.pipeline import WAIT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

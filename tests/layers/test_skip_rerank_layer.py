@@ -6,7 +6,7 @@ import pytest
 from layer_helpers import make_call
 
 from ragguard.layers._fallback import FallbackMiss
-from ragguard.rag import ArgRef
+from ragguard.rag._args import ArgRef
 from ragguard.rag._rerank import SkipRerank
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

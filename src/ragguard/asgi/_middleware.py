@@ -33,7 +33,7 @@ from ._status import Headers, http_status_for, json_body
 
 if TYPE_CHECKING:
     from .._guard import Guard
-    from ..quotas import TenantContext
+    from ..quotas._tenant import TenantContext
 
 __all__ = ["ASGIApp", "Message", "RagguardMiddleware", "Receive", "Scope", "Send"]
 

@@ -24,7 +24,8 @@ from .._deadline import current_expiry
 from .._errors import DeadlineExceeded
 from ..options import AdaptivePolicy
 from ..outcomes import Kind
-from ..overload import AdaptiveLimiter, LimitSettings, QueueSettings
+from ..overload._gradient import LimitSettings
+from ..overload._limiter import AdaptiveLimiter, QueueSettings
 from ..overload._priority import current_priority
 from ..pipeline import WAIT, Call, Scope
 

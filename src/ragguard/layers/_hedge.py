@@ -36,8 +36,8 @@ from .._compat import current_task, running_loop
 from .._context import current_tenant
 from .._deadline import current_expiry
 from ..events import EventBus, bus
-from ..overload import HedgeFired, LatencyTracker
-from ..overload._hedge import HedgeState
+from ..overload import HedgeFired
+from ..overload._hedge import HedgeState, LatencyTracker
 from ..pipeline import Call
 from ._retry import RetryBudget
 

@@ -13,7 +13,8 @@ from .._clock import Clock
 from .._errors import ConfigError
 from ..breakers import Breaker, counts_by_default
 from ..options import StagePolicy
-from ..pipeline import BuildContext, Chain, Layer
+from ..pipeline import BuildContext, Layer
+from ..pipeline._chain import Chain
 from ..pipeline._threads import held
 from ._breaker import make_breaker
 from ._fallback import Fallback, UserFallback

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._context import current_tenant
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded
-from ..overload import AdaptiveThrottle, Throttled, is_rejection
+from ..overload import Throttled
 from ..overload._priority import current_priority
+from ..overload._throttle import AdaptiveThrottle, is_rejection
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:

@@ -8,13 +8,10 @@ may configure).
 """
 
 from ._adaptive import AdaptivePolicy
-from ._base import MAX_ERRORS_SHOWN, Options
-from ._breaker import BREAKER_KINDS, BreakerPolicy
+from ._base import Options
+from ._breaker import BreakerPolicy
 from ._hedge import HedgePolicy
 from ._policy import (
-    IDEMPOTENT_PRESETS,
-    MAX_POLICY_VALUES,
-    STANDARD_STAGES,
     GenerationPolicy,
     Policy,
     PoolQuota,
@@ -22,17 +19,11 @@ from ._policy import (
     StagePolicy,
     TenantQuota,
     TokenLimits,
-    policy_of,
 )
 from ._retry import RetryPolicy
 from ._throttle import ThrottlePolicy
 
 __all__ = [
-    "BREAKER_KINDS",
-    "IDEMPOTENT_PRESETS",
-    "MAX_ERRORS_SHOWN",
-    "MAX_POLICY_VALUES",
-    "STANDARD_STAGES",
     "AdaptivePolicy",
     "BreakerPolicy",
     "GenerationPolicy",
@@ -46,5 +37,4 @@ __all__ = [
     "TenantQuota",
     "ThrottlePolicy",
     "TokenLimits",
-    "policy_of",
 ]

@@ -25,14 +25,8 @@ elasticsearch/elastic-transport, opensearch-py and torch's out-of-memory errors.
 each layer and front door does with each kind.
 """
 
-from ._classify import (
-    OutcomeClassifier,
-    classify,
-    kind_of,
-    register_classifier,
-    unregister_classifier,
-)
-from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, MAX_STATED_WAIT_S, Kind, Outcome, clamp_wait
+from ._classify import classify, kind_of, register_classifier
+from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, MAX_STATED_WAIT_S, Kind, Outcome
 from ._refusal import context_overflow
 
 __all__ = [
@@ -41,11 +35,8 @@ __all__ = [
     "MAX_STATED_WAIT_S",
     "Kind",
     "Outcome",
-    "OutcomeClassifier",
-    "clamp_wait",
     "classify",
     "context_overflow",
     "kind_of",
     "register_classifier",
-    "unregister_classifier",
 ]

@@ -32,34 +32,10 @@ from typing import Any, Protocol
 
 from ..events import EventBus
 from ._events import HedgeFired, LimitChanged, LoadShed, Throttled
-from ._gradient import GradientLimit, LimitSettings
-from ._hedge import LatencyTracker
-from ._limiter import AdaptiveLimiter, Permit, QueueSettings
-from ._priority import PRIORITIES, PRIORITY_HEADER, current_priority, parse_priority, priority
-from ._throttle import AdaptiveThrottle, is_rejection
+from ._limiter import AdaptiveLimiter
+from ._priority import priority
 
-__all__ = [
-    "PRIORITIES",
-    "PRIORITY_HEADER",
-    "AdaptiveLimiter",
-    "AdaptiveThrottle",
-    "GradientLimit",
-    "HedgeFired",
-    "LatencyTracker",
-    "LimitChanged",
-    "LimitSettings",
-    "LoadShed",
-    "Permit",
-    "QueueSettings",
-    "Throttled",
-    "current_priority",
-    "is_rejection",
-    "limiters",
-    "parse_priority",
-    "priority",
-    "status",
-    "watch",
-]
+__all__ = ["HedgeFired", "LimitChanged", "LoadShed", "Throttled", "priority", "status", "watch"]
 
 
 class Stages(Protocol):

@@ -6,10 +6,6 @@ themselves live in :mod:`ragguard.layers`, one file each.
 """
 
 from ._build import Backend, BuildContext
-from ._chain import Chain, GuardedStream
-from ._contract import WAIT, Call, Gate, Layer, Recovery, Resumption, Scope, Wrapper
+from ._contract import WAIT, Call, Gate, Layer, Recovery, Scope, Wrapper
 
-__all__ = [
-    "WAIT", "Backend", "BuildContext", "Call", "Chain", "Gate", "GuardedStream", "Layer", "Recovery",
-    "Resumption", "Scope", "Wrapper",
-]
+__all__ = ["WAIT", "Backend", "BuildContext", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]

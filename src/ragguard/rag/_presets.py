@@ -44,11 +44,13 @@ from typing import Any
 
 from .._clock import timers_of
 from .._errors import ConfigError
-from ..layers import Bound, Stage, register_preset
+from ..layers import Bound, Stage
 from ..layers._fallback import Fallback, applies_for
+from ..layers._registry import register_preset
 from ..layers._timeout import build as timeout_layer
 from ..outcomes import Kind
-from ..pipeline import Chain, Layer
+from ..pipeline import Layer
+from ..pipeline._chain import Chain
 from ..quotas import TokenAccounts
 from ._args import ArgRef
 from ._cache import EmbeddingCache

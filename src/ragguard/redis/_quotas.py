@@ -57,9 +57,9 @@ from .._errors import ConfigError, QuotaExceeded
 from ..events import QuotaRejected, bus
 from ..options import PoolQuota, TenantQuota
 from ..options._policy import burst_of
-from ..quotas import WAIT, Lease, LocalQuotas
+from ..quotas import LocalQuotas
 from ..quotas._gcra import Rate
-from ..quotas._local import policy_pool_of
+from ..quotas._local import WAIT, Lease, policy_pool_of
 from ._keys import pool_keys, quota_keys
 from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable
 from ._outbox import Outbox
