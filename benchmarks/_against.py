@@ -18,9 +18,10 @@ import _bench
 __all__ = ["add_argument", "load", "named", "targets"]
 
 
-def add_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--against", metavar="COMMIT", default=None,
-                        help="also run the ragguard contenders on this commit's code (e.g. main)")  # fmt: skip
+def add_argument(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    parser.add_argument("--against", metavar="COMMIT", default=default,
+                        help="also run the ragguard contenders on this commit's code (e.g. main)"
+                        + ("" if default is None else f"; {default} unless told"))  # fmt: skip
 
 
 def load(commit: str | None) -> ModuleType | None:

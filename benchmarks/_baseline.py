@@ -1,6 +1,7 @@
 """Older ragguard code importable beside the current one, for measuring both in one interleaved run:
-the pre-redesign code (commit ba06c64, the monolithic ``Stage``) as ``ragguard_baseline``, and the
-code before issue 20's refactor (commit f43ce80) as ``ragguard_pre20``.
+the pre-redesign code (commit ba06c64, the monolithic ``Stage``) as ``ragguard_baseline``, main
+before issue 30 (commit 9b27c28: generated chain drivers, the unslotted call record, each layer
+classifying errors itself) as ``ragguard_pre30``, or any other commit (:func:`load_commit`).
 
 The old code is never committed here: it is extracted at run time with ``git archive`` into a
 temporary directory, its package directory renamed (all its internal imports are relative), and
@@ -13,6 +14,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -21,10 +23,11 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["BASELINE_COMMIT", "PRE_ISSUE_20", "load"]
+__all__ = ["BASELINE_COMMIT", "PRE_ISSUE_20", "PRE_ISSUE_30", "load", "load_commit"]
 
 BASELINE_COMMIT = "ba06c64"
 PRE_ISSUE_20 = "f43ce80"  # main before issue 20 (the build context, the options models, the fast paths)
+PRE_ISSUE_30 = "9b27c28"  # main before issue 30 (the closed core, one outcome per attempt, plain drivers)
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -56,9 +59,29 @@ def load(
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(root, filter="data")
     (root / "src" / "ragguard").rename(root / name)
+    _own_names(root / name, name)
     sys.path.insert(0, str(root))
     try:
         module = importlib.import_module(name)
     finally:
         sys.path.remove(str(root))
     return module, f"{what}: commit {commit}, extracted to {root}"
+
+
+def _own_names(package: Path, name: str) -> None:
+    """Point the module names the old code writes as strings (``"ragguard.layers.retry:RetryPolicy"``
+    in a registry imported with importlib, ``"ragguard.guard"``) at the old package itself: its
+    imports are relative, its strings are not."""
+    quoted = re.compile(r"""(["'])ragguard\.""")
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        changed = quoted.sub(rf"\g<1>{name}.", text)
+        if changed != text:
+            path.write_text(changed, encoding="utf-8")
+
+
+def load_commit(commit: str) -> tuple[ModuleType | None, str]:
+    """:func:`load` for ``commit`` (a hash, or a name git resolves), imported as ``ragguard_<commit>``."""
+    label = {PRE_ISSUE_30: "main before issue 30", PRE_ISSUE_20: "the code before issue 20"}.get(commit, "the code")
+    name = "ragguard_" + "".join(c if c.isalnum() else "_" for c in commit)
+    return load(commit, name, label)

@@ -1,9 +1,11 @@
 """The failure path: a call whose dependency refuses every attempt, 3 attempts, beside a hand-written
-retry loop, the pre-redesign code and the stock libraries, in one interleaved run.
+retry loop, main before issue 30 (or another commit: ``--against``), the pre-redesign code and the
+stock libraries, in one interleaved run.
 
-    .venv/bin/python benchmarks/failure_path.py [--ops 1000] [--rounds 15] [--against COMMIT]
+    .venv/bin/python benchmarks/failure_path.py [--ops 1000] [--rounds 15] [--against 9b27c28]
 
-Every contender makes 3 attempts at a coroutine raising ConnectionRefusedError, with a zero backoff
+Every contender makes 3 attempts at a coroutine raising ConnectionRefusedError (the full stack once
+more with httpx's ConnectError, which its package's classifier reads), with a zero backoff
 (one ``asyncio.sleep(0)`` between attempts), and ends with the error (no fallback); breakers are
 configured so that they never open (they count, they do not reject). CPU time of the loop's thread
 per failed call, median over rounds.
@@ -17,6 +19,7 @@ import sys
 from typing import Any
 
 import aiobreaker
+import httpx
 import tenacity
 
 import _against
@@ -30,7 +33,16 @@ async def refused(x: int = 1) -> int:
     raise ConnectionRefusedError("the store is down")
 
 
-def _stage(mod: Any, *, full: bool) -> Any:
+_REQUEST = httpx.Request("GET", "http://127.0.0.1:9/search")
+
+
+async def refused_httpx(x: int = 1) -> int:
+    """What an HTTP client's refused connection raises: an error its package's classifier reads
+    (ragguard's own table knows ConnectionRefusedError by its type alone)."""
+    raise httpx.ConnectError("All connection attempts failed", request=_REQUEST)
+
+
+def _stage(mod: Any, *, full: bool, fn: Any = refused) -> Any:
     retry = mod.RetryPolicy(
         attempts=3, retry_on=("connection",), initial_backoff_s=0.0, jitter_s=0.0, budget_min_per_s=1e6
     )
@@ -46,7 +58,7 @@ def _stage(mod: Any, *, full: bool) -> Any:
         stages={"s": stage}, tenants={"acme": mod.TenantQuota(max_concurrency=64, rate_per_s=1e7, timeout_s=0.8)}
     )
     g = mod.Guard(policy, sleep=asyncio.sleep)
-    call = g.guard("s")(refused)
+    call = g.guard("s")(fn)
 
     async def body() -> None:
         try:
@@ -55,7 +67,7 @@ def _stage(mod: Any, *, full: bool) -> Any:
                     await call(1)
             else:
                 await call(1)
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, httpx.ConnectError):
             pass
 
     return body, None
@@ -117,19 +129,25 @@ async def main(ops: int, rounds: int, against: str | None = None) -> int:
         Contender("ragguard retry stage", "a stage with retries only (3 attempts)", retry_only),
         Contender("ragguard full stack", "tenant quota+deadline, retry, breaker, 2 s attempt timeout",
                   full),
+        Contender("ragguard full stack, httpx error", "the same, each attempt raising httpx.ConnectError",
+                  _stage(ragguard, full=True, fn=refused_httpx)[0]),
         Contender("stock libraries, natural", "Semaphore+2 asyncio.timeout+tenacity+aiobreaker", natural()),
     ]  # fmt: skip
     if old is not None:
         old_retry, _ = _stage(old, full=False)
         old_full, _ = _stage(old, full=True)
-        contenders[4:4] = [
+        contenders[5:5] = [
             Contender("pre-redesign retry stage", "commit ba06c64, retries only", old_retry),
             Contender("pre-redesign full stack", "commit ba06c64, the same full stack", old_full),
         ]
-    mine = ["ragguard retry stage", "ragguard full stack"]
+    mine = {
+        "ragguard retry stage": {"full": False},
+        "ragguard full stack": {"full": True},
+        "ragguard full stack, httpx error": {"full": True, "fn": refused_httpx},
+    }
     if newer is not None and against is not None:
-        contenders += [Contender(_against.named(name, against), f"at {against}", _stage(newer, full=full)[0])
-                       for name, full in zip(mine, (False, True), strict=True)]  # fmt: skip
+        contenders += [Contender(_against.named(name, against), f"at {against}", _stage(newer, **how)[0])
+                       for name, how in mine.items()]  # fmt: skip
     results = await _bench.run_async(contenders, ops=ops, rounds=rounds, yield_every=0)
     _bench.print_table(results, "failure path: 3 failed attempts per call", against=["hand-written loop"],
                        unit="failed call")  # fmt: skip
@@ -143,7 +161,7 @@ async def main(ops: int, rounds: int, against: str | None = None) -> int:
         targets.append(_bench.ratio_target(results, "full stack failing vs pre-redesign (lower is better)",
                                            "ragguard full stack", "pre-redesign full stack", 1.0))
     if newer is not None and against is not None:
-        targets += _against.targets(results, mine, against)
+        targets += _against.targets(results, list(mine), against)
     _bench.print_targets(targets)
     return 0
 
@@ -152,6 +170,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=1000, help="failed calls per contender per round")
     parser.add_argument("--rounds", type=int, default=15)
-    _against.add_argument(parser)
+    _against.add_argument(parser, default=_baseline.PRE_ISSUE_30)
     args = parser.parse_args()
     sys.exit(asyncio.run(main(args.ops, args.rounds, args.against)))

@@ -1,20 +1,23 @@
-"""Cost of a guarded call beside the code before issue 20's refactor; then the happy path beside the
-pre-redesign code, peers and floors, in one interleaved run; then the same at 1, 100 and 10,000 calls
-in flight.
+"""Cost of a guarded call beside main before issue 30 (or another commit); then the happy path beside
+the pre-redesign code, peers and floors, in one interleaved run; then the same at 1, 100 and 10,000
+calls in flight.
 
-    .venv/bin/python benchmarks/overhead.py [--ops 2000] [--rounds 25] [--pre20-only]
+    .venv/bin/python benchmarks/overhead.py [--ops 2000] [--rounds 25] [--against 9b27c28] [--against-only]
 
 CPU time of the event loop's thread per call (``time.thread_time_ns``: time the process was
 descheduled on the shared machine is not counted), median over rounds, contenders interleaved
 round by round (see ``_bench``). "Full stack" is defined in ``_stacks``, the failure path (3 refused
-attempts through the full stack) in ``failure_path``. The pre-issue-20 rows run commit f43ce80 and the
-pre-redesign rows commit ba06c64's ``Stage``, each extracted at run time (see ``_baseline``).
+attempts through the full stack) in ``failure_path``. The "before" rows of section 0 run the commit
+given to ``--against`` (main before issue 30, 9b27c28, unless told) and the pre-redesign rows commit
+ba06c64's ``Stage``, each extracted at run time (see ``_baseline``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import importlib
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,34 +28,113 @@ import _stacks
 import failure_path
 import ragguard
 from _bench import Contender, Target
+from ragguard import events
+from ragguard.breakers._outcome import BreakerCallOutcome
 from ragguard.events import bus
+from ragguard.pipeline import _drivers
 
-PRE20 = f"commit {_baseline.PRE_ISSUE_20}"
+
+def _event_inits() -> tuple[Callable[[], None], Callable[[], None]]:
+    """Switches for the ``__init__`` of the events made on every observed call: ``plain()`` gives
+    them the one ``dataclasses`` writes (``object.__setattr__`` per field, as any frozen dataclass),
+    ``quick()`` puts back ``events.quick_init``'s."""
+    classes = [events.StageCompleted, events.CallOutcome, BreakerCallOutcome]
+    quick = {cls: cls.__init__ for cls in classes}
+    plain = {}
+    for cls in classes:
+        twin = dataclasses.make_dataclass(
+            cls.__name__,
+            [(f.name, Any, dataclasses.field(default=f.default)) if f.default is not dataclasses.MISSING
+             else (f.name, Any) for f in dataclasses.fields(cls)],
+            frozen=True, slots=True,
+        )  # fmt: skip
+        plain[cls] = twin.__init__  # object.__setattr__ per field: works on an instance of ``cls``
+
+    def use_plain() -> None:
+        for cls, init in plain.items():
+            cls.__init__ = init  # type: ignore[misc]
+
+    def use_quick() -> None:
+        for cls, init in quick.items():
+            cls.__init__ = init  # type: ignore[misc]
+
+    return use_plain, use_quick
 
 
-async def before_issue_20(ops: int, rounds: int, pre20: Any) -> list[Target]:
-    """Issue 20 changes the structure, not the speed: the full stack, a stage with nothing configured
-    and the failure path, each beside the same thing built from the code before it, in one run."""
+async def against_commit(ops: int, rounds: int, before: Any, commit: str) -> list[Target]:
+    """The full stack, a stage with nothing configured and the failure path, each beside the same
+    thing built from ``commit``'s code (``before``), in one run: no worse than before (<= 1.05x).
+    And the two places where ragguard writes code and runs it with ``exec``, each against the plain
+    version in the same run (each stays only while the plain one costs over 10%): the call driver
+    written out per node against ``Node.drive``'s loop (``_drivers.GENERATED``), and the events'
+    ``quick_init`` against the ``__init__`` ``dataclasses`` writes."""
     _, full = _stacks.full_stack_guard(ragguard)
-    _, old_full = _stacks.full_stack_guard(pre20)
+    _, old_full = _stacks.full_stack_guard(before)
     failing, _ = failure_path._stage(ragguard, full=True)
-    old_failing, _ = failure_path._stage(pre20, full=True)
+    old_failing, _ = failure_path._stage(before, full=True)
+    _, listened = _stacks.full_stack_guard(ragguard)  # its own Guards: the observed chains
+    _, old_listened = _stacks.full_stack_guard(before)
+    listening: list[Callable[[], None]] = []
+
+    plain_events, quick_events = _event_inits()
+    _drivers.GENERATED = False  # the chains of these Guards run the plain loop (read as they are built)
+    try:
+        _, full_plain = _stacks.full_stack_guard(ragguard)
+        nothing_plain = _stacks.nothing_configured(ragguard)
+        failing_plain, _ = failure_path._stage(ragguard, full=True)
+    finally:
+        _drivers.GENERATED = True
+
+    def listen() -> None:
+        quick_events()
+        if not listening:
+            listening.append(bus.subscribe(lambda event: None))
+            listening.append(importlib.import_module(f"{before.__name__}.events").bus.subscribe(lambda e: None))
+
+    def listen_plain() -> None:
+        listen()
+        plain_events()
+
+    def quiet() -> None:
+        quick_events()
+        while listening:
+            listening.pop()()
+
     pairs = [
-        ("full stack", "the full stack (see _stacks)", full, old_full),
+        ("full stack", "the full stack (see _stacks)", full, old_full, quiet),
         ("nothing configured", "a stage with no layer configured", _stacks.nothing_configured(ragguard),
-         _stacks.nothing_configured(pre20)),
-        ("failure path", "the full stack, 3 refused attempts (see failure_path)", failing, old_failing),
+         _stacks.nothing_configured(before), quiet),
+        ("failure path", "the full stack, 3 refused attempts (see failure_path)", failing, old_failing, quiet),
+        ("full stack + listener", "the full stack, one event listener subscribed", listened, old_listened,
+         listen),
     ]  # fmt: skip
     contenders = []
-    for name, does, ours, theirs in pairs:
-        contenders.append(Contender(f"ragguard {name}", does, ours))
-        contenders.append(Contender(f"pre-issue-20 {name}", f"{PRE20}, the same", theirs))
+    for name, does, ours, theirs, setup in pairs:
+        contenders.append(Contender(f"ragguard {name}", does, ours, setup=setup))
+        contenders.append(Contender(f"{commit} {name}", f"commit {commit}, the same", theirs, setup=setup))
+    contenders.append(Contender("ragguard full stack + listener, plain event __init__",
+                                "the same, events built by the dataclass __init__", listened, setup=listen_plain))
+    plain_drivers = [("full stack", full_plain), ("nothing configured", nothing_plain), ("failure path", failing_plain)]
+    for name, body in plain_drivers:
+        contenders.append(Contender(f"ragguard {name}, plain driver", "the same, Node.drive's loop", body,
+                                    setup=quiet))
     results = await _bench.run_async(contenders, ops=ops, rounds=rounds)
-    _bench.print_table(results, f"0. against the code before issue 20 ({PRE20})", unit="call")
-    return [
-        _bench.ratio_target(results, f"{name} vs before issue 20", f"ragguard {name}", f"pre-issue-20 {name}", 1.05)
+    quiet()
+    _bench.print_table(results, f"0. against commit {commit}", unit="call")
+    targets = [
+        _bench.ratio_target(results, f"{name} vs {commit}", f"ragguard {name}", f"{commit} {name}", 1.05)
         for name, *_ in pairs
     ]
+    targets.append(_bench.ratio_target(
+        results, "events: plain dataclass __init__ vs quick_init (GAP keeps the generated one)",
+        "ragguard full stack + listener, plain event __init__", "ragguard full stack + listener", 1.10,
+    ))  # fmt: skip
+    for name, _ in plain_drivers:
+        targets.append(_bench.ratio_target(
+            results, f"{name}: plain driver vs written out (GAP keeps the generated one)",
+            f"ragguard {name}, plain driver", f"ragguard {name}", 1.10,
+        ))  # fmt: skip
+    return targets
 
 
 async def happy_path(ops: int, rounds: int, old: Any) -> list[Target]:
@@ -176,12 +258,12 @@ async def concurrency(rounds: int, total: int, old: Any) -> list[Target]:
     return targets
 
 
-async def main(ops: int, rounds: int, total: int, pre20_only: bool) -> int:
+async def main(ops: int, rounds: int, total: int, against: str, against_only: bool) -> int:
     _bench.header()
-    pre20, note = _baseline.load(_baseline.PRE_ISSUE_20, "ragguard_pre20", "the code before issue 20")
+    before, note = _baseline.load_commit(against)
     _bench.console.print(note, markup=False)
-    targets = await before_issue_20(ops, rounds, pre20) if pre20 is not None else []
-    if pre20_only:
+    targets = await against_commit(ops, rounds, before, against) if before is not None else []
+    if against_only:
         _bench.print_targets(targets)
         return 0
     old, note = _baseline.load()
@@ -197,6 +279,8 @@ if __name__ == "__main__":
     parser.add_argument("--ops", type=int, default=2000, help="calls per contender per round")
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--total", type=int, default=20_000, help="calls per batch in the concurrency section")
-    parser.add_argument("--pre20-only", action="store_true", help="only the section against commit f43ce80")
+    parser.add_argument("--against", default=_baseline.PRE_ISSUE_30,
+                        help="the commit section 0 compares with (default: main before issue 30)")
+    parser.add_argument("--against-only", action="store_true", help="only section 0")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.ops, args.rounds, args.total, args.pre20_only)))
+    sys.exit(asyncio.run(main(args.ops, args.rounds, args.total, args.against, args.against_only)))

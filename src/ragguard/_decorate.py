@@ -23,7 +23,7 @@ from .layers._fallback import ROUTES, user_fallbacks, user_routes
 from .layers._registry import PRESETS, preset
 from .pipeline import Call
 from .pipeline._chain import Chain, GuardedStream
-from .pipeline._threads import ThreadCall, limiter_for
+from .pipeline._threads import limiter_for, thread_call
 
 __all__ = ["GuardDecorator", "check_preset", "decorator"]
 
@@ -131,7 +131,7 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
             async def guarded_sync(*args: Any, **kwargs: Any) -> Any:
                 g = fixed if fixed is not None else get_guard()
                 c = compiled(g)
-                return await chain(g).run(ThreadCall(stage, fn, args, kwargs, limiter_for(c.stage)))
+                return await chain(g).run(thread_call(stage, fn, args, kwargs, limiter_for(c.stage)))
 
             guarded_sync.__ragguard_stage__ = stage  # type: ignore[attr-defined]
             return guarded_sync

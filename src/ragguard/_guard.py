@@ -28,6 +28,7 @@ from .layers._registry import preset
 from .layers._stage import forget_idle
 from .options import Policy
 from .options._policy import policy_of
+from .outcomes._classify import OutcomeClassifier
 from .pipeline import Backend
 from .quotas import QuotaBackend
 from .quotas._tenant import TenantContext
@@ -51,6 +52,11 @@ class Guard:
       policy builds and the generation stages' token accounts in Redis (see docs/distributed.md);
       call ``await guard.aclose()`` at shutdown;
     - ``chaos``: a :class:`ragguard.chaos.Chaos` injector for this Guard's stages only;
+    - ``classifier``: an outcome classifier of this Guard's own (``exc -> Outcome | None``, as
+      :func:`ragguard.outcomes.register_classifier` takes), asked about its calls' errors after
+      ragguard's own errors and before the process-wide classifiers (None: it passes the error
+      on). Each error is classified once; every layer, the breakers and both front doors read
+      that answer;
     - ``max_stages``: stages kept at most (stage names name code paths, not data; past the bound
       the oldest idle stages are forgotten, with a warning: idle means no live decorated function
       runs it and its breaker is closed, so a stage in use or with a breaker that is not closed
@@ -79,6 +85,7 @@ class Guard:
         quotas: QuotaBackend | None = None,
         backend: Backend | None = None,
         chaos: _inject.Injector | None = None,
+        classifier: OutcomeClassifier | None = None,
         max_stages: int = 1000,
         tenant_header: str | None = None,
     ) -> None:
@@ -88,8 +95,9 @@ class Guard:
             raise ConfigError(f"max_stages must be an int >= 1, got {max_stages!r:.40}")
         self.policy = policy if policy is not None else Policy()
         self.context = services(
-            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, backend=backend, chaos=chaos
-        )
+            self.policy, clock=clock, rng=rng, sleep=sleep, quotas=quotas, backend=backend, chaos=chaos,
+            classifier=classifier,
+        )  # fmt: skip
         self.max_stages = max_stages
         self.tenant_header = None if tenant_header is None else field_name("tenant_header", tenant_header)
         self.clock, self.rng, self.sleep = clock, self.context.rng, self.context.sleep

@@ -11,6 +11,7 @@ from . import _inject
 from ._clock import Clock, sleep_of
 from ._context import DEFAULT_TENANT
 from .options import Policy
+from .outcomes._classify import OutcomeClassifier, classify_with
 from .pipeline import Backend, BuildContext
 from .pipeline._build import check_services
 from .quotas import LocalQuotas, QuotaBackend
@@ -27,11 +28,14 @@ def services(
     quotas: QuotaBackend | None,
     backend: Backend | None,
     chaos: _inject.Injector | None,
+    classifier: OutcomeClassifier | None = None,
 ) -> BuildContext:
     """The build context of a Guard with these options; ConfigError naming a bad one. With a
     ``backend``, the quotas (unless given) and the layers' shared state come from it
-    (:class:`~ragguard.pipeline.Backend`), and the context closes what it made."""
+    (:class:`~ragguard.pipeline.Backend`), and the context closes what it made. With a
+    ``classifier``, the context classifies with :func:`ragguard.outcomes.classify_with` it."""
     check_services(clock=clock, sleep=sleep, rng=rng, quotas=quotas, chaos=chaos, backend=backend)
+    classify = None if classifier is None else classify_with(classifier)  # ConfigError if not callable
     rng = rng if rng is not None else random.Random()
     sleep = sleep if sleep is not None else sleep_of(clock)
     closers = []
@@ -48,7 +52,7 @@ def services(
         clock=clock, sleep=sleep, rng=rng, quotas=quotas, quota_of=policy.quota,
         # calls outside a request are admitted when the default tenant, or the pool it is in, has a bound
         per_call_quota=not (unbounded and policy.pool(DEFAULT_TENANT) is None),
-        backend=backend, chaos=chaos,
+        backend=backend, chaos=chaos, classify=classify,
     )
     for close in closers:
         context.on_close(close)

@@ -177,11 +177,12 @@ class _Busy(Exception):
 
 async def test_layers_emit_to_and_classify_with_their_build_context() -> None:
     """The event bus and the outcome classifier are services of the build context: layers built
-    with another bus emit there (never on the process-wide one), and another classifier decides
-    what is retried and what a fallback serves."""
+    with another bus emit there (never on the process-wide one), and a Guard's own classifier
+    decides what is retried and what a fallback serves."""
     from ragguard import RetryPolicy
     from ragguard.events import EventBus, FallbackServed, RetryScheduled, StageCompleted, bus
-    from ragguard.outcomes import Kind, Outcome, classify, kind_of
+    from ragguard.outcomes import Kind, Outcome, classify
+    from ragguard.outcomes._classify import kind_of
 
     assert classify(_Busy()).kind is not Kind.FAILURE and kind_of(_Busy()) is not Kind.FAILURE
     mine: list[object] = []
@@ -189,15 +190,13 @@ async def test_layers_emit_to_and_classify_with_their_build_context() -> None:
     private = EventBus()
     untaps = [private.tap(mine.append), bus.tap(elsewhere.append)]
 
-    def says_failure(exc: BaseException) -> Outcome:
-        return Outcome(Kind.FAILURE) if isinstance(exc, _Busy) else classify(exc)
-
-    def kind_failure(exc: BaseException) -> Kind:
-        return says_failure(exc).kind
+    def says_failure(exc: BaseException) -> Outcome | None:
+        return Outcome(Kind.FAILURE) if isinstance(exc, _Busy) else None
 
     retry = RetryPolicy(attempts=2, jitter_s=0.0, initial_backoff_s=0.0)
-    g = Guard(Policy(stages={"search": StagePolicy(retry=retry, idempotent=True)}), clock=FakeClock())
-    g.context.bus, g.context.classify, g.context.kind_of = private, says_failure, kind_failure
+    policy = Policy(stages={"search": StagePolicy(retry=retry, idempotent=True)})
+    g = Guard(policy, clock=FakeClock(), classifier=says_failure)
+    g.context.bus = private
     calls = 0
 
     async def keywords(q: str) -> str:

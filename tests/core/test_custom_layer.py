@@ -19,6 +19,7 @@ from ragguard import ConfigError, FakeClock, Guard, Policy, StagePolicy
 from ragguard import layers as layers_mod
 from ragguard.layers import register_layer
 from ragguard.layers._registry import unregister_layer
+from ragguard.pipeline import NO_EXIT
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -79,10 +80,10 @@ async def test_it_acts_on_calls_and_streams_and_on_chains_compiled_before_it() -
 
     class Count:
         scope = "call"
-        exits = False
 
-        def enter(self, call: Any) -> None:
+        def enter(self, call: Any) -> Any:
             seen.append(call.stage)
+            return NO_EXIT  # nothing to undo: exit is not called
 
         async def enter_async(self, call: Any) -> None:  # pragma: no cover
             return None

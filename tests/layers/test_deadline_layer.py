@@ -8,13 +8,14 @@ from layer_helpers import make_call
 from ragguard import DeadlineExceeded, FakeClock, Guard, Policy, StagePolicy, TenantQuota, deadline
 from ragguard.layers import Bound
 from ragguard.layers._deadline import DeadlineLayer, build
+from ragguard.pipeline import NO_EXIT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 
 
 async def test_without_a_deadline_every_call_passes() -> None:
     layer = DeadlineLayer("s", 0.5)
-    assert layer.enter(make_call()) is None
+    assert layer.enter(make_call()) is NO_EXIT
 
 
 async def test_a_call_with_less_than_min_attempt_s_left_is_refused() -> None:
@@ -22,9 +23,9 @@ async def test_a_call_with_less_than_min_attempt_s_left_is_refused() -> None:
     layer = DeadlineLayer("s", 0.5)
     call = make_call()
     with deadline(2.0, clock=clock):
-        assert layer.enter(call) is None
+        assert layer.enter(call) is NO_EXIT
         clock.advance(1.5)  # exactly min_attempt_s left: may still start
-        assert layer.enter(call) is None
+        assert layer.enter(call) is NO_EXIT
         clock.advance(0.1)
         with pytest.raises(DeadlineExceeded) as short:
             layer.enter(call)
@@ -45,8 +46,8 @@ async def test_a_spent_deadline_is_refused_even_with_min_attempt_zero() -> None:
             layer.enter(make_call())
 
 
-def test_the_layer_has_no_exit_and_is_built_only_where_a_call_can_queue() -> None:
-    assert DeadlineLayer.exits is False
+def test_the_layer_has_nothing_to_exit_and_is_built_only_where_a_call_can_queue() -> None:
+    assert DeadlineLayer("s", 0.0).enter(make_call()) is NO_EXIT
     bound = Bound("s", make_call().fn, stream=False)
     assert build(Guard().stage("s"), bound) is None  # the timeout layer's check is the same check
     queued = Guard(

@@ -35,7 +35,6 @@ async def test_the_tap_stores_one_row_per_text_on_success_only() -> None:
     assert len(cache) == 2  # a failure stores nothing
     assert await tap.around(make_call(42), Script("not texts")) == "not texts"  # not texts: left alone
     assert len(cache) == 2
-    assert CacheTap.streams is False
 
 
 async def test_the_fallback_serves_only_when_every_text_is_cached_and_fresh() -> None:

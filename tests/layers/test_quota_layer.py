@@ -9,7 +9,7 @@ from layer_helpers import make_call
 from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota
 from ragguard.layers import Bound
 from ragguard.layers._quota import QuotaLayer, build
-from ragguard.pipeline import WAIT
+from ragguard.pipeline import NO_EXIT, WAIT
 from ragguard.quotas import LocalQuotas
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
@@ -95,8 +95,7 @@ async def test_inside_a_request_the_call_was_admitted_on_entry() -> None:
     layer = QuotaLayer(g.quotas)
     call = make_call()
     async with g.tenant("acme"):
-        assert layer.enter(call) is None  # no second admission for the request's own calls
-        assert layer.exit(call, None, None) is None
+        assert layer.enter(call) is NO_EXIT  # no second admission, nothing to release
     assert g.quotas.in_flight("default") == 0
 
 

@@ -14,7 +14,7 @@ from ragguard import DeadlineExceeded, FakeClock, Guard, Policy, StagePolicy, St
 from ragguard._timeouts import MAX_TIMEOUT_S, AttemptTimeout
 from ragguard.layers import Bound
 from ragguard.layers._timeout import TimeoutLayer, build
-from ragguard.pipeline import Call
+from ragguard.pipeline import NO_EXIT, Call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 
@@ -121,11 +121,11 @@ async def test_a_call_that_swallows_the_timers_cancel_keeps_its_result() -> None
 
 async def test_no_timer_without_a_timeout_or_with_one_too_long_to_fire() -> None:
     clock = FakeClock()
-    assert TimeoutLayer("s", None, 0.0, clock).enter(make_call()) is None
-    assert TimeoutLayer("s", MAX_TIMEOUT_S, 0.0, clock).enter(make_call()) is None
+    assert TimeoutLayer("s", None, 0.0, clock).enter(make_call()) is NO_EXIT
+    assert TimeoutLayer("s", MAX_TIMEOUT_S, 0.0, clock).enter(make_call()) is NO_EXIT
     with deadline(5 * 365 * 86400.0, clock=clock):  # five years: a deadline, never a timer
         call = make_call()
-        assert TimeoutLayer("s", None, 0.0, clock).enter(call) is None
+        assert TimeoutLayer("s", None, 0.0, clock).enter(call) is NO_EXIT
     assert clock._armed == {}
 
 

@@ -93,13 +93,13 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     ),
     "ragguard.outcomes": (
         "CONTENT_POLICY", "CONTEXT_LENGTH", "Kind", "MAX_STATED_WAIT_S", "Outcome", "classify",
-        "context_overflow", "kind_of", "register_classifier",
+        "context_overflow", "outcome_of", "register_classifier",
     ),
     "ragguard.overload": (
         "HedgeFired", "LimitChanged", "LoadShed", "Throttled", "priority", "status", "watch",
     ),
     "ragguard.pipeline": (
-        "Backend", "BuildContext", "Call", "Gate", "Layer", "Recovery", "Scope", "WAIT", "Wrapper",
+        "Backend", "BuildContext", "Call", "Gate", "Layer", "NO_EXIT", "Recovery", "Scope", "WAIT", "Wrapper",
     ),
     "ragguard.quotas": ("LocalQuotas", "QuotaBackend", "TokenAccounts"),
     "ragguard.rag": (

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import anyio
 
-from ragguard.pipeline import WAIT, Call
+from ragguard.pipeline import NO_EXIT, WAIT, Call
 
 
 def outcome_name(exc: BaseException | None) -> str | None:
@@ -55,7 +55,11 @@ class LogGate:
 
 
 class NoExitGate(LogGate):
-    exits: ClassVar[bool] = False
+    """A gate that admits with nothing to undo (its enter answers NO_EXIT)."""
+
+    def enter(self, call: Call) -> Any:
+        self.log.append(("enter", self.name))
+        return NO_EXIT
 
 
 class LogRecovery:
@@ -77,7 +81,6 @@ class LogRecovery:
 
 
 class LogWrapper:
-    streams: ClassVar[bool] = True
 
     def __init__(self, name: str, log: list[Any]) -> None:
         self.name = name
@@ -111,10 +114,7 @@ class RetryLike(LogGate):
 
 
 class MaybeTokenGate(LogGate):
-    """A gate whose exit does nothing for the token None (``exits_none = False``); ``token`` is
-    what enter returns (None: nothing held)."""
-
-    exits_none: ClassVar[bool] = False
+    """A gate whose enter returns ``token`` (NO_EXIT: nothing held, not exited)."""
 
     def __init__(self, name: str, log: list[Any], token: Any) -> None:
         super().__init__(name, log)

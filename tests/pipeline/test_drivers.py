@@ -1,5 +1,5 @@
-"""The compiled unary driver: chain shapes, the generated run(), replacement errors, cancellation
-at every await, and which recoveries a re-run skips."""
+"""The unary driver: chain shapes, one frame per node, replacement errors, cancellation at every
+await, and which recoveries a re-run skips."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import anyio
 import pytest
 from pipeline_helpers import LogGate, LogRecovery, LogWrapper, MaybeTokenGate, NoExitGate, RetryLike
 
-from ragguard.pipeline import Call
+from ragguard.pipeline import NO_EXIT, Call
 from ragguard.pipeline._chain import Chain
 from ragguard.pipeline._drivers import compile_chain
 
@@ -52,14 +52,9 @@ def test_a_chain_compiles_into_nodes_one_per_recovery_level() -> None:
     assert (third.recoveries, third.gates, third.wrapper) == ((retry,), (retry, breaker, timeout), chaos)
     assert item_gates == (timeout,)
     assert third.stream_gates == (retry, breaker)  # call and attempt gates hold for a whole stream
-    assert "await around(call, call_fn(call))" in third.source
-    # the nodes inside are written into the outer node's code, up to the wrapper: one frame
-    assert "inner_run" not in root.source and "n1_recover0(call, n1_exc" in root.source
-    assert "n1_n2_recover0(call, n1_n2_exc" in root.source
-    assert "n1_n2_around(call, call_fn(call))" in root.source
 
 
-async def test_a_call_runs_in_one_frame_however_many_nodes_up_to_a_wrapper() -> None:
+async def test_a_call_runs_in_one_driver_frame_per_node() -> None:
     import sys
 
     log: list[Any] = []
@@ -87,8 +82,8 @@ async def test_a_call_runs_in_one_frame_however_many_nodes_up_to_a_wrapper() -> 
         return await chain.run(_call(fn))
 
     assert await test_body() == "ok"
-    nodes = [name for name in frames[0] if name.startswith("<ragguard chain node")]
-    assert len(nodes) == 1  # was one frame per node
+    drivers = [f for f in frames[0] if f.endswith("_drivers.py") or f.startswith("<ragguard chain")]
+    assert len(drivers) == len(frames[0]) == 3  # one per node, nothing else between caller and function
 
 
 def test_recoveries_without_gates_between_share_a_node_and_wrappers_nest() -> None:
@@ -109,34 +104,20 @@ def test_anything_else_is_refused() -> None:
 
 
 @pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
-async def test_a_gate_exits_for_a_none_token_only_unless_it_says_it_need_not(fails: bool) -> None:
+async def test_a_gate_that_answers_no_exit_is_not_exited_for_that_call(fails: bool) -> None:
     log: list[Any] = []
-    holding, idle = MaybeTokenGate("holding", log, "held"), MaybeTokenGate("idle", log, None)
-    plain = LogGate("plain", log)
-    chain = Chain([holding, idle, plain])
+    holding, idle = MaybeTokenGate("holding", log, "held"), MaybeTokenGate("idle", log, NO_EXIT)
+    nothing = MaybeTokenGate("nothing", log, None)  # None is a token like any other
+    chain = Chain([holding, idle, nothing])
     outcome = ConnectionError("down") if fails else "ok"
     if fails:
         with pytest.raises(ConnectionError):
             await chain.run(_call(_fn(log, outcome)))
     else:
         assert await chain.run(_call(_fn(log, outcome))) == "ok"
-    exits = [entry[1] for entry in log if entry[0] == "exit"]
-    assert exits == ["plain", "holding"]  # the idle gate (token None, exits_none False) skipped
-    assert "if t1 is not None:" in chain.root.source and "if t2 is not None:" not in chain.root.source
-    # the same gates last in the node: the call is written twice, the token None's without a handler
-    for token, exited in ((None, ["holding"]), ("held", ["idle", "holding"])):
-        log.clear()
-        last = Chain([holding, MaybeTokenGate("idle", log, token)])
-        assert "if t1 is None:" in last.root.source
-        if fails:
-            with pytest.raises(ConnectionError):
-                await last.run(_call(_fn(log, outcome)))
-        else:
-            assert await last.run(_call(_fn(log, outcome))) == "ok"
-        assert [entry[1] for entry in log if entry[0] == "exit"] == exited
-        assert [entry[-1] for entry in log if entry[0] == "exit"] == [
-            type(outcome).__name__ if fails else None
-        ] * len(exited)
+    exits = [(entry[1], entry[2], entry[3]) for entry in log if entry[0] == "exit"]
+    error = type(outcome).__name__ if fails else None
+    assert exits == [("nothing", None, error), ("holding", "held", error)]  # the idle gate skipped
 
 
 async def test_a_recovery_re_runs_through_a_run_without_the_recoveries_it_skips() -> None:
@@ -144,8 +125,6 @@ async def test_a_recovery_re_runs_through_a_run_without_the_recoveries_it_skips(
     outer = LogRecovery("outer", log, lambda c, e, again: again())
     inner = LogRecovery("inner", log, lambda c, e, again: again())
     root, _ = compile_chain([outer, inner, LogGate("gate", log)])
-    assert len(root.runs) == 3 and root.runs[0] is root.run
-    assert "recover" not in root.source.split("async def run2")[1]  # the innermost's again: bare
     calls = 0
 
     async def flaky() -> str:
@@ -160,10 +139,12 @@ async def test_a_recovery_re_runs_through_a_run_without_the_recoveries_it_skips(
     assert recovered == ["inner", "outer"]  # inner's re-run failed: to outer, whose re-run passed
 
 
-def test_a_gate_without_an_exit_is_never_exited() -> None:
+async def test_a_gate_with_nothing_to_undo_is_never_exited() -> None:
     log: list[Any] = []
-    root, _ = compile_chain([NoExitGate("quiet", log), LogGate("loud", log)])
-    assert "exit0" not in root.source and "exit1(call, t1" in root.source
+    chain = Chain([NoExitGate("quiet", log), LogGate("loud", log)])
+    with pytest.raises(ConnectionError):
+        await chain.run(_call(_fn(log, ConnectionError("down"))))
+    assert [entry[1] for entry in log if entry[0] == "exit"] == ["loud"]
 
 
 # -- one call -------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 class Twice:
     """Runs the inner layers once with the call, once with a copy whose argument is doubled."""
 
-    streams: ClassVar[bool] = True
     forks: ClassVar[bool] = True
 
     def __init__(self) -> None:

@@ -54,7 +54,7 @@ from .._http import (
     format_retry_after,
     format_retry_after_ms,
 )
-from ..outcomes import classify
+from ..outcomes import outcome_of
 from ..outcomes._doors import door_answer
 
 __all__ = ["HttpStatus", "http_status_for"]
@@ -81,7 +81,7 @@ def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> Htt
     ``ratelimit_fields``: add the draft ``RateLimit`` field to a quota's 429 (see the module
     docstring). Header names are lowercase bytes, as ASGI wants them. Never raises for any wait.
     """
-    outcome = classify(exc)
+    outcome = outcome_of(exc)  # the guarded call's own classification, recorded on the error
     answer = door_answer(exc, outcome)
     if answer is None:
         return None

@@ -2,8 +2,9 @@
 
 A classifier takes the exception a call raised and returns True when it says something about
 the dependency's health (count it), False when it does not. Every one here is a question about
-:func:`ragguard.outcomes.classify`, the one classification every layer reads, so a breaker and
-the retry, fallback and throttle layers can never disagree about a call:
+:func:`ragguard.outcomes.outcome_of`: the outcome the guarded call's chain recorded on the error
+(its Guard's classification, the one its layers read), else :func:`ragguard.outcomes.classify`'s,
+so a breaker and the retry, fallback and throttle layers can never disagree about a call:
 
 - :func:`counts_outages` (every typed breaker): dependency failures (refused, reset, 5xx,
   ``UNAVAILABLE``, out of memory) and timeouts (the stage's own ``timeout_s`` included);
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..outcomes import Kind, classify, kind_of
+from ..outcomes import Kind, outcome_of
 
 __all__ = [
     "counts_by_default",
@@ -42,14 +43,14 @@ def is_timeout(exc: BaseException) -> bool:
     :class:`ragguard.StageTimeout`, trio's ``TooSlowError``, redis, httpx and aiohttp timeouts,
     HTTP 408/504, gRPC ``DEADLINE_EXCEEDED``, the SDKs' ``APITimeoutError``. Never a
     :class:`ragguard.DeadlineExceeded` (the caller's budget), whatever it was raised from."""
-    return kind_of(exc) is Kind.TIMEOUT
+    return outcome_of(exc).kind is Kind.TIMEOUT
 
 
 def is_connection_error(exc: BaseException) -> bool:
     """True when ``exc`` says the dependency failed (``Kind.FAILURE``, out of memory aside): it
     could not be reached (refused, unreachable, name resolution, a connection pool exhausted), it
     dropped the connection (reset, broken pipe), or it answered 5xx or gRPC ``UNAVAILABLE``."""
-    outcome = classify(exc)
+    outcome = outcome_of(exc)
     return outcome.kind is Kind.FAILURE and outcome.reason != "out_of_memory"
 
 
@@ -59,13 +60,13 @@ def is_out_of_memory(exc: BaseException) -> bool:
     ``ResourceExhaustedError``, a ``RuntimeError`` (or an error of torch, onnxruntime, tensorflow,
     jax) saying "out of memory", "failed to allocate memory", ``CUBLAS_STATUS_ALLOC_FAILED`` or
     ``std::bad_alloc``, gRPC ``RESOURCE_EXHAUSTED`` about memory, redis ``OOM``."""
-    return classify(exc).out_of_memory
+    return outcome_of(exc).out_of_memory
 
 
 def counts_outages(exc: BaseException) -> bool:
     """The classifier of every typed breaker: a dependency failure or a timeout (see the module
     docstring). An embedding provider that is down opens its breaker as surely as a slow one."""
-    return kind_of(exc) in _OUTAGE
+    return outcome_of(exc).kind in _OUTAGE
 
 
 def counts_by_default(exc: BaseException) -> bool:
@@ -73,7 +74,7 @@ def counts_by_default(exc: BaseException) -> bool:
     errors no classifier recognises (most likely the dependency's client failing in its own
     way). Not counted: the caller's errors, the dependency's rejections, ragguard's refusals,
     the request's deadline (see the module docstring)."""
-    return kind_of(exc) in _GENERIC
+    return outcome_of(exc).kind in _GENERIC
 
 
 _KINDS_OF: dict[Callable[[BaseException], bool], frozenset[Kind]] = {
@@ -87,17 +88,16 @@ def judge(
 ) -> tuple[bool, bool]:
     """``(counted, rejected)`` for ``exc``: whether ``classifier`` counts it as a failure, else
     (with ``rejections``) whether :func:`counts_overloads` says the dependency turned the call
-    away. For ragguard's own classifiers the kind is read once, and the status only of a
-    rejection (a failure costs what it cost before the rejection rate)."""
+    away. For ragguard's own classifiers the outcome is read once (the one the chain recorded)."""
     kinds = _KINDS_OF.get(classifier)
     if kinds is None:
         if classifier(exc):
             return True, False
         return False, rejections and counts_overloads(exc)
-    kind = kind_of(exc)
-    if kind in kinds:
+    outcome = outcome_of(exc)
+    if outcome.kind in kinds:
         return True, False
-    return False, rejections and kind is Kind.REJECTION and classify(exc).status != 429
+    return False, rejections and outcome.kind is Kind.REJECTION and outcome.status != 429
 
 
 def counts_overloads(exc: BaseException) -> bool:
@@ -107,5 +107,5 @@ def counts_overloads(exc: BaseException) -> bool:
     and when to come back; a breaker counts these as rejections (its ``rejection_rate_threshold``),
     apart from its failures. A 429 (and ``RESOURCE_EXHAUSTED``, a rate-limit error type) says the
     caller is over its own limit: never counted, the throttle's business."""
-    outcome = classify(exc)
+    outcome = outcome_of(exc)
     return outcome.kind is Kind.REJECTION and outcome.status != 429

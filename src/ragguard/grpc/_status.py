@@ -43,7 +43,7 @@ import grpc
 from .._context import RequestScope
 from .._errors import DeadlineExceeded, StageTimeout, StreamTimeout
 from .._waits import clamp_wait, clamped
-from ..outcomes import classify
+from ..outcomes import outcome_of
 from ..outcomes._doors import ANSWERS, door_answer
 from ..outcomes._grpc import (
     PUSHBACK_KEY,
@@ -143,7 +143,7 @@ _CODES = {name: grpc.StatusCode[row.grpc_code] for name, row in ANSWERS.items()}
 def status_for(exc: BaseException) -> Status | None:
     """The (code, details, trailing metadata) that ``exc`` maps to, or None to leave it to gRPC.
     Never raises for any wait."""
-    answer = door_answer(exc, classify(exc))
+    answer = door_answer(exc, outcome_of(exc))  # the guarded call's own classification
     if answer is None:
         return None
     row, wait, detail = answer

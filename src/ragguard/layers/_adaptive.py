@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from .._clock import timers_of
 from .._context import current_tenant
 from .._deadline import current_expiry
-from .._errors import DeadlineExceeded
 from ..options import AdaptivePolicy
-from ..outcomes import Kind
+from ..outcomes import Kind, outcome_of
 from ..overload._gradient import LimitSettings
 from ..overload._limiter import AdaptiveLimiter, QueueSettings
 from ..overload._priority import current_priority
@@ -40,7 +39,7 @@ class AdaptiveLayer:
 
     scope: ClassVar[Scope] = "attempt"
     holds: ClassVar[bool] = True  # a permit: held until a sync call's worker thread returns
-    __slots__ = ("_classify", "_oom", "_quota_of", "clock", "limiter", "max_wait_s", "min_attempt_s")
+    __slots__ = ("_oom", "_quota_of", "clock", "limiter", "max_wait_s", "min_attempt_s")
 
     def __init__(self, stage: Stage, limiter: AdaptiveLimiter) -> None:
         policy = stage.policy.adaptive
@@ -51,7 +50,6 @@ class AdaptiveLayer:
         self.min_attempt_s = max(stage.policy.min_attempt_s, 0.0)
         self._oom = "out_of_memory" in policy.signals
         self._quota_of = stage.context.quota_of
-        self._classify = stage.context.classify
 
     def enter(self, call: Call) -> Any:
         permit = self.limiter.try_acquire(current_tenant())
@@ -77,7 +75,7 @@ class AdaptiveLayer:
             limiter.release(token, self.clock() - token.started)
         elif not isinstance(exc, Exception):
             limiter.release(token, None)  # cancelled: says nothing of the dependency
-        elif (outcome := self._classify(exc)).kind is Kind.TIMEOUT or isinstance(exc, DeadlineExceeded):
+        elif (outcome := call.outcome or outcome_of(exc)).kind in _SLOW:
             elapsed = self.clock() - token.started
             base = limiter.gradient.min_rtt or 0.0
             limiter.release(token, elapsed if elapsed > base else None)  # slow: a (long) sample
@@ -88,6 +86,7 @@ class AdaptiveLayer:
         return None
 
 
+_SLOW = frozenset({Kind.TIMEOUT, Kind.DEADLINE})  # the stage's timeout or the deadline cut the attempt
 _S = TypeVar("_S")
 
 

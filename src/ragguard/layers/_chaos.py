@@ -11,7 +11,7 @@ not applied.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from .._context import current_tenant
 from .._inject import Injector
@@ -26,7 +26,6 @@ __all__ = ["ChaosLayer", "build"]
 class ChaosLayer:
     """Runs each attempt of stage ``stage`` through ``injector``."""
 
-    streams: ClassVar[bool] = True
     __slots__ = ("injector",)
 
     def __init__(self, injector: Injector) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._deadline import current_expiry
 from .._errors import DeadlineExceeded
-from ..pipeline import Call, Scope
+from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -25,7 +25,6 @@ class DeadlineLayer:
     """Refuses a call with less than ``min_attempt_s`` seconds (and never with none) left."""
 
     scope: ClassVar[Scope] = "call"
-    exits: ClassVar[bool] = False
     __slots__ = ("_min_left", "stage")
 
     def __init__(self, stage: str, min_attempt_s: float) -> None:
@@ -39,13 +38,13 @@ class DeadlineLayer:
             if left <= 0.0 or left < self._min_left:
                 budget = None if left <= 0.0 else left
                 raise DeadlineExceeded(self.stage, budget, "no budget left", expiry.budget_s)
-        return None
+        return NO_EXIT
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        return None
+        return None  # pragma: no cover - enter answers NO_EXIT
 
 
 def build(stage: Stage, bound: Bound) -> DeadlineLayer | None:

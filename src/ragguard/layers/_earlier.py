@@ -1,7 +1,8 @@
 """What the share and the reserve layers have in common: a gate of item scope whose ``enter`` makes an
-earlier deadline than the request's current (:func:`ragguard._deadline.shorten`, its token returned)
-and whose ``exit`` puts the request's back, so the layers inside it read the earlier one and the
-layers outside it (the fallback, for the reserve) the request's."""
+earlier deadline than the request's current (:func:`ragguard._deadline.shorten`, its token returned;
+:data:`~ragguard.pipeline.NO_EXIT` when it makes none) and whose ``exit`` puts the request's back, so
+the layers inside it read the earlier one and the layers outside it (the fallback, for the reserve)
+the request's."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ class EarlierDeadline:
     :class:`~ragguard.layers._reserve.ReserveLayer`: a subclass writes ``enter``."""
 
     scope: ClassVar[Scope] = "item"
-    exits_none: ClassVar[bool] = False  # no earlier deadline was made: nothing to put back
     __slots__ = ()
 
     def enter(self, call: Call) -> Any:  # pragma: no cover - every subclass writes its own
@@ -28,6 +28,5 @@ class EarlierDeadline:
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        if token is not None:  # None: nothing made (the stream driver exits every gate it entered)
-            restore(token)
+        restore(token)  # (an enter that made no earlier deadline answers NO_EXIT: no exit)
         return None

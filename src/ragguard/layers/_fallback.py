@@ -7,7 +7,7 @@ is named in :func:`ragguard.degraded`. One that misses (:class:`FallbackMiss`, e
 the cache) or raises hands over to the next; when none answers, the original error is raised with a
 note naming what each fallback did.
 
-When a fallback serves is read from :func:`ragguard.outcomes.classify` (``fallback_on: breaker``,
+When a fallback serves is read from the outcome the chain classified (``fallback_on: breaker``,
 the default): after a dependency's failure, rejection (429, 529, ``RESOURCE_EXHAUSTED``: the
 dependency is saturated, and a cheap local answer is what a fallback is for) or timeout, an open
 breaker, a call shed by an overload layer (:class:`~ragguard.Overloaded`), a spent deadline, or an
@@ -40,7 +40,7 @@ from .._context import current_tenant, mark_degraded
 from .._errors import ConfigError, QuotaExceeded
 from .._validate import bounded
 from ..events import EventBus, FallbackServed, bus
-from ..outcomes import Kind, Outcome, classify, kind_of
+from ..outcomes import Kind, Outcome, outcome_of
 from ..pipeline import Call
 from ..pipeline._drivers import Head
 from . import _reserve as reserve
@@ -142,19 +142,18 @@ def user_routes(options: Any) -> dict[str, tuple[Callable[..., Any], ...]]:
 
 class FallbackLayer:
     """Serves stage ``stage``'s failures from ``fallbacks``, in order, and the refusals ``routes``
-    names (reason -> fallbacks) from theirs (see the module docstring); ``classify`` reads what
-    the dependency said (the build context's)."""
+    names (reason -> fallbacks) from theirs (see the module docstring); what the dependency said
+    is the outcome the chain classified (``Call.outcome``)."""
 
-    __slots__ = ("_applies", "_bus", "_classify", "_clock", "_learn", "fallbacks", "routes", "stage")
+    __slots__ = ("_applies", "_bus", "_clock", "_learn", "fallbacks", "routes", "stage")
 
     def __init__(
         self,
         stage: str,
         fallbacks: Sequence[Fallback],
-        applies: Callable[[BaseException], bool],
+        applies: Applies,
         event_bus: EventBus = bus,
         routes: Mapping[str, Sequence[Fallback]] | None = None,
-        classify: Callable[[BaseException], Outcome] = classify,
         learn: Callable[[float], None] | None = None,
         clock: Clock = monotonic,
     ) -> None:
@@ -163,24 +162,24 @@ class FallbackLayer:
         self.routes = {reason: tuple(chain) for reason, chain in (routes or {}).items() if chain}
         self._applies = applies
         self._bus = event_bus
-        self._classify = classify
         self._learn = learn  # told how long the chain took to answer (the stage's reserve learns it)
         self._clock = clock
 
-    def chain_for(self, exc: BaseException) -> tuple[Fallback, ...]:
-        """The fallbacks that may serve ``exc``, in order: its route's (a caller's error whose
-        reason is routed), then the stage's own when they apply to it."""
-        if self.routes:
-            outcome = self._classify(exc)
-            if outcome.kind is Kind.CALLER_ERROR:
-                routed = self.routes.get(outcome.reason)
-                if routed is not None:
-                    return routed + self.fallbacks if self.fallbacks and self._applies(exc) else routed
-        return self.fallbacks if self._applies(exc) else ()
+    def chain_for(self, exc: BaseException, outcome: Outcome | None = None) -> tuple[Fallback, ...]:
+        """The fallbacks that may serve ``exc`` (whose outcome is ``outcome``; None: the one
+        recorded on it), in order: its route's (a caller's error whose reason is routed), then
+        the stage's own when they apply to it."""
+        if outcome is None:
+            outcome = outcome_of(exc)
+        if self.routes and outcome.kind is Kind.CALLER_ERROR:
+            routed = self.routes.get(outcome.reason)
+            if routed is not None:
+                return routed + self.fallbacks if self.fallbacks and self._applies(exc, outcome) else routed
+        return self.fallbacks if self._applies(exc, outcome) else ()
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
         try:
-            chain = self.chain_for(exc)
+            chain = self.chain_for(exc, call.outcome or outcome_of(exc))
             if not chain:
                 raise exc
             learn = self._learn
@@ -254,20 +253,20 @@ def _note(exc: BaseException, text: str) -> None:
         exc.add_note(bounded(text, 300))
 
 
-def applies_for(
-    counts: Callable[[BaseException], bool] | None,
-    fallback_on: str,
-    kind_of: Callable[[BaseException], Kind] = kind_of,
-) -> Callable[[BaseException], bool]:
+Applies = Callable[[BaseException, Outcome], bool]
+"""Whether a stage's fallbacks serve an error, given its outcome: ``applies(exc, outcome)``."""
+
+
+def applies_for(counts: Callable[[BaseException], bool] | None, fallback_on: str) -> Applies:
     """When a stage's fallbacks serve (see the module docstring): ``counts`` is the stage breaker's
-    classifier (None without a breaker: every error no classifier knows is served); ``kind_of``
-    reads what the dependency said (the build context's)."""
+    classifier (None without a breaker: every error no classifier knows is served); ``applies(exc,
+    outcome)`` reads what the dependency said in ``outcome`` (None: the one recorded on ``exc``)."""
     serve_any = fallback_on == "any"
 
-    def applies(exc: BaseException) -> bool:
+    def applies(exc: BaseException, outcome: Outcome | None = None) -> bool:
         if isinstance(exc, QuotaExceeded):
             return False  # the tenant's own share: not served another way
-        kind = kind_of(exc)
+        kind = (outcome_of(exc) if outcome is None else outcome).kind
         if kind in _SERVED or serve_any:
             return kind is not Kind.CANCELLED
         if kind is Kind.UNKNOWN:
@@ -285,9 +284,6 @@ def build(stage: Stage, bound: Bound) -> FallbackLayer | None:
     if not fallbacks and not bound.routes:
         return None
     counts = stage.breaker.classifier if stage.breaker is not None else None
-    ctx = stage.context
-    applies = applies_for(counts, stage.policy.fallback_on, ctx.kind_of)
+    applies = applies_for(counts, stage.policy.fallback_on)
     learn = reserve.learner(stage) if fallbacks else None
-    return FallbackLayer(
-        stage.name, fallbacks, applies, ctx.bus, bound.routes, ctx.classify, learn, stage.clock
-    )
+    return FallbackLayer(stage.name, fallbacks, applies, stage.context.bus, bound.routes, learn, stage.clock)

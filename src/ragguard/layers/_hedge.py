@@ -94,7 +94,6 @@ class HedgeLayer:
     ``clock``: the Guard's; ``sleep``: its sleep (the hedge delay on trio with a clock that has no
     timers of its own); ``min_attempt_s``: the least deadline left for a hedge to be sent."""
 
-    streams: ClassVar[bool] = False
     forks: ClassVar[bool] = True  # proceed(call): the second leg runs the inner layers with its own record
     __slots__ = ("_bus", "_fake", "clock", "min_attempt_s", "sleep", "stage", "state")
 

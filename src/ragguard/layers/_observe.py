@@ -114,7 +114,6 @@ class ObserveStream(_Observe):
     ending)`` method is given the ending before the span ends."""
 
     scope: ClassVar[Scope] = "call"
-    streams: ClassVar[bool] = True
     __slots__ = ()
 
     async def around(self, call: Call, proceed: Callable[[], Awaitable[Any]]) -> Any:

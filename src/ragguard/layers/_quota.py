@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._context import DEFAULT_TENANT, current_scope
-from ..pipeline import Call, Scope
+from ..pipeline import NO_EXIT, Call, Scope
 from ..quotas import QuotaBackend
 
 if TYPE_CHECKING:
@@ -26,7 +26,6 @@ class QuotaLayer:
     """Admits calls made outside a request scope as requests of the default tenant."""
 
     scope: ClassVar[Scope] = "call"
-    exits_none: ClassVar[bool] = False  # admitted on entry to the request: nothing to release
     holds: ClassVar[bool] = True  # a slot: held until a sync call's worker thread returns
     __slots__ = ("quotas",)
 
@@ -35,15 +34,14 @@ class QuotaLayer:
 
     def enter(self, call: Call) -> Any:
         if current_scope() is not None:
-            return None  # admitted on entry to the request
+            return NO_EXIT  # admitted on entry to the request: nothing to release
         return self.quotas.admit_now(DEFAULT_TENANT)
 
     async def enter_async(self, call: Call) -> Any:
         return await self.quotas.acquire(DEFAULT_TENANT)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        if token is not None:
-            self.quotas.release(token)
+        self.quotas.release(token)
         return None
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._deadline import Expiry, current_expiry, shorten
-from ..pipeline import Call
+from ..pipeline import NO_EXIT, Call
 from ._earlier import EarlierDeadline
 
 if TYPE_CHECKING:
@@ -95,20 +95,20 @@ class ReserveLayer(EarlierDeadline):
 
     def enter(self, call: Call) -> Any:
         if call.items:  # past a stream's commit point no fallback serves it: nothing to keep
-            return None
+            return NO_EXIT
         expiry = current_expiry()
         if expiry is None:
-            return None
+            return NO_EXIT
         at = expiry.at
         left = at - expiry.clock()
         if left <= 0.0:
-            return None
+            return NO_EXIT
         reserve = self.reserve
         keep, cap = reserve.keep_s, reserve.max_share * left  # reserve.seconds(left), inlined
         if cap < keep:
             keep = cap
         if keep <= 0.0:
-            return None
+            return NO_EXIT
         return shorten(Expiry(at - keep, expiry.clock))
 
 

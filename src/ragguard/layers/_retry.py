@@ -2,13 +2,14 @@
 
 A recovery: nothing runs until an attempt fails with an error the stage retries (``retry_on``:
 dependency failures, timeouts, out of memory, a dependency's rejections, or anything the breaker
-counts, as :func:`ragguard.outcomes.classify` says; never a caller's error, a cancellation or a
-refusal by ragguard itself). A stage that is not idempotent retries only errors raised before its
-request could have left (``Outcome.reached`` False: a refused connection, a connect timeout), never
-after a timeout or a reset mid-request. Then the layer's own loop drives the retries with tenacity's
-strategy objects (built once per layer, from small strategies that compose as tenacity intends; a
-caller may pass its own ``stop``, ``wait`` and ``retry``), asking them exactly as tenacity's
-``AsyncRetrying`` would, in the same order, with a fresh ``tenacity.RetryCallState`` per call:
+counts, as the outcome the chain classified says, ``Call.outcome``; never a caller's error, a
+cancellation or a refusal by ragguard itself). A stage that is not idempotent retries only errors
+raised before its request could have left (``Outcome.reached`` False: a refused connection, a
+connect timeout), never after a timeout or a reset mid-request. Then the layer's own loop drives the
+retries with tenacity's strategy objects (built once per layer, from small strategies that compose
+as tenacity intends; a caller may pass its own ``stop``, ``wait`` and ``retry``), asking them
+exactly as tenacity's ``AsyncRetrying`` would, in the same order, with a fresh
+``tenacity.RetryCallState`` per call:
 
 - stop after ``attempts``, or when the next attempt could not start before the deadline with
   ``min_attempt_s`` left (the upcoming sleep included), or when the retry budget refuses;
@@ -40,14 +41,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import tenacity
 
-from .. import outcomes
 from .._context import current_tenant
 from .._deadline import current_expiry, remaining
 from .._errors import RagguardError, StageTimeout
 from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
 from ..options import HedgePolicy, RetryPolicy
-from ..outcomes import Kind, Outcome, classify
-from ..pipeline import Call, Scope
+from ..outcomes import Kind, Outcome, outcome_of
+from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -55,13 +55,8 @@ if TYPE_CHECKING:
 __all__ = ["RetryBudget", "RetryLayer", "build", "make_budget"]
 
 
-_KINDS: dict[str, Callable[[Outcome], bool]] = {
-    "connection": lambda o: o.kind is Kind.FAILURE and o.reason != "out_of_memory",
-    "timeout": lambda o: o.kind is Kind.TIMEOUT,
-    "out_of_memory": lambda o: o.out_of_memory,
-    "rejection": lambda o: o.kind is Kind.REJECTION,
-}
-_NEVER = frozenset({Kind.CALLER_ERROR, Kind.CANCELLED, Kind.REFUSED, Kind.DEADLINE, Kind.SUCCESS})
+_FAILURE, _TIMEOUT, _REJECTION, _UNKNOWN = Kind.FAILURE, Kind.TIMEOUT, Kind.REJECTION, Kind.UNKNOWN
+"""(A module's names: in CPython 3.11 ``Kind.FAILURE`` costs a descriptor call per look-up.)"""
 
 
 class RetryBudget:
@@ -171,11 +166,12 @@ class _DeadlineStop(tenacity.stop.stop_base):
 
 
 def retry_after_of(exc: BaseException | None) -> float:
-    """The wait in seconds the dependency stated with an error (``classify(exc).retry_after_s``,
-    clamped), 0.0 when it stated none."""
+    """The wait in seconds the dependency stated with an error (the ``retry_after_s`` of its
+    outcome, as the chain recorded it: :func:`ragguard.outcomes.outcome_of`), 0.0 when it stated
+    none."""
     if exc is None:
         return 0.0
-    return classify(exc).retry_after_s or 0.0
+    return outcome_of(exc).retry_after_s or 0.0
 
 
 class _StatedWaitStop(tenacity.stop.stop_base):
@@ -243,13 +239,6 @@ def _not_a_rejection(exc: BaseException) -> bool:
     )
 
 
-_SURE: dict[str, type[BaseException]] = {
-    "connection": ConnectionError,
-    "timeout": TimeoutError,
-    "out_of_memory": MemoryError,
-}
-
-
 class _Numbered:
     """What ``wait_exponential`` reads of a retry state: the number of the attempt that failed."""
 
@@ -310,21 +299,21 @@ class RetryLayer:
     retry budget's ratio."""
 
     scope: ClassVar[Scope] = "call"
-    exits: ClassVar[bool] = False
     __slots__ = (
         "_any",
         "_attempts",
         "_backoffs",
         "_bus",
-        "_classify",
+        "_connection",
         "_counts",
         "_idempotent",
         "_jitter_s",
-        "_kinds",
         "_max_after_s",
         "_min_left",
         "_native",
-        "_sure",
+        "_out_of_memory",
+        "_rejection",
+        "_timeout",
         "budget",
         "clock",
         "min_attempt_s",
@@ -353,11 +342,9 @@ class RetryLayer:
         retry: Strategy | None = None,
         idempotent: bool = True,
         event_bus: EventBus = bus,
-        classify: Callable[[BaseException], Outcome] = classify,
     ) -> None:
         self.stage = stage
         self._bus = event_bus
-        self._classify = classify
         self.policy = policy
         self.budget = budget
         self.min_attempt_s = min_attempt_s
@@ -369,20 +356,11 @@ class RetryLayer:
         self._counts = counts
         self._idempotent = idempotent
         self._max_after_s = policy.max_retry_after_s
-        self._kinds: tuple[Callable[[Outcome], bool], ...] = (
-            (_KINDS["rejection"],) if self._any else tuple(_KINDS[k] for k in kinds)
-        )
-        # the classes each kind matches before any closer look (a ConnectionError is a dependency
-        # failure...): the usual failures of an idempotent stage are told apart by one isinstance
-        # (a stage that is not idempotent is sure only of a refused connection: it never left)
-        # (another classifier than ragguard's own is asked about every error)
-        self._sure: tuple[type[BaseException], ...] = (
-            ()
-            if self._any or classify is not outcomes.classify
-            else tuple(_SURE[k] for k in kinds if k in _SURE)
-            if idempotent
-            else (ConnectionRefusedError,) if "connection" in kinds else ()
-        )
+        # what ``retry_on`` retries of each kind ("any": rejections, and what the breaker counts)
+        self._rejection = self._any or "rejection" in kinds
+        self._connection = not self._any and "connection" in kinds
+        self._out_of_memory = not self._any and "out_of_memory" in kinds
+        self._timeout = not self._any and "timeout" in kinds
         # A policy's own strategies (RetryPolicy.stop/wait/retry) join the policy's rules (see
         # RetryPolicy); ``stop``/``wait``/``retry`` given here replace them outright.
         if stop is None and policy.stop is not None:
@@ -426,37 +404,43 @@ class RetryLayer:
         have reached the dependency."""
         if not _not_a_rejection(exc):
             return False  # tenacity hands cancellations to the predicate too: never retry them
-        if isinstance(exc, self._sure):
-            return True
-        return self._retries(exc, self._classify(exc))
+        return self._retries(exc, outcome_of(exc))
 
     def _may_repeat(self, exc: BaseException) -> bool:
         """Neither a cancellation nor a refusal by ragguard, and for a stage that is not
         idempotent an error raised before the request could have left (a user's ``retry``
         predicate is asked only then)."""
-        return _not_a_rejection(exc) and (self._idempotent or not self._classify(exc).reached)
+        return _not_a_rejection(exc) and (self._idempotent or not outcome_of(exc).reached)
 
     def _retries(self, exc: BaseException, outcome: Outcome) -> bool:
         said = outcome.retry  # the dependency's own word (x-should-retry) over its status's
         if said is not None:
             return said and (self._idempotent or not outcome.reached)
-        if outcome.kind in _NEVER or (outcome.reached and not self._idempotent):
+        if outcome.reached and not self._idempotent:
             return False
-        for kind in self._kinds:
-            if kind(outcome):
-                return True
-        return self._any and bool(self._counts(exc))
+        kind = outcome.kind
+        if kind is _FAILURE:
+            retried = self._out_of_memory if outcome.reason == "out_of_memory" else self._connection
+        elif kind is _TIMEOUT:
+            retried = self._timeout
+        elif kind is _REJECTION:
+            return self._rejection
+        elif kind is not _UNKNOWN:
+            return False  # the caller's error, a cancellation, ragguard's refusal, the deadline
+        else:
+            retried = False
+        return retried or (self._any and bool(self._counts(exc)))
 
     def enter(self, call: Call) -> Any:
         if call.attempt == 1:
             self.budget.on_call(self.clock())
-        return None
+        return NO_EXIT
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        return None
+        return None  # pragma: no cover - enter answers NO_EXIT
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
         """The retry loop: after each failed attempt, decide whether and how long to wait (the
@@ -465,7 +449,6 @@ class RetryLayer:
         next attempt; the error of the attempt not retried is raised."""
         state = None if self._native else _CallState(call, self.clock)
         attempt = 1  # the number of the attempt that failed with ``exc``
-        sure = self._sure
         backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
         try:
             while True:
@@ -476,21 +459,15 @@ class RetryLayer:
                 else:
                     # The policy's strategies, in tenacity's order: the retry predicate, the wait,
                     # the stop (attempts, deadline, budget: short-circuited, so the budget is
-                    # charged only for a retry that happens). First retryable(exc), with its
-                    # usual answer first (exc is an Exception here).
+                    # charged only for a retry that happens). First retryable(exc), with the
+                    # outcome the chain recorded (exc is an Exception here).
+                    if not _not_a_rejection(exc):
+                        raise exc
+                    outcome = call.outcome or outcome_of(exc)
                     outer = call.recoverable
-                    if isinstance(exc, sure) and not isinstance(exc, RagguardError):
-                        if outer is not None and outer(exc):
-                            raise exc
-                        stated = getattr(exc, "retry_after_s", None) is not None
-                        after = retry_after_of(exc) if stated else 0.0
-                    else:
-                        if not _not_a_rejection(exc):
-                            raise exc
-                        outcome = self._classify(exc)
-                        if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
-                            raise exc
-                        after = outcome.retry_after_s or 0.0
+                    if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
+                        raise exc
+                    after = outcome.retry_after_s or 0.0
                     if after > self._max_after_s:
                         raise exc  # the dependency asks for more than this stage would ever wait
                     wait = backoffs[attempt - 1]
@@ -584,5 +561,4 @@ def build(stage: Stage, bound: Bound) -> RetryLayer | None:
         sleep=stage.context.sleep,
         idempotent=stage.policy.is_idempotent,
         event_bus=stage.context.bus,
-        classify=stage.context.classify,
     )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._deadline import Expiry, current_expiry, restore, shorten
 from .._errors import DeadlineExceeded
-from ..pipeline import Call
+from ..pipeline import NO_EXIT, Call
 from ._earlier import EarlierDeadline
 
 if TYPE_CHECKING:
@@ -40,24 +40,22 @@ class ShareLayer(EarlierDeadline):
     def enter(self, call: Call) -> Any:
         expiry = current_expiry()
         if expiry is None:
-            return None
+            return NO_EXIT
         if call.items:  # a stream's later item: its own deadline, fixed when it opened
             own = call.share_expiry
             if own is None or own.at >= expiry.at:
-                return None
+                return NO_EXIT
             return shorten(own)
         at = expiry.at
         left = at - expiry.clock()
         if left <= 0.0:
-            return None  # spent: the layers inside refuse the call themselves
+            return NO_EXIT  # spent: the layers inside refuse the call themselves
         own = Expiry(at - self._rest * left, expiry.clock)
         if call.stream:
             call.share_expiry = own
         return shorten(own)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        if token is None:  # nothing made (the stream driver exits every gate it entered)
-            return None
         restore(token)
         if exc is not None and isinstance(exc, DeadlineExceeded):
             outer = current_expiry()

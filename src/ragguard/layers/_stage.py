@@ -229,7 +229,7 @@ class Stage:
     def chain(self, bound: Bound, *, observed: bool = False) -> Chain:
         """Compile ``bound``'s chain of layers (see :mod:`ragguard.layers`)."""
         layers = build_layers(self, bound, observed=observed)
-        return Chain(held(layers) if bound.threaded else layers)
+        return Chain(held(layers) if bound.threaded else layers, self.context.classify)
 
     def __repr__(self) -> str:
         return f"<Stage {self.name!r} preset={None if self.preset is None else self.preset.name!r}>"

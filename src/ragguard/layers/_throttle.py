@@ -4,8 +4,8 @@ would refuse anyway (Google SRE book; see :mod:`ragguard.overload._throttle`).
 A gate of attempt scope, outside the adaptive limit and the breaker. ``enter`` counts the attempt
 and refuses it with the throttle's probability (:class:`~ragguard.Overloaded`, reason
 ``throttled``); ``exit`` counts it accepted unless the dependency rejected it (a ``REJECTION`` as
-:func:`ragguard.outcomes.classify` says: 429, 529, ``RESOURCE_EXHAUSTED``, an overload event in a
-stream; or a nested stage's quota or overload refusal). An attempt that never reached
+the chain classified the error, ``Call.outcome``: 429, 529, ``RESOURCE_EXHAUSTED``, an overload
+event in a stream; or a nested stage's quota or overload refusal). An attempt that never reached
 the dependency (this stage's own breaker or limit refused it, or the deadline was spent) is not
 counted at all.
 """
@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._context import current_tenant
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded
+from ..outcomes import outcome_of
 from ..overload import Throttled
 from ..overload._priority import current_priority
-from ..overload._throttle import AdaptiveThrottle, is_rejection
+from ..overload._throttle import AdaptiveThrottle, rejects
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:
@@ -31,14 +32,13 @@ class ThrottleLayer:
     """Throttles the attempts of stage ``stage`` through ``throttle``."""
 
     scope: ClassVar[Scope] = "attempt"
-    __slots__ = ("_bus", "_classify", "_quota_of", "stage", "throttle")
+    __slots__ = ("_bus", "_quota_of", "stage", "throttle")
 
     def __init__(self, stage: Stage, throttle: AdaptiveThrottle) -> None:
         self.stage = stage.name
         self.throttle = throttle
         self._quota_of = stage.context.quota_of
         self._bus = stage.context.bus
-        self._classify = stage.context.classify
 
     def enter(self, call: Call) -> Any:
         throttle = self.throttle
@@ -61,7 +61,7 @@ class ThrottleLayer:
             isinstance(exc, Overloaded) and exc.stage == self.stage
         ):
             throttle.forget()  # refused here, before reaching the dependency
-        elif not is_rejection(exc, self._classify):
+        elif not rejects(call.outcome or outcome_of(exc)):
             throttle.accepted()
         return None
 

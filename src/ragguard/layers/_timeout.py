@@ -19,7 +19,7 @@ from .._compat import current_task, running_loop
 from .._deadline import current_expiry
 from .._errors import DeadlineExceeded, StageTimeout
 from .._timeouts import MAX_TIMEOUT_S, AttemptTimeout, wheel_for
-from ..pipeline import Call, Scope
+from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -31,7 +31,6 @@ class TimeoutLayer:
     """Bounds each attempt by ``timeout_s`` (None: only the deadline) and the request's deadline."""
 
     scope: ClassVar[Scope] = "item"
-    exits_none: ClassVar[bool] = False  # no timer armed: nothing to disarm
     __slots__ = ("_loop", "_min_left", "_timers", "_wheel", "stage", "timeout_s")
 
     def __init__(
@@ -54,7 +53,7 @@ class TimeoutLayer:
         expiry = current_expiry()
         if expiry is None:
             if timeout is None or timeout >= MAX_TIMEOUT_S:
-                return None
+                return NO_EXIT  # no timer to arm
             by_deadline = False
         else:
             left = expiry.left()
@@ -69,7 +68,7 @@ class TimeoutLayer:
             else:
                 by_deadline = False
             if timeout >= MAX_TIMEOUT_S:
-                return None
+                return NO_EXIT
         call.budget_s = timeout
         call.by_deadline = by_deadline
         loop = running_loop()  # the one running-loop lookup of a call
@@ -77,7 +76,7 @@ class TimeoutLayer:
             return _trio_scope(timeout)
         call.task = task = current_task(loop)
         if task is None:  # pragma: no cover - awaited outside a task: nothing to cancel
-            return None
+            return NO_EXIT
         timers = self._timers
         if timers is not None:
             return timers.arm(task, timeout)
@@ -92,8 +91,6 @@ class TimeoutLayer:
         return self.enter(call)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
-        if token is None:
-            return None
         if type(token) is not int:
             return self._exit_trio(call, token, exc)
         # a Guard serves one event loop at a time, so the wheel enter used is ``_wheel``

@@ -6,8 +6,11 @@
 
     outcome = classify(exc)          # Outcome(kind=Kind.REJECTION, reached=True, retry_after_s=2.0, ...)
 
-Every breaker kind, the retry layer, the throttle, the adaptive limit, fallbacks and both front
-doors ask :func:`classify`, so they can never disagree about a call. The kinds (:class:`Kind`):
+A guarded call's error is classified once, by its Guard's classifier (:func:`classify`, or
+:func:`classify_with` for a Guard built with a classifier of its own), and every breaker kind, the
+retry layer, the throttle, the adaptive limit, fallbacks and both front doors read that answer
+(the layers on the call record, the rest with :func:`outcome_of`), so they can never disagree
+about a call. The kinds (:class:`Kind`):
 success; dependency failure (refused, reset, 5xx, ``UNAVAILABLE``, out of memory); dependency
 rejection (429, 529, ``RESOURCE_EXHAUSTED``, an overload event inside a stream) with the wait it
 stated; timeout; caller error (4xx other than 408/429, bad input, auth, not found; the reasons
@@ -25,7 +28,7 @@ elasticsearch/elastic-transport, opensearch-py and torch's out-of-memory errors.
 each layer and front door does with each kind.
 """
 
-from ._classify import classify, kind_of, register_classifier
+from ._classify import classify, outcome_of, register_classifier
 from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, MAX_STATED_WAIT_S, Kind, Outcome
 from ._refusal import context_overflow
 
@@ -37,6 +40,6 @@ __all__ = [
     "Outcome",
     "classify",
     "context_overflow",
-    "kind_of",
+    "outcome_of",
     "register_classifier",
 ]

@@ -22,7 +22,14 @@ Order of questions, first answer wins:
    deep; else ``UNKNOWN``.
 
 A classifier that raises is logged and skipped: a broken classifier never decides an outcome.
-The classifiers that apply to an exception class are found once per class and remembered.
+The classifiers that apply to an exception class are found once per class and remembered. A Guard
+built with a classifier of its own (``Guard(classifier=...)``) classifies with
+:func:`classify_with`: its classifier is asked at step 3, ahead of the registered ones.
+
+A guarded call's chain classifies each error once, with its Guard's classifier, and records the
+answer on the call record for its layers and on the error itself (:func:`outcome_of` reads it:
+the breakers' classifiers, the stated wait, and both front doors, which see only the error). An
+error that carries an answer is not classified again, by that chain or one further out.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from .._errors import (
@@ -56,11 +64,14 @@ from ._refusal import refined
 
 __all__ = [
     "CANCELLED",
+    "RECORDED",
     "SUCCESS",
     "UNKNOWN",
     "OutcomeClassifier",
     "classify",
+    "classify_with",
     "kind_of",
+    "outcome_of",
     "register_classifier",
     "unregister_classifier",
 ]
@@ -211,18 +222,61 @@ def classify(exc: BaseException | None) -> Outcome:
     """The :class:`Outcome` of a call that raised ``exc`` (None: it returned). Never raises.
 
     See the module docstring for the order of questions."""
+    return _classify(exc, None)
+
+
+def classify_with(first: OutcomeClassifier) -> Callable[[BaseException | None], Outcome]:
+    """A :func:`classify` that asks ``first`` (``exc -> Outcome | None``) about every error after
+    ragguard's own errors and before the registered and built-in classifiers (a Guard's own
+    classifier: ``Guard(classifier=...)``). Never raises: a ``first`` that raises is logged and
+    skipped. Raises :class:`~ragguard.ConfigError` when ``first`` is not callable."""
+    if not callable(first):
+        raise _ConfigError(
+            f"classifier must be a callable exc -> Outcome | None, got {type(first).__name__}",
+            field="classifier",
+        )
+    return partial(_classify, first=first)
+
+
+def _classify(exc: BaseException | None, first: OutcomeClassifier | None) -> Outcome:
     if exc is None:
         return SUCCESS
     if not isinstance(exc, Exception):
         return CANCELLED
-    outcome = _OWN.get(type(exc)) or _deep(exc, 0)
-    if outcome.retry_after_s is None:
-        # an error that carries the wait itself (ragguard's refusals, a user's error with a
-        # ``retry_after_s`` attribute) states it
-        stated = clamp_wait(getattr(exc, "retry_after_s", None))
-        if stated is not None:
-            return replace(outcome, retry_after_s=stated)
+    outcome = _OWN.get(type(exc)) or _deep(exc, 0, first)
+    if outcome.retry_after_s is None and getattr(exc, "retry_after_s", None) is not None:
+        return _stated(exc, outcome)  # an error that carries its wait itself (ragguard's refusals)
     return outcome
+
+
+def _stated(exc: BaseException, outcome: Outcome) -> Outcome:
+    """``outcome``, with the wait ``exc`` carries itself (ragguard's refusals, a user's error with
+    a ``retry_after_s`` attribute)."""
+    stated = clamp_wait(getattr(exc, "retry_after_s", None))
+    return outcome if stated is None else replace(outcome, retry_after_s=stated)
+
+
+RECORDED = "_ragguard_outcome"
+"""The attribute of an error that holds the :class:`Outcome` a guarded call's chain gave it."""
+
+
+def outcome_of(
+    exc: BaseException | None, classify: Callable[[BaseException], Outcome] | None = None
+) -> Outcome:
+    """The outcome of ``exc`` as the guarded call it came out of classified it: the answer of that
+    call's Guard (its own classifier, if it has one), which its chain recorded on the error; else
+    ``classify``'s (:func:`ragguard.outcomes.classify` unless given). What a breaker's classifier, a
+    front door or your own breaker reads, so each agrees with the layers of the call about it.
+    Never raises.
+
+    An error is classified once: by the chain of the first guarded call it leaves; a guarded call
+    further out (of the same Guard or another) and the front doors read that answer."""
+    if exc is None:
+        return SUCCESS
+    recorded = getattr(exc, RECORDED, None)
+    if type(recorded) is Outcome:
+        return recorded
+    return _classify(exc, None) if classify is None else classify(exc)
 
 
 def kind_of(exc: BaseException | None) -> Kind:
@@ -235,35 +289,35 @@ def kind_of(exc: BaseException | None) -> Kind:
     own = _OWN.get(type(exc))
     if own is not None:
         return own.kind
-    return _deep(exc, 0).kind
+    return _deep(exc, 0, None).kind
 
 
-def _deep(exc: BaseException, depth: int) -> Outcome:
-    found = _one(exc)
+def _deep(exc: BaseException, depth: int, first: OutcomeClassifier | None) -> Outcome:
+    found = _one(exc, first)
     if found is not None:
         return found
     if depth >= _MAX_DEPTH:
         return UNKNOWN
     if isinstance(exc, BaseExceptionGroup):
-        return _group(exc, depth)
+        return _group(exc, depth, first)
     cause = exc.__cause__
     if cause is not None and isinstance(cause, Exception):
         if isinstance(cause, DeadlineExceeded):
             return _DEADLINE
-        return _deep(cause, depth + 1)
+        return _deep(cause, depth + 1, first)
     return UNKNOWN
 
 
 _GROUP_ORDER = (Kind.FAILURE, Kind.TIMEOUT, Kind.REJECTION, Kind.DEADLINE, Kind.REFUSED, Kind.CALLER_ERROR)
 
 
-def _group(group: BaseExceptionGroup[Any], depth: int) -> Outcome:
+def _group(group: BaseExceptionGroup[Any], depth: int, first: OutcomeClassifier | None) -> Outcome:
     """The most telling outcome among a group's errors (a failure over a timeout over ...)."""
     best: Outcome | None = None
     for inner in group.exceptions:
         if not isinstance(inner, Exception):
             continue
-        outcome = _deep(inner, depth + 1)
+        outcome = _deep(inner, depth + 1, first)
         if outcome.kind in _GROUP_ORDER and (
             best is None or _GROUP_ORDER.index(outcome.kind) < _GROUP_ORDER.index(best.kind)
         ):
@@ -271,10 +325,18 @@ def _group(group: BaseExceptionGroup[Any], depth: int) -> Outcome:
     return best if best is not None else UNKNOWN
 
 
-def _one(exc: BaseException) -> Outcome | None:
+def _one(exc: BaseException, first: OutcomeClassifier | None) -> Outcome | None:
     own = _own(exc)
     if own is not None:
         return own
+    if first is not None:
+        try:
+            outcome = first(exc)
+        except Exception:
+            log.exception("the Guard's outcome classifier %r raised on %r; it is skipped", first, type(exc))
+        else:
+            if outcome is not None:
+                return outcome
     for classifier in _classifiers_for(type(exc)):
         try:
             outcome = classifier(exc)

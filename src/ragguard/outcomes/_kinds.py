@@ -62,6 +62,8 @@ class Kind(enum.Enum):
       only the generic breaker counts it, and a front door leaves it to the application.
     """
 
+    __hash__ = object.__hash__  # a member is its own identity (Enum's hashes its name, in Python)
+
     SUCCESS = "success"
     FAILURE = "failure"
     REJECTION = "rejection"
@@ -123,7 +125,7 @@ class Outcome:
     @property
     def counts_as_outage(self) -> bool:
         """True for a dependency failure or timeout: what every breaker kind counts."""
-        return self.kind is Kind.FAILURE or self.kind is Kind.TIMEOUT
+        return self.kind is _FAILURE or self.kind is _TIMEOUT
 
     @property
     def from_dependency(self) -> bool:
@@ -133,7 +135,8 @@ class Outcome:
     @property
     def out_of_memory(self) -> bool:
         """True for a failure that ran out of (host or accelerator) memory."""
-        return self.kind is Kind.FAILURE and self.reason == "out_of_memory"
+        return self.kind is _FAILURE and self.reason == "out_of_memory"
 
 
+_FAILURE, _TIMEOUT = Kind.FAILURE, Kind.TIMEOUT  # (a look-up of ``Kind.FAILURE`` costs a descriptor call)
 _FROM_DEPENDENCY = frozenset({Kind.FAILURE, Kind.REJECTION, Kind.TIMEOUT})

@@ -21,23 +21,27 @@ import random
 from collections.abc import Callable
 
 from .._clock import Clock
-from ..outcomes import Kind, Outcome, classify
+from ..outcomes import Kind, Outcome, outcome_of
 
-__all__ = ["AdaptiveThrottle", "is_rejection"]
+__all__ = ["AdaptiveThrottle", "is_rejection", "rejects"]
 
 
-def is_rejection(exc: BaseException, classify: Callable[[BaseException], Outcome] = classify) -> bool:
-    """True when ``exc`` says the dependency refused the call for lack of capacity
-    (:func:`ragguard.outcomes.classify` says ``REJECTION``: 429, 529, 503 with a stated wait,
-    ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE`` with pushback, Anthropic's ``overloaded_error``
-    inside a stream, the SDKs' ``RateLimitError``), or a :class:`~ragguard.QuotaExceeded` or
-    :class:`~ragguard.Overloaded` raised by the dependency (a nested guarded stage). Not a
-    timeout (a slow answer was still accepted) nor a failure (an outage is the breaker's).
-    ``classify``: the classifier to ask (the layer's build context gives its own)."""
-    outcome = classify(exc)
+def rejects(outcome: Outcome) -> bool:
+    """True when ``outcome`` says the dependency refused the call for lack of capacity
+    (``REJECTION``: 429, 529, 503 with a stated wait, ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE`` with
+    pushback, Anthropic's ``overloaded_error`` inside a stream, the SDKs' ``RateLimitError``), or
+    a :class:`~ragguard.QuotaExceeded` or :class:`~ragguard.Overloaded` raised by the dependency
+    (a nested guarded stage). Not a timeout (a slow answer was still accepted) nor a failure (an
+    outage is the breaker's)."""
     return outcome.kind is Kind.REJECTION or (
         outcome.kind is Kind.REFUSED and outcome.reason in ("quota", "overloaded")
     )
+
+
+def is_rejection(exc: BaseException, classify: Callable[[BaseException], Outcome] = outcome_of) -> bool:
+    """:func:`rejects` for the outcome of ``exc``: the one its chain recorded
+    (:func:`ragguard.outcomes.outcome_of`), or ``classify``'s."""
+    return rejects(classify(exc))
 
 
 class AdaptiveThrottle:

@@ -6,6 +6,17 @@ themselves live in :mod:`ragguard.layers`, one file each.
 """
 
 from ._build import Backend, BuildContext
-from ._contract import WAIT, Call, Gate, Layer, Recovery, Scope, Wrapper
+from ._contract import NO_EXIT, WAIT, Call, Gate, Layer, Recovery, Scope, Wrapper
 
-__all__ = ["WAIT", "Backend", "BuildContext", "Call", "Gate", "Layer", "Recovery", "Scope", "Wrapper"]
+__all__ = [
+    "NO_EXIT",
+    "WAIT",
+    "Backend",
+    "BuildContext",
+    "Call",
+    "Gate",
+    "Layer",
+    "Recovery",
+    "Scope",
+    "Wrapper",
+]

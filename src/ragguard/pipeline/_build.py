@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..breakers import Breaker
     from ..events import EventBus
     from ..options import Policy, TenantQuota
-    from ..outcomes import Kind, Outcome
+    from ..outcomes import Outcome
     from ..quotas import QuotaBackend, TokenAccounts
 
 __all__ = ["Backend", "BuildContext", "check_services"]
@@ -99,8 +99,10 @@ class BuildContext:
     - ``backend``: where the Guard shares state across replicas (:class:`Backend`), else None;
     - ``chaos``: the Guard's own chaos injector; :attr:`injector` the one its chains run through;
     - ``bus``: the event bus the layers emit to (:data:`ragguard.events.bus` unless given);
-      ``classify`` and ``kind_of``: what a dependency said (:func:`ragguard.outcomes.classify`,
-      :func:`ragguard.outcomes.kind_of` unless given). A layer reads them when it is built.
+    - ``classify``: what a dependency said (:func:`ragguard.outcomes.classify` unless given): the
+      stage's chains ask it once per error and record the answer on the call (``Call.outcome``,
+      what every layer reads) and on the error (:func:`ragguard.outcomes.outcome_of`, what the
+      breakers' classifiers and the front doors read); no layer classifies an error itself.
     """
 
     __slots__ = (
@@ -111,7 +113,6 @@ class BuildContext:
         "chaos",
         "classify",
         "clock",
-        "kind_of",
         "per_call_quota",
         "quota_of",
         "quotas",
@@ -132,11 +133,9 @@ class BuildContext:
         chaos: _inject.Injector | None = None,
         bus: EventBus | None = None,
         classify: Callable[[BaseException], Outcome] | None = None,
-        kind_of: Callable[[BaseException], Kind] | None = None,
     ) -> None:
         self.bus = events.bus if bus is None else bus
         self.classify = outcomes.classify if classify is None else classify
-        self.kind_of = outcomes.kind_of if kind_of is None else kind_of
         self.clock = clock
         self.sleep = sleep
         self.rng = rng

@@ -6,9 +6,10 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequ
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .. import outcomes
 from .._endings import StreamEnding
 from ._contract import Call, Gate, Layer
-from ._drivers import Node, compile_chain, run_stream
+from ._drivers import Classifier, Node, compile_chain, run_stream
 
 __all__ = ["Chain", "GuardedStream"]
 
@@ -68,8 +69,9 @@ class GuardedStream(AsyncGenerator[Y, None]):
 
 
 class Chain:
-    """``layers`` (outermost first), compiled once: ``await chain.run(call)`` drives a call,
-    :meth:`stream` a stream, through the same layer objects.
+    """``layers`` (outermost first), put together once: ``await chain.run(call)`` drives a call,
+    :meth:`stream` a stream, through the same layer objects; ``classify`` (the Guard's classifier)
+    classifies each error once, for every layer.
 
     ``run`` is the root node's compiled driver itself (no frame of the chain's own around it:
     the guarded function awaits it directly); ``stream`` pairs the root with the item gates the
@@ -77,14 +79,16 @@ class Chain:
 
     __slots__ = ("_item_gates", "inner", "layers", "root", "run")
 
-    def __init__(self, layers: Sequence[Layer], *, inner: bool = False) -> None:
+    def __init__(
+        self, layers: Sequence[Layer], classify: Classifier = outcomes.classify, *, inner: bool = False
+    ) -> None:
         self.layers: tuple[Layer, ...] = tuple(layers)
         self.inner = inner
         """A chain a layer runs inside a guarded stream of its own (a continuation's): its
         streams' endings are the outer stream's to report, not recorded in the request."""
         self.root: Node
         self._item_gates: tuple[Gate, ...]
-        self.root, self._item_gates = compile_chain(self.layers)
+        self.root, self._item_gates = compile_chain(self.layers, classify)
         self.run: Callable[[Call], Awaitable[Any]] = self.root.run
         """Run a call through the chain; returns what the call (or a fallback) returned."""
 

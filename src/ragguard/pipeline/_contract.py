@@ -18,48 +18,69 @@ objects. For a stream, a gate's ``scope`` says how long it holds: ``call`` and `
 from opening the stream to its end, ``item`` gates around the wait for each item (for the first
 item, at their place in the chain, so they bound the whole opening, wrappers included, as they
 bound a call); recoveries act only before the first item reaches the caller (the commit point);
-wrappers with ``streams = True`` wrap the opening of the stream, up to its first item. A wrapper
+wrappers wrap the opening of the stream, up to its first item. A wrapper
 may set the opened stream's ``Head.deliver`` hook (called with each item before it is handed over;
 it may return a wait: the generation preset's pacing).
 
 A :class:`Call` is the per-call record every layer reads (the function and its arguments, the
-stage, the attempt number) and a few layers write (documented per field). After Polly v8's
-``ResilienceStrategy`` / ``ResilienceContext``; no code is shared.
+stage, the attempt number) and a few layers write (documented per field, grouped by who writes
+it). After Polly v8's ``ResilienceStrategy`` / ``ResilienceContext``; no code is shared.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from .._admission import WAIT  # a gate's enter answers as a quota backend's admit_now does
+from ..outcomes import Outcome
 
-__all__ = ["WAIT", "Call", "Gate", "Layer", "Recovery", "Resumption", "Scope", "Wrapper"]
+__all__ = ["NO_EXIT", "WAIT", "Call", "Gate", "Layer", "Recovery", "Resumption", "Scope", "Wrapper"]
+
+NO_EXIT: Any = object()
+"""A gate's ``enter`` answers this to admit the call with nothing to do after it: its ``exit`` is
+not called for this call (the timeout armed no timer, the quota took no slot)."""
 
 Scope = Literal["call", "attempt", "item"]
 
 
 class Call:
-    """One guarded call (or stream) as it moves through a stage's chain.
+    """One guarded call (or stream) as it moves through a stage's chain: what every layer reads,
+    and the few fields layers write for one another, grouped by who writes them.
+
+    The call itself, set when it is made:
 
     - ``stage``: the stage name; ``fn``, ``args``, ``kwargs``: what the innermost layer calls
       (a layer may swap ``args``/``kwargs`` while it runs, as the chunked rerank and the
       generation preset's shrink do, and puts the caller's back before it returns);
-    - ``stream``: True for an async-generator stage;
+    - ``stream``: True for an async-generator stage.
+
+    Set by an outer layer for the layers inside it (a record a forking wrapper makes copies these):
+
     - ``attempt``: 1 for the first attempt, raised by the retry layer before each retry;
-    - ``recoverable``: set by an outer layer that recovers some errors itself (the rerank chunker
-      recovers out-of-memory errors above its floor): the breaker gives its permit back instead of
-      counting an error this predicate accepts;
-    - ``started``: the clock time the current attempt was admitted by the breaker;
-    - ``budget_s``, ``by_deadline``: the current attempt's time budget and whether the deadline
-      (rather than the stage timeout) set it (the timeout layer's);
-    - ``items``: items handed to the caller so far (streams);
-    - ``task``: the asyncio task running the call, once a layer looked it up (the timeout layer
-      does when it arms a timer), else None;
-    - ``loop``: the asyncio loop a stream's items are read on, once the stream driver looked it up
-      (an async generator stays on one loop), else None;
-    - ``threads``: for a sync function's call, the worker threads it stopped waiting for that
-      still run (:class:`ragguard.pipeline._threads.Pending`), else None;
+    - ``recoverable``: set by a layer that recovers some errors itself (the rerank chunker
+      recovers out-of-memory errors above its floor): the breaker gives its permit back instead
+      of counting an error this predicate accepts, and the retry layer does not retry it.
+
+    The current attempt's, each written by the one layer that owns it:
+
+    - ``started``: the clock time the breaker admitted the attempt;
+    - ``budget_s``, ``by_deadline``: the attempt's time budget and whether the deadline (rather
+      than the stage timeout) set it (the timeout layer's);
+    - ``outcome``: the :class:`~ragguard.outcomes.Outcome` of the error a gate's ``exit`` or a
+      recovery is handed (and of the one a recovery's ``again`` raised), classified once by the
+      chain's classifier (the Guard's) before any layer sees the error: the driver's. The chain
+      records it on the error too (:func:`ragguard.outcomes.outcome_of`), for what sees only the
+      error; the record holds no reference to the error (its traceback holds the frames that
+      hold the record).
+
+    The running call's, looked up once by the first that needs them:
+
+    - ``task``: the asyncio task running the call (the timeout layer, when it arms a timer, or
+      the driver), else None; ``loop``: the loop a stream's items are read on, else None;
+    - ``items``: items handed to the caller so far (streams; the stream driver's);
+    - ``threads``: for a sync function's call, its worker threads the call stopped waiting for
+      that still run (:class:`ragguard.pipeline._threads.Pending`), else None;
     - ``meter``: the generation preset's record of an open stream (its token account and
       budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate;
     - ``share_expiry``: a stream's own deadline (an :class:`~ragguard._deadline.Expiry`) when its
@@ -67,49 +88,18 @@ class Call:
       again for each later item by the share layer (:mod:`ragguard.layers._share`);
     - ``ending``: how a stream ended (:class:`ragguard.StreamEnding`), None until it has: set by
       the stream driver before the layers it held exit (the observe layer reports it).
-
-    Every layer may read every field; :data:`WRITERS` names the modules that may write each one
-    (tests/pipeline/test_call_fields.py holds the code to it): a layer that needs to tell another
-    something through the call adds the field here first.
     """
 
-    # Not slotted on purpose: the fields a layer may set later (attempt, started, task...) are class
-    # attributes until then, so a call costs four stores to create instead of twelve (a guarded call
-    # creates one every time; benchmarks/overhead.py measured 120 ns of 250 saved).
-    stream: bool = False
-    attempt: int = 1
-    recoverable: Callable[[BaseException], bool] | None = None
-    started: float = 0.0
-    budget_s: float | None = None
-    by_deadline: bool = False
-    items: int = 0
-    task: Any = None
-    loop: Any = None
-    threads: Any = None
-    meter: Any = None
-    share_expiry: Any = None
-    ending: Any = None
-
-    WRITERS: ClassVar[Mapping[str, frozenset[str]]] = {
-        # a chunk's candidates while the chunker runs; fewer passages while the shrink runs
-        "args": frozenset({"ragguard.rag._rerank", "ragguard.rag._shrink"}),
-        "kwargs": frozenset({"ragguard.rag._rerank", "ragguard.rag._shrink"}),
-        "attempt": frozenset({"ragguard.layers._retry", "ragguard.layers._hedge"}),  # hedge: its twin's
-        "recoverable": frozenset({"ragguard.rag._rerank", "ragguard.layers._hedge"}),
-        "started": frozenset({"ragguard.layers._breaker"}),
-        "budget_s": frozenset({"ragguard.layers._timeout"}),
-        "by_deadline": frozenset({"ragguard.layers._timeout"}),
-        "items": frozenset({"ragguard.pipeline._drivers"}),
-        "task": frozenset({
-            "ragguard.pipeline._drivers", "ragguard.layers._timeout", "ragguard.rag._generation",
-        }),
-        "loop": frozenset({"ragguard.pipeline._drivers"}),
-        "threads": frozenset({"ragguard.pipeline._threads"}),
-        "meter": frozenset({"ragguard.rag._generation"}),
-        "share_expiry": frozenset({"ragguard.layers._share"}),
-        "ending": frozenset({"ragguard.pipeline._drivers"}),
-    }
-    """Field -> the modules that may write it (``stage``, ``fn`` and ``stream`` are set once, here)."""
+    __slots__ = (  # noqa: RUF023 - grouped by who writes them, as the docstring
+        # the call itself
+        "stage", "fn", "args", "kwargs", "stream",
+        # set by an outer layer for the layers inside it
+        "attempt", "recoverable",
+        # the current attempt's
+        "started", "budget_s", "by_deadline", "outcome",
+        # the running call's
+        "task", "loop", "items", "threads", "meter", "share_expiry", "ending",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -123,8 +113,20 @@ class Call:
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
-        if stream:
-            self.stream = True
+        self.stream = stream
+        self.attempt = 1
+        self.recoverable: Callable[[BaseException], bool] | None = None
+        self.started = 0.0
+        self.budget_s: float | None = None
+        self.by_deadline = False
+        self.outcome: Outcome | None = None
+        self.task: Any = None
+        self.loop: Any = None
+        self.items = 0
+        self.threads: Any = None
+        self.meter: Any = None
+        self.share_expiry: Any = None
+        self.ending: Any = None
 
     def __repr__(self) -> str:
         return f"<Call {self.stage!r} attempt={self.attempt} stream={self.stream}>"
@@ -139,13 +141,13 @@ class Gate(Protocol):
     wait: the driver then awaits ``enter_async(call)`` for the token. ``exit(call, token, exc)``
     runs exactly once per successful ``enter``, innermost gate first, with the exception the inner
     layers raised (None on success, a ``BaseException`` on cancellation); it returns None to let
-    that outcome stand, or an exception to raise in its place. A gate whose ``exit`` does nothing
-    may say so with a class attribute ``exits = False``: the drivers then never call it; one whose
-    ``exit`` does nothing for the token None (no timer was armed, no slot taken) with
-    ``exits_none = False``: the call driver then skips it for that token. A gate whose ``exit``
-    releases a permit (a slot, a concurrency permit) says ``holds = True``: in a sync function's
-    chain its exit then waits for a worker thread the call stopped waiting for
-    (:mod:`ragguard.pipeline._threads`).
+    that outcome stand, or an exception to raise in its place. The one exception: an ``enter`` that
+    returns :data:`NO_EXIT` admits the call with nothing to undo, and its ``exit`` is not called.
+
+    Two class attributes say what the drivers cannot see from the methods: ``scope`` (required:
+    how long a stream holds the gate, see the module docstring) and ``holds`` (optional, False):
+    the ``exit`` releases a permit (a slot, a concurrency permit), so in a sync function's chain
+    it waits for a worker thread the call stopped waiting for (:mod:`ragguard.pipeline._threads`).
     """
 
     scope: ClassVar[Scope]
@@ -174,16 +176,15 @@ class Recovery(Protocol):
 class Wrapper(Protocol):
     """Runs around each pass through the inner layers: ``await proceed()`` runs them once.
 
-    ``streams``: whether the layer also wraps the opening of a stream (up to its first item).
-    ``forks`` (optional, default False): the layer runs the inner layers with call records of its
-    own (hedging's second leg, with its own attempt timer, permit and start time): its ``proceed``
-    then takes the record to run, ``await proceed(call)`` (``proceed(twin)`` for a copy), and it
-    never needs to know how the driver put the rest of the chain together. A record it makes
-    copies what the layers outside it set (``attempt``, ``recoverable``) and none of what the
-    layers inside write (see :class:`Call`).
+    In a stream's chain a wrapper wraps the opening of the stream, up to its first item (a layer
+    that has nothing to do for a stream is not built into one: its builder returns None when
+    ``bound.stream``). ``forks`` (optional, default False): the layer runs the inner layers with
+    call records of its own (hedging's second leg, with its own attempt timer, permit and start
+    time): its ``proceed`` then takes the record to run, ``await proceed(call)`` (``proceed(twin)``
+    for a copy), and it never needs to know how the driver put the rest of the chain together. A
+    record it makes copies what the layers outside it set (``attempt``, ``recoverable``) and none
+    of what the layers inside write (see :class:`Call`).
     """
-
-    streams: ClassVar[bool]
 
     async def around(self, call: Call, proceed: Callable[..., Awaitable[Any]]) -> Any: ...
 

@@ -1,16 +1,20 @@
 """The two drivers that run a chain of layers: one for calls, one for streams.
 
-A chain (outermost layer first) is compiled once into nodes. A node holds the recoveries that
-surround it, then the gates it enters in order, then either a wrapper around the next node, the
-next node, or the call itself::
+A chain (outermost layer first) is put together once into nodes. A node holds the recoveries
+that surround it, then the gates it enters in order, then either a wrapper around the next node,
+the next node, or the call itself::
 
     [observe gate] -> [fallback | deadline, quota gates] -> [retry | breaker, timeout gates]
         -> chaos wrapper -> the call
 
-so a call through the full stack runs in as many coroutine frames as it has recovery levels, and
-gates cost a method call each, in the driver's frame. The stream driver walks the same nodes and
-calls the same layer objects (see :mod:`ragguard.pipeline._contract` for what each shape does on a
-stream), so a call and a stream cannot be guarded differently.
+:meth:`Node.drive` is the whole call driver: a loop entering the node's gates, the step inside
+them, a loop exiting them innermost first, and a loop over its recoveries, innermost first. A
+call runs in one coroutine frame per node (the full stack is one node: its gates sit inside its
+recoveries), and a gate costs a method call on the way in and one on the way out. A chain runs
+the same steps written out per node (:mod:`ragguard.pipeline._compiled`) while the loop costs more
+than a tenth of a guarded call (:data:`GENERATED`). The stream
+driver walks the same nodes and calls the same layer objects (see :mod:`ragguard.pipeline._contract`
+for what each shape does on a stream), so a call and a stream cannot be guarded differently.
 """
 
 from __future__ import annotations
@@ -20,58 +24,133 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
+from .. import outcomes
 from .._compat import PY311, current_task, running_loop
 from .._context import mark_degraded
 from .._endings import StreamEnding, ended_by, record_ending
 from .._errors import DeadlineExceeded, StageTimeout
-from ._contract import WAIT, Call, Gate, Recovery, Resumption, Wrapper
+from ..outcomes import Outcome
+from ..outcomes._classify import RECORDED
+from ._compiled import compiled_run
+from ._contract import NO_EXIT, WAIT, Call, Gate, Recovery, Resumption, Wrapper
 
 __all__ = ["Head", "Node", "call_fn", "compile_chain", "run_stream"]
+
+Classifier = Callable[[BaseException], Outcome]
+"""A chain's outcome classifier: its Guard's (:attr:`ragguard.pipeline.BuildContext.classify`)."""
 
 
 class Node:
     """Recoveries, then gates, then a wrapper or the next node or the call (see module docstring)."""
 
     __slots__ = (
-        "gates", "inner", "recoveries", "resume_gates", "run", "runs", "source", "stream_gates", "wrapper",
+        "classify", "forks", "gates", "inner", "recoveries", "resume_gates", "run", "stream_gates", "wrapper",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, classify: Classifier) -> None:
+        self.classify = classify  # the chain's (its Guard's) outcome classifier
         self.recoveries: tuple[Recovery, ...] = ()
         self.gates: tuple[Gate, ...] = ()
         self.wrapper: Wrapper | None = None
+        self.forks = False  # the wrapper runs the inner layers with records of its own
         self.inner: Node | None = None
         self.stream_gates: tuple[Gate, ...] = ()  # the call/attempt-scope gates, for streams
-        self.source = ""  # the compiled run(), for reading in a debugger
         # (the root's) the item gates outside a wrapper that ``resumes`` a stream: what a
         # continuation's items still pass (a stage's deadline share)
         self.resume_gates: tuple[Gate, ...] = ()
+        self.run: Callable[..., Awaitable[Any]] = self.drive
+        """``await node.run(call, skip=0)``: :meth:`drive`, or the same written out for this node's
+        gates (:mod:`ragguard.pipeline._compiled`, while :data:`GENERATED`)."""
 
     # -- calls ----------------------------------------------------------------------------------
 
-    run: Callable[..., Awaitable[Any]]
-    """``await node.run(call, skip=0)``: run this node and the ones inside it once; recoveries
-    ``[skip:]`` handle a failure (a recovery calling ``again`` re-runs with itself and those outside
-    it skipped). Compiled by :func:`_compile_run` once the chain is built."""
+    async def drive(self, call: Call, skip: int = 0) -> Any:
+        """Run this node and the ones inside it once; recoveries ``[skip:]`` handle a failure.
 
-    runs: tuple[Callable[[Call], Awaitable[Any]], ...]
-    """``runs[k](call)``: :attr:`run` with recoveries ``[k:]`` (``runs[0]`` is ``run``; the last
-    has no recovery at all: what a recovery's ``again`` runs when it is the innermost)."""
+        The gates are entered outermost first and exited innermost first, each once per ``enter``
+        that did not answer :data:`NO_EXIT`, with the outcome: a gate's replacement error is what
+        the gates outside it, the recoveries and the caller see. A failure (an ``Exception``) then
+        goes to the innermost recovery first; one that raises hands its error to the next one out,
+        and a recovery's ``again`` re-runs this node with itself and those outside it skipped.
+        Every error is classified once, before the first layer is handed it, and every error that
+        leaves the node has been (:func:`_classified`): its outcome is on the call and on it.
 
-    async def _recover(self, call: Call, exc: Exception, skip: int) -> Any:
-        recoveries = self.recoveries
-        i = len(recoveries) - 1
+        One exception handler for all of it: in CPython 3.11 each handler an error is caught by
+        and raised again from costs about as much as the raise itself, and the failure path pays
+        it per attempt (benchmarks/failure_path.py)."""
+        held: list[tuple[Gate, Any]] = []  # the gates entered whose exit must run, with their tokens
         try:
+            for gate in self.gates:
+                token = gate.enter(call)
+                if token is WAIT:
+                    token = await gate.enter_async(call)
+                if token is not NO_EXIT:
+                    held.append((gate, token))
+            inner, wrapper = self.inner, self.wrapper
+            if inner is None and not self.forks:  # the attempt itself: the function, or a wrapper around it
+                if _CHECK_LOST_CANCEL:
+                    # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a
+                    # cancellation that lands while the awaited call finishes in the same loop
+                    # iteration (cpython gh-86296): one asked for during the call and not
+                    # delivered is raised here
+                    task = call.task
+                    if task is None:
+                        loop = running_loop()
+                        task = call.task = None if loop is None else current_task(loop)
+                    before = 0 if task is None else task.cancelling()
+                    if wrapper is None:
+                        result = await call.fn(*call.args, **call.kwargs)
+                    else:
+                        result = await wrapper.around(call, call_fn(call))
+                    if task is not None and task.cancelling() > before:
+                        raise asyncio.CancelledError(_LOST_CANCEL)
+                elif wrapper is None:
+                    result = await call.fn(*call.args, **call.kwargs)
+                else:
+                    result = await wrapper.around(call, call_fn(call))
+            elif wrapper is None:
+                result = await inner.run(call)  # type: ignore[union-attr]
+            elif self.forks:  # proceed(record), see Wrapper
+                result = await wrapper.around(call, run_call if inner is None else inner.run)
+            else:
+                result = await wrapper.around(call, partial(inner.run, call))  # type: ignore[union-attr]
+            while held:  # innermost first; an error a gate puts in place of the success is raised
+                gate, token = held.pop()  # here, for the gates outside it (still held) to exit with
+                replaced = gate.exit(call, token, None)
+                if replaced is not None:
+                    raise replaced
+            return result
+        except BaseException as exc:
+            # No name of this frame may keep the error it raises or hands on: the error's traceback
+            # holds the frame, and the two would be a reference cycle only the collector frees.
+            replaced = None
+            error: Any = exc
+            _classified(call, exc, self.classify)
+            while held:  # the gates entered exit innermost first, each seeing what those inside left
+                gate, token = held.pop()
+                replaced = gate.exit(call, token, error)
+                if replaced is not None:
+                    error = replaced
+                    _classified(call, error, self.classify)
+            recoveries = self.recoveries
+            i = len(recoveries)
+            if i <= skip or not isinstance(error, Exception):  # a cancellation is never recovered
+                if error is exc:
+                    error = replaced = None
+                    raise
+                exc, error, replaced = error, None, None  # ``exc`` is cleared as it leaves the block
+                raise exc
             while True:  # the innermost recovery first; one that raises hands its error outward
-                try:
-                    return await recoveries[i].recover(call, exc, partial(self.runs[i + 1], call))
-                except Exception as raised:
-                    if i <= skip:
-                        raise
-                    exc = raised
                 i -= 1
-        finally:
-            del exc  # no reference cycle between the error raised and this frame
+                recovering = recoveries[i].recover(call, error, partial(self.run, call, i + 1))
+                error = replaced = None
+                try:
+                    return await recovering
+                except Exception as raised:
+                    _classified(call, raised, self.classify)  # (known: the error handed in, or again's)
+                    if i == skip:
+                        raise
+                    error = raised
 
     # -- streams --------------------------------------------------------------------------------
 
@@ -83,35 +162,37 @@ class Node:
         timer) exactly as a call is. Once the first item is there the item gates exit and the
         call and attempt gates are held until the stream ends. ``item_gates`` (those of the whole
         chain) bound each later item."""
-        gates = self.gates
+        gates: list[Gate] = []
         tokens: list[Any] = []
         try:
             try:
-                for gate in gates:
+                for gate in self.gates:
                     token = gate.enter(call)
                     if token is WAIT:
                         token = await gate.enter_async(call)
-                    tokens.append(token)
-                inner = self.inner
+                    if token is not NO_EXIT:
+                        gates.append(gate)
+                        tokens.append(token)
+                inner, wrapper = self.inner, self.wrapper
                 head: Head
-                if self.wrapper is not None and self.wrapper.streams:
+                if wrapper is not None:
                     proceed: Callable[..., Awaitable[Head]]
-                    if getattr(self.wrapper, "forks", False):  # proceed(call), see Wrapper
+                    if self.forks:  # proceed(call), see Wrapper
                         proceed = partial(_open_call, inner, item_gates)
                     else:
                         proceed = _open_fn(call) if inner is None else partial(inner.open, call, item_gates)
-                    head = await self.wrapper.around(call, proceed)
+                    head = await wrapper.around(call, proceed)
                 elif inner is not None:
                     head = await inner.open(call, item_gates)
                 else:
                     head = await _open_fn(call)()
             except BaseException as exc:
-                _exit_all(call, gates, tokens, exc)
+                _exit_all(call, gates, tokens, exc, self.classify)
                 raise
-            if len(self.stream_gates) == len(gates):
+            if all(gate.scope != "item" for gate in gates):
                 head.held.append((gates, tokens))
             else:
-                await _hold(call, gates, tokens, head)
+                await _hold(call, gates, tokens, head, self.classify)
             return head
         except Exception as exc:
             if len(self.recoveries) <= skip:
@@ -128,6 +209,7 @@ class Node:
                 try:
                     got = await recoveries[i].recover(call, exc, partial(self.open, call, item_gates, i + 1))
                 except Exception as raised:
+                    _classified(call, raised, self.classify)
                     if i <= skip:
                         raise
                     exc = raised
@@ -140,19 +222,38 @@ class Node:
             del exc  # no reference cycle between the error raised and this frame
 
 
-def _exit_all(call: Call, gates: Sequence[Gate], tokens: list[Any], exc: BaseException | None) -> None:
-    """Exit the entered gates, innermost first; raise the replacement error a gate returned (the
-    gate sets its cause)."""
+def _classified(call: Call, exc: BaseException, classify: Classifier) -> None:
+    """Put ``exc``'s outcome on the call (``outcome``: what the layers read), classifying it with
+    the chain's ``classify`` unless a chain did already (an error handed on from the layers inside,
+    or from a guarded call inside this one) and recording it on the error (what the breakers'
+    classifiers and the front doors read, :func:`ragguard.outcomes.outcome_of`)."""
+    outcome = getattr(exc, RECORDED, None)
+    if type(outcome) is not Outcome:
+        outcome = classify(exc)
+        exc.__dict__[RECORDED] = outcome
+    call.outcome = outcome
+
+
+def _exit_all(
+    call: Call, gates: Sequence[Gate], tokens: list[Any], exc: BaseException | None, classify: Classifier
+) -> None:
+    """Exit the held ``gates`` (with their ``tokens``), innermost first, with ``exc`` (None:
+    success), each seeing what the gates inside it left; raise the error a gate put in its place."""
+    if exc is not None:
+        _classified(call, exc, classify)
     err = exc
     for i in range(len(tokens) - 1, -1, -1):
         replaced = gates[i].exit(call, tokens[i], err)
         if replaced is not None:
             err = replaced
+            _classified(call, err, classify)
     if err is not exc and err is not None:
         raise err
 
 
-async def _hold(call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head) -> None:
+async def _hold(
+    call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head, classify: Classifier
+) -> None:
     """The first item is there: exit the item gates (innermost first) and hold the others until
     the stream ends. An item gate that replaces the success with an error ends the stream here."""
     held_gates: list[Gate] = []
@@ -167,6 +268,7 @@ async def _hold(call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head
             replaced = gates[i].exit(call, tokens[i], err)
             if replaced is not None:
                 err = replaced
+                _classified(call, err, classify)
     if err is None:
         head.held.append((held_gates, held_tokens))
         return
@@ -175,9 +277,9 @@ async def _hold(call: Call, gates: Sequence[Gate], tokens: list[Any], head: Head
     finally:
         try:
             for inner_gates, inner_tokens in head.held:  # the nodes inside, innermost first
-                _exit_all(call, inner_gates, inner_tokens, err)
+                _exit_all(call, inner_gates, inner_tokens, err, classify)
         finally:
-            _exit_all(call, held_gates, held_tokens, err)
+            _exit_all(call, held_gates, held_tokens, err, classify)
     raise err
 
 
@@ -255,15 +357,18 @@ def _open_fn(call: Call) -> Callable[[], Awaitable[Head]]:
     return open_stream
 
 
-async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...]) -> Any:
+async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...], classify: Classifier) -> Any:
     """The stream's next item through the item-scope ``gates`` (StopAsyncIteration at the end)."""
-    entered: list[Any] = []
+    held: list[Gate] = []
+    tokens: list[Any] = []
     try:
         for gate in gates:
             token = gate.enter(call)
             if token is WAIT:
                 token = await gate.enter_async(call)
-            entered.append(token)
+            if token is not NO_EXIT:
+                held.append(gate)
+                tokens.append(token)
         if _CHECK_LOST_CANCEL:  # inlined: an extra coroutine frame per item cost more than the check
             loop = call.loop
             if loop is None:
@@ -276,12 +381,12 @@ async def next_item(call: Call, agen: Any, gates: tuple[Gate, ...]) -> Any:
         else:
             item = await agen.__anext__()
     except StopAsyncIteration:
-        _exit_all(call, gates, entered, None)
+        _exit_all(call, held, tokens, None, classify)
         raise
     except BaseException as exc:
-        _exit_all(call, gates, entered, exc)
+        _exit_all(call, held, tokens, exc, classify)
         raise
-    _exit_all(call, gates, entered, None)
+    _exit_all(call, held, tokens, None, classify)
     return item
 
 
@@ -289,7 +394,7 @@ _LOST_CANCEL = "cancelled as the call finished (Python 3.11 wait_for)"
 
 async def _anext_checked(agen: Any) -> Any:
     """``await agen.__anext__()``, raising the cancellation Python 3.11's ``wait_for`` can drop
-    inside the generator (see :func:`_compile_run`)."""
+    inside the generator (see :meth:`Node.drive`)."""
     loop = running_loop()
     task = None if loop is None else current_task(loop)
     if task is None:
@@ -335,6 +440,7 @@ async def run_stream(
     before the layers it held exit, and kept in the request (``record``; a stream cut after its
     commit point is named in :func:`ragguard.degraded` too).
     """
+    classify = root.classify
     try:
         head = await root.open(call, item_gates)
     except BaseException as exc:
@@ -362,7 +468,10 @@ async def run_stream(
                 agen = head.agen
                 while True:
                     try:
-                        item = await (next_item(call, agen, item_gates) if head.guarded else agen.__anext__())
+                        if head.guarded:
+                            item = await next_item(call, agen, item_gates, classify)
+                        else:
+                            item = await agen.__anext__()
                     except StopAsyncIteration:
                         break
                     if deliver is not None:
@@ -376,9 +485,9 @@ async def run_stream(
             except Exception as exc:
                 if kept is None or not call.items:
                     raise
-                failed = await _release_inside(call, head, exc)
+                failed = await _release_inside(call, head, exc, classify)
                 take_over = partial(head.resume.take_over, call, failed, kept)  # type: ignore[union-attr]
-                takeover = await (_gated(call, outer, take_over) if outer else take_over())
+                takeover = await (_gated(call, outer, take_over, classify) if outer else take_over())
                 del kept, take_over
                 if takeover is None:
                     raise failed  # noqa: B904 - its own error, or the one a gate replaced it with
@@ -387,7 +496,7 @@ async def run_stream(
             if rest is not None:
                 while True:
                     try:
-                        item = await (next_item(call, rest, outer) if outer else rest.__anext__())
+                        item = await (next_item(call, rest, outer, classify) if outer else rest.__anext__())
                     except StopAsyncIteration:
                         break
                     call.items += 1
@@ -409,29 +518,34 @@ async def run_stream(
             # innermost node first; a consumer that stops early closes us with GeneratorExit, which
             # gates treat as a cancellation: released, nothing recorded
             for gates, tokens in head.held:
-                _exit_all(call, gates, tokens, outcome)
+                _exit_all(call, gates, tokens, outcome, classify)
             if record and outcome is not None and call.items and isinstance(outcome, Exception):
                 mark_degraded(f"incomplete: {call.stage} after {_items(call.items)}")
 
 
-async def _gated(call: Call, gates: tuple[Gate, ...], step: Callable[[], Awaitable[Any]]) -> Any:
+async def _gated(
+    call: Call, gates: tuple[Gate, ...], step: Callable[[], Awaitable[Any]], classify: Classifier
+) -> Any:
     """``await step()`` inside ``gates`` (entered in order, exited innermost first with its outcome)."""
-    entered: list[Any] = []
+    entered: list[Gate] = []
+    tokens: list[Any] = []
     try:
         for gate in gates:
             token = gate.enter(call)
             if token is WAIT:
                 token = await gate.enter_async(call)
-            entered.append(token)
+            if token is not NO_EXIT:
+                entered.append(gate)
+                tokens.append(token)
         result = await step()
     except BaseException as exc:
-        _exit_all(call, gates, entered, exc)
+        _exit_all(call, entered, tokens, exc, classify)
         raise
-    _exit_all(call, gates, entered, None)
+    _exit_all(call, entered, tokens, None, classify)
     return result
 
 
-async def _release_inside(call: Call, head: Head, exc: Exception) -> Exception:
+async def _release_inside(call: Call, head: Head, exc: Exception, classify: Classifier) -> Exception:
     """``exc`` ended the stream of ``head`` past its commit point and a layer may carry it on:
     close the stream and release the layers inside that one (``head.resume.inside``) with
     ``exc`` (a breaker counts it, a token meter settles); the others stay held. Returns ``exc``,
@@ -447,7 +561,7 @@ async def _release_inside(call: Call, head: Head, exc: Exception) -> Exception:
                 held.append(entry)
                 continue
             try:
-                _exit_all(call, entry[0], entry[1], failed)
+                _exit_all(call, entry[0], entry[1], failed, classify)
             except Exception as replaced:
                 failed = replaced
         head.held = held
@@ -495,10 +609,13 @@ def _committed(call: Call, exc: Exception) -> None:
         )
 
 
-def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
+def compile_chain(
+    layers: Sequence[Any], classify: Classifier = outcomes.classify
+) -> tuple[Node, tuple[Gate, ...]]:
     """The root node for ``layers`` (outermost first; see the module docstring) and the item-scope
-    gates of the whole chain, outermost first (what each item of a stream passes through)."""
-    root = node = Node()
+    gates of the whole chain, outermost first (what each item of a stream passes through).
+    ``classify``: what the dependency said (the Guard's classifier), asked once per error."""
+    root = node = Node(classify)
     for layer in layers:
         shapes = 0
         if isinstance(layer, Recovery):  # a layer may be a recovery and a gate (retry counts calls)
@@ -515,6 +632,7 @@ def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
             if node.wrapper is not None:
                 node = _descend(node)
             node.wrapper = layer
+            node.forks = bool(getattr(layer, "forks", False))
             shapes += 1
         if not shapes:
             raise TypeError(f"{layer!r} is not a Gate, a Recovery or a Wrapper")
@@ -528,226 +646,22 @@ def compile_chain(layers: Sequence[Any]) -> tuple[Node, tuple[Gate, ...]]:
             root.resume_gates = tuple(item_gates)  # the node's gates stand outside its wrapper
         nodes.append(n)
         n = n.inner
-    for n in reversed(nodes):  # innermost first: a node's run() calls its inner node's
-        _compile_run(n)
+    if GENERATED:
+        for n in reversed(nodes):  # innermost first: a node's code calls the run of the one inside
+            steps: dict[str, Callable[..., Any]] = {
+                "classified": _classified, "call_fn": call_fn, "run_call": run_call,
+            }  # fmt: skip
+            n.run = compiled_run(n, steps, _LOST_CANCEL if _CHECK_LOST_CANCEL else None)
     return root, tuple(item_gates)
 
 
-def _compile_run(node: Node) -> None:
-    """Write ``node.run`` (and ``node.runs``) for this node's shape, as dataclasses writes
-    ``__init__``.
-
-    Each gate becomes a nested ``try`` around the ones inside it (exactly as ``async with`` would
-    nest them, without a context manager's calls): its ``enter`` before, its ``exit`` after, with
-    the outcome, and a replacement error raised in place of the original. A generic loop over the
-    gates cost three times as much per gate (measured by benchmarks/overhead.py), and a guarded call
-    pays this on every call. The recoveries are written in too, innermost first (a recovery that
-    raises hands its error to the next one out), each with an ``again`` that re-runs the node with
-    itself and the outer ones left out: one function per number of recoveries left out
-    (``runs[k]``), so a re-run carries no handler for recoveries it skips, and a failure reaches
-    its recovery without a frame in between (benchmarks/failure_path.py). The code of the node
-    inside (unless a wrapper stands between) is written in as well, so a call runs in one frame
-    however many nodes its chain has (the observed chain's span gate is a node of its own). For a
-    node with a fallback, a retry, two gates and the call, ``runs[0]`` (``run``) reads::
-
-        async def run(call, skip=0):
-            try:
-                t0 = enter0(call)
-                if t0 is WAIT:
-                    t0 = await enter_async0(call)
-                try:
-                    ... gate 1, the same, around: result = await call.fn(*call.args, **call.kwargs)
-                except BaseException as e0:
-                    r0 = exit0(call, t0, e0)
-                    if r0 is not None:
-                        raise r0
-                    raise
-                r0 = exit0(call, t0, None)
-                if r0 is not None:
-                    raise r0
-            except Exception as exc:
-                if skip:
-                    result = await recover(call, exc, skip)
-                else:
-                    left = True
-                    try:
-                        result = await recover1(call, exc, partial(run2, call))
-                        left = False
-                    except Exception as raised:
-                        exc = raised
-                    if left:
-                        result = await recover0(call, exc, partial(run1, call))
-            return result
-    """
-    n = len(node.recoveries)
-    ns: dict[str, Any] = {
-        "WAIT": WAIT,
-        "partial": partial,
-        "call_fn": call_fn,
-        "running_loop": running_loop,
-        "current_task": current_task,
-        "CancelledError": asyncio.CancelledError,
-        "recover": node._recover,
-    }
-    sources: list[str] = []
-    for k in range(n, -1, -1):  # runs[n] first: runs[k] re-runs through runs[k + 1]
-        name = "run" if k == 0 else f"run{k}"
-        lines = [f"async def {name}(call, skip=0):" if k == 0 else f"async def {name}(call):"]
-        lines += ["    " + line for line in _level(node, k, ns, "", top=k == 0)]
-        lines.append("    return result")
-        source = "\n".join(lines)
-        exec(compile(source, f"<ragguard chain node: {_describe(node)}>", "exec"), ns)
-        sources.append(source)
-    node.runs = tuple(ns["run" if k == 0 else f"run{k}"] for k in range(n + 1))
-    node.run = node.runs[0]
-    node.source = "\n\n".join(reversed(sources))
-
-
-def _level(node: Node, k: int, ns: dict[str, Any], p: str, *, top: bool = False) -> list[str]:
-    """Lines that run ``node`` with its recoveries ``[k:]`` and leave the outcome in ``result``
-    (see :func:`_compile_run`); ``p`` prefixes every name this node puts in ``ns`` and every local
-    it uses, so a node written into another's code keeps its own. ``top``: the code of ``run``
-    itself (the only one taking ``skip``)."""
-    n = len(node.recoveries)
-    for i, recovery in enumerate(node.recoveries):
-        ns[f"{p}recover{i}"] = recovery.recover
-        if p:  # a node written in: its re-runs are its own functions
-            ns[f"{p}run{i + 1}"] = node.runs[i + 1]
-    body = _gates(node, ns, p)
-    if k == n:
-        return body
-    lines = ["try:", *("    " + line for line in body), f"except Exception as {p}exc:"]
-    chain: list[str] = []
-    if n - 1 > k:
-        chain.append(f"{p}left = True")
-    for i in range(n - 1, k - 1, -1):
-        call = f"await {p}recover{i}(call, {p}exc, partial({p}run{i + 1}, call))"
-        guard = i < n - 1  # an inner recovery ran before this one: only if it raised
-        pad = "    " if guard else ""
-        if guard:
-            chain.append(f"if {p}left:")
-        if i == k:
-            chain.append(f"{pad}result = {call}")
-        else:
-            chain += [
-                f"{pad}try:",
-                f"{pad}    result = {call}",
-                f"{pad}    {p}left = False",
-                f"{pad}except Exception as {p}raised:",
-                f"{pad}    {p}exc = {p}raised",
-            ]
-    if top:
-        lines += [
-            "    if skip:",
-            f"        result = await recover(call, {p}exc, skip)",
-            "    else:",
-            *("        " + line for line in chain),
-        ]
-    else:
-        lines += ["    " + line for line in chain]
-    return lines
-
-
-def _gates(node: Node, ns: dict[str, Any], p: str) -> list[str]:
-    """The gates of ``node`` around its wrapper, inner node or call (see :func:`_compile_run`),
-    as lines leaving the outcome in ``result``; the names it uses are put in ``ns``.
-
-    A gate that says ``exits_none = False`` is exited only for a token other than None; when it
-    is the node's last gate, the call inside it is written twice, once without the handler, for
-    the token None (an untimed attempt pays no exception handler, on the failure path either)."""
-    gates = node.gates
-    for i, gate in enumerate(gates):
-        ns[f"{p}enter{i}"], ns[f"{p}enter_async{i}"] = gate.enter, gate.enter_async
-        ns[f"{p}exit{i}"] = gate.exit
-    inside = _inside(node, ns, p)
-
-    def around(i: int) -> list[str]:
-        if i == len(gates):
-            return inside
-        gate, t = gates[i], f"{p}t{i}"
-        lines = [f"{t} = {p}enter{i}(call)", f"if {t} is WAIT:", f"    {t} = await {p}enter_async{i}(call)"]
-        body = around(i + 1)
-        if not getattr(gate, "exits", True):
-            return lines + body
-        needs_none = getattr(gate, "exits_none", True)
-        twice = not needs_none and i == len(gates) - 1
-        guard = not (needs_none or twice)  # exit only for a token other than None
-        pad = "    " if guard else ""
-        handled = [
-            "try:",
-            *("    " + line for line in body),
-            f"except BaseException as {p}e{i}:",
-            *((f"    if {t} is not None:",) if guard else ()),
-            f"    {pad}{p}r{i} = {p}exit{i}(call, {t}, {p}e{i})",
-            f"    {pad}if {p}r{i} is not None:",
-            f"    {pad}    raise {p}r{i}",
-            "    raise",
-            *((f"if {t} is not None:",) if guard else ()),
-            f"{pad}{p}r{i} = {p}exit{i}(call, {t}, None)",
-            f"{pad}if {p}r{i} is not None:",
-            f"{pad}    raise {p}r{i}",
-        ]
-        if twice:
-            return [
-                *lines,
-                f"if {t} is None:",
-                *("    " + line for line in body),
-                "else:",
-                *("    " + line for line in handled),
-            ]
-        return lines + handled
-
-    return around(0)
-
-
-def _inside(node: Node, ns: dict[str, Any], p: str) -> list[str]:
-    """What ``node``'s gates surround: its wrapper, the inner node's code, or the call."""
-    lines: list[str] = []
-
-    def innermost(statement: str) -> None:
-        if not PY311:
-            lines.append(statement)
-            return
-        # Python 3.11's asyncio.wait_for (redis-py wraps every command in it) drops a cancellation
-        # that lands while the awaited call finishes in the same loop iteration (cpython
-        # gh-86296): a cancellation requested during the call and not delivered is raised here.
-        lines.extend([
-            "task = call.task",
-            "if task is None:",
-            "    loop = running_loop()",
-            "    task = call.task = None if loop is None else current_task(loop)",
-            "before = 0 if task is None else task.cancelling()",
-            statement,
-            "if task is not None and task.cancelling() > before:",
-            f"    raise CancelledError({_LOST_CANCEL!r})",
-        ])  # fmt: skip
-
-    inner = node.inner
-    if node.wrapper is not None:
-        ns[f"{p}around"] = node.wrapper.around
-        if getattr(node.wrapper, "forks", False):  # proceed(call): the inner layers, for a record
-            ns[f"{p}inner_run"] = run_call if inner is None else inner.run
-            lines.append(f"result = await {p}around(call, {p}inner_run)")
-        elif inner is None:  # the wrapper (chaos) awaits the call itself
-            innermost(f"result = await {p}around(call, call_fn(call))")
-        else:
-            ns[f"{p}inner_run"] = inner.run
-            lines.append(f"result = await {p}around(call, partial({p}inner_run, call))")
-    elif inner is not None:  # the inner node's own code, written in (see _compile_run)
-        lines.extend(_level(inner, 0, ns, f"{p}n{len(p) // 3 + 1}_"))
-    else:
-        innermost("result = await call.fn(*call.args, **call.kwargs)")
-    return lines
-
-
-def _describe(node: Node) -> str:
-    parts = [type(r).__name__ for r in node.recoveries] + [type(g).__name__ for g in node.gates]
-    if node.wrapper is not None:
-        parts.append(type(node.wrapper).__name__)
-    return " > ".join(parts) or "call"
+GENERATED = True
+"""Whether chains run :meth:`Node.drive` written out per node (:mod:`ragguard.pipeline._compiled`)
+rather than the loop itself: read when a chain is put together (module-level so a benchmark
+measures both)."""
 
 
 def _descend(node: Node) -> Node:
-    child = Node()
+    child = Node(node.classify)
     node.inner = child
     return child

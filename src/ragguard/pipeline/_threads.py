@@ -37,7 +37,7 @@ from .._compat import running_loop
 from .._context import current_scope
 from ._contract import Call, Gate, Layer, Scope
 
-__all__ = ["HeldGate", "Pending", "ThreadCall", "held", "limiter_for"]
+__all__ = ["HeldGate", "InThread", "Pending", "held", "limiter_for", "thread_call"]
 
 log = logging.getLogger("ragguard")
 
@@ -119,31 +119,35 @@ class _Job:
             pending.returned()
 
 
-class ThreadCall(Call):
-    """A call of a sync function: ``fn`` is the async step that runs ``target`` in a worker thread
-    (a bound method looked up on each access, so the record holds no cycle to itself).
+def thread_call(
+    stage: str,
+    target: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    limiter: CapacityLimiter,
+) -> Call:
+    """The record of a call of the sync function ``target``: its ``fn`` runs ``target`` in a
+    worker thread of ``limiter``, and ``threads`` counts the threads it stopped waiting for."""
+    pending = Pending()
+    call = Call(stage, InThread(target, limiter, pending), args, kwargs)
+    call.threads = pending
+    return call
 
-    ``threads``: the :class:`Pending` threads this call stopped waiting for (None until one is)."""
 
-    def __init__(
-        self,
-        stage: str,
-        target: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        limiter: CapacityLimiter,
-    ) -> None:
-        self.stage = stage
+class InThread:
+    """``await InThread(target, limiter, pending)(*args, **kwargs)`` runs ``target(*args,
+    **kwargs)`` in a worker thread of ``limiter``. When the caller stops waiting for a thread that
+    still runs, the thread is counted in ``pending`` (the call's) and in the request scope's, until
+    it returns. Holds no reference to the call record."""
+
+    __slots__ = ("limiter", "pending", "target")
+
+    def __init__(self, target: Callable[..., Any], limiter: CapacityLimiter, pending: Pending) -> None:
         self.target = target
-        self.args = args
-        self.kwargs = kwargs
         self.limiter = limiter
+        self.pending = pending
 
-    @property
-    def fn(self) -> Callable[..., Any]:  # type: ignore[override]
-        return self._in_thread
-
-    async def _in_thread(self, *args: Any, **kwargs: Any) -> Any:
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
         job = _Job(self.limiter, _poster())
         try:  # a free thread: no checkpoint (anyio's awaited acquire costs a loop iteration)
             self.limiter.acquire_on_behalf_of_nowait(job)
@@ -161,10 +165,7 @@ class ThreadCall(Call):
         return result
 
     def _hold(self, job: _Job) -> None:
-        mine = self.threads
-        if mine is None:
-            mine = self.threads = Pending()
-        holders = [mine]
+        holders = [self.pending]
         scope = current_scope()
         if scope is not None:
             theirs = scope.threads
@@ -191,21 +192,29 @@ class HeldGate:
     """A gate of a sync function's chain whose ``exit`` releases a permit (``holds = True``): when
     the call stopped waiting for a thread that still runs, the exit waits for the thread."""
 
-    __slots__ = ("enter", "enter_async", "exits_none", "gate", "scope")
+    __slots__ = ("enter", "enter_async", "gate", "scope")
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
         self.scope: Scope = gate.scope
         self.enter = gate.enter
         self.enter_async = gate.enter_async
-        self.exits_none: bool = getattr(gate, "exits_none", True)
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
         pending = call.threads
         if pending is not None and pending.count:
-            pending.hold(partial(self.gate.exit, call, token, exc))
+            pending.hold(partial(self._exit_later, call, token, exc, call.outcome))
             return None
         return self.gate.exit(call, token, exc)
+
+    def _exit_later(self, call: Call, token: Any, exc: BaseException | None, outcome: Any) -> None:
+        """The held exit, once the thread returned: with the outcome of ``exc`` on the call again
+        (the call may have moved on to another error meanwhile), then the call's own put back."""
+        now, call.outcome = call.outcome, outcome
+        try:
+            self.gate.exit(call, token, exc)
+        finally:
+            call.outcome = now
 
     def __repr__(self) -> str:
         return f"HeldGate({self.gate!r})"
@@ -215,7 +224,7 @@ def held(layers: Sequence[Layer]) -> list[Layer]:
     """``layers`` for a sync function's chain: each gate that holds a permit, as a :class:`HeldGate`."""
     return [
         cast(Layer, HeldGate(cast(Gate, layer)))
-        if getattr(layer, "holds", False) and getattr(layer, "exits", True)
+        if getattr(layer, "holds", False)
         else layer
         for layer in layers
     ]

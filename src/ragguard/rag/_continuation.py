@@ -255,7 +255,6 @@ class ContinuationLayer:
     ``applies(exc)``: whether the failure is one a continuation serves; ``text``: an item's text
     (None: not text); ``structured``: continue streams whose items are not all text."""
 
-    streams: ClassVar[bool] = True
     resumes: ClassVar[bool] = True  # sets the head's ``resume`` (see ragguard.pipeline.Resumption)
     __slots__ = ("_bus", "applies", "continuations", "stage", "structured", "text")
 

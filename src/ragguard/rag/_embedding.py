@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from ..layers._fallback import FallbackMiss
 from ..pipeline import Call
@@ -26,7 +26,6 @@ def texts_of(ref: ArgRef, call: Call) -> Sequence[str] | None:
 class CacheTap:
     """Stores every successful embedding call's rows in the stage's cache, one per text."""
 
-    streams: ClassVar[bool] = False
     __slots__ = ("cache", "texts")
 
     def __init__(self, cache: EmbeddingCache, texts: ArgRef) -> None:

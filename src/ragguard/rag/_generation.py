@@ -163,7 +163,6 @@ class TokenMeter:
     hand-over of its items (see the module docstring)."""
 
     scope: ClassVar[Scope] = "call"
-    streams: ClassVar[bool] = True
     __slots__ = (
         "_bus",
         "accounts",

@@ -48,7 +48,7 @@ from ..layers import Bound, Stage
 from ..layers._fallback import Fallback, applies_for
 from ..layers._registry import register_preset
 from ..layers._timeout import build as timeout_layer
-from ..outcomes import Kind
+from ..outcomes import Kind, outcome_of
 from ..pipeline import Layer
 from ..pipeline._chain import Chain
 from ..quotas import TokenAccounts
@@ -345,13 +345,14 @@ def _continuation(
     own, under the request's deadline), a guarded one under its own stage's."""
     timeout = timeout_layer(stage, bound)
     layers: list[Layer] = [meter, _budgets(stage)] if timeout is None else [meter, _budgets(stage), timeout]
-    chain = Chain(layers, inner=True)
-    kind_of = stage.context.kind_of
+    classify = stage.context.classify
+    chain = Chain(layers, classify, inner=True)
     counts = stage.counts if stage.breaker is not None else None
-    served = applies_for(counts, stage.policy.fallback_on, kind_of)
+    served = applies_for(counts, stage.policy.fallback_on)
 
     def applies(exc: BaseException) -> bool:
-        return kind_of(exc) is not Kind.DEADLINE and served(exc)  # no time left to continue in
+        outcome = outcome_of(exc, classify)  # the chain's record (the stream driver classified it)
+        return outcome.kind is not Kind.DEADLINE and served(exc, outcome)  # no time left to continue in
 
     return ContinuationLayer(
         stage.name,
@@ -374,7 +375,6 @@ def _shrink(stage: Stage, passages: ArgRef | None) -> ShrinkPassages | None:
         max_shrinks=policy.generation.max_shrinks,
         min_passages=policy.generation.min_passages,
         min_attempt_s=policy.min_attempt_s,
-        classify=stage.context.classify,
         event_bus=stage.context.bus,
     )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from .._clock import Clock
 from .._context import current_tenant, mark_degraded
@@ -101,7 +101,6 @@ class ChunkedRerank:
     docstring). ``candidates`` says where the candidate list is; ``score(item)`` reads a reranked
     item's score for the merge."""
 
-    streams: ClassVar[bool] = False
     __slots__ = ("_bus", "_warned", "candidates", "limiter", "score", "stage")
 
     def __init__(

@@ -32,7 +32,7 @@ from typing import Any
 from .._context import current_tenant, mark_degraded
 from .._deadline import remaining
 from ..events import EventBus, FallbackServed, bus
-from ..outcomes import CONTEXT_LENGTH, Kind, Outcome, classify, context_overflow
+from ..outcomes import CONTEXT_LENGTH, Kind, Outcome, context_overflow, outcome_of
 from ..pipeline import Call
 from ._args import ArgRef
 from ._counting import count_tokens
@@ -62,9 +62,9 @@ def passage_tokens(passage: Any) -> int:
 
 class ShrinkPassages:
     """Calls ``stage``'s function again with fewer of the passages ``passages`` finds, after a
-    context-length refusal (see the module docstring); ``classify`` reads what the model said."""
+    context-length refusal (see the module docstring), as the chain classified it (``Call.outcome``)."""
 
-    __slots__ = ("_bus", "_classify", "max_shrinks", "min_attempt_s", "min_passages", "passages", "stage")
+    __slots__ = ("_bus", "max_shrinks", "min_attempt_s", "min_passages", "passages", "stage")
 
     def __init__(
         self,
@@ -74,7 +74,6 @@ class ShrinkPassages:
         max_shrinks: int,
         min_passages: int,
         min_attempt_s: float = 0.0,
-        classify: Callable[[BaseException], Outcome] = classify,
         event_bus: EventBus = bus,
     ) -> None:
         self.stage = stage
@@ -82,7 +81,6 @@ class ShrinkPassages:
         self.max_shrinks = max_shrinks
         self.min_passages = min_passages
         self.min_attempt_s = max(min_attempt_s, 0.001)
-        self._classify = classify
         self._bus = event_bus
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
@@ -91,7 +89,8 @@ class ShrinkPassages:
         try:
             while True:
                 passages = self.passages.get(call.args, call.kwargs)
-                keep = self.keep(exc, passages) if shrinks < self.max_shrinks else None
+                outcome = call.outcome or outcome_of(exc)
+                keep = self.keep(exc, passages, outcome) if shrinks < self.max_shrinks else None
                 if keep is None:
                     raise exc
                 call.args, call.kwargs = self.passages.replace(*original, passages[:keep])
@@ -109,10 +108,12 @@ class ShrinkPassages:
             call.args, call.kwargs = original
             del exc  # no reference cycle between the error raised and this frame
 
-    def keep(self, exc: BaseException, passages: Any) -> int | None:
-        """How many of ``passages`` (best first) to send after ``exc``; None: no shrink (not a
-        context-length refusal, no list of passages, none left to drop, no time left)."""
-        outcome = self._classify(exc)
+    def keep(self, exc: BaseException, passages: Any, outcome: Outcome | None = None) -> int | None:
+        """How many of ``passages`` (best first) to send after ``exc`` (whose outcome is ``outcome``;
+        None: the one recorded on it); None: no shrink (not a context-length refusal, no list of
+        passages, none left to drop, no time left)."""
+        if outcome is None:
+            outcome = outcome_of(exc)
         if outcome.kind is not Kind.CALLER_ERROR or outcome.reason != CONTEXT_LENGTH:
             return None
         if not isinstance(passages, (list, tuple)):

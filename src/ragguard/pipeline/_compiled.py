@@ -1,0 +1,167 @@
+""":meth:`Node.drive <ragguard.pipeline._drivers.Node.drive>` with its gate loops unrolled, for one
+node: the call driver a chain runs, while the plain loop costs more than a tenth of a guarded call.
+
+The plain driver is the reference: it says what a node does, and this module writes the same steps
+for a node's own gates, as ``dataclasses`` writes an ``__init__``: each gate's ``enter`` and ``exit``
+become straight-line code around the step inside, under the one exception handler, with the same
+recoveries loop. Nothing else differs; tests/pipeline runs its driver tests against both, and
+``benchmarks/overhead.py`` measures both in every run (``_drivers.GENERATED`` switches). In CPython
+3.11 a loop over a node's gates cost 9-14% of a guarded call (nothing configured 1.10x, the failure
+path 1.14x, the full stack 1.09x); when it costs less than 10%, this module goes. For a node with
+two gates inside its recoveries, the code reads::
+
+    async def run(call, skip=0):
+        entered = 0
+        try:
+            t0 = enter0(call)
+            if t0 is WAIT:
+                t0 = await enter_async0(call)
+            entered = 1
+            t1 = enter1(call)
+            ...
+            entered = 2
+            result = await call.fn(*call.args, **call.kwargs)    # or the wrapper, or the next node
+            entered = 1
+            if t1 is not NO_EXIT:
+                replaced = exit1(call, t1, None)
+                if replaced is not None:
+                    raise replaced
+            entered = 0
+            ... gate 0 the same
+            return result
+        except BaseException as exc:
+            ... Node.drive's handler, each gate's exit written out: ``if entered > 1 and t1 is not
+            NO_EXIT:``
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from .._compat import current_task, running_loop
+from ._contract import NO_EXIT, WAIT
+
+if TYPE_CHECKING:
+    from ._drivers import Node
+
+__all__ = ["compiled_run"]
+
+_HANDLER = """\
+    except BaseException as exc:
+        replaced = None
+        error = exc
+        classified(call, exc, classify)
+{exits}
+        i = n_recoveries
+        if i <= skip or not isinstance(error, Exception):
+            if error is exc:
+                error = replaced = None
+                raise
+            exc, error, replaced = error, None, None
+            raise exc
+        while True:
+            i -= 1
+            recovering = recoveries[i].recover(call, error, partial(self_run, call, i + 1))
+            error = replaced = None
+            try:
+                return await recovering
+            except Exception as raised:
+                classified(call, raised, classify)
+                if i == skip:
+                    raise
+                error = raised
+"""
+"""Node.drive's handler (see it for why each line is there), with ``{exits}`` written per gate."""
+
+
+def compiled_run(
+    node: Node, steps: Mapping[str, Callable[..., Any]], lost_cancel: str | None
+) -> Callable[..., Awaitable[Any]]:
+    """``node.drive`` written out for ``node``'s gates (see the module docstring). ``steps``: the
+    drivers' own ``classified``, ``call_fn`` and ``run_call``; ``lost_cancel``: the message of the
+    cancellation the attempt raises when Python 3.11 lost one, None for no check."""
+    gates, n = node.gates, len(node.gates)
+    ns: dict[str, Any] = {
+        **steps,
+        "WAIT": WAIT,
+        "NO_EXIT": NO_EXIT,
+        "partial": partial,
+        "classify": node.classify,
+        "recoveries": node.recoveries,
+        "n_recoveries": len(node.recoveries),
+        "running_loop": running_loop,
+        "current_task": current_task,
+        "CancelledError": asyncio.CancelledError,
+    }
+    body = ["entered = 0", "try:"]
+    for i, gate in enumerate(gates):
+        ns[f"enter{i}"], ns[f"enter_async{i}"], ns[f"exit{i}"] = gate.enter, gate.enter_async, gate.exit
+        body += [
+            f"    t{i} = enter{i}(call)",
+            f"    if t{i} is WAIT:",
+            f"        t{i} = await enter_async{i}(call)",
+            f"    entered = {i + 1}",
+        ]
+    body += ["    " + line for line in _inside(node, ns, lost_cancel)]
+    for i in range(n - 1, -1, -1):
+        body += [
+            f"    entered = {i}",
+            f"    if t{i} is not NO_EXIT:",
+            f"        replaced = exit{i}(call, t{i}, None)",
+            "        if replaced is not None:",
+            "            raise replaced",
+        ]
+    body.append("    return result")
+    exits = []
+    for i in range(n - 1, -1, -1):
+        exits += [
+            f"        if entered > {i} and t{i} is not NO_EXIT:",
+            f"            replaced = exit{i}(call, t{i}, error)",
+            "            if replaced is not None:",
+            "                error = replaced",
+            "                classified(call, error, classify)",
+        ]
+    source = "async def run(call, skip=0):\n" + "\n".join("    " + line for line in body) + "\n"
+    source += _HANDLER.format(exits="\n".join(exits) or "        pass")
+    names = " > ".join(type(layer).__name__ for layer in (*node.recoveries, *gates)) or "call"
+    exec(compile(source, f"<ragguard chain node: {names}>", "exec"), ns)
+    run: Callable[..., Awaitable[Any]] = ns["run"]
+    ns["self_run"] = run  # a recovery's ``again``: this node once more, with fewer recoveries
+    run.__ragguard_source__ = source  # type: ignore[attr-defined]  # for reading in a debugger
+    return run
+
+
+def _inside(node: Node, ns: dict[str, Any], lost_cancel: str | None) -> list[str]:
+    """The step inside the gates, as :meth:`Node.drive` takes it, for this node's shape only."""
+    inner, wrapper = node.inner, node.wrapper
+    if wrapper is not None:
+        ns["around"] = wrapper.around
+    if inner is not None:
+        ns["inner_run"] = inner.run
+    if inner is None and not node.forks:  # the attempt itself: the function, or a wrapper around it
+        step = (
+            "result = await call.fn(*call.args, **call.kwargs)"
+            if wrapper is None
+            else "result = await around(call, call_fn(call))"
+        )
+        if lost_cancel is None:
+            return [step]
+        return [  # the lost-cancellation check of Node.drive
+            "task = call.task",
+            "if task is None:",
+            "    loop = running_loop()",
+            "    task = call.task = None if loop is None else current_task(loop)",
+            "before = 0 if task is None else task.cancelling()",
+            step,
+            "if task is not None and task.cancelling() > before:",
+            f"    raise CancelledError({lost_cancel!r})",
+        ]
+    if wrapper is None:
+        return ["result = await inner_run(call)"]
+    if node.forks:
+        ns["proceed"] = ns["run_call"] if inner is None else inner.run
+        return ["result = await around(call, proceed)"]
+    return ["result = await around(call, partial(inner_run, call))"]
