@@ -46,8 +46,9 @@ def changes_run(
            "restored": {"goodput_rps": 52.0, "offered_rps": 53.3}, "recovery_s": 0.5}  # fmt: skip
     run.update(adaptive or {})
     out = {
-        "seed": 7, "offered_rps": 53.3, "duration_s": duration_s, "change_at_s": change_at,
-        "restore_at_s": restore_at, "capacity_rps": {"nominal": [66.7, 33.3], "measured": list(measured)},
+        "seed": 7, "offered_rps": 44.0, "well_behaved_rps": 16.5, "duration_s": duration_s,
+        "change_at_s": change_at, "restore_at_s": restore_at,
+        "capacity_rps": {"nominal": [66.7, 33.3], "measured": list(measured)},
         "runs": {"unguarded": {"before": {"goodput_rps": 53.3}, "after": {"goodput_rps": 43.3},
                                "restored": {"goodput_rps": 50.0}},
                  "ragguard-adaptive": run},

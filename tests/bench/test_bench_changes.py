@@ -104,8 +104,9 @@ def test_the_limits_trace_is_printed_a_second_at_a_time() -> None:
     assert trace_line(probing, 6.0) == "p 10 | 4 4 | 12 12"
     lines = BenchReport(options={}, capacity_rps=0.0, offered_rps=[], steps={}, rounds={},
                         changes=[changes_run(24.0)]).changes_lines()
-    assert lines[0] == ("capacity changes (seed 7) at 53 rps offered: halved at 8 s, back at 16 s; capacity "
-                        "55.0 -> 30.0 -> 55.0 rps measured (66.7 -> 33.3 nominal)")
+    assert lines[0] == ("capacity changes (seed 7) at 44 rps offered (16 by the well-behaved tenants): "
+                        "halved at 8 s, back at 16 s; capacity 55.0 -> 30.0 -> 55.0 rps measured "
+                        "(66.7 -> 33.3 nominal)")
     assert lines[1].endswith(": 16 16 16 16 16 16 16 16 | 8 8 8 8 8 8 8 8 | 20 20 20 20 20 20 20 20")
     assert lines[2] == "its baseline (min_rtt): 68-68 ms"
 

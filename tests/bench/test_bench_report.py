@@ -13,7 +13,7 @@ from ragguard import ConfigError
 from ragguard_tools.bench import BenchOptions
 from ragguard_tools.bench._contenders import tenant_plans
 from ragguard_tools.bench._report import BenchReport, StepSummary, find_collapse, find_knee
-from ragguard_tools.bench._runner import loads_at
+from ragguard_tools.bench._runner import change_loads, loads_at
 
 COLLAPSE = "adaptive holds goodput to >= 1.5x the load where hand-composed's collapses"
 SHED_BELOW = "below the knee, the adaptive service sheds < 2% of requests"
@@ -80,6 +80,18 @@ def test_the_load_keeps_the_well_behaved_share_and_splits_the_rest() -> None:
     light = loads_at(10.0, 50.0, plans)  # below the well-behaved share: only they send
     assert {t.name for t in light} == {"acme", "globex", "initech", "umbrella"}
     assert math.isclose(sum(t.rate_per_s for t in light), 10.0)
+
+
+def test_the_capacity_changes_run_at_80_percent_of_the_capacity_measured() -> None:
+    """docs/bench.md: the load is 80% of the capacity measured before the run, the well-behaved
+    tenants 30% of that capacity (60% of the halved one), the rest 60/40 to hoarder and nightly;
+    the nominal capacity, which the quotas are sized to, plays no part."""
+    plans = tenant_plans(66.7)
+    loads = {t.name: t.rate_per_s for t in change_loads(55.0, plans)}
+    assert math.isclose(sum(loads.values()), 44.0)
+    well_behaved = sum(loads[p.name] for p in plans if p.well_behaved)
+    assert well_behaved == pytest.approx(16.5) and well_behaved / (55.0 / 2) == pytest.approx(0.6)
+    assert loads["hoarder"] == pytest.approx(0.6 * 27.5) and loads["nightly"] == pytest.approx(0.4 * 27.5)
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from ..demo.loadgen import RequestRecord
 
 __all__ = [
     "LIMIT_GROWTH",
+    "LOAD",
     "RECOVER_S",
     "SETTLE_S",
     "SHARE",
@@ -50,6 +51,8 @@ __all__ = [
     "window",
 ]
 
+LOAD = 0.8
+"""The load of the run, as a share of the capacity measured before it."""
 SETTLE_S = 2.0
 """Seconds after the halving before goodput is measured (the limit's time to follow)."""
 RECOVER_S = 5.0

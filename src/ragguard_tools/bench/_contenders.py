@@ -320,8 +320,8 @@ ADAPTIVE = AdaptivePolicy(
     max_queue=6.0,
     early_queue=2.0,
     # half the deadline, the other half for the call: when the capacity halves, the well-behaved
-    # tenants alone use two thirds of it, and a quarter-second wait shed 3-8% of their calls
-    # behind a moment's stall of the service (issue 32)
+    # tenants alone use about 60% of it, and a quarter-second wait shed 3-8% of their calls behind a
+    # moment's stall of the service (issue 32)
     max_wait_s=0.5,
 )
 """The adaptive contender's limit on its ``retrieve`` stage."""

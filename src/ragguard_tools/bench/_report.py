@@ -585,8 +585,9 @@ class BenchReport:
         (n0, n1), (m0, m1) = cap["nominal"], cap["measured"]
         change_at, restore_at = float(h["change_at_s"]), float(h["restore_at_s"])
         seed = f" (seed {h['seed']})" if "seed" in h else ""
+        wb = f" ({h['well_behaved_rps']:.0f} by the well-behaved tenants)" if "well_behaved_rps" in h else ""
         lines = [
-            f"capacity changes{seed} at {h['offered_rps']:.0f} rps offered: halved at {change_at:g} s, "
+            f"capacity changes{seed} at {h['offered_rps']:.0f} rps offered{wb}: halved at {change_at:g} s, "
             f"back at {restore_at:g} s; capacity {m0:.1f} -> {m1:.1f} -> {m0:.1f} rps measured ({n0:.1f} -> "
             f"{n1:.1f} nominal)"
         ]

@@ -191,6 +191,13 @@ def loads_at(offered_rps: float, capacity_rps: float, plans: Sequence[TenantPlan
     return out
 
 
+def change_loads(measured_rps: float, plans: Sequence[TenantPlan]) -> list[TenantLoad]:
+    """Per tenant its rate in the capacity-change run, from the capacity measured before it
+    (``measured_rps``): :data:`~ragguard_tools.bench._changes.LOAD` of it in all, the well-behaved
+    tenants 30% of it (about 60% of the halved capacity), the rest to the heavy tenant and the batch job."""
+    return loads_at(_changes.LOAD * measured_rps, measured_rps, plans)
+
+
 class _Bench:
     def __init__(self, options: BenchOptions, console: Any) -> None:
         self.options = options
@@ -354,11 +361,8 @@ class _Bench:
         *_, duration = o.plan()
         cap = o.capacity_rps
         change_at, restore_at = _changes.timeline(duration)
-        # 80% of what the backends serve (the nominal overstates it), the well-behaved tenants 30% of it
-        load = 0.8 * capacity[0]
-        arrivals = plan_arrivals(
-            loads_at(load, capacity[0], self.plans), duration, len(self.questions), random.Random(seed * 7919)
-        )
+        loads = change_loads(capacity[0], self.plans)  # the nominal overstates what the backends serve
+        arrivals = plan_arrivals(loads, duration, len(self.questions), random.Random(seed * 7919))
         runs: dict[str, Any] = {}
         trace: list[tuple[float, int, float | None, bool]] = []
         for name in o.names:
@@ -406,7 +410,8 @@ class _Bench:
                 )
         out: dict[str, Any] = {
             "seed": seed,
-            "offered_rps": load,
+            "offered_rps": sum(t.rate_per_s for t in loads),
+            "well_behaved_rps": sum(t.rate_per_s for t in loads if t.name in self.well_behaved),
             "duration_s": duration,
             "change_at_s": change_at,
             "restore_at_s": restore_at,
