@@ -109,6 +109,8 @@ class Guard:
         self._warned_stages = False
         for unreachable in self.policy.unreachable_limits():
             _log.warning("ragguard policy: %s", unreachable)
+        for stage in self.policy.stages:  # a misspelt layer is refused here, not at a first call
+            self.policy.stage(stage)
 
     # -- stages -----------------------------------------------------------------------------------
 
