@@ -137,7 +137,7 @@ async def test_degraded_covers_child_tasks_of_a_tenant_request() -> None:
     assert degraded() == ()
 
 
-async def test_outside_a_request_degraded_gathers_each_fallback_once_and_a_tenant_block_starts_afresh() -> None:
+async def test_outside_a_request_degraded_names_each_fallback_once_and_tenant_starts_afresh() -> None:
     g = Guard()
 
     async def cached() -> str:

@@ -16,7 +16,6 @@ until configured. The built-in layers with options may be spelt at the top of a 
 from __future__ import annotations
 
 import difflib
-
 from typing import Any
 
 from .._validate import shown
