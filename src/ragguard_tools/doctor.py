@@ -29,8 +29,8 @@ Rules, most telling first:
 
 Every diagnosis also has a timeline: the notable moments in order, in seconds from the first record,
 and, when stages ran under a deadline, where the requests' deadlines went, stage by stage (the
-recorder's ``budget`` counts): for each stage, in the order the stages ran (the most time left
-first), the time its calls had left when they started and what they spent of it, on average, and
+recorder's ``budget`` counts): for each stage, the most time left first (the order the stages
+ran, but a stage nested in another, as embedding in retrieval, can come after later ones), the time its calls had left when they started and what they spent of it, on average, and
 how many a fallback answered or ran out of time.
 """
 
@@ -222,7 +222,7 @@ class Diagnosis:
         width = max(14, *(len(b.stage) for b in rows))
         title = (
             "where the requests' deadlines went, stage by stage (means of the calls made under a "
-            "deadline, in the order the stages ran):"
+            "deadline, the most time left first):"
         )
         return [title, *(f"  {b.line(width)}" for b in rows)]
 
