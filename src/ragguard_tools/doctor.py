@@ -30,8 +30,9 @@ Rules, most telling first:
 Every diagnosis also has a timeline: the notable moments in order, in seconds from the first record,
 and, when stages ran under a deadline, where the requests' deadlines went, stage by stage (the
 recorder's ``budget`` counts): for each stage, the most time left first (the order the stages
-ran, but a stage nested in another, as embedding in retrieval, can come after later ones), the time its calls had left when they started and what they spent of it, on average, and
-how many a fallback answered or ran out of time.
+ran, but a stage nested in another, as embedding in retrieval, can come after later ones), the
+time its calls had left when they started and what they spent of it, on average, and how many a
+fallback answered or ran out of time.
 """
 
 from __future__ import annotations
