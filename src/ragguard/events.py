@@ -44,16 +44,12 @@ __all__ = [
     "RetryBudgetExhausted",
     "RetryScheduled",
     "StageCompleted",
-    "StageTracer",
     "StreamContinued",
     "StreamCut",
     "StreamEnded",
     "StreamSettled",
     "Where",
     "bus",
-    "error_type",
-    "quick_init",
-    "tracer",
 ]
 
 log = logging.getLogger("ragguard.events")

@@ -1,7 +1,7 @@
 """``ragguard top URL``: a live terminal view of a running service's status endpoint.
 
 Polls ``URL`` (a :class:`ragguard.asgi.StatusEndpoint`, :func:`ragguard_tools.status.serve`, or any
-route answering :func:`ragguard.status.snapshot`'s JSON) every ``interval_s`` seconds and redraws
+route answering :func:`ragguard._status.snapshot`'s JSON) every ``interval_s`` seconds and redraws
 in place: breakers with their state and time left open (a keyed stage's keys under it: those not
 closed first, then the busiest), adaptive limits (a key's too), how many keys each keyed stage
 keeps, each model group's deployments and their breakers, tenants' slots, and fallbacks, sheds and

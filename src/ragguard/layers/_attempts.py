@@ -15,7 +15,7 @@ its error (``failure``, ``timeout``, ``rejection``, ``caller_error``, ``refused`
 a fallback, a model group's next deployment) is the stage span's, and the group's caller's,
 span events. A call's attempt span is current while the attempt runs (the SDK's and httpx's spans
 are its children); a stream's is not (the stage span is current while the stream's own code
-runs: see :mod:`ragguard.layers.observe`), and lasts from its opening to its end.
+runs: see :mod:`ragguard.layers._observe`), and lasts from its opening to its end.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import events
 from ..pipeline import Call, Scope
-from .observe import span_attributes, where
+from ._observe import span_attributes, where
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
