@@ -25,7 +25,7 @@ opentelemetry-api installed, a guarded call pays one branch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -122,12 +122,14 @@ def _guards_of(guards: Any) -> Callable[[], list[Guard]]:
 
 
 class _Named:
-    """The tenant ids the Guards' policies name, recomputed when a policy object changes."""
+    """The names the Guards' policies give (``of`` a policy: its tenants by default), recomputed
+    when a policy object changes."""
 
-    __slots__ = ("_guards", "_names", "_policies")
+    __slots__ = ("_guards", "_names", "_of", "_policies")
 
-    def __init__(self, guards: Callable[[], list[Guard]]) -> None:
+    def __init__(self, guards: Callable[[], list[Guard]], of: Callable[[Any], Iterable[str]] | None = None) -> None:
         self._guards = guards
+        self._of = of if of is not None else (lambda policy: policy.tenants)
         self._policies: tuple[int, ...] = ()
         self._names: frozenset[str] = frozenset()
 
@@ -135,9 +137,14 @@ class _Named:
         guards = self._guards()
         policies = tuple(id(g.policy) for g in guards)
         if policies != self._policies:
-            self._names = frozenset().union(*(g.policy.tenants for g in guards))
+            self._names = frozenset().union(*(self._of(g.policy) for g in guards))
             self._policies = policies
         return self._names
+
+
+def _group_names(policy: Any) -> set[str]:
+    """The model groups a policy declares and their deployments' names."""
+    return {*policy.groups, *(d.name for group in policy.groups.values() for d in group.deployments)}
 
 
 class PrometheusExporter:
@@ -189,7 +196,8 @@ class PrometheusExporter:
         self._tenant = _Capped(max_tenants, _Named(self._guards))
         self._stage_label = _Capped(max_stages)
         self._breaker = _Capped(max_breakers)
-        self._deployment = _Capped(max_breakers)  # group and deployment names (the policy's)
+        # group and deployment names: the policies' keep their own label (bounded by the policies)
+        self._deployment = _Capped(max_breakers, _Named(self._guards, _group_names))
         self._unsubscribe: Callable[[], None] | None = None
         # the metrics live in an inner registry; the one scraped sees them through _Export, which
         # drops the _created samples unless asked for
