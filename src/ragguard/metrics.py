@@ -127,7 +127,9 @@ class _Named:
 
     __slots__ = ("_guards", "_names", "_of", "_policies")
 
-    def __init__(self, guards: Callable[[], list[Guard]], of: Callable[[Any], Iterable[str]] | None = None) -> None:
+    def __init__(
+        self, guards: Callable[[], list[Guard]], of: Callable[[Any], Iterable[str]] | None = None
+    ) -> None:
         self._guards = guards
         self._of = of if of is not None else (lambda policy: policy.tenants)
         self._policies: tuple[int, ...] = ()
@@ -607,10 +609,12 @@ _STATE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ragguard_throttle_probability": ("Share of calls client-side throttling refuses now.", ("stage",)),
     "ragguard_hedge_delay_seconds": ("How long a stage waits before hedging now.", ("stage",)),
     "ragguard_tenant_in_flight": (
-        "Requests holding a tenant's concurrency slot now (policy tenants; other: the rest).", ("tenant",)
+        "Requests holding a tenant's concurrency slot now (policy tenants; other: the rest).",
+        ("tenant",),
     ),
     "ragguard_tenant_waiting": (
-        "Requests queued for a tenant's slot now (policy tenants; other: the rest).", ("tenant",)
+        "Requests queued for a tenant's slot now (policy tenants; other: the rest).",
+        ("tenant",),
     ),
 }
 
@@ -1118,7 +1122,8 @@ class OTelMetrics:
             "ragguard.stage.duration", unit="s", description="Guarded stage latency, fallbacks included."
         )
         self.first_chunk = meter.create_histogram(
-            "ragguard.stage.time_to_first_chunk", unit="s",
+            "ragguard.stage.time_to_first_chunk",
+            unit="s",
             description="Time to a guarded stream's first item.",
         )
         self.tokens = meter.create_counter(

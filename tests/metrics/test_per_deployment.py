@@ -77,8 +77,16 @@ async def test_status_lists_each_key_and_each_groups_deployments_with_their_brea
     assert primary["breaker"]["retry_after_s"] == 30.0
     assert backup["breaker"]["state"] == "closed"
     assert primary["declared"] is True and primary["in_flight"] == 0
-    assert now["groups"] == {"chat": {"stage": "chat", "strategy": "ordered", "deployments": {
-        "primary": {"key": "primary", "state": "open"}, "backup": {"key": "backup", "state": "closed"}}}}
+    assert now["groups"] == {
+        "chat": {
+            "stage": "chat",
+            "strategy": "ordered",
+            "deployments": {
+                "primary": {"key": "primary", "state": "open"},
+                "backup": {"key": "backup", "state": "closed"},
+            },
+        }
+    }
 
 
 async def test_a_keys_limits_and_calls_in_flight_are_in_its_status_and_its_gauge() -> None:
@@ -127,7 +135,9 @@ async def test_the_scrape_has_each_keys_breaker_and_counts_the_groups_failovers(
         }  # two calls failed on primary, then its breaker opened and two skipped it without a call
         assert _samples(exporter, "ragguard_keys") == {(("stage", "chat"),): 2.0}
         assert set(_samples(exporter, "ragguard_key_in_flight")) == {
-            (("key", "primary"), ("stage", "chat")), (("key", "backup"), ("stage", "chat"))}
+            (("key", "primary"), ("stage", "chat")),
+            (("key", "backup"), ("stage", "chat")),
+        }
     finally:
         exporter.close()
 
@@ -180,9 +190,11 @@ def test_top_draws_each_key_under_its_stage_and_each_groups_deployments() -> Non
 
     snapshot = asyncio.run(run())
     out = io.StringIO()
-    Console(file=out, width=80, color_system=None).print(Top("http://x/status", fetcher=lambda url: snapshot).frame())
+    Console(file=out, width=80, color_system=None).print(
+        Top("http://x/status", fetcher=lambda url: snapshot).frame()
+    )
     lines = out.getvalue().splitlines()
-    breakers = lines[lines.index(next(line for line in lines if line.startswith("Breakers"))):]
+    breakers = lines[lines.index(next(line for line in lines if line.startswith("Breakers"))) :]
     chat_at = next(i for i, line in enumerate(breakers) if line.split()[:2] == ["chat", "closed"])
     assert breakers[chat_at + 1].split()[:3] == ["primary", "open", "30.0s"]  # not closed: first
     assert breakers[chat_at + 2].split()[:2] == ["backup", "closed"]
