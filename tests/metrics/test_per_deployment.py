@@ -143,8 +143,8 @@ async def test_the_scrape_has_each_keys_breaker_and_counts_the_groups_failovers(
 
 
 async def test_a_callers_many_keys_never_grow_the_series_past_max_keys() -> None:
-    g = Guard(Policy.parse({"stages": {"gen": {"max_keys": 4, "breaker": BREAKER, "retry": {"attempts": 1}}}}),
-              clock=FakeClock(auto_advance=False))  # fmt: skip
+    stage = {"max_keys": 4, "breaker": BREAKER, "retry": {"attempts": 1}}
+    g = Guard(Policy.parse({"stages": {"gen": stage}}), clock=FakeClock(auto_advance=False))
     exporter = PrometheusExporter(guards=g, max_breakers=2).start()
 
     @g.guard("gen", key="model")
