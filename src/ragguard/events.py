@@ -288,8 +288,9 @@ class FailedOver:
     """Model group ``group`` left deployment ``deployment`` for a call: ``reason`` why (``open``:
     its breaker was open, skipped without a call; ``limits``: its requests or tokens per minute
     were spent; ``failure``, ``timeout``, ``rejection``, ``overloaded``, ``refused``,
-    ``context_length``: its call failed so), ``error`` the class name of its error ("" when it was
-    skipped without a call), ``breaker`` its breaker's name (``stage[key]``, "" when none);
+    ``context_length``: its call failed so), ``error`` the class name of its error (``BreakerOpen``
+    when its breaker refused the call, "" when the group skipped it without asking),
+    ``breaker`` its breaker's name (``stage[key]``, "" when none);
     ``to`` the deployment that answered the call ("" when none did: the call raised
     :class:`~ragguard.NoDeploymentAvailable`, or a refusal none could take), for tenant
     ``tenant``. One per deployment left, when the call ends. Emitted when the bus has listeners."""
