@@ -15,9 +15,10 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
+from _door import deployment_breaker
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragguard import Guard, Policy, metrics
+from ragguard import BreakerState, FakeClock, Guard, Policy, metrics
 from ragguard.integrations.openai import guard_openai
 from wire import Fault, OpenAIWire
 
@@ -170,3 +171,27 @@ async def test_a_stream_failed_part_way_counts_the_usage_reported_before_it_fail
     }
     exporter.close()
     assert scraped == {("input", "error"): 3.0, ("output", "error"): 2.0}
+
+
+async def test_a_whole_response_is_a_success_its_breaker_counts(
+    client_of: Any, openai_wire: OpenAIWire
+) -> None:
+    """A non-streamed create runs as a stream of one item: read to its end, it ends completed, so
+    the half-open breaker's trial is answered and the breaker closes (closed early, it was not)."""
+    breaker = {"minimum_calls": 2, "window_size": 2, "failure_rate_threshold": 50, "open_for_s": 30,
+               "half_open_permits": 1}  # fmt: skip
+    clock = FakeClock(auto_advance=False)
+    g = Guard(
+        Policy.parse({"stages": {"openai": {"retry": {"attempts": 1}, "breaker": breaker}}}), clock=clock
+    )
+    client = client_of(openai_wire, g)
+    openai_wire.faults.push("chat", Fault(status=500), times=2)
+    for _ in range(2):
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="gpt-x", messages=ASK)
+    tripped = deployment_breaker(client.chat.completions.create, "gpt-x")
+    assert tripped.state is BreakerState.OPEN
+    clock.advance(31.0)
+    answer = await client.chat.completions.create(model="gpt-x", messages=ASK)
+    assert answer.choices[0].message.content == "Hello from the wire"
+    assert tripped.state is BreakerState.CLOSED
