@@ -238,3 +238,61 @@ async def test_a_keys_breaker_opened_by_one_replica_shows_open_in_anothers_statu
             await g.aclose()
         for c in clients:
             await c.aclose()
+
+
+async def test_the_overflow_is_key_other_and_an_unkeyed_stages_limit_key_empty() -> None:
+    g = Guard(Policy.parse({"stages": {"gen": {"max_keys": 1, "adaptive": {}}, "plain": {"adaptive": {}}}}))
+    exporter = PrometheusExporter(guards=g)
+
+    @g.guard("gen", key="model")
+    async def call(model: str) -> str:
+        return model
+
+    @g.guard("plain")
+    async def plain(x: int) -> int:
+        return x
+
+    assert [await call("a"), await call("b"), await plain(1)] == ["a", "b", 1]  # b: past max_keys
+    assert set(_samples(exporter, "ragguard_adaptive_limit")) == {
+        (("key", "a"), ("stage", "gen")),
+        (("key", "__other__"), ("stage", "gen")),
+        (("key", ""), ("stage", "plain")),
+    }
+    assert _samples(exporter, "ragguard_key_overflow_total") == {(("stage", "gen"),): 1.0}
+
+
+async def test_a_failover_is_an_event_on_the_callers_span_and_an_otel_count() -> None:
+    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from ragguard import metrics
+
+    spans = InMemorySpanExporter()
+    provider = sdk_trace.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    recorder = metrics.OTelMetrics(MeterProvider(metric_readers=[reader])).start()
+    metrics.enable_tracing(provider)
+    try:
+        _, chat = _group_guard()
+        with provider.get_tracer("test").start_as_current_span("request"):
+            assert await chat("q") == "from backup"
+        await _settle()
+    finally:
+        metrics.disable_tracing()
+        recorder.close()
+    (request,) = [s for s in spans.get_finished_spans() if s.name == "request"]
+    (event,) = [e for e in request.events if e.name == "ragguard.failover"]
+    assert dict(event.attributes or {}) == {
+        "ragguard.group": "chat", "ragguard.deployment": "primary", "ragguard.reason": "failure",
+        "ragguard.to": "backup", "error.type": "ConnectionRefusedError", "ragguard.breaker": "chat[primary]",
+    }  # fmt: skip
+    data = reader.get_metrics_data()
+    points = [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+              if m.name == "ragguard.failovers" for p in m.data.data_points]  # fmt: skip
+    assert [(dict(p.attributes), p.value) for p in points] == [({
+        "ragguard.group": "chat", "ragguard.deployment": "primary", "ragguard.reason": "failure",
+        "ragguard.to": "backup"}, 1)]  # fmt: skip
