@@ -195,3 +195,47 @@ async def test_a_whole_response_is_a_success_its_breaker_counts(
     answer = await client.chat.completions.create(model="gpt-x", messages=ASK)
     assert answer.choices[0].message.content == "Hello from the wire"
     assert tripped.state is BreakerState.CLOSED
+
+
+def _usage(reader: InMemoryMetricReader) -> dict[str, Any]:
+    return {p.attributes["gen_ai.token.type"]: p for p in _points(reader)["gen_ai.client.token.usage"]}
+
+
+async def test_a_cut_openai_stream_has_its_output_as_counted_and_no_input(
+    client_of: Any, openai_wire: OpenAIWire, reader: InMemoryMetricReader
+) -> None:
+    g = Guard(Policy.parse({"stages": {"openai": {"retry": {"attempts": 1}}}}))
+    client = client_of(openai_wire, g)
+    openai_wire.faults.push("chat", Fault(reset=True, after_tokens=2))
+    stream = await client.chat.completions.create(model="gpt-x", messages=ASK, stream=True)
+    with pytest.raises(openai.APIError):
+        async for _ in stream:
+            pass
+    await _settle()
+    usage = _usage(reader)
+    assert set(usage) == {"output"}  # its usage chunk comes last: never sent
+    assert usage["output"].sum >= 2 and usage["output"].attributes["ragguard.outcome"] == "error"
+
+
+async def test_a_cut_anthropic_stream_counts_the_input_its_message_start_reported(
+    closing: list[Any], anthropic_wire: Any, reader: InMemoryMetricReader
+) -> None:
+    import anthropic
+
+    from ragguard.integrations.anthropic import guard_anthropic
+
+    g = Guard(Policy.parse({"stages": {"anthropic": {"retry": {"attempts": 1}}}}))
+    raw = anthropic.AsyncAnthropic(base_url=anthropic_wire.url, api_key="k", max_retries=0)
+    client = guard_anthropic(raw, guard=g)
+    closing.extend((raw, client.client))
+    overloaded = {"type": "overloaded_error", "message": "Overloaded"}
+    anthropic_wire.faults.push("messages", Fault(event=overloaded, event_after=5))  # after two tokens
+    stream = await client.messages.create(model="c", max_tokens=64, messages=ASK, stream=True)
+    with pytest.raises(anthropic.APIStatusError):
+        async for _ in stream:
+            pass
+    await _settle()
+    usage = _usage(reader)
+    assert usage["input"].sum == 3  # message_start's, before the cut
+    assert {p.attributes["gen_ai.provider.name"] for p in usage.values()} == {"anthropic"}
+    assert {p.attributes["ragguard.outcome"] for p in usage.values()} == {"error"}
