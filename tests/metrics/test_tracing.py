@@ -126,6 +126,9 @@ async def test_a_stream_nests_its_reads_but_not_the_callers_spans(
     assert stage.attributes["gen_ai.usage.output_tokens"] >= 3
     assert stage.attributes["ragguard.items"] == 3
     assert stage.attributes["ragguard.outcome"] == "success"
+    (attempt,) = spans["ragguard.attempt"]  # the stream's attempt: from its opening to its end
+    assert _is_child(attempt, stage) and attempt.attributes["ragguard.outcome"] == "success"
+    assert attempt.end_time >= max(http.end_time for http in spans["GET"])
     assert trace.get_current_span() is trace.INVALID_SPAN
 
 
@@ -303,6 +306,31 @@ async def test_otel_metrics_come_from_the_same_events() -> None:
     (fallback,) = points["ragguard.fallbacks"]
     assert fallback.attributes["ragguard.fallback"] == "cached"
     assert fallback.attributes["error.type"] == "ConnectionRefusedError"
+
+
+async def test_attempt_spans_come_and_go_with_tracing() -> None:
+    g = Guard(Policy())
+
+    @g.guard("lookup")
+    async def lookup(q: str) -> str:
+        return q
+
+    seen: list[Any] = []
+    unsubscribe = events.bus.subscribe(seen.append)  # a listener: the observed chain runs throughout
+    try:
+        assert await lookup("untraced") == "untraced"  # its chain built with tracing off
+        exporter = InMemorySpanExporter()
+        tracer_provider = sdk_trace.TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        metrics.enable_tracing(tracer_provider)
+        try:
+            assert await lookup("traced") == "traced"
+        finally:
+            metrics.disable_tracing()
+        assert await lookup("untraced again") == "untraced again"
+    finally:
+        unsubscribe()
+    assert [s.name for s in exporter.get_finished_spans()] == ["ragguard.attempt", "ragguard.lookup"]
 
 
 async def test_tracing_off_leaves_no_tap_and_no_hook() -> None:
