@@ -1104,7 +1104,9 @@ class OTelMetrics:
       reported, else as counted), and ``ragguard.outcome`` (``ok``, ``error``, ``cancelled``): a
       stream that failed part way records the usage reported before it failed.
 
-    No tenant attribute (a tenant id is unbounded), no key (the model says it). Raises
+    No tenant attribute (a tenant id is unbounded), no key (the model says it). The breaker
+    names (``stage[key]``) and the models a caller names are unbounded over time too: the first
+    :data:`OTEL_MAX_VALUES` distinct ones keep their value, later ones are ``other``. Raises
     ImportError with an install hint when opentelemetry-api is missing.
     """
 
@@ -1118,6 +1120,8 @@ class OTelMetrics:
         meter = provider.get_meter("ragguard")
         self._bus = events.bus if bus is None else bus
         self._stop: Callable[[], None] | None = None
+        self._breaker = _Capped(OTEL_MAX_VALUES)
+        self._model = _Capped(OTEL_MAX_VALUES)
         self.duration = meter.create_histogram(
             "ragguard.stage.duration", unit="s", description="Guarded stage latency, fallbacks included."
         )
@@ -1193,12 +1197,13 @@ class OTelMetrics:
         elif kind == "StreamSettled":
             if e.tokens:
                 self.tokens.add(e.tokens, {"ragguard.stage": e.stage, "gen_ai.token.type": "output"})
-            usage = _gen_ai({"gen_ai.operation.name": "chat", "ragguard.stage": e.stage,
-                             "ragguard.outcome": e.outcome}, e.provider, e.model)  # fmt: skip
+            usage = self._gen_ai({"gen_ai.operation.name": "chat", "ragguard.stage": e.stage,
+                                  "ragguard.outcome": e.outcome}, e.provider, e.model)  # fmt: skip
             for token_type, n in billed(e):
                 self.token_usage.record(n, {**usage, "gen_ai.token.type": token_type})
         elif isinstance(e, events.CallOutcome):  # a breaker's own subclass too
-            self.attempts.add(1, {"ragguard.breaker": e.breaker, "ragguard.outcome": e.outcome})
+            breaker = self._breaker(e.breaker)
+            self.attempts.add(1, {"ragguard.breaker": breaker, "ragguard.outcome": e.outcome})
         elif kind == "FailedOver":
             self.failovers.add(1, {"ragguard.group": e.group, "ragguard.deployment": e.deployment,
                                    "ragguard.reason": e.reason, "ragguard.to": e.to})  # fmt: skip
@@ -1206,7 +1211,7 @@ class OTelMetrics:
             self.fallbacks.add(1, {"ragguard.stage": e.stage, "ragguard.fallback": e.fallback,
                                    "error.type": e.cause})  # fmt: skip
         elif kind == "CallRejected":
-            self._rejected("breaker", e.state, {"ragguard.breaker": e.breaker})
+            self._rejected("breaker", e.state, {"ragguard.breaker": self._breaker(e.breaker)})
         elif kind == "QuotaRejected":
             self._rejected("quota", e.reason, {})
         elif kind == "LoadShed":
@@ -1219,14 +1224,27 @@ class OTelMetrics:
 
     def _operation(self, e: StageCompleted, at: events.Where, error: str, first: float | None) -> None:
         """A GenAI operation's duration and time to first chunk, by the conventions' names."""
-        attributes = _gen_ai({"gen_ai.operation.name": at.operation, "ragguard.stage": e.stage},
-                             at.provider, at.model)  # fmt: skip
+        attributes = self._gen_ai({"gen_ai.operation.name": at.operation, "ragguard.stage": e.stage},
+                                  at.provider, at.model)  # fmt: skip
         if first is not None:
             self.time_to_first_chunk.record(first, attributes)
         if error:
             attributes["error.type"] = error
         self.operation_duration.record(e.duration_s, attributes)
 
+    def _gen_ai(self, attributes: dict[str, Any], provider: str, model: str) -> dict[str, Any]:
+        """``attributes`` with ``gen_ai.provider.name`` and ``gen_ai.request.model`` when known
+        (the model capped: :data:`OTEL_MAX_VALUES`)."""
+        if provider:
+            attributes["gen_ai.provider.name"] = provider
+        if model:
+            attributes["gen_ai.request.model"] = self._model(model)
+        return attributes
+
+
+OTEL_MAX_VALUES = 100
+"""Distinct breaker names and models that keep their own value in :class:`OTelMetrics`' attributes
+(the rest are ``other``): a caller's keys and models cannot grow the series without bound."""
 
 GEN_AI_DURATION_BUCKETS_S: tuple[float, ...] = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
@@ -1235,11 +1253,3 @@ GEN_AI_DURATION_BUCKETS_S: tuple[float, ...] = (
 GEN_AI_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(14))
 """The GenAI semantic conventions' bucket boundaries for token counts: 1, 4, 16 ... 4**13."""
 
-
-def _gen_ai(attributes: dict[str, Any], provider: str, model: str) -> dict[str, Any]:
-    """``attributes`` with ``gen_ai.provider.name`` and ``gen_ai.request.model`` when known."""
-    if provider:
-        attributes["gen_ai.provider.name"] = provider
-    if model:
-        attributes["gen_ai.request.model"] = model
-    return attributes

@@ -239,3 +239,24 @@ async def test_a_cut_anthropic_stream_counts_the_input_its_message_start_reporte
     assert usage["input"].sum == 3  # message_start's, before the cut
     assert {p.attributes["gen_ai.provider.name"] for p in usage.values()} == {"anthropic"}
     assert {p.attributes["ragguard.outcome"] for p in usage.values()} == {"error"}
+
+
+async def test_a_callers_many_models_and_keys_keep_the_otel_series_bounded(
+    client_of: Any, openai_wire: OpenAIWire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics, "OTEL_MAX_VALUES", 3)
+    got = InMemoryMetricReader()
+    recorder = metrics.OTelMetrics(MeterProvider(metric_readers=[got])).start()
+    try:
+        g = Guard(Policy.parse({"stages": {"openai": {"retry": {"attempts": 1}, "max_keys": 2}}}))
+        client = client_of(openai_wire, g)
+        for i in range(8):
+            stream = await client.chat.completions.create(model=f"m-{i}", messages=ASK, stream=True)
+            async for _ in stream:
+                pass
+        await _settle()
+    finally:
+        recorder.close()
+    points = _points(got)
+    models = {p.attributes["gen_ai.request.model"] for p in points["gen_ai.client.token.usage"]}
+    assert models == {"m-0", "m-1", "m-2", "other"}  # 3 of their own, then "other"
