@@ -51,6 +51,7 @@ _table: tuple[tuple[str, type[Any] | None], ...] = (
     ("limits", LimitsPolicy),
     ("retry", RetryPolicy),
     ("hedge", HedgePolicy),
+    ("attempt_span", None),
     ("throttle", ThrottlePolicy),
     ("adaptive", AdaptivePolicy),
     ("breaker", BreakerPolicy),
