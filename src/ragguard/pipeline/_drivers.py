@@ -537,7 +537,7 @@ async def _take_over(
     """The head's resumption carrying ``call``'s stream on after ``failed``, from the items
     ``kept`` (what the caller has), inside the ``outer`` item gates; None: nothing carries it on."""
     take_over = partial(head.resume.take_over, call, failed, kept)  # type: ignore[union-attr]
-    return await (_gated(call, outer, take_over, classify) if outer else take_over())  # type: ignore[no-any-return]
+    return await (_gated(call, outer, take_over, classify) if outer else take_over())
 
 
 async def _gated(
