@@ -1,6 +1,7 @@
 """The demo's RAG pipeline guarded by ragguard: a file to copy into your own service.
 
-Five guarded stages, one :class:`ragguard.Guard` (an independent registry) for all of them::
+Six guarded stages and two model groups, one :class:`ragguard.Guard` (an independent registry)
+for all of them::
 
     answer(query)            retrieve, then stream the answer:
       candidates(query, k)   "retrieval": embed + vector search as one step; no breaker of its own;
@@ -10,9 +11,13 @@ Five guarded stages, one :class:`ragguard.Guard` (an independent registry) for a
         search(vector, k)    "vector_store": connection breaker, one retry on a refused connection
       rerank(query, hits)    "rerank": on out-of-memory, every hit is scored in chunks under a
                              learnt batch limit (chunked_rerank); then skip_rerank
-      generate(q, passages)  "generation": the generator's stream, cut when its first word takes
-                             over 0.4 s or a later one over 0.5 s (StreamTimeout); before the first
-                             word a retry, then extractive_answer, may serve; after it, never
+      generate(q, passages)  "generation": the answer's stream, from the model group "model":
+        model a, model b     "model", keyed by deployment: each word within 0.4 s, a breaker
+                             each; the group tries a, then b, before the first word only
+                             before the first word: extractive_answer when both are out;
+                             after it, a cut answer is continued: finish_on_model (the group
+                             "model_continue": b first, given the words sent), then
+                             finish_extractive (the rest of the answer without the model)
 
 The fallback chain runs inside out. A failed embedding is answered from the cache; when the cache
 misses, the embedding error (or an open breaker's fast failure) leaves ``candidates``, whose own
@@ -21,21 +26,25 @@ called with the arguments of the stage it serves, which is why the retrieval ste
 ``(query, k)`` is what keyword search needs, while ``embed`` only has the texts and ``search``
 only the vector.
 
-The answer's stream has a commit point: until its first word reaches the caller, a slow model
-may be retried or replaced by the extractive answer; after it, a stall ends the stream with the
-words already sent (the caller sees DEADLINE_EXCEEDED after them), never with another answer
-spliced in. The greedy tenant's words are delayed to its ``tokens_per_s``, never refused.
+The answer's stream has a commit point. Until its first word reaches the caller, the group fails
+over from a deployment that is down, stalls or whose breaker is open to the other, and the
+extractive answer serves when both are out. After it, a stream that stalls or breaks is continued
+from the words the caller has: by the other deployment, told the answer so far (it starts again at
+the last word, a repeat ragguard trims), and if that one fails too, by the rest of the answer
+computed without the model. Every stream ends typed (completed, continued, incomplete): the gRPC
+front door says which in the trailing metadata. The greedy tenant's words are delayed to its
+``tokens_per_s``, never refused.
 
 Call :meth:`GuardedPipeline.retrieve` or :meth:`GuardedPipeline.answer` inside a tenant block
 (``ragguard.grpc.GuardServerInterceptor`` opens one per RPC; elsewhere ``async with
 guard.tenant("acme"):``): the tenant's quota and deadline apply, and :func:`ragguard.degraded` then
-names the fallbacks that served this request alone.
+names the fallbacks, failovers and continuations that served this request alone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -53,9 +62,12 @@ from ragguard import (
     StagePolicy,
     TenantQuota,
 )
+from ragguard.options import DeploymentPolicy, GroupPolicy
+from ragguard.rag import Partial
 
+from .backends import DEPLOYMENTS
 from .corpus import Passage
-from .generator import extractive_answer
+from .generator import extractive_answer, extractive_rest
 from .keyword import KeywordIndex
 from .pipeline import Answer, BackendClients, Hit, PipelineSettings, Retrieval, rerank_hits
 from .rerank import Reranker
@@ -100,14 +112,30 @@ def demo_policy(
             ),
             rerank_min_batch=4,  # the floor of the learnt batch limit: only an OOM there counts
         ),
-        "generation": StagePolicy(  # the standard stage: 2 attempts on timeouts before the first word
-            generation=GenerationPolicy(first_item_s=0.4, idle_s=0.5, total_s=5.0, estimate_tokens=64),
+        # the answer: its first word within 0.6 s, failover included (then the extractive
+        # answer), a breaker per deployment below it (none of its own), no retry (the group
+        # fails over)
+        "generation": StagePolicy(
+            generation=GenerationPolicy(first_item_s=0.6, idle_s=0.5, total_s=5.0, estimate_tokens=64),
+            retry=RetryPolicy(attempts=1),
+        ),
+        # each deployment of the model: a key of its own, each word within 0.4 s
+        "model": StagePolicy(
+            timeout_s=0.4,
             breaker=BreakerPolicy(kind="generic", failure_rate_threshold=50.0, minimum_calls=5, **trip),
+            retry=RetryPolicy(attempts=1),
         ),
     }
+    a, b = DEPLOYMENTS
+    groups = {  # the same two deployments (keys of "model"): a first, and b first for continuations
+        "model": GroupPolicy(stage="model", deployments=[
+            DeploymentPolicy(name=a), DeploymentPolicy(name=b, priority=1)]),
+        "model_continue": GroupPolicy(stage="model", deployments=[
+            DeploymentPolicy(name=b), DeploymentPolicy(name=a, priority=1)]),
+    }  # fmt: skip
     base = default_quota or TenantQuota(max_concurrency=8, timeout_s=tenant_timeout_s)
     tenants = {**{t: base for t in known}, **dict(greedy or {})}
-    return Policy(stages=stages, tenants=tenants, default_quota=base)
+    return Policy(stages=stages, tenants=tenants, default_quota=base, groups=groups)
 
 
 class GuardedPipeline:
@@ -141,7 +169,17 @@ class GuardedPipeline:
             self._vector_candidates
         )
         self._rerank = guard.guard("rerank", candidates="hits")(self._rerank_local)
-        self._generate = guard.guard("generation", fallback=self.extractive_answer)(self._generate_remote)
+        deployments = {d: self._deployment(d) for d in DEPLOYMENTS}
+        self._model = guard.group("model", deployments)
+        self._model_continue = guard.group("model_continue", deployments)
+        # no breaker on the answer itself: each deployment has its own (a second one here would
+        # count the same failures again)
+        self._generate = guard.guard(
+            "generation",
+            fallback=self.extractive_answer,
+            continuation=[self.finish_on_model, self.finish_extractive],
+            breaker=False,
+        )(self._generate_remote)
 
     async def retrieve(self, query: str) -> Retrieval:
         """The ``top_k`` passages for ``query``, best first, and the fallbacks that served it.
@@ -154,10 +192,10 @@ class GuardedPipeline:
         return Retrieval(hits=tuple(ranked[: s.top_k]), fallbacks=ragguard.degraded())
 
     async def answer(self, query: str, *, tenant: str | None = None) -> Answer:
-        """Retrieve, then the generator's answer from the top passages, word by word. The tenant
+        """Retrieve, then the model's answer from the top passages, word by word. The tenant
         block's tenant goes out with the call (``tenant`` is not needed: the client interceptors
-        send it); ``fallbacks()`` is :func:`ragguard.degraded`. A stream cut after its first word
-        raises (StreamTimeout, DeadlineExceeded...) with the count of words already sent."""
+        send it); ``fallbacks()`` is :func:`ragguard.degraded`. A stream that no continuation
+        could finish raises (StreamTimeout, DeadlineExceeded...) after the words already sent."""
         retrieval = await self.retrieve(query)
         passages = [self._passages[h.pid].text for h in retrieval.hits]
         return Answer(retrieval, self._generate(query, passages), ragguard.degraded)
@@ -166,6 +204,20 @@ class GuardedPipeline:
         """The generation step's fallback, before the first word only: the top passage's first
         sentence, without the model."""
         return extractive_answer(question, passages, self._settings.answer_words)
+
+    async def finish_on_model(
+        self, question: str, passages: list[str], *, partial: Partial
+    ) -> AsyncIterator[str]:
+        """The first continuation of a cut answer: the model group, deployment b first, given the
+        answer so far (``partial.text``) to go on from."""
+        words = self._model_continue.stream(question, passages, prefix=partial.text or "")
+        async with aclosing(words):
+            async for word in words:
+                yield word
+
+    def finish_extractive(self, question: str, passages: list[str], *, partial: Partial) -> list[str]:
+        """The last continuation: the rest of the answer after ``partial``, without the model."""
+        return extractive_rest(passages, partial.text or "", self._settings.answer_words)
 
     def keyword_search(self, query: str, k: int) -> list[Hit]:
         """The retrieval step's fallback: BM25 over the same passages (about 0.2 ms, inline)."""
@@ -182,11 +234,25 @@ class GuardedPipeline:
         return await self._clients.search(vector, k)
 
     async def _generate_remote(self, question: str, passages: list[str]) -> AsyncIterator[str]:
-        # aclosing: when the guard cuts the stream, the generator's call is cancelled at once
-        words = self._clients.generate(question, passages, max_words=self._settings.answer_words)
+        # aclosing: when the guard cuts the stream, the deployment's call is cancelled at once
+        words = self._model.stream(question, passages)
         async with aclosing(words):
             async for word in words:
                 yield word
+
+    def _deployment(self, name: str) -> Callable[..., AsyncIterator[str]]:
+        """Deployment ``name`` of the model: its generator server's answer (``prefix``: the
+        answer so far, for a continuation)."""
+        clients, words = self._clients, self._settings.answer_words
+
+        async def generate(question: str, passages: list[str], prefix: str = "") -> AsyncIterator[str]:
+            stream = clients.generate(question, passages, max_words=words, deployment=name, prefix=prefix)
+            async with aclosing(stream):
+                async for word in stream:
+                    yield word
+
+        generate.__name__ = f"model_{name}"
+        return generate
 
     async def _rerank_local(self, query: str, hits: list[Hit]) -> list[Hit]:
         # every hit comes back scored (top_k = all of them): the rerank stage merges chunks by score

@@ -170,16 +170,21 @@ class RetrievalClient:
         return reply
 
     async def answer(
-        self, tenant: str, query: str, *, timeout_s: float | None
+        self, tenant: str, query: str, *, timeout_s: float | None, trailers: dict[str, str] | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The Answer stream's messages (``{"text": word}``..., then the hits and fallbacks);
-        ``timeout_s`` bounds the whole stream. Closing the generator early cancels the call."""
+        ``timeout_s`` bounds the whole stream. Closing the generator early cancels the call.
+        ``trailers``, when given, receives the stream's trailing metadata once it has ended
+        (the guarded service's ``ragguard-stream-ending``...), on success as on a failure."""
         call = self._answer({"query": query}, timeout=timeout_s, metadata=((TENANT_KEY, tenant),))
         try:
             async for message in call:
                 yield message
         finally:
             call.cancel()
+            if trailers is not None and call.done() and not call.cancelled():
+                said = await call.trailing_metadata() or ()
+                trailers.update((k, v) for k, v in said if isinstance(v, str))
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
