@@ -52,7 +52,8 @@ import _bench
 from ragguard import QuotaExceeded, TenantQuota
 from ragguard.chaos import RedisServer
 from ragguard.quotas import LocalQuotas
-from ragguard.redis import LocalLease, RedisQuotas, quota_keys
+from ragguard.redis import LocalLease, RedisQuotas
+from ragguard.redis._keys import quota_keys
 from ragguard.redis._link import Script
 from ragguard.redis._scripts import QUOTA as QUOTA_SCRIPT
 

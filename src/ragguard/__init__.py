@@ -5,8 +5,8 @@ One flat public namespace, this module: the package's face. Behind it,
 - the core, which imports no wing and no tool: ``ragguard.options`` (the policy and each layer's
   options, data only), ``ragguard.outcomes``, ``ragguard.breakers``, ``ragguard.quotas``,
   ``ragguard.overload``, ``ragguard.pipeline`` (the layer contract, the drivers, the build context
-  and the :class:`~ragguard.pipeline.Backend` protocol), ``ragguard.layers``, ``ragguard.status``,
-  ``ragguard.testing`` and the Guard (:mod:`ragguard.guard`);
+  and the :class:`~ragguard.pipeline.Backend` protocol), ``ragguard.layers``,
+  ``ragguard.testing`` and the Guard (:mod:`ragguard._guard`);
 - the wings, which import the core and register into it: ``ragguard.rag`` (the RAG presets,
   imported here so that ``@guard("embedding")`` finds its preset), ``ragguard.redis``
   (``Guard(backend=RedisBackend(client))``), the front doors ``ragguard.asgi``, ``ragguard.grpc``
@@ -21,6 +21,7 @@ tests/packaging/test_layout.py holds the core to it.
 from . import rag  # noqa: F401 - the RAG wing: its presets register themselves into the core
 from ._clock import FakeClock
 from ._context import current_tenant, degraded
+from ._deadline import deadline, remaining
 from ._endings import StreamEnding, stream_endings
 from ._errors import (
     BreakerOpen,
@@ -38,6 +39,7 @@ from ._errors import (
     StreamTimeout,
     VectorStoreUnavailable,
 )
+from ._guard import Guard, configure, default_guard, guard, tenant
 from ._naming import named
 from .breakers import (
     BreakerState,
@@ -46,8 +48,6 @@ from .breakers import (
     RerankOOMBreaker,
     VectorStoreUnavailableBreaker,
 )
-from .deadline import deadline, remaining
-from .guard import Guard, configure, default_guard, guard, tenant
 from .options import (
     AdaptivePolicy,
     BreakerPolicy,
@@ -62,10 +62,9 @@ from .options import (
     ThrottlePolicy,
     TokenLimits,
 )
-from .outcomes import Kind as OutcomeKind
-from .outcomes import Outcome, register_classifier
+from .outcomes import register_classifier
 from .overload import priority
-from .pipeline import GuardedStream
+from .pipeline._chain import GuardedStream
 
 __version__ = "0.1.0"
 
@@ -95,8 +94,6 @@ __all__ = [
     "HedgePolicy",
     "InvalidInput",
     "NoDeploymentAvailable",
-    "Outcome",
-    "OutcomeKind",
     "Overloaded",
     "Policy",
     "PoolQuota",

@@ -17,11 +17,13 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 from . import _inject, events
 from ._errors import ConfigError
 from .events import bus
-from .layers import PRESETS, Bound, Stage, preset
+from .layers import Bound, Stage
+from .layers._breaker import adapt_breaker
+from .layers._fallback import ROUTES, user_fallbacks, user_routes
 from .layers._keys import KeyedChains, key_getter
-from .layers.breaker import adapt_breaker
-from .layers.fallback import ROUTES, user_fallbacks, user_routes
-from .pipeline import Call, Chain, GuardedStream
+from .layers._registry import PRESETS, preset
+from .pipeline import Call
+from .pipeline._chain import Chain, GuardedStream
 from .pipeline._threads import limiter_for, thread_call
 
 __all__ = ["GuardDecorator", "check_preset", "decorator"]

@@ -1,8 +1,8 @@
 """The process's default Guard, held below the modules that read it.
 
 :func:`ragguard.default_guard` makes it on first use and :func:`ragguard.configure` replaces it
-(both in :mod:`ragguard.guard`); :mod:`ragguard.testing` installs and restores one. What is built
-below the Guard reads it here without importing the Guard: :mod:`ragguard.deadline` takes its
+(both in :mod:`ragguard._guard`); :mod:`ragguard.testing` installs and restores one. What is built
+below the Guard reads it here without importing the Guard: :mod:`ragguard._deadline` takes its
 clock (:func:`clock`).
 """
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from ._clock import Timers, move_on_after, timers_of
 from ._compat import current_task, running_loop
+from ._deadline import Expiry
 from ._errors import DeadlineExceeded
 from ._timeouts import wheel_for
-from .deadline import Expiry
 
 __all__ = ["handler_deadline"]
 

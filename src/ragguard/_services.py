@@ -11,7 +11,7 @@ from . import _inject
 from ._clock import Clock, sleep_of
 from ._context import DEFAULT_TENANT
 from .options import Policy
-from .outcomes import OutcomeClassifier, classify_with
+from .outcomes._classify import OutcomeClassifier, classify_with
 from .pipeline import Backend, BuildContext
 from .pipeline._build import check_services
 from .quotas import LocalQuotas, QuotaBackend

@@ -43,15 +43,11 @@ __all__ = [
     "RetryBudgetExhausted",
     "RetryScheduled",
     "StageCompleted",
-    "StageTracer",
     "StreamContinued",
     "StreamCut",
     "StreamEnded",
     "StreamSettled",
     "bus",
-    "error_type",
-    "quick_init",
-    "tracer",
 ]
 
 log = logging.getLogger("ragguard.events")

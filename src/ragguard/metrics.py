@@ -9,7 +9,7 @@ Metrics live in a dedicated ``CollectorRegistry`` unless one is passed. Names fo
 conventions: ``ragguard_`` prefix, ``_seconds`` for durations, ``_total`` for counters, labels
 ``stage``, ``tenant``, ``outcome``, ``breaker``, ``fallback``. Counters and histograms come from
 events; gauges of what is true now (adaptive limits, calls in flight and queued, tenants' slots,
-hedges, shared-state links) are read from the Guards' state at scrape time (:mod:`ragguard.status`).
+hedges, shared-state links) are read from the Guards' state at scrape time (:mod:`ragguard._status`).
 Tenant labels: every tenant the policy names keeps its own; of the others, the first
 ``max_tenants`` seen keep their id and the rest fold into ``"other"`` (stage and breaker labels are
 capped the same way), so generated ids cannot grow a scrape without bound. No ``_created``
@@ -31,29 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate as v
 from . import events
+from ._deadline import remaining
 from ._errors import ConfigError
 from ._extras import install_hint
-from .deadline import remaining
+from ._guard import Guard, default_guard
 from .events import StageCompleted, error_type
-from .guard import Guard, default_guard
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-__all__ = [
-    "BREAKER_STATES",
-    "DEFAULT_LATENCY_BUCKETS_S",
-    "MetricsApp",
-    "OTelMetrics",
-    "PrometheusExporter",
-    "StageCompleted",
-    "StageSpan",
-    "disable_tracing",
-    "enable_tracing",
-    "error_type",
-    "otel_span",
-]
+__all__ = ["OTelMetrics", "PrometheusExporter", "disable_tracing", "enable_tracing", "otel_span"]
 
 DEFAULT_LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 2.0, 5.0, 10.0,
@@ -476,7 +464,7 @@ class _StateCollector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        from .status import links, overload, quotas
+        from ._status import links, overload, quotas
 
         gauges: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in _STATE_GAUGES}
         hedges: dict[tuple[str, ...], float] = {}
@@ -569,7 +557,7 @@ class _PoolCollector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        from .monitors import monitored_pools
+        from .monitors._pool import monitored_pools
 
         conns = GaugeMetricFamily("ragguard_redis_pool_connections", "Pool connections by state.",
                                   labels=["pool", "state"])  # fmt: skip
@@ -618,7 +606,7 @@ class _BreakerStateCollector:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from .breakers import live_breakers
+        from .breakers._live import live_breakers
 
         states = dict(self._last)
         for breaker in live_breakers():

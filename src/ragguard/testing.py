@@ -39,11 +39,12 @@ from typing import Any
 from . import _default, _inject
 from ._clock import Clock, FakeClock
 from ._context import forget_loose_fallbacks
+from ._guard import Guard
 from .events import EventBus, bus
-from .guard import Guard
-from .options import Policy, policy_of
+from .options import Policy
+from .options._policy import policy_of
 
-__all__ = ["EventRecorder", "FreshGuard", "fresh_guard", "reset"]
+__all__ = ["EventRecorder", "fresh_guard", "reset"]
 
 class FreshGuard(Guard):
     """A :class:`~ragguard.Guard` installed as the default registry until :meth:`restore`.

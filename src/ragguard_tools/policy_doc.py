@@ -26,7 +26,8 @@ from pydantic import BaseModel
 from ragguard import options as policy
 from ragguard.breakers import BreakerConfig
 from ragguard.breakers._options import OPTIONS, option_info
-from ragguard.options import BREAKER_KINDS, BreakerPolicy, _layers
+from ragguard.options import BreakerPolicy, _layers
+from ragguard.options._breaker import BREAKER_KINDS
 from ragguard.options._policy import STANDARD_STAGE_OPTIONS
 
 __all__ = ["main", "render"]

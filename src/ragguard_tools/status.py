@@ -1,6 +1,6 @@
 """The status of a Guard over HTTP without an ASGI server (a gRPC service): :func:`serve`.
 
-``GET /status`` (and ``/health``) answers :func:`ragguard.status.snapshot`'s JSON (what
+``GET /status`` (and ``/health``) answers :func:`ragguard._status.snapshot`'s JSON (what
 :meth:`ragguard.Guard.status` returns), ``GET /metrics`` a Prometheus exporter's scrape; what
 ``ragguard top`` polls. A service with an ASGI server mounts :class:`ragguard.asgi.StatusEndpoint`
 instead.
@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ragguard import ConfigError, Guard, default_guard
-from ragguard.status import StatusCounts, snapshot
+from ragguard._status import StatusCounts, snapshot
 
 __all__ = ["StatusServer", "serve"]
 

@@ -1,7 +1,7 @@
 """``ragguard top URL``: a live terminal view of a running service's status endpoint.
 
 Polls ``URL`` (a :class:`ragguard.asgi.StatusEndpoint`, :func:`ragguard_tools.status.serve`, or any
-route answering :func:`ragguard.status.snapshot`'s JSON) every ``interval_s`` seconds and redraws
+route answering :func:`ragguard._status.snapshot`'s JSON) every ``interval_s`` seconds and redraws
 in place: breakers with their state and time left open, adaptive limits, tenants' slots, and
 fallbacks, sheds and refusals per second (from the endpoint's counts, between two polls: "-"
 until there are two). Laid out to stay readable at 80 columns. While the URL does not answer, it

@@ -17,7 +17,6 @@ from breaker_helpers import fail
 import ragguard
 from ragguard import ConfigError, FakeClock, VectorStoreUnavailable
 from ragguard.breakers import (
-    IGNORED,
     BreakerConfig,
     BreakerState,
     CircuitBreaker,
@@ -27,8 +26,8 @@ from ragguard.breakers import (
     counts_by_default,
     counts_outages,
     is_timeout,
-    outcome_name,
 )
+from ragguard.breakers._outcome import IGNORED, outcome_name
 
 pytestmark = pytest.mark.timeout(30)
 

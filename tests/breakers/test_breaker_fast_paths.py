@@ -13,7 +13,7 @@ import pytest
 
 from ragguard import BreakerOpen, FakeClock, VectorStoreUnavailable
 from ragguard.breakers import BreakerState, CircuitBreaker, VectorStoreUnavailableBreaker
-from ragguard.layers.breaker import BreakerLayer
+from ragguard.layers._breaker import BreakerLayer
 from ragguard.pipeline import Call
 
 pytestmark = pytest.mark.timeout(30)

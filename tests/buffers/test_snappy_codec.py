@@ -267,7 +267,8 @@ def test_a_shorter_block_in_a_buffer_that_held_a_longer_one_leaves_nothing_past_
 
 
 def test_small_messages_take_no_pooled_buffer_and_keep_the_lease_contract() -> None:
-    from ragguard.buffers import DoubleRelease, OwnedLease
+    from ragguard.buffers import DoubleRelease
+    from ragguard.buffers._pool import OwnedLease
 
     pool = BufferPool()
     codec = SnappyCodec(pool=pool)

@@ -33,8 +33,8 @@ from ragguard.chaos import (
     Timeout,
     batch_size,
     corrupt_bytes,
-    make_error,
 )
+from ragguard.chaos._faults import make_error
 from ragguard.events import bus
 
 pytestmark = pytest.mark.timeout(30)

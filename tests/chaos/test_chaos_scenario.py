@@ -22,8 +22,8 @@ from ragguard.chaos import (
     ScenarioRunner,
     default_scenario,
     load_scenario,
-    parse_scenario,
 )
+from ragguard.chaos._scenario import parse_scenario
 
 GOOD = textwrap.dedent(
     """\

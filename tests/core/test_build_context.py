@@ -12,7 +12,8 @@ import pytest
 
 import ragguard
 from ragguard import BreakerPolicy, FakeClock, Guard, Policy, StagePolicy
-from ragguard.layers import Bound, Stage, register_layer, unregister_layer
+from ragguard.layers import Bound, Stage, register_layer
+from ragguard.layers._registry import unregister_layer
 from ragguard.pipeline import BuildContext, Call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -150,7 +151,7 @@ def _runtime_imports(path: Path) -> set[str]:
 
 # the core below the Guard, and the wings that need no Guard (the RAG presets register into the
 # layers; the Redis backend is handed to one); tests/packaging/test_layout.py checks the rest
-BELOW_THE_GUARD = ("deadline", "status", "events", "layers", "pipeline", "overload", "rag",
+BELOW_THE_GUARD = ("_deadline", "_status", "events", "layers", "pipeline", "overload", "rag",
                    "redis", "quotas", "options", "breakers", "outcomes", "_decorate", "_services")
 
 
@@ -159,11 +160,11 @@ def test_nothing_below_guard_py_imports_it(area: str) -> None:
     paths = [SRC / f"{area}.py"] if (SRC / f"{area}.py").exists() else sorted((SRC / area).rglob("*.py"))
     assert paths
     for path in paths:
-        assert "ragguard.guard" not in _runtime_imports(path), path
+        assert "ragguard._guard" not in _runtime_imports(path), path
 
 
 def test_the_core_does_not_import_metrics_and_the_layer_contract_not_quotas() -> None:
-    for path in (SRC / "guard.py", SRC / "_decorate.py", SRC / "layers" / "observe.py"):
+    for path in (SRC / "_guard.py", SRC / "_decorate.py", SRC / "layers" / "_observe.py"):
         assert "ragguard.metrics" not in _runtime_imports(path), path
     for path in sorted((SRC / "pipeline").rglob("*.py")):
         imported = _runtime_imports(path)
@@ -180,7 +181,8 @@ async def test_layers_emit_to_and_classify_with_their_build_context() -> None:
     decides what is retried and what a fallback serves."""
     from ragguard import RetryPolicy
     from ragguard.events import EventBus, FallbackServed, RetryScheduled, StageCompleted, bus
-    from ragguard.outcomes import Kind, Outcome, classify, kind_of
+    from ragguard.outcomes import Kind, Outcome, classify
+    from ragguard.outcomes._classify import kind_of
 
     assert classify(_Busy()).kind is not Kind.FAILURE and kind_of(_Busy()) is not Kind.FAILURE
     mine: list[object] = []

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import ragguard
-from ragguard.rag import BatchLimiter, EmbeddingCache, normalise_text
+from ragguard.rag._cache import EmbeddingCache, normalise_text
+from ragguard.rag._rerank import BatchLimiter
 
 
 def test_keys_fold_case_and_white_space() -> None:

@@ -14,12 +14,13 @@ import tenacity
 
 import ragguard
 from ragguard import _compat
-from ragguard.events import CallOutcome
-from ragguard.layers.retry import RetryBudget, RetryLayer
-from ragguard.metrics import StageCompleted
+from ragguard.events import CallOutcome, StageCompleted
+from ragguard.layers._retry import RetryBudget, RetryLayer
 from ragguard.pipeline import Call
-from ragguard.quotas import Lease, LocalQuotas, TenantContext
+from ragguard.quotas import LocalQuotas
 from ragguard.quotas import _tenant as tenant_module
+from ragguard.quotas._local import Lease
+from ragguard.quotas._tenant import TenantContext
 
 # -- the running loop ------------------------------------------------------------------------------
 

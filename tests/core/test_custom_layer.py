@@ -17,7 +17,8 @@ import pytest
 import ragguard
 from ragguard import ConfigError, FakeClock, Guard, Policy, StagePolicy
 from ragguard import layers as layers_mod
-from ragguard.layers import register_layer, unregister_layer
+from ragguard.layers import register_layer
+from ragguard.layers._registry import unregister_layer
 from ragguard.pipeline import NO_EXIT
 
 pytestmark = [pytest.mark.timeout(60)]

@@ -210,7 +210,7 @@ def test_the_share_is_validated_naming_the_field() -> None:
 
 def test_the_rag_presets_have_shares_and_a_policy_may_change_them() -> None:
     policy = Policy()
-    shares = {name: policy.stage(name).deadline_share for name in ragguard.options.STANDARD_STAGES}
+    shares = {name: policy.stage(name).deadline_share for name in ragguard.options._policy.STANDARD_STAGES}
     assert shares == {"embedding": 0.25, "vector_store": 0.25, "rerank": 0.3, "generation": 1.0}
     changed = Policy(stages={"rerank": StagePolicy(deadline_share=0.5)}).stage("rerank")
     assert changed.deadline_share == 0.5 and changed.preset == "rerank"

@@ -15,10 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ragguard
-from ragguard import FakeClock, RetryPolicy
+from ragguard import FakeClock, RetryPolicy, deadline
 from ragguard.breakers import counts_by_default
-from ragguard.deadline import deadline
-from ragguard.layers.retry import RetryBudget, RetryLayer, _BudgetStop, _CutWait, _DeadlineStop
+from ragguard.layers._retry import RetryBudget, RetryLayer, _BudgetStop, _CutWait, _DeadlineStop
 from ragguard.pipeline import Call
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,7 +16,8 @@ import pytest
 
 from ragguard import BreakerPolicy, ConfigError, Guard, HedgePolicy, Policy, RetryPolicy, StagePolicy
 from ragguard import layers as layers_mod
-from ragguard.layers import Bound, unregister_layer
+from ragguard.layers import Bound
+from ragguard.layers._registry import unregister_layer
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -122,7 +123,7 @@ def test_the_options_import_no_layer() -> None:
         f"root = {str(ROOT / 'src' / 'ragguard')!r}\n"
         "pkg = types.ModuleType('ragguard'); pkg.__path__ = [root]; sys.modules['ragguard'] = pkg\n"
         "import ragguard.options\n"
-        "up = ('ragguard.layers', 'ragguard.rag', 'ragguard.guard')\n"
+        "up = ('ragguard.layers', 'ragguard.rag', 'ragguard._guard')\n"
         "print(sorted(m for m in sys.modules if m.startswith(up)))\n"
         "p = ragguard.options.StagePolicy.model_validate({'breaker': {'kind': 'rerank_oom'}})\n"
         "print(p.breaker.kind)\n"

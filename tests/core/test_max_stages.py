@@ -11,7 +11,7 @@ import tracemalloc
 import pytest
 
 from ragguard import BreakerPolicy, BreakerState, FakeClock, Guard, Policy, StagePolicy
-from ragguard.breakers import live_breakers
+from ragguard.breakers._live import live_breakers
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

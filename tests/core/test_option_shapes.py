@@ -9,7 +9,7 @@ import inspect
 import random
 
 from ragguard import FakeClock
-from ragguard.layers.retry import RetryBudget
+from ragguard.layers._retry import RetryBudget
 from ragguard.options import (
     AdaptivePolicy,
     HedgePolicy,
@@ -20,7 +20,10 @@ from ragguard.options import (
     TokenLimits,
 )
 from ragguard.options._policy import burst_of
-from ragguard.overload import AdaptiveThrottle, LatencyTracker, LimitSettings, QueueSettings
+from ragguard.overload._gradient import LimitSettings
+from ragguard.overload._hedge import LatencyTracker
+from ragguard.overload._limiter import QueueSettings
+from ragguard.overload._throttle import AdaptiveThrottle
 
 _MECHANISM_ONLY = {"max_tenants"}  # the queue's bound on tracked tenants: no policy sets it
 

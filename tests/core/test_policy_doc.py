@@ -14,8 +14,9 @@ from pydantic import BaseModel
 import ragguard
 from ragguard import layers
 from ragguard import options as policy
-from ragguard.options import BREAKER_KINDS
 from ragguard.options import _layers as _registry
+from ragguard.options._breaker import BREAKER_KINDS
+from ragguard.options._policy import STANDARD_STAGES
 from ragguard_tools import policy_doc as _policy_doc
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -61,7 +62,7 @@ def test_every_field_of_every_model_is_in_the_reference_with_its_default_and_bou
     assert "| `attempts` | int | `1` | >= 1, <= 20 |" in text  # e.g. RetryPolicy.attempts
     for kind in [*BREAKER_KINDS, "none"]:  # the breaker kinds are listed
         assert f"| `{kind}` |" in text
-    for stage in policy.STANDARD_STAGES:  # and what each standard stage's preset sets
+    for stage in STANDARD_STAGES:  # and what each standard stage's preset sets
         assert f"| `{stage}` | `preset: {stage}`" in text
 
 

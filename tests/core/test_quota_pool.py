@@ -141,11 +141,11 @@ async def test_a_slot_taken_for_a_request_admitted_elsewhere_counts_in_the_pool(
     quotas = LocalQuotas(policy.quota)
     held = [quotas.take_slot("x"), quotas.take_slot("y"), quotas.take_slot("z")]
     assert quotas.pool_in_flight() == 3  # past the limit: it counts what runs
-    assert quotas.admit_now("w") is ragguard.quotas.WAIT
+    assert quotas.admit_now("w") is ragguard.pipeline.WAIT
     for lease in held:
         quotas.give_slot(lease)
     assert quotas.pool_in_flight() == 0
-    assert quotas.admit_now("w") not in (None, ragguard.quotas.WAIT)
+    assert quotas.admit_now("w") not in (None, ragguard.pipeline.WAIT)
 
 
 async def test_pool_for_can_be_given_explicitly() -> None:
@@ -153,10 +153,10 @@ async def test_pool_for_can_be_given_explicitly() -> None:
     quotas = LocalQuotas(lambda t: TenantQuota(max_concurrency=3),
                          pool_for=lambda t: pool if t.startswith("guest") else None)
     first: Any = quotas.admit_now("guest1")
-    assert first is not None and quotas.admit_now("guest2") is ragguard.quotas.WAIT
-    assert quotas.admit_now("member") not in (None, ragguard.quotas.WAIT)
+    assert first is not None and quotas.admit_now("guest2") is ragguard.pipeline.WAIT
+    assert quotas.admit_now("member") not in (None, ragguard.pipeline.WAIT)
     quotas.release(first)
-    assert quotas.admit_now("guest2") not in (None, ragguard.quotas.WAIT)
+    assert quotas.admit_now("guest2") not in (None, ragguard.pipeline.WAIT)
 
 
 def test_the_pool_is_configured_in_the_policy_file(tmp_path: Any) -> None:

@@ -20,7 +20,7 @@ from ragguard import (
     RetryPolicy,
     StagePolicy,
 )
-from ragguard.layers.reserve import Reserve
+from ragguard.layers._reserve import Reserve
 from ragguard.testing import fresh_guard
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
@@ -190,7 +190,7 @@ async def test_the_chain_is_timed_as_it_runs_misses_included() -> None:
 
     async def cache(query: str) -> str:
         await clock.sleep(0.04)
-        raise ragguard.layers.fallback.FallbackMiss("not cached")
+        raise ragguard.layers._fallback.FallbackMiss("not cached")
 
     async def keyword(query: str) -> str:
         await clock.sleep(0.02)

@@ -21,7 +21,7 @@ from ragguard import (
     StageTimeout,
     deadline,
 )
-from ragguard.options import BREAKER_KINDS
+from ragguard.options._breaker import BREAKER_KINDS
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(20)]
 

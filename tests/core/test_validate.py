@@ -86,7 +86,7 @@ def _long_value_refusals() -> list[tuple[str, str]]:
     from ragguard._context import validate_tenant_id
     from ragguard._http import parse_timeout_ms
     from ragguard.layers import layer_policy_model
-    from ragguard.overload import parse_priority
+    from ragguard.overload._priority import parse_priority
 
     out = []
     for call, head in (

@@ -15,7 +15,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ragguard import BreakerOpen, BreakerState, CircuitBreaker, FakeClock, Guard, QuotaExceeded, TenantQuota
-from ragguard.redis import RedisBackend, RedisQuotas, SharedCircuitBreaker, breaker_keys, quota_keys
+from ragguard.redis import RedisBackend, RedisQuotas, SharedCircuitBreaker
+from ragguard.redis._breaker import breaker_keys
+from ragguard.redis._keys import quota_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from ragguard import FakeClock, QuotaExceeded, TenantQuota
 from ragguard.options._policy import burst_of
-from ragguard.quotas import WAIT, LocalQuotas
+from ragguard.quotas import LocalQuotas
 from ragguard.quotas._gcra import EPSILON_S, Rate
+from ragguard.quotas._local import WAIT
 from ragguard.redis import RedisQuotas
 from ragguard.redis._scripts import GCRA
 

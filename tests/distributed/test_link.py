@@ -66,7 +66,8 @@ async def test_script_is_loaded_again_after_noscript(client: Any) -> None:
 async def test_the_health_probes_leave_the_components_keys_alone(client: Any) -> None:
     """The probe writes (so that a read-only replica fails it) only to a key of its own."""
     from ragguard import CircuitBreaker, TenantQuota
-    from ragguard.redis import RedisQuotas, SharedCircuitBreaker, quota_keys
+    from ragguard.redis import RedisQuotas, SharedCircuitBreaker
+    from ragguard.redis._keys import quota_keys
 
     b = SharedCircuitBreaker(CircuitBreaker("probed", minimum_calls=2, window_size=2, open_for_s=60.0),
                              client, redis_timeout_s=0.8)

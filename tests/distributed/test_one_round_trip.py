@@ -12,7 +12,8 @@ import pytest
 from distributed_helpers import PATIENT_S, evalsha_calls, leases_in, make_client, until
 
 from ragguard import QuotaExceeded, TenantQuota
-from ragguard.redis import LocalLease, RedisQuotas, quota_keys
+from ragguard.redis import LocalLease, RedisQuotas
+from ragguard.redis._keys import quota_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from ragguard.redis import quota_keys
+from ragguard.redis._keys import quota_keys
 
 WORKER = Path(__file__).with_name("_quota_worker.py")
 PROCESSES, CALLERS, DURATION_S = 4, 200, 4.0

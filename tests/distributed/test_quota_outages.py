@@ -17,7 +17,8 @@ import pytest
 from distributed_helpers import PATIENT_S, leases_in, make_client, until
 
 from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota
-from ragguard.redis import RedisBackend, RedisQuotas, SharedStateDegraded, quota_keys
+from ragguard.redis import RedisBackend, RedisQuotas, SharedStateDegraded
+from ragguard.redis._keys import quota_keys
 from ragguard.redis._link import SharedStateUnavailable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

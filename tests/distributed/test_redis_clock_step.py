@@ -20,7 +20,8 @@ import pytest
 from distributed_helpers import BREAKER_PATIENT_S, PATIENT_S, leases_in, until
 
 from ragguard import BreakerOpen, BreakerState, CircuitBreaker, FakeClock, QuotaExceeded, TenantQuota
-from ragguard.redis import RedisQuotas, SharedCircuitBreaker, quota_keys
+from ragguard.redis import RedisQuotas, SharedCircuitBreaker
+from ragguard.redis._keys import quota_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -258,7 +258,7 @@ async def test_a_read_only_replica_is_an_error_naming_the_cause(redis_server: An
 async def test_doctor_says_redis_refused_the_configuration_not_that_it_was_unreachable(
     acl_server: RedisServer, tmp_path: Path
 ) -> None:
-    from ragguard.monitors import EventRecorder, load_records
+    from ragguard.monitors._record import EventRecorder, load_records
     from ragguard_tools.doctor import diagnose
 
     path = tmp_path / "events.jsonl"

@@ -13,13 +13,8 @@ import pytest
 from distributed_helpers import make_client, until
 
 from ragguard import BreakerState, CircuitBreaker, QuotaExceeded, TenantQuota
-from ragguard.redis import (
-    RedisQuotas,
-    SharedCircuitBreaker,
-    SharedLease,
-    SharedStateDegraded,
-    SharedStateRestored,
-)
+from ragguard.redis import RedisQuotas, SharedCircuitBreaker, SharedStateDegraded, SharedStateRestored
+from ragguard.redis._quotas import SharedLease
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(40)]
 
@@ -177,7 +172,7 @@ async def test_the_event_log_records_the_switch_and_doctor_reports_it(
 ) -> None:
     """User report: `ragguard demo --redis` (Redis down) warned five times, but its events.jsonl had
     no SharedStateDegraded (the recorder's default kinds left them out) and doctor said nothing."""
-    from ragguard.monitors import EventRecorder, load_records
+    from ragguard.monitors._record import EventRecorder, load_records
     from ragguard_tools.doctor import diagnose
 
     path = tmp_path / "events.jsonl"

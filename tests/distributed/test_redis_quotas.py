@@ -9,7 +9,9 @@ import pytest
 from distributed_helpers import PATIENT_S, leases_in
 
 from ragguard import ConfigError, FakeClock, Guard, InvalidInput, Policy, QuotaExceeded, TenantQuota
-from ragguard.redis import RedisQuotas, SharedLease, quota_keys
+from ragguard.redis import RedisQuotas
+from ragguard.redis._keys import quota_keys
+from ragguard.redis._quotas import SharedLease
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

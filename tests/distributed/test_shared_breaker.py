@@ -23,7 +23,8 @@ from ragguard import (
     RetryPolicy,
     StagePolicy,
 )
-from ragguard.redis import RedisBackend, SharedCircuitBreaker, breaker_keys
+from ragguard.redis import RedisBackend, SharedCircuitBreaker
+from ragguard.redis._breaker import breaker_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

@@ -15,7 +15,9 @@ import pytest
 from distributed_helpers import PATIENT, PATIENT_S, leases_in, make_client
 
 from ragguard import FakeClock, Guard, Policy, PoolQuota, QuotaExceeded, TenantQuota
-from ragguard.redis import LocalLease, RedisBackend, RedisQuotas, SharedLease, pool_keys
+from ragguard.redis import LocalLease, RedisBackend, RedisQuotas
+from ragguard.redis._keys import pool_keys
+from ragguard.redis._quotas import SharedLease
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

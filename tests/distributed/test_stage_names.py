@@ -11,7 +11,8 @@ from distributed_helpers import PATIENT, breaker_policy
 from redis.crc import key_slot
 
 from ragguard import BreakerState, Guard, Policy
-from ragguard.redis import RedisBackend, breaker_keys
+from ragguard.redis import RedisBackend
+from ragguard.redis._breaker import breaker_keys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

@@ -28,7 +28,8 @@ from ragguard import (
     TokenLimits,
 )
 from ragguard.rag import Usage, token_accounts
-from ragguard.redis import RedisBackend, RedisTokens, SharedStateDegraded, SharedStateRestored, token_key
+from ragguard.redis import RedisBackend, RedisTokens, SharedStateDegraded, SharedStateRestored
+from ragguard.redis._tokens import token_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

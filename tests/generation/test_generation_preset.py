@@ -10,7 +10,8 @@ from gen_helpers import collect
 
 import ragguard
 from ragguard import ConfigError, GenerationPolicy, Guard, Policy, StagePolicy, StreamTimeout, TenantQuota
-from ragguard.rag import PRESETS, GenerationPreset
+from ragguard.layers._registry import PRESETS
+from ragguard.rag._presets import GenerationPreset
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -21,7 +22,7 @@ def test_the_standard_generation_stage_has_the_preset_and_its_budgets() -> None:
     budgets = stage.generation
     assert (budgets.first_item_s, budgets.idle_s, budgets.total_s) == (30.0, 10.0, 300.0)
     assert stage.retry.attempts == 2 and "timeout" in stage.retry.retry_on  # before the first item
-    assert "generation" in ragguard.options.STANDARD_STAGES
+    assert "generation" in ragguard.options._policy.STANDARD_STAGES
 
 
 def test_setting_one_budget_keeps_the_standard_others_and_any_stage_may_name_the_preset() -> None:

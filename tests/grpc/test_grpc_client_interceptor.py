@@ -20,12 +20,12 @@ from ragguard.breakers import (
 )
 from ragguard.grpc import (
     GuardServerInterceptor,
-    RemoteCallError,
     RemoteDeadlineExceeded,
     RemoteQuotaExceeded,
     RemoteUnavailable,
     client_interceptors,
 )
+from ragguard.grpc._errors import RemoteCallError
 from ragguard.outcomes import Kind, classify
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]

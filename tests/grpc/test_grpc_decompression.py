@@ -21,7 +21,8 @@ from grpc_helpers import Behaviors, method, requests_of, serving
 import ragguard
 from ragguard import Policy, TenantQuota
 from ragguard.buffers import SnappyCodec
-from ragguard.grpc import ENCODING_KEY, GuardServerInterceptor, SnappyServerInterceptor, SnappyWire
+from ragguard.grpc import GuardServerInterceptor, SnappyServerInterceptor, SnappyWire
+from ragguard.grpc._compression import ENCODING_KEY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 

@@ -24,7 +24,6 @@ import ragguard
 from ragguard import CorruptPayload, FakeClock, Policy, QuotaExceeded, TenantQuota
 from ragguard.buffers import SnappyCodec
 from ragguard.grpc import (
-    PUSHBACK_KEY,
     GuardServerInterceptor,
     RemoteQuotaExceeded,
     RemoteUnavailable,
@@ -32,8 +31,8 @@ from ragguard.grpc import (
     SnappyWire,
     client_interceptors,
     snappy_channel,
-    status_for,
 )
+from ragguard.grpc._status import PUSHBACK_KEY, status_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from ragguard import ConfigError, CorruptPayload
 from ragguard.buffers import BufferPool, SnappyCodec
 from ragguard.grpc import (
-    ACCEPT_ENCODING_KEY,
     GuardServerInterceptor,
     SnappyServerInterceptor,
     SnappyWire,
     client_interceptors,
     snappy_channel,
 )
+from ragguard.grpc._compression import ACCEPT_ENCODING_KEY
 
 KINDS = ["Unary", "StreamGen", "StreamWrite", "ClientStream", "BidiGen", "BidiWrite"]
 BIG = b"x" * 4000

@@ -42,7 +42,7 @@ from ragguard.grpc import (
     PermissionDenied,
     Unauthenticated,
 )
-from ragguard.overload import current_priority
+from ragguard.overload._priority import current_priority
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -13,7 +13,8 @@ from http_helpers import ERRORS, Gate, rag_app, running, wait_for
 
 import ragguard
 from ragguard import ConfigError, FakeClock, Policy, TenantQuota
-from ragguard.asgi import RagguardMiddleware, StatusEndpoint, http_status_for
+from ragguard.asgi import RagguardMiddleware, StatusEndpoint
+from ragguard.asgi._status import http_status_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

@@ -23,7 +23,8 @@ from ragguard.breakers import (
     is_connection_error,
     is_timeout,
 )
-from ragguard.httpx import GuardTransport, RemoteQuotaExceeded, RemoteUnavailable, retry_after_of
+from ragguard.httpx import GuardTransport, RemoteQuotaExceeded, RemoteUnavailable
+from ragguard.httpx._errors import retry_after_of
 from ragguard.outcomes import Kind, classify
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]

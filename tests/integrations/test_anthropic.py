@@ -127,7 +127,7 @@ async def test_the_overloaded_event_after_the_first_token_reaches_the_caller_com
             if event.type == "content_block_delta":
                 texts.append(event.delta.text)
     assert texts == ["Hello", " from"]
-    assert ragguard.outcomes.classify(caught.value).kind is ragguard.OutcomeKind.REJECTION
+    assert ragguard.outcomes.classify(caught.value).kind is ragguard.outcomes.Kind.REJECTION
     assert any("committed" in note for note in caught.value.__notes__)
     assert anthropic_wire.faults.seen["messages"] == 1
 

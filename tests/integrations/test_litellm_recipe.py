@@ -164,7 +164,7 @@ def test_litellm_shaped_errors_are_classified_as_the_docs_say() -> None:
     cooling = RouterRateLimitError("chat", 12.5, False, [])
     assert classify(down).kind is Kind.FAILURE
     assert classify(limited).kind is Kind.REJECTION
-    assert classify(cooling) == ragguard.Outcome(
+    assert classify(cooling) == ragguard.outcomes.Outcome(
         Kind.REJECTION, reached=False, retry_after_s=12.5, reason="status"
     )
     assert classify(APIError(429, "limited", "bedrock", "chat")).kind is Kind.REJECTION

@@ -408,7 +408,7 @@ async def test_an_error_event_of_the_responses_api_is_raised_and_retried(
     openai_wire.faults.push("responses", Fault(event=failed, event_after=2), times=3)
     with pytest.raises(openai.APIError) as caught:
         await client.responses.create(model="m", input="hi", stream=True)
-    assert ragguard.outcomes.classify(caught.value).kind is ragguard.OutcomeKind.FAILURE
+    assert ragguard.outcomes.classify(caught.value).kind is ragguard.outcomes.Kind.FAILURE
     assert openai_wire.faults.seen["responses"] == 3
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragguard import ConfigError, FakeClock
-from ragguard.rag import BatchLimiter
+from ragguard.rag._rerank import BatchLimiter
 
 
 def test_unlimited_until_the_first_out_of_memory_then_halving_to_the_floor() -> None:

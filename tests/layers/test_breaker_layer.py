@@ -21,8 +21,8 @@ from ragguard import (
     StagePolicy,
 )
 from ragguard.layers import Bound
-from ragguard.layers.breaker import BreakerLayer, build
-from ragguard.options import BREAKER_KINDS
+from ragguard.layers._breaker import BreakerLayer, build
+from ragguard.options._breaker import BREAKER_KINDS
 from ragguard.pipeline import WAIT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

@@ -11,7 +11,7 @@ from layer_helpers import Script, make_call
 from ragguard import FakeClock, Guard, _inject
 from ragguard.chaos import Chaos, EmptyResults, Error, Latency
 from ragguard.layers import Bound
-from ragguard.layers.chaos import ChaosLayer, build
+from ragguard.layers._chaos import ChaosLayer, build
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 

@@ -10,8 +10,8 @@ from layer_helpers import make_call
 from ragguard import BreakerOpen, FakeClock, degraded
 from ragguard.breakers import is_out_of_memory
 from ragguard.pipeline import Call
-from ragguard.rag import ArgRef, BatchLimiter
-from ragguard.rag._rerank import ChunkedRerank
+from ragguard._args import ArgRef
+from ragguard.rag._rerank import BatchLimiter, ChunkedRerank
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 

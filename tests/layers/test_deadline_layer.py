@@ -7,7 +7,7 @@ from layer_helpers import make_call
 
 from ragguard import DeadlineExceeded, FakeClock, Guard, Policy, StagePolicy, TenantQuota, deadline
 from ragguard.layers import Bound
-from ragguard.layers.deadline import DeadlineLayer, build
+from ragguard.layers._deadline import DeadlineLayer, build
 from ragguard.pipeline import NO_EXIT
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

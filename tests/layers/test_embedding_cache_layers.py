@@ -7,8 +7,9 @@ import pytest
 from layer_helpers import Script, make_call
 
 from ragguard import FakeClock
-from ragguard.layers.fallback import FallbackMiss
-from ragguard.rag import ArgRef, EmbeddingCache
+from ragguard.layers._fallback import FallbackMiss
+from ragguard._args import ArgRef
+from ragguard.rag._cache import EmbeddingCache
 from ragguard.rag._embedding import CacheFallback, CacheTap
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

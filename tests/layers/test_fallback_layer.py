@@ -11,7 +11,7 @@ from layer_helpers import Script, make_call
 from ragguard import BreakerOpen, DeadlineExceeded, Guard, QuotaExceeded, degraded
 from ragguard.events import FallbackServed
 from ragguard.layers import Bound
-from ragguard.layers.fallback import FallbackLayer, FallbackMiss, UserFallback, applies_for, build
+from ragguard.layers._fallback import FallbackLayer, FallbackMiss, UserFallback, applies_for, build
 from ragguard.outcomes import Kind, Outcome, register_classifier
 from ragguard.pipeline import Call
 from ragguard.testing import EventRecorder
@@ -146,7 +146,7 @@ def test_the_chain_order_is_preset_first_then_the_users_then_preset_last() -> No
 
 async def test_a_call_shed_by_an_overload_layer_is_served_by_the_fallback() -> None:
     from ragguard import Overloaded
-    from ragguard.layers.fallback import applies_for
+    from ragguard.layers._fallback import applies_for
 
     applies = applies_for(lambda exc: False, "breaker")
     assert applies(Overloaded("s", 0.1, "limit"))

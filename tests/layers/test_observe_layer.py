@@ -9,9 +9,9 @@ from layer_helpers import make_call
 
 from ragguard import BreakerPolicy, FakeClock, Guard, Policy, StagePolicy
 from ragguard._context import mark_degraded
+from ragguard.events import StageCompleted
 from ragguard.layers import Bound
-from ragguard.layers.observe import ObserveLayer, build
-from ragguard.metrics import StageCompleted
+from ragguard.layers._observe import ObserveLayer, build
 from ragguard.testing import EventRecorder
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

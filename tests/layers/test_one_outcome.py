@@ -32,15 +32,8 @@ from ragguard import (
     ThrottlePolicy,
     degraded,
 )
-from ragguard.outcomes import (
-    CONTEXT_LENGTH,
-    Kind,
-    Outcome,
-    OutcomeClassifier,
-    classify,
-    outcome_of,
-    register_classifier,
-)
+from ragguard.outcomes import CONTEXT_LENGTH, Kind, Outcome, classify, outcome_of, register_classifier
+from ragguard.outcomes._classify import OutcomeClassifier
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -263,10 +256,10 @@ async def test_a_failed_attempt_is_classified_once_through_the_full_stack(
 async def test_every_reader_of_an_escaped_error_agrees_with_the_chain() -> None:
     """What the chain recorded on the error is what the breakers' classifiers, the stated wait and
     the front doors read (they see only the error), not the process-wide answer."""
-    from ragguard.asgi import http_status_for
+    from ragguard.asgi._status import http_status_for
     from ragguard.breakers import counts_outages
-    from ragguard.grpc import status_for
-    from ragguard.layers.retry import retry_after_of
+    from ragguard.grpc._status import status_for
+    from ragguard.layers._retry import retry_after_of
 
     g, _ = _guard(Counting())
     with pytest.raises(Crowded) as raised:

@@ -8,7 +8,7 @@ from layer_helpers import make_call
 
 from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota
 from ragguard.layers import Bound
-from ragguard.layers.quota import QuotaLayer, build
+from ragguard.layers._quota import QuotaLayer, build
 from ragguard.pipeline import NO_EXIT, WAIT
 from ragguard.quotas import LocalQuotas
 

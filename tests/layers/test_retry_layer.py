@@ -20,7 +20,7 @@ from ragguard import (
 )
 from ragguard.breakers import counts_by_default
 from ragguard.events import RetryBudgetExhausted, RetryScheduled
-from ragguard.layers.retry import RetryBudget, RetryLayer
+from ragguard.layers._retry import RetryBudget, RetryLayer
 from ragguard.testing import EventRecorder
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

@@ -13,7 +13,7 @@ from layer_helpers import make_call
 from ragguard import DeadlineExceeded, FakeClock, Guard, Policy, StagePolicy, StageTimeout, deadline
 from ragguard._timeouts import MAX_TIMEOUT_S, AttemptTimeout
 from ragguard.layers import Bound
-from ragguard.layers.timeout import TimeoutLayer, build
+from ragguard.layers._timeout import TimeoutLayer, build
 from ragguard.pipeline import NO_EXIT, Call
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

@@ -7,7 +7,7 @@ from layer_helpers import make_call
 from test_timeout_layer import gated
 
 from ragguard import DeadlineExceeded, FakeClock, StageTimeout, deadline
-from ragguard.layers.timeout import TimeoutLayer
+from ragguard.layers._timeout import TimeoutLayer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 

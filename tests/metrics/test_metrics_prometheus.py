@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragguard import ConfigError, events
-from ragguard.metrics import PrometheusExporter, StageCompleted, otel_span
+from ragguard.events import StageCompleted
+from ragguard.metrics import PrometheusExporter, otel_span
 from ragguard.monitors import MonitoredBlockingConnectionPool, StallDetector
 
 pytestmark = pytest.mark.anyio
@@ -254,7 +255,7 @@ def test_an_exporter_on_another_bus_does_not_report_breakers_it_never_hears_from
 
 def test_a_shared_breaker_speaks_for_the_breaker_it_wraps() -> None:
     from ragguard import CircuitBreaker, FakeClock
-    from ragguard.breakers import live_breakers
+    from ragguard.breakers._live import live_breakers
     from ragguard.redis import SharedCircuitBreaker
 
     local = CircuitBreaker("shared-one", clock=FakeClock())

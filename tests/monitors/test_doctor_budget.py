@@ -13,7 +13,7 @@ import pytest
 
 import ragguard
 from ragguard import FakeClock, Guard, Policy, StagePolicy, events
-from ragguard.monitors import EventRecorder, load_records
+from ragguard.monitors._record import EventRecorder, load_records
 from ragguard.testing import fresh_guard
 from ragguard_tools.doctor import diagnose, doctor_main
 

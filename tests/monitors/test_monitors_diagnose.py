@@ -20,13 +20,12 @@ from monitors_helpers import Collected
 from ragguard import BreakerOpen, ConfigError, FakeClock, InvalidInput, events
 from ragguard.monitors import (
     ConnectionLeak,
-    EventRecorder,
     LoopStall,
     MonitoredBlockingConnectionPool,
     PoolExhausted,
     StallDetector,
-    load_records,
 )
+from ragguard.monitors._record import EventRecorder, load_records
 from ragguard_tools.doctor import diagnose, doctor_main
 
 

@@ -17,8 +17,8 @@ from ragguard.monitors import (
     MonitoredBlockingConnectionPool,
     MonitoredConnectionPool,
     PoolExhausted,
-    monitored_pools,
 )
+from ragguard.monitors._pool import monitored_pools
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ragguard.monitors import load_records
+from ragguard.monitors._record import load_records
 from ragguard_tools.doctor import diagnose
 
 SCRIPT = """

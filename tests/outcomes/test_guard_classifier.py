@@ -9,7 +9,8 @@ import pickle
 import pytest
 
 from ragguard import BreakerOpen, ConfigError, Guard, QuotaExceeded
-from ragguard.outcomes import Kind, Outcome, classify, classify_with, outcome_of, register_classifier
+from ragguard.outcomes import Kind, Outcome, classify, outcome_of, register_classifier
+from ragguard.outcomes._classify import classify_with
 
 
 class Throttled(Exception):

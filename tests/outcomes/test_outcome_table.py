@@ -27,17 +27,18 @@ from ragguard import (
     StageTimeout,
     ThrottlePolicy,
 )
-from ragguard.asgi import PermissionDenied, Unauthenticated, http_status_for
+from ragguard.asgi import PermissionDenied, Unauthenticated
+from ragguard.asgi._status import http_status_for
 from ragguard.breakers import (
     CircuitBreaker,
     EmbeddingTimeoutBreaker,
     RerankOOMBreaker,
     VectorStoreUnavailableBreaker,
     classify_outcome,
-    outcome_name,
 )
-from ragguard.grpc import status_for
-from ragguard.layers.throttle import throttle_for
+from ragguard.breakers._outcome import outcome_name
+from ragguard.grpc._status import status_for
+from ragguard.layers._throttle import throttle_for
 from ragguard.outcomes import Kind, classify
 
 pytestmark = pytest.mark.anyio

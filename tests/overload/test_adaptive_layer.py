@@ -26,7 +26,8 @@ from ragguard import (
     ThrottlePolicy,
 )
 from ragguard.asgi._status import http_status_for
-from ragguard.grpc import GuardServerInterceptor, status_for
+from ragguard.grpc import GuardServerInterceptor
+from ragguard.grpc._status import status_for
 from ragguard.overload import limiters, status
 
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from ragguard.overload import GradientLimit, LimitSettings
+from ragguard.overload._gradient import GradientLimit, LimitSettings
 
 
 def _saturated(limit: GradientLimit, capacity: list[float], base_s: float, until_s: float, t: float,
@@ -138,7 +138,7 @@ def test_the_start_up_probe_never_goes_below_min_limit() -> None:
 def test_a_limit_between_1_and_2_admits_a_second_call() -> None:
     """Admission compares the calls in flight with the float limit: 1.5 admits two."""
     from ragguard import FakeClock
-    from ragguard.overload import AdaptiveLimiter, QueueSettings
+    from ragguard.overload._limiter import AdaptiveLimiter, QueueSettings
 
     clock = FakeClock(auto_advance=False)
     lim = AdaptiveLimiter(

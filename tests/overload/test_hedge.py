@@ -11,7 +11,7 @@ import pytest
 from overload_helpers import settle
 
 from ragguard import AdaptivePolicy, FakeClock, Guard, HedgePolicy, Policy, StagePolicy
-from ragguard.layers.hedge import hedge_state
+from ragguard.layers._hedge import hedge_state
 from ragguard.overload import limiters
 
 

@@ -10,7 +10,8 @@ import pytest
 from overload_helpers import settle
 
 from ragguard import FakeClock, Overloaded
-from ragguard.overload import AdaptiveLimiter, LimitSettings, Permit, QueueSettings
+from ragguard.overload._gradient import LimitSettings
+from ragguard.overload._limiter import AdaptiveLimiter, Permit, QueueSettings
 
 
 def _limiter(

@@ -9,7 +9,8 @@ import pytest
 
 import ragguard
 from ragguard import FakeClock, Overloaded, Policy, StagePolicy, ThrottlePolicy
-from ragguard.overload import AdaptiveThrottle, is_rejection, status
+from ragguard.overload import status
+from ragguard.overload._throttle import AdaptiveThrottle, is_rejection
 
 
 def _throttle(clock: FakeClock, **kw: float) -> AdaptiveThrottle:

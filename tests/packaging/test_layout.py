@@ -177,12 +177,12 @@ GRAPH = import_graph(SRC, (CORE_PACKAGE, TOOLS_PACKAGE))
 
 def test_the_areas_are_what_the_layout_says() -> None:
     assert area("ragguard") == "face"
-    assert area("ragguard.guard") == area("ragguard.layers.retry") == area("ragguard.options") == "core"
+    assert area("ragguard._guard") == area("ragguard.layers._retry") == area("ragguard.options") == "core"
     assert area("ragguard.rag._presets") == area("ragguard.redis") == area("ragguard.metrics") == "wing"
     assert area("ragguard_tools.cli") == "tool"
     present = {m.split(".")[1] for m in GRAPH if m.count(".") >= 1 and m.startswith("ragguard.")}
     assert present >= WINGS  # every wing named exists (a renamed wing would slip out of the check)
-    assert {"ragguard.guard", "ragguard.options", "ragguard.pipeline", "ragguard_tools.cli"} <= set(GRAPH)
+    assert {"ragguard._guard", "ragguard.options", "ragguard.pipeline", "ragguard_tools.cli"} <= set(GRAPH)
 
 
 def test_the_core_imports_no_wing_no_tool_and_not_the_face() -> None:
@@ -206,7 +206,7 @@ def test_every_import_counts_and_the_checks_see_an_escape() -> None:
             import ragguard.metrics
         """
     )
-    names = imported(source, "ragguard.layers.retry", is_package=False)
+    names = imported(source, "ragguard.layers._retry", is_package=False)
     assert names == {"typing.TYPE_CHECKING", "ragguard.layers._errors", "ragguard.redis.RedisBackend",
                      "ragguard.grpc.TENANT_KEY", "ragguard_tools.cli", "ragguard.metrics"}
     graph = {
@@ -240,7 +240,7 @@ async def main():
     assert [item async for item in answer("a question")] == ["an", "answer"]
 
 asyncio.run(main())
-assert "embedding" in ragguard.layers.PRESETS and "generation" in ragguard.layers.PRESETS
+assert "embedding" in ragguard.layers._registry.PRESETS and "generation" in ragguard.layers._registry.PRESETS
 print("\\n".join(sorted(m for m in sys.modules if m.split(".")[0] in ("ragguard", "ragguard_tools"))))
 """
 
@@ -250,7 +250,7 @@ def test_import_and_a_guarded_call_and_stream_load_no_tool_and_no_wing_but_the_p
     done = subprocess.run([sys.executable, "-c", LOADED], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     loaded = done.stdout.split()
-    assert "ragguard.guard" in loaded and "ragguard.rag._presets" in loaded
+    assert "ragguard._guard" in loaded and "ragguard.rag._presets" in loaded
     tools = [m for m in loaded if area(m) == "tool"]
     wings = [m for m in loaded if area(m) == "wing" and m.split(".")[1] != "rag"]
     assert tools == [] and wings == [], (tools, wings)

@@ -11,7 +11,8 @@ import anyio
 import pytest
 from pipeline_helpers import LogGate, LogRecovery, LogWrapper, MaybeTokenGate, NoExitGate, RetryLike
 
-from ragguard.pipeline import NO_EXIT, Call, Chain
+from ragguard.pipeline import NO_EXIT, Call
+from ragguard.pipeline._chain import Chain
 from ragguard.pipeline._drivers import compile_chain
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ragguard.pipeline import Call, Chain
+from ragguard.pipeline import Call
+from ragguard.pipeline._chain import Chain
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 

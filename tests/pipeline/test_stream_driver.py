@@ -11,7 +11,8 @@ import anyio
 import pytest
 from pipeline_helpers import LogGate, LogRecovery, LogWrapper
 
-from ragguard.pipeline import Call, Chain
+from ragguard.pipeline import Call
+from ragguard.pipeline._chain import Chain
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 

@@ -28,7 +28,6 @@ from .._http import (
 from .._identity import API_KEY_HEADER, APIKeyResolver, Caller, HeaderResolver, Identity, TenantResolver
 from ._health import StatusEndpoint
 from ._middleware import SSE_ENDING_EVENT, SSE_ERROR_EVENT, RagguardMiddleware
-from ._status import HttpStatus, http_status_for
 from ._stream import primed
 
 __all__ = [
@@ -43,13 +42,11 @@ __all__ = [
     "APIKeyResolver",
     "Caller",
     "HeaderResolver",
-    "HttpStatus",
     "Identity",
     "PermissionDenied",
     "RagguardMiddleware",
     "StatusEndpoint",
     "TenantResolver",
     "Unauthenticated",
-    "http_status_for",
     "primed",
 ]

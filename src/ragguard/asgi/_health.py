@@ -1,4 +1,4 @@
-"""A status endpoint for health checks and ``ragguard top``: :func:`ragguard.status.snapshot` as JSON."""
+"""A status endpoint for health checks and ``ragguard top``: :func:`ragguard._status.snapshot` as JSON."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import json
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigError
-from ..status import StatusCounts
-from ..status import snapshot as status_snapshot
+from .._status import StatusCounts
+from .._status import snapshot as status_snapshot
 from ._middleware import Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from ..guard import Guard
+    from .._guard import Guard
 
 __all__ = ["StatusEndpoint"]
 
@@ -23,7 +23,7 @@ class StatusEndpoint:
                                                                   "state": "closed", ...}}},
          "quotas": {...}, "links": [...], "counts": {...}}
 
-    (the whole shape: :mod:`ragguard.status`).
+    (the whole shape: :mod:`ragguard._status`).
 
     ``guard``: the :class:`~ragguard.Guard` to report (default: the default registry, looked up
     per request). ``open_status``: the HTTP status while a breaker is not closed (default 200:
@@ -31,7 +31,7 @@ class StatusEndpoint:
     store is down takes the whole service down; give 503 to a probe that should). Mount it on
     an exempt path, e.g. ``app.add_route("/health", StatusEndpoint())`` in FastAPI or Starlette.
     ``counts`` (default True): from the first request on, also count fallbacks served, calls
-    shed, throttled and rejected (a :class:`ragguard.status.StatusCounts` on the event bus, so
+    shed, throttled and rejected (a :class:`ragguard._status.StatusCounts` on the event bus, so
     guarded calls build their events from then on, as with any listener; ``ragguard top`` shows
     them per second); False keeps the bus as it is. Raises :class:`~ragguard.ConfigError` for a
     bad ``open_status``.
@@ -53,7 +53,7 @@ class StatusEndpoint:
             raise ConfigError(f"StatusEndpoint serves HTTP only, not {scope['type']!r}")
         guard = self._guard
         if guard is None:
-            from ..guard import default_guard
+            from .._guard import default_guard
 
             guard = default_guard()
         counts = self.counts

@@ -13,6 +13,7 @@ import anyio
 
 from .._compat import current_task, running_loop
 from .._context import DEFAULT_TENANT
+from .._deadline import Expiry, current_expiry, deadline, remaining
 from .._errors import ConfigError, DeadlineExceeded, InvalidInput, PermissionDenied, Unauthenticated
 from .._handler_deadline import handler_deadline
 from .._http import DEGRADED_HEADER, TENANT_HEADER, TIMEOUT_HEADER, check_field_name, parse_timeout_ms
@@ -27,13 +28,12 @@ from .._identity import (
     resolve_identity,
 )
 from .._validate import seconds
-from ..deadline import Expiry, current_expiry, deadline, remaining
 from ..overload._priority import reset_priority, set_priority
 from ._status import Headers, http_status_for, json_body
 
 if TYPE_CHECKING:
-    from ..guard import Guard
-    from ..quotas import TenantContext
+    from .._guard import Guard
+    from ..quotas._tenant import TenantContext
 
 __all__ = ["ASGIApp", "Message", "RagguardMiddleware", "Receive", "Scope", "Send"]
 
@@ -618,6 +618,6 @@ def _paths(paths: Iterable[str]) -> tuple[str, ...]:
 
 
 def _default_guard() -> Guard:
-    from ..guard import default_guard
+    from .._guard import default_guard
 
     return default_guard()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import Any, TypeVar
 
-from ..pipeline import GuardedStream
+from ..pipeline._chain import GuardedStream
 
 __all__ = ["primed"]
 

@@ -11,8 +11,8 @@ rule that turns a call's end into an outcome. The three typed breakers preset th
 pipeline's embedding, vector-store and rerank stages.
 """
 
-from ._aiobreaker import AiobreakerBreaker, AiobreakerListenerAdapter, from_aiobreaker
-from ._breaker import BreakerCallOutcome, BreakerMetrics, CircuitBreaker, Classifier
+from ._aiobreaker import from_aiobreaker
+from ._breaker import CircuitBreaker
 from ._classify import (
     counts_by_default,
     counts_outages,
@@ -21,32 +21,18 @@ from ._classify import (
     is_out_of_memory,
     is_timeout,
 )
-from ._live import live_breakers, register_breaker
 from ._options import BreakerConfig
-from ._outcome import IGNORED, OUTCOMES, classify_outcome, outcome_name
+from ._outcome import classify_outcome
 from ._protocol import AsyncBreaker, Breaker
 from ._state import BreakerState
-from ._typed import (
-    BreakerOptions,
-    EmbeddingTimeoutBreaker,
-    RerankOOMBreaker,
-    VectorStoreUnavailableBreaker,
-)
+from ._typed import EmbeddingTimeoutBreaker, RerankOOMBreaker, VectorStoreUnavailableBreaker
 
 __all__ = [
-    "IGNORED",
-    "OUTCOMES",
-    "AiobreakerBreaker",
-    "AiobreakerListenerAdapter",
     "AsyncBreaker",
     "Breaker",
-    "BreakerCallOutcome",
     "BreakerConfig",
-    "BreakerMetrics",
-    "BreakerOptions",
     "BreakerState",
     "CircuitBreaker",
-    "Classifier",
     "EmbeddingTimeoutBreaker",
     "RerankOOMBreaker",
     "VectorStoreUnavailableBreaker",
@@ -58,7 +44,4 @@ __all__ = [
     "is_connection_error",
     "is_out_of_memory",
     "is_timeout",
-    "live_breakers",
-    "outcome_name",
-    "register_breaker",
 ]

@@ -20,7 +20,7 @@ Fast successes: while the breaker is closed and its window holds no failure and 
 success can trip nothing; it is counted (``_oks``) and added to the window in bulk the next time
 the window is written or read (:meth:`CircuitBreaker._record`, :meth:`CircuitBreaker.metrics`).
 ``_oks_until`` is the clock time before which that holds (-inf otherwise: not closed, a dirty
-window), so the test is one comparison. The breaker layer (``ragguard.layers.breaker``) takes the
+window), so the test is one comparison. The breaker layer (``ragguard.layers._breaker``) takes the
 same fast path through ``acquire`` and ``on_result``.
 """
 

@@ -7,16 +7,7 @@
 True
 """
 
-from ._codec import DEFAULT_MAX_MESSAGE_BYTES, SnappyCodec
-from ._pool import BufferPool, DoubleRelease, Lease, OwnedLease, PoolStats, default_pool
+from ._codec import SnappyCodec
+from ._pool import BufferPool, DoubleRelease
 
-__all__ = [
-    "DEFAULT_MAX_MESSAGE_BYTES",
-    "BufferPool",
-    "DoubleRelease",
-    "Lease",
-    "OwnedLease",
-    "PoolStats",
-    "SnappyCodec",
-    "default_pool",
-]
+__all__ = ["BufferPool", "DoubleRelease", "SnappyCodec"]

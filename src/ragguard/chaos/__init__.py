@@ -11,8 +11,6 @@ from ._faults import (
     CorruptPayload,
     EmptyResults,
     Error,
-    Fault,
-    FaultContext,
     Hang,
     HoldConnections,
     Latency,
@@ -22,19 +20,10 @@ from ._faults import (
     Timeout,
     batch_size,
     corrupt_bytes,
-    make_error,
 )
-from ._proxy import FaultProxy, ProxyStats
-from ._redis_server import RedisClusterServers, RedisServer, RedisServerUnavailable
-from ._scenario import (
-    Phase,
-    Scenario,
-    ScenarioError,
-    ScenarioRunner,
-    default_scenario,
-    load_scenario,
-    parse_scenario,
-)
+from ._proxy import FaultProxy
+from ._redis_server import RedisServer, RedisServerUnavailable
+from ._scenario import Scenario, ScenarioError, ScenarioRunner, default_scenario, load_scenario
 
 __all__ = [
     "BlockLoop",
@@ -42,8 +31,6 @@ __all__ = [
     "CorruptPayload",
     "EmptyResults",
     "Error",
-    "Fault",
-    "FaultContext",
     "FaultHandle",
     "FaultInjected",
     "FaultProxy",
@@ -51,9 +38,6 @@ __all__ = [
     "HoldConnections",
     "Latency",
     "PartialResults",
-    "Phase",
-    "ProxyStats",
-    "RedisClusterServers",
     "RedisServer",
     "RedisServerUnavailable",
     "Scenario",
@@ -66,6 +50,4 @@ __all__ = [
     "corrupt_bytes",
     "default_scenario",
     "load_scenario",
-    "make_error",
-    "parse_scenario",
 ]

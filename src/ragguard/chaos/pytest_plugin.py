@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from ._chaos import Chaos
     from ._proxy import FaultProxy
 
+__all__: list[str] = []  # fixtures and hooks, found by pytest through the entry point: nothing to import
+
 
 class _HasAddress(Protocol):
     host: str

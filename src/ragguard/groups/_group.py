@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _inject
 from .._context import mark_degraded
+from .._deadline import remaining
 from .._errors import BreakerOpen, DeadlineExceeded, NoDeploymentAvailable, Overloaded, QuotaExceeded
-from ..deadline import remaining
 from ..options import GroupPolicy
 from ..outcomes import CONTEXT_LENGTH, Kind, classify, context_overflow
 from ._deployments import Deployment, bind, check_bindings

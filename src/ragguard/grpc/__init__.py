@@ -16,25 +16,12 @@ Client::
 """
 
 from .._errors import PermissionDenied, Unauthenticated
-from .._identity import API_KEY_HEADER, APIKeyResolver, Caller, HeaderResolver, Identity, TenantResolver
+from .._identity import APIKeyResolver, Caller, HeaderResolver, Identity, TenantResolver
 from ._client import client_interceptors
-from ._compression import (
-    ACCEPT_ENCODING_KEY,
-    ENCODING_KEY,
-    SnappyServerInterceptor,
-    SnappyWire,
-    snappy_channel,
-)
-from ._errors import (
-    RemoteCallError,
-    RemoteDeadlineExceeded,
-    RemoteQuotaExceeded,
-    RemoteUnavailable,
-    remote_error,
-)
-from ._server import EXEMPT_SERVICES, TENANT_KEY, GuardServerInterceptor, client_budget
+from ._compression import SnappyServerInterceptor, SnappyWire, snappy_channel
+from ._errors import RemoteDeadlineExceeded, RemoteQuotaExceeded, RemoteUnavailable
+from ._server import EXEMPT_SERVICES, TENANT_KEY, GuardServerInterceptor
 from ._status import (
-    PUSHBACK_KEY,
     RETRY_AFTER_KEY,
     STREAM_AFTER_KEY,
     STREAM_BUDGET_KEY,
@@ -43,15 +30,10 @@ from ._status import (
     STREAM_ERROR_KEY,
     STREAM_ITEMS_KEY,
     ending_trailers,
-    status_for,
 )
 
 __all__ = [
-    "ACCEPT_ENCODING_KEY",
-    "API_KEY_HEADER",
-    "ENCODING_KEY",
     "EXEMPT_SERVICES",
-    "PUSHBACK_KEY",
     "RETRY_AFTER_KEY",
     "STREAM_AFTER_KEY",
     "STREAM_BUDGET_KEY",
@@ -66,7 +48,6 @@ __all__ = [
     "HeaderResolver",
     "Identity",
     "PermissionDenied",
-    "RemoteCallError",
     "RemoteDeadlineExceeded",
     "RemoteQuotaExceeded",
     "RemoteUnavailable",
@@ -74,10 +55,7 @@ __all__ = [
     "SnappyWire",
     "TenantResolver",
     "Unauthenticated",
-    "client_budget",
     "client_interceptors",
     "ending_trailers",
-    "remote_error",
     "snappy_channel",
-    "status_for",
 ]

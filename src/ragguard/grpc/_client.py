@@ -9,8 +9,8 @@ from grpc import aio
 from grpc.aio import AioRpcError, ClientCallDetails, Metadata
 
 from .._context import DEFAULT_TENANT, current_tenant
+from .._deadline import remaining
 from .._errors import ConfigError
-from ..deadline import remaining
 from ._errors import remote_error
 from ._server import _METADATA_KEY, TENANT_KEY
 

@@ -12,6 +12,7 @@ import grpc
 from grpc import aio
 
 from .._context import DEFAULT_TENANT
+from .._deadline import current_expiry
 from .._errors import ConfigError, InvalidInput, PermissionDenied, Unauthenticated
 from .._handler_deadline import handler_deadline
 from .._identity import (
@@ -24,13 +25,12 @@ from .._identity import (
     request_priority,
     resolve_identity,
 )
-from ..deadline import current_expiry
 from ..overload._priority import reset_priority, set_priority
 from ._handlers import Behavior, rebuild
 from ._status import ending_trailers, status_for
 
 if TYPE_CHECKING:
-    from ..guard import Guard
+    from .._guard import Guard
 
 __all__ = ["EXEMPT_SERVICES", "NO_DEADLINE_ABOVE_S", "TENANT_KEY", "GuardServerInterceptor"]
 
@@ -269,6 +269,6 @@ def _service_names(names: Iterable[str]) -> frozenset[str]:
 
 
 def _default_guard() -> Guard:
-    from ..guard import default_guard
+    from .._guard import default_guard
 
     return default_guard()

@@ -24,13 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without httpx in
 
     raise ImportError(f"ragguard.httpx needs httpx: {install_hint('http')}") from exc
 
-from ._errors import RemoteQuotaExceeded, RemoteStatusError, RemoteUnavailable, retry_after_of
+from ._errors import RemoteQuotaExceeded, RemoteUnavailable
 from ._transport import GuardTransport
 
-__all__ = [
-    "GuardTransport",
-    "RemoteQuotaExceeded",
-    "RemoteStatusError",
-    "RemoteUnavailable",
-    "retry_after_of",
-]
+__all__ = ["GuardTransport", "RemoteQuotaExceeded", "RemoteUnavailable"]

@@ -8,9 +8,9 @@ import anyio
 import httpx
 
 from .._context import DEFAULT_TENANT, current_tenant
+from .._deadline import Expiry, current_expiry
 from .._errors import ConfigError, DeadlineExceeded
 from .._http import TENANT_HEADER, TIMEOUT_HEADER, check_field_name, format_timeout_ms
-from ..deadline import Expiry, current_expiry
 from ._errors import RemoteQuotaExceeded, RemoteUnavailable
 
 __all__ = ["GuardTransport"]

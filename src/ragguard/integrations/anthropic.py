@@ -45,13 +45,7 @@ from ._common import Stages, count_text, header_option, needs, prompt_tokens, us
 from ._continue import ClientContinuation
 from ._llm import Fallback, Generation, GuardedClient, Resource
 
-__all__ = [
-    "GuardedAnthropic",
-    "MessageContinuation",
-    "continue_message",
-    "guard_anthropic",
-    "prefill_messages",
-]
+__all__ = ["continue_message", "guard_anthropic", "prefill_messages"]
 
 
 def guard_anthropic(

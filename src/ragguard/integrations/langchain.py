@@ -37,7 +37,8 @@ from typing import Any
 
 import ragguard
 from ragguard import Guard, QuotaExceeded, TenantQuota
-from ragguard.quotas import WAIT, LocalQuotas
+from ragguard.quotas import LocalQuotas
+from ragguard.quotas._local import WAIT
 from ragguard.rag import Usage
 
 from .._extras import install_hint

@@ -78,14 +78,7 @@ from ._common import (
 from ._continue import ClientContinuation
 from ._llm import Fallback, Generation, GuardedClient, Resource
 
-__all__ = [
-    "CONTINUE_INSTRUCTION",
-    "ChatContinuation",
-    "GuardedOpenAI",
-    "continuation_messages",
-    "continue_chat",
-    "guard_openai",
-]
+__all__ = ["CONTINUE_INSTRUCTION", "continuation_messages", "continue_chat", "guard_openai"]
 
 
 def guard_openai(

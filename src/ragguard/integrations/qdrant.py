@@ -33,7 +33,7 @@ from ragguard import Guard
 
 from ._common import Stages, header_option, needs, sending_tenant
 
-__all__ = ["SEARCHES", "GuardedQdrant", "guard_qdrant"]
+__all__ = ["guard_qdrant"]
 
 SEARCHES = (
     "query_points",

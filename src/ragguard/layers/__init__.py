@@ -21,30 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..options import _layers as _options
-from ._registry import (
-    PRESETS,
-    REGISTRY,
-    build_layers,
-    preset,
-    register_layer,
-    register_preset,
-    unregister_layer,
-)
+from ._registry import REGISTRY, register_layer
 from ._stage import Bound, Stage, StagePreset
 
-__all__ = [
-    "PRESETS",
-    "REGISTRY",
-    "Bound",
-    "Stage",
-    "StagePreset",
-    "build_layers",
-    "layer_policy_model",
-    "preset",
-    "register_layer",
-    "register_preset",
-    "unregister_layer",
-]
+__all__ = ["REGISTRY", "Bound", "Stage", "StagePreset", "register_layer"]
 
 
 def layer_policy_model(name: str) -> type[Any]:

@@ -1,5 +1,5 @@
 """What the share and the reserve layers have in common: a gate of item scope whose ``enter`` makes an
-earlier deadline than the request's current (:func:`ragguard.deadline.shorten`, its token returned;
+earlier deadline than the request's current (:func:`ragguard._deadline.shorten`, its token returned;
 :data:`~ragguard.pipeline.NO_EXIT` when it makes none) and whose ``exit`` puts the request's back, so
 the layers inside it read the earlier one and the layers outside it (the fallback, for the reserve)
 the request's."""
@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ..deadline import restore
+from .._deadline import restore
 from ..pipeline import Call, Scope
 
 __all__ = ["EarlierDeadline"]
 
 
 class EarlierDeadline:
-    """The base of :class:`~ragguard.layers.share.ShareLayer` and
-    :class:`~ragguard.layers.reserve.ReserveLayer`: a subclass writes ``enter``."""
+    """The base of :class:`~ragguard.layers._share.ShareLayer` and
+    :class:`~ragguard.layers._reserve.ReserveLayer`: a subclass writes ``enter``."""
 
     scope: ClassVar[Scope] = "item"
     __slots__ = ()

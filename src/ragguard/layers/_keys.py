@@ -31,7 +31,8 @@ from .._args import ArgRef
 from .._clock import Clock
 from .._errors import ConfigError
 from ..options._keyed import MAX_KEY_ID, key_id
-from ..pipeline import Call, Chain, Scope
+from ..pipeline import Call, Scope
+from ..pipeline._chain import Chain
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage

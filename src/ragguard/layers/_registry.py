@@ -18,22 +18,20 @@ from typing import TYPE_CHECKING, Any, overload
 from .. import _inject
 from .._errors import ConfigError
 from ..options import _layers as _options
-from . import (
-    adaptive,
-    breaker,
-    chaos,
-    deadline,
-    fallback,
-    hedge,
-    limits,
-    observe,
-    quota,
-    reserve,
-    retry,
-    share,
-    throttle,
-    timeout,
-)
+from . import _adaptive as adaptive
+from . import _breaker as breaker
+from . import _chaos as chaos
+from . import _deadline as deadline
+from . import _fallback as fallback
+from . import _hedge as hedge
+from . import _limits as limits
+from . import _observe as observe
+from . import _quota as quota
+from . import _reserve as reserve
+from . import _retry as retry
+from . import _share as share
+from . import _throttle as throttle
+from . import _timeout as timeout
 
 if TYPE_CHECKING:
     from ..pipeline import Layer

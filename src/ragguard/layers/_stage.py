@@ -13,13 +13,14 @@ from .._clock import Clock
 from .._errors import ConfigError
 from ..breakers import Breaker, counts_by_default
 from ..options import StagePolicy
-from ..pipeline import BuildContext, Chain, Layer
+from ..pipeline import BuildContext, Layer
+from ..pipeline._chain import Chain
 from ..pipeline._threads import held
+from ._breaker import make_breaker
+from ._fallback import Fallback, UserFallback
 from ._keys import KeyedStages
 from ._registry import build_layers
-from .breaker import make_breaker
-from .fallback import Fallback, UserFallback
-from .retry import RetryBudget, make_budget
+from ._retry import RetryBudget, make_budget
 
 __all__ = ["Bound", "Stage", "StagePreset", "forget_idle"]
 

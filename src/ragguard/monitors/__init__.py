@@ -13,29 +13,16 @@ Quick start, inside the service's running loop::
 """
 
 from ._events import ConnectionLeak, LoopStall, PoolExhausted
-from ._pool import (
-    DEFAULT_WAIT_BUCKETS_S,
-    MonitoredBlockingConnectionPool,
-    MonitoredConnectionPool,
-    PoolStats,
-    monitored_pools,
-)
-from ._record import DEFAULT_KINDS, EventRecorder, default_recorder, load_records, record_events
+from ._pool import MonitoredBlockingConnectionPool, MonitoredConnectionPool
+from ._record import record_events
 from ._stall import StallDetector
 
 __all__ = [
-    "DEFAULT_KINDS",
-    "DEFAULT_WAIT_BUCKETS_S",
     "ConnectionLeak",
-    "EventRecorder",
     "LoopStall",
     "MonitoredBlockingConnectionPool",
     "MonitoredConnectionPool",
     "PoolExhausted",
-    "PoolStats",
     "StallDetector",
-    "default_recorder",
-    "load_records",
-    "monitored_pools",
     "record_events",
 ]

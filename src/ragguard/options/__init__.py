@@ -9,15 +9,11 @@ may configure).
 """
 
 from ._adaptive import AdaptivePolicy
-from ._base import MAX_ERRORS_SHOWN, Options
-from ._breaker import BREAKER_KINDS, BreakerPolicy
+from ._base import Options
+from ._breaker import BreakerPolicy
 from ._hedge import HedgePolicy
 from ._keyed import DeploymentPolicy, GroupPolicy, LimitsPolicy, key_id
 from ._policy import (
-    IDEMPOTENT_PRESETS,
-    MAX_POLICY_VALUES,
-    PROVIDER_STAGES,
-    STANDARD_STAGES,
     GenerationPolicy,
     Policy,
     PoolQuota,
@@ -25,18 +21,11 @@ from ._policy import (
     StagePolicy,
     TenantQuota,
     TokenLimits,
-    policy_of,
 )
 from ._retry import RetryPolicy
 from ._throttle import ThrottlePolicy
 
 __all__ = [
-    "BREAKER_KINDS",
-    "IDEMPOTENT_PRESETS",
-    "MAX_ERRORS_SHOWN",
-    "MAX_POLICY_VALUES",
-    "PROVIDER_STAGES",
-    "STANDARD_STAGES",
     "AdaptivePolicy",
     "BreakerPolicy",
     "DeploymentPolicy",
@@ -54,5 +43,4 @@ __all__ = [
     "ThrottlePolicy",
     "TokenLimits",
     "key_id",
-    "policy_of",
 ]

@@ -1,4 +1,4 @@
-"""The adaptive layer's options (:mod:`ragguard.layers.adaptive`): the adaptive concurrency limit,
+"""The adaptive layer's options (:mod:`ragguard.layers._adaptive`): the adaptive concurrency limit,
 its queue and the signals that press it.
 """
 

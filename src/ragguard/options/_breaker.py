@@ -1,4 +1,4 @@
-"""The breaker layer's options (:mod:`ragguard.layers.breaker`): which breaker kind guards a stage,
+"""The breaker layer's options (:mod:`ragguard.layers._breaker`): which breaker kind guards a stage,
 and its options, checked by the breaker's own rules (:mod:`ragguard.breakers`).
 """
 

@@ -1,4 +1,4 @@
-"""The hedge layer's options (:mod:`ragguard.layers.hedge`): when a second attempt is sent.
+"""The hedge layer's options (:mod:`ragguard.layers._hedge`): when a second attempt is sent.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The retry layer's options (:mod:`ragguard.layers.retry`): attempts, backoff, what is retried,
+"""The retry layer's options (:mod:`ragguard.layers._retry`): attempts, backoff, what is retried,
 the retry budget.
 """
 

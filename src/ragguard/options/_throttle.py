@@ -1,4 +1,4 @@
-"""The throttle layer's options (:mod:`ragguard.layers.throttle`): client-side adaptive throttling.
+"""The throttle layer's options (:mod:`ragguard.layers._throttle`): client-side adaptive throttling.
 """
 
 from __future__ import annotations

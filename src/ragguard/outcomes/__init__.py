@@ -28,16 +28,8 @@ elasticsearch/elastic-transport, opensearch-py and torch's out-of-memory errors.
 each layer and front door does with each kind.
 """
 
-from ._classify import (
-    OutcomeClassifier,
-    classify,
-    classify_with,
-    kind_of,
-    outcome_of,
-    register_classifier,
-    unregister_classifier,
-)
-from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, MAX_STATED_WAIT_S, Kind, Outcome, clamp_wait
+from ._classify import classify, outcome_of, register_classifier
+from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, MAX_STATED_WAIT_S, Kind, Outcome
 from ._refusal import context_overflow
 
 __all__ = [
@@ -46,13 +38,8 @@ __all__ = [
     "MAX_STATED_WAIT_S",
     "Kind",
     "Outcome",
-    "OutcomeClassifier",
-    "clamp_wait",
     "classify",
-    "classify_with",
     "context_overflow",
-    "kind_of",
     "outcome_of",
     "register_classifier",
-    "unregister_classifier",
 ]

@@ -12,10 +12,10 @@ more work than it can do. Each is configured per stage in its :class:`~ragguard.
 - :class:`AdaptiveLimiter`: the limit (a latency gradient, see :mod:`ragguard.overload._gradient`)
   and a bounded priority queue that sheds the lowest priority, then the heaviest tenant, gradually;
 - :class:`AdaptiveThrottle`: Google SRE's client-side throttling;
-- hedged requests: :mod:`ragguard.layers.hedge`.
+- hedged requests: :mod:`ragguard.layers._hedge`.
 
-The layers build these per stage (:func:`ragguard.layers.adaptive.limiter_for`,
-:func:`ragguard.layers.throttle.throttle_for`); this package knows no Guard, stage or layer.
+The layers build these per stage (:func:`ragguard.layers._adaptive.limiter_for`,
+:func:`ragguard.layers._throttle.throttle_for`); this package knows no Guard, stage or layer.
 
 A request's priority comes from :func:`priority` (or a front door's ``x-priority`` header, which
 lowers it and raises it only for a trusted caller), else
@@ -32,34 +32,10 @@ from typing import Any, Protocol
 
 from ..events import EventBus
 from ._events import HedgeFired, LimitChanged, LoadShed, Throttled
-from ._gradient import GradientLimit, LimitSettings
-from ._hedge import LatencyTracker
-from ._limiter import AdaptiveLimiter, Permit, QueueSettings
-from ._priority import PRIORITIES, PRIORITY_HEADER, current_priority, parse_priority, priority
-from ._throttle import AdaptiveThrottle, is_rejection
+from ._limiter import AdaptiveLimiter
+from ._priority import priority
 
-__all__ = [
-    "PRIORITIES",
-    "PRIORITY_HEADER",
-    "AdaptiveLimiter",
-    "AdaptiveThrottle",
-    "GradientLimit",
-    "HedgeFired",
-    "LatencyTracker",
-    "LimitChanged",
-    "LimitSettings",
-    "LoadShed",
-    "Permit",
-    "QueueSettings",
-    "Throttled",
-    "current_priority",
-    "is_rejection",
-    "limiters",
-    "parse_priority",
-    "priority",
-    "status",
-    "watch",
-]
+__all__ = ["HedgeFired", "LimitChanged", "LoadShed", "Throttled", "priority", "status", "watch"]
 
 
 class Stages(Protocol):

@@ -58,7 +58,7 @@ class LatencyTracker:
 
 class HedgeState:
     """One stage's hedging state: its latency tracker, its budget (any object with ``on_call(now)``,
-    ``try_spend() -> bool`` and ``refund()``, e.g. :class:`ragguard.layers.retry.RetryBudget`), and
+    ``try_spend() -> bool`` and ``refund()``, e.g. :class:`ragguard.layers._retry.RetryBudget`), and
     counters: ``fired`` hedges sent (their leg reached the dependency), ``won`` hedges that answered
     first, ``refused`` hedges the budget refused, ``skipped`` hedges not started because the
     deadline left too little time, ``blocked`` hedges started but refused by an inner layer (or

@@ -6,10 +6,17 @@ themselves live in :mod:`ragguard.layers`, one file each.
 """
 
 from ._build import Backend, BuildContext
-from ._chain import Chain, GuardedStream
-from ._contract import NO_EXIT, WAIT, Call, Gate, Layer, Recovery, Resumption, Scope, Wrapper
+from ._contract import NO_EXIT, WAIT, Call, Gate, Layer, Recovery, Scope, Wrapper
 
 __all__ = [
-    "NO_EXIT", "WAIT", "Backend", "BuildContext", "Call", "Chain", "Gate", "GuardedStream", "Layer",
-    "Recovery", "Resumption", "Scope", "Wrapper",
+    "NO_EXIT",
+    "WAIT",
+    "Backend",
+    "BuildContext",
+    "Call",
+    "Gate",
+    "Layer",
+    "Recovery",
+    "Scope",
+    "Wrapper",
 ]

@@ -83,9 +83,9 @@ class Call:
       that still run (:class:`ragguard.pipeline._threads.Pending`), else None;
     - ``meter``: the generation preset's record of an open stream (its token account and
       budgets, :mod:`ragguard.rag._generation`), set by its meter and read by its budget gate;
-    - ``share_expiry``: a stream's own deadline (an :class:`~ragguard.deadline.Expiry`) when its
+    - ``share_expiry``: a stream's own deadline (an :class:`~ragguard._deadline.Expiry`) when its
       stage draws a share of the request's (``deadline_share``), set as it opens and made current
-      again for each later item by the share layer (:mod:`ragguard.layers.share`);
+      again for each later item by the share layer (:mod:`ragguard.layers._share`);
     - ``ending``: how a stream ended (:class:`ragguard.StreamEnding`), None until it has: set by
       the stream driver before the layers it held exit (the observe layer reports it).
     """

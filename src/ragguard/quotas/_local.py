@@ -31,8 +31,8 @@ from anyio.lowlevel import checkpoint_if_cancelled
 from .. import _validate as v
 from .._admission import WAIT  # a quota backend's admit_now answers as a gate's enter does
 from .._clock import Clock, monotonic, move_on_after, sleep_of
+from .._deadline import remaining
 from .._errors import QuotaExceeded
-from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import Policy, PoolQuota, TenantQuota
 from ..options._policy import burst_of

@@ -10,7 +10,7 @@ from typing import Any
 
 from .._clock import Clock, monotonic
 from .._context import MAX_TENANT_ID_LEN, RequestScope, close_scope, open_scope, validate_tenant_id
-from ..deadline import Expiry, narrow, restore
+from .._deadline import Expiry, narrow, restore
 from ..options import TenantQuota
 from ._local import WAIT, QuotaBackend
 

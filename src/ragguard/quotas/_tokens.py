@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._clock import Clock
+from .._deadline import remaining
 from .._errors import QuotaExceeded
-from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import TenantQuota, TokenLimits
 from ..options._policy import burst_of

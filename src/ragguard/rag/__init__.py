@@ -10,38 +10,22 @@ stage's continuation is given (``partial=``), :class:`Overlap` the trim of what 
 framework's cached memory after an out-of-memory error (the CrossEncoder recipe of docs/sync.md).
 """
 
-from .._args import ArgRef
-from ..layers import PRESETS, preset, register_preset
-from ..layers.fallback import FallbackMiss
-from ..quotas import TokenAccounts
-from ._cache import EmbeddingCache, normalise_text
+from ..layers._fallback import FallbackMiss
+from ..layers._registry import register_preset
+from . import _presets  # noqa: F401 - the presets register themselves into the core
 from ._continuation import MAX_OVERLAP_CHARS, Overlap, Partial
 from ._counting import Usage, count_tokens, token_accounts
 from ._memory import empty_framework_cache, release_memory_on_oom
-from ._presets import EmbeddingPreset, GenerationPreset, RerankPreset, VectorStorePreset
-from ._rerank import BatchLimiter, score_of
 
 __all__ = [
     "MAX_OVERLAP_CHARS",
-    "PRESETS",
-    "ArgRef",
-    "BatchLimiter",
-    "EmbeddingCache",
-    "EmbeddingPreset",
     "FallbackMiss",
-    "GenerationPreset",
     "Overlap",
     "Partial",
-    "RerankPreset",
-    "TokenAccounts",
     "Usage",
-    "VectorStorePreset",
     "count_tokens",
     "empty_framework_cache",
-    "normalise_text",
-    "preset",
     "register_preset",
     "release_memory_on_oom",
-    "score_of",
     "token_accounts",
 ]

@@ -42,8 +42,9 @@ from .._context import current_tenant, mark_degraded
 from .._errors import ConfigError
 from .._validate import bounded
 from ..events import EventBus, StreamContinued, bus
-from ..layers.fallback import FallbackMiss, takes_error
-from ..pipeline import Call, Chain
+from ..layers._fallback import FallbackMiss, takes_error
+from ..pipeline import Call
+from ..pipeline._chain import Chain
 
 __all__ = [
     "MAX_OVERLAP_CHARS",

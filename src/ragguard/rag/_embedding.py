@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._args import ArgRef
-from ..layers.fallback import FallbackMiss
+from ..layers._fallback import FallbackMiss
 from ..pipeline import Call
 from ._cache import EmbeddingCache
 

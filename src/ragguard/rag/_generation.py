@@ -41,9 +41,9 @@ from .._args import ArgRef
 from .._clock import Clock, Timers
 from .._compat import current_task, running_loop
 from .._context import current_tenant
+from .._deadline import current_expiry
 from .._errors import InvalidInput, StreamBudget, StreamTimeout
 from .._timeouts import MAX_TIMEOUT_S, wheel_for
-from ..deadline import current_expiry
 from ..events import EventBus, StreamCut, StreamSettled, bus
 from ..options import GenerationPolicy
 from ..pipeline import WAIT, Call, Scope

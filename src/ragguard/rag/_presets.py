@@ -45,11 +45,13 @@ from typing import Any
 from .._args import ArgRef
 from .._clock import timers_of
 from .._errors import ConfigError
-from ..layers import Bound, Stage, register_preset
-from ..layers.fallback import Fallback, applies_for
-from ..layers.timeout import build as timeout_layer
+from ..layers import Bound, Stage
+from ..layers._fallback import Fallback, applies_for
+from ..layers._registry import register_preset
+from ..layers._timeout import build as timeout_layer
 from ..outcomes import Kind, outcome_of
-from ..pipeline import Chain, Layer
+from ..pipeline import Layer
+from ..pipeline._chain import Chain
 from ..quotas import TokenAccounts
 from ._cache import EmbeddingCache
 from ._continuation import Continuation, ContinuationLayer, continuations, read_str

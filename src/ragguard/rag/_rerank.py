@@ -24,7 +24,7 @@ from .._context import current_tenant, mark_degraded
 from .._errors import BreakerOpen, ConfigError
 from ..breakers import is_out_of_memory
 from ..events import EventBus, FallbackServed, bus
-from ..layers.fallback import FallbackMiss
+from ..layers._fallback import FallbackMiss
 from ..pipeline import Call
 
 __all__ = ["BatchLimiter", "ChunkedRerank", "SkipRerank", "score_of"]

@@ -31,7 +31,7 @@ from typing import Any
 
 from .._args import ArgRef
 from .._context import current_tenant, mark_degraded
-from ..deadline import remaining
+from .._deadline import remaining
 from ..events import EventBus, FallbackServed, bus
 from ..outcomes import CONTEXT_LENGTH, Kind, Outcome, context_overflow, outcome_of
 from ..pipeline import Call

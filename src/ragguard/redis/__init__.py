@@ -20,27 +20,17 @@ answers again. See ``docs/distributed.md`` for the failure model and its measure
 
 from ._backend import RedisBackend
 from ._borrow import LocalLease
-from ._breaker import SharedCircuitBreaker, breaker_keys, encode_key_part
+from ._breaker import SharedCircuitBreaker
 from ._events import SharedStateDegraded, SharedStateRestored
-from ._keys import pool_keys, quota_keys
-from ._link import RedisLink, mask_url
-from ._quotas import RedisQuotas, SharedLease
-from ._tokens import RedisTokens, token_key
+from ._quotas import RedisQuotas
+from ._tokens import RedisTokens
 
 __all__ = [
     "LocalLease",
     "RedisBackend",
-    "RedisLink",
     "RedisQuotas",
     "RedisTokens",
     "SharedCircuitBreaker",
-    "SharedLease",
     "SharedStateDegraded",
     "SharedStateRestored",
-    "breaker_keys",
-    "encode_key_part",
-    "mask_url",
-    "pool_keys",
-    "quota_keys",
-    "token_key",
 ]

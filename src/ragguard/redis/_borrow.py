@@ -34,7 +34,8 @@ from .._clock import Clock, monotonic
 from .._errors import ConfigError, QuotaExceeded
 from ..options import TenantQuota
 from ..options._policy import burst_of
-from ..quotas import WAIT, Lease, LocalQuotas
+from ..quotas import LocalQuotas
+from ..quotas._local import WAIT, Lease
 from ._keys import quota_keys
 from ._link import SharedStateUnavailable
 from ._scripts import QUOTA_SHARE

@@ -45,7 +45,8 @@ from typing import Any, NoReturn
 from .. import events
 from .._clock import Clock, monotonic
 from .._errors import BreakerOpen, ConfigError
-from ..breakers import BreakerState, CircuitBreaker, classify_outcome, register_breaker
+from ..breakers import BreakerState, CircuitBreaker, classify_outcome
+from ..breakers._live import register_breaker
 from ._hold import HoldTrial, LocalHold
 from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable
 from ._scripts import (

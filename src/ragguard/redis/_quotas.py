@@ -52,14 +52,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._clock import Clock, monotonic
 from .._context import validate_tenant_id
+from .._deadline import remaining
 from .._errors import ConfigError, QuotaExceeded
-from ..deadline import remaining
 from ..events import QuotaRejected, bus
 from ..options import PoolQuota, TenantQuota
 from ..options._policy import burst_of
-from ..quotas import WAIT, Lease, LocalQuotas
+from ..quotas import LocalQuotas
 from ..quotas._gcra import Rate
-from ..quotas._local import policy_pool_of
+from ..quotas._local import WAIT, Lease, policy_pool_of
 from ._keys import pool_keys, quota_keys
 from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable
 from ._outbox import Outbox

@@ -49,8 +49,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .._clock import Clock, monotonic
+from .._deadline import remaining
 from .._errors import ConfigError, QuotaExceeded
-from ..deadline import remaining
 from ..quotas._tokens import NOTHING, Reservation, TokenAccount, TokenAccounts, due, refuse_or_wait, shares
 from ._breaker import encode_key_part
 from ._link import Probe, RedisLink, Script, SharedStateUnavailable

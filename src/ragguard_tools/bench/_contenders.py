@@ -41,8 +41,8 @@ from typing import Any
 
 import grpc
 
+from ragguard import Guard
 from ragguard.grpc import TENANT_KEY
-from ragguard.guard import Guard
 from ragguard.options import (
     AdaptivePolicy,
     BreakerPolicy,
@@ -335,7 +335,7 @@ class RagguardPipeline:
         settings: PipelineSettings,
         guard: Guard,
     ) -> None:
-        from ragguard.deadline import remaining
+        from ragguard import remaining
 
         self._settings = settings
         self._passages = passages

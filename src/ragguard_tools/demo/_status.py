@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from ragguard import ConfigError, Guard
-from ragguard.status import StatusCounts, snapshot
+from ragguard._status import StatusCounts, snapshot
 from ragguard_tools.status import StatusServer, serve
 
 __all__ = ["DemoStatus"]

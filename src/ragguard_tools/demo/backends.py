@@ -40,7 +40,8 @@ import grpc
 
 from ragguard import InvalidInput
 from ragguard.breakers import is_out_of_memory
-from ragguard.chaos import Chaos, FaultHandle, Phase
+from ragguard.chaos import Chaos, FaultHandle
+from ragguard.chaos._scenario import Phase
 from ragguard.grpc import SnappyServerInterceptor
 
 from . import _wire

@@ -25,7 +25,8 @@ from ragguard.chaos import FaultProxy, Scenario, default_scenario, load_scenario
 from ragguard.events import BreakerTransition, bus
 from ragguard.grpc import GuardServerInterceptor, SnappyServerInterceptor, client_interceptors
 from ragguard.monitors import LoopStall, StallDetector, record_events
-from ragguard.redis import RedisBackend, mask_url
+from ragguard.redis import RedisBackend
+from ragguard.redis._link import mask_url
 
 from ._status import DemoStatus
 from .backends import DEPLOYMENTS, BackendAddresses, BackendProcess, ControlClient, start_in_loop

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._clock import Timers, timers_of
 from .._compat import current_task, running_loop
+from .._deadline import current_expiry
 from .._errors import DeadlineExceeded, StageTimeout
 from .._timeouts import MAX_TIMEOUT_S, AttemptTimeout, wheel_for
-from ..deadline import current_expiry
 from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:

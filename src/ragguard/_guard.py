@@ -16,20 +16,24 @@ from typing import Any, Literal, cast
 
 from . import _default, _inject
 from ._clock import Clock, monotonic
+from ._deadline import deadline as _deadline_block
 from ._decorate import GuardDecorator, decorator
 from ._errors import ConfigError
 from ._http import field_name
 from ._services import services
+from ._status import snapshot
 from .breakers import Breaker
-from .deadline import deadline as _deadline_block
 from .groups import ModelGroup
-from .layers import Stage, preset
+from .layers import Stage
+from .layers._registry import preset
 from .layers._stage import forget_idle
-from .options import GroupPolicy, Policy, key_id, policy_of
-from .outcomes import OutcomeClassifier
+from .options import GroupPolicy, Policy
+from .options._keyed import key_id
+from .options._policy import policy_of
+from .outcomes._classify import OutcomeClassifier
 from .pipeline import Backend
-from .quotas import QuotaBackend, TenantContext
-from .status import snapshot
+from .quotas import QuotaBackend
+from .quotas._tenant import TenantContext
 
 __all__ = ["Guard", "GuardDecorator", "configure", "default_guard", "guard", "tenant"]
 
@@ -147,7 +151,7 @@ class Guard:
     def status(self) -> dict[str, Any]:
         """A JSON-ready snapshot for health endpoints and ``ragguard top``: breakers, adaptive
         limits, throttles, hedges, quotas (per configured tenant and the others added up) and each
-        Redis link; see :mod:`ragguard.status` for its shape. ``ok`` is False while any breaker
+        Redis link; see :mod:`ragguard._status` for its shape. ``ok`` is False while any breaker
         is open, forced open or half-open (``open`` names those stages)."""
         return snapshot(self)
 

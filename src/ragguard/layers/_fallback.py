@@ -43,7 +43,7 @@ from ..events import EventBus, FallbackServed, bus
 from ..outcomes import Kind, Outcome, outcome_of
 from ..pipeline import Call
 from ..pipeline._drivers import Head
-from . import reserve
+from . import _reserve as reserve
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage

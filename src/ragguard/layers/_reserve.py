@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..deadline import Expiry, current_expiry, shorten
+from .._deadline import Expiry, current_expiry, shorten
 from ..pipeline import NO_EXIT, Call
 from ._earlier import EarlierDeadline
 

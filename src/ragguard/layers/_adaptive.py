@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .._clock import timers_of
 from .._context import current_tenant
-from ..deadline import current_expiry
+from .._deadline import current_expiry
 from ..options import AdaptivePolicy
 from ..outcomes import Kind, outcome_of
-from ..overload import AdaptiveLimiter, LimitSettings, QueueSettings
+from ..overload._gradient import LimitSettings
+from ..overload._limiter import AdaptiveLimiter, QueueSettings
 from ..overload._priority import current_priority
 from ..pipeline import WAIT, Call, Scope
 

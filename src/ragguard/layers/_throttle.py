@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .._context import current_tenant
 from .._errors import BreakerOpen, DeadlineExceeded, Overloaded
 from ..outcomes import outcome_of
-from ..overload import AdaptiveThrottle, Throttled
+from ..overload import Throttled
 from ..overload._priority import current_priority
-from ..overload._throttle import rejects
+from ..overload._throttle import AdaptiveThrottle, rejects
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:

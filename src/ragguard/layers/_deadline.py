@@ -1,7 +1,7 @@
 """The deadline check: a call that cannot finish in time is refused before it queues or starts.
 
 A gate of call scope, outermost of the admission gates: when the request's deadline (the caller's,
-the tenant's ``timeout_s``, whichever is sooner; see :mod:`ragguard.deadline`) leaves less than the
+the tenant's ``timeout_s``, whichever is sooner; see :mod:`ragguard._deadline`) leaves less than the
 stage's ``min_attempt_s``, the call raises :class:`~ragguard.DeadlineExceeded` at once instead of
 taking a quota slot or a breaker permit for work it cannot finish. Each attempt is then bounded by
 the timeout layer.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .._deadline import current_expiry
 from .._errors import DeadlineExceeded
-from ..deadline import current_expiry
 from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._deadline import Expiry, current_expiry, restore, shorten
 from .._errors import DeadlineExceeded
-from ..deadline import Expiry, current_expiry, restore, shorten
 from ..pipeline import NO_EXIT, Call
 from ._earlier import EarlierDeadline
 

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._compat import current_task, running_loop
 from .._context import current_tenant
-from ..deadline import current_expiry
+from .._deadline import current_expiry
 from ..events import EventBus, bus
-from ..overload import HedgeFired, LatencyTracker
-from ..overload._hedge import HedgeState
+from ..overload import HedgeFired
+from ..overload._hedge import HedgeState, LatencyTracker
 from ..pipeline import Call
-from .retry import RetryBudget
+from ._retry import RetryBudget
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage

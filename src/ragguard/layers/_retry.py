@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import tenacity
 
 from .._context import current_tenant
+from .._deadline import current_expiry, remaining
 from .._errors import RagguardError, StageTimeout
-from ..deadline import current_expiry, remaining
 from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
 from ..options import HedgePolicy, RetryPolicy
 from ..outcomes import Kind, Outcome, outcome_of

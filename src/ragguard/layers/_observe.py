@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from .. import events
 from .._clock import Clock
 from .._context import DEFAULT_TENANT, current_scope, current_tenant, degraded, degraded_count
+from .._deadline import Expiry, current_expiry
 from .._endings import StreamEnding, ended_by
 from ..breakers import BreakerState
-from ..deadline import Expiry, current_expiry
 from ..events import EventBus, StageCompleted, StreamEnded, bus, error_type
 from ..pipeline import Call, Gate, Scope
 
