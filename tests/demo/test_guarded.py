@@ -313,11 +313,16 @@ async def test_a_stall_past_the_deadline_ends_incomplete_after_the_words_sent(
 ) -> None:
     assert demo_backends.addresses is not None
     policy = demo_policy(tenant_timeout_s=1.0)  # the request's deadline, the service's own
-    slow = {"model": {"timeout_s": 10.0}, "generation": {"generation": {"idle_s": 10.0}}}
-    stages = {name: policy.stages[name].model_copy(update=slow[name]) if name == "model" else
-              policy.stages[name].model_copy(update={"generation": policy.stages[name].generation.model_copy(
-                  update=slow[name]["generation"])}) for name in slow}  # fmt: skip
-    guard = Guard(policy.model_copy(update={"stages": {**policy.stages, **stages}}), rng=random.Random(5))
+    # budgets longer than the deadline: what ends the stalled stream is the request's deadline,
+    # which no continuation serves
+    stages = dict(policy.stages)
+    stages["model"] = stages["model"].model_copy(update={"timeout_s": 10.0})
+    answer = stages["generation"].generation
+    assert answer is not None
+    stages["generation"] = stages["generation"].model_copy(
+        update={"generation": answer.model_copy(update={"idle_s": 10.0})}
+    )
+    guard = Guard(policy.model_copy(update={"stages": stages}), rng=random.Random(5))
     clients = BackendClients(demo_backends.addresses, interceptors=client_interceptors())
     pipeline = GuardedPipeline(clients, demo_reranker, demo_passages, keyword, guard)
     server = RetrievalServer(pipeline, demo_passages, capacity=4,
@@ -372,8 +377,15 @@ async def test_deployment_a_down_every_answer_by_b_and_a_back_after_its_cooldown
         await asyncio.sleep(0)  # the bus delivers on the loop's next turn
         assert ("model[a]", "open") in moves and not any(b == "model[b]" for b, _ in moves)
         proxy.restart()
-        await asyncio.sleep(0.6)  # a's cooldown (open_for_s) runs out: its next calls are its trials
-        back = [await answer() for _ in range(4)]
+        # a's breaker half-opens after its cooldown (open_for_s) and closes once a round of
+        # trials passes; a round begun while a was still down reopens it first
+        back: list[tuple[list[str], tuple[str, ...]]] = []
+        until = time.monotonic() + 5.0
+        while time.monotonic() < until:
+            back.append(await answer())
+            if back[-1][1] == () and guard.breaker("model", "a").state is BreakerState.CLOSED:
+                break
+            await asyncio.sleep(0.1)
         assert all(words == healthy for words, _ in back)
         assert back[-1][1] == () and guard.breaker("model", "a").state is BreakerState.CLOSED
     finally:

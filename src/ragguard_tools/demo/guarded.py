@@ -1,7 +1,6 @@
 """The demo's RAG pipeline guarded by ragguard: a file to copy into your own service.
 
-Six guarded stages and two model groups, one :class:`ragguard.Guard` (an independent registry)
-for all of them::
+Six guarded stages and two model groups, one :class:`ragguard.Guard` (an independent registry)::
 
     answer(query)            retrieve, then stream the answer:
       candidates(query, k)   "retrieval": embed + vector search as one step; no breaker of its own;
@@ -11,45 +10,32 @@ for all of them::
         search(vector, k)    "vector_store": connection breaker, one retry on a refused connection
       rerank(query, hits)    "rerank": on out-of-memory, every hit is scored in chunks under a
                              learnt batch limit (chunked_rerank); then skip_rerank
-      generate(q, passages)  "generation": the answer's stream, from the model group "model":
-        model a, model b     "model", keyed by deployment: each word within 0.4 s, a breaker
-                             each; the group tries a, then b, before the first word only
-                             before the first word: extractive_answer when both are out;
-                             after it, a cut answer is continued: finish_on_model (the group
-                             "model_continue": b first, given the words sent), then
-                             finish_extractive (the rest of the answer without the model)
+      generate(q, passages)  "generation": the stream of the model group "model" (deployment a,
+                             then b); extractive_answer when both are out before the first word;
+                             after it, continued: finish_on_model (group "model_continue": b
+                             first), then finish_extractive (the rest, without the model)
+        model a, model b     "model", keyed by deployment: a breaker each, each word within 0.4 s
 
-The fallback chain runs inside out. A failed embedding is answered from the cache; when the cache
-misses, the embedding error (or an open breaker's fast failure) leaves ``candidates``, whose own
-fallback answers by keyword search. A failed vector search takes the same way out. A fallback is
-called with the arguments of the stage it serves, which is why the retrieval step exists:
-``(query, k)`` is what keyword search needs, while ``embed`` only has the texts and ``search``
-only the vector.
+A fallback is called with the arguments of the stage it serves, hence the retrieval step:
+``(query, k)`` is what keyword search needs (``embed`` has the texts, ``search`` the vector).
 
 The answer's stream has a commit point. Until its first word reaches the caller, the group fails
-over from a deployment that is down, stalls or whose breaker is open to the other, and the
-extractive answer serves when both are out. After it, a stream that stalls or breaks is continued
-from the words the caller has: by the other deployment, told the answer so far (it starts again at
-the last word, a repeat ragguard trims), and if that one fails too, by the rest of the answer
-computed without the model. Every stream ends typed (completed, continued, incomplete): the gRPC
-front door says which in the trailing metadata. The greedy tenant's words are delayed to its
-``tokens_per_s``, never refused.
+over from a deployment that is down, stalls or whose breaker is open to the other. After it, a
+stream that stalls or breaks is continued from the words the caller has: by the other deployment,
+told the answer so far (it starts again at the last word, a repeat ragguard trims), then by the
+rest of the answer without the model. Every stream ends typed (completed, continued, incomplete),
+told by the gRPC front door in trailing metadata. The greedy tenant's words are paced, never refused.
 
-Call :meth:`GuardedPipeline.retrieve` or :meth:`GuardedPipeline.answer` inside a tenant block
-(``ragguard.grpc.GuardServerInterceptor`` opens one per RPC; elsewhere ``async with
-guard.tenant("acme"):``): the tenant's quota and deadline apply, and :func:`ragguard.degraded` then
-names the fallbacks, failovers and continuations that served this request alone.
+Call :meth:`GuardedPipeline.answer` (or ``retrieve``) in a tenant block (the
+``GuardServerInterceptor`` opens one per RPC; elsewhere ``async with guard.tenant("acme"):``): its
+quota and deadline apply, and :func:`ragguard.degraded` names what served this request alone.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import aclosing
 from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 import ragguard
 from ragguard import (
@@ -86,9 +72,7 @@ def demo_policy(
     """The demo's policy: short attempt timeouts and quick-to-trip breakers that stay open
     ``open_for_s`` seconds (scaled to the run), a ``tenant_timeout_s`` deadline per request, the
     given tenants' quotas (the greedy one), ``default_quota`` for each ``known`` tenant (listed, so
-    each keeps its own) and for everyone else (who share one, as tenants not listed do).
-
-    Raises ConfigError for an ``open_for_s`` that is not a positive number of seconds."""
+    each keeps its own) and for everyone else (who share one). ConfigError for a bad ``open_for_s``."""
     if not (open_for_s > 0 and math.isfinite(open_for_s)):
         raise ConfigError(f"open_for_s must be > 0 seconds, got {open_for_s}")
     trip: dict[str, Any] = {"open_for_s": open_for_s, "window_size": 20, "half_open_permits": 3}
@@ -112,39 +96,32 @@ def demo_policy(
             ),
             rerank_min_batch=4,  # the floor of the learnt batch limit: only an OOM there counts
         ),
-        # the answer: its first word within 0.6 s, failover included (then the extractive
-        # answer), a breaker per deployment below it (none of its own), no retry (the group
-        # fails over)
+        # the answer: its first word within 0.6 s, failover included; no retry (the group fails
+        # over) and no breaker (each deployment has its own)
         "generation": StagePolicy(
             generation=GenerationPolicy(first_item_s=0.6, idle_s=0.5, total_s=5.0, estimate_tokens=64),
             retry=RetryPolicy(attempts=1),
         ),
-        # each deployment of the model: a key of its own, each word within 0.4 s
-        "model": StagePolicy(
+        "model": StagePolicy(  # each deployment of the model: a key of its own
             timeout_s=0.4,
             breaker=BreakerPolicy(kind="generic", failure_rate_threshold=50.0, minimum_calls=5, **trip),
             retry=RetryPolicy(attempts=1),
         ),
     }
-    a, b = DEPLOYMENTS
-    groups = {  # the same two deployments (keys of "model"): a first, and b first for continuations
-        "model": GroupPolicy(stage="model", deployments=[
-            DeploymentPolicy(name=a), DeploymentPolicy(name=b, priority=1)]),
-        "model_continue": GroupPolicy(stage="model", deployments=[
-            DeploymentPolicy(name=b), DeploymentPolicy(name=a, priority=1)]),
-    }  # fmt: skip
+    # the same two deployments (keys of "model"), tried in order: a first, and b first for continuations
+    groups = {
+        name: GroupPolicy(stage="model", deployments=[DeploymentPolicy(name=d) for d in order])
+        for name, order in (("model", DEPLOYMENTS), ("model_continue", DEPLOYMENTS[::-1]))
+    }
     base = default_quota or TenantQuota(max_concurrency=8, timeout_s=tenant_timeout_s)
     tenants = {**{t: base for t in known}, **dict(greedy or {})}
     return Policy(stages=stages, tenants=tenants, default_quota=base, groups=groups)
 
 
 class GuardedPipeline:
-    """embed -> search -> rerank -> generate, the same calls as the unguarded pipeline, guarded by
-    ``guard``.
-
+    """embed -> search -> rerank -> generate, the unguarded pipeline's calls guarded by ``guard``.
     ``clients`` should carry :func:`ragguard.grpc.client_interceptors` (the tenant and the
-    remaining deadline go out with each backend call; failures come back classified).
-    """
+    remaining deadline go out with each backend call; failures come back classified)."""
 
     def __init__(
         self,
@@ -155,65 +132,52 @@ class GuardedPipeline:
         guard: Guard,
         settings: PipelineSettings | None = None,
     ) -> None:
-        self._clients = clients
         self._reranker = reranker
         self._passages = passages
         self._keyword = keyword
         self._settings = settings or PipelineSettings()
         self.guard = guard
         # guard.guard(...) rather than @ragguard.guard on the methods: each pipeline has its own Guard
-        self._embed = guard.guard("embedding", texts="texts")(self._embed_remote)
-        self._search = guard.guard("vector_store")(self._search_remote)
+        self._embed = guard.guard("embedding", texts="texts")(clients.embed)
+        self._search = guard.guard("vector_store")(clients.search)
         # embed + search as one step: its two stages have the breakers; the step adds the fallback
         self._candidates = guard.guard("retrieval", fallback=self.keyword_search, breaker=False)(
             self._vector_candidates
         )
         self._rerank = guard.guard("rerank", candidates="hits")(self._rerank_local)
-        deployments = {d: self._deployment(d) for d in DEPLOYMENTS}
+        deployments = {d: clients.model(d, self._settings.answer_words) for d in DEPLOYMENTS}
         self._model = guard.group("model", deployments)
         self._model_continue = guard.group("model_continue", deployments)
-        # no breaker on the answer itself: each deployment has its own (a second one here would
-        # count the same failures again)
+        answer: Callable[[str, list[str]], AsyncIterator[str]] = self._model.stream
+        # no breaker on the answer: each deployment has its own (this one would count twice)
+        then = [self.finish_on_model, self.finish_extractive]
         self._generate = guard.guard(
-            "generation",
-            fallback=self.extractive_answer,
-            continuation=[self.finish_on_model, self.finish_extractive],
-            breaker=False,
-        )(self._generate_remote)
+            "generation", fallback=self.extractive_answer, continuation=then, breaker=False
+        )(answer)
 
     async def retrieve(self, query: str) -> Retrieval:
-        """The ``top_k`` passages for ``query``, best first, and the fallbacks that served it.
-
-        Every failure of a dependency is served by a fallback (keyword search, skip rerank), so
-        what is left to raise is a caller's mistake (InvalidInput) or a cancellation."""
+        """The ``top_k`` passages for ``query``, best first, and the fallbacks that served it; a
+        dependency's failure is served by a fallback: raises only InvalidInput (or is cancelled)."""
         s = self._settings
         hits = await self._candidates(query, s.candidates)
         ranked = await self._rerank(query, hits)
         return Retrieval(hits=tuple(ranked[: s.top_k]), fallbacks=ragguard.degraded())
 
     async def answer(self, query: str, *, tenant: str | None = None) -> Answer:
-        """Retrieve, then the model's answer from the top passages, word by word. The tenant
-        block's tenant goes out with the call (``tenant`` is not needed: the client interceptors
-        send it); ``fallbacks()`` is :func:`ragguard.degraded`. A stream that no continuation
-        could finish raises (StreamTimeout, DeadlineExceeded...) after the words already sent."""
+        """Retrieve, then the model's answer from the top passages, word by word (``tenant``: not
+        needed, the client interceptors send the block's). A stream that no continuation could
+        finish raises (DeadlineExceeded...) after the words sent."""
         retrieval = await self.retrieve(query)
         passages = [self._passages[h.pid].text for h in retrieval.hits]
         return Answer(retrieval, self._generate(query, passages), ragguard.degraded)
 
     def extractive_answer(self, question: str, passages: list[str]) -> list[str]:
-        """The generation step's fallback, before the first word only: the top passage's first
-        sentence, without the model."""
+        """The answer's fallback before its first word: the top passage's first sentence."""
         return extractive_answer(question, passages, self._settings.answer_words)
 
-    async def finish_on_model(
-        self, question: str, passages: list[str], *, partial: Partial
-    ) -> AsyncIterator[str]:
-        """The first continuation of a cut answer: the model group, deployment b first, given the
-        answer so far (``partial.text``) to go on from."""
-        words = self._model_continue.stream(question, passages, prefix=partial.text or "")
-        async with aclosing(words):
-            async for word in words:
-                yield word
+    def finish_on_model(self, question: str, passages: list[str], *, partial: Partial) -> AsyncIterator[str]:
+        """A cut answer's first continuation: the model, b first, told the answer so far."""
+        return self._model_continue.stream(question, passages, prefix=partial.text or "")
 
     def finish_extractive(self, question: str, passages: list[str], *, partial: Partial) -> list[str]:
         """The last continuation: the rest of the answer after ``partial``, without the model."""
@@ -226,33 +190,6 @@ class GuardedPipeline:
     async def _vector_candidates(self, query: str, k: int) -> list[Hit]:
         vector = (await self._embed([query]))[0]
         return await self._search(vector, k)
-
-    async def _embed_remote(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        return await self._clients.embed(texts)
-
-    async def _search_remote(self, vector: npt.NDArray[np.float32], k: int) -> list[Hit]:
-        return await self._clients.search(vector, k)
-
-    async def _generate_remote(self, question: str, passages: list[str]) -> AsyncIterator[str]:
-        # aclosing: when the guard cuts the stream, the deployment's call is cancelled at once
-        words = self._model.stream(question, passages)
-        async with aclosing(words):
-            async for word in words:
-                yield word
-
-    def _deployment(self, name: str) -> Callable[..., AsyncIterator[str]]:
-        """Deployment ``name`` of the model: its generator server's answer (``prefix``: the
-        answer so far, for a continuation)."""
-        clients, words = self._clients, self._settings.answer_words
-
-        async def generate(question: str, passages: list[str], prefix: str = "") -> AsyncIterator[str]:
-            stream = clients.generate(question, passages, max_words=words, deployment=name, prefix=prefix)
-            async with aclosing(stream):
-                async for word in stream:
-                    yield word
-
-        generate.__name__ = f"model_{name}"
-        return generate
 
     async def _rerank_local(self, query: str, hits: list[Hit]) -> list[Hit]:
         # every hit comes back scored (top_k = all of them): the rerank stage merges chunks by score

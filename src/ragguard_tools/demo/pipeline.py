@@ -9,6 +9,7 @@ timeouts, any failure fails the request. The guarded version is in :mod:`ragguar
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -171,6 +172,22 @@ class BackendClients:
                 yield text
         finally:
             call.cancel()  # a no-op once the stream ended; stops the generator when we stopped early
+
+    def model(self, deployment: str, max_words: int) -> Callable[..., AsyncGenerator[str, None]]:
+        """Deployment ``deployment`` of the model as an async generator function ``(question,
+        passages, prefix="")``: :meth:`generate` of ``max_words`` words (what a model group binds;
+        named ``model_<deployment>``)."""
+
+        async def model(question: str, passages: list[str], prefix: str = "") -> AsyncGenerator[str, None]:
+            words = self.generate(
+                question, passages, max_words=max_words, deployment=deployment, prefix=prefix
+            )
+            async with aclosing(words):
+                async for word in words:
+                    yield word
+
+        model.__name__ = f"model_{deployment}"
+        return model
 
     async def close(self) -> None:
         await self._embed_channel.close()
