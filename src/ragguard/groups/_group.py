@@ -104,7 +104,8 @@ class ModelGroup:
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         """The items of the first deployment whose stream gives its first item (failing over
         before it only); raises as :meth:`__call__`, and after the first item what the stream
-        raises."""
+        raises. An async generator: closing it (``aclose()``, ``contextlib.aclosing``) closes the
+        deployment's stream there and then."""
         order = self._fixed_order or self._order()
         items, first = await self._serve(args, kwargs, _open, order)
         try:
