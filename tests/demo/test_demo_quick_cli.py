@@ -38,9 +38,9 @@ def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
     # the generation hop: its rows are in the table, and the guarded run wins there too
     table = " ".join(proc.stdout.split())
     for row in ("time to first word P95", "answered late, after a stall",
-                "failed: incomplete (cut mid-answer)", "answers cut by budget (first word/idle/total)",
+                "failed: incomplete (cut mid-answer)", "answers cut by budget (first/idle/total)",
                 "generation fallback, before the first word",
-                "answered by b after a failover (model)", "model[a]: streams failed / all",
+                "answered by b (model failover)", "model[a]: streams failed / all",
                 "answers ended completed", "answers ended continued", "answers ended incomplete",
                 "answers without a typed ending", "recall@5 of continued answers",
                 "tokens/s, mean / peak: hoarder (greedy)", "streams paced: hoarder (to 600 tokens/s)",

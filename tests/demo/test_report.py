@@ -153,7 +153,7 @@ def test_the_table_tells_the_generation_story() -> None:
     assert guarded_s["outcomes"]["cut"] == 1
     assert guarded_s["stream_cuts"] == {"first_item": 2, "idle": 1, "total": 0}
     assert "failed: incomplete (cut mid-answer) 0 1" in text
-    assert "answers cut by budget (first word/idle/total) - 2 / 1 / 0" in text
+    assert "answers cut by budget (first/idle/total) - 2 / 1 / 0" in text
     assert "generation fallback, before the first word - 1" in text
     assert "tokens/s, mean / peak: hoarder (greedy) 50 / 500 20 / 105" in text
     assert "streams paced: hoarder (to 100 tokens/s) - 1 / 1" in text
@@ -194,12 +194,12 @@ def test_the_table_counts_failovers_typed_endings_and_continued_answers() -> Non
     table = DemoReport(options={}, baseline_recall_at_5=0.9, questions=1, passages=1, timings_s={},
                        runs=runs, summaries=summaries, greedy=[]).table()
     text = " ".join(text_of(table).replace("│", " ").split())
-    assert "answered by b after a failover (model) - 1" in text
+    assert "answered by b (model failover) - 1" in text
     assert "model[a]: streams failed / all - 2 / 6" in text
     assert "model[b]: streams failed / all - 0 / 4" in text
     assert "answers ended completed - 1 answers ended continued - 3" in text
     assert "continued by finish_extractive - 1 continued by finish_on_model - 2" in text
     assert "answers ended incomplete - 1 answers without a typed ending - 1" in text
-    assert "whole answers (no word repeated or missing) 1 / 1 4 / 5" in text
+    assert "whole answers (no word repeated/missing) 1 / 1 4 / 5" in text
     assert "recall@5 of continued answers - 66.7 % recall@5 healthy baseline 90.0 % 90.0 %" in text
     assert "served by fallback" not in text

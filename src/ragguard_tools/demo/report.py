@@ -337,12 +337,12 @@ class DemoReport:
             [guarded(x, str(x["generation_fallbacks"])) for x in s])  # fmt: skip
         for name in sorted({n for x in s for n in x["failovers"]}):
             group, deployment = name.split("/", 1)
-            row(f"answered by {deployment} after a failover ({group})",
+            row(f"answered by {deployment} ({group} failover)",
                 [guarded(x, str(x["failovers"].get(name, 0))) for x in s])  # fmt: skip
         for key in sorted({k for x in s for k in x["deployment_calls"] or {}}):
             row(f"{key}: streams failed / all",
                 [guarded(x, _failed_of((x["deployment_calls"] or {}).get(key, {}))) for x in s])  # fmt: skip
-        row("answers cut by budget (first word/idle/total)",
+        row("answers cut by budget (first/idle/total)",
             [guarded(x, " / ".join(str((x["stream_cuts"] or {}).get(b, 0)) for b in BUDGETS)) for x in s])
         for ending in ENDINGS:
             row(f"answers ended {ending}", [guarded(x, str(x["endings"][ending])) for x in s])
@@ -350,7 +350,7 @@ class DemoReport:
                 for by in sorted({b for x in s for b in x["continued_by"]}):
                     row(f"  continued by {by}", [guarded(x, str(x["continued_by"].get(by, 0))) for x in s])
         row("answers without a typed ending", [guarded(x, str(x["untyped_endings"])) for x in s])
-        row("whole answers (no word repeated or missing)",
+        row("whole answers (no word repeated/missing)",
             [f"{x['whole_answers']} / {x['whole_checked']}" for x in s])  # fmt: skip
 
     # -- the chart ----------------------------------------------------------------------------
