@@ -80,11 +80,14 @@ async def test_tiny_demo_run(tmp_path: Path) -> None:
     assert guarded["breaker_transitions"] > 0 and unguarded["breaker_transitions"] == 0
     assert "keyword_search" in guarded["fallback_share"]
     assert 0.5 <= report.baseline_recall_at_5 <= 1.0
+    assert len(report.baseline_hits) == report.questions
+    assert guarded["recall_at_5_answered_healthy"] is not None
 
     # The generation hop: slow starts and stalls reach the unguarded callers; in the guarded run
     # deployment a's answers fail over to b while a is down, a slow first word is cut (a fallback
     # serves before it), a stall after it is continued, whole, and every answer ends typed.
-    assert guarded["ttft_ms"]["p95"] < unguarded["ttft_ms"]["p95"]
+    # (first words over 1 s, not the TTFT P95 of answers begun: the unguarded run begins too few
+    # answers in 5 s for its slow ones to reach its P95, and the guarded one's include failovers)
     assert guarded["answered_after_stall"] < unguarded["answered_after_stall"]
     assert guarded["slow_first_word"] < unguarded["slow_first_word"]
     assert unguarded["stream_cuts"] is None and unguarded["streams_by_tenant"] is None

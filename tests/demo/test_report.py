@@ -203,3 +203,29 @@ def test_the_table_counts_failovers_typed_endings_and_continued_answers() -> Non
     assert "whole answers (no word repeated/missing) 1 / 1 4 / 5" in text
     assert "recall@5 of continued answers - 66.7 % recall@5 healthy baseline 90.0 % 90.0 %" in text
     assert "served by fallback" not in text
+
+
+def test_recall_is_set_beside_the_healthy_recall_of_the_same_questions() -> None:
+    """A run's questions are a sample: its recall@5 is compared with what the healthy service
+    scored on the very questions it answered (and continued), beside the baseline over all."""
+    healthy = {0: True, 1: False, 2: True, 3: True}
+    records = [
+        RequestRecord(1.0, "acme", 1, 0.2, "ok", hit=False),  # missed healthy too
+        RequestRecord(2.0, "acme", 2, 0.2, "ok", hit=True, ending="continued", continued_by="finish"),
+        RequestRecord(3.0, "acme", 1, 0.2, "ok", hit=False, ending="continued", continued_by="finish"),
+        RequestRecord(4.0, "acme", 3, 0.2, "quota"),  # not answered: not counted
+        RequestRecord(5.0, "acme", 9, 0.2, "ok", hit=True),  # no baseline for it: not counted
+    ]
+    run = RunResult("guarded", 10.0, records, [("a", 0.0, 10.0)])
+    s = summarize(run, greedy=[], slo_s=1.0, healthy=healthy)
+    assert s["recall_at_5_answered"] == pytest.approx(2 / 4)
+    assert s["recall_at_5_answered_healthy"] == pytest.approx(1 / 3)  # questions 1, 2, 1
+    assert s["recall_at_5_continued_healthy"] == pytest.approx(1 / 2)  # questions 2, 1
+    assert summarize(run, greedy=[], slo_s=1.0)["recall_at_5_answered_healthy"] is None
+    rep = DemoReport(options={}, baseline_recall_at_5=0.75, questions=4, passages=1, timings_s={},
+                     runs={"guarded": run}, summaries={"guarded": s}, greedy=[], baseline_hits=healthy)
+    text = " ".join(text_of(rep.table()).replace("│", " ").split())
+    assert "recall@5 healthy baseline 75.0 %" in text
+    assert "recall@5 healthy, same questions answered 33.3 %" in text
+    assert "recall@5 healthy, same questions continued 50.0 %" in text
+    assert rep.to_dict(with_requests=False)["baseline_hits"] == {"0": True, "1": False, "2": True, "3": True}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,8 +132,12 @@ def token_rate(records: Sequence[RequestRecord], tenants: Sequence[str], *, bin_
     return bins / bin_s
 
 
-def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[str, Any]:
-    """The figures of one run (latencies in milliseconds, rates 0..1, goodput in requests/s)."""
+def summarize(
+    run: RunResult, *, greedy: Sequence[str], slo_s: float, healthy: Mapping[int, bool] | None = None
+) -> dict[str, Any]:
+    """The figures of one run (latencies in milliseconds, rates 0..1, goodput in requests/s).
+    ``healthy``: each question's recall@5 hit on the healthy service (the baseline's), for the
+    healthy recall@5 of the very questions a run answered (None: not given)."""
     recs = run.records
     ok = [r for r in recs if r.outcome == "ok"]
     polite = [r for r in recs if r.tenant not in greedy]
@@ -190,6 +194,10 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
         "requests_by_tenant": sent,
         "answered_by_tenant": per_tenant_ok,
         "recall_at_5_answered": (sum(1 for r in ok if r.hit) / len(ok)) if ok else None,
+        # the healthy service's recall@5 over the same questions: what the answered ones would have
+        # scored healthy (a run's questions are a sample: its mix moves recall@5 as much as faults do)
+        "recall_at_5_answered_healthy": _healthy_recall(ok, healthy),
+        "recall_at_5_continued_healthy": _healthy_recall(continued, healthy),
         "recall_at_5_all_requests": (sum(1 for r in ok if r.hit) / len(recs)) if recs else None,
         "loop_stalls": len(run.stalls),
         "max_loop_stall_ms": max((s["duration_s"] * 1000 for s in run.stalls), default=0.0),
@@ -226,12 +234,14 @@ class DemoReport:
     greedy: list[str]
     json_path: Path | None = None
     chart_path: Path | None = None
+    baseline_hits: dict[int, bool] = field(default_factory=dict)  # question -> hit, healthy
 
     def to_dict(self, *, with_requests: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
             "options": self.options,
             "corpus": {"passages": self.passages, "questions": self.questions},
             "baseline_recall_at_5": self.baseline_recall_at_5,
+            "baseline_hits": {str(q): hit for q, hit in sorted(self.baseline_hits.items())},
             "timings_s": self.timings_s,
             "greedy_tenants": self.greedy,
             "summary": self.summaries,
@@ -318,6 +328,9 @@ class DemoReport:
         row("recall@5 of answered requests", [pct(x["recall_at_5_answered"]) for x in s])
         row("recall@5 of continued answers", [pct(x["recall_at_5_continued"]) for x in s])
         row("recall@5 healthy baseline", [pct(self.baseline_recall_at_5)] * len(s))
+        row("recall@5 healthy, same questions answered", [pct(x["recall_at_5_answered_healthy"]) for x in s])
+        row("recall@5 healthy, same questions continued",
+            [pct(x["recall_at_5_continued_healthy"]) for x in s])  # fmt: skip
         row("event-loop stalls (>20 ms)",
             [f"{x['loop_stalls']} (max {x['max_loop_stall_ms']:.0f} ms)" for x in s])
         note = _rerank_note(self.summaries.get("guarded"))
@@ -431,8 +444,10 @@ class DemoReport:
             Patch(color=_BAND_COLOURS["open"], alpha=0.6, label="breaker open"),
             Patch(color=_BAND_COLOURS["half_open"], alpha=0.6, label="breaker half-open"),
         ]
-        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-        fig.tight_layout(rect=(0, 0.035, 1, 1))
+        # two rows: the longer labels (fallback, failover or continuation) no longer fit in one
+        columns = (len(handles) + 1) // 2
+        fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
         return fig
 
 
@@ -492,6 +507,12 @@ def _fallbacks(record: RequestRecord) -> list[str]:
 def _is_failover(name: str) -> bool:
     """A model group's ``group/deployment`` in :func:`ragguard.degraded`: answered after a failover."""
     return "/" in name and ": " not in name
+
+
+def _healthy_recall(records: Sequence[RequestRecord], healthy: Mapping[int, bool] | None) -> float | None:
+    """recall@5 the healthy service had on the questions of ``records`` (None: no records or no map)."""
+    known = [healthy[r.question] for r in records if r.question in healthy] if healthy else []
+    return sum(known) / len(known) if known else None
 
 
 def _failed_of(outcomes: dict[str, int]) -> str:
