@@ -226,7 +226,10 @@ def test_a_stage_with_the_whole_deadline_has_no_share_layer() -> None:
 
     whole = guard.stage("all").chain(Bound("all", fn, stream=False))
     shared = guard.stage("rerank").chain(Bound("rerank", fn, stream=False))
-    assert "ShareLayer" not in repr(whole) and "ShareLayer" in repr(shared)
+    # the share's gate: a ShareLayer, or (a stage with a fallback) the reserve's gate it is fused into
+    assert [getattr(layer, "share", 1.0) for layer in whole.layers] == [1.0] * len(whole.layers)
+    assert "ShareLayer" not in repr(whole)
+    assert [layer.share for layer in shared.layers if getattr(layer, "share", 1.0) < 1.0] == [0.3]
 
 
 async def test_with_every_earlier_stage_hung_the_generation_keeps_39_percent() -> None:
