@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._clock import Clock, monotonic
 from .._context import current_tenant, mark_degraded
-from .._deadline import current_expiry, restore, shorten
+from .._deadline import Expiry, current_expiry, restore, shorten
 from .._errors import ConfigError, QuotaExceeded
 from .._validate import bounded
 from ..events import EventBus, FallbackServed, bus
@@ -184,11 +184,11 @@ class FallbackLayer:
             chain = self.chain_for(exc, call.outcome or outcome_of(exc))
             if not chain:
                 raise exc
-            own = call.share_expiry  # the stage's share of the deadline (the gate inside it made
-            if own is not None:  # it, the share fused into the reserve): the fallbacks serve under it
+            share_at = call.share_at  # the stage's share of the deadline (the gate inside it set
+            if share_at is not None:  # it, the share fused into the reserve): the fallbacks serve under it
                 current = current_expiry()
-                if current is None or own.at < current.at:
-                    token = shorten(own)
+                if current is not None and share_at < current.at:
+                    token = shorten(Expiry(share_at, current.clock))
             learn = self._learn
             started = self._clock() if learn is not None else 0.0
             for fallback in chain:

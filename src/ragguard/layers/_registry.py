@@ -127,7 +127,7 @@ def _fused(layers: list[Layer]) -> list[Layer]:
     """``layers`` with a stage's share, its fallback and its reserve (adjacent, in that order, the
     reserve optional) made one gate just inside the fallback: the share's deadline and the
     reserve's in one :class:`~ragguard.layers._reserve.ReserveLayer`, and the fallback serving
-    under the share's deadline itself (from ``Call.share_expiry``). Every layer reads the deadline
+    under the share's deadline itself (from ``Call.share_at``). Every layer reads the deadline
     it read before; a call pays one gate and one context variable instead of two, and no coroutine
     frame for a node of the share's own (a gate outside a recovery needs one: a node's recoveries
     come first). benchmarks/deadline_budget.py measures it."""

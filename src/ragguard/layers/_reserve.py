@@ -90,7 +90,7 @@ class ReserveLayer(EarlierDeadline):
     """Runs what is inside it under the request's deadline less ``reserve.seconds(left)``; with
     ``share`` below 1 (the share layer fused in, see :mod:`ragguard.layers._registry`), under the
     stage's share of the deadline less the reserve, the share's deadline left on the call
-    (``Call.share_expiry``) for the fallback outside it to serve under."""
+    (``Call.share_at``) for the fallback outside it to serve under."""
 
     __slots__ = ("_rest", "reserve", "share", "stage")
 
@@ -115,12 +115,13 @@ class ReserveLayer(EarlierDeadline):
         if left <= 0.0:
             return NO_EXIT  # spent: the layers inside refuse the call themselves
         rest = self._rest
-        own = None
         if rest:  # ShareLayer.enter's deadline, which the fallback serves under too
             cut = rest * left
             at -= cut
             left -= cut
-            own = call.share_expiry = Expiry(at, clock)
+            call.share_at = at
+            if call.stream:
+                call.share_expiry = Expiry(at, clock)
         reserve = self.reserve
         if reserve is not None:
             keep, cap = reserve.keep_s, reserve.max_share * left  # reserve.seconds(left), inlined
@@ -128,7 +129,9 @@ class ReserveLayer(EarlierDeadline):
                 keep = cap
             if keep > 0.0:
                 return shorten(Expiry(at - keep, clock))
-        return NO_EXIT if own is None else shorten(own)
+        if not rest:
+            return NO_EXIT
+        return shorten(call.share_expiry if call.stream else Expiry(at, clock))
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
         restore(token)

@@ -86,6 +86,9 @@ class Call:
     - ``share_expiry``: a stream's own deadline (an :class:`~ragguard._deadline.Expiry`) when its
       stage draws a share of the request's (``deadline_share``), set as it opens and made current
       again for each later item by the share layer (:mod:`ragguard.layers._share`);
+    - ``share_at``: in a stage with a fallback, the clock time its share of the request's
+      deadline ends (None: no share), set by the reserve's gate the share is fused into
+      (:mod:`ragguard.layers._reserve`): the fallback serves under it;
     - ``ending``: how a stream ended (:class:`ragguard.StreamEnding`), None until it has: set by
       the stream driver before the layers it held exit (the observe layer reports it).
     """
@@ -98,7 +101,7 @@ class Call:
         # the current attempt's
         "started", "budget_s", "by_deadline", "outcome",
         # the running call's
-        "task", "loop", "items", "threads", "meter", "share_expiry", "ending",
+        "task", "loop", "items", "threads", "meter", "share_expiry", "share_at", "ending",
     )  # fmt: skip
 
     def __init__(
@@ -126,6 +129,7 @@ class Call:
         self.threads: Any = None
         self.meter: Any = None
         self.share_expiry: Any = None
+        self.share_at: float | None = None
         self.ending: Any = None
 
     def __repr__(self) -> str:
