@@ -461,8 +461,8 @@ class RetryLayer:
                     # the stop (attempts, deadline, budget: short-circuited, so the budget is
                     # charged only for a retry that happens). First retryable(exc), with the
                     # outcome the chain recorded (exc is an Exception here).
-                    if not _not_a_rejection(exc):
-                        raise exc
+                    if isinstance(exc, RagguardError) and not isinstance(exc, StageTimeout):
+                        raise exc  # ragguard's own refusal (_not_a_rejection, inlined: exc is an Exception)
                     outcome = call.outcome or outcome_of(exc)
                     outer = call.recoverable
                     if not self._retries(exc, outcome) or (outer is not None and outer(exc)):

@@ -66,7 +66,8 @@ class Call:
 
     - ``started``: the clock time the breaker admitted the attempt;
     - ``budget_s``, ``by_deadline``: the attempt's time budget and whether the deadline (rather
-      than the stage timeout) set it (the timeout layer's);
+      than the stage timeout) set it (the timeout layer's, set as it arms a timer and read only
+      after: not set before, so a call that arms none pays nothing for them);
     - ``outcome``: the :class:`~ragguard.outcomes.Outcome` of the error a gate's ``exit`` or a
       recovery is handed (and of the one a recovery's ``again`` raised), classified once by the
       chain's classifier (the Guard's) before any layer sees the error: the driver's. The chain
@@ -104,6 +105,9 @@ class Call:
         "task", "loop", "items", "threads", "meter", "share_expiry", "share_at", "ending",
     )  # fmt: skip
 
+    budget_s: float | None  # (set by the timeout layer before any read, see above)
+    by_deadline: bool
+
     def __init__(
         self,
         stage: str,
@@ -120,8 +124,6 @@ class Call:
         self.attempt = 1
         self.recoverable: Callable[[BaseException], bool] | None = None
         self.started = 0.0
-        self.budget_s: float | None = None
-        self.by_deadline = False
         self.outcome: Outcome | None = None
         self.task: Any = None
         self.loop: Any = None
