@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any, Literal, cast
@@ -106,9 +107,12 @@ class Guard:
         self.quotas: Any = self.context.quotas
         self.backend = backend
         self._stages: dict[str, Stage] = {}
+        self._groups: weakref.WeakValueDictionary[str, ModelGroup] = weakref.WeakValueDictionary()
         self._warned_stages = False
         for unreachable in self.policy.unreachable_limits():
             _log.warning("ragguard policy: %s", unreachable)
+        for stage in self.policy.stages:  # a misspelt layer is refused here, not at a first call
+            self.policy.stage(stage)
 
     # -- stages -----------------------------------------------------------------------------------
 
@@ -215,7 +219,14 @@ class Guard:
         if not isinstance(targets, Mapping):
             raise ConfigError(f"group {name!r}: targets must map deployment names to targets",
                               field="targets")  # fmt: skip
-        return ModelGroup(self, key_id(name), policy, targets)
+        group = ModelGroup(self, key_id(name), policy, targets)
+        self._groups[group.name] = group
+        return group
+
+    def groups(self) -> dict[str, ModelGroup]:
+        """The model groups bound on this Guard (:meth:`group`) that are still in use, by name
+        (the last one bound of a name), as :meth:`status` lists them."""
+        return dict(self._groups)
 
     def tenant(self, tenant_id: str) -> TenantContext:
         """``async with guard.tenant("acme"):`` admits one request of the tenant (see :func:`tenant`)."""

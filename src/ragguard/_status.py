@@ -8,12 +8,17 @@ stage) come from a :class:`StatusCounts` listener, when one is given.
 
 ::
 
-    {"ok": bool, "open": [stage, ...],
+    {"ok": bool, "open": [stage | "stage[key]", ...],
      "stages": {stage: {"breaker": {"name", "state", "retry_after_s"} | None,
                         "limit": {"limit", "min_limit", "max_limit", "in_flight", "queued",
                                   "shed": {priority: n}, ...}?,
+                        "limits": {"rpm", "tpm", "window_s"}?,
                         "throttle": {"probability", ...}?,
-                        "hedge": {"delay_s", "fired", "won", "refused"}?}},
+                        "hedge": {"delay_s", "fired", "won", "refused"}?,
+                        "keyed": {"max_keys", "kept", "overflowed", "evicted"}?,
+                        "keys": {key: {"breaker": {...} | None, "limit": {...}?, "limits": {...}?,
+                                       "in_flight", "calls", "latency_s", "declared"}}?}},
+     "groups": {group: {"stage", "strategy", "deployments": {name: {"key", "state"}}}}?,
      "quotas": {"backend": "local" | "redis" | <class name>, "shared": bool | None,
                 "tenants": {tenant: {"in_flight", "waiting", "max_concurrency", "rate_per_s"}},
                 "others": {"in_flight", "waiting"}},
@@ -22,7 +27,16 @@ stage) come from a :class:`StatusCounts` listener, when one is given.
                 "rejected": {breaker: n}, "quota_rejected": {tenant: n}, "since_s": float}?}
 
 ``ok`` is False while any breaker is open, forced open or half-open (``open`` names those
-stages): fallbacks may still be serving them. ``tenants`` lists the tenants the policy names;
+stages, and a keyed stage's keys by their breakers' names, ``stage[key]``): fallbacks or a model
+group's other deployments may still be serving them. A keyed stage (one keyed function ran it)
+lists each key it keeps now under ``keys`` (its own breaker, adaptive limit, limits, calls in
+flight and made, the average latency of its successes while timed, and whether it is declared:
+named in the policy or by a model group, kept always), at most ``max_keys`` besides the declared
+ones, so no caller's keys grow the snapshot; ``keyed`` counts them, the calls that ran on the
+stage's own instance for want of room (``overflowed``: the stage's own entry is that overflow
+instance) and the keys forgotten (``evicted``). ``groups``: each model group bound on the Guard
+(:meth:`ragguard.Guard.group`), its deployments with their keys and their breakers' states.
+``tenants`` lists the tenants the policy names;
 ``others`` adds up every other tenant (so a leaked slot shows as an ``in_flight`` that does not
 come back to 0). ``in_flight`` and ``waiting`` are this process's requests (for shared quotas too:
 Redis counts every replica's); ``waiting`` is None where the backend cannot tell.
@@ -40,7 +54,10 @@ from ._errors import ConfigError
 from .options import Policy
 from .overload import status as overload_status
 
-__all__ = ["StatusCounts", "configured_tenants", "links", "overload", "quotas", "snapshot"]
+__all__ = [
+    "StatusCounts", "breaker_entry", "configured_tenants", "group_entry", "key_counts", "key_entry",
+    "limit_entry", "limits_entry", "links", "overload", "quotas", "snapshot",
+]  # fmt: skip
 
 _NOT_CLOSED_OK = ("closed", "disabled")
 
@@ -69,33 +86,94 @@ def snapshot(guard: Guard, counts: StatusCounts | None = None) -> dict[str, Any]
     not_closed: list[str] = []
     parts = overload(guard)
     for name in guard.stage_names():
-        breaker = guard.breaker(name)
-        entry: dict[str, Any]
-        if breaker is None:
-            entry = {"breaker": None}
-        else:
-            state = _state_name(breaker.state)
-            if state not in _NOT_CLOSED_OK:
-                not_closed.append(name)
-            entry = {
-                "breaker": {
-                    "name": breaker.name,
-                    "state": state,
-                    "retry_after_s": getattr(breaker, "retry_after_s", None),
-                }
-            }
+        st = guard.stage(name)
+        entry = {"breaker": breaker_entry(guard.breaker(name), not_closed, name)}
         entry.update(parts.get(name, {}))
+        limits = limits_entry(st)
+        if limits is not None:
+            entry["limits"] = limits
+        held = getattr(st, "keys", None)
+        if held is not None:
+            entry["keyed"] = key_counts(held)
+            entry["keys"] = {key: key_entry(runtime, not_closed) for key, runtime in held.items()}
         stages[name] = entry
-    out: dict[str, Any] = {
-        "ok": not not_closed,
-        "open": not_closed,
-        "stages": stages,
-        "quotas": quotas(guard),
-        "links": links(guard),
-    }
+    out: dict[str, Any] = {"ok": not not_closed, "open": not_closed, "stages": stages}
+    bound = getattr(guard, "groups", None)
+    if callable(bound) and bound():
+        out["groups"] = {name: group_entry(group) for name, group in bound().items()}
+    out["quotas"] = quotas(guard)
+    out["links"] = links(guard)
     if counts is not None:
         out["counts"] = counts.snapshot()
     return out
+
+
+def breaker_entry(
+    breaker: Any, not_closed: list[str] | None = None, label: str = ""
+) -> dict[str, Any] | None:
+    """A breaker's ``{"name", "state", "retry_after_s"}`` (None for none); ``label`` (what it
+    guards: a stage, ``stage[key]``) added to ``not_closed`` when it is open, forced open or
+    half-open."""
+    if breaker is None:
+        return None
+    state = _state_name(breaker.state)
+    if not_closed is not None and state not in _NOT_CLOSED_OK:
+        not_closed.append(label or str(breaker.name))
+    return {"name": breaker.name, "state": state, "retry_after_s": getattr(breaker, "retry_after_s", None)}
+
+
+def key_counts(keys: Any) -> dict[str, int]:
+    """A keyed stage's map: ``max_keys``, the keys ``kept`` now, the calls ``overflowed`` onto the
+    stage's own instance, the keys ``evicted``."""
+    return {"max_keys": keys.max_keys, "kept": len(keys), "overflowed": keys.overflowed,
+            "evicted": keys.evicted}  # fmt: skip
+
+
+def key_entry(runtime: Any, not_closed: list[str] | None = None) -> dict[str, Any]:
+    """One key's runtime: its breaker, adaptive limit (with its policy's bounds), limits, calls in
+    flight and made, average latency while timed, and whether it is declared."""
+    entry: dict[str, Any] = {"breaker": breaker_entry(runtime.breaker, not_closed, runtime.label)}
+    limit = limit_entry(runtime)
+    if limit is not None:
+        entry["limit"] = limit
+    limits = limits_entry(runtime)
+    if limits is not None:
+        entry["limits"] = limits
+    entry.update(in_flight=runtime.in_flight, calls=runtime.calls, latency_s=runtime.latency_s,
+                 declared=bool(runtime.declared))  # fmt: skip
+    return entry
+
+
+def limit_entry(runtime: Any) -> dict[str, Any] | None:
+    """A runtime's adaptive limit (:meth:`ragguard.overload.AdaptiveLimiter.status`, with its
+    policy's ``min_limit`` and ``max_limit``), None when it has built none."""
+    limiter = runtime.parts().get("limiter")
+    if limiter is None:
+        return None
+    out: dict[str, Any] = limiter.status()
+    adaptive = runtime.policy.adaptive
+    if adaptive is not None:
+        out["min_limit"] = adaptive.min_limit
+        out["max_limit"] = adaptive.max_limit
+    return out
+
+
+def limits_entry(runtime: Any) -> dict[str, Any] | None:
+    """A runtime's limits (``rpm``, ``tpm`` per ``window_s``), None when it sets none."""
+    limits = runtime.policy.limits
+    if limits is None or not limits.limits_anything:
+        return None
+    return {"rpm": limits.rpm, "tpm": limits.tpm, "window_s": limits.window_s}
+
+
+def group_entry(group: Any) -> dict[str, Any]:
+    """A model group: its stage, strategy and deployments (each its key and its breaker's state)."""
+    deployments: dict[str, Any] = {}
+    for name, runtime in group.deployments():
+        breaker = runtime.breaker
+        state = None if breaker is None else _state_name(breaker.state)
+        deployments[name] = {"key": runtime.key, "state": state}
+    return {"stage": group.stage, "strategy": group.policy.strategy, "deployments": deployments}
 
 
 def overload(guard: Guard) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ._compat import running_loop
 
@@ -37,6 +37,7 @@ __all__ = [
     "CallRejected",
     "Event",
     "EventBus",
+    "FailedOver",
     "FallbackServed",
     "Listener",
     "QuotaRejected",
@@ -47,6 +48,7 @@ __all__ = [
     "StreamCut",
     "StreamEnded",
     "StreamSettled",
+    "Where",
     "bus",
 ]
 
@@ -118,6 +120,20 @@ class CallOutcome:
     error: str | None = None
 
 
+class Where(NamedTuple):
+    """Where a guarded call ran, as events and metrics name it: ``key``, the deployment's key of a
+    keyed stage ("" for the stage's own instance: unkeyed calls, and keys past its bound);
+    ``operation``, ``provider`` and ``model``, the GenAI semantic conventions'
+    ``gen_ai.operation.name``, ``gen_ai.provider.name`` and ``gen_ai.request.model`` ("" when not
+    known: a stage of no GenAI preset, a function of no provider's integration). Made once per
+    compiled chain."""
+
+    key: str = ""
+    operation: str = ""
+    provider: str = ""
+    model: str = ""
+
+
 @quick_init
 @dataclass(frozen=True, slots=True)
 class StageCompleted:
@@ -130,7 +146,11 @@ class StageCompleted:
     first item reached the caller (None for a call, or a stream that failed before it);
     ``deadline_s`` the seconds the request's deadline had left when the stage started (None
     without a deadline): ``duration_s`` of it is what the stage spent of the request's budget.
-    Emitted by the observe layer (and :func:`ragguard.metrics.otel_span`) when the bus has listeners.
+    ``where`` where it ran (:class:`Where`: the deployment's key, the GenAI operation, provider
+    and model; None when not said). One per operation, as its caller sees it: its retries,
+    hedges, failovers and fallbacks are inside it (each attempt through a breaker is a
+    :class:`CallOutcome`). Emitted by the observe layer (and :func:`ragguard.metrics.otel_span`)
+    when the bus has listeners.
     """
 
     stage: str
@@ -142,6 +162,7 @@ class StageCompleted:
     error: str = ""
     first_item_s: float | None = None
     deadline_s: float | None = None
+    where: Where | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +261,13 @@ class StreamSettled:
     """A stream of a generation stage ended: ``items`` and ``tokens`` (as counted) were handed to
     tenant ``tenant``; ``reserved`` tokens had been reserved from its token quota before it opened
     (0 without a quota) and are now settled; ``paced_s`` seconds were spent pacing its items;
-    ``outcome`` is ``ok``, ``error`` or ``cancelled`` (cancelled or closed early)."""
+    ``outcome`` is ``ok``, ``error`` or ``cancelled`` (cancelled or closed early).
+
+    ``input_tokens`` and ``output_tokens``: what the provider reported before the stream ended
+    (its usage, which it bills), None for a count it did not report: a stream that failed part
+    way keeps what was reported before the failure. ``key``, ``provider`` and ``model``: its
+    deployment's key ("" for the stage's own instance), the GenAI provider ("" when not known)
+    and the model its call named ("" when none)."""
 
     stage: str
     tenant: str
@@ -249,6 +276,32 @@ class StreamSettled:
     reserved: int
     paced_s: float
     outcome: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    key: str = ""
+    provider: str = ""
+    model: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FailedOver:
+    """Model group ``group`` left deployment ``deployment`` for a call: ``reason`` why (``open``:
+    its breaker was open, skipped without a call; ``limits``: its requests or tokens per minute
+    were spent; ``failure``, ``timeout``, ``rejection``, ``overloaded``, ``refused``,
+    ``context_length``: its call failed so), ``error`` the class name of its error (``BreakerOpen``
+    when its breaker refused the call, "" when the group skipped it without asking),
+    ``breaker`` its breaker's name (``stage[key]``, "" when none);
+    ``to`` the deployment that answered the call ("" when none did: the call raised
+    :class:`~ragguard.NoDeploymentAvailable`, or a refusal none could take), for tenant
+    ``tenant``. One per deployment left, when the call ends. Emitted when the bus has listeners."""
+
+    group: str
+    deployment: str
+    reason: str
+    to: str
+    error: str = ""
+    breaker: str = ""
+    tenant: str = ""
 
 
 class EventBus:
@@ -430,9 +483,13 @@ class StageTracer(Protocol):
     OpenTelemetry). ``start`` opens the stage's span; ``attach`` makes it current (returns a token
     for ``detach``, which must run in the same context); ``end`` closes it with the outcome
     (``success``, ``fallback``, ``error``, ``cancelled``), the error (None unless ``error``), the
-    fallback that served ("" when none) and, for a stream, the seconds to its first item."""
+    fallback that served ("" when none) and, for a stream, the seconds to its first item;
+    ``attributes``: more of the span's attributes, fixed for the stage's chain (its key, the GenAI
+    provider and model), None for none."""
 
-    def start(self, stage: str, tenant: str, breaker_state: str, operation: str) -> Any: ...
+    def start(
+        self, stage: str, tenant: str, breaker_state: str, operation: str, attributes: Any = None
+    ) -> Any: ...
 
     def attach(self, span: Any) -> Any: ...
 

@@ -25,17 +25,18 @@ opentelemetry-api installed, a guarded call pays one branch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from . import _inject, events
 from . import _validate as v
-from . import events
 from ._deadline import remaining
 from ._errors import ConfigError
 from ._extras import install_hint
 from ._guard import Guard, default_guard
 from .events import StageCompleted, error_type
+from .outcomes import outcome_of
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -121,12 +122,16 @@ def _guards_of(guards: Any) -> Callable[[], list[Guard]]:
 
 
 class _Named:
-    """The tenant ids the Guards' policies name, recomputed when a policy object changes."""
+    """The names the Guards' policies give (``of`` a policy: its tenants by default), recomputed
+    when a policy object changes."""
 
-    __slots__ = ("_guards", "_names", "_policies")
+    __slots__ = ("_guards", "_names", "_of", "_policies")
 
-    def __init__(self, guards: Callable[[], list[Guard]]) -> None:
+    def __init__(
+        self, guards: Callable[[], list[Guard]], of: Callable[[Any], Iterable[str]] | None = None
+    ) -> None:
         self._guards = guards
+        self._of = of if of is not None else (lambda policy: policy.tenants)
         self._policies: tuple[int, ...] = ()
         self._names: frozenset[str] = frozenset()
 
@@ -134,9 +139,14 @@ class _Named:
         guards = self._guards()
         policies = tuple(id(g.policy) for g in guards)
         if policies != self._policies:
-            self._names = frozenset().union(*(g.policy.tenants for g in guards))
+            self._names = frozenset().union(*(self._of(g.policy) for g in guards))
             self._policies = policies
         return self._names
+
+
+def _group_names(policy: Any) -> set[str]:
+    """The model groups a policy declares and their deployments' names."""
+    return {*policy.groups, *(d.name for group in policy.groups.values() for d in group.deployments)}
 
 
 class PrometheusExporter:
@@ -188,6 +198,8 @@ class PrometheusExporter:
         self._tenant = _Capped(max_tenants, _Named(self._guards))
         self._stage_label = _Capped(max_stages)
         self._breaker = _Capped(max_breakers)
+        # group and deployment names: the policies' keep their own label (bounded by the policies)
+        self._deployment = _Capped(max_breakers, _Named(self._guards, _group_names))
         self._unsubscribe: Callable[[], None] | None = None
         # the metrics live in an inner registry; the one scraped sees them through _Export, which
         # drops the _created samples unless asked for
@@ -211,7 +223,7 @@ class PrometheusExporter:
         # ragguard_breaker_state is read at scrape time (see _BreakerStateCollector), so a breaker's
         # series exist from its creation, not from its first transition
         self._last_states: dict[str, str] = {}
-        r.register(_BreakerStateCollector(self._bus, self._last_states, self._breaker))
+        r.register(_BreakerStateCollector(self._bus, self._last_states, self._breaker, self._guards))
         self.transitions = pc.Counter(
             "ragguard_breaker_transitions", "Circuit breaker state changes.",
             ["breaker", "from_state", "to_state"], registry=r,
@@ -253,6 +265,18 @@ class PrometheusExporter:
         self.stream_tokens = pc.Counter(
             "ragguard_stream_tokens", "Tokens counted in generation streams, per tenant.",
             ["stage", "tenant"], registry=r,
+        )  # fmt: skip
+        self.stream_usage = pc.Counter(
+            "ragguard_stream_usage_tokens",
+            "Tokens of generation streams as billed: the provider's report, else the count "
+            "(type: input, output; outcome: ok, error, cancelled; a stream that failed part way keeps "
+            "what was reported before it failed).",
+            ["stage", "type", "outcome"], registry=r,
+        )  # fmt: skip
+        self.failovers = pc.Counter(
+            "ragguard_failovers",
+            "Calls a model group took from a deployment to the next (to: empty when none answered).",
+            ["group", "deployment", "reason", "to"], registry=r,
         )  # fmt: skip
         self.stream_paced = pc.Counter(
             "ragguard_stream_paced_seconds", "Time generation streams waited for token pacing.",
@@ -296,6 +320,7 @@ class PrometheusExporter:
             "StreamCut": self._cut,
             "StreamEnded": self._ended,
             "StreamSettled": self._settled,
+            "FailedOver": self._failed_over,
             "LoopStall": self._stall,
             "PoolExhausted": self._pool,
             "ConnectionLeak": self._leak,
@@ -370,8 +395,10 @@ class PrometheusExporter:
         self.rejected.labels(self._breaker(e.breaker), e.state).inc()
 
     def _transition(self, e: events.BreakerTransition) -> None:
-        self.transitions.labels(self._breaker(e.breaker), e.old, e.new).inc()
-        self._last_states[e.breaker] = e.new
+        label = self._breaker(e.breaker)
+        self.transitions.labels(label, e.old, e.new).inc()
+        if label != OTHER or e.breaker == OTHER:  # only names with a label of their own: bounded
+            self._last_states[e.breaker] = e.new
 
     def _fallback(self, e: events.FallbackServed) -> None:
         self.fallbacks.labels(self._stage_label(e.stage), e.fallback, self._tenant(e.tenant)).inc()
@@ -417,6 +444,12 @@ class PrometheusExporter:
             self.stream_tokens.labels(stage, tenant).inc(e.tokens)
         if e.paced_s:
             self.stream_paced.labels(stage, tenant).inc(e.paced_s)
+        for kind, n in billed(e):
+            self.stream_usage.labels(stage, kind, e.outcome).inc(n)
+
+    def _failed_over(self, e: events.FailedOver) -> None:
+        group, deployment, to = (self._deployment(x) for x in (e.group, e.deployment, e.to))
+        self.failovers.labels(group, deployment, e.reason, to).inc()
 
     def _stall(self, e: Any) -> None:
         self.stalls.inc()
@@ -430,6 +463,18 @@ class PrometheusExporter:
 
 
 _MISSING: Any = object()
+
+
+def billed(e: events.StreamSettled) -> list[tuple[str, int]]:
+    """A settled stream's tokens as its provider bills them, as ``(gen_ai.token.type, n)``:
+    ``input`` when the provider reported it, ``output`` as reported, else as counted (none of 0)."""
+    out: list[tuple[str, int]] = []
+    if e.input_tokens:
+        out.append(("input", e.input_tokens))
+    output = e.tokens if e.output_tokens is None else e.output_tokens
+    if output:
+        out.append(("output", output))
+    return out
 
 
 class _Export:
@@ -468,31 +513,36 @@ class _StateCollector:
 
         gauges: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in _STATE_GAUGES}
         hedges: dict[tuple[str, ...], float] = {}
+        keyed: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in _KEY_FAMILIES}
         shared = dict(self._links)
 
         def add(table: dict[tuple[str, ...], float], key: tuple[str, ...], value: float | None) -> None:
             if value is not None:
                 table[key] = table.get(key, 0.0) + float(value)
 
-        def read(guard: Guard) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+        def add_limit(labels: tuple[str, ...], limit: dict[str, Any]) -> None:
+            add(gauges["ragguard_adaptive_limit"], labels, limit["limit"])
+            add(gauges["ragguard_adaptive_min_limit"], labels, limit.get("min_limit"))
+            add(gauges["ragguard_adaptive_in_flight"], labels, limit["in_flight"])
+            add(gauges["ragguard_adaptive_queue_length"], labels, limit["queued"])
+            add(gauges["ragguard_adaptive_min_rtt_seconds"], labels, limit["min_rtt_s"])
+
+        def read(guard: Guard) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], list[Any]]:
             try:
-                return overload(guard), quotas(guard), links(guard)
+                return overload(guard), quotas(guard), links(guard), keyed_stages(guard)
             except RuntimeError:
                 # a scrape from prometheus-client's server thread reads while the loop changes the
                 # state: a read that raced a change (a dict resized mid-iteration) is taken again
-                return overload(guard), quotas(guard), links(guard)
+                return overload(guard), quotas(guard), links(guard), keyed_stages(guard)
 
         for guard in self._guards():
-            parts_of, q, guard_links = read(guard)
+            parts_of, q, guard_links, stages_keyed = read(guard)
+            own_key = {stage: OVERFLOW for stage, _, _ in stages_keyed}  # a keyed stage's own: the overflow
             for name, parts in parts_of.items():
                 stage = (self._stage(name),)
                 limit = parts.get("limit")
                 if limit is not None:
-                    add(gauges["ragguard_adaptive_limit"], stage, limit["limit"])
-                    add(gauges["ragguard_adaptive_min_limit"], stage, limit.get("min_limit"))
-                    add(gauges["ragguard_adaptive_in_flight"], stage, limit["in_flight"])
-                    add(gauges["ragguard_adaptive_queue_length"], stage, limit["queued"])
-                    add(gauges["ragguard_adaptive_min_rtt_seconds"], stage, limit["min_rtt_s"])
+                    add_limit((*stage, own_key.get(name, "")), limit)
                 throttle = parts.get("throttle")
                 if throttle is not None:
                     gauges["ragguard_throttle_probability"][stage] = float(throttle["probability"])
@@ -509,11 +559,26 @@ class _StateCollector:
             add(gauges["ragguard_tenant_waiting"], (OTHER,), q["others"]["waiting"] or 0)
             for link in guard_links:
                 shared[link["component"]] = 0.0 if link["shared"] else 1.0
+            for name, counts, runtimes in stages_keyed:
+                stage = (self._stage(name),)
+                add(keyed["ragguard_keys"], stage, counts["kept"])
+                add(keyed["ragguard_key_overflow"], stage, counts["overflowed"])
+                add(keyed["ragguard_keys_evicted"], stage, counts["evicted"])
+                for key, entry in runtimes:
+                    add(keyed["ragguard_key_in_flight"], (*stage, key), entry["in_flight"])
+                    if "limit" in entry:
+                        add_limit((*stage, key), entry["limit"])
         for name, (help_text, labels) in _STATE_GAUGES.items():
             family = GaugeMetricFamily(name, help_text, labels=list(labels))
             for key, value in gauges[name].items():
                 family.add_metric(list(key), value)
             yield family
+        for name, (kind, help_text, labels) in _KEY_FAMILIES.items():
+            family_of = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            made = family_of(name, help_text, labels=list(labels))
+            for key, value in keyed[name].items():
+                made.add_metric(list(key), value)
+            yield made
         counter = CounterMetricFamily(
             "ragguard_hedges", "Hedges per stage: fired, won (answered first), refused (budget).",
             labels=["stage", "outcome"],
@@ -534,21 +599,51 @@ class _StateCollector:
         return iter(())
 
 
+_KEYED = ("stage", "key")
 _STATE_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ragguard_adaptive_limit": ("A stage's adaptive concurrency limit now.", ("stage",)),
-    "ragguard_adaptive_min_limit": ("A stage's adaptive limit floor (its policy's min_limit).", ("stage",)),
-    "ragguard_adaptive_in_flight": ("Calls holding a stage's adaptive-limit slot now.", ("stage",)),
-    "ragguard_adaptive_queue_length": ("Calls queued for a stage's adaptive limit now.", ("stage",)),
-    "ragguard_adaptive_min_rtt_seconds": ("A stage's baseline (no-load) latency.", ("stage",)),
+    "ragguard_adaptive_limit": ("A stage's (or a key's) adaptive concurrency limit now.", _KEYED),
+    "ragguard_adaptive_min_limit": ("An adaptive limit's floor (its policy's min_limit).", _KEYED),
+    "ragguard_adaptive_in_flight": ("Calls holding an adaptive-limit slot now.", _KEYED),
+    "ragguard_adaptive_queue_length": ("Calls queued for an adaptive limit now.", _KEYED),
+    "ragguard_adaptive_min_rtt_seconds": ("An adaptive limit's baseline (no-load) latency.", _KEYED),
     "ragguard_throttle_probability": ("Share of calls client-side throttling refuses now.", ("stage",)),
     "ragguard_hedge_delay_seconds": ("How long a stage waits before hedging now.", ("stage",)),
     "ragguard_tenant_in_flight": (
-        "Requests holding a tenant's concurrency slot now (policy tenants; other: the rest).", ("tenant",)
+        "Requests holding a tenant's concurrency slot now (policy tenants; other: the rest).",
+        ("tenant",),
     ),
     "ragguard_tenant_waiting": (
-        "Requests queued for a tenant's slot now (policy tenants; other: the rest).", ("tenant",)
+        "Requests queued for a tenant's slot now (policy tenants; other: the rest).",
+        ("tenant",),
     ),
 }
+
+
+_KEY_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "ragguard_keys": ("gauge", "Keys a keyed stage keeps now (at most max_keys, and its declared ones).",
+                      ("stage",)),
+    "ragguard_key_overflow": ("counter", "Calls a keyed stage ran on its own instance for want of room.",
+                              ("stage",)),
+    "ragguard_keys_evicted": ("counter", "Idle keys a keyed stage forgot to make room.", ("stage",)),
+    "ragguard_key_in_flight": ("gauge", "Calls in flight on each key of a keyed stage now.", _KEYED),
+}  # fmt: skip
+
+OVERFLOW = "__other__"
+"""The ``key`` label of a keyed stage's own instance: the overflow (keys past ``max_keys``) and
+calls without a key."""
+
+
+def keyed_stages(guard: Guard) -> list[tuple[str, dict[str, int], list[tuple[str, dict[str, Any]]]]]:
+    """Each keyed stage of ``guard``: its name, its map's counts and each key kept now with its
+    :func:`ragguard._status.key_entry`."""
+    from ._status import key_counts, key_entry
+
+    out = []
+    for name in guard.stage_names():
+        keys = guard.stage(name).keys
+        if keys is not None:
+            out.append((name, key_counts(keys), [(key, key_entry(runtime)) for key, runtime in keys.items()]))
+    return out
 
 
 class _PoolCollector:
@@ -596,12 +691,32 @@ class _BreakerStateCollector:
     """``ragguard_breaker_state`` at scrape time: every live breaker whose events reach ``bus``
     (:func:`ragguard.breakers.live_breakers`, the newest of a name winning), and for names no live
     breaker has, the last transition seen on the bus. Nothing runs on a guarded call. A breaker whose
-    name the ``label`` cap folds into ``"other"`` has no series (one gauge cannot hold many states)."""
+    name the ``label`` cap folds into ``"other"`` has no series (one gauge cannot hold many states),
+    except the breakers of the keys the ``guards``' keyed stages keep now (``stage[key]``): bounded
+    by each stage's ``max_keys``, each has its series."""
 
-    def __init__(self, bus: events.EventBus, last: dict[str, str], label: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        bus: events.EventBus,
+        last: dict[str, str],
+        label: Callable[[str], str],
+        guards: Callable[[], list[Guard]] | None = None,
+    ) -> None:
         self._bus = bus
         self._last = last
         self._label = label
+        self._guards = guards
+
+    def _kept(self) -> set[str]:
+        """The names of the breakers of the keys kept now."""
+        names: set[str] = set()
+        for guard in self._guards() if self._guards is not None else ():
+            for name in guard.stage_names():
+                keys = guard.stage(name).keys
+                for _, runtime in () if keys is None else keys.items():
+                    if runtime.breaker is not None:
+                        names.add(runtime.breaker.name)
+        return names
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
@@ -613,12 +728,16 @@ class _BreakerStateCollector:
             if _reaches(getattr(breaker, "bus", None), self._bus):
                 state = breaker.state
                 states[breaker.name] = str(getattr(state, "value", state))
+        try:
+            kept = self._kept()
+        except RuntimeError:  # a map changed under a scrape from another thread: read it again
+            kept = self._kept()
         family = GaugeMetricFamily(
             "ragguard_breaker_state", "1 for the state each breaker is in, 0 for the others.",
             labels=["breaker", "state"],
         )  # fmt: skip
         for name, current in states.items():
-            if self._label(name) == OTHER and name != OTHER:
+            if name not in kept and self._label(name) == OTHER and name != OTHER:
                 continue
             for state in (*BREAKER_STATES, *(() if current in BREAKER_STATES else (current,))):
                 family.add_metric([name, state], 1.0 if state == current else 0.0)
@@ -664,6 +783,7 @@ def enable_tracing(tracer_provider: Any = None) -> None:
     tracer.untap = events.bus.tap(tracer.record)
     events.tracer = tracer
     _tracer = tracer.tracer
+    _inject.epoch += 1  # the observed chains are rebuilt with their attempt spans
 
 
 def disable_tracing() -> None:
@@ -674,6 +794,7 @@ def disable_tracing() -> None:
         events.tracer = None
         if current.untap is not None:
             current.untap()
+        _inject.epoch += 1  # and without them
     _tracer = None
 
 
@@ -706,6 +827,9 @@ _SPAN_EVENTS: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "BreakerTransition": ("ragguard.breaker_transition", lambda e: {
         "ragguard.breaker": e.breaker, "ragguard.from_state": e.old, "ragguard.to_state": e.new,
         "ragguard.reason": e.reason}),
+    "FailedOver": ("ragguard.failover", lambda e: {
+        "ragguard.group": e.group, "ragguard.deployment": e.deployment, "ragguard.reason": e.reason,
+        "ragguard.to": e.to, "error.type": e.error, "ragguard.breaker": e.breaker}),
 }  # fmt: skip
 
 
@@ -729,16 +853,41 @@ class _OtelTracer:
         self.untap: Callable[[], None] | None = None
         self._makers: dict[type, Any] = {}  # event type -> its _SPAN_EVENTS entry (by its classes' names)
 
-    def start(self, stage: str, tenant: str, breaker_state: str, operation: str) -> Any:
-        attributes = {"ragguard.stage": stage, "ragguard.tenant": tenant}
+    def start(
+        self, stage: str, tenant: str, breaker_state: str, operation: str, attributes: Any = None
+    ) -> Any:
+        given = {"ragguard.stage": stage, "ragguard.tenant": tenant}
         if breaker_state:
-            attributes["ragguard.breaker_state"] = breaker_state
+            given["ragguard.breaker_state"] = breaker_state
         if operation:
-            attributes["gen_ai.operation.name"] = operation
-        return self.tracer.start_span(f"ragguard.{stage}", attributes=attributes)
+            given["gen_ai.operation.name"] = operation
+        if attributes:
+            given.update(attributes)
+        return self.tracer.start_span(f"ragguard.{stage}", attributes=given)
 
     def attach(self, span: Any) -> Any:
         return self._context.attach(self._trace.set_span_in_context(span))
+
+    def start_attempt(self, attributes: dict[str, Any]) -> Any:
+        """An attempt's span, the current span's child (see :mod:`ragguard.layers._attempts`)."""
+        return self.tracer.start_span("ragguard.attempt", attributes=attributes)
+
+    def end_attempt(self, span: Any, exc: BaseException | None) -> None:
+        """End an attempt's span with how it ended: the outcome its error was classified as."""
+        if exc is None:
+            span.set_attribute("ragguard.outcome", "success")
+        elif not isinstance(exc, Exception):
+            span.set_attribute("ragguard.outcome", "cancelled")
+        else:
+            outcome = outcome_of(exc)
+            kind = error_type(exc)
+            span.set_attribute("ragguard.outcome", outcome.kind.value)
+            if outcome.reason:
+                span.set_attribute("ragguard.reason", outcome.reason)
+            span.set_attribute("error.type", kind)
+            status, error = self._status
+            span.set_status(status(error, kind))
+        span.end()
 
     def detach(self, token: Any) -> None:
         self._context.detach(token)
@@ -783,7 +932,10 @@ class _OtelTracer:
         if not span.is_recording():
             return
         if make is _SETTLED:
-            span.set_attribute("gen_ai.usage.output_tokens", event.tokens)
+            output = event.tokens if event.output_tokens is None else event.output_tokens
+            span.set_attribute("gen_ai.usage.output_tokens", output)
+            if event.input_tokens is not None:
+                span.set_attribute("gen_ai.usage.input_tokens", event.input_tokens)
             span.set_attribute("ragguard.items", event.items)
             return
         name, attributes = make
@@ -934,10 +1086,28 @@ class OTelMetrics:
     - ``ragguard.fallbacks`` (counter, {call}): ``ragguard.stage``, ``ragguard.fallback`` and the
       ``error.type`` it answered for;
     - ``ragguard.stream.endings`` (counter, {stream}): ``ragguard.stage``, ``ragguard.stream.ending``
-      (``completed``, ``continued``, ``incomplete``).
+      (``completed``, ``continued``, ``incomplete``);
+    - ``ragguard.attempts`` (counter, {attempt}): each attempt through a breaker,
+      ``ragguard.breaker`` (``stage`` or ``stage[key]``) and ``ragguard.outcome``;
+    - ``ragguard.failovers`` (counter, {call}): ``ragguard.group``, ``ragguard.deployment`` (the one
+      left), ``ragguard.reason``, ``ragguard.to`` (the one that answered, "" when none did).
 
-    No tenant attribute (a tenant id is unbounded). Raises ImportError with an install hint when
-    opentelemetry-api is missing.
+    And the GenAI semantic conventions' client metrics, for stages of a GenAI operation (the
+    embedding, vector_store and generation presets), each with ``gen_ai.operation.name``,
+    ``gen_ai.provider.name`` and ``gen_ai.request.model`` when known, and ``ragguard.stage``:
+
+    - ``gen_ai.client.operation.duration`` (histogram, s): one per operation as its caller sees
+      it (its retries, failovers and fallbacks inside it), ``error.type`` when it failed;
+    - ``gen_ai.client.operation.time_to_first_chunk`` (histogram, s): a stream's first item;
+    - ``gen_ai.client.token.usage`` (histogram, {token}): each generation stream's tokens as its
+      provider bills them, ``gen_ai.token.type`` ``input`` (when reported) and ``output`` (as
+      reported, else as counted), and ``ragguard.outcome`` (``ok``, ``error``, ``cancelled``): a
+      stream that failed part way records the usage reported before it failed.
+
+    No tenant attribute (a tenant id is unbounded), no key (the model says it). The breaker
+    names (``stage[key]``) and the models a caller names are unbounded over time too: the first
+    :data:`OTEL_MAX_VALUES` distinct ones keep their value, later ones are ``other``. Raises
+    ImportError with an install hint when opentelemetry-api is missing.
     """
 
     def __init__(self, meter_provider: Any = None, *, bus: events.EventBus | None = None) -> None:
@@ -950,11 +1120,14 @@ class OTelMetrics:
         meter = provider.get_meter("ragguard")
         self._bus = events.bus if bus is None else bus
         self._stop: Callable[[], None] | None = None
+        self._breaker = _Capped(OTEL_MAX_VALUES)
+        self._model = _Capped(OTEL_MAX_VALUES)
         self.duration = meter.create_histogram(
             "ragguard.stage.duration", unit="s", description="Guarded stage latency, fallbacks included."
         )
         self.first_chunk = meter.create_histogram(
-            "ragguard.stage.time_to_first_chunk", unit="s",
+            "ragguard.stage.time_to_first_chunk",
+            unit="s",
             description="Time to a guarded stream's first item.",
         )
         self.tokens = meter.create_counter(
@@ -969,6 +1142,28 @@ class OTelMetrics:
         self.endings = meter.create_counter(
             "ragguard.stream.endings", unit="{stream}",
             description="Guarded streams ended: completed, continued or incomplete.",
+        )  # fmt: skip
+        self.attempts = meter.create_counter(
+            "ragguard.attempts", unit="{attempt}",
+            description="Attempts through a circuit breaker, by outcome.",
+        )  # fmt: skip
+        self.failovers = meter.create_counter(
+            "ragguard.failovers", unit="{call}",
+            description="Calls a model group took from a deployment to the next.",
+        )  # fmt: skip
+        self.operation_duration = meter.create_histogram(
+            "gen_ai.client.operation.duration", unit="s", description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=GEN_AI_DURATION_BUCKETS_S,
+        )  # fmt: skip
+        self.time_to_first_chunk = meter.create_histogram(
+            "gen_ai.client.operation.time_to_first_chunk", unit="s",
+            description="Time to receive the first chunk of a streamed GenAI operation.",
+            explicit_bucket_boundaries_advisory=GEN_AI_DURATION_BUCKETS_S,
+        )  # fmt: skip
+        self.token_usage = meter.create_histogram(
+            "gen_ai.client.token.usage", unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=GEN_AI_TOKEN_BUCKETS,
         )  # fmt: skip
 
     def start(self) -> OTelMetrics:
@@ -994,16 +1189,29 @@ class OTelMetrics:
             first = getattr(e, "first_item_s", None)
             if first is not None:
                 self.first_chunk.record(first, {"ragguard.stage": e.stage})
+            at = getattr(e, "where", None)
+            if at is not None and at.operation:
+                self._operation(e, at, error, first)
         elif kind == "StreamEnded":
             self.endings.add(1, {"ragguard.stage": e.stage, "ragguard.stream.ending": e.ending})
         elif kind == "StreamSettled":
             if e.tokens:
                 self.tokens.add(e.tokens, {"ragguard.stage": e.stage, "gen_ai.token.type": "output"})
+            usage = self._gen_ai({"gen_ai.operation.name": "chat", "ragguard.stage": e.stage,
+                                  "ragguard.outcome": e.outcome}, e.provider, e.model)  # fmt: skip
+            for token_type, n in billed(e):
+                self.token_usage.record(n, {**usage, "gen_ai.token.type": token_type})
+        elif isinstance(e, events.CallOutcome):  # a breaker's own subclass too
+            breaker = self._breaker(e.breaker)
+            self.attempts.add(1, {"ragguard.breaker": breaker, "ragguard.outcome": e.outcome})
+        elif kind == "FailedOver":
+            self.failovers.add(1, {"ragguard.group": e.group, "ragguard.deployment": e.deployment,
+                                   "ragguard.reason": e.reason, "ragguard.to": e.to})  # fmt: skip
         elif kind == "FallbackServed":
             self.fallbacks.add(1, {"ragguard.stage": e.stage, "ragguard.fallback": e.fallback,
                                    "error.type": e.cause})  # fmt: skip
         elif kind == "CallRejected":
-            self._rejected("breaker", e.state, {"ragguard.breaker": e.breaker})
+            self._rejected("breaker", e.state, {"ragguard.breaker": self._breaker(e.breaker)})
         elif kind == "QuotaRejected":
             self._rejected("quota", e.reason, {})
         elif kind == "LoadShed":
@@ -1013,3 +1221,35 @@ class OTelMetrics:
 
     def _rejected(self, rejection: str, reason: str, where: dict[str, str]) -> None:
         self.rejections.add(1, {"ragguard.rejection": rejection, "ragguard.reason": reason, **where})
+
+    def _operation(self, e: StageCompleted, at: events.Where, error: str, first: float | None) -> None:
+        """A GenAI operation's duration and time to first chunk, by the conventions' names."""
+        attributes = self._gen_ai({"gen_ai.operation.name": at.operation, "ragguard.stage": e.stage},
+                                  at.provider, at.model)  # fmt: skip
+        if first is not None:
+            self.time_to_first_chunk.record(first, attributes)
+        if error:
+            attributes["error.type"] = error
+        self.operation_duration.record(e.duration_s, attributes)
+
+    def _gen_ai(self, attributes: dict[str, Any], provider: str, model: str) -> dict[str, Any]:
+        """``attributes`` with ``gen_ai.provider.name`` and ``gen_ai.request.model`` when known
+        (the model capped: :data:`OTEL_MAX_VALUES`)."""
+        if provider:
+            attributes["gen_ai.provider.name"] = provider
+        if model:
+            attributes["gen_ai.request.model"] = self._model(model)
+        return attributes
+
+
+OTEL_MAX_VALUES = 100
+"""Distinct breaker names and models that keep their own value in :class:`OTelMetrics`' attributes
+(the rest are ``other``): a caller's keys and models cannot grow the series without bound."""
+
+GEN_AI_DURATION_BUCKETS_S: tuple[float, ...] = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+"""The GenAI semantic conventions' bucket boundaries for durations (seconds)."""
+GEN_AI_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(14))
+"""The GenAI semantic conventions' bucket boundaries for token counts: 1, 4, 16 ... 4**13."""
+

@@ -256,7 +256,7 @@ def doctor(
         ),
     ] = 1.0,
 ) -> None:
-    """Explain recent events: breaker trips, quota refusals, fallbacks, loop stalls, pool trouble.
+    """Explain recent events: breaker trips, quota refusals, fallbacks, failovers, loop stalls, pool trouble.
 
     Exit status: 0 nothing found, 1 findings, 2 the file cannot be read or a line of it is not a record.
     """

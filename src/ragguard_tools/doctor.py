@@ -15,6 +15,10 @@ Rules, most telling first:
                                deadline) and when; the most refused first.
 ``fallbacks_served``           which stage answered from which fallback, how often, what share of
                                its answers (from the recorder's counts), and the errors behind it.
+``failover``                   a model group's failover episode: which deployment was left, why
+                               (its errors, or its breaker open: skipped without a call), which
+                               took over, how many calls none could answer, and what the left
+                               deployment's breaker did meanwhile (opened, its cooldown, back).
 ``shared_state``               Redis unreachable, or refusing ragguard's credentials, ACL
                                permissions or TLS (said apart): which components (quotas, shared
                                breakers) ran on local state, for how long, why, and whether they
@@ -29,9 +33,10 @@ Rules, most telling first:
 
 Every diagnosis also has a timeline: the notable moments in order, in seconds from the first record,
 and, when stages ran under a deadline, where the requests' deadlines went, stage by stage (the
-recorder's ``budget`` counts): for each stage, in the order the stages ran (the most time left
-first), the time its calls had left when they started and what they spent of it, on average, and
-how many a fallback answered or ran out of time.
+recorder's ``budget`` counts): for each stage, the most time left first (the order the stages
+ran, but a stage nested in another, as embedding in retrieval, can come after later ones), the
+time its calls had left when they started and what they spent of it, on average, and how many a
+fallback answered or ran out of time.
 """
 
 from __future__ import annotations
@@ -222,12 +227,12 @@ class Diagnosis:
         width = max(14, *(len(b.stage) for b in rows))
         title = (
             "where the requests' deadlines went, stage by stage (means of the calls made under a "
-            "deadline, in the order the stages ran):"
+            "deadline, the most time left first):"
         )
         return [title, *(f"  {b.line(width)}" for b in rows)]
 
 
-_QUIET = "no stalls, pool exhaustion, leaks, breaker trips, quota refusals or fallbacks seen."
+_QUIET = "no stalls, pool exhaustion, leaks, breaker trips, quota refusals, fallbacks or failovers seen."
 
 
 def _run_header(run: Run, findings: int) -> str:
@@ -401,6 +406,19 @@ _CAUSE_MEANS = {
 }
 
 
+_FAILOVER_WHY = {
+    "open": "its breaker open (skipped without a call)",
+    "limits": "its requests or tokens per minute spent",
+    "failure": "failed",
+    "timeout": "timed out",
+    "rejection": "rejected the call (429, 529)",
+    "overloaded": "its adaptive limit shed the call",
+    "refused": "refused by ragguard",
+    "context_length": "the request too long for its context window",
+}
+"""A :class:`~ragguard.events.FailedOver` reason, in words."""
+
+
 def _causes(causes: Counter[str]) -> str:
     """``Counter`` of error class names, each of ragguard's own said in words."""
     return ", ".join(
@@ -540,6 +558,7 @@ class _Rules:
             *self._breakers(),
             *self._quotas(),
             *self._fallbacks(),
+            *self._failovers(),
             *self._shared_state(),
             *self._leaks(),
             *self._exhaustion(),
@@ -876,6 +895,78 @@ class _Rules:
                  "share": share},
             ))  # fmt: skip
         return out
+
+    def _failovers(self) -> list[Finding]:
+        """One finding per model group and deployment it left, per episode (failovers less than
+        ``_EPISODE_GAP_S`` apart): why it was left, who took over, and its breaker meanwhile."""
+        by_left: dict[tuple[str, str], list[Record]] = defaultdict(list)
+        for r in self.by_type["FailedOver"]:
+            by_left[(str(r["group"]), str(r["deployment"]))].append(r)
+        out = []
+        for (group, left), rs in sorted(by_left.items(), key=lambda kv: min(_when(r) or 0.0 for r in kv[1])):
+            timed = [(t, r) for r in rs if (t := _when(r)) is not None]
+            if not timed:
+                out.append(self._failover(group, left, rs, None, None))
+            for first, last, _ in _episodes([t for t, _ in timed]):
+                inside = [r for t, r in timed if first <= t <= last]
+                out.append(self._failover(group, left, inside, first, last))
+        return out
+
+    def _failover(
+        self, group: str, left: str, rs: list[Record], first: float | None, last: float | None
+    ) -> Finding:
+        reasons = Counter(str(r["reason"]) for r in rs)
+        errors = Counter(str(r.get("error") or "") for r in rs if r.get("error"))
+        took = Counter(str(r["to"]) for r in rs if r["to"])
+        lost = sum(1 for r in rs if not r["to"])
+        breaker = next((str(r["breaker"]) for r in rs if r.get("breaker")), "")
+        window = "" if first is None else f" from {self.at(first)} to {self.at(last)}"
+        why = [_FAILOVER_WHY.get(reason, reason) + f" {n}" for reason, n in reasons.most_common()]
+        behind = f" (errors: {_causes(errors)})" if errors else ""
+        answered = f"{_counted(took)} took over" if took else "no other deployment answered"
+        if lost and took:
+            answered += f"; {lost} call(s) found no deployment to answer (NoDeploymentAvailable)"
+        summary = (
+            f"model group {group!r} left deployment {left!r} {len(rs)} time(s){window}: "
+            f"{', '.join(why)}{behind}; {answered}"
+        )
+        self.moment(first, f"model group {group!r} failed over from {left!r} {len(rs)} time(s) until "
+                    f"{self.at(last)} ({_counted(reasons)})")  # fmt: skip
+        meanwhile = self._breaker_meanwhile(breaker, first, last)
+        return Finding(
+            "failover", "warning" if took else "critical", summary, meanwhile,
+            {"group": group, "deployment": left, "count": len(rs), "reasons": dict(reasons),
+             "errors": dict(errors), "to": dict(took), "unanswered": lost, "breaker": breaker},
+        )  # fmt: skip
+
+    def _breaker_meanwhile(self, breaker: str, first: float | None, last: float | None) -> tuple[str, ...]:
+        """What ``breaker`` (the left deployment's) did from its last transition before ``first``
+        to the first that closed it after ``last``: its opening, its cooldown, whether it came back."""
+        if not breaker:
+            return ()
+        trs = sorted((r for r in self.by_type["BreakerTransition"] if r["breaker"] == breaker),
+                     key=lambda r: _when(r) or 0.0)  # fmt: skip
+        if first is not None:
+            before = [i for i, r in enumerate(trs) if (_when(r) or 0.0) < first]
+            trs = trs[before[-1] if before else 0 :]
+        shown: list[Record] = []
+        for tr in trs:
+            shown.append(tr)
+            if tr["new"] in _CLOSED_STATES and last is not None and (_when(tr) or 0.0) >= last:
+                break
+        if not shown:
+            return (f"its breaker {breaker!r} did not change state: it stayed closed, and each call tried "
+                    "it first",)  # fmt: skip
+        lines = []
+        for tr in shown:
+            reason = f" ({v.bounded(str(tr['reason']), 120)})" if tr.get("reason") else ""
+            at = self.at(_when(tr))
+            lines.append(f"its breaker {breaker!r} {tr['old']} -> {tr['new']} at {at}{reason}")
+        if shown[-1]["new"] in _CLOSED_STATES:
+            lines.append("it took calls again once its breaker closed (cooldown over, trials answered)")
+        else:
+            lines.append(f"its breaker was still {shown[-1]['new']} when the log ends")
+        return _capped(lines)
 
     def _retry_budget(self) -> None:
         by_stage: dict[str, list[float]] = defaultdict(list)

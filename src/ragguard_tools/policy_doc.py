@@ -58,7 +58,8 @@ tenants:
 
 A stage holds its layers' options by layer name: the built-in layers' ({layers}) at the stage's
 top level as above, or under `layers:` like a layer of your own. Options given for a layer that
-is not registered yet are kept and checked when a Guard builds the stage.
+is not registered yet are kept and checked when a Guard is built (register the layer before;
+a name no layer has is refused then, with the nearest layer's name).
 """
 
 

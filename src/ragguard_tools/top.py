@@ -2,8 +2,10 @@
 
 Polls ``URL`` (a :class:`ragguard.asgi.StatusEndpoint`, :func:`ragguard_tools.status.serve`, or any
 route answering :func:`ragguard._status.snapshot`'s JSON) every ``interval_s`` seconds and redraws
-in place: breakers with their state and time left open, adaptive limits, tenants' slots, and
-fallbacks, sheds and refusals per second (from the endpoint's counts, between two polls: "-"
+in place: breakers with their state and time left open (a keyed stage's keys under it: those not
+closed first, then the busiest), adaptive limits (a key's too), how many keys each keyed stage
+keeps, each model group's deployments and their breakers, tenants' slots, and fallbacks, sheds and
+refusals per second (from the endpoint's counts, between two polls: "-"
 until there are two). Laid out to stay readable at 80 columns. While the URL does not answer, it
 says so and keeps polling. A ``note`` string in the status (``ragguard demo --status-port`` says
 which of its runs is guarded) is shown under the title.
@@ -37,6 +39,7 @@ __all__ = ["Top", "fetch", "render"]
 _STATE_STYLE = {"closed": "green", "open": "bold red", "forced_open": "bold red", "half_open": "yellow",
                 "disabled": "dim"}  # fmt: skip
 _MAX_ROWS = 12  # per table: a terminal is short
+_MAX_KEY_ROWS = 4  # per keyed stage: its keys not closed first, then the busiest
 
 
 def fetch(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
@@ -112,27 +115,39 @@ def render(
     shed = rates.get("shed", {})
     rejected = rates.get("rejected", {})
 
+    def breaker_cells(b: Any) -> tuple[Text, str, str]:
+        if not isinstance(b, dict):
+            return Text("-", style="dim"), "", _per_s(None)
+        state = Text(_plain(b.get("state", "?")), style=_STATE_STYLE.get(str(b.get("state")), ""))
+        reject = rejected.get(str(b.get("name")), 0.0) if counts is not None else None
+        return state, _left(b.get("retry_after_s")), _per_s(reject)
+
     breakers = _table("Breakers", "stage", "state", "left", "fallback/s", "reject/s")
     for name, entry in list(stages.items())[:_MAX_ROWS]:
-        b = entry.get("breaker")
-        if b is None:
-            state, left, reject = Text("-", style="dim"), "", None
-        else:
-            state = Text(_plain(b.get("state", "?")), style=_STATE_STYLE.get(str(b.get("state")), ""))
-            left = _left(b.get("retry_after_s"))
-            reject = rejected.get(str(b.get("name")), 0.0) if counts is not None else None
+        state, left, reject = breaker_cells(entry.get("breaker"))
         fallback = fallbacks.get(name, 0.0) if counts is not None else None
-        breakers.add_row(_plain(name), state, left, _per_s(fallback), _per_s(reject))
+        breakers.add_row(_plain(name), state, left, _per_s(fallback), reject)
+        shown, more = _keys_shown(entry)
+        for key, k in shown:
+            state, left, reject = breaker_cells(k.get("breaker"))
+            breakers.add_row(Text(f"  {_plain(key, 40)}", style="italic"), state, left, "", reject)
+        if more:
+            breakers.add_row(Text(f"  (+{more} more keys)", style="dim"), "", "", "", "")
 
     limits = _table("Adaptive limits", "stage", "limit", "range", "in flight", "queued", "shed/s")
+
+    def limit_row(label: Text | str, lim: dict[str, Any], shed_s: str) -> None:
+        span = f"{lim.get('min_limit', '?')}-{lim.get('max_limit', '?')}" if "min_limit" in lim else ""
+        limits.add_row(label, *(_plain(v, 12) for v in (lim.get("limit"), span, lim.get("in_flight"),
+                                                        lim.get("queued"))), shed_s)  # fmt: skip
+
     for name, entry in stages.items():
         lim = entry.get("limit")
-        if lim is None:
-            continue
-        span = f"{lim.get('min_limit', '?')}-{lim.get('max_limit', '?')}" if "min_limit" in lim else ""
-        limits.add_row(_plain(name), *(_plain(v, 12) for v in (lim.get("limit"), span, lim.get("in_flight"),
-                                                               lim.get("queued"))),
-                       _per_s(shed.get(name, 0.0) if counts is not None else None))  # fmt: skip
+        if isinstance(lim, dict):
+            limit_row(_plain(name), lim, _per_s(shed.get(name, 0.0) if counts is not None else None))
+        for key, k in _keys_shown(entry)[0]:
+            if isinstance(k.get("limit"), dict):
+                limit_row(Text(f"  {_plain(key, 40)}", style="italic"), k["limit"], "")
 
     quotas = status.get("quotas") or {}
     refused = rates.get("quota_rejected", {})
@@ -158,6 +173,20 @@ def render(
         parts += [Text(""), limits]
     if tenants.row_count:
         parts += [Text(""), tenants]
+    keyed = [_keyed_line(name, e["keyed"]) for name, e in stages.items() if isinstance(e.get("keyed"), dict)]
+    if keyed:
+        parts += [Text(""), Text("Keys  ", style="bold") + Text("; ".join(keyed[:4]))]
+    groups = status.get("groups")
+    if isinstance(groups, dict) and groups:
+        parts += [Text(""), Text("Groups", style="bold")]
+        for group, g in list(groups.items())[:_MAX_ROWS]:
+            deployments = g.get("deployments") if isinstance(g, dict) else None
+            words = [
+                Text.assemble(_plain(d), " ", (_plain(info.get("state") or "-", 12),
+                                               _STATE_STYLE.get(str(info.get("state")), "")))
+                for d, info in list((deployments or {}).items())[:6] if isinstance(info, dict)
+            ]  # fmt: skip
+            parts.append(Text(f"  {_plain(group)}: ") + Text(", ").join(words))
     links = status.get("links") or []
     if links:
         words = [
@@ -171,6 +200,32 @@ def render(
     elif counts is None:
         parts += [Text(""), Text("(rates per second from the next poll on: they need two)", style="dim")]
     return Group(*parts)
+
+
+def _keyed_line(stage: str, counts: Mapping[str, Any]) -> str:
+    kept, most = _plain(counts.get("kept"), 8), _plain(counts.get("max_keys"), 8)
+    over, gone = _plain(counts.get("overflowed"), 12), _plain(counts.get("evicted"), 12)
+    return f"{_plain(stage)}: {kept} of {most} kept, {over} on the overflow, {gone} evicted"
+
+
+def _keys_shown(entry: Mapping[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """The keys of a stage's entry to show (those not closed first, then the busiest), and how
+    many more there are."""
+    keys = entry.get("keys")
+    if not isinstance(keys, dict):
+        return [], 0
+    rows = [(str(key), k) for key, k in keys.items() if isinstance(k, dict)]
+
+    def rank(row: tuple[str, dict[str, Any]]) -> tuple[bool, float, float]:
+        b = row[1].get("breaker")
+        closed = not isinstance(b, dict) or b.get("state") in ("closed", "disabled")
+        in_flight, calls = row[1].get("in_flight"), row[1].get("calls")
+        number = (int, float)
+        return (closed, -(in_flight if isinstance(in_flight, number) else 0),
+                -(calls if isinstance(calls, number) else 0))  # fmt: skip
+
+    rows.sort(key=rank)
+    return rows[:_MAX_KEY_ROWS], max(0, len(rows) - _MAX_KEY_ROWS)
 
 
 def _waiting(url: str, error: str, at: str) -> Group:

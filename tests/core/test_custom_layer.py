@@ -148,12 +148,16 @@ def test_the_options_are_validated_when_the_policy_loads(example: ModuleType) ->
     assert bad.value.field == "stages.search.layers.bulkhead.max_concurrent"
     with pytest.raises(ConfigError, match="expected a mapping"):
         StagePolicy(layers={"bulkhead": 0.5})
-    # a name no layer has is kept (its layer may register later) and refused when a Guard builds
-    # the stage (see test_layer_registry.py for both orders)
+    # a name no layer has is kept (its layer may register later) and refused when a Guard is
+    # built, before any call (see test_layer_registry.py for both orders)
     policy = Policy.parse({"stages": {"s": {"layers": {"nope": {}}}}})
     with pytest.raises(ConfigError, match="unknown layer 'nope'") as unknown:
-        Guard(policy).stage("s")
+        Guard(policy)
     assert unknown.value.field == "stages.s.layers.nope"
+    misspelt = Policy.parse({"stages": {"s": {"layers": {"retyr": {"attempts": 2}}}}})
+    with pytest.raises(ConfigError, match="did you mean 'retry'") as near:
+        Guard(misspelt)
+    assert near.value.field == "stages.s.layers.retyr"
 
 
 def test_register_layer_refuses_bad_registrations() -> None:

@@ -137,6 +137,30 @@ async def test_degraded_covers_child_tasks_of_a_tenant_request() -> None:
     assert degraded() == ()
 
 
+async def test_outside_a_request_degraded_names_each_fallback_once_and_tenant_starts_afresh() -> None:
+    g = Guard()
+
+    async def cached() -> str:
+        return "stale"
+
+    @g.guard("vector_store", fallback=cached)
+    async def search() -> str:
+        raise ConnectionResetError()
+
+    @g.guard("answer")
+    async def answer() -> str:
+        return "fine"
+
+    for _ in range(50):  # a script calling in a loop, no request scope: each name once, not 50
+        await search()
+        await answer()
+    assert degraded() == ("cached",)
+    async with g.tenant("acme"):  # what docs/integrations.md asks for: a scope per request
+        assert degraded() == ()
+        await answer()
+        assert degraded() == ()
+
+
 # -- the embedding cache -------------------------------------------------------------------------
 
 

@@ -66,7 +66,7 @@ def test_registered_after_the_policy_loads(unregistered: None) -> None:
     policy = Policy.parse(GOOD)  # no such layer yet: its options are kept as given
     bad_policy = Policy.parse(BAD)
     with pytest.raises(ConfigError, match="unknown layer 'bulkhead'") as early:
-        Guard(policy).stage("search")  # and a Guard cannot build the stage while none is
+        Guard(policy)  # and a Guard cannot be built while none is
     assert early.value.field == "stages.search.layers.bulkhead"
     module = _load_example()
     options = Guard(policy).stage("search").layer_policy("bulkhead")

@@ -90,7 +90,7 @@ async def test_max_wait_s_bounds_the_wait(events: Recorder) -> None:
             async with g.tenant("acme"):
                 pass
         waited = time.monotonic() - started
-    assert 0.04 <= waited < 1.0
+    assert 0.04 <= waited < 5.0  # (the upper bound catches a hang, not slowness)
     assert info.value.tenant == "acme" and info.value.reason == "concurrency"
     assert info.value.retry_after_s > 0
     assert g.quotas.in_flight("acme") == 0 and g.quotas.waiting("acme") == 0
@@ -99,13 +99,13 @@ async def test_max_wait_s_bounds_the_wait(events: Recorder) -> None:
 
 
 async def test_zero_max_wait_rejects_at_once() -> None:
-    g = _guard(acme=TenantQuota(max_concurrency=2))
+    clock = ragguard.FakeClock()  # never advanced: a wait of any length would never end
+    g = _guard(clock=clock, acme=TenantQuota(max_concurrency=2))
     async with g.tenant("acme"), g.tenant("acme"):
-        started = time.monotonic()
-        with pytest.raises(QuotaExceeded) as info:
+        with anyio.fail_after(5), pytest.raises(QuotaExceeded) as info:
             async with g.tenant("acme"):
                 pass
-        assert time.monotonic() - started < 0.05
+        assert g.quotas.waiting("acme") == 0
     assert info.value.reason == "concurrency"
 
 
@@ -116,7 +116,7 @@ async def test_the_deadline_bounds_the_wait() -> None:
         with pytest.raises(QuotaExceeded) as info:
             async with deadline(0.05), g.tenant("acme"):
                 pass
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0  # a hang, not slowness
     assert info.value.reason == "deadline"
     assert g.quotas.waiting("acme") == 0
 
@@ -296,8 +296,7 @@ async def test_ten_thousand_randomly_cancelled_calls_leave_nothing_held() -> Non
         if scope.cancelled_caught:
             outcomes["cancelled"] += 1
 
-    started = time.monotonic()
-    for _ in range(20):
+    for _ in range(20):  # a hang ends at the suite's timeout; how fast is benchmarks' business
         plan: list[tuple[anyio.CancelScope, int | None]] = []
         async with anyio.create_task_group() as tg:
             for _ in range(500):
@@ -310,7 +309,6 @@ async def test_ten_thousand_randomly_cancelled_calls_leave_nothing_held() -> Non
                     if at == step:
                         scope.cancel()
                 await anyio.sleep(0)
-    assert time.monotonic() - started < 10.0
     assert sum(outcomes.values()) == 10_000
     assert outcomes["cancelled"] > 2000 and outcomes["ok"] > 1000  # the plan really cut calls short
     assert peak["acme"] <= 8 and peak["default"] <= 4
@@ -423,7 +421,7 @@ async def test_tenant_deadline_bounds_guarded_calls() -> None:
     with pytest.raises(DeadlineExceeded):
         async with g.tenant("acme"):
             await search()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # not the 10 s the call would take
 
 
 async def test_calls_inside_a_tenant_block_take_no_second_slot() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from ragguard.redis import token_key
+from ragguard.redis._tokens import token_key
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _deployment_worker import ESTIMATE, TPM, WINDOW_S

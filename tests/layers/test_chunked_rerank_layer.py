@@ -8,9 +8,9 @@ import pytest
 from layer_helpers import make_call
 
 from ragguard import BreakerOpen, FakeClock, degraded
+from ragguard._args import ArgRef
 from ragguard.breakers import is_out_of_memory
 from ragguard.pipeline import Call
-from ragguard._args import ArgRef
 from ragguard.rag._rerank import BatchLimiter, ChunkedRerank
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

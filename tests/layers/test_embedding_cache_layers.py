@@ -7,8 +7,8 @@ import pytest
 from layer_helpers import Script, make_call
 
 from ragguard import FakeClock
-from ragguard.layers._fallback import FallbackMiss
 from ragguard._args import ArgRef
+from ragguard.layers._fallback import FallbackMiss
 from ragguard.rag._cache import EmbeddingCache
 from ragguard.rag._embedding import CacheFallback, CacheTap
 

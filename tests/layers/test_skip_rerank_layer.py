@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from layer_helpers import make_call
 
-from ragguard.layers._fallback import FallbackMiss
 from ragguard._args import ArgRef
+from ragguard.layers._fallback import FallbackMiss
 from ragguard.rag._rerank import SkipRerank
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]

@@ -23,6 +23,7 @@ from metrics_helpers import http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragguard import (
+    AdaptivePolicy,
     BreakerPolicy,
     GenerationPolicy,
     Guard,
@@ -38,6 +39,7 @@ from ragguard.chaos import Chaos, Error, RedisServer
 from ragguard.chaos._redis_server import find_redis_server
 from ragguard.metrics import PrometheusExporter
 from ragguard.monitors import MonitoredBlockingConnectionPool
+from ragguard.options import DeploymentPolicy, GroupPolicy
 from ragguard.redis import RedisBackend
 
 pytest.importorskip("wordllama")
@@ -111,6 +113,15 @@ async def _trouble(g: Guard, pool: MonitoredBlockingConnectionPool, url: str) ->
             assert len(words) == 6
             with pytest.raises(StreamTimeout):
                 [w async for w in generate("slow")]
+        async def primary(question: str) -> str:
+            raise ConnectionRefusedError("primary is down")
+
+        async def backup(question: str) -> str:
+            return "from backup"
+
+        chat = g.group("chat", {"primary": primary, "backup": backup})  # keys of stage chat
+        for i in range(3):
+            assert await chat(str(i)) == "from backup"
         chaos = Chaos(rng=random.Random(1))
         chaos.inject(Error(kind="connection_refused"), stage="faulty")
         chaos.install(g)
@@ -142,7 +153,10 @@ def _troubled_guard(redis_url: str) -> tuple[Guard, MonitoredBlockingConnectionP
             "lookup": flaky,
             "ratelimited": StagePolicy(throttle=ThrottlePolicy(), breaker=BreakerPolicy(kind="none")),
             "generation": StagePolicy(generation=GenerationPolicy(first_item_s=0.05)),
+            "chat": StagePolicy(adaptive=AdaptivePolicy(), retry=RetryPolicy(attempts=1)),
         },
+        groups={"chat": GroupPolicy(deployments=[DeploymentPolicy(name="primary"),
+                                                 DeploymentPolicy(name="backup", priority=1)])},
         tenants={"acme": TenantQuota(max_concurrency=4, tokens_per_s=1000.0, token_burst=5)},
     )
     return Guard(policy, backend=RedisBackend(aioredis.Redis(connection_pool=pool), prefix="scrape")), pool

@@ -71,7 +71,7 @@ def _is_child(child: Any, parent: Any) -> bool:
     return child.parent is not None and child.parent.span_id == parent.context.span_id
 
 
-async def test_an_httpx_span_inside_a_guarded_call_is_the_stage_spans_child(
+async def test_an_httpx_span_inside_a_guarded_call_is_its_attempt_spans_child(
     provider: tuple[Any, InMemorySpanExporter], url: str
 ) -> None:
     tracer_provider, exporter = provider
@@ -85,8 +85,11 @@ async def test_an_httpx_span_inside_a_guarded_call_is_the_stage_spans_child(
         assert await search("q") == "/search"
     spans = _by_name(exporter)
     (stage,) = spans["ragguard.vector_store"]
+    (attempt,) = spans["ragguard.attempt"]
     (http,) = spans["GET"]
-    assert _is_child(http, stage)
+    assert _is_child(attempt, stage) and _is_child(http, attempt)
+    assert attempt.attributes["ragguard.attempt"] == 1
+    assert attempt.attributes["ragguard.outcome"] == "success"
     assert stage.attributes["gen_ai.operation.name"] == "retrieval"
     assert stage.attributes["ragguard.stage"] == "vector_store"
     assert stage.attributes["ragguard.outcome"] == "success"
@@ -123,6 +126,9 @@ async def test_a_stream_nests_its_reads_but_not_the_callers_spans(
     assert stage.attributes["gen_ai.usage.output_tokens"] >= 3
     assert stage.attributes["ragguard.items"] == 3
     assert stage.attributes["ragguard.outcome"] == "success"
+    (attempt,) = spans["ragguard.attempt"]  # the stream's attempt: from its opening to its end
+    assert _is_child(attempt, stage) and attempt.attributes["ragguard.outcome"] == "success"
+    assert attempt.end_time >= max(http.end_time for http in spans["GET"])
     assert trace.get_current_span() is trace.INVALID_SPAN
 
 
@@ -151,7 +157,7 @@ async def test_a_stream_closed_early_ends_its_span_and_detaches(
     assert trace.get_current_span() is trace.INVALID_SPAN
 
 
-async def test_the_hedges_second_leg_is_the_stage_spans_child(
+async def test_the_hedges_second_leg_is_an_attempt_of_the_stage_span(
     provider: tuple[Any, InMemorySpanExporter], url: str
 ) -> None:
     tracer_provider, exporter = provider
@@ -177,9 +183,12 @@ async def test_the_hedges_second_leg_is_the_stage_spans_child(
     spans = _by_name(exporter)
     (stage,) = spans["ragguard.lookup"]
     (http,) = spans["GET"]  # only the second leg reached the server
-    assert _is_child(http, stage)
-    assert [e.name for e in stage.events] == ["ragguard.hedge"]
-    assert stage.events[0].attributes["ragguard.delay_s"] > 0
+    first, second = sorted(spans["ragguard.attempt"], key=lambda span: span.start_time)
+    assert _is_child(first, stage) and _is_child(second, stage) and _is_child(http, second)
+    assert first.attributes["ragguard.outcome"] == "cancelled"  # the hedge answered: the first leg stopped
+    assert second.attributes["ragguard.outcome"] == "success"
+    assert [e.name for e in second.events] == ["ragguard.hedge"]  # sent from the hedged attempt
+    assert second.events[0].attributes["ragguard.delay_s"] > 0
 
 
 async def test_a_retried_then_fallback_call_records_each_decision(
@@ -203,14 +212,20 @@ async def test_a_retried_then_fallback_call_records_each_decision(
             return (await client.get(f"http://127.0.0.1:{port}/")).text
 
         assert await search("q") == "from keywords"
-    (stage,) = _by_name(exporter)["ragguard.vector_store"]
+    spans = _by_name(exporter)
+    (stage,) = spans["ragguard.vector_store"]
     named = [(e.name, dict(e.attributes or {})) for e in stage.events]
-    assert [n for n, _ in named] == [
-        "ragguard.attempt", "ragguard.retry", "ragguard.attempt", "ragguard.retry", "ragguard.attempt",
-        "ragguard.fallback",
-    ]  # fmt: skip
-    attempts = [a for n, a in named if n == "ragguard.attempt"]
-    assert all(a["error.type"] == "ConnectError" and a["ragguard.outcome"] == "failure" for a in attempts)
+    assert [n for n, _ in named] == ["ragguard.retry", "ragguard.retry", "ragguard.fallback"]
+    attempts = sorted(spans["ragguard.attempt"], key=lambda span: span.start_time)
+    assert [a.attributes["ragguard.attempt"] for a in attempts] == [1, 2, 3]
+    for attempt in attempts:  # each a child of the stage's span, saying why it failed
+        assert _is_child(attempt, stage)
+        assert attempt.attributes["ragguard.outcome"] == "failure"
+        assert attempt.attributes["ragguard.reason"] == "connection"
+        assert attempt.attributes["error.type"] == "ConnectError"
+        assert attempt.status.status_code is StatusCode.ERROR
+        (breaker,) = attempt.events  # the breaker's view of the attempt
+        assert breaker.name == "ragguard.attempt" and breaker.attributes["ragguard.outcome"] == "failure"
     retries = [a for n, a in named if n == "ragguard.retry"]
     assert [a["ragguard.attempt"] for a in retries] == [2, 3]
     assert all(a["error.type"] == "ConnectError" and a["ragguard.wait_s"] >= 0 for a in retries)
@@ -236,12 +251,17 @@ async def test_an_error_sets_error_type_and_a_rejection_is_an_event(
     breaker.force_open()
     with pytest.raises(Exception, match="open"):
         await embed(["x"])
-    failed, rejected = _by_name(exporter)["ragguard.embedding"]
+    spans = _by_name(exporter)
+    failed, rejected = spans["ragguard.embedding"]
     assert failed.attributes["error.type"] == "ValueError"
     assert failed.attributes["gen_ai.operation.name"] == "embeddings"
     assert failed.status.status_code is StatusCode.ERROR
-    assert rejected.events[0].name == "ragguard.breaker_rejected"
-    assert rejected.events[0].attributes["ragguard.reason"] == "forced_open"
+    tried, refused = sorted(spans["ragguard.attempt"], key=lambda span: span.start_time)
+    assert _is_child(tried, failed) and _is_child(refused, rejected)
+    assert tried.attributes["ragguard.outcome"] == "caller_error"
+    assert refused.attributes["ragguard.outcome"] == "refused"  # the breaker refused the attempt
+    assert refused.events[0].name == "ragguard.breaker_rejected"
+    assert refused.events[0].attributes["ragguard.reason"] == "forced_open"
     assert rejected.attributes["error.type"] == "EmbeddingUnavailable"
 
 
@@ -282,10 +302,35 @@ async def test_otel_metrics_come_from_the_same_events() -> None:
     (tokens,) = points["ragguard.stream.tokens"]
     assert tokens.value >= 2 and tokens.attributes["gen_ai.token.type"] == "output"
     documented = _docs_column("**Metrics.**", "No tenant attribute")
-    assert documented == set(points) | {"ragguard.rejections"}  # no rejection in this run
+    assert documented == set(points) | {"ragguard.rejections", "ragguard.failovers"}  # none in this run
     (fallback,) = points["ragguard.fallbacks"]
     assert fallback.attributes["ragguard.fallback"] == "cached"
     assert fallback.attributes["error.type"] == "ConnectionRefusedError"
+
+
+async def test_attempt_spans_come_and_go_with_tracing() -> None:
+    g = Guard(Policy())
+
+    @g.guard("lookup")
+    async def lookup(q: str) -> str:
+        return q
+
+    seen: list[Any] = []
+    unsubscribe = events.bus.subscribe(seen.append)  # a listener: the observed chain runs throughout
+    try:
+        assert await lookup("untraced") == "untraced"  # its chain built with tracing off
+        exporter = InMemorySpanExporter()
+        tracer_provider = sdk_trace.TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        metrics.enable_tracing(tracer_provider)
+        try:
+            assert await lookup("traced") == "traced"
+        finally:
+            metrics.disable_tracing()
+        assert await lookup("untraced again") == "untraced again"
+    finally:
+        unsubscribe()
+    assert [s.name for s in exporter.get_finished_spans()] == ["ragguard.attempt", "ragguard.lookup"]
 
 
 async def test_tracing_off_leaves_no_tap_and_no_hook() -> None:

@@ -59,9 +59,9 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "Timeout", "batch_size", "corrupt_bytes", "default_scenario", "load_scenario",
     ),
     "ragguard.events": (
-        "BreakerTransition", "CallOutcome", "CallRejected", "Event", "EventBus", "FallbackServed", "Listener",
-        "QuotaRejected", "RetryBudgetExhausted", "RetryScheduled", "StageCompleted", "StreamContinued",
-        "StreamCut", "StreamEnded", "StreamSettled", "bus",
+        "BreakerTransition", "CallOutcome", "CallRejected", "Event", "EventBus", "FailedOver",
+        "FallbackServed", "Listener", "QuotaRejected", "RetryBudgetExhausted", "RetryScheduled",
+        "StageCompleted", "StreamContinued", "StreamCut", "StreamEnded", "StreamSettled", "Where", "bus",
     ),
     "ragguard.groups": ("ModelGroup",),
     "ragguard.grpc": (

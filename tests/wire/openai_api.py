@@ -1,6 +1,7 @@
 """A server that speaks the OpenAI API as the ``openai`` SDK reads it: embeddings, chat completions
 (whole, or streamed as SSE ending in ``[DONE]``, with a usage chunk when the request asks for
-``stream_options={"include_usage": true}``), the Responses API (whole, or streamed as typed
+``stream_options={"include_usage": true}``, and the usage so far in every chunk when it adds
+vLLM's ``"continuous_usage_stats": true``), the Responses API (whole, or streamed as typed
 ``response.*`` events ending in ``response.completed`` with its usage), error bodies
 ``{"error": {...}}`` and the headers of rate limits (``retry-after``, ``retry-after-ms``,
 ``x-ratelimit-*``). With ``context_limits`` a chat request longer than its model's window is
@@ -173,22 +174,26 @@ class OpenAIWire(HttpWire):
             }
             return await self.answer(request, fault, ok)
 
-        def chunk(delta: dict[str, Any], finish: str | None) -> str:
-            return sse(
-                {
-                    "id": "chatcmpl-wire",
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-                }
-            )
+        options = payload.get("stream_options") or {}
+        continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
+
+        def chunk(delta: dict[str, Any], finish: str | None, sent: int) -> str:
+            body: dict[str, Any] = {
+                "id": "chatcmpl-wire",
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+            if continuous:  # vLLM: every chunk says the usage so far
+                body["usage"] = self._chat_usage(sent)
+            return sse(body)
 
         answer = self._answer(payload)
-        events = [chunk({"role": "assistant", "content": ""}, None)]
-        events += [chunk({"content": token}, None) for token in answer]
-        events.append(chunk({}, "stop"))
-        if (payload.get("stream_options") or {}).get("include_usage"):
+        events = [chunk({"role": "assistant", "content": ""}, None, 0)]
+        events += [chunk({"content": token}, None, i) for i, token in enumerate(answer, 1)]
+        events.append(chunk({}, "stop", len(answer)))
+        if options.get("include_usage"):
             usage = {
                 "id": "chatcmpl-wire",
                 "object": "chat.completion.chunk",

@@ -32,9 +32,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _inject
-from .._context import mark_degraded
+from .._context import current_tenant, mark_degraded
 from .._deadline import remaining
 from .._errors import BreakerOpen, DeadlineExceeded, NoDeploymentAvailable, Overloaded, QuotaExceeded
+from ..events import EventBus, FailedOver
 from ..options import GroupPolicy
 from ..outcomes import CONTEXT_LENGTH, Kind, classify, context_overflow
 from ._deployments import Deployment, bind, check_bindings
@@ -66,6 +67,7 @@ class ModelGroup:
         stage = policy.stage or name
         self.stage = stage
         self._rng: random.Random = guard.rng
+        self._bus: EventBus = guard.context.bus
         bound = [bind(guard, stage, d, i, targets[d.name]) for i, d in enumerate(policy.deployments)]
         self._tiers = _tiers(bound)
         self._ordered = [d for tier in self._tiers for d in tier]
@@ -126,52 +128,73 @@ class ModelGroup:
         order: list[Deployment],
         failed: Exception | None = None,
     ) -> Any:
-        """Try ``order``'s deployments in turn (``failed``: the first's error, tried inline)."""
+        """Try ``order``'s deployments in turn (``failed``: the first's error, tried inline).
+        Each deployment left is said (:class:`~ragguard.events.FailedOver`) when the call ends."""
         out: dict[str, str] = {}
+        errors: dict[str, str] = {}  # deployment -> the class name of its error
+        answered = ""
         soonest: float | None = None
         last: Exception | None = None
         refusal: Exception | None = None
         need: int | None = None  # the context window a deployment needs (a refusal said so)
         tried = 0
-        for deployment in order:
-            if tried >= self._max_tries:
-                break
-            tried += 1
-            if failed is None:
-                if need is not None:
-                    window = deployment.context_window
-                    if window is None or window < need:
+        try:
+            for deployment in order:
+                if tried >= self._max_tries:
+                    break
+                tried += 1
+                if failed is None:
+                    if need is not None:
+                        window = deployment.context_window
+                        if window is None or window < need:
+                            tried -= 1
+                            continue
+                    back = _closed_for(deployment.runtime())
+                    if back is not None:
                         tried -= 1
+                        out[deployment.name] = "open"
+                        soonest = _sooner(soonest, back)
                         continue
-                back = _closed_for(deployment.runtime())
-                if back is not None:
-                    tried -= 1
-                    out[deployment.name] = "open"
-                    soonest = _sooner(soonest, back)
-                    continue
-                left = remaining()
-                if left is not None and left <= 0.0:
-                    raise DeadlineExceeded(self.name, detail="spent before a deployment answered") from last
-                try:
-                    result = await run(deployment, args, kwargs)
-                except Exception as exc:
-                    failed = exc
-                else:
-                    if out:
-                        mark_degraded(f"{self.name}/{deployment.name}")
-                    return result
-            error, failed = failed, None
-            verdict = self._judge(error, deployment, out)
-            if verdict is None:
-                raise error
-            last = error
-            wait, needed = verdict
-            if needed is not None:
-                refusal, need = error, needed
-            soonest = _sooner(soonest, wait)
-        if refusal is not None and not any(r != CONTEXT_LENGTH for r in out.values()):
-            raise refusal  # no deployment could take a request this long
-        raise NoDeploymentAvailable(self.name, soonest, out=out) from last
+                    left = remaining()
+                    if left is not None and left <= 0.0:
+                        spent = "spent before a deployment answered"
+                        raise DeadlineExceeded(self.name, detail=spent) from last
+                    try:
+                        result = await run(deployment, args, kwargs)
+                    except Exception as exc:
+                        failed = exc
+                    else:
+                        if out:
+                            mark_degraded(f"{self.name}/{deployment.name}")
+                            answered = deployment.name
+                        return result
+                error, failed = failed, None
+                verdict = self._judge(error, deployment, out)
+                if verdict is None:
+                    raise error
+                errors[deployment.name] = type(error).__name__
+                last = error
+                wait, needed = verdict
+                if needed is not None:
+                    refusal, need = error, needed
+                soonest = _sooner(soonest, wait)
+            if refusal is not None and not any(r != CONTEXT_LENGTH for r in out.values()):
+                raise refusal  # no deployment could take a request this long
+            raise NoDeploymentAvailable(self.name, soonest, out=out) from last
+        finally:
+            if out and self._bus.active:
+                self._said(out, errors, answered)
+
+    def _said(self, out: dict[str, str], errors: dict[str, str], answered: str) -> None:
+        """A :class:`~ragguard.events.FailedOver` per deployment ``out`` names."""
+        tenant = current_tenant()
+        named = {d.name: d for d in self._ordered}
+        for left, reason in out.items():  # in the order they were left
+            deployment = named[left]
+            breaker = deployment.runtime().breaker
+            name = "" if breaker is None else str(getattr(breaker, "name", ""))
+            self._bus.emit(FailedOver(self.name, deployment.name, reason, answered,
+                                      errors.get(deployment.name, ""), name, tenant))  # fmt: skip
 
     @staticmethod
     def _judge(

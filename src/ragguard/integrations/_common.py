@@ -370,9 +370,14 @@ async def open_stream(items: Any, drop: Callable[[Any], bool] | None = None) -> 
 
 async def one_item(items: Any) -> Any:
     """The only item of a guarded stream of one (a whole response run as a stream so that the
-    generation stage reserves and settles its tokens)."""
+    generation stage reserves and settles its tokens), read to the stream's end: a stream closed
+    after its item would end as closed early (an attempt the breaker does not count, a stream
+    settled as ``cancelled``), not as the success it is."""
     try:
-        return await items.__anext__()
+        item = await items.__anext__()
+        async for _ in items:  # the end of the stream of one: it ends completed
+            pass
+        return item
     finally:
         await items.aclose()
 

@@ -63,7 +63,8 @@ class GuardedClient:
 
 class Generation:
     """``create`` of a generation resource (chat completions, responses), as the generation stage,
-    keyed by ``<endpoint>/<model>`` unless ``keyed`` is False (see :func:`model_key`).
+    keyed by ``<endpoint>/<model>`` unless ``keyed`` is False (see :func:`model_key`); ``provider``
+    is the GenAI semantic conventions' ``gen_ai.provider.name`` its spans and metrics carry.
 
     ``create`` carries ``__ragguard_deployment__(model)``: where its calls of ``model`` run, as
     ``(guard, stage, key)``: a function returning the Guard, the stage's name and the key (what a
@@ -90,6 +91,7 @@ class Generation:
         continue_structured: bool | None = None,
         client: Any = None,
         keyed: bool = True,
+        provider: str = "",
     ) -> None:
         self._include_usage = include_usage
         self.stages = stages
@@ -125,6 +127,8 @@ class Generation:
             options = sdk_options(stages, stage, kwargs, tenant_header, retries=attempts.next())
             yield await resource.create(**options)
 
+        for fn in (stream, whole):  # what spans and metrics name as gen_ai.provider.name
+            fn.__ragguard_provider__ = provider  # type: ignore[attr-defined]
         preset = {"estimate": estimate, "input_tokens": input_tokens, "model": model}
         continues = {"continuation": continuation, "text": text, "continue_structured": continue_structured}
         self._stream = stages.decorate(

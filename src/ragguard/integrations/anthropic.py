@@ -135,6 +135,7 @@ class GuardedAnthropic(GuardedClient):
                 prompt=_prompt,
                 client=self.client,
                 keyed=keyed,
+                provider="anthropic",
                 **continues,
             ).create,
         )

@@ -190,6 +190,7 @@ class GuardedOpenAI(GuardedClient):
             prompt=_chat_prompt,
             client=self.client,
             keyed=keyed,
+            provider="openai",
             **continues,
         ).create
         chat = self.client.chat
@@ -212,6 +213,7 @@ class GuardedOpenAI(GuardedClient):
                 wrap_events=_raising,
                 client=self.client,
                 keyed=keyed,
+                provider="openai",
             ).create,
         )
 
@@ -242,6 +244,7 @@ class _Embeddings:
             rows.response = response
             return rows
 
+        embed.__ragguard_provider__ = "openai"  # type: ignore[attr-defined]
         by_model = model_key(endpoint_of(client.base_url))
         key = (lambda keys, kwargs, attempts: by_model(**kwargs)) if keyed else None
         self._embed = stages.decorate(stage, embed, texts="keys", key=key)

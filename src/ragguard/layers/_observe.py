@@ -23,7 +23,7 @@ from .._context import DEFAULT_TENANT, current_scope, current_tenant, degraded, 
 from .._deadline import Expiry, current_expiry
 from .._endings import StreamEnding, ended_by
 from ..breakers import BreakerState
-from ..events import EventBus, StageCompleted, StreamEnded, bus, error_type
+from ..events import EventBus, StageCompleted, StreamEnded, Where, bus, error_type
 from ..pipeline import Call, Gate, Scope
 
 if TYPE_CHECKING:
@@ -31,17 +31,37 @@ if TYPE_CHECKING:
     from ..pipeline._drivers import Head
     from ._stage import Bound, Stage
 
-__all__ = ["OPERATIONS", "ObserveLayer", "ObserveStream", "build"]
+__all__ = ["OPERATIONS", "ObserveLayer", "ObserveStream", "build", "span_attributes", "where"]
 
 OPERATIONS: dict[str, str] = {"embedding": "embeddings", "vector_store": "retrieval", "generation": "chat"}
 """A stage preset -> its ``gen_ai.operation.name`` (OpenTelemetry GenAI semantic conventions);
 stages of other presets (rerank has no such operation) or none carry no ``gen_ai`` attributes."""
 
 
+def where(stage: Stage, bound: Bound) -> Where:
+    """Where ``bound``'s calls in ``stage`` (a stage's own runtime, or a key's) run: its key, the
+    operation its preset names (:data:`OPERATIONS`), the provider its function says it calls (an
+    integration's ``__ragguard_provider__``) and, for a provider's key ``<endpoint>/<model>``, the
+    model."""
+    operation = "" if stage.preset is None else OPERATIONS.get(stage.preset.name, "")
+    provider = getattr(bound.fn, "__ragguard_provider__", "")
+    provider = provider if isinstance(provider, str) else ""
+    key = stage.key or ""
+    model = key.partition("/")[2] if provider and "/" in key else ""
+    return Where(key, operation, provider, model)
+
+
+def span_attributes(at: Where) -> dict[str, str]:
+    """The span attributes ``at`` makes (those that are set)."""
+    named = {"ragguard.key": at.key, "gen_ai.operation.name": at.operation,
+             "gen_ai.provider.name": at.provider, "gen_ai.request.model": at.model}  # fmt: skip
+    return {name: value for name, value in named.items() if value}
+
+
 class _Observe:
     """What the call's and the stream's observe layers share: the stage and how to read its state."""
 
-    __slots__ = ("_bus", "breaker", "clock", "operation", "stage")
+    __slots__ = ("_bus", "attributes", "breaker", "clock", "operation", "stage", "where")
 
     def __init__(
         self,
@@ -50,11 +70,14 @@ class _Observe:
         clock: Clock,
         operation: str = "",
         event_bus: EventBus = bus,
+        where: Where | None = None,
     ) -> None:
         self.stage = stage
         self.breaker = breaker
         self.clock = clock
-        self.operation = operation
+        self.where = where if where is not None else Where(operation=operation)
+        self.operation = self.where.operation
+        self.attributes = span_attributes(self.where)
         self._bus = event_bus
 
     def _state(self) -> str:
@@ -85,7 +108,7 @@ class ObserveLayer(_Observe):
             before = 0 if served is None else len(served)
             return None, scope.tenant, state, self.clock(), before, current_expiry()
         tenant = current_tenant()
-        span = tracer.start(self.stage, tenant, state, self.operation)
+        span = tracer.start(self.stage, tenant, state, self.operation, self.attributes)
         traced = (tracer, span, tracer.attach(span))
         return traced, tenant, state, self.clock(), degraded_count(), current_expiry()
 
@@ -102,7 +125,7 @@ class ObserveLayer(_Observe):
         if self._bus.active:
             took = self.clock() - started
             left = _left(expiry, started, self.clock)
-            _completed(self._bus, self.stage, tenant, exc, fallback, state, took, None, left)
+            _completed(self._bus, self.stage, self.where, tenant, exc, fallback, state, took, None, left)
         return None
 
 
@@ -125,7 +148,7 @@ class ObserveStream(_Observe):
         tracer = events.tracer
         span = attached = None
         if tracer is not None:
-            span = tracer.start(self.stage, tenant, state, self.operation)
+            span = tracer.start(self.stage, tenant, state, self.operation, self.attributes)
             attached = tracer.attach(span)
         try:
             head: Head = await proceed()
@@ -163,7 +186,8 @@ class ObserveStream(_Observe):
             tracer.end(opened.span, _outcome(exc, fallback), exc, fallback, opened.first_item_s)
         if self._bus.active:
             took, first_s, left = self.clock() - opened.started, opened.first_item_s, opened.deadline_s
-            _completed(self._bus, self.stage, opened.tenant, exc, fallback, opened.state, took, first_s, left)
+            _completed(self._bus, self.stage, self.where, opened.tenant, exc, fallback, opened.state, took,
+                       first_s, left)  # fmt: skip
             if ending is not None:
                 self._bus.emit(
                     StreamEnded(
@@ -282,6 +306,7 @@ def _outcome(exc: BaseException | None, fallback: str) -> str:
 def _completed(
     event_bus: EventBus,
     stage: str,
+    at: Where,
     tenant: str,
     exc: BaseException | None,
     fallback: str,
@@ -293,14 +318,15 @@ def _completed(
     outcome = _outcome(exc, fallback)
     error = error_type(exc) if outcome == "error" else ""
     event_bus.emit(
-        StageCompleted(stage, tenant, outcome, duration_s, fallback, state, error, first_item_s, deadline_s)
-    )
+        StageCompleted(stage, tenant, outcome, duration_s, fallback, state, error, first_item_s, deadline_s,
+                       at)
+    )  # fmt: skip
 
 
 _STATE_NAMES: dict[Any, str] = {state: state.value for state in BreakerState}
 
 
 def build(stage: Stage, bound: Bound) -> ObserveLayer | ObserveStream:
-    operation = "" if stage.preset is None else OPERATIONS.get(stage.preset.name, "")
+    at = where(stage, bound)
     kind = ObserveStream if bound.stream else ObserveLayer
-    return kind(stage.name, stage.breaker, stage.clock, operation, stage.context.bus)
+    return kind(stage.name, stage.breaker, stage.clock, at.operation, stage.context.bus, at)

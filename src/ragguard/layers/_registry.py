@@ -19,6 +19,7 @@ from .. import _inject
 from .._errors import ConfigError
 from ..options import _layers as _options
 from . import _adaptive as adaptive
+from . import _attempts
 from . import _breaker as breaker
 from . import _chaos as chaos
 from . import _deadline as deadline
@@ -69,6 +70,7 @@ _builds: dict[str, Builder] = {
     "limits": limits.build,
     "retry": retry.build,
     "hedge": hedge.build,
+    "attempt_span": _attempts.build,
     "throttle": throttle.build,
     "adaptive": adaptive.build,
     "breaker": breaker.build,
@@ -107,11 +109,16 @@ REGISTRY: Sequence[tuple[str, Builder]] = _Chain()
 """Every layer's name and builder, outermost first (see docs/layers.md for the order)."""
 
 
+_OBSERVING = frozenset({"observe", "attempt_span"})
+"""The layers only an observed chain has (see :mod:`ragguard._decorate`)."""
+
+
 def build_layers(stage: Stage, bound: Bound, *, observed: bool = False) -> list[Layer]:
-    """The layers of ``bound``'s chain, outermost first (``observe`` only when ``observed``)."""
+    """The layers of ``bound``'s chain, outermost first (``observe`` and ``attempt_span`` only
+    when ``observed``)."""
     layers: list[Layer] = []
     for name in _options.names():
-        if name == "observe" and not observed:
+        if not observed and name in _OBSERVING:
             continue
         made = _builds[name](stage, bound)
         if made is None:

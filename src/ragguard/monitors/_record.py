@@ -81,12 +81,13 @@ DEFAULT_KINDS: frozenset[str] = frozenset(
         "QuotaRejected",
         "RetryBudgetExhausted",
         "FallbackServed",
+        "FailedOver",
         "SharedStateDegraded",
         "SharedStateRestored",
     }
 )
 """Event types recorded by default: the rare, telling ones (not every CallOutcome), among them
-ragguard's own switches between Redis and local state."""
+ragguard's own switches between Redis and local state and a model group's failovers."""
 
 TALLIED_KINDS: frozenset[str] = frozenset({"StageCompleted", "CallOutcome", "CallRejected"})
 """Event types counted in the ``Tally`` record (one per call: too many to keep one by one)."""
@@ -441,6 +442,7 @@ _SCHEMA: dict[str, dict[str, Any]] = {
     "BreakerTransition": {"breaker": str, "old": str, "new": str},
     "QuotaRejected": {"tenant": str, "reason": str, "retry_after_s": _NUMBER},
     "FallbackServed": {"stage": str, "fallback": str, "cause": str},
+    "FailedOver": {"group": str, "deployment": str, "reason": str, "to": str},
     "RetryBudgetExhausted": {"stage": str},
     "SharedStateDegraded": {"component": str, "reason": str},
     "SharedStateRestored": {"component": str, "degraded_for_s": _NUMBER},

@@ -15,6 +15,7 @@ until configured. The built-in layers with options may be spelt at the top of a 
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from .._validate import shown
@@ -50,6 +51,7 @@ _table: tuple[tuple[str, type[Any] | None], ...] = (
     ("limits", LimitsPolicy),
     ("retry", RetryPolicy),
     ("hedge", HedgePolicy),
+    ("attempt_span", None),
     ("throttle", ThrottlePolicy),
     ("adaptive", AdaptivePolicy),
     ("breaker", BreakerPolicy),
@@ -104,8 +106,10 @@ def remove(name: str) -> None:
 
 def unknown(name: str) -> str:
     """Why ``name`` is no layer's options: the message names the layers that take options."""
-    known = ", ".join(known for known, held in _table if held is not None)
-    return f"unknown layer {shown(name)} (layers with options: {known})"
+    with_options = [known for known, held in _table if held is not None]
+    near = difflib.get_close_matches(name, with_options, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return f"unknown layer {shown(name)}{hint} (layers with options: {', '.join(with_options)})"
 
 
 def add_preset(name: str) -> None:

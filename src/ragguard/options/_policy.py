@@ -369,9 +369,9 @@ class StagePolicy(Options):
       own options model: the built-in layers' (``retry``, ``hedge``, ``throttle``, ``adaptive``,
       ``breaker``: usually written at the stage's top level, as fields) and those of layers added
       with :func:`ragguard.layers.register_layer`. Options for a name no layer has registered yet
-      are kept as given and validated when a Guard builds the stage (ConfigError naming the
-      field, or the unknown layer); a layer with no entry is left out of the stage's chain
-      unless it says otherwise (``retry`` and ``breaker`` run with their models' defaults).
+      are kept as given and validated when a Guard is built (ConfigError naming the field, or
+      the unknown layer and the nearest name); a layer with no entry is left out of the stage's
+      chain unless it says otherwise (``retry`` and ``breaker`` run with their models' defaults).
     - overload (:mod:`ragguard.overload`, each None = off): ``adaptive`` an adaptive concurrency
       limit with priority shedding, ``throttle`` client-side adaptive throttling, ``hedge`` hedged
       requests (idempotent stages only).

@@ -173,7 +173,9 @@ class TokenMeter:
         "estimate",
         "estimate_tokens",
         "input_tokens",
+        "key",
         "model",
+        "provider",
         "sleep",
         "stage",
         "usage",
@@ -193,8 +195,12 @@ class TokenMeter:
         usage: Callable[[Any], Any] | None = None,
         event_bus: EventBus = bus,
         always_estimate: bool = False,
+        key: str = "",
+        provider: str = "",
     ) -> None:
         self.stage = stage
+        self.key = key  # the deployment's, and its provider: what StreamSettled says
+        self.provider = provider
         self.always_estimate = always_estimate  # a deployment's token limit reads the estimates
         self._bus = event_bus
         self.usage = usage
@@ -287,6 +293,15 @@ class TokenMeter:
             name = given(*call.args, **call.kwargs)  # type: ignore[misc]
         return name if isinstance(name, str) else None  # not a name: the tenant's limits only
 
+    def _model_of(self, call: Call) -> str | None:
+        """The model the call names (None: none, or its ``model=`` option raised)."""
+        if self.model is None:
+            return None
+        try:
+            return self._model(call)
+        except Exception:
+            return None
+
     def _end(self, call: Call, record: StreamRecord, exc: BaseException | None) -> None:
         call.meter = None
         account = record.account
@@ -300,17 +315,15 @@ class TokenMeter:
             self.accounts.close(account)
         if self._bus.active:
             outcome = "ok" if exc is None else "error" if isinstance(exc, Exception) else "cancelled"
+            usage = record.reported  # what the provider reported, and bills, before the end
+            model = self._model_of(call)
             self._bus.emit(
                 StreamSettled(
-                    self.stage,
-                    record.tenant,
-                    call.items,
-                    record.tokens,
-                    record.reserved,
-                    record.paced_s,
-                    outcome,
+                    self.stage, record.tenant, call.items, record.tokens, record.reserved, record.paced_s,
+                    outcome, None if usage is None else usage.input_tokens,
+                    None if usage is None else usage.output_tokens, self.key, self.provider, model or "",
                 )
-            )
+            )  # fmt: skip
 
 
 class StreamBudgets:

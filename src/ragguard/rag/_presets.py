@@ -261,7 +261,7 @@ class GenerationPreset:
         shrink = _shrink(stage, options.passages)
         if not bound.stream:
             return () if shrink is None else (shrink,)
-        meter = _meter(stage, options)
+        meter = _meter(stage, options, bound)
         layers: list[Layer] = [meter] if shrink is None else [meter, shrink]
         if options.continuations:
             layers.insert(0, _continuation(stage, bound, options, meter))
@@ -277,8 +277,9 @@ class GenerationPreset:
         return tuple(users)
 
 
-def _meter(stage: Stage, options: _GenerationOptions) -> TokenMeter:
+def _meter(stage: Stage, options: _GenerationOptions, bound: Bound) -> TokenMeter:
     state: _GenerationState = stage.preset_state
+    provider = getattr(bound.fn, "__ragguard_provider__", "")
     return TokenMeter(
         stage.name,
         state.accounts,
@@ -291,6 +292,8 @@ def _meter(stage: Stage, options: _GenerationOptions) -> TokenMeter:
         usage=options.usage,
         event_bus=stage.context.bus,
         always_estimate=stage.policy.limits is not None and stage.policy.limits.tpm is not None,
+        key=stage.key or "",
+        provider=provider if isinstance(provider, str) else "",
     )
 
 

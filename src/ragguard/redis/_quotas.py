@@ -331,10 +331,8 @@ class RedisQuotas:
         """The synchronous fast path of ``QuotaBackend``: None for an unlimited tenant; otherwise
         :data:`ragguard.quotas.WAIT` (admission goes through Redis in :meth:`acquire`), or, while
         Redis is unreachable or for a tenant in local-lease mode, the local answer."""
-        quota = self._quota_for(tenant)
-        plan = self._plans.get(tenant)
-        if plan is None or plan.quota is not quota:
-            plan = self._plan(tenant, quota)
+        plan = self._plan_of(tenant)
+        quota = plan.quota
         if plan.unlimited:
             return None
         borrowed = self.local_lease
@@ -356,10 +354,8 @@ class RedisQuotas:
         :class:`~ragguard.InvalidInput` for a bad tenant id. Never fails because Redis is down:
         the local fallback admits instead.
         """
-        quota = self._quota_for(tenant)
-        plan = self._plans.get(tenant)
-        if plan is None or plan.quota is not quota:
-            plan = self._plan(tenant, quota)
+        plan = self._plan_of(tenant)
+        quota = plan.quota
         if plan.unlimited:
             return None
         borrowed = self.local_lease
