@@ -19,7 +19,8 @@ DEMO_FLAGS = {
 }
 BENCH_FLAGS = {
     "steps": "--steps", "steady_s": "--steady", "rounds": "--rounds", "block_ms": "--block-ms",
-    "rtt_ms": "--rtt-ms", "out_dir": "--out", "seed": "--seed",
+    "rtt_ms": "--rtt-ms", "out_dir": "--out", "seed": "--seed", "seeds": "--seeds",
+    "changes_only": "--changes-only", "contenders": "--contenders",
 }
 
 
@@ -197,8 +198,28 @@ def bench(
     rtt_ms: Annotated[float, typer.Option(metavar="MS", help="Dependency's unloaded latency.")] = 60.0,
     no_halving: Annotated[
         bool,
-        typer.Option("--no-halving", show_default="off", help="Skip the capacity-halving scenario."),
+        typer.Option("--no-halving", show_default="off", help="Skip the capacity changes (halved, back)."),
     ] = False,
+    changes_only: Annotated[
+        bool,
+        typer.Option(
+            "--changes-only", show_default="off",
+            help="Run only the capacity changes (no steps), once per seed of --seeds.",
+        ),
+    ] = False,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LIST", show_default="--seed", help="Seeds joined by commas (with --changes-only)."
+        ),
+    ] = None,
+    contenders: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LIST", show_default="all; ragguard-adaptive with --changes-only",
+            help="Contenders joined by commas: unguarded, hand-composed, ragguard-static, ragguard-adaptive.",
+        ),
+    ] = None,
     out: Annotated[
         Path, typer.Option(metavar="DIR", help="Folder for bench.json and bench.png.")
     ] = Path("ragguard-bench"),
@@ -224,10 +245,28 @@ def bench(
             said = f"ragguard bench: --steps must be numbers joined by commas, got {shown(steps)}"
             typer.secho(said, fg="red", err=True)
             raise typer.Exit(2) from None
+    seed_list: tuple[int, ...] | None = None
+    if seeds is not None:
+        try:
+            seed_list = tuple(int(x) for x in seeds.split(",") if x.strip())
+        except ValueError:
+            said = f"ragguard bench: --seeds must be integers joined by commas, got {shown(seeds)}"
+            typer.secho(said, fg="red", err=True)
+            raise typer.Exit(2) from None
+    refusal = None
+    if seed_list is not None and not changes_only:
+        refusal = "--seeds needs --changes-only"
+    elif changes_only and no_halving:
+        refusal = "--changes-only runs the capacity changes: not with --no-halving"
+    if refusal is not None:
+        typer.secho(f"ragguard bench: {refusal}", fg="red", err=True)
+        raise typer.Exit(2)
+    names = None if contenders is None else tuple(x.strip() for x in contenders.split(",") if x.strip())
     try:
         code = bench_main(
             quick=quick, steps=parsed, steady_s=steady, rounds=rounds, block_ms=block_ms, rtt_ms=rtt_ms,
-            halving=not no_halving, out_dir=out, seed=seed,
+            halving=not no_halving, out_dir=out, seed=seed, changes_only=changes_only, seeds=seed_list,
+            contenders=names,
         )
     except ConfigError as exc:
         _refuse("bench", exc, BENCH_FLAGS)

@@ -44,8 +44,10 @@ def test_ragguard_bench_quick_orders_the_contenders(tmp_path: Path) -> None:
     # every output is there: table, targets, chart, the capacity-halving run
     assert "ragguard bench" in proc.stdout and ("MET" in proc.stdout or "GAP" in proc.stdout)
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
-    assert report["halving"]["limit_trace"] and report["halving"]["runs"].keys() == good.keys()
-    # stdout is a pipe: a plain line as each contender ends each step (and its halving run)
+    (changes,) = report["changes"]  # the capacity halved and back, the limit traced and printed
+    assert changes["limit_trace"] and changes["runs"].keys() == good.keys()
+    assert all(0 < m < 1000 for m in changes["capacity_rps"]["measured"])
+    # stdout is a pipe: a plain line as each contender ends each step (and its capacity changes)
     total = len(offered) * len(good) * report["options"]["rounds"] + len(good)
     said = [int(m[1]) for line in proc.stdout.splitlines() if (m := re.match(rf"bench (\d+)/{total} ", line))]
     assert said == list(range(1, total + 1)), proc.stdout[:3000]
@@ -53,6 +55,7 @@ def test_ragguard_bench_quick_orders_the_contenders(tmp_path: Path) -> None:
     # knee above the dependency's capacity says why it can be
     text = " ".join(proc.stdout.split())
     assert "1.2 s after the halving is too short for a queue to build" in text, text[-1500:]
+    assert "adaptive limit, each second's mean (| capacity halved, back; p probing):" in text
     if report["reference"]["knee_rps"] > 1.01 * report["capacity_rps"]:
         assert "above capacity, as a queue fed at capacity grows too slowly" in text, text[:600]
     assert {t["target"] for t in report["targets"]} >= {

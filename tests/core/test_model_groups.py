@@ -341,3 +341,31 @@ async def test_degraded_names_the_deployment_that_answered_after_a_failover() ->
         await group("q")
         assert ragguard.degraded() == ("chat/b",)
 
+
+
+async def test_a_streams_early_close_closes_the_deployments_stream_at_once() -> None:
+    """``group.stream()`` is an async generator (``aclosing()`` takes it, as the demo's answer
+    does): closing it after its first item closes the deployment's stream before ``aclose()``
+    returns (its call cancelled there and then, not left to the garbage collector), and the
+    deployment's breaker counts no failure."""
+    from contextlib import aclosing
+
+    g = _guard(_two())
+    closed: list[str] = []
+
+    async def a(question: str, *, model: str | None = None) -> Any:
+        try:
+            for i in range(100):
+                yield f"a{i}"
+        finally:
+            closed.append("a")
+
+    group = g.group("chat", {"a": a, "b": Model("b")})
+    async with aclosing(group.stream("q")) as items:
+        async for item in items:
+            assert item == "a0"
+            break
+        assert closed == []
+    assert closed == ["a"]
+    assert g.breaker("chat", "a").state is BreakerState.CLOSED
+    assert g.breaker("chat", "a").metrics().failed_calls == 0

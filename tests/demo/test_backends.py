@@ -16,7 +16,13 @@ import pytest
 from ragguard import InvalidInput
 from ragguard.chaos import FaultProxy
 from ragguard_tools.demo import _wire
-from ragguard_tools.demo.backends import BackendProcess, BackendServers, ControlClient, parse_fault_specs
+from ragguard_tools.demo.backends import (
+    DEPLOYMENTS,
+    BackendProcess,
+    BackendServers,
+    ControlClient,
+    parse_fault_specs,
+)
 from ragguard_tools.demo.corpus import Passage
 from ragguard_tools.demo.embedder import Embedder
 from ragguard_tools.demo.pipeline import BackendClients
@@ -177,6 +183,21 @@ async def test_the_generator_streams_the_passages_word_by_word(demo_backends: Ba
         await clients.close()
     assert error is None
     assert "".join(words) == "The try statement specifies exception handlers. It may have a "
+
+
+async def test_two_deployments_answer_alike_and_continue_from_a_prefix(demo_backends: BackendServers) -> None:
+    addresses = demo_backends.addresses
+    assert addresses is not None and addresses.generation != addresses.generation_b
+    clients = BackendClients(addresses)
+    try:
+        answers = [[w async for w in clients.generate("why?", PASSAGES, max_words=10, deployment=d)]
+                   for d in DEPLOYMENTS]  # fmt: skip
+        going_on = clients.generate("why?", PASSAGES, max_words=10, deployment="b", prefix="The try ")
+        rest = [w async for w in going_on]
+    finally:
+        await clients.close()
+    assert answers[0] == answers[1] and len(answers[0]) == 10
+    assert rest == answers[0][1:], "from the prefix's last word (repeated), to 10 words in all"
 
 
 async def test_a_long_answer_fault_aimed_at_one_tenant_leaves_the_others_alone(

@@ -51,7 +51,7 @@ def test_demo_flags_and_defaults_are_shown() -> None:
         assert shown in text, shown
 
 
-FLAGS = {"--help", "--quick", "--json", "--print-scenario", "--no-halving"}
+FLAGS = {"--help", "--quick", "--json", "--print-scenario", "--no-halving", "--changes-only"}
 PLACEHOLDER = re.compile(r"<(str|int|float|path|bool)>")
 
 

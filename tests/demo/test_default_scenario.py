@@ -39,3 +39,18 @@ def test_the_embedding_spike_comment_quotes_the_demos_own_lines() -> None:
     assert spike.seconds > max(slow, timeout, typed)
     quoted = {float(x) for x in re.findall(r"(\d+(?:\.\d+)?) s\b", comment)}
     assert quoted <= {spike.seconds, slow, timeout, typed}, quoted  # no other number of seconds claimed
+
+
+def test_one_of_the_models_two_deployments_goes_down_for_a_phase() -> None:
+    """Issue 28's demo: the generation stage's group has two deployments, and the scenario stops
+    one of them (its fault proxy) for a phase, the other staying up; the demo can apply it."""
+    from ragguard_tools.demo.backends import DEPLOYMENTS
+    from ragguard_tools.demo.faults import PROXY_TARGETS, ChaosPlan
+
+    scenario = default_scenario()
+    downs = [(p.name, f.target, f.action) for p in scenario.phases for f in p.faults
+             if f.kind == "proxy" and f.target.startswith("generator_")]  # fmt: skip
+    assert downs == [("model a down", "generator_a", "stop")]
+    assert {f"generator_{d}" for d in DEPLOYMENTS} <= set(PROXY_TARGETS)
+    assert [d.name for d in demo_policy().groups["model"].deployments] == list(DEPLOYMENTS)
+    ChaosPlan(scenario)  # raises ConfigError for a fault the demo cannot apply

@@ -37,15 +37,23 @@ def test_ragguard_demo_quick_guarded_beats_unguarded(tmp_path: Path) -> None:
 
     # the generation hop: its rows are in the table, and the guarded run wins there too
     table = " ".join(proc.stdout.split())
-    for row in ("time to first word P95", "answered late, after a stall", "failed: cut mid-answer",
-                "streams cut by the first-word budget", "streams cut by the idle budget",
-                "streams cut by the total budget", "generation fallback, before the first word",
+    for row in ("time to first word P95", "answered late, after a stall",
+                "failed: incomplete (cut mid-answer)", "answers cut by budget (first/idle/total)",
+                "generation fallback, before the first word",
+                "answered by b (model failover)", "model[a]: streams failed / all",
+                "answers ended completed", "answers ended continued", "answers ended incomplete",
+                "answers without a typed ending", "recall@5 of continued answers",
                 "tokens/s, mean / peak: hoarder (greedy)", "streams paced: hoarder (to 600 tokens/s)",
                 "streams paced: every other tenant"):
         assert row in table, row
     assert guarded["answered_after_stall"] < unguarded["answered_after_stall"], "stalls end in late answers"
-    assert guarded["ttft_ms"]["p95"] < unguarded["ttft_ms"]["p95"]
-    assert guarded["stream_cuts"]["first_item"] + guarded["stream_cuts"]["idle"] > 0
+    # a first word over 1 s: the model's slow start reaches the unguarded callers, the guarded run
+    # cuts it (0.6 s) and serves its fallback (the P95 of answers begun is no measure in a run this
+    # short: the unguarded service begins too few answers for its slow ones to reach it)
+    assert guarded["slow_first_word"] < unguarded["slow_first_word"]
+    # model a goes down, answers stall midway: failed over to b, continued, every one typed
+    assert guarded["failovers"].get("model/b", 0) > 0, guarded["failovers"]
+    assert guarded["endings"]["continued"] > 0 and guarded["untyped_endings"] == 0, guarded["endings"]
     streams, greedy = guarded["streams_by_tenant"], report["greedy_tenants"][0]
     # the greedy tenant asks for about twice its pacing rate when the machine keeps up; a busy
     # machine serves it less, and a tenant whose streams together stay under the rate is not

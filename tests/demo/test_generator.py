@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from ragguard import InvalidInput
-from ragguard_tools.demo.generator import answer_words, extractive_answer, parse_request, stream_answer
+from ragguard_tools.demo.generator import (
+    answer_words,
+    extractive_answer,
+    extractive_rest,
+    parse_request,
+    stream_answer,
+    whole_answer,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(10)]
 
@@ -40,9 +47,9 @@ class Faults:
         return await call()
 
 
-async def take(faults: Faults, max_words: int, *, limit: int = 1000) -> list[str]:
+async def take(faults: Faults, max_words: int, *, limit: int = 1000, prefix: str = "") -> list[str]:
     got: list[str] = []
-    stream = stream_answer(PASSAGES, max_words, tenant="acme", faults=faults, word_s=0.0)
+    stream = stream_answer(PASSAGES, max_words, tenant="acme", faults=faults, word_s=0.0, prefix=prefix)
     async with aclosing(stream) as words:
         async for word in words:
             got.append(word)
@@ -114,9 +121,34 @@ def test_the_fallback_answer_is_the_top_passages_first_sentence() -> None:
         ({"question": "q", "passages": ["a"], "max_words": 0}, "max_words"),
         ({"question": "q", "passages": ["a"], "max_words": True}, "max_words"),
         ({"question": "q", "passages": ["a"], "max_words": 10**6}, "max_words"),
+        ({"question": "q", "passages": ["a"], "max_words": 3, "prefix": 7}, "prefix"),
+        ({"question": "q", "passages": ["a"], "max_words": 3, "prefix": "a " * 10_000}, "prefix"),
     ],
 )
 def test_bad_requests_name_their_field(request_: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidInput, match=field):
         parse_request(request_)
-    assert parse_request({"question": "q", "passages": ["a"], "max_words": 3}) == ("q", ["a"], 3)
+    assert parse_request({"question": "q", "passages": ["a"], "max_words": 3}) == ("q", ["a"], 3, "")
+    assert parse_request({"question": "q", "passages": ["a"], "max_words": 3, "prefix": "a "})[3] == "a "
+
+
+async def test_a_continuation_goes_on_from_the_prefixs_last_word_through_its_own_fault_points() -> None:
+    faults = Faults()
+    got = await take(faults, 8, prefix="one two three ")
+    assert got == ["three ", "four ", "five ", "six ", "seven ", "eight "]  # its last word again, to 8 in all
+    # halfway through the words it was asked for (2..7): before its 5th word, "six"
+    assert faults.calls == [("generation", 0), ("generation_midway", 3), ("generation_overrun", 6)]
+    assert await take(Faults(), 3, prefix="one two three four ") == []  # nothing left to say
+
+
+def test_the_rest_of_an_answer_and_whether_an_answer_is_whole() -> None:
+    assert extractive_rest(PASSAGES, "one two three ", 6) == ["four ", "five ", "six "]
+    assert extractive_rest(PASSAGES, "", 2) == ["one ", "two "]
+    assert extractive_rest(PASSAGES, "one two three ", 2) == []
+    model = "one two three four five six seven eight nine one "
+    assert whole_answer(model, PASSAGES, 10) and whole_answer(model + "two ", PASSAGES, 10)  # ran long
+    assert not whole_answer(model, PASSAGES, 11), "a word missing at the end"
+    assert not whole_answer("one two two three four five six seven eight nine ", PASSAGES, 10), "a repeat"
+    assert not whole_answer("one two four five six seven eight nine one two ", PASSAGES, 10), "a gap"
+    assert whole_answer("The else clause runs ", ["The else clause runs. Then more."], 30)  # extractive
+    assert not whole_answer("", PASSAGES, 10)

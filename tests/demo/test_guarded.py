@@ -6,14 +6,22 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import pytest
 
-from ragguard import BreakerState, Guard, StreamTimeout, TenantQuota
-from ragguard.events import StreamCut, StreamSettled, bus
-from ragguard.grpc import STREAM_BUDGET_KEY, STREAM_ITEMS_KEY, GuardServerInterceptor, client_interceptors
+import ragguard
+from ragguard import BreakerState, Guard, StreamEnding, TenantQuota
+from ragguard.chaos import FaultProxy
+from ragguard.events import BreakerTransition, StreamCut, StreamSettled, bus
+from ragguard.grpc import (
+    STREAM_BY_KEY,
+    STREAM_ENDING_KEY,
+    STREAM_ITEMS_KEY,
+    GuardServerInterceptor,
+    client_interceptors,
+)
 from ragguard_tools.demo.backends import BackendServers, ControlClient
 from ragguard_tools.demo.corpus import Passage
 from ragguard_tools.demo.generator import extractive_answer
@@ -226,7 +234,7 @@ async def test_a_healthy_guarded_answer_is_the_generators(guarded: Guarded) -> N
     assert words == await plain_answer(guarded, QUERY) and len(words) == 30
 
 
-async def test_a_slow_first_word_is_cut_then_the_extractive_answer_serves(
+async def test_a_slow_first_word_fails_over_then_the_extractive_answer_serves(
     guarded: Guarded, demo_passages: list[Passage]
 ) -> None:
     cuts: list[StreamCut] = []
@@ -242,49 +250,148 @@ async def test_a_slow_first_word_is_cut_then_the_extractive_answer_serves(
     assert fallbacks == ("extractive_answer",)
     top = demo_passages[(await guarded.retrieve(QUERY)).hits[0].pid].text
     assert words == extractive_answer(QUERY, [top], 30) and words
-    assert [(c.budget, c.items) for c in cuts] == [("first_item", 0)] * 2, "two attempts, then the fallback"
-    assert elapsed < 1.5, "two first-word budgets of 0.4 s, not the model's 3 s"
+    # deployment a's first word took over 0.4 s: b was tried, and the answer's first-word budget
+    # (0.6 s in all) cut it
+    assert [(c.stage, c.budget, c.items) for c in cuts] == [("generation", "first_item", 0)]
+    assert elapsed < 1.5, "one first-word budget of 0.6 s, not the model's 3 s"
 
 
-async def test_a_stall_after_the_first_word_is_cut_and_the_generators_call_cancelled(
+async def streams_closed(backends: BackendServers) -> bool:
+    for _ in range(200):
+        if backends.streams_open == 0:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_a_stall_after_the_first_word_is_continued_by_b_then_without_the_model(
     guarded: Guarded, demo_backends: BackendServers
 ) -> None:
+    healthy = await plain_answer(guarded, QUERY)
+    # every answer stalls halfway through the words it is asked for: the first, and b's continuation
     await guarded.control.set_faults([{"kind": "latency", "stage": "generation_midway", "seconds": 5.0}])
-    got: list[str] = []
     t0 = time.perf_counter()
-    with pytest.raises(StreamTimeout) as info:
-        async with guarded.guard.tenant("acme"):
-            answer = await guarded.pipeline.answer(QUERY)
-            async for word in answer.words:
-                got.append(word)
-    assert time.perf_counter() - t0 < 2.0, "the idle budget (0.5 s) cuts the 5 s stall"
-    assert (info.value.budget, info.value.items, len(got)) == ("idle", 15, 15)
-    assert answer.fallbacks() == (), "committed: no fallback after the first word"
-    for _ in range(200):
-        if demo_backends.streams_open == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert demo_backends.streams_open == 0, "the cut cancelled the generator's call"
+    async with guarded.guard.tenant("acme"):
+        answer = await guarded.pipeline.answer(QUERY)
+        words = [word async for word in answer.words]
+        endings, fallbacks = ragguard.stream_endings(), answer.fallbacks()
+    assert time.perf_counter() - t0 < 2.5, "two 0.4 s cuts, not two 5 s stalls"
+    assert words == healthy, "the whole answer: no word repeated (b starts again at word 15), none missing"
+    assert fallbacks == (
+        "incomplete: model after 15 items", "continued: finish_on_model after 15 items",
+        "incomplete: model after 8 items", "continued: finish_extractive after 22 items",
+    )  # fmt: skip
+    assert endings[-1] == StreamEnding("continued", "generation", 30, "finish_extractive", 22, "StageTimeout")
+    assert await streams_closed(demo_backends), "each cut cancelled its deployment's call"
 
 
-async def test_a_stall_reaches_the_caller_as_deadline_exceeded_after_the_words_sent(
+async def test_a_continued_answer_reaches_the_caller_whole_with_its_typed_ending(
     guarded: Guarded, demo_passages: list[Passage]
 ) -> None:
+    healthy = await plain_answer(guarded, QUERY)
     server = RetrievalServer(guarded.pipeline, demo_passages, capacity=4,
                              interceptors=[GuardServerInterceptor(guard=guarded.guard)])
     client = RetrievalClient(await server.start())
     await guarded.control.set_faults([{"kind": "latency", "stage": "generation_midway", "seconds": 5.0}])
+    trailers: dict[str, str] = {}
+    try:
+        messages = [m async for m in client.answer("acme", QUERY, timeout_s=5, trailers=trailers)]
+    finally:
+        await client.close()
+        await server.stop()
+    assert [m["text"] for m in messages[:-1]] == healthy
+    assert "continued: finish_extractive after 22 items" in messages[-1]["fallbacks"]
+    assert (trailers[STREAM_ENDING_KEY], trailers[STREAM_BY_KEY], trailers[STREAM_ITEMS_KEY]) == (
+        "continued", "finish_extractive", "30")  # fmt: skip
+
+
+async def test_a_stall_past_the_deadline_ends_incomplete_after_the_words_sent(
+    demo_backends: BackendServers,
+    demo_reranker: Reranker,
+    demo_passages: list[Passage],
+    keyword: KeywordIndex,
+) -> None:
+    assert demo_backends.addresses is not None
+    policy = demo_policy(tenant_timeout_s=1.0)  # the request's deadline, the service's own
+    # budgets longer than the deadline: what ends the stalled stream is the request's deadline,
+    # which no continuation serves
+    stages = dict(policy.stages)
+    stages["model"] = stages["model"].model_copy(update={"timeout_s": 10.0})
+    answer = stages["generation"].generation
+    assert answer is not None
+    stages["generation"] = stages["generation"].model_copy(
+        update={"generation": answer.model_copy(update={"idle_s": 10.0})}
+    )
+    guard = Guard(policy.model_copy(update={"stages": stages}), rng=random.Random(5))
+    clients = BackendClients(demo_backends.addresses, interceptors=client_interceptors())
+    pipeline = GuardedPipeline(clients, demo_reranker, demo_passages, keyword, guard)
+    server = RetrievalServer(pipeline, demo_passages, capacity=4,
+                             interceptors=[GuardServerInterceptor(guard=guard)])
+    client = RetrievalClient(await server.start())
+    control = ControlClient(demo_backends.addresses.control)
+    await control.set_faults([{"kind": "latency", "stage": "generation_midway", "seconds": 5.0}])
     words = []
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             async for message in client.answer("acme", QUERY, timeout_s=5):
                 words.append(message["text"])
     finally:
+        await control.heal()
+        await control.close()
         await client.close()
         await server.stop()
+        await clients.close()
     assert len(words) == 15 and info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     trailers = dict(info.value.trailing_metadata() or ())
-    assert (trailers[STREAM_BUDGET_KEY], trailers[STREAM_ITEMS_KEY]) == ("idle", "15")
+    assert (trailers[STREAM_ENDING_KEY], trailers[STREAM_ITEMS_KEY]) == ("incomplete", "15")
+
+
+async def test_deployment_a_down_every_answer_by_b_and_a_back_after_its_cooldown(
+    demo_backends: BackendServers,
+    demo_reranker: Reranker,
+    demo_passages: list[Passage],
+    keyword: KeywordIndex,
+) -> None:
+    assert demo_backends.addresses is not None
+    proxy = await FaultProxy(int(demo_backends.addresses.generation.rsplit(":", 1)[1])).open()
+    addresses = replace(demo_backends.addresses, generation=proxy.target)
+    guard = Guard(demo_policy(open_for_s=0.5), rng=random.Random(5))
+    clients = BackendClients(addresses, interceptors=client_interceptors())
+    pipeline = GuardedPipeline(clients, demo_reranker, demo_passages, keyword, guard)
+    moves: list[tuple[str, str]] = []
+    unsubscribe = bus.subscribe(
+        lambda e: moves.append((e.breaker, e.new)) if isinstance(e, BreakerTransition) else None
+    )
+
+    async def answer() -> tuple[list[str], tuple[str, ...]]:
+        async with guard.tenant("acme"):
+            got = await pipeline.answer(QUERY)
+            return [word async for word in got.words], got.fallbacks()
+
+    try:
+        healthy, fallbacks = await answer()
+        assert fallbacks == () and len(healthy) == 30
+        proxy.stop()
+        down = [await answer() for _ in range(8)]
+        assert all(words == healthy and fallbacks == ("model/b",) for words, fallbacks in down), down
+        await asyncio.sleep(0)  # the bus delivers on the loop's next turn
+        assert ("model[a]", "open") in moves and not any(b == "model[b]" for b, _ in moves)
+        proxy.restart()
+        # a's breaker half-opens after its cooldown (open_for_s) and closes once a round of
+        # trials passes; a round begun while a was still down reopens it first
+        back: list[tuple[list[str], tuple[str, ...]]] = []
+        until = time.monotonic() + 5.0
+        while time.monotonic() < until:
+            back.append(await answer())
+            if back[-1][1] == () and guard.breaker("model", "a").state is BreakerState.CLOSED:
+                break
+            await asyncio.sleep(0.1)
+        assert all(words == healthy for words, _ in back)
+        assert back[-1][1] == () and guard.breaker("model", "a").state is BreakerState.CLOSED
+    finally:
+        unsubscribe()
+        await clients.close()
+        await proxy.aclose()
 
 
 async def test_the_greedy_tenants_words_are_paced_and_the_others_are_not(

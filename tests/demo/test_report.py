@@ -152,11 +152,80 @@ def test_the_table_tells_the_generation_story() -> None:
     assert (unguarded_s["answered_after_stall"], guarded_s["answered_after_stall"]) == (1, 0)
     assert guarded_s["outcomes"]["cut"] == 1
     assert guarded_s["stream_cuts"] == {"first_item": 2, "idle": 1, "total": 0}
-    assert "failed: cut mid-answer 0 1" in text
-    assert "streams cut by the first-word budget - 2" in text
-    assert "streams cut by the total budget - 0" in text
+    assert "failed: incomplete (cut mid-answer) 0 1" in text
+    assert "answers cut by budget (first/idle/total) - 2 / 1 / 0" in text
     assert "generation fallback, before the first word - 1" in text
     assert "tokens/s, mean / peak: hoarder (greedy) 50 / 500 20 / 105" in text
     assert "streams paced: hoarder (to 100 tokens/s) - 1 / 1" in text
     assert "streams paced: every other tenant - 0 / 2" in text
     assert "time to first word P95 (answers begun)" in text
+
+
+def test_the_table_counts_failovers_typed_endings_and_continued_answers() -> None:
+    """Failovers, continuations and the deployments' streams are counted apart from the fallbacks;
+    every answer's typed ending is counted, one without any is shown; recall@5 of the continued
+    answers sits beside the baseline."""
+    b_after_a = answered("acme", 1.0, 0.1, 0.3, 60, fallbacks=("model/b",), ending="completed", whole=True)
+    continued = answered(
+        "acme", 2.0, 0.1, 0.9, 60, fallbacks=("incomplete: model after 15 items",
+                                              "continued: finish_on_model after 15 items"),
+        ending="continued", continued_by="finish_on_model", whole=True,
+    )
+    by_rest = answered("globex", 3.0, 0.1, 0.9, 60, ending="continued", continued_by="finish_extractive",
+                       whole=False, fallbacks=("continued: finish_extractive after 21 items",))
+    missed = RequestRecord(4.0, "acme", 0, 0.9, "ok", hit=False, ttft_s=0.1, words=30, tokens=60,
+                           ending="continued", continued_by="finish_on_model", whole=True)
+    untyped = answered("acme", 5.0, 0.1, 0.2, 60, whole=True)
+    cut = RequestRecord(6.0, "acme", 0, 0.7, "cut", ttft_s=0.1, words=15, tokens=30, ending="incomplete")
+    tally = GenerationTally(deployments={"model[a]": {"success": 3, "failure": 2, "cancelled": 1},
+                                         "model[b]": {"success": 4}})
+    guarded = [b_after_a, continued, by_rest, missed, untyped, cut]
+    runs = {"unguarded": RunResult("unguarded", 10.0, [answered("acme", 1.0, 0.1, 0.3, 60, whole=True)],
+                                   [("a", 0.0, 10.0)]),
+            "guarded": RunResult("guarded", 10.0, guarded, [("a", 0.0, 10.0)], generation=tally)}
+    summaries = {m: summarize(r, greedy=[], slo_s=1.0) for m, r in runs.items()}
+    g = summaries["guarded"]
+    assert g["fallback_share"] == {} and g["fallback_share_any"] == 0.0, "none of these is a fallback"
+    assert g["failovers"] == {"model/b": 1}
+    assert g["endings"] == {"completed": 1, "continued": 3, "incomplete": 1} and g["untyped_endings"] == 1
+    assert g["continued_by"] == {"finish_extractive": 1, "finish_on_model": 2}
+    assert g["recall_at_5_continued"] == pytest.approx(2 / 3)
+    assert (g["whole_answers"], g["whole_checked"]) == (4, 5)
+    table = DemoReport(options={}, baseline_recall_at_5=0.9, questions=1, passages=1, timings_s={},
+                       runs=runs, summaries=summaries, greedy=[]).table()
+    text = " ".join(text_of(table).replace("│", " ").split())
+    assert "answered by b (model failover) - 1" in text
+    assert "model[a]: streams failed / all - 2 / 6" in text
+    assert "model[b]: streams failed / all - 0 / 4" in text
+    assert "answers ended completed - 1 answers ended continued - 3" in text
+    assert "continued by finish_extractive - 1 continued by finish_on_model - 2" in text
+    assert "answers ended incomplete - 1 answers without a typed ending - 1" in text
+    assert "whole answers (no word repeated/missing) 1 / 1 4 / 5" in text
+    assert "recall@5 of continued answers - 66.7 % recall@5 healthy baseline 90.0 % 90.0 %" in text
+    assert "served by fallback" not in text
+
+
+def test_recall_is_set_beside_the_healthy_recall_of_the_same_questions() -> None:
+    """A run's questions are a sample: its recall@5 is compared with what the healthy service
+    scored on the very questions it answered (and continued), beside the baseline over all."""
+    healthy = {0: True, 1: False, 2: True, 3: True}
+    records = [
+        RequestRecord(1.0, "acme", 1, 0.2, "ok", hit=False),  # missed healthy too
+        RequestRecord(2.0, "acme", 2, 0.2, "ok", hit=True, ending="continued", continued_by="finish"),
+        RequestRecord(3.0, "acme", 1, 0.2, "ok", hit=False, ending="continued", continued_by="finish"),
+        RequestRecord(4.0, "acme", 3, 0.2, "quota"),  # not answered: not counted
+        RequestRecord(5.0, "acme", 9, 0.2, "ok", hit=True),  # no baseline for it: not counted
+    ]
+    run = RunResult("guarded", 10.0, records, [("a", 0.0, 10.0)])
+    s = summarize(run, greedy=[], slo_s=1.0, healthy=healthy)
+    assert s["recall_at_5_answered"] == pytest.approx(2 / 4)
+    assert s["recall_at_5_answered_healthy"] == pytest.approx(1 / 3)  # questions 1, 2, 1
+    assert s["recall_at_5_continued_healthy"] == pytest.approx(1 / 2)  # questions 2, 1
+    assert summarize(run, greedy=[], slo_s=1.0)["recall_at_5_answered_healthy"] is None
+    rep = DemoReport(options={}, baseline_recall_at_5=0.75, questions=4, passages=1, timings_s={},
+                     runs={"guarded": run}, summaries={"guarded": s}, greedy=[], baseline_hits=healthy)
+    text = " ".join(text_of(rep.table()).replace("│", " ").split())
+    assert "recall@5 healthy baseline 75.0 %" in text
+    assert "recall@5 healthy, same questions answered 33.3 %" in text
+    assert "recall@5 healthy, same questions continued 50.0 %" in text
+    assert rep.to_dict(with_requests=False)["baseline_hits"] == {"0": True, "1": False, "2": True, "3": True}

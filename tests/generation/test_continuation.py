@@ -271,6 +271,39 @@ async def test_a_sequence_is_tried_in_order_until_one_answers_and_error_is_passe
     assert len(seen) == 1 and isinstance(seen[0], ConnectionResetError)
 
 
+async def test_a_continuation_that_fails_midway_hands_the_stream_to_the_next(events: Recorder) -> None:
+    clock = FakeClock(auto_advance=False)
+    second = Finish(clock, repeat=1, stall_at=3)  # repeats a word, then stalls after 2 more
+    partials: list[Partial] = []
+
+    def extractive(question: str, *, partial: Partial) -> list[str]:
+        partials.append(partial)
+        return WORDS[len(partial.items) :]
+
+    _, answer = setup(clock, Model(clock, stall_at=4), [second, extractive])
+    stream = answer("q")
+    got = await drive(clock, collect(stream))
+    assert "".join(got) == ANSWER and got == WORDS  # no word twice, none missing, across both joins
+    (partial,) = partials  # given everything the caller had: the model's 4 and the second's 2
+    assert partial.items == tuple(WORDS[:6]) and partial.text == "".join(WORDS[:6])
+    assert isinstance(partial.error, StreamTimeout) and partial.error.budget == "idle"
+    assert stream.ending == StreamEnding("continued", "answer", 10, "extractive", 6, "StreamTimeout")
+    assert second.closed == 1  # the stalled continuation was closed
+    await events.settle()
+    taken = [(e.continuation, e.items) for e in events.of(StreamContinued)]
+    assert taken == [("finish", 4), ("extractive", 6)]
+
+    # each carries a stream on once at most: the last one's failure ends it
+    last = Finish(clock, repeat=0, stall_at=1)
+    _, answer = setup(clock, Model(clock, stall_at=4), [Finish(clock, repeat=0, stall_at=1), last])
+    got = []
+    stream = answer("q")
+    with pytest.raises(StreamTimeout):
+        await drive(clock, collect(stream, got))
+    assert got == WORDS[:6] and last.partials[0].items == tuple(WORDS[:5])
+    assert stream.ending == StreamEnding("incomplete", "answer", 6, "finish", 5, "StreamTimeout")
+
+
 async def test_a_continuation_may_be_an_async_def_returning_a_stream() -> None:
     clock = FakeClock(auto_advance=False)
 

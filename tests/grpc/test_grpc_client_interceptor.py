@@ -96,8 +96,8 @@ async def test_unavailable_becomes_a_connection_error(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["Unary", "StreamGen", "ClientStream", "BidiGen"])
 async def test_deadline_exceeded_becomes_a_timeout(kind: str) -> None:
     async with serving(Behaviors()) as target, guarded_channel(target) as ch:
-        with ragguard.deadline(0.2), pytest.raises(RemoteDeadlineExceeded) as info:
-            await call_kind(ch, kind, b"sleep:3")
+        with pytest.raises(RemoteDeadlineExceeded) as info:
+            await call_kind(ch, kind, b"sleep:3", timeout=0.2)  # the server's slowness
     err = info.value
     assert isinstance(err, TimeoutError) and is_timeout(err) and not is_connection_error(err)
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -215,3 +215,31 @@ def test_one_interceptor_per_rpc_kind() -> None:
     )
     found = client_interceptors()
     assert [sum(isinstance(i, k) for i in found) for k in kinds] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("kind", ["Unary", "StreamGen"])
+async def test_the_requests_own_deadline_running_out_at_the_server_is_the_deadline(kind: str) -> None:
+    """A call whose timeout was the request's propagated deadline ran out of the request's time,
+    not of the server's: classified as the deadline (no breaker counts it), whichever of the
+    server's DEADLINE_EXCEEDED and ragguard's own timer came first."""
+    async with serving(Behaviors()) as target, guarded_channel(target) as ch:
+        with ragguard.deadline(0.2), pytest.raises(RemoteDeadlineExceeded) as spent:
+            await call_kind(ch, kind, b"sleep:3")
+        with ragguard.deadline(5.0), pytest.raises(RemoteDeadlineExceeded) as slow:
+            await call_kind(ch, kind, b"sleep:3", timeout=0.2)  # the caller's own, shorter timeout
+        with pytest.raises(RemoteDeadlineExceeded) as plain:
+            await call_kind(ch, kind, b"sleep:3", timeout=0.2)  # no ragguard deadline at all
+
+        g = ragguard.Guard(Policy.model_validate({"stages": {"store": {"breaker": {"minimum_calls": 1}}}}))
+
+        @g.guard("store")
+        async def search() -> object:
+            with ragguard.deadline(0.2):  # the request's deadline, as the call sees it
+                return await call_kind(ch, kind, b"sleep:3")
+
+        with pytest.raises(RemoteDeadlineExceeded):
+            await search()
+    assert spent.value.request_deadline and classify(spent.value).kind is Kind.DEADLINE
+    assert not slow.value.request_deadline and classify(slow.value).kind is Kind.TIMEOUT
+    assert not plain.value.request_deadline and classify(plain.value).kind is Kind.TIMEOUT
+    assert g.breaker("store").state is BreakerState.CLOSED, "the request's time ran out, not the store's"

@@ -171,6 +171,7 @@ async def _overload() -> Scrapes:
     await bench.start()
     scrapes: list[Scrape] = []
     try:
+        await bench.build_contenders(options.seed)
         contender = bench.contenders["ragguard-adaptive"]
         assert contender.guard is not None
         exporter = PrometheusExporter(guards=[contender.guard]).start()

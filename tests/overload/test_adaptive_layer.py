@@ -319,3 +319,83 @@ async def test_each_overloaded_reason_is_given_when_its_docstring_says() -> None
     doc = Overloaded.__doc__ or ""
     for reason in ("limit", "queue", "deadline", "throttled"):
         assert f'- ``"{reason}"``: ' in doc, reason
+
+
+def _slow_stage(clock: FakeClock, **adaptive: Any) -> tuple[Guard, Any, list[float]]:
+    """A Guard with stage ``embed`` (a 50 ms attempt timer, an adaptive limit whose baseline probe
+    takes one call) over a dependency taking ``latency[0]`` seconds."""
+    opts: dict[str, Any] = {"min_limit": 1, "initial_limit": 16, "max_limit": 16, "probe_samples": 1,
+                            "window_s": 0.01, "min_samples": 4, "max_queue": 0.0, "early_queue": 0.0}
+    g = Guard(Policy(stages={"embed": StagePolicy(preset=None, timeout_s=0.05, adaptive=AdaptivePolicy(
+        **{**opts, **adaptive}))}), clock=clock, rng=random.Random(1))
+    latency = [0.01]
+
+    @g.guard("embed")
+    async def embed(q: str) -> str:
+        await clock.sleep(latency[0])
+        return q
+
+    return g, embed, latency
+
+
+@pytest.mark.anyio
+async def test_attempts_cut_by_their_timer_shrink_a_limit_whose_tolerance_reaches_past_the_timer() -> None:
+    """A baseline of 10 ms with a tolerance of 6 tolerates 70 ms, past the stage's 50 ms timer: an
+    attempt cut there is counted as out of time (longer than its caller allowed), not as a 50 ms
+    latency within the tolerance, so a dependency that times out every call brings the limit down."""
+    clock = FakeClock()
+    g, embed, latency = _slow_stage(clock, tolerance=6.0)
+    await embed("q")  # the baseline probe: 10 ms
+    lim = limiters(g)["embed"]
+    assert lim.gradient.min_rtt == pytest.approx(0.01) and lim.limit == 16
+
+    async def hurried() -> str:
+        with g.deadline(0.005):
+            return await embed("q")  # type: ignore[no-any-return]
+
+    results = await asyncio.gather(*(hurried() for _ in range(8)), return_exceptions=True)
+    assert all(isinstance(r, ragguard.DeadlineExceeded) for r in results), results
+    await asyncio.gather(*(embed("q") for _ in range(4)))  # four answers in 10 ms end the window
+    assert lim.limit == 16  # cut before the baseline's 10 ms, the eight said nothing of the dependency
+    latency[0] = 1.0  # the dependency hangs: every attempt runs into the 50 ms timer
+    for _ in range(3):
+        results = await asyncio.gather(*(embed("q") for _ in range(lim.limit)), return_exceptions=True)
+        assert all(isinstance(r, ragguard.StageTimeout) for r in results), results
+    assert lim.limit <= 2
+
+
+@pytest.mark.anyio
+async def test_an_attempt_cancelled_once_the_deadline_passed_counts_as_out_of_time() -> None:
+    """A front door cancels a handler when the request's deadline passes (gRPC, ASGI); an attempt
+    cancelled then was as slow as one its own timer cut. Cancelled before the deadline, it says
+    nothing of the dependency."""
+    clock = FakeClock(auto_advance=False)
+    g, _, _ = _slow_stage(clock, min_samples=1, window_s=0.01)
+    dep = Gate()
+    search = g.guard("embed")(dep)
+    first = asyncio.create_task(search("q"))
+    await settle()
+    dep.open_one()  # the baseline probe: an answer at once
+    await first
+    lim = limiters(g)["embed"]
+    assert lim.limit == 16 and not lim.gradient.probing
+
+    async def request(budget_s: float) -> Any:
+        with g.deadline(budget_s):
+            return await search("q")
+
+    early = asyncio.create_task(request(1.0))
+    await settle()
+    clock.advance(0.02)
+    early.cancel()  # the caller went away within its deadline: no sample
+    await settle()
+    assert lim.limit == 16 and lim.in_flight == 0
+
+    late = asyncio.create_task(request(0.03))
+    await settle()
+    clock.advance(0.04)  # the deadline passes, and the front door cancels as the attempt timer fires
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert lim.in_flight == 0
+    assert lim.limit == 1  # out of time: the window's median ran out of time, the limit halved

@@ -184,3 +184,61 @@ def test_a_window_far_over_the_tolerance_halves_the_limit_from_what_was_in_use()
     assert limit.limit == 200
     limit.sample(0.1, 0.1, 40)  # ten times the baseline, 40 in flight: the limit above 40 protected nothing
     assert limit.limit == 20
+
+
+def test_a_probe_counts_only_the_calls_admitted_after_it_began() -> None:
+    """Calls in flight when a probe begins were admitted under the old limit and waited in the queue
+    it built: their latency is not the baseline (under load it would be the queue)."""
+    limit = GradientLimit(LimitSettings(initial_limit=32, max_limit=32, probe_samples=3, probe_limit=2,
+                                        probe_interval_s=1.0, probe_jitter=0.0, window_s=0.1, min_samples=1),
+                          now=0.0, rng=random.Random(1))
+    for i in range(3):
+        limit.sample(0.01 * (i + 1), 0.01, 1, admitted_at=0.0)  # the first probe: 10 ms
+    assert limit.min_rtt == pytest.approx(0.01) and not limit.probing
+    limit.sample(1.1, 0.01, 1, admitted_at=1.09)  # past the interval: the next probe begins
+    assert limit.probing
+    for i in range(10):  # the queue the old limit built drains: 400 ms each, admitted before the probe
+        limit.sample(1.2 + 0.01 * i, 0.4, 30, admitted_at=0.9)
+    limit.sample(1.3, 0.5, 1, admitted_at=1.15, cut=True)  # one ran out of time: no baseline either
+    assert limit.probing
+    for i in range(3):
+        limit.sample(1.4 + 0.01 * i, 0.012, 1, admitted_at=1.35)
+    assert not limit.probing and limit.min_rtt == pytest.approx(0.012)
+
+
+def test_calls_cut_by_their_timeout_halve_a_limit_whose_tolerance_reaches_past_the_timeout() -> None:
+    """A baseline of 200 ms with a tolerance of 2.5 tolerates 700 ms; calls cut at 500 ms by their
+    timeout are censored samples, ranked above every measured latency: a window whose median is
+    one of them halves the limit from what was in use."""
+    s = LimitSettings(initial_limit=32, max_limit=32, tolerance=2.5, probe_samples=1, window_s=0.1,
+                      min_samples=5)
+    limit = GradientLimit(s, now=0.0, rng=random.Random(1))
+    limit.sample(0.0, 0.2, 1)  # the probe: a 200 ms baseline
+    assert limit.limit == 32
+    for i in range(2):
+        limit.sample(0.05 + 0.01 * i, 0.3, 30)  # two answered (within the tolerance)
+    for i in range(3):
+        limit.sample(0.1 + 0.01 * i, 0.5, 30, cut=True)  # three cut: the median ran out of time
+    assert limit.limit == 15
+    assert limit.last_rtt == pytest.approx(0.5)  # how long the median call had: a lower bound
+    assert limit.min_rtt == pytest.approx(0.2)  # a censored window teaches no baseline
+    for i in range(3):
+        limit.sample(0.3 + 0.01 * i, 0.3, 15)  # three answered, two cut: the median was measured
+    for i in range(2):
+        limit.sample(0.35 + 0.01 * i, 0.5, 15, cut=True)
+    assert limit.limit == 15  # 300 ms is within the tolerance, but calls ran out of time: no growth
+
+
+def test_past_the_tolerance_the_limit_comes_down_to_what_was_in_use() -> None:
+    """A limit grown to twice the calls in flight (the headroom for bursts) would let them double
+    into a dependency that just slowed down before its slower answers say so: past the tolerance
+    the limit is at most what was in use (issue 32: in the bench's halving, the calls in flight
+    grew from 8-14 to 17-23 and timed out)."""
+    limit = GradientLimit(LimitSettings(initial_limit=30, max_limit=32, tolerance=2.5, probe_samples=1,
+                                        window_s=0.1, min_samples=1), now=0.0, rng=random.Random(1))
+    limit.sample(0.0, 0.07, 1)  # the probe: 70 ms; the limit back at 30
+    assert limit.limit == 30
+    limit.sample(0.1, 0.3, 12)  # 300 ms with 12 in flight: past 3.5 x 70 = 245 ms, short of twice it
+    assert limit.limit == 12
+    limit.sample(0.2, 0.25, 20)  # past the tolerance again, 20 in flight: shrink in proportion from 12
+    assert limit.limit == pytest.approx(12 + 0.5 * (12 * 0.245 / 0.25 - 12))

@@ -44,6 +44,17 @@ async def _queue(lim: AdaptiveLimiter, tenant: str, priority: str, log: list[Any
     return task
 
 
+async def _end(lim: AdaptiveLimiter, tasks: list[asyncio.Task[None]], log: list[Any]) -> None:
+    """Cancel the calls still queued, give back the slots granted: nothing left in flight or queued."""
+    for t in tasks:
+        t.cancel()
+    await settle()
+    for e in log:
+        if e[0] == "granted":
+            lim.release(e[3], None)
+    assert lim.in_flight == 0 and lim.waiters == []
+
+
 def _hold(lim: AdaptiveLimiter, tenant: str, n: int) -> list[Permit]:
     permits = [lim.try_acquire(tenant) for _ in range(n)]
     assert all(p is not None for p in permits)
@@ -103,13 +114,59 @@ async def test_a_full_queue_sheds_the_lowest_priority_then_the_heaviest_tenant()
     await settle()
     granted = [e[1] for e in log if e[0] == "granted"]
     assert sorted(granted) == ["acme", "globex"]
-    for t in tasks:
-        t.cancel()
+    await _end(lim, tasks, log)
+
+
+@pytest.mark.anyio
+async def test_a_tenant_whose_calls_are_shed_stays_the_heavy_one() -> None:
+    """Issue 32: at a saturated limit each tenant is admitted about as often as the others. Counted
+    by admissions alone, a heavy tenant whose calls were shed looked as light as a well-behaved one,
+    and a well-behaved tenant's burst of three queued calls made it the heavier: its calls waited
+    behind the heavy tenant's and ran out of time. A call asked for counts, admitted or not."""
+    clock = FakeClock(auto_advance=False)
+    lim = _limiter(clock, limit=2, max_queue=10, early_queue=10)
+    held = _hold(lim, "other", 2)
+    log: list[Any] = []
+    for _ in range(8):  # the heavy tenant asks on and on, and is refused (no time to queue)
+        await _queue(lim, "hoarder", "interactive", log, wait_s=0.0)
+    assert [e[0] for e in log] == ["shed"] * 8
+    log.clear()
+    tasks = [await _queue(lim, "acme", "interactive", log) for _ in range(3)]  # a burst
+    tasks.append(await _queue(lim, "hoarder", "interactive", log))
+    assert lim.usage("acme") < lim.usage("hoarder")
+    for permit in held:
+        lim.release(permit, None)
     await settle()
+    assert [e[1] for e in log] == ["acme", "acme"]  # the burst first, the heavy tenant after
     for e in log:
-        if e[0] == "granted":
-            lim.release(e[3], None)
-    assert lim.in_flight == 0 and lim.waiters == []
+        lim.release(e[3], None)
+    await settle()
+    for e in log[2:]:
+        lim.release(e[3], None)
+    for t in tasks:
+        await t
+    assert [e[1] for e in log] == ["acme", "acme", "acme", "hoarder"]
+
+
+@pytest.mark.anyio
+async def test_a_light_tenants_burst_is_not_weighed_as_a_flood() -> None:
+    """A queued call counts once in its tenant's usage, as asked for: counted again as queued, a
+    burst of five from a tenant that sent nothing else weighed as much as seven from a tenant
+    that keeps sending (its flood bounded by its quota), and the burst waited behind the flood."""
+    clock = FakeClock(auto_advance=False)
+    lim = _limiter(clock, limit=2, max_queue=10, early_queue=10)
+    held = _hold(lim, "other", 2)
+    log: list[Any] = []
+    for _ in range(4):
+        await _queue(lim, "hoarder", "interactive", log, wait_s=0.0)  # refused: no time to queue
+    tasks = [await _queue(lim, "hoarder", "interactive", log) for _ in range(3)]
+    tasks += [await _queue(lim, "acme", "interactive", log) for _ in range(5)]
+    assert lim.usage("acme") == pytest.approx(5.0) and lim.usage("hoarder") == pytest.approx(7.0)
+    for permit in held:
+        lim.release(permit, None)
+    await settle()
+    assert [e[1] for e in log if e[0] == "granted"] == ["acme", "acme"]
+    await _end(lim, tasks, log)
 
 
 @pytest.mark.anyio

@@ -90,3 +90,10 @@ async def reads_the_ending() -> StreamEnding | None:
     endings: tuple[StreamEnding, ...] = ragguard.stream_endings()
     del endings
     return stream.ending
+
+
+async def closes_a_groups_stream(g: Guard) -> list[str]:
+    # a model group's stream is an async generator too: aclosing() accepts it, and closing it
+    # early closes the deployment's stream (its call cancelled) at once
+    async with aclosing(g.group("chat", {"a": tokens}).stream("q")) as words:
+        return [w async for w in words]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _inject
@@ -103,10 +103,11 @@ class ModelGroup:
 
     create = __call__
 
-    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         """The items of the first deployment whose stream gives its first item (failing over
         before it only); raises as :meth:`__call__`, and after the first item what the stream
-        raises."""
+        raises. An async generator: closing it (``aclose()``, ``contextlib.aclosing``) closes the
+        deployment's stream there and then."""
         order = self._fixed_order or self._order()
         items, first = await self._serve(args, kwargs, _open, order)
         try:

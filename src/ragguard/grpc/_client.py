@@ -25,7 +25,9 @@ def client_interceptors(*, tenant_key: str = TENANT_KEY) -> list[aio.ClientInter
     - The remaining deadline (:func:`ragguard.remaining`) becomes the call's ``timeout``, or
       shortens the timeout the caller gave; it never lengthens it.
     - Failures come back classified: UNAVAILABLE as :class:`RemoteUnavailable` (a
-      ConnectionError), DEADLINE_EXCEEDED as :class:`RemoteDeadlineExceeded` (a TimeoutError),
+      ConnectionError), DEADLINE_EXCEEDED as :class:`RemoteDeadlineExceeded` (a TimeoutError;
+      ``request_deadline`` True when the call's timeout was the request's deadline, which then
+      ran out: classified as the request's deadline, not as the server's slowness),
       RESOURCE_EXHAUSTED as :class:`RemoteQuotaExceeded` (a ragguard QuotaExceeded); each is
       still an ``AioRpcError`` with the original as ``__cause__``. Other statuses pass unchanged.
 
@@ -56,20 +58,24 @@ class _Outgoing:
             )
         self.tenant_key = tenant_key
 
-    def __call__(self, details: ClientCallDetails) -> tuple[ClientCallDetails, str]:
+    def __call__(self, details: ClientCallDetails) -> tuple[ClientCallDetails, str, bool]:
+        """The call's details with the tenant and the deadline, its tenant, and whether its
+        timeout is the request's deadline."""
         tenant = current_tenant()
         metadata = details.metadata
         if tenant != DEFAULT_TENANT and not _has_key(metadata, self.tenant_key):
             metadata = Metadata(*(metadata or ()), (self.tenant_key, tenant))
         timeout = details.timeout
         left = remaining()
-        if left is not None and (timeout is None or left < timeout):
+        bound = left is not None and (timeout is None or left <= timeout)
+        if bound:
             timeout = left
         if metadata is details.metadata and timeout == details.timeout:
-            return details, tenant
+            return details, tenant, bound
         return (
             ClientCallDetails(details.method, timeout, metadata, details.credentials, details.wait_for_ready),
             tenant,
+            bound,
         )
 
 
@@ -83,8 +89,8 @@ class _UnaryUnary(aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_unary(
         self, continuation: Continuation, client_call_details: ClientCallDetails, request: Any
     ) -> Any:
-        details, tenant = self._outgoing(client_call_details)
-        return _ClassifiedUnaryCall(await continuation(details, request), tenant)
+        details, tenant, bound = self._outgoing(client_call_details)
+        return _ClassifiedUnaryCall(await continuation(details, request), tenant, bound)
 
 
 class _StreamUnary(aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
@@ -94,8 +100,8 @@ class _StreamUnary(aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_stream_unary(
         self, continuation: Continuation, client_call_details: ClientCallDetails, request_iterator: Any
     ) -> Any:
-        details, tenant = self._outgoing(client_call_details)
-        return _ClassifiedUnaryCall(await continuation(details, request_iterator), tenant)
+        details, tenant, bound = self._outgoing(client_call_details)
+        return _ClassifiedUnaryCall(await continuation(details, request_iterator), tenant, bound)
 
 
 class _UnaryStream(aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
@@ -105,8 +111,8 @@ class _UnaryStream(aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_stream(
         self, continuation: Continuation, client_call_details: ClientCallDetails, request: Any
     ) -> Any:
-        details, tenant = self._outgoing(client_call_details)
-        return _classified_stream(await continuation(details, request), tenant)
+        details, tenant, bound = self._outgoing(client_call_details)
+        return _classified_stream(await continuation(details, request), tenant, bound)
 
 
 class _StreamStream(aio.StreamStreamClientInterceptor):  # type: ignore[misc]
@@ -116,20 +122,20 @@ class _StreamStream(aio.StreamStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_stream_stream(
         self, continuation: Continuation, client_call_details: ClientCallDetails, request_iterator: Any
     ) -> Any:
-        details, tenant = self._outgoing(client_call_details)
-        return _classified_stream(await continuation(details, request_iterator), tenant)
+        details, tenant, bound = self._outgoing(client_call_details)
+        return _classified_stream(await continuation(details, request_iterator), tenant, bound)
 
 
 def _has_key(metadata: Any, key: str) -> bool:
     return bool(metadata) and any(item[0] == key for item in metadata)
 
 
-async def _classified_stream(call: AsyncIterable[Any], tenant: str) -> AsyncIterator[Any]:
+async def _classified_stream(call: AsyncIterable[Any], tenant: str, bound: bool) -> AsyncIterator[Any]:
     try:
         async for response in call:
             yield response
     except AioRpcError as err:
-        mapped = remote_error(err, tenant)
+        mapped = remote_error(err, tenant, request_deadline=bound)
         if mapped is None:
             raise
         raise mapped from err
@@ -143,15 +149,16 @@ class _ClassifiedUnaryCall(aio.UnaryUnaryCall, aio.StreamUnaryCall):  # type: ig
     keeps ``call.write()`` usable, which waits for the interceptor to finish.
     """
 
-    def __init__(self, call: Any, tenant: str) -> None:
+    def __init__(self, call: Any, tenant: str, bound: bool) -> None:
         self._call = call
         self._tenant = tenant
+        self._bound = bound
 
     def __await__(self) -> Generator[Any, None, Any]:
         try:
             return (yield from self._call.__await__())
         except AioRpcError as err:
-            mapped = remote_error(err, self._tenant)
+            mapped = remote_error(err, self._tenant, request_deadline=self._bound)
             if mapped is None:
                 raise
             raise mapped from err

@@ -7,7 +7,9 @@ and ``except grpc.aio.AioRpcError`` still catches it) and also a class the break
      +-- RemoteCallError
           +-- RemoteUnavailable        (ConnectionError)  UNAVAILABLE: a dependency failure (a
           |                                               rejection when it states a wait)
-          +-- RemoteDeadlineExceeded   (TimeoutError)     DEADLINE_EXCEEDED: a timeout
+          +-- RemoteDeadlineExceeded   (TimeoutError)     DEADLINE_EXCEEDED: a timeout (the
+          |                                               request's deadline when it was the
+          |                                               call's timeout: request_deadline)
           +-- RemoteQuotaExceeded                         RESOURCE_EXHAUSTED: a rejection
 
 Each carries ``retry_after_s``: the seconds the server asked the client to wait, read from the
@@ -67,7 +69,16 @@ class RemoteUnavailable(RemoteCallError, ConnectionError):
 
 
 class RemoteDeadlineExceeded(RemoteCallError, TimeoutError):
-    """DEADLINE_EXCEEDED: the call outlived its timeout (a TimeoutError)."""
+    """DEADLINE_EXCEEDED: the call outlived its timeout (a TimeoutError).
+
+    ``request_deadline``: the timeout was the request's own deadline (the client interceptors
+    propagated it), so what ran out is the request's time, as :class:`ragguard.DeadlineExceeded`
+    says: classified ``Kind.DEADLINE`` (never counted by a breaker, never retried, never
+    continued) rather than as the server's slowness (``Kind.TIMEOUT``)."""
+
+    def __init__(self, err: AioRpcError, *, request_deadline: bool = False) -> None:
+        super().__init__(err)
+        self.request_deadline = request_deadline
 
 
 class RemoteQuotaExceeded(RemoteCallError):
@@ -86,18 +97,18 @@ class RemoteQuotaExceeded(RemoteCallError):
         self.retry_after_s = retry_after_of(self._trailing_metadata) or 0.0
 
 
-_BY_CODE: dict[grpc.StatusCode, type[RemoteCallError]] = {
-    grpc.StatusCode.UNAVAILABLE: RemoteUnavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: RemoteDeadlineExceeded,
-}
+_BY_CODE: dict[grpc.StatusCode, type[RemoteCallError]] = {grpc.StatusCode.UNAVAILABLE: RemoteUnavailable}
 
 
-def remote_error(err: AioRpcError, tenant: str) -> RemoteCallError | None:
-    """The classified error for ``err`` (tenant ``tenant`` made the call), or None to keep ``err``."""
+def remote_error(err: AioRpcError, tenant: str, *, request_deadline: bool = False) -> RemoteCallError | None:
+    """The classified error for ``err`` (tenant ``tenant`` made the call, with the request's
+    deadline as its timeout when ``request_deadline``), or None to keep ``err``."""
     if isinstance(err, RemoteCallError):
         return None
     code = err.code()
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return RemoteQuotaExceeded(err, tenant)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return RemoteDeadlineExceeded(err, request_deadline=request_deadline)
     cls = _BY_CODE.get(code)
     return None if cls is None else cls(err)

@@ -7,10 +7,12 @@ latency sampled is the dependency's). ``enter`` admits at once while the stage's
 and nobody queues; otherwise the call queues by priority (``enter_async``) for at most the policy's
 ``max_wait_s``, cut to what the deadline leaves after ``min_attempt_s``, or is shed with
 :class:`~ragguard.Overloaded` (see :mod:`ragguard.overload`). ``exit`` gives the slot back with
-the attempt's latency as a sample: a success, or a timeout (the dependency was slow); a
-cancellation or another failure gives it back unsampled, and an out-of-memory error backs the
-limit off (the ``out_of_memory`` signal). A stream holds its slot until it ends and feeds no
-samples.
+the attempt's latency as a sample: a success's latency; or, for an attempt that ran out of time
+after longer than the baseline (its attempt timer or the deadline cut it, or it was cancelled once
+the request's deadline had passed: the front doors cancel a handler then), a censored sample, "longer
+than its caller allowed" (see :mod:`ragguard.overload._gradient`). Another cancellation or failure
+gives it back unsampled, and an out-of-memory error backs the limit off (the ``out_of_memory``
+signal). A stream holds its slot until it ends and feeds no samples.
 """
 
 from __future__ import annotations
@@ -73,17 +75,28 @@ class AdaptiveLayer:
             limiter.release(token, None)
         elif exc is None:
             limiter.release(token, self.clock() - token.started)
-        elif not isinstance(exc, Exception):
-            limiter.release(token, None)  # cancelled: says nothing of the dependency
+        elif not isinstance(exc, Exception):  # cancelled: out of time if the deadline has passed
+            expiry = current_expiry()
+            if expiry is not None and expiry.left() <= 0.0:
+                self._out_of_time(token)
+            else:
+                limiter.release(token, None)  # says nothing of the dependency
         elif (outcome := call.outcome or outcome_of(exc)).kind in _SLOW:
-            elapsed = self.clock() - token.started
-            base = limiter.gradient.min_rtt or 0.0
-            limiter.release(token, elapsed if elapsed > base else None)  # slow: a (long) sample
+            self._out_of_time(token)
         else:
             limiter.release(token, None)
             if self._oom and outcome.out_of_memory:
                 limiter.press("out_of_memory")
         return None
+
+    def _out_of_time(self, token: Any) -> None:
+        """Give back the slot of an attempt cut by its timer or the deadline: a censored sample
+        when it had longer than the baseline (a shorter budget says nothing of the dependency)."""
+        elapsed = self.clock() - token.started
+        if elapsed > (self.limiter.gradient.min_rtt or 0.0):
+            self.limiter.release(token, elapsed, cut=True)
+        else:
+            self.limiter.release(token, None)
 
 
 _SLOW = frozenset({Kind.TIMEOUT, Kind.DEADLINE})  # the stage's timeout or the deadline cut the attempt

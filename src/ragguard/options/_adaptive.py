@@ -32,14 +32,15 @@ class AdaptivePolicy(Options):
     - ``growth``: the limit grows only up to ``growth`` x the most calls in flight in the window
       (failsafe-go's rule: a limit nobody uses does not climb), >= 1.
     - baseline probes: every ``probe_interval_s`` seconds (plus up to ``probe_jitter`` of it, drawn
-      from the Guard's rng) the limit is pinned to ``probe_limit`` for ``probe_samples`` calls to
-      re-measure ``min_rtt`` (Envoy's minRTT window); the first probe runs at start.
+      from the Guard's rng) the limit is pinned to ``probe_limit`` for ``probe_samples`` calls
+      admitted after the probe began to re-measure ``min_rtt`` (Envoy's minRTT window); the first
+      probe runs at start.
     - queue: over the limit a call waits up to ``max_wait_s`` seconds (cut to its deadline); the
       queue holds ``max_queue`` x limit calls, and from ``early_queue`` x limit on it sheds calls
       with a rising probability (lowest priority, then heaviest tenant first). ``max_queue: 0``
       sheds at once.
-    - ``usage_window_s``: the time constant (seconds) of a tenant's recent admissions, counted in
-      its usage when choosing whom to shed.
+    - ``usage_window_s``: the time constant (seconds) of a tenant's recent calls (admitted or
+      shed), counted in its usage when choosing whom to shed.
     - ``signals``: outside pressure that backs the limit off by ``backoff`` (a factor in (0, 1)),
       at most once per window: ``loop_lag`` (a loop stall of ``loop_lag_s`` seconds or more
       reported by :class:`ragguard.monitors.StallDetector`), ``pool_wait`` (a Redis pool monitor's

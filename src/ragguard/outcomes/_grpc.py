@@ -89,7 +89,12 @@ def classify(exc: BaseException) -> Outcome | None:
         return None
     if not isinstance(name, str):
         return None
+    if name == "DEADLINE_EXCEEDED" and getattr(exc, "request_deadline", False) is True:
+        return _REQUEST_DEADLINE  # the request's own deadline, propagated as the call's timeout
     return from_grpc_code(name, details if isinstance(details, str) else "", trailing)
+
+
+_REQUEST_DEADLINE = Outcome(Kind.DEADLINE)
 
 
 def parse_retry_after(value: object) -> float | None:

@@ -8,14 +8,17 @@ calls in flight during the window::
 
     gradient = min_rtt * (1 + tolerance) / rtt                       # Envoy's (minRTT + buffer) / RTT
     cap      = max(limit, growth * used)                             # failsafe-go: grow only while used
-    if rtt <= min_rtt * (1 + min(tolerance / 2, 0.25)):              # no queue to speak of
+    if the percentile falls on a call that ran out of time:          # (see below)
+        limit = min(limit, used) / 2                                 #   halve what was in use, at once
+    elif rtt <= min_rtt * (1 + min(tolerance / 2, 0.25)):            # no queue to speak of
         limit = min(2 * limit, cap)                                  #   slow start: double
     elif gradient >= 1:                                              # within tolerance
         limit += smoothing * (min(limit + sqrt(limit), cap) - limit) #   grow gently
     elif gradient <= 0.5:                                            # a queue of twice the tolerance
         limit = min(limit, used) / 2                                 #   halve what was in use, at once
     else:                                                            # past the tolerance
-        limit += smoothing * (limit * gradient - limit)              #   shrink in proportion
+        limit = min(limit + smoothing * (limit * gradient - limit),  #   shrink in proportion,
+                    used)                                            #   to at most what was in use
     limit = clamp(limit, min_limit, max_limit)
 
 so the limit settles where the dependency's latency is its baseline plus the tolerance: for a
@@ -27,17 +30,32 @@ Gradient2's ``gradient x limit + headroom``, the sqrt(limit) headroom is added o
 latency is within tolerance: at the small limits of a nearly serial dependency a standing headroom
 would keep a queue of several calls (and twice the latency) for good. The limit grows only while
 the calls in flight use it (a limit nobody reaches does not drift up to the ceiling and then let a
-burst through), and a large excess halves what was in use (a limit above the calls in flight
-protected nothing). Admission compares the calls in flight with the float limit: a limit of 1.5 admits two
-calls (:func:`admits`).
+burst through), and past the tolerance the limit is at most what was in use (a limit above the
+calls in flight protected nothing: grown to twice them while the latency was low, it would let the
+calls in flight double into a dependency that just slowed down, before the slower answers come back
+to say so); a large excess halves what was in use. Admission compares the calls in flight with the
+float limit: a limit of 1.5 admits two calls (:func:`admits`).
+
+A call that ran out of time (its attempt timer or its request's deadline cut it after more than the
+baseline) is a sample too, censored: its latency is unknown, only that it was longer than its caller
+allowed. It ranks above every measured latency of its window, and a window whose ``percentile`` falls on
+such a call halves the limit from what was in use (as a queue of twice the tolerance does); a window
+with any such call never raises the limit. Counted at
+the moment it was cut, as a latency like any other, it could never pass a tolerance wider than the
+timeout: with a baseline learnt under load, ``min_rtt * (1 + tolerance)`` can lie beyond the timeout,
+and a limit at its ceiling would then never shrink while every call timed out.
 
 The baseline is re-measured every ``probe_interval_s`` seconds, the start of each probe delayed by
 a random share (up to ``probe_jitter``) of the interval drawn from the Guard's seeded rng, so that
 replicas do not probe together (Envoy's minRTT window): for ``probe_samples`` calls the limit is
 pinned to ``probe_limit`` (within ``min_limit`` and ``max_limit``), and the probe's ``percentile``
-latency becomes ``min_rtt``. A probe also starts when the limit has sat at its floor for 5 windows
-(the baseline may be stale). Two windows in a row whose latency is below the baseline lower it to the
-larger of the two (one window may be a lucky few samples: the baseline must not ratchet down to noise).
+latency becomes ``min_rtt``. Only calls admitted after the probe began count (given their admission
+time, ``admitted_at``): the calls already in flight when it begins were admitted under the old limit
+and waited in the queue it built, so under load they would make the queue the baseline, which is what
+the probe exists to remove. A call that ran out of time says nothing of the baseline and does not
+count either. A probe also starts when the limit has sat at its floor for 5 windows (the baseline may
+be stale). Two windows in a row whose latency is below the baseline lower it to the larger of the two
+(one window may be a lucky few samples: the baseline must not ratchet down to noise).
 
 Pressure from outside (event-loop lag, a starved Redis pool, out-of-memory) multiplies the limit
 by ``backoff``, at most once per window.
@@ -92,10 +110,12 @@ class GradientLimit:
 
     __slots__ = (
         "_below",
+        "_cut",
         "_floor_windows",
         "_max_in_flight",
         "_pressed_at",
         "_probe",
+        "_probe_began",
         "_samples",
         "_saved_limit",
         "_window_start",
@@ -116,6 +136,7 @@ class GradientLimit:
         self.min_rtt: float | None = None
         self.last_rtt: float | None = None
         self._samples: list[float] = []
+        self._cut: list[float] = []  # the window's calls that ran out of time: how long they had
         self._window_start = now
         self._max_in_flight = 0
         self._floor_windows = 0
@@ -127,24 +148,32 @@ class GradientLimit:
         self._saved_limit = self.limit
         self.limit = _probe_limit(settings)
         self._probe: list[float] = []
+        self._probe_began = now
         self.next_probe = math.inf
 
     # -- samples -----------------------------------------------------------------------------------
 
-    def sample(self, now: float, rtt_s: float, in_flight: int) -> bool:
+    def sample(
+        self, now: float, rtt_s: float, in_flight: int, *, admitted_at: float | None = None, cut: bool = False
+    ) -> bool:
         """Record one finished call that took ``rtt_s`` seconds with ``in_flight`` calls (itself
-        included) in flight when it was admitted; True when the limit changed."""
+        included) in flight when it was admitted at clock time ``admitted_at`` (None: unknown, taken
+        as admitted now); ``cut``: the call ran out of time after ``rtt_s`` seconds, its latency
+        unknown but longer than its caller allowed (a censored sample, see the module docstring).
+        True when the limit changed."""
         if self.probing:
+            if cut or (admitted_at is not None and admitted_at < self._probe_began):
+                return False  # out of time, or admitted under the old limit: not the baseline
             self._probe.append(rtt_s)
             if len(self._probe) >= self.settings.probe_samples:
                 self._end_probe(now)
                 return True
             return False
-        self._samples.append(rtt_s)
+        (self._cut if cut else self._samples).append(rtt_s)
         if in_flight > self._max_in_flight:
             self._max_in_flight = in_flight
         s = self.settings
-        if now - self._window_start >= s.window_s and len(self._samples) >= s.min_samples:
+        if now - self._window_start >= s.window_s and len(self._samples) + len(self._cut) >= s.min_samples:
             return self._update(now)
         if now >= self.next_probe:
             self._start_probe(now)
@@ -176,15 +205,19 @@ class GradientLimit:
 
     def _update(self, now: float) -> bool:
         s = self.settings
-        rtt = _percentile(self._samples, s.percentile)
+        rtt, out_of_time = _censored_percentile(self._samples, self._cut, s.percentile)
+        any_cut = bool(self._cut)
         self.last_rtt = rtt
         used = self._max_in_flight
         self._samples = []
+        self._cut = []
         self._max_in_flight = 0
         self._window_start = now
         base = self.min_rtt
         if base is None:
             self.min_rtt = base = rtt
+        elif out_of_time:  # rtt is only a lower bound: no baseline to learn from it
+            self._below = None
         elif rtt < base:  # two windows in a row under the baseline lower it (one may be noise)
             if self._below is not None:
                 self.min_rtt = base = max(rtt, self._below)
@@ -195,15 +228,19 @@ class GradientLimit:
             self._below = None
         limit = self.limit
         gradient = base * (1.0 + s.tolerance) / rtt if rtt > 0 else 2.0
-        if rtt <= base * (1.0 + min(s.tolerance / 2, 0.25)):  # no queue to speak of: slow start
+        if out_of_time:  # most calls ran out of time: halve what was in use, whatever the tolerance
+            new = 0.5 * min(limit, max(float(used), 1.0))
+        elif rtt <= base * (1.0 + min(s.tolerance / 2, 0.25)):  # no queue to speak of: slow start
             new = min(2.0 * limit, max(limit, s.growth * used))
         elif gradient >= 1.0:
             target = min(limit + math.sqrt(limit), max(limit, s.growth * used))
             new = limit + s.smoothing * (target - limit)
         elif gradient <= 0.5:  # a queue of twice the tolerance: halve what was in use, at once
             new = 0.5 * min(limit, max(float(used), 1.0))  # (a limit above it protected nothing)
-        else:  # past the tolerance: shrink in proportion
-            new = limit + s.smoothing * (limit * gradient - limit)
+        else:  # past the tolerance: shrink in proportion, and no higher than what was in use
+            new = min(limit + s.smoothing * (limit * gradient - limit), max(float(used), 1.0))
+        if any_cut and new > limit:  # calls ran out of time: no more of them
+            new = limit
         new = min(float(s.max_limit), max(float(s.min_limit), new))
         changed = admits(new) != admits(limit)
         self.limit = new
@@ -226,6 +263,7 @@ class GradientLimit:
         self._saved_limit = self.limit
         self.limit = _probe_limit(s)
         self._probe = []
+        self._probe_began = now
         self._floor_windows = 0
         self.changes += 1
 
@@ -236,6 +274,7 @@ class GradientLimit:
         self.probing = False
         self.limit = self._saved_limit
         self._samples = []
+        self._cut = []
         self._max_in_flight = 0
         self._window_start = now
         self.next_probe = now + s.probe_interval_s * (1.0 + self.rng.uniform(0.0, s.probe_jitter))
@@ -245,6 +284,17 @@ class GradientLimit:
 def _probe_limit(s: LimitSettings) -> float:
     """The limit during a baseline probe: ``probe_limit``, within the floor and the ceiling."""
     return float(min(max(s.probe_limit, s.min_limit), s.max_limit))
+
+
+def _censored_percentile(measured: list[float], cut: list[float], q: float) -> tuple[float, bool]:
+    """The ``q`` quantile (0..1, nearest rank) of a window whose ``cut`` calls ran out of time (each
+    longer than any measured one: censored), and whether it falls on one of them (then the value is
+    how long that call had, a lower bound). Not both empty."""
+    n = len(measured) + len(cut)
+    rank = min(n - 1, max(0, math.ceil(q * n) - 1))
+    if rank < len(measured):
+        return sorted(measured)[rank], False
+    return sorted(cut)[rank - len(measured)], True
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -9,10 +9,13 @@ The queue is bounded and rejects gradually, after failsafe-go's adaptive limiter
 ``max_queue`` x limit waiters, and from ``early_queue`` x limit waiters on, each arrival sheds one
 call with a probability rising linearly to 1 at the bound (drawn from the Guard's seeded rng). The
 call shed is the worst of the queue and the arrival: the lowest priority, then the heaviest tenant
-(the most calls in flight, queued and admitted lately at this stage, per unit of the tenant's
-``weight``), then the newest. A shed call raises :class:`~ragguard.Overloaded`. While a baseline
-probe pins the limit low, the queue keeps the size of the limit the probe will give back (a probe
-measures the dependency; it does not shrink the room to wait).
+(the most calls asked for lately at this stage, admitted, queued or shed, plus its calls in flight,
+per unit of the tenant's ``weight``: :meth:`AdaptiveLimiter.usage`), then the newest. Calls shed
+count: a saturated limit admits each tenant about as often as the others, so by its admissions a
+heavy tenant whose calls are being shed would look as light as the tenants it crowds out. A shed
+call raises :class:`~ragguard.Overloaded`. While a baseline probe pins the limit low, the queue
+keeps the size of the limit the probe will give back (a probe measures the dependency; it does not
+shrink the room to wait).
 
 Every wait is on the Guard's clock: a queued call's wait is bounded by the clock's own timers (a
 :class:`~ragguard.FakeClock`'s) or the loop's timer wheel, as attempt timeouts are.
@@ -70,7 +73,7 @@ class _Usage:
     def __init__(self, now: float) -> None:
         self.in_flight = 0
         self.waiting = 0
-        self.recent = 0.0  # admissions, decayed with time constant usage_window_s
+        self.recent = 0.0  # calls asked for (admitted or not), decayed with time constant usage_window_s
         self.at = now
 
 
@@ -132,7 +135,19 @@ class AdaptiveLimiter:
         """Admit a call of ``tenant`` at once, or None when it must queue (:meth:`acquire`)."""
         if self.in_flight >= self.cap or self.waiters:
             return None
-        return self._admit(tenant, self.clock())
+        now = self.clock()
+        self._asked(tenant, now)
+        return self._admit(tenant, now)
+
+    def _asked(self, tenant: str, now: float) -> None:
+        """Count a call of ``tenant`` asking for a slot (once, admitted or not) in its usage."""
+        usage = self._usage.get(tenant)
+        if usage is None:
+            usage = self._new_usage(tenant, now)
+        if now > usage.at:
+            usage.recent *= math.exp((usage.at - now) / self.queue.usage_window_s)
+            usage.at = now
+        usage.recent += 1.0
 
     def _admit(self, tenant: str, now: float) -> Permit:
         self.in_flight += 1
@@ -141,10 +156,6 @@ class AdaptiveLimiter:
         if usage is None:
             usage = self._new_usage(tenant, now)
         usage.in_flight += 1
-        if now > usage.at:
-            usage.recent *= math.exp((usage.at - now) / self.queue.usage_window_s)
-        usage.recent += 1.0
-        usage.at = now
         return Permit(tenant, now, self.in_flight)
 
     async def acquire(self, tenant: str, priority: str, wait_s: float, by_deadline: bool = False) -> Permit:
@@ -152,8 +163,10 @@ class AdaptiveLimiter:
         the caller cut ``wait_s`` to what the request's deadline leaves. Raises
         :class:`~ragguard.Overloaded` when shed or out of time (reason ``deadline`` when the deadline
         set the wait, see :class:`~ragguard.Overloaded`)."""
+        now = self.clock()
+        self._asked(tenant, now)
         if self.in_flight < self.cap and not self.waiters:
-            return self._admit(tenant, self.clock())
+            return self._admit(tenant, now)
         if wait_s <= 0.0:  # no time to queue at all
             raise self._reject(tenant, priority, "deadline" if by_deadline else "limit")
         waiter = _Waiter(tenant, priority, next(self._seq), "deadline" if by_deadline else "queue")
@@ -237,16 +250,18 @@ class AdaptiveLimiter:
 
     # -- release and hand-off ----------------------------------------------------------------------
 
-    def release(self, permit: Permit, rtt_s: float | None) -> None:
+    def release(self, permit: Permit, rtt_s: float | None, *, cut: bool = False) -> None:
         """Give back ``permit``; ``rtt_s`` (seconds) is the call's latency sample, None for none
-        (a cancellation, a fast failure that says nothing about latency)."""
+        (a cancellation, a fast failure that says nothing about latency); ``cut``: the call ran out
+        of time after ``rtt_s`` seconds (a censored sample, see :mod:`ragguard.overload._gradient`)."""
         self.in_flight -= 1
         usage = self._usage.get(permit.tenant)
         if usage is not None:
             usage.in_flight -= 1
-        if rtt_s is not None:
-            if self.gradient.sample(self.clock(), rtt_s, permit.in_flight):
-                self._limit_changed()
+        if rtt_s is not None and self.gradient.sample(
+            self.clock(), rtt_s, permit.in_flight, admitted_at=permit.started, cut=cut
+        ):
+            self._limit_changed()
         if self.waiters and self.in_flight < self.cap:
             self._grant()
 
@@ -277,46 +292,34 @@ class AdaptiveLimiter:
     # -- choosing ----------------------------------------------------------------------------------
 
     def usage(self, tenant: str) -> float:
-        """How heavily ``tenant`` uses this stage now: its calls in flight and queued plus its
-        admissions of the last ``usage_window_s`` or so (decayed), per unit of its weight."""
+        """How heavily ``tenant`` uses this stage now: the calls it asked for (admitted, queued or
+        shed) in the last ``usage_window_s`` or so (decayed) plus its calls in flight (a call
+        holding a slot weighs more than one that left), per unit of its weight. A queued call
+        counts once, as asked for: counted again as queued, a light tenant's burst would weigh
+        as much as a heavy tenant's steady flood."""
         u = self._usage.get(tenant)
         if u is None:
             return 0.0
         now = self.clock()
         recent = u.recent * math.exp((u.at - now) / self.queue.usage_window_s) if now > u.at else u.recent
         weight = self._weight_of(tenant) if self._weight_of is not None else 1.0
-        return (u.in_flight + u.waiting + recent) / weight
+        return (u.in_flight + recent) / weight
+
+    def _key(self, w: _Waiter, usage: dict[str, float]) -> tuple[int, float, int]:
+        """How much ``w`` deserves a slot: priority, then the lighter tenant, then the older call
+        (``usage``: each tenant's, computed once per choice)."""
+        u = usage.get(w.tenant)
+        if u is None:
+            u = usage[w.tenant] = self.usage(w.tenant)
+        return (w.rank, -u, -w.seq)
 
     def _best(self) -> _Waiter:
         usage: dict[str, float] = {}
-        best: _Waiter | None = None
-        key: tuple[int, float, int] = (-1, 0.0, 0)
-        for w in self.waiters:
-            u = usage.get(w.tenant)
-            if u is None:
-                u = usage[w.tenant] = self.usage(w.tenant)
-            k = (w.rank, -u, -w.seq)
-            if best is None or k > key:
-                best, key = w, k
-        assert best is not None
-        return best
+        return max(self.waiters, key=lambda w: self._key(w, usage))
 
     def _worst(self, arrival: _Waiter) -> _Waiter:
         usage: dict[str, float] = {}
-        worst = arrival
-        u0 = self.usage(arrival.tenant) + 1.0  # the arrival would add one more call
-        usage[arrival.tenant] = u0 - 1.0
-        key = (arrival.rank, -u0, -arrival.seq)
-        for w in self.waiters:
-            u = usage.get(w.tenant)
-            if u is None:
-                u = usage[w.tenant] = self.usage(w.tenant)
-            if w.tenant == arrival.tenant:
-                u = u0
-            k = (w.rank, -u, -w.seq)
-            if k < key:
-                worst, key = w, k
-        return worst
+        return min([arrival, *self.waiters], key=lambda w: self._key(w, usage))
 
     def _reject(self, tenant: str, priority: str, reason: str) -> Overloaded:
         self.shed[priority] = self.shed.get(priority, 0) + 1

@@ -486,21 +486,29 @@ async def run_stream(
                 if kept is None or not call.items:
                     raise
                 failed = await _release_inside(call, head, exc, classify)
-                take_over = partial(head.resume.take_over, call, failed, kept)  # type: ignore[union-attr]
-                takeover = await (_gated(call, outer, take_over, classify) if outer else take_over())
-                del kept, take_over
+                takeover = await _take_over(call, head, outer, failed, kept, classify)
                 if takeover is None:
                     raise failed  # noqa: B904 - its own error, or the one a gate replaced it with
                 taken, rest = takeover
                 after, cause = call.items, ended_by(failed)
-            if rest is not None:
-                while True:
-                    try:
-                        item = await (next_item(call, rest, outer, classify) if outer else rest.__anext__())
-                    except StopAsyncIteration:
-                        break
-                    call.items += 1
-                    yield item
+            while rest is not None:
+                try:
+                    item = await (next_item(call, rest, outer, classify) if outer else rest.__anext__())
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    # the continuation failed past its own first item: the next one may carry on
+                    failing, rest = rest, None
+                    await _close(failing)  # its own layers settle
+                    takeover = await _take_over(call, head, outer, exc, kept, classify)  # type: ignore[arg-type]
+                    if takeover is None:
+                        raise
+                    taken, rest = takeover
+                    after, cause = call.items, ended_by(exc)
+                    continue
+                call.items += 1
+                kept.append(item)  # type: ignore[union-attr]
+                yield item
     except BaseException as exc:
         outcome = exc
         if call.items and isinstance(exc, Exception):
@@ -521,6 +529,15 @@ async def run_stream(
                 _exit_all(call, gates, tokens, outcome, classify)
             if record and outcome is not None and call.items and isinstance(outcome, Exception):
                 mark_degraded(f"incomplete: {call.stage} after {_items(call.items)}")
+
+
+async def _take_over(
+    call: Call, head: Head, outer: tuple[Gate, ...], failed: Exception, kept: list[Any], classify: Classifier
+) -> tuple[str, Any] | None:
+    """The head's resumption carrying ``call``'s stream on after ``failed``, from the items
+    ``kept`` (what the caller has), inside the ``outer`` item gates; None: nothing carries it on."""
+    take_over = partial(head.resume.take_over, call, failed, kept)  # type: ignore[union-attr]
+    return await (_gated(call, outer, take_over, classify) if outer else take_over())
 
 
 async def _gated(

@@ -9,7 +9,9 @@ total budget, a reset, an overload error inside the stream: what a fallback serv
 deadline apart), :class:`ContinuationLayer` hands the continuation the call's arguments and
 ``partial=`` (:class:`Partial`: the items the caller has, and their text), and the caller's
 stream goes on with the continuation's items. A sequence of continuations is tried in order, each
-until its first item; once one has handed over an item, its own failure ends the stream.
+until its first item; one that fails after handing over items (in a way a continuation serves)
+hands the stream to the ones after it, given everything the caller has by then, and the failure of
+the last one tried ends the stream. Each continuation carries a stream on once at most.
 
 What the continuation runs under: a guarded function (``@guard`` of a stage of its own, e.g.
 another deployment) under its own stage's layers; any other under the stage's own budgets (a
@@ -234,17 +236,24 @@ async def _stream(produced: Any) -> AsyncIterator[Any]:
 
 
 class _Resume:
-    """One opened stream's :class:`~ragguard.pipeline.Resumption`: the layer, and the held entries
-    of the layers inside it."""
+    """One opened stream's :class:`~ragguard.pipeline.Resumption`: the layer, the held entries
+    of the layers inside it, and ``next``, the first continuation of the sequence not tried yet
+    (each carries a stream on once at most)."""
 
-    __slots__ = ("inside", "layer")
+    __slots__ = ("inside", "layer", "next")
 
     def __init__(self, layer: ContinuationLayer, inside: tuple[Any, ...]) -> None:
         self.layer = layer
         self.inside = inside
+        self.next = 0
 
     async def take_over(self, call: Call, exc: Exception, items: list[Any]) -> tuple[str, Any] | None:
-        return await self.layer.take_over(call, exc, items)
+        taken = await self.layer.take_over(call, exc, items, start=self.next)
+        if taken is None:
+            self.next = len(self.layer.continuations)
+            return None
+        self.next, name, rest = taken
+        return name, rest
 
 
 class ContinuationLayer:
@@ -281,16 +290,19 @@ class ContinuationLayer:
             head.resume = _Resume(self, tuple(head.held))
         return head
 
-    async def take_over(self, call: Call, exc: Exception, items: list[Any]) -> tuple[str, Any] | None:
-        """The continuation that carries ``call``'s stream on after ``exc``, and its items still
-        to hand over (trimmed of what they repeat); None when none applies or answers (each
-        reason noted on ``exc``)."""
-        if not self.applies(exc):
+    async def take_over(
+        self, call: Call, exc: Exception, items: list[Any], *, start: int = 0
+    ) -> tuple[int, str, Any] | None:
+        """The continuation that carries ``call``'s stream on after ``exc`` (the first of the
+        sequence from ``start`` that answers): the position after it in the sequence, its name,
+        and its items still to hand over (trimmed of what they repeat); None when none applies
+        or answers (each reason noted on ``exc``)."""
+        if start >= len(self.continuations) or not self.applies(exc):
             return None
         partial = self._partial(call, exc, items)
         if partial is None:
             return None
-        for continuation in self.continuations:
+        for at, continuation in enumerate(self.continuations[start:], start + 1):
             stream: Any = None
             try:
                 stream = continuation.open(call, partial)
@@ -318,9 +330,9 @@ class ContinuationLayer:
                 )
                 self._bus.emit(event)
             if first is _NOTHING:
-                return continuation.name, _empty()
+                return at, continuation.name, _empty()
             trim = partial.text is not None and isinstance(first, str)
-            return continuation.name, _joined(first, stream, partial.overlap() if trim else None)
+            return at, continuation.name, _joined(first, stream, partial.overlap() if trim else None)
         return None
 
     def _partial(self, call: Call, exc: Exception, items: list[Any]) -> Partial | None:

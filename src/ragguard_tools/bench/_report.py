@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..demo.loadgen import RequestRecord
+from ._changes import change_targets, trace_line
 
 __all__ = ["BenchReport", "StepSummary", "find_knee", "summarize_step"]
 
@@ -246,20 +247,25 @@ def ratio_share(
 @dataclass
 class BenchReport:
     """A bench run: options, the offered loads, per contender the merged summary of each step,
-    every round's summaries, the knees, the capacity-halving run, the targets."""
+    every round's summaries, the knees, the capacity-change runs (one per seed), the targets."""
 
     options: dict[str, Any]
     capacity_rps: float
     offered_rps: list[float]
     steps: dict[str, list[StepSummary]]
     rounds: dict[str, list[list[StepSummary]]]
-    halving: dict[str, Any] = field(default_factory=dict)
+    changes: list[dict[str, Any]] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     json_path: Path | None = None
     chart_path: Path | None = None
     _resamples: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # -- derived ----------------------------------------------------------------------------------
+
+    @property
+    def halving(self) -> dict[str, Any]:
+        """The (first) capacity-change run, {} when none ran."""
+        return self.changes[0] if self.changes else {}
 
     def knees(self) -> dict[str, int | None]:
         return {name: find_knee(steps) for name, steps in self.steps.items()}
@@ -365,6 +371,12 @@ class BenchReport:
 
     def targets(self) -> list[dict[str, Any]]:
         """The issue's targets, each MET or GAP with the numbers behind it."""
+        out = self._step_targets() if self.steps else []
+        for h in self.changes:
+            out += change_targets(h, label=f"seed {h.get('seed')}: " if len(self.changes) > 1 else "")
+        return out
+
+    def _step_targets(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         k, k2, exact = self.reference()
         deadline_ms = float(self.options["deadline_s"]) * 1000
@@ -404,22 +416,19 @@ class BenchReport:
                     "detail": f"{g2:.1f} vs {g1:.1f} rps ({g2 / g1:.0%})" if g1 else "no goodput at the knee",
                 }
             )
-        conv = self.halving.get("convergence_s")
-        if self.halving:
-            out.append(
-                {
-                    "target": "after capacity halves, the adaptive limit settles within 5 s",
-                    "met": conv is not None and conv <= 5.0,
-                    "detail": "did not converge" if conv is None else f"{conv:.1f} s",
-                }
-            )
         return out
 
     # -- output -----------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        k, k2, exact = self.reference()
-        knees = self.knees()
+        reference: dict[str, Any] = {}
+        if self.steps:  # a stepped run (not only the capacity changes)
+            k, k2, exact = self.reference()
+            reference = {
+                "knee_rps": self.offered_rps[k],
+                "twice_knee_rps": self.offered_rps[k2],
+                "twice_exact": exact,
+            }
         return {
             "options": self.options,
             "capacity_rps": self.capacity_rps,
@@ -431,15 +440,11 @@ class BenchReport:
                 "confidence": KNEE_CONFIDENCE,
                 "bootstrap_resamples": BOOTSTRAP_RESAMPLES,
             },
-            "reference": {
-                "knee_rps": self.offered_rps[k],
-                "twice_knee_rps": self.offered_rps[k2],
-                "twice_exact": exact,
-            },
-            "knees_rps": {n: (None if i is None else self.offered_rps[i]) for n, i in knees.items()},
+            "reference": reference,
+            "knees_rps": {n: (None if i is None else self.offered_rps[i]) for n, i in self.knees().items()},
             "steps": {n: [_summary(s, samples=False) for s in steps] for n, steps in self.steps.items()},
             "rounds": {n: [[_summary(s) for s in r] for r in rounds] for n, rounds in self.rounds.items()},
-            "halving": self.halving,
+            "changes": self.changes,
             "targets": self.targets(),
             "timings_s": self.timings_s,
         }
@@ -468,7 +473,7 @@ class BenchReport:
             offered_rps=data["offered_rps"],
             steps=steps,
             rounds=rounds,
-            halving=data.get("halving") or {},
+            changes=data.get("changes") or ([data["halving"]] if data.get("halving") else []),
             timings_s=data.get("timings_s") or {},
         )
         report.json_path = path
@@ -570,24 +575,72 @@ class BenchReport:
             note += f"; above capacity, as a queue fed at capacity grows too slowly to break it in {window}"
         return note
 
-    def halving_line(self) -> str:
-        """The capacity-halving run in one line: the adaptive limit, and each contender's goodput
-        before and after; with a caveat when the windows are too short to rank the contenders."""
-        h = self.halving
-        line = (
-            f"capacity halving at {h['offered_rps']:.0f} rps: adaptive retrieve limit "
-            f"{h.get('limit_before')} -> {h.get('limit_after')}, settled in "
-            f"{h.get('convergence_s')} s; goodput before/after: "
-            + ", ".join(f"{n} {r['before']['goodput_rps']:.1f}/{r['after']['goodput_rps']:.1f}"
-                        for n, r in h["runs"].items())
+    def changes_lines(self, h: dict[str, Any] | None = None) -> list[str]:
+        """A capacity-change run (the first by default) in a few lines: its timeline and the
+        capacities, the adaptive limit's trace and baseline, each contender's goodput before, while
+        halved (from the settling on) and restored; with a caveat when the halved part is too short
+        to rank the contenders."""
+        h = self.halving if h is None else h
+        cap = h["capacity_rps"]
+        (n0, n1), (m0, m1) = cap["nominal"], cap["measured"]
+        change_at, restore_at = float(h["change_at_s"]), float(h["restore_at_s"])
+        seed = f" (seed {h['seed']})" if "seed" in h else ""
+        wb = f" ({h['well_behaved_rps']:.0f} by the well-behaved tenants)" if "well_behaved_rps" in h else ""
+        lines = [
+            f"capacity changes{seed} at {h['offered_rps']:.0f} rps offered{wb}: halved at {change_at:g} s, "
+            f"back at {restore_at:g} s; capacity {m0:.1f} -> {m1:.1f} -> {m0:.1f} rps measured ({n0:.1f} -> "
+            f"{n1:.1f} nominal)"
+        ]
+        trace = [(t, lim, None, probing) for t, lim, probing in h.get("limit_trace") or []]
+        if trace:
+            lines.append("adaptive limit, each second's mean (| capacity halved, back; p probing): "
+                         + trace_line(trace, float(h["duration_s"])))
+            base = [m for _, m in h.get("min_rtt_trace") or [] if m is not None]
+            if base:
+                lines.append(f"its baseline (min_rtt): {1000 * min(base):.0f}-{1000 * max(base):.0f} ms")
+        lines.append(
+            "goodput before/halved/restored (rps): "
+            + ", ".join(
+                f"{n} {r['before']['goodput_rps']:.1f}/{r['after']['goodput_rps']:.1f}/"
+                f"{r['restored']['goodput_rps']:.1f}"
+                for n, r in h["runs"].items()
+            )
         )
-        after = float(h.get("duration_s", 0.0)) - float(h.get("change_at_s", 0.0))
+        after = restore_at - change_at
         if after < MIN_RANKING_WINDOW_S:
-            line += (
+            lines[-1] += (
                 f" (caveat: {after:g} s after the halving is too short for a queue to build, so these "
                 "numbers do not rank the contenders; the full run, without --quick, does)"
             )
-        return line
+        return lines
+
+    def changes_table(self) -> Any:
+        """The capacity-change runs of the adaptive contender, one row per seed: goodput while
+        halved (and its share of the capacity measured and nominal), the well-behaved tenants'
+        success, when goodput was back, the limit's means, the targets met (whole at 80 columns)."""
+        from rich import box
+        from rich.table import Table
+
+        t = Table(title="capacity changes: ragguard-adaptive", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False, collapse_padding=True)
+        for col in ("seed", "halved\nrps", "of cap.\nmeas/nom", "well-\nbehaved", "back\nin s",
+                    "limit before/\nhalved/back", "targets\nmet"):
+            t.add_column(col, justify="right", no_wrap=True)
+        for h in self.changes:
+            run = h["runs"].get("ragguard-adaptive")
+            if run is None:
+                continue
+            g = run["after"]["goodput_rps"]
+            (_, n1), (_, m1) = h["capacity_rps"]["nominal"], h["capacity_rps"]["measured"]
+            wb = run["after"]["well_behaved_success"]
+            back = run["recovery_s"]
+            limits = "/".join("-" if h.get(k) is None else f"{h[k]:.0f}"
+                              for k in ("limit_before", "limit_after", "limit_restored"))
+            rows = change_targets(h)
+            t.add_row(str(h.get("seed", "")), f"{g:.1f}", f"{g / m1:.0%}/{g / n1:.0%}",
+                      "-" if wb is None else _percent(wb), "-" if back is None else f"{back:.1f}", limits,
+                      f"{sum(r['met'] for r in rows)} of {len(rows)}")
+        return t
 
     def targets_table(self) -> Any:
         """The targets, MET or GAP, with what was measured: whole in an 80-column terminal."""
@@ -605,60 +658,67 @@ class BenchReport:
         return t
 
     def write_chart(self, path: Path) -> Path:
-        """Goodput and P99 against offered load (knees marked), and the capacity-halving run."""
+        """Goodput and P99 against offered load (knees marked), and each capacity-change run: the
+        contenders' goodput and the adaptive limit over time."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        panels = 3 if self.halving else 2
-        fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.6))
-        knees = self.knees()
-        x = self.offered_rps
-        for name, steps in self.steps.items():
-            (line,) = axes[0].plot(x, [s.goodput_rps for s in steps], marker="o", label=name)
-            axes[1].plot(x, [s.p99_ms for s in steps], marker="o", label=name, color=line.get_color())
-            k = knees[name]
-            if k is not None:
-                axes[0].plot(
-                    [x[k]], [steps[k].goodput_rps], marker="X", markersize=14, color=line.get_color()
-                )
-                axes[1].plot([x[k]], [steps[k].p99_ms], marker="X", markersize=14, color=line.get_color())
-        axes[0].plot(x, [min(v, self.capacity_rps) for v in x], ls=":", color="grey", label="capacity")
-        axes[0].set(
-            xlabel="offered load (requests/s)", ylabel="goodput (answers/s)", title="goodput (X: knee)"
-        )
-        axes[1].set(
-            xlabel="offered load (requests/s)", ylabel="P99 latency (ms)", title="P99 (X: knee)", yscale="log"
-        )
-        axes[0].legend(fontsize=8)
-        if self.halving:
-            ax = axes[2]
-            for name, run in self.halving.get("runs", {}).items():
-                buckets = run["buckets"]
-                ax.plot([b["t_s"] for b in buckets], [b["goodput_rps"] for b in buckets], label=name)
-            ax.axvline(self.halving["change_at_s"], color="grey", ls="--")
-            ax.set(xlabel="time (s)", ylabel="goodput (answers/s)", title="capacity halved (dashed)")
-            limit = self.halving.get("limit_trace") or []
-            if limit:
-                twin = ax.twinx()
-                twin.step(
-                    [p[0] for p in limit],
-                    [p[1] for p in limit],
-                    where="post",
-                    color="black",
-                    lw=1,
-                    label="adaptive limit (retrieve)",
-                )
-                twin.set_ylabel("adaptive limit (calls in flight)")
-                twin.legend(loc="lower right", fontsize=8)
-            ax.legend(loc="upper right", fontsize=8)
+        first = 2 if self.steps else 0
+        changes = self.changes
+        panels = first + len(changes)
+        columns = panels if self.steps else min(panels, 3)  # several seeds: rows of three
+        rows = -(-panels // columns)
+        fig, grid = plt.subplots(rows, columns, figsize=(6 * columns, 4.6 * rows), squeeze=False)
+        axes = list(grid.flat)
+        for spare in axes[panels:]:
+            spare.set_visible(False)
+        if self.steps:
+            self._chart_steps(axes[0], axes[1])
+        for ax, h in zip(axes[first:panels], changes, strict=True):
+            _chart_changes(ax, h)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         self.chart_path = path
         return path
+
+    def _chart_steps(self, good: Any, p99: Any) -> None:
+        knees = self.knees()
+        x = self.offered_rps
+        for name, steps in self.steps.items():
+            (line,) = good.plot(x, [s.goodput_rps for s in steps], marker="o", label=name)
+            p99.plot(x, [s.p99_ms for s in steps], marker="o", label=name, color=line.get_color())
+            k = knees[name]
+            if k is not None:
+                good.plot([x[k]], [steps[k].goodput_rps], marker="X", markersize=14, color=line.get_color())
+                p99.plot([x[k]], [steps[k].p99_ms], marker="X", markersize=14, color=line.get_color())
+        good.plot(x, [min(v, self.capacity_rps) for v in x], ls=":", color="grey", label="capacity")
+        good.set(xlabel="offered load (requests/s)", ylabel="goodput (answers/s)", title="goodput (X: knee)")
+        p99.set(xlabel="offered load (requests/s)", ylabel="P99 latency (ms)", title="P99 (X: knee)",
+                yscale="log")
+        good.legend(fontsize=8)
+
+
+def _chart_changes(ax: Any, h: dict[str, Any]) -> None:
+    """One capacity-change run: each contender's goodput over time, the adaptive limit beside it."""
+    for name, run in h.get("runs", {}).items():
+        buckets = run["buckets"]
+        ax.plot([b["t_s"] for b in buckets], [b["goodput_rps"] for b in buckets], label=name)
+    for at in (h["change_at_s"], h["restore_at_s"]):
+        ax.axvline(at, color="grey", ls="--")
+    seed = f", seed {h['seed']}" if "seed" in h else ""
+    ax.set(xlabel="time (s)", ylabel="goodput (answers/s)", title=f"capacity halved, back (dashed){seed}")
+    limit = h.get("limit_trace") or []
+    if limit:
+        twin = ax.twinx()
+        twin.step([p[0] for p in limit], [p[1] for p in limit], where="post", color="black", lw=1,
+                  label="adaptive limit (retrieve)")
+        twin.set_ylabel("adaptive limit (calls in flight)")
+        twin.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper right", fontsize=8)
 
 
 def _percent(share: float) -> str:

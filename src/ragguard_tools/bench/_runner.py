@@ -13,8 +13,10 @@ Offered load rises in steps (multiples of that capacity): four well-behaved tena
 same arrival plan (Poisson, seeded), one after the other in an order rotated per step, so machine
 drift hits all alike; each run is a warm-up, a steady window (the only part measured) and a
 teardown (in-flight requests end, then the backends are probed until idle). Then the
-capacity-halving run: at 80% of capacity, ``block_ms`` doubles half-way, per contender, with the
-adaptive contender's ``retrieve`` limit sampled every 100 ms.
+capacity-change run (:mod:`ragguard_tools.bench._changes`): at 80% of the capacity measured, ``block_ms``
+doubles a third of the way through and is back two thirds through, per contender, with the adaptive
+contender's ``retrieve`` limit sampled every 100 ms. ``changes_only`` runs that alone, once per seed of
+``seeds`` (fresh contenders each time), with the backends and the model started once.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ..demo.loadgen import Arrival, RequestRecord, TenantLoad, plan_arrivals, ru
 from ..demo.pipeline import BackendClients
 from ..demo.rerank import Reranker
 from ..demo.service import RetrievalClient
+from . import _changes
 from ._contenders import CONTENDERS, Contender, TenantPlan, build_contender, tenant_plans
 from ._report import BenchReport, StepSummary, merge_rounds, summarize_step
 
@@ -53,7 +56,7 @@ WELL_BEHAVED_SHARE = 0.3
 class BenchOptions:
     """Options of a bench run.
 
-    - ``quick``: a CI run (under 60 s): 4 steps of 1.2 s, one round, a 2.4 s halving run.
+    - ``quick``: a CI run (under 60 s): 4 steps of 1.2 s, one round, a 3.6 s capacity-change run.
     - ``steps``: offered loads as multiples of the dependency's capacity (default: 0.4 to 3.0).
     - ``warmup_s``, ``steady_s``: seconds of load per contender and step before and during the
       measured window; ``rounds``: how many times each step is run per contender (medians).
@@ -63,8 +66,12 @@ class BenchOptions:
       ``rtt_ms``: the concurrency the dependency can take halves.
     - ``tail_rate``, ``tail_s``: the vector-store latency tail.
     - ``deadline_s``: every request's gRPC deadline (the tenants' deadline).
-    - ``halving``: run the capacity-halving scenario (``halving_s`` seconds per contender).
-    - ``contenders``: which of :data:`CONTENDERS` to run.
+    - ``halving``: run the capacity-change scenario (``halving_s`` seconds per contender: the
+      capacity halves a third of the way through and is back two thirds through).
+    - ``changes_only``: run only the capacity changes (no steps), once per seed of ``seeds`` (default
+      ``(seed,)``).
+    - ``contenders``: which of :data:`CONTENDERS` to run (default: all; only the adaptive one with
+      ``changes_only``).
     - ``out_dir``: folder for ``bench.json`` and ``bench.png`` (None: write nothing).
     - ``seed``: seeds the arrival plans, the faults' draws and the Guards' rngs.
     """
@@ -81,10 +88,12 @@ class BenchOptions:
     deadline_s: float = 1.0
     halving: bool = True
     halving_s: float | None = None
-    contenders: tuple[str, ...] = CONTENDERS
+    contenders: tuple[str, ...] | None = None
     out_dir: Path | None = Path("ragguard-bench")
     seed: int = 7
     progress: bool = True
+    changes_only: bool = False
+    seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("warmup_s", "steady_s", "halving_s"):
@@ -107,11 +116,36 @@ class BenchOptions:
             )
         if self.rounds is not None and not 1 <= self.rounds <= 20:
             raise ConfigError(f"rounds must be in 1..20, got {self.rounds!r}", field="rounds")
-        unknown = set(self.contenders) - set(CONTENDERS)
+        if self.contenders is None:
+            default = ("ragguard-adaptive",) if self.changes_only else CONTENDERS
+            object.__setattr__(self, "contenders", default)
+        unknown = set(self.contenders or ()) - set(CONTENDERS)
         if unknown or not self.contenders:
             raise ConfigError(
                 f"contenders must be among {CONTENDERS}, got {sorted(unknown)}", field="contenders"
             )
+        if self.seeds is not None:
+            if not self.changes_only:
+                raise ConfigError("seeds are for the capacity changes alone: set changes_only", field="seeds")
+            if not 1 <= len(self.seeds) <= 20 or len(set(self.seeds)) != len(self.seeds) or not all(
+                isinstance(v, int) and 0 <= v < 2**31 for v in self.seeds
+            ):
+                said = f"seeds must be 1 to 20 distinct integers in [0, 2**31), got {self.seeds!r}"
+                raise ConfigError(said, field="seeds")
+        if self.changes_only and not self.halving:
+            raise ConfigError("changes_only runs the capacity changes: not with halving=False",
+                              field="changes_only")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The contenders that run (see ``contenders``)."""
+        assert self.contenders is not None  # filled in at construction
+        return self.contenders
+
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        """The seeds of the capacity-change runs: ``seeds``, or ``(seed,)``."""
+        return self.seeds or (self.seed,)
 
     @property
     def capacity_rps(self) -> float:
@@ -123,7 +157,7 @@ class BenchOptions:
         warm = self.warmup_s or (0.4 if self.quick else 2.0)
         steady = self.steady_s or (1.2 if self.quick else 6.0)
         rounds = self.rounds or (1 if self.quick else 2)
-        halving = self.halving_s or (2.4 if self.quick else 16.0)
+        halving = self.halving_s or (3.6 if self.quick else 24.0)
         return steps, warm, steady, rounds, halving
 
 
@@ -157,6 +191,13 @@ def loads_at(offered_rps: float, capacity_rps: float, plans: Sequence[TenantPlan
     return out
 
 
+def change_loads(measured_rps: float, plans: Sequence[TenantPlan]) -> list[TenantLoad]:
+    """Per tenant its rate in the capacity-change run, from the capacity measured before it
+    (``measured_rps``): :data:`~ragguard_tools.bench._changes.LOAD` of it in all, the well-behaved
+    tenants 30% of it (about 60% of the halved capacity), the rest to the heavy tenant and the batch job."""
+    return loads_at(_changes.LOAD * measured_rps, measured_rps, plans)
+
+
 class _Bench:
     def __init__(self, options: BenchOptions, console: Any) -> None:
         self.options = options
@@ -171,7 +212,7 @@ class _Bench:
 
     async def start(self) -> None:
         t0 = time.monotonic()
-        self.process = BackendProcess(seed=self.options.seed)
+        self.process = BackendProcess(seed=self.options.seed_list[0])
         starting = asyncio.create_task(self.process.start())
         try:
             embedder = await anyio.to_thread.run_sync(load_embedder)
@@ -182,32 +223,66 @@ class _Bench:
             raise
         self.passages = load_passages()
         self.questions = load_questions()
-        reranker = Reranker(embedder)
-        await anyio.to_thread.run_sync(reranker.warm, [p.text for p in self.passages])
+        self.reranker = Reranker(embedder)
+        await anyio.to_thread.run_sync(self.reranker.warm, [p.text for p in self.passages])
         self.addresses = addresses
         self.control = ControlClient(addresses.control)
-        await self.control.set_faults(faults(self.options.block_ms, self.options))
         self.probe = BackendClients(addresses)
-        for i, name in enumerate(self.options.contenders):
+        await self.control.set_faults(faults(self.options.block_ms, self.options))
+        self.timings["startup"] = time.monotonic() - t0
+
+    async def measure_capacity(self) -> list[float]:
+        """What the backends serve at ``block_ms`` and at twice it (calls a second: an embedding
+        and a vector-store call each, 16 callers in a loop; see :mod:`ragguard_tools.bench._changes`),
+        the backends drained after each."""
+        o = self.options
+        seconds = 1.0 if o.quick else 3.0
+        out = []
+        for block in (o.block_ms, 2 * o.block_ms):
+            await self.control.set_faults(faults(block, o))
+            counting_from = time.monotonic() + 0.3  # the first calls fill the queue: not counted
+            done = await asyncio.gather(*(self._call_until(counting_from, seconds) for _ in range(16)))
+            out.append(round(sum(done) / seconds, 2))
+            await self.drain()
+        return out
+
+    async def _call_until(self, counting_from: float, seconds: float) -> int:
+        """An embedding and a vector-store call after another until ``seconds`` after
+        ``counting_from``; how many ended after ``counting_from``."""
+        done = 0
+        end = counting_from + seconds
+        while time.monotonic() < end:
+            vectors = await self.probe.embed(["what the backends serve"], timeout_s=5.0)
+            await self.probe.search(vectors[0], 10, timeout_s=5.0)
+            done += counting_from <= time.monotonic() < end
+        return done
+
+    async def build_contenders(self, seed: int) -> None:
+        """Start the contenders (their Guards seeded from ``seed``) and their load clients."""
+        for i, name in enumerate(self.options.names):
             c = await build_contender(
                 name,
-                addresses=addresses,
-                reranker=reranker,
+                addresses=self.addresses,
+                reranker=self.reranker,
                 passages=self.passages,
                 tenants=self.plans,
                 deadline_s=self.options.deadline_s,
-                seed=self.options.seed + i,
+                seed=seed + i,
             )
             self.contenders[name] = c
             self.load_clients[name] = {p.name: RetrievalClient(c.address) for p in self.plans}
-        self.timings["startup"] = time.monotonic() - t0
 
-    async def stop(self) -> None:
+    async def close_contenders(self) -> None:
         for clients in self.load_clients.values():
             for client in clients.values():
                 await client.close()
         for c in self.contenders.values():
             await c.close()
+        self.load_clients.clear()
+        self.contenders.clear()
+
+    async def stop(self) -> None:
+        await self.close_contenders()
         if hasattr(self, "probe"):
             await self.probe.close()
         if hasattr(self, "control"):
@@ -249,8 +324,8 @@ class _Bench:
         steps, warm, steady, rounds, _ = o.plan()
         cap = o.capacity_rps
         offered = [round(m * cap, 2) for m in steps]
-        per: dict[str, list[list[StepSummary]]] = {n: [[] for _ in steps] for n in o.contenders}
-        names = list(o.contenders)
+        per: dict[str, list[list[StepSummary]]] = {n: [[] for _ in steps] for n in o.names}
+        names = list(o.names)
         for r in range(rounds):
             for i, load in enumerate(offered):
                 rng = random.Random(o.seed * 1000 + r * 100 + i)
@@ -278,20 +353,21 @@ class _Bench:
                         progress.advance(f"goodput {step.goodput_rps:.1f} rps")
         return offered, per
 
-    async def halving(self, progress: Any) -> dict[str, Any]:
+    async def halving(self, progress: Any, seed: int) -> dict[str, Any]:
+        """The capacity-change run (see :mod:`ragguard_tools.bench._changes`) of every contender, on the
+        arrival plan of ``seed``; the backends' capacity is measured first."""
         o = self.options
+        capacity = await self.measure_capacity()
         *_, duration = o.plan()
         cap = o.capacity_rps
-        change_at = duration / 2
-        load = 0.8 * cap
-        arrivals = plan_arrivals(
-            loads_at(load, cap, self.plans), duration, len(self.questions), random.Random(o.seed * 7919)
-        )
+        change_at, restore_at = _changes.timeline(duration)
+        loads = change_loads(capacity[0], self.plans)  # the nominal overstates what the backends serve
+        arrivals = plan_arrivals(loads, duration, len(self.questions), random.Random(seed * 7919))
         runs: dict[str, Any] = {}
         trace: list[tuple[float, int, float | None, bool]] = []
-        for name in o.contenders:
+        for name in o.names:
             if progress is not None:
-                progress.describe(f"capacity halving: {name}")
+                progress.describe(f"capacity changes{f' (seed {seed})' if o.changes_only else ''}: {name}")
             c = self.contenders[name]
             await self.control.set_faults(faults(o.block_ms, o))
             start = time.monotonic() + 0.05
@@ -304,7 +380,7 @@ class _Bench:
                 limiter = limiters(c.guard).get("retrieve")
             if limiter is not None:
                 sampler = asyncio.create_task(_sample_limit(limiter, start, samples))
-            changer = asyncio.create_task(self._halve_at(start + change_at))
+            changer = asyncio.create_task(self._change_capacity(start, change_at, restore_at))
             try:
                 records = await run_load(
                     self.load_clients[name],
@@ -321,31 +397,38 @@ class _Bench:
                     sampler.cancel()
             await self.control.set_faults(faults(o.block_ms, o))
             await self.drain()
-            runs[name] = {
-                "buckets": _buckets(records, duration, 0.5, self.well_behaved),
-                "before": _window(records, 0.0, change_at, self.well_behaved),
-                "after": _window(records, change_at, duration, self.well_behaved),
-            }
+            runs[name] = _changes.summarize_run(
+                records, duration_s=duration, well_behaved=self.well_behaved, capacity_rps=capacity
+            )
             if samples:
                 trace = samples
             if progress is not None:
-                before, after = runs[name]["before"]["goodput_rps"], runs[name]["after"]["goodput_rps"]
-                progress.advance(f"goodput {before:.1f} rps before, {after:.1f} rps after")
+                r = runs[name]
+                progress.advance(
+                    f"goodput {r['before']['goodput_rps']:.1f} rps before, {r['after']['goodput_rps']:.1f} "
+                    f"halved, {r['restored']['goodput_rps']:.1f} restored"
+                )
         out: dict[str, Any] = {
-            "offered_rps": load,
+            "seed": seed,
+            "offered_rps": sum(t.rate_per_s for t in loads),
+            "well_behaved_rps": sum(t.rate_per_s for t in loads if t.name in self.well_behaved),
             "duration_s": duration,
             "change_at_s": change_at,
-            "block_ms": [o.block_ms, 2 * o.block_ms],
+            "restore_at_s": restore_at,
+            "block_ms": [o.block_ms, 2 * o.block_ms, o.block_ms],
+            "capacity_rps": {"nominal": [cap, cap / 2], "measured": capacity},
             "runs": runs,
             "limit_trace": [[round(t, 3), lim, probing] for t, lim, _, probing in trace],
             "min_rtt_trace": [[round(t, 3), m] for t, _, m, _ in trace],
         }
-        out.update(_convergence(trace, change_at))
+        out.update(_changes.limit_phases(trace, duration))
         return out
 
-    async def _halve_at(self, at: float) -> None:
-        await asyncio.sleep(max(0.0, at - time.monotonic()))
-        await self.control.set_faults(faults(2 * self.options.block_ms, self.options))
+    async def _change_capacity(self, start: float, change_at: float, restore_at: float) -> None:
+        o = self.options
+        for at, block in ((change_at, 2 * o.block_ms), (restore_at, o.block_ms)):
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            await self.control.set_faults(faults(block, o))
 
 
 async def _sample_limit(limiter: Any, start: float, out: list[tuple[float, int, float | None, bool]]) -> None:
@@ -353,58 +436,6 @@ async def _sample_limit(limiter: Any, start: float, out: list[tuple[float, int, 
         g = limiter.gradient
         out.append((time.monotonic() - start, limiter.limit, g.min_rtt, g.probing))
         await asyncio.sleep(0.1)
-
-
-def _window(records: Sequence[RequestRecord], a: float, b: float, wb: set[str]) -> dict[str, Any]:
-    part = [r for r in records if a <= r.at_s < b]
-    mine = [r for r in part if r.tenant in wb]
-    return {
-        "goodput_rps": round(sum(r.outcome == "ok" for r in part) / (b - a), 2),
-        "well_behaved_success": round(sum(r.outcome == "ok" for r in mine) / len(mine), 4) if mine else None,
-    }
-
-
-def _buckets(
-    records: Sequence[RequestRecord], duration: float, width: float, wb: set[str]
-) -> list[dict[str, Any]]:
-    out = []
-    t = 0.0
-    while t < duration - 1e-9:
-        out.append({"t_s": round(t + width / 2, 3), **_window(records, t, t + width, wb)})
-        t += width
-    return out
-
-
-def _convergence(trace: Sequence[tuple[float, int, float | None, bool]], change_at: float) -> dict[str, Any]:
-    """When the adaptive limit settled after the change: from the first moment after which its
-    average over the past second stays within 25% of its mean over the last third of the run (the
-    limit is an integer that saws around its level by design: a one-second average follows the
-    level, not the teeth). Samples taken while a baseline probe pins the limit low are left out (a
-    deliberate measurement, flagged in the trace)."""
-    kept = [(t, lim) for t, lim, _, probing in trace if not probing]
-    after = [(t, lim) for t, lim in kept if t >= change_at]
-    before = [lim for t, lim in kept if change_at / 3 <= t < change_at]
-    if len(after) < 3:
-        return {"convergence_s": None}
-    tail = [lim for t, lim in after if t >= change_at + 2 * (after[-1][0] - change_at) / 3]
-    level = sum(tail) / len(tail)
-
-    def smoothed(at: float) -> float:
-        window = [lim for t, lim in kept if at - 1.0 < t <= at]
-        return sum(window) / len(window)
-
-    averages = [(t, smoothed(t)) for t, _ in after]
-    settled = None
-    for i, (t, _) in enumerate(averages):
-        if all(abs(avg - level) <= 0.25 * level for _, avg in averages[i:]):
-            settled = t
-            break
-    return {
-        "convergence_s": None if settled is None else round(settled - change_at, 2),
-        "limit_before": round(sum(before) / len(before), 2) if before else None,
-        "limit_after": round(level, 2),
-        "probing_samples_after_change": sum(1 for t, _, _, p in trace if t >= change_at and p),
-    }
 
 
 class _Progress:
@@ -466,27 +497,43 @@ async def run_bench_async(options: BenchOptions) -> BenchReport:
 
         console = Console()  # the tables read whole at 80 columns, a log's or a pipe's width too
     started = time.monotonic()
-    steps, warm, steady, rounds, _ = options.plan()
-    total = len(steps) * len(options.contenders) * rounds + (
-        len(options.contenders) if options.halving else 0
-    )
+    steps, warm, steady, rounds, duration = options.plan()
+    names, seeds = options.names, options.seed_list
+    if options.changes_only:
+        total = len(names) * len(seeds)
+    else:
+        total = len(steps) * len(names) * rounds + (len(names) if options.halving else 0)
     bench = _Bench(options, console)
     progress = _Progress(console, total) if console is not None else None
     if progress is not None:
         progress.start()
-        progress.say(f"bench: loading the model and starting {len(options.contenders)} services; then "
-                     f"{len(steps)} steps x {len(options.contenders)} contenders x {rounds} round(s) of "
-                     f"{warm + steady:g} s" + (", then the capacity-halving run" if options.halving else ""))
+        if options.changes_only:
+            progress.say(f"bench: loading the model; then the capacity changes ({duration:g} s) of "
+                         f"{', '.join(names)} for seed{'s' if len(seeds) > 1 else ''} "
+                         f"{', '.join(map(str, seeds))}")
+        else:
+            progress.say(f"bench: loading the model and starting {len(names)} services; then "
+                         f"{len(steps)} steps x {len(names)} contenders x {rounds} round(s) of "
+                         f"{warm + steady:g} s" + (", then the capacity changes" if options.halving else ""))
+    offered: list[float] = []
+    per: dict[str, list[list[StepSummary]]] = {}
+    changes: list[dict[str, Any]] = []
     try:
         await bench.start()
-        t0 = time.monotonic()
-        offered, per = await bench.steps(progress)
-        bench.timings["steps"] = time.monotonic() - t0
-        halving: dict[str, Any] = {}
-        if options.halving:
-            t0 = time.monotonic()
-            halving = await bench.halving(progress)
-            bench.timings["halving"] = time.monotonic() - t0
+        for seed in seeds if options.changes_only else (options.seed,):
+            await bench.build_contenders(seed)
+            if not options.changes_only:
+                t0 = time.monotonic()
+                offered, per = await bench.steps(progress)
+                bench.timings["steps"] = time.monotonic() - t0
+            if options.halving:
+                t0 = time.monotonic()
+                changes.append(await bench.halving(progress, seed))
+                bench.timings["changes"] = bench.timings.get("changes", 0.0) + time.monotonic() - t0
+            await bench.close_contenders()
+            if progress is not None and options.changes_only:
+                progress.say("\n".join(BenchReport(options={}, capacity_rps=0.0, offered_rps=[], steps={},
+                                                    rounds={}, changes=changes[-1:]).changes_lines()))
     finally:
         if progress is not None:
             progress.stop()
@@ -496,10 +543,11 @@ async def run_bench_async(options: BenchOptions) -> BenchReport:
     opts["out_dir"] = None if options.out_dir is None else str(options.out_dir)
     opts.update(
         {
-            "steps": list(steps),
+            "steps": [] if options.changes_only else list(steps),
             "warmup_s": warm,
             "steady_s": steady,
             "rounds": rounds,
+            "halving_s": duration,
             "tenants": [asdict(p) for p in bench.plans],
         }
     )
@@ -507,25 +555,34 @@ async def run_bench_async(options: BenchOptions) -> BenchReport:
         options=opts,
         capacity_rps=options.capacity_rps,
         offered_rps=offered,
-        steps={n: [merge_rounds(r) for r in per[n]] for n in options.contenders},
-        rounds={n: [[r[i] for r in per[n]] for i in range(rounds)] for n in options.contenders},
-        halving=halving,
+        steps={n: [merge_rounds(r) for r in per[n]] for n in per},
+        rounds={n: [[r[i] for r in per[n]] for i in range(rounds)] for n in per},
+        changes=changes,
         timings_s={k: round(v, 2) for k, v in bench.timings.items()},
     )
     if options.out_dir is not None:
         report.write_json(options.out_dir / "bench.json")
         await anyio.to_thread.run_sync(report.write_chart, options.out_dir / "bench.png")
     if console is not None:
+        _print(console, report, bench.timings)
+    return report
+
+
+def _print(console: Any, report: BenchReport, timings: dict[str, float]) -> None:
+    """The run's tables, targets and capacity changes, as ``ragguard bench`` prints them."""
+    if report.steps:
         console.print(report.table())
         console.print(report.tenants_table())
-        console.print(report.targets_table())
-        if halving:
-            console.print(report.halving_line())
-        if report.json_path is not None:
-            console.print(f"report: {report.json_path}   chart: {report.chart_path}")
-        t = bench.timings
-        console.print(f"start-up {t['startup']:.1f} s, steps {t['steps']:.1f} s, total {t['total']:.1f} s")
-    return report
+    elif report.changes:
+        console.print(report.changes_table())
+    console.print(report.targets_table())
+    if report.steps and report.changes:
+        for line in report.changes_lines():
+            console.print(line)
+    if report.json_path is not None:
+        console.print(f"report: {report.json_path}   chart: {report.chart_path}")
+    done = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
+    console.print(done.replace("startup", "start-up"))
 
 
 def run_bench(options: BenchOptions | None = None) -> BenchReport:

@@ -4,9 +4,11 @@
   worker thread so the loop never waits on the CPU)
 * ``VectorStore/Search`` ``{"vector": <float32 (1, 256)>, "k": int}`` -> ``{"ids": [int], "scores": [float]}``
   (faiss ``IndexFlatIP`` over the corpus passages)
-* ``Generator/Generate`` ``{"question": str, "passages": [str], "max_words": int}`` -> a stream of
-  ``{"text": str}``, one word each (the extractive model of :mod:`ragguard_tools.demo.generator`, at
-  :data:`WORDS_PER_S` words per second)
+* ``Generator/Generate`` ``{"question": str, "passages": [str], "max_words": int, "prefix": str}``
+  -> a stream of ``{"text": str}``, one word each (the extractive model of
+  :mod:`ragguard_tools.demo.generator`, at :data:`WORDS_PER_S` words per second; ``prefix``, optional:
+  the start of an answer to continue), served by two servers of their own: two deployments of the
+  model (:data:`DEPLOYMENTS`), which share the faults in force
 * ``Control/SetFaults`` ``{"faults": [spec, ...]}``: the chaos faults now in force, as fault specs
   of a :mod:`ragguard.chaos` scenario (``{kind: latency, stage: embedding, rate: 0.25, seconds: 3.5}``,
   ``{kind: error, stage: vector_store, error: connection_refused}``...). They act inside the
@@ -49,6 +51,7 @@ from .generator import GENERATION_STAGES, parse_request, stream_answer
 
 __all__ = [
     "BACKEND_STAGES",
+    "DEPLOYMENTS",
     "SERVER_STAGES",
     "WORDS_PER_S",
     "BackendAddresses",
@@ -62,6 +65,8 @@ __all__ = [
 
 BACKEND_STAGES = ("embedding", "vector_store")
 SERVER_STAGES = (*BACKEND_STAGES, *GENERATION_STAGES)
+DEPLOYMENTS = ("a", "b")
+"""The model's deployments: each a generator server of its own (``generation``, ``generation_b``)."""
 WORDS_PER_S = 200.0
 MAX_TEXTS = 64
 MAX_TEXT_CHARS = 8192
@@ -94,12 +99,18 @@ def parse_fault_specs(specs: Any) -> list[Any]:
 
 @dataclass(frozen=True, slots=True)
 class BackendAddresses:
-    """``host:port`` of each backend service (``generation``: "" when there is no generator)."""
+    """``host:port`` of each backend service: ``generation`` and ``generation_b`` the model's two
+    deployments (:data:`DEPLOYMENTS`; "" when there is none)."""
 
     embedding: str
     vector_store: str
     control: str
     generation: str = ""
+    generation_b: str = ""
+
+    def generator(self, deployment: str) -> str:
+        """The address of ``deployment`` ("a" or "b")."""
+        return self.generation_b if deployment == DEPLOYMENTS[1] else self.generation
 
 
 def build_index(embedder: Embedder, passages: list[Passage]) -> Any:
@@ -129,7 +140,8 @@ def _fault_status(exc: BaseException) -> grpc.StatusCode:
 
 
 class BackendServers:
-    """The embedding, vector-store, generator and control servers in the running event loop.
+    """The embedding, vector-store, generator (two deployments) and control servers in the running
+    event loop.
 
     ``rng`` (seeded) decides which calls a fault hits; the generator emits ``words_per_s`` words
     per second. Use :meth:`start` then :meth:`stop`.
@@ -163,6 +175,7 @@ class BackendServers:
         embed_port = await self._serve(_wire.handler(_wire.EMBEDDING, {"Embed": self._embed}))
         vector_port = await self._serve(_wire.handler(_wire.VECTOR_STORE, {"Search": self._search}))
         generator_port = await self._serve(_wire.handler(_wire.GENERATOR, {}, {"Generate": self._generate}))
+        generator_b_port = await self._serve(_wire.handler(_wire.GENERATOR, {}, {"Generate": self._generate}))
         control_port = await self._serve(
             _wire.handler(_wire.CONTROL, {"SetFaults": self._set_faults, "Shutdown": self._shutdown})
         )
@@ -171,6 +184,7 @@ class BackendServers:
             vector_store=f"{self._host}:{vector_port}",
             control=f"{self._host}:{control_port}",
             generation=f"{self._host}:{generator_port}",
+            generation_b=f"{self._host}:{generator_b_port}",
         )
         return self.addresses
 
@@ -245,9 +259,10 @@ class BackendServers:
     async def _generate(
         self, request: dict[str, Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[dict[str, Any]]:
-        _question, passages, max_words = parse_request(request)
+        _question, passages, max_words, prefix = parse_request(request)
         words = stream_answer(
-            passages, max_words, tenant=_wire.tenant_of(context), faults=self.chaos, word_s=self._word_s
+            passages, max_words, tenant=_wire.tenant_of(context), faults=self.chaos, word_s=self._word_s,
+            prefix=prefix,
         )
         self.streams_open += 1
         try:

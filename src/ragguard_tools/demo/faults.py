@@ -8,9 +8,11 @@ failure would really happen:
 =================================================  ==============================================
 fault spec                                         acts on
 =================================================  ==============================================
-``kind: proxy, target: embedding|vector_store``    a :class:`~ragguard.chaos.FaultProxy` between
-                                                   the retrieval service and that backend
-                                                   (``stop``: connections closed, port refused)
+``kind: proxy, target: embedding|vector_store|``   a :class:`~ragguard.chaos.FaultProxy` between
+``generator_a|generator_b``                         the retrieval service and that backend (the
+                                                   generator's deployments a and b: ``stop``
+                                                   takes one down, its streams cut, its port
+                                                   refused)
 any other kind at ``stage: embedding|vector_store`` the backend server itself, through a
                                                    :class:`~ragguard.chaos.Chaos` injector in it
 ``latency``, ``hang``, ``timeout`` or ``error`` at  the generator's stream, at one of its three
@@ -43,15 +45,18 @@ import numpy as np
 from ragguard import ConfigError
 from ragguard.chaos import FaultProxy, Scenario
 
-from .backends import BACKEND_STAGES, ControlClient
+from .backends import BACKEND_STAGES, DEPLOYMENTS, ControlClient
 from .generator import GENERATION_STAGES
 from .rerank import Reranker
 
-__all__ = ["ChaosPlan", "FaultApplier", "FaultState", "drive", "oom_budget"]
+__all__ = ["PROXY_TARGETS", "ChaosPlan", "FaultApplier", "FaultState", "drive", "oom_budget"]
 
 _OOM_ERRORS = ("memory", "cuda_oom")
 _GENERATION_KINDS = ("latency", "hang", "timeout", "error")
 _STAGES = (*BACKEND_STAGES, "rerank", *GENERATION_STAGES)
+PROXY_TARGETS = (*BACKEND_STAGES, *(f"generator_{d}" for d in DEPLOYMENTS))
+"""The backends with a fault proxy in front: the embedding and vector-store servers, and each
+deployment of the generator."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +107,8 @@ def _check(phase: str, spec: object) -> None:
     where = f"phase {phase!r}: {kind} fault"
     if kind == "proxy":
         target = getattr(spec, "target", "")
-        if target not in BACKEND_STAGES:
-            raise ConfigError(f"{where}: the demo has proxies for {BACKEND_STAGES}, not {target!r}")
+        if target not in PROXY_TARGETS:
+            raise ConfigError(f"{where}: the demo has proxies for {', '.join(PROXY_TARGETS)}, not {target!r}")
         return
     stages = _stages(spec)
     if stages is None:

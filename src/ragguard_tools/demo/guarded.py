@@ -1,6 +1,6 @@
 """The demo's RAG pipeline guarded by ragguard: a file to copy into your own service.
 
-Five guarded stages, one :class:`ragguard.Guard` (an independent registry) for all of them::
+Six guarded stages and two model groups, one :class:`ragguard.Guard` (an independent registry)::
 
     answer(query)            retrieve, then stream the answer:
       candidates(query, k)   "retrieval": embed + vector search as one step; no breaker of its own;
@@ -10,37 +10,32 @@ Five guarded stages, one :class:`ragguard.Guard` (an independent registry) for a
         search(vector, k)    "vector_store": connection breaker, one retry on a refused connection
       rerank(query, hits)    "rerank": on out-of-memory, every hit is scored in chunks under a
                              learnt batch limit (chunked_rerank); then skip_rerank
-      generate(q, passages)  "generation": the generator's stream, cut when its first word takes
-                             over 0.4 s or a later one over 0.5 s (StreamTimeout); before the first
-                             word a retry, then extractive_answer, may serve; after it, never
+      generate(q, passages)  "generation": the stream of the model group "model" (deployment a,
+                             then b); extractive_answer when both are out before the first word;
+                             after it, continued: finish_on_model (group "model_continue": b
+                             first), then finish_extractive (the rest, without the model)
+        model a, model b     "model", keyed by deployment: a breaker each, each word within 0.4 s
 
-The fallback chain runs inside out. A failed embedding is answered from the cache; when the cache
-misses, the embedding error (or an open breaker's fast failure) leaves ``candidates``, whose own
-fallback answers by keyword search. A failed vector search takes the same way out. A fallback is
-called with the arguments of the stage it serves, which is why the retrieval step exists:
-``(query, k)`` is what keyword search needs, while ``embed`` only has the texts and ``search``
-only the vector.
+A fallback is called with the arguments of the stage it serves, hence the retrieval step:
+``(query, k)`` is what keyword search needs (``embed`` has the texts, ``search`` the vector).
 
-The answer's stream has a commit point: until its first word reaches the caller, a slow model
-may be retried or replaced by the extractive answer; after it, a stall ends the stream with the
-words already sent (the caller sees DEADLINE_EXCEEDED after them), never with another answer
-spliced in. The greedy tenant's words are delayed to its ``tokens_per_s``, never refused.
+The answer's stream has a commit point. Until its first word reaches the caller, the group fails
+over from a deployment that is down, stalls or whose breaker is open to the other. After it, a
+stream that stalls or breaks is continued from the words the caller has: by the other deployment,
+told the answer so far (it starts again at the last word, a repeat ragguard trims), then by the
+rest of the answer without the model. Every stream ends typed (completed, continued, incomplete),
+told by the gRPC front door in trailing metadata. The greedy tenant's words are paced, never refused.
 
-Call :meth:`GuardedPipeline.retrieve` or :meth:`GuardedPipeline.answer` inside a tenant block
-(``ragguard.grpc.GuardServerInterceptor`` opens one per RPC; elsewhere ``async with
-guard.tenant("acme"):``): the tenant's quota and deadline apply, and :func:`ragguard.degraded` then
-names the fallbacks that served this request alone.
+Call :meth:`GuardedPipeline.answer` (or ``retrieve``) in a tenant block (the
+``GuardServerInterceptor`` opens one per RPC; elsewhere ``async with guard.tenant("acme"):``): its
+quota and deadline apply, and :func:`ragguard.degraded` names what served this request alone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 import ragguard
 from ragguard import (
@@ -53,9 +48,12 @@ from ragguard import (
     StagePolicy,
     TenantQuota,
 )
+from ragguard.options import DeploymentPolicy, GroupPolicy
+from ragguard.rag import Partial
 
+from .backends import DEPLOYMENTS
 from .corpus import Passage
-from .generator import extractive_answer
+from .generator import extractive_answer, extractive_rest
 from .keyword import KeywordIndex
 from .pipeline import Answer, BackendClients, Hit, PipelineSettings, Retrieval, rerank_hits
 from .rerank import Reranker
@@ -74,9 +72,7 @@ def demo_policy(
     """The demo's policy: short attempt timeouts and quick-to-trip breakers that stay open
     ``open_for_s`` seconds (scaled to the run), a ``tenant_timeout_s`` deadline per request, the
     given tenants' quotas (the greedy one), ``default_quota`` for each ``known`` tenant (listed, so
-    each keeps its own) and for everyone else (who share one, as tenants not listed do).
-
-    Raises ConfigError for an ``open_for_s`` that is not a positive number of seconds."""
+    each keeps its own) and for everyone else (who share one). ConfigError for a bad ``open_for_s``."""
     if not (open_for_s > 0 and math.isfinite(open_for_s)):
         raise ConfigError(f"open_for_s must be > 0 seconds, got {open_for_s}")
     trip: dict[str, Any] = {"open_for_s": open_for_s, "window_size": 20, "half_open_permits": 3}
@@ -100,23 +96,32 @@ def demo_policy(
             ),
             rerank_min_batch=4,  # the floor of the learnt batch limit: only an OOM there counts
         ),
-        "generation": StagePolicy(  # the standard stage: 2 attempts on timeouts before the first word
-            generation=GenerationPolicy(first_item_s=0.4, idle_s=0.5, total_s=5.0, estimate_tokens=64),
-            breaker=BreakerPolicy(kind="generic", failure_rate_threshold=50.0, minimum_calls=5, **trip),
+        # the answer: its first word within 0.6 s, failover included; no retry (the group fails
+        # over) and no breaker (each deployment has its own)
+        "generation": StagePolicy(
+            generation=GenerationPolicy(first_item_s=0.6, idle_s=0.5, total_s=5.0, estimate_tokens=64),
+            retry=RetryPolicy(attempts=1),
         ),
+        "model": StagePolicy(  # each deployment of the model: a key of its own
+            timeout_s=0.4,
+            breaker=BreakerPolicy(kind="generic", failure_rate_threshold=50.0, minimum_calls=5, **trip),
+            retry=RetryPolicy(attempts=1),
+        ),
+    }
+    # the same two deployments (keys of "model"), tried in order: a first, and b first for continuations
+    groups = {
+        name: GroupPolicy(stage="model", deployments=[DeploymentPolicy(name=d) for d in order])
+        for name, order in (("model", DEPLOYMENTS), ("model_continue", DEPLOYMENTS[::-1]))
     }
     base = default_quota or TenantQuota(max_concurrency=8, timeout_s=tenant_timeout_s)
     tenants = {**{t: base for t in known}, **dict(greedy or {})}
-    return Policy(stages=stages, tenants=tenants, default_quota=base)
+    return Policy(stages=stages, tenants=tenants, default_quota=base, groups=groups)
 
 
 class GuardedPipeline:
-    """embed -> search -> rerank -> generate, the same calls as the unguarded pipeline, guarded by
-    ``guard``.
-
+    """embed -> search -> rerank -> generate, the unguarded pipeline's calls guarded by ``guard``.
     ``clients`` should carry :func:`ragguard.grpc.client_interceptors` (the tenant and the
-    remaining deadline go out with each backend call; failures come back classified).
-    """
+    remaining deadline go out with each backend call; failures come back classified)."""
 
     def __init__(
         self,
@@ -127,45 +132,56 @@ class GuardedPipeline:
         guard: Guard,
         settings: PipelineSettings | None = None,
     ) -> None:
-        self._clients = clients
         self._reranker = reranker
         self._passages = passages
         self._keyword = keyword
         self._settings = settings or PipelineSettings()
         self.guard = guard
         # guard.guard(...) rather than @ragguard.guard on the methods: each pipeline has its own Guard
-        self._embed = guard.guard("embedding", texts="texts")(self._embed_remote)
-        self._search = guard.guard("vector_store")(self._search_remote)
+        self._embed = guard.guard("embedding", texts="texts")(clients.embed)
+        self._search = guard.guard("vector_store")(clients.search)
         # embed + search as one step: its two stages have the breakers; the step adds the fallback
         self._candidates = guard.guard("retrieval", fallback=self.keyword_search, breaker=False)(
             self._vector_candidates
         )
         self._rerank = guard.guard("rerank", candidates="hits")(self._rerank_local)
-        self._generate = guard.guard("generation", fallback=self.extractive_answer)(self._generate_remote)
+        deployments = {d: clients.model(d, self._settings.answer_words) for d in DEPLOYMENTS}
+        self._model = guard.group("model", deployments)
+        self._model_continue = guard.group("model_continue", deployments)
+        answer: Callable[[str, list[str]], AsyncIterator[str]] = self._model.stream
+        # no breaker on the answer: each deployment has its own (this one would count twice)
+        then = [self.finish_on_model, self.finish_extractive]
+        self._generate = guard.guard(
+            "generation", fallback=self.extractive_answer, continuation=then, breaker=False
+        )(answer)
 
     async def retrieve(self, query: str) -> Retrieval:
-        """The ``top_k`` passages for ``query``, best first, and the fallbacks that served it.
-
-        Every failure of a dependency is served by a fallback (keyword search, skip rerank), so
-        what is left to raise is a caller's mistake (InvalidInput) or a cancellation."""
+        """The ``top_k`` passages for ``query``, best first, and the fallbacks that served it; a
+        dependency's failure is served by a fallback: raises only InvalidInput (or is cancelled)."""
         s = self._settings
         hits = await self._candidates(query, s.candidates)
         ranked = await self._rerank(query, hits)
         return Retrieval(hits=tuple(ranked[: s.top_k]), fallbacks=ragguard.degraded())
 
     async def answer(self, query: str, *, tenant: str | None = None) -> Answer:
-        """Retrieve, then the generator's answer from the top passages, word by word. The tenant
-        block's tenant goes out with the call (``tenant`` is not needed: the client interceptors
-        send it); ``fallbacks()`` is :func:`ragguard.degraded`. A stream cut after its first word
-        raises (StreamTimeout, DeadlineExceeded...) with the count of words already sent."""
+        """Retrieve, then the model's answer from the top passages, word by word (``tenant``: not
+        needed, the client interceptors send the block's). A stream that no continuation could
+        finish raises (DeadlineExceeded...) after the words sent."""
         retrieval = await self.retrieve(query)
         passages = [self._passages[h.pid].text for h in retrieval.hits]
         return Answer(retrieval, self._generate(query, passages), ragguard.degraded)
 
     def extractive_answer(self, question: str, passages: list[str]) -> list[str]:
-        """The generation step's fallback, before the first word only: the top passage's first
-        sentence, without the model."""
+        """The answer's fallback before its first word: the top passage's first sentence."""
         return extractive_answer(question, passages, self._settings.answer_words)
+
+    def finish_on_model(self, question: str, passages: list[str], *, partial: Partial) -> AsyncIterator[str]:
+        """A cut answer's first continuation: the model, b first, told the answer so far."""
+        return self._model_continue.stream(question, passages, prefix=partial.text or "")
+
+    def finish_extractive(self, question: str, passages: list[str], *, partial: Partial) -> list[str]:
+        """The last continuation: the rest of the answer after ``partial``, without the model."""
+        return extractive_rest(passages, partial.text or "", self._settings.answer_words)
 
     def keyword_search(self, query: str, k: int) -> list[Hit]:
         """The retrieval step's fallback: BM25 over the same passages (about 0.2 ms, inline)."""
@@ -174,19 +190,6 @@ class GuardedPipeline:
     async def _vector_candidates(self, query: str, k: int) -> list[Hit]:
         vector = (await self._embed([query]))[0]
         return await self._search(vector, k)
-
-    async def _embed_remote(self, texts: list[str]) -> npt.NDArray[np.float32]:
-        return await self._clients.embed(texts)
-
-    async def _search_remote(self, vector: npt.NDArray[np.float32], k: int) -> list[Hit]:
-        return await self._clients.search(vector, k)
-
-    async def _generate_remote(self, question: str, passages: list[str]) -> AsyncIterator[str]:
-        # aclosing: when the guard cuts the stream, the generator's call is cancelled at once
-        words = self._clients.generate(question, passages, max_words=self._settings.answer_words)
-        async with aclosing(words):
-            async for word in words:
-                yield word
 
     async def _rerank_local(self, query: str, hits: list[Hit]) -> list[Hit]:
         # every hit comes back scored (top_k = all of them): the rerank stage merges chunks by score

@@ -12,23 +12,25 @@ two, and their tokens (:func:`ragguard.rag.count_tokens`, what the guard counts)
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from ragguard import InvalidInput
-from ragguard.grpc import RETRY_AFTER_KEY, STREAM_BUDGET_KEY
+from ragguard.grpc import RETRY_AFTER_KEY, STREAM_BUDGET_KEY, STREAM_BY_KEY, STREAM_ENDING_KEY
 from ragguard.rag import count_tokens
 
 from .corpus import Question
 from .service import RetrievalClient
 
-__all__ = ["RPCS", "Arrival", "RequestRecord", "TenantLoad", "classify", "plan_arrivals", "run_load"]
+__all__ = ["RPCS", "Arrival", "Judge", "RequestRecord", "TenantLoad", "classify", "plan_arrivals", "run_load"]
 
 OUTCOMES = ("ok", "quota", "overloaded", "unavailable", "deadline", "cut", "error")
 RPCS = ("retrieve", "answer")
@@ -68,7 +70,11 @@ class RequestRecord:
     An Answer's words: ``ttft_s`` from the planned send time to the first word (None: none came),
     ``max_gap_s`` the longest wait between two words (seconds), ``words`` and ``tokens``
     received, ``budget`` the ragguard budget that cut the stream (``first_item``, ``idle``,
-    ``total``; "" when none did)."""
+    ``total``; "" when none did). How the stream ended, as the guarded service's trailing
+    metadata said (:data:`ragguard.grpc.STREAM_ENDING_KEY`; "" when it said nothing):
+    ``ending`` (``completed``, ``continued``, ``incomplete``), ``continued_by`` (the
+    continuation that finished it); ``whole``: the words are the whole answer, none repeated
+    or missing (None: not checked)."""
 
     at_s: float
     tenant: str
@@ -83,6 +89,14 @@ class RequestRecord:
     words: int = 0
     tokens: int = 0
     budget: str = ""
+    ending: str = ""
+    continued_by: str = ""
+    whole: bool | None = None
+
+
+Judge = Callable[[Sequence[str], dict[str, object]], "bool | None"]
+"""Whether an answer's words (as received) are its whole answer, given its last message (the
+passages it was answered from); None: cannot tell."""
 
 
 def plan_arrivals(
@@ -152,14 +166,18 @@ async def _one_answer(
     planned: float,
     slots: asyncio.Semaphore,
     timeout_s: float,
+    judge: Judge | None = None,
 ) -> RequestRecord:
     first: float | None = None
     last = gap = 0.0
-    words = tokens = 0
+    texts: list[str] = []
+    tokens = 0
     reply: dict[str, object] | None = None
+    trailers: dict[str, str] = {}
     async with slots:
         try:
-            async with aclosing(client.answer(arrival.tenant, question.text, timeout_s=timeout_s)) as stream:
+            answer = client.answer(arrival.tenant, question.text, timeout_s=timeout_s, trailers=trailers)
+            async with aclosing(answer) as stream:
                 async for message in stream:
                     now = time.monotonic()
                     text = message.get("text")
@@ -169,29 +187,33 @@ async def _one_answer(
                         else:
                             gap = max(gap, now - last)
                         last = now
-                        words += 1
+                        texts.append(text)
                         tokens += count_tokens(text)
                     else:
                         reply = message
         except grpc.aio.AioRpcError as exc:
-            budget = dict(exc.trailing_metadata() or ()).get(STREAM_BUDGET_KEY, "")
+            said = dict(exc.trailing_metadata() or ())
             return RequestRecord(
                 arrival.at_s, arrival.tenant, arrival.question, time.monotonic() - planned,
-                "cut" if words else classify(exc), detail=(exc.details() or "")[:200],
-                ttft_s=None if first is None else first - planned, max_gap_s=gap, words=words,
-                tokens=tokens, budget=str(budget),
+                "cut" if texts else classify(exc), detail=(exc.details() or "")[:200],
+                ttft_s=None if first is None else first - planned, max_gap_s=gap, words=len(texts),
+                tokens=tokens, budget=str(said.get(STREAM_BUDGET_KEY, "")),
+                ending=str(said.get(STREAM_ENDING_KEY, "")), continued_by=str(said.get(STREAM_BY_KEY, "")),
             )
     latency = time.monotonic() - planned
     ttft = None if first is None else first - planned
+    ending, continued_by = trailers.get(STREAM_ENDING_KEY, ""), trailers.get(STREAM_BY_KEY, "")
     if reply is None:
         return RequestRecord(arrival.at_s, arrival.tenant, arrival.question, latency, "error",
                              detail="the answer ended without its last message", ttft_s=ttft,
-                             max_gap_s=gap, words=words, tokens=tokens)
+                             max_gap_s=gap, words=len(texts), tokens=tokens, ending=ending,
+                             continued_by=continued_by)  # fmt: skip
     fallbacks = reply.get("fallbacks")
     return RequestRecord(
         arrival.at_s, arrival.tenant, arrival.question, latency, "ok",
         fallbacks=tuple(fallbacks) if isinstance(fallbacks, list) else (), hit=_hit(question, reply),
-        ttft_s=ttft, max_gap_s=gap, words=words, tokens=tokens,
+        ttft_s=ttft, max_gap_s=gap, words=len(texts), tokens=tokens, ending=ending, continued_by=continued_by,
+        whole=None if judge is None else judge(texts, reply),
     )
 
 
@@ -205,17 +227,21 @@ async def run_load(
     start: float | None = None,
     on_done: Callable[[RequestRecord], None] | None = None,
     rpc: str = "retrieve",
+    judge: Judge | None = None,
 ) -> list[RequestRecord]:
     """Send every arrival at ``start + at_s`` (``time.monotonic`` seconds; default now) through its
     tenant's client, each with a ``timeout_s`` gRPC deadline; returns the records in arrival order
     once every request has ended. ``rpc`` is ``retrieve`` (the Retrieve call) or ``answer`` (the
-    Answer stream, read to its end). ``on_done`` is called as each request ends (progress bars).
+    Answer stream, read to its end; ``judge`` says whether each answer is whole). ``on_done`` is
+    called as each request ends (progress bars).
     Raises InvalidInput for an ``rpc``, ``max_in_flight`` or tenant without a client."""
     if max_in_flight < 1:
         raise InvalidInput(f"max_in_flight must be >= 1, got {max_in_flight}")
     if rpc not in RPCS:
         raise InvalidInput(f"rpc must be one of {RPCS}, got {rpc!r}")
-    one = _one_answer if rpc == "answer" else _one
+    one: Callable[..., Coroutine[Any, Any, RequestRecord]] = (
+        functools.partial(_one_answer, judge=judge) if rpc == "answer" else _one
+    )
     missing = {a.tenant for a in arrivals} - set(clients)
     if missing:
         raise InvalidInput(f"no client for tenants {sorted(missing)}")

@@ -9,6 +9,7 @@ timeouts, any failure fails the request. The guarded version is in :mod:`ragguar
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ from ragguard import ConfigError, InvalidInput
 from ragguard.grpc import TENANT_KEY, snappy_channel
 
 from . import _wire
-from .backends import BackendAddresses
+from .backends import DEPLOYMENTS, BackendAddresses
 from .corpus import Passage
 from .rerank import Reranker
 
@@ -84,8 +85,8 @@ class PipelineSettings:
 
 
 class BackendClients:
-    """gRPC clients of the embedding, vector-store and generator services (one channel each; no
-    generator without ``addresses.generation``).
+    """gRPC clients of the embedding, vector-store and generator services (one channel each, and
+    one per deployment of the generator: none without its address).
 
     ``interceptors`` go on both channels (the guarded service passes
     :func:`ragguard.grpc.client_interceptors`); ``snappy=True`` asks for Snappy responses.
@@ -109,14 +110,18 @@ class BackendClients:
         vector_target: Any = snappy_channel(self._vector_channel) if snappy else self._vector_channel
         self._embed = _wire.unary(embed_target, _wire.EMBEDDING, "Embed")
         self._search = _wire.unary(vector_target, _wire.VECTOR_STORE, "Search")
-        self._generator_channel: grpc.aio.Channel | None = None
-        self._generate: Any = None
-        if addresses.generation:
-            self._generator_channel = grpc.aio.insecure_channel(
-                addresses.generation, options=opts, interceptors=list(interceptors) or None
+        self._generator_channels: list[grpc.aio.Channel] = []
+        self._generate: dict[str, Any] = {}
+        for deployment in DEPLOYMENTS:
+            address = addresses.generator(deployment)
+            if not address:
+                continue
+            channel = grpc.aio.insecure_channel(
+                address, options=opts, interceptors=list(interceptors) or None
             )
-            target: Any = snappy_channel(self._generator_channel) if snappy else self._generator_channel
-            self._generate = _wire.stream(target, _wire.GENERATOR, "Generate")
+            self._generator_channels.append(channel)
+            target: Any = snappy_channel(channel) if snappy else channel
+            self._generate[deployment] = _wire.stream(target, _wire.GENERATOR, "Generate")
 
     async def embed(self, texts: list[str], *, timeout_s: float | None = None) -> npt.NDArray[np.float32]:
         """Vectors (len(texts), 256); ``timeout_s`` is the gRPC timeout (None: none, or the ragguard
@@ -140,19 +145,25 @@ class BackendClients:
         passages: list[str],
         *,
         max_words: int,
+        deployment: str = DEPLOYMENTS[0],
+        prefix: str = "",
         tenant: str | None = None,
         timeout_s: float | None = None,
     ) -> AsyncGenerator[str, None]:
-        """The generator's answer to ``question`` from ``passages``, word by word (at most
-        ``max_words``, unless a fault makes it run long). ``tenant`` goes out as ``x-tenant-id``
-        (with client_interceptors the tenant block's does); ``timeout_s`` bounds the whole
-        stream. Raises grpc.aio.AioRpcError; closing the generator early cancels the call, and
-        ConfigError without a generator address."""
-        if self._generate is None:
-            raise ConfigError("BackendClients: no generator address (BackendAddresses.generation)")
+        """The answer of the generator's ``deployment`` to ``question`` from ``passages``, word by
+        word (at most ``max_words`` in all, unless a fault makes it run long); after ``prefix``
+        (the start of an answer to continue) from the prefix's last word on. ``tenant`` goes out
+        as ``x-tenant-id`` (with client_interceptors the tenant block's does); ``timeout_s`` bounds
+        the whole stream. Raises grpc.aio.AioRpcError; closing the generator early cancels the
+        call, and ConfigError without that deployment's address."""
+        generate = self._generate.get(deployment)
+        if generate is None:
+            raise ConfigError(f"BackendClients: no address for the generator's deployment {deployment!r:.20}")
         metadata = None if tenant is None else ((TENANT_KEY, tenant),)
-        request = {"question": question, "passages": passages, "max_words": max_words}
-        call = self._generate(request, timeout=timeout_s, metadata=metadata)
+        request: dict[str, Any] = {"question": question, "passages": passages, "max_words": max_words}
+        if prefix:
+            request["prefix"] = prefix
+        call = generate(request, timeout=timeout_s, metadata=metadata)
         try:
             async for message in call:
                 text = message.get("text")
@@ -162,11 +173,27 @@ class BackendClients:
         finally:
             call.cancel()  # a no-op once the stream ended; stops the generator when we stopped early
 
+    def model(self, deployment: str, max_words: int) -> Callable[..., AsyncGenerator[str, None]]:
+        """Deployment ``deployment`` of the model as an async generator function ``(question,
+        passages, prefix="")``: :meth:`generate` of ``max_words`` words (what a model group binds;
+        named ``model_<deployment>``)."""
+
+        async def model(question: str, passages: list[str], prefix: str = "") -> AsyncGenerator[str, None]:
+            words = self.generate(
+                question, passages, max_words=max_words, deployment=deployment, prefix=prefix
+            )
+            async with aclosing(words):
+                async for word in words:
+                    yield word
+
+        model.__name__ = f"model_{deployment}"
+        return model
+
     async def close(self) -> None:
         await self._embed_channel.close()
         await self._vector_channel.close()
-        if self._generator_channel is not None:
-            await self._generator_channel.close()
+        for channel in self._generator_channels:
+            await channel.close()
 
 
 async def rerank_hits(

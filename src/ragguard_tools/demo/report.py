@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ragguard.events import FallbackServed, StreamCut, StreamSettled
+from ragguard.events import CallOutcome, FallbackServed, StreamCut, StreamEnded, StreamSettled
 
 from .loadgen import OUTCOMES, RequestRecord
 
@@ -29,8 +29,9 @@ STALL_S = 1.0
 OPENED_ROW = "breaker opened, incl. after a failed trial"  # the words of ragguard doctor's opened_times()
 """A wait longer than this (seconds) between two words of an answer is a stall."""
 BUDGETS = ("first_item", "idle", "total")
-_BUDGET_NAMES = {"first_item": "first-word budget", "idle": "idle budget", "total": "total budget"}
-_STAGE_ORDER = {"embedding": 0, "vector_store": 1, "rerank": 2, "generation": 3}
+_STAGE_ORDER = {"embedding": 0, "vector_store": 1, "rerank": 2, "generation": 3, "model": 4}
+ENDINGS = ("completed", "continued", "incomplete")
+_FAILED_CALLS = ("failure", "slow_failure")
 _BAND_COLOURS = {"open": "#d62728", "forced_open": "#8c564b", "half_open": "#ff7f0e"}
 
 
@@ -60,18 +61,29 @@ class GenerationTally:
     """What a guarded run's generation stage did, counted from its events (:meth:`on_event`):
     the streams each budget cut (``first_item``, ``idle``, ``total``), the answers its fallback
     served (before their first word), each tenant's :class:`TenantStreams`; ``paced_to`` names
-    the tenants whose tokens are paced, with their ``tokens_per_s``."""
+    the tenants whose tokens are paced, with their ``tokens_per_s``. ``endings``: every guarded
+    stream's typed ending (``StreamEnded``), by stage then kind (the answer's stage,
+    ``generation``, and its deployments', ``model``); ``deployments``: each deployment's calls
+    by outcome (its breaker's ``CallOutcome``: ``model[a]``...)."""
 
     paced_to: dict[str, float] = field(default_factory=dict)
     cuts: dict[str, int] = field(default_factory=dict)
     fallbacks: int = 0
     streams: dict[str, TenantStreams] = field(default_factory=dict)
+    endings: dict[str, dict[str, int]] = field(default_factory=dict)
+    deployments: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def on_event(self, event: object) -> None:
         if isinstance(event, StreamCut):
             self.cuts[event.budget] = self.cuts.get(event.budget, 0) + 1
         elif isinstance(event, FallbackServed) and event.stage == "generation":
             self.fallbacks += 1
+        elif isinstance(event, StreamEnded):
+            kinds = self.endings.setdefault(event.stage, {})
+            kinds[event.ending] = kinds.get(event.ending, 0) + 1
+        elif isinstance(event, CallOutcome) and event.breaker.startswith("model["):
+            outcomes = self.deployments.setdefault(event.breaker, {})
+            outcomes[event.outcome] = outcomes.get(event.outcome, 0) + 1
         elif isinstance(event, StreamSettled):
             tally = self.streams.setdefault(event.tenant, TenantStreams())
             tally.streams += 1
@@ -120,15 +132,23 @@ def token_rate(records: Sequence[RequestRecord], tenants: Sequence[str], *, bin_
     return bins / bin_s
 
 
-def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[str, Any]:
-    """The figures of one run (latencies in milliseconds, rates 0..1, goodput in requests/s)."""
+def summarize(
+    run: RunResult, *, greedy: Sequence[str], slo_s: float, healthy: Mapping[int, bool] | None = None
+) -> dict[str, Any]:
+    """The figures of one run (latencies in milliseconds, rates 0..1, goodput in requests/s).
+    ``healthy``: each question's recall@5 hit on the healthy service (the baseline's), for the
+    healthy recall@5 of the very questions a run answered (None: not given)."""
     recs = run.records
     ok = [r for r in recs if r.outcome == "ok"]
     polite = [r for r in recs if r.tenant not in greedy]
     polite_ok = [r for r in polite if r.outcome == "ok"]
     ok_ms = [r.latency_s * 1000 for r in ok]
     all_ms = [r.latency_s * 1000 for r in recs]
-    served: Counter[str] = Counter(f for r in ok for f in dict.fromkeys(r.fallbacks))
+    served: Counter[str] = Counter(f for r in ok for f in _fallbacks(r))
+    failovers: Counter[str] = Counter(f for r in ok for f in dict.fromkeys(r.fallbacks) if _is_failover(f))
+    begun = [r for r in recs if r.words or r.outcome == "ok"]  # every answer that began, or was served
+    continued = [r for r in ok if r.ending == "continued"]
+    checked = [r for r in ok if r.whole is not None]
     tenants = sorted({r.tenant for r in recs})
     quota = {t: sum(1 for r in recs if r.tenant == t and r.outcome == "quota") for t in tenants}
     sent = {t: sum(1 for r in recs if r.tenant == t) for t in tenants}
@@ -154,8 +174,17 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
         "latency_ms": {"p50": _pct(all_ms, 50), "p95": _pct(all_ms, 95), "p99": _pct(all_ms, 99)},
         "latency_answered_ms": {"p50": _pct(ok_ms, 50), "p95": _pct(ok_ms, 95), "p99": _pct(ok_ms, 99)},
         "outcomes": {o: sum(1 for r in recs if r.outcome == o) for o in OUTCOMES},
+        # the fallbacks that served answers (a failover or a continuation is counted apart)
         "fallback_share": {name: n / len(ok) for name, n in sorted(served.items())} if ok else {},
-        "fallback_share_any": (sum(1 for r in ok if r.fallbacks) / len(ok)) if ok else 0.0,
+        "fallback_share_any": (sum(1 for r in ok if _fallbacks(r)) / len(ok)) if ok else 0.0,
+        "failovers": dict(sorted(failovers.items())),  # "group/deployment": answers after a failover
+        # how each answer's stream ended, as the guarded service's trailers told the client
+        "endings": {e: sum(1 for r in begun if r.ending == e) for e in ENDINGS},
+        "untyped_endings": sum(1 for r in begun if not r.ending),
+        "continued_by": dict(sorted(Counter(r.continued_by for r in continued).items())),
+        "recall_at_5_continued": (sum(1 for r in continued if r.hit) / len(continued)) if continued else None,
+        "whole_answers": sum(1 for r in checked if r.whole),
+        "whole_checked": len(checked),
         "breaker_transitions": len(run.transitions),
         "breaker_transitions_by_kind": dict(sorted(transitions.items())),
         "breaker_opened": opened,  # every move to open, reopenings after a failed trial included
@@ -165,6 +194,10 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
         "requests_by_tenant": sent,
         "answered_by_tenant": per_tenant_ok,
         "recall_at_5_answered": (sum(1 for r in ok if r.hit) / len(ok)) if ok else None,
+        # the healthy service's recall@5 over the same questions: what the answered ones would have
+        # scored healthy (a run's questions are a sample: its mix moves recall@5 as much as faults do)
+        "recall_at_5_answered_healthy": _healthy_recall(ok, healthy),
+        "recall_at_5_continued_healthy": _healthy_recall(continued, healthy),
         "recall_at_5_all_requests": (sum(1 for r in ok if r.hit) / len(recs)) if recs else None,
         "loop_stalls": len(run.stalls),
         "max_loop_stall_ms": max((s["duration_s"] * 1000 for s in run.stalls), default=0.0),
@@ -180,6 +213,8 @@ def summarize(run: RunResult, *, greedy: Sequence[str], slo_s: float) -> dict[st
         # What ragguard's generation stage did (None without it).
         "stream_cuts": None if gen is None else {b: gen.cuts.get(b, 0) for b in BUDGETS},
         "generation_fallbacks": None if gen is None else gen.fallbacks,
+        "stream_endings": None if gen is None else {k: dict(v) for k, v in sorted(gen.endings.items())},
+        "deployment_calls": None if gen is None else {k: dict(v) for k, v in sorted(gen.deployments.items())},
         "streams_by_tenant": None if gen is None else {t: asdict(v) for t, v in sorted(gen.streams.items())},
         "paced_tokens_per_s": {} if gen is None else dict(gen.paced_to),
     }
@@ -199,12 +234,14 @@ class DemoReport:
     greedy: list[str]
     json_path: Path | None = None
     chart_path: Path | None = None
+    baseline_hits: dict[int, bool] = field(default_factory=dict)  # question -> hit, healthy
 
     def to_dict(self, *, with_requests: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
             "options": self.options,
             "corpus": {"passages": self.passages, "questions": self.questions},
             "baseline_recall_at_5": self.baseline_recall_at_5,
+            "baseline_hits": {str(q): hit for q, hit in sorted(self.baseline_hits.items())},
             "timings_s": self.timings_s,
             "greedy_tenants": self.greedy,
             "summary": self.summaries,
@@ -226,6 +263,7 @@ class DemoReport:
 
     def table(self) -> Any:
         """A rich Table comparing the runs side by side."""
+        from rich.markup import escape
         from rich.table import Table
 
         modes = [m for m in ("unguarded", "guarded") if m in self.summaries]
@@ -238,7 +276,7 @@ class DemoReport:
         s = [self.summaries[m] for m in modes]
 
         def row(name: str, values: list[str]) -> None:
-            table.add_row(name, *values)
+            table.add_row(escape(name), *values)  # a key's breaker, "model[a]", is not markup
 
         def ms(v: float | None) -> str:
             return "-" if v is None else f"{v:,.0f} ms"
@@ -258,17 +296,13 @@ class DemoReport:
         row(f"first word after more than {stall}", [str(x["slow_first_word"]) for x in s])
         row(f"answered late, after a stall of over {stall}", [str(x["answered_after_stall"]) for x in s])
         for outcome in OUTCOMES[1:]:
-            label = "failed: cut mid-answer" if outcome == "cut" else f"failed: {outcome}"
+            label = "failed: incomplete (cut mid-answer)" if outcome == "cut" else f"failed: {outcome}"
             row(label, [str(x["outcomes"][outcome]) for x in s])
         row("answered by a fallback (any)", [pct(x["fallback_share_any"]) for x in s])
         names = sorted({n for x in s for n in x["fallback_share"]})
         for name in names:
             row(f"  served by fallback: {name}", [pct(x["fallback_share"].get(name, 0.0)) for x in s])
-        for budget in BUDGETS:
-            row(f"streams cut by the {_BUDGET_NAMES[budget]}",
-                ["-" if x["stream_cuts"] is None else str(x["stream_cuts"][budget]) for x in s])
-        row("generation fallback, before the first word",
-            ["-" if x["generation_fallbacks"] is None else str(x["generation_fallbacks"]) for x in s])
+        self._generation_rows(row, s)
         row("breaker transitions", [str(x["breaker_transitions"]) for x in s])
         breakers = sorted({b for x in s for b in x["breaker_opened"]}, key=_stage_key)
         if breakers:  # counted as `ragguard doctor` counts them: a reopening is an opening too
@@ -292,13 +326,45 @@ class DemoReport:
         if paced:
             row("streams paced: every other tenant", [_paced(x, others) for x in s])
         row("recall@5 of answered requests", [pct(x["recall_at_5_answered"]) for x in s])
+        row("recall@5 of continued answers", [pct(x["recall_at_5_continued"]) for x in s])
         row("recall@5 healthy baseline", [pct(self.baseline_recall_at_5)] * len(s))
+        row("recall@5 healthy, same questions answered", [pct(x["recall_at_5_answered_healthy"]) for x in s])
+        row("recall@5 healthy, same questions continued",
+            [pct(x["recall_at_5_continued_healthy"]) for x in s])  # fmt: skip
         row("event-loop stalls (>20 ms)",
             [f"{x['loop_stalls']} (max {x['max_loop_stall_ms']:.0f} ms)" for x in s])
         note = _rerank_note(self.summaries.get("guarded"))
         if note:
             table.caption, table.caption_justify = note, "left"
         return table
+
+    @staticmethod
+    def _generation_rows(row: Callable[[str, list[str]], None], s: list[dict[str, Any]]) -> None:
+        """The answer's rows: its fallback, failovers between deployments, each deployment's
+        failed streams, how every answer ended (continued ones by whom), whole answers."""
+
+        def guarded(x: dict[str, Any], value: str) -> str:
+            return "-" if x["stream_endings"] is None else value
+
+        row("generation fallback, before the first word",
+            [guarded(x, str(x["generation_fallbacks"])) for x in s])  # fmt: skip
+        for name in sorted({n for x in s for n in x["failovers"]}):
+            group, deployment = name.split("/", 1)
+            row(f"answered by {deployment} ({group} failover)",
+                [guarded(x, str(x["failovers"].get(name, 0))) for x in s])  # fmt: skip
+        for key in sorted({k for x in s for k in x["deployment_calls"] or {}}):
+            row(f"{key}: streams failed / all",
+                [guarded(x, _failed_of((x["deployment_calls"] or {}).get(key, {}))) for x in s])  # fmt: skip
+        row("answers cut by budget (first/idle/total)",
+            [guarded(x, " / ".join(str((x["stream_cuts"] or {}).get(b, 0)) for b in BUDGETS)) for x in s])
+        for ending in ENDINGS:
+            row(f"answers ended {ending}", [guarded(x, str(x["endings"][ending])) for x in s])
+            if ending == "continued":
+                for by in sorted({b for x in s for b in x["continued_by"]}):
+                    row(f"  continued by {by}", [guarded(x, str(x["continued_by"].get(by, 0))) for x in s])
+        row("answers without a typed ending", [guarded(x, str(x["untyped_endings"])) for x in s])
+        row("whole answers (no word repeated/missing)",
+            [f"{x['whole_answers']} / {x['whole_checked']}" for x in s])  # fmt: skip
 
     # -- the chart ----------------------------------------------------------------------------
 
@@ -378,8 +444,10 @@ class DemoReport:
             Patch(color=_BAND_COLOURS["open"], alpha=0.6, label="breaker open"),
             Patch(color=_BAND_COLOURS["half_open"], alpha=0.6, label="breaker half-open"),
         ]
-        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
-        fig.tight_layout(rect=(0, 0.035, 1, 1))
+        # two rows: the longer labels (fallback, failover or continuation) no longer fit in one
+        columns = (len(handles) + 1) // 2
+        fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
         return fig
 
 
@@ -419,15 +487,37 @@ _MARKERS: dict[str, dict[str, Any]] = {
 }
 _LABELS = {
     "healthy": "answered",
-    "fallback": "answered by a fallback",
+    "fallback": "answered by a fallback, failover or continuation",
     "quota": "shed by tenant quota",
-    "cut": "cut mid-answer",
+    "cut": "incomplete (cut mid-answer)",
     "failed": "failed",
 }
 _RERANK_STRIP_NOTE = (
     "closed: an out-of-memory error above the floor batch ({floor}) is recovered by chunking and "
     "not counted; only one at the floor counts"
 )
+
+
+def _fallbacks(record: RequestRecord) -> list[str]:
+    """The fallbacks that served ``record`` (names in :func:`ragguard.degraded`), without the
+    failovers (``group/deployment``) and the continued or incomplete streams it names too."""
+    return [f for f in dict.fromkeys(record.fallbacks) if not _is_failover(f) and ": " not in f]
+
+
+def _is_failover(name: str) -> bool:
+    """A model group's ``group/deployment`` in :func:`ragguard.degraded`: answered after a failover."""
+    return "/" in name and ": " not in name
+
+
+def _healthy_recall(records: Sequence[RequestRecord], healthy: Mapping[int, bool] | None) -> float | None:
+    """recall@5 the healthy service had on the questions of ``records`` (None: no records or no map)."""
+    known = [healthy[r.question] for r in records if r.question in healthy] if healthy else []
+    return sum(known) / len(known) if known else None
+
+
+def _failed_of(outcomes: dict[str, int]) -> str:
+    failed = sum(outcomes.get(o, 0) for o in _FAILED_CALLS)
+    return f"{failed} / {sum(outcomes.values())}"
 
 
 def _paced(summary: dict[str, Any], tenants: Sequence[str]) -> str:
@@ -456,7 +546,7 @@ def _legend_style(style: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stage_key(name: str) -> tuple[int, str]:
-    return _STAGE_ORDER.get(name, len(_STAGE_ORDER)), name
+    return _STAGE_ORDER.get(name.split("[", 1)[0], len(_STAGE_ORDER)), name  # a key's breaker: stage[key]
 
 
 def _rerank_note(summary: dict[str, Any] | None) -> str:

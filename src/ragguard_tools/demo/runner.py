@@ -29,10 +29,11 @@ from ragguard.redis import RedisBackend
 from ragguard.redis._link import mask_url
 
 from ._status import DemoStatus
-from .backends import BackendAddresses, BackendProcess, ControlClient, start_in_loop
+from .backends import DEPLOYMENTS, BackendAddresses, BackendProcess, ControlClient, start_in_loop
 from .corpus import Passage, Question, load_passages, load_questions
 from .embedder import Embedder, load_embedder
 from .faults import ChaosPlan, FaultApplier, drive, oom_budget
+from .generator import whole_answer
 from .guarded import GuardedPipeline, demo_policy
 from .keyword import KeywordIndex
 from .loadgen import Arrival, TenantLoad, plan_arrivals, run_load
@@ -48,7 +49,9 @@ FULL_DURATION_S = 40.0
 QUICK_DURATION_S = 9.0
 HEALTHY_RERANK_BUDGET = 64 * 2**20
 REDIS_PREFIX = "ragguard-demo"
-BREAKERS = ("embedding", "vector_store", "rerank", "generation")
+STAGE_BREAKERS = ("embedding", "vector_store", "rerank")
+# the stages' breakers, then each deployment's of the model (a key of the stage "model")
+BREAKERS = (*STAGE_BREAKERS, *(f"model[{d}]" for d in DEPLOYMENTS))
 # The greedy tenant's generated tokens are paced to this rate (burst: tokens handed over back to
 # back above it); a well-behaved tenant asks for about 130 tokens/s.
 GREEDY_TOKENS_PER_S = 600.0
@@ -191,7 +194,8 @@ async def _demo(
             f"all {len(shared.questions)} questions once (recall@5 baseline)")  # fmt: skip
         if status is not None:
             status.phase("the healthy baseline")
-        baseline = await _baseline_recall(shared, options)
+        hits = await _baseline_hits(shared, options)
+        baseline = sum(hits.values()) / len(hits)
         duration = options.run_duration_s
         rng = random.Random(options.seed)
         arrivals = plan_arrivals(options.loads(), duration, len(shared.questions), rng)
@@ -214,6 +218,7 @@ async def _demo(
             recorder.close()
     shared.timings["total"] = time.monotonic() - started
     greedy = [options.greedy_tenant]
+    summaries = {m: summarize(r, greedy=greedy, slo_s=options.slo_s, healthy=hits) for m, r in runs.items()}
     report = DemoReport(
         options=_options_dict(options, duration, scenario),
         baseline_recall_at_5=baseline,
@@ -221,8 +226,9 @@ async def _demo(
         passages=len(shared.passages),
         timings_s={k: round(v, 3) for k, v in shared.timings.items()},
         runs=runs,
-        summaries={m: summarize(r, greedy=greedy, slo_s=options.slo_s) for m, r in runs.items()},
+        summaries=summaries,
         greedy=greedy,
+        baseline_hits=hits,
     )
     if options.out_dir is not None:
         say(console, f"demo: writing {options.out_dir / 'report.json'} and the chart")
@@ -309,11 +315,10 @@ async def _start(options: DemoOptions) -> _Shared:
     keyword = await anyio.to_thread.run_sync(KeywordIndex, passages)
     control = ControlClient(addresses.control)
     # The retrieval service reaches each backend through a fault proxy (for the scenario's
-    # network faults: stop, refuse, reset, latency...).
-    proxies = {
-        "embedding": await FaultProxy(_port(addresses.embedding)).open(),
-        "vector_store": await FaultProxy(_port(addresses.vector_store)).open(),
-    }
+    # network faults: stop, refuse, reset, latency...), each deployment of the generator too.
+    behind = {"embedding": addresses.embedding, "vector_store": addresses.vector_store}
+    behind |= {f"generator_{d}": addresses.generator(d) for d in DEPLOYMENTS}
+    proxies = {name: await FaultProxy(_port(address)).open() for name, address in behind.items()}
     budgets: dict[tuple[int, float], int] = {}
     texts = [p.text for p in passages]
 
@@ -345,7 +350,8 @@ async def _start(options: DemoOptions) -> _Shared:
             embedding=proxies["embedding"].target,
             vector_store=proxies["vector_store"].target,
             control=addresses.control,
-            generation=addresses.generation,
+            generation=proxies["generator_a"].target,
+            generation_b=proxies["generator_b"].target,
         ),
         control=control,
         applier=applier,
@@ -354,8 +360,9 @@ async def _start(options: DemoOptions) -> _Shared:
     )
 
 
-async def _baseline_recall(shared: _Shared, options: DemoOptions) -> float:
-    """recall@5 of the healthy unguarded service over every labelled question, asked once each."""
+async def _baseline_hits(shared: _Shared, options: DemoOptions) -> dict[int, bool]:
+    """Whether the healthy unguarded service's top 5 held a passage of each labelled question's
+    topics (its recall@5 hit), every question asked once: question index -> hit."""
     t0 = time.monotonic()
     clients = BackendClients(shared.addresses)
     server = RetrievalServer(UnguardedPipeline(clients, shared.reranker, shared.passages), shared.passages,
@@ -370,7 +377,7 @@ async def _baseline_recall(shared: _Shared, options: DemoOptions) -> float:
         await server.stop(None)
         await clients.close()
     shared.timings["baseline"] = time.monotonic() - t0
-    return sum(1 for r in records if r.hit) / len(records)
+    return {r.question: bool(r.hit) for r in records}
 
 
 def _port(address: str) -> int:
@@ -467,6 +474,7 @@ async def _run(
             load_clients, arrivals, shared.questions, timeout_s=options.client_timeout_s,
             max_in_flight=options.concurrency, start=start,
             on_done=progress.done if progress is not None else None, rpc="answer",
+            judge=_judge(shared.passages),
         )
         await driver
         if ticker is not None:
@@ -489,6 +497,20 @@ async def _run(
 
 
 Closer = Callable[[], Awaitable[None]]
+
+
+def _judge(passages: Sequence[Passage]) -> Callable[[Sequence[str], dict[str, Any]], bool | None]:
+    """Whether an answer's words are its whole answer, from the passages its last message names."""
+    words = PipelineSettings().answer_words
+
+    def judge(texts: Sequence[str], reply: dict[str, Any]) -> bool | None:
+        hits = reply.get("hits")
+        if not isinstance(hits, list):
+            return None
+        top = [passages[h["pid"]].text for h in hits if 0 <= h.get("pid", -1) < len(passages)]
+        return whole_answer("".join(texts), top, words)
+
+    return judge
 
 
 def _ending(status: DemoStatus) -> Closer:
@@ -536,11 +558,12 @@ def _guarded_service(
 
 
 def _shared_guard(policy: Policy, redis: Any, rng: random.Random) -> tuple[Guard, list[Closer]]:
-    """A Guard whose quotas and four breakers live in Redis (``--redis``), shared by every demo
-    replica using the same server (token pacing stays in the process)."""
+    """A Guard whose quotas and five breakers live in Redis (``--redis``), shared by every demo
+    replica using the same server (token pacing stays in the process): the stages' three, built
+    here, and each deployment's of the model, which its group declares."""
     guard = Guard(policy, rng=rng, backend=RedisBackend(redis, prefix=REDIS_PREFIX))
-    for stage in BREAKERS:
-        guard.breaker(stage)  # build (and share) the four breakers up front
+    for stage in STAGE_BREAKERS:
+        guard.breaker(stage)  # build (and share) them up front
     return guard, [guard.aclose]
 
 

@@ -12,7 +12,8 @@ where :class:`ragguard.grpc.GuardServerInterceptor` reads it.
 Errors become gRPC statuses: a query that is not a non-empty str of at most
 :data:`MAX_QUERY_CHARS` characters INVALID_ARGUMENT; ragguard's errors (a quota rejection, an open
 breaker with no fallback left, a spent deadline, a bad tenant id, a stream cut by its budget)
-whatever the interceptor maps them to (:func:`ragguard.grpc.status_for`); a dependency's own
+whatever the interceptor maps them to (:func:`ragguard.grpc.status_for`), a backend's deadline as
+ragguard's client interceptors classify it too; a dependency's own
 UNAVAILABLE or DEADLINE_EXCEEDED passes through (the unguarded service meets those); anything else
 is INTERNAL. An Answer that fails after its first word ends with that status after the words
 sent. The server's ``capacity`` caps the RPCs in flight (gRPC rejects the excess with
@@ -28,7 +29,7 @@ from typing import Any, NoReturn
 import grpc
 
 from ragguard import InvalidInput, RagguardError
-from ragguard.grpc import TENANT_KEY, snappy_channel
+from ragguard.grpc import TENANT_KEY, RemoteDeadlineExceeded, snappy_channel
 
 from . import _wire
 from .corpus import Passage
@@ -80,7 +81,7 @@ class RetrievalServer:
         query = _query(request)
         try:
             result = await self._pipeline.retrieve(query)
-        except RagguardError:
+        except _DOOR_ERRORS:
             raise  # the GuardServerInterceptor turns these into statuses
         except Exception as exc:
             await _abort(context, exc)
@@ -97,7 +98,7 @@ class RetrievalServer:
                     yield {"text": word}
             finally:
                 await _aclose(answer.words)  # closed here, in this task, when the call ends early
-        except RagguardError:
+        except _DOOR_ERRORS:
             raise  # the GuardServerInterceptor turns these into statuses
         except Exception as exc:
             await _abort(context, exc)
@@ -129,6 +130,13 @@ async def _aclose(words: AsyncIterator[str]) -> None:
     aclose = getattr(words, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+_DOOR_ERRORS = (RagguardError, RemoteDeadlineExceeded)
+"""What the guarded service leaves to its GuardServerInterceptor: ragguard's errors, and a
+backend's DEADLINE_EXCEEDED as ragguard's client interceptors classify it (the request's own
+deadline, propagated to the backend, ran out there: the request's DEADLINE_EXCEEDED). The door
+answers them and tells how the answer's stream ended (``ragguard-stream-ending``)."""
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> NoReturn:
@@ -170,16 +178,21 @@ class RetrievalClient:
         return reply
 
     async def answer(
-        self, tenant: str, query: str, *, timeout_s: float | None
+        self, tenant: str, query: str, *, timeout_s: float | None, trailers: dict[str, str] | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The Answer stream's messages (``{"text": word}``..., then the hits and fallbacks);
-        ``timeout_s`` bounds the whole stream. Closing the generator early cancels the call."""
+        ``timeout_s`` bounds the whole stream. Closing the generator early cancels the call.
+        ``trailers``, when given, receives the stream's trailing metadata once it has ended
+        (the guarded service's ``ragguard-stream-ending``...), on success as on a failure."""
         call = self._answer({"query": query}, timeout=timeout_s, metadata=((TENANT_KEY, tenant),))
         try:
             async for message in call:
                 yield message
         finally:
             call.cancel()
+            if trailers is not None and call.done() and not call.cancelled():
+                said = await call.trailing_metadata() or ()
+                trailers.update((k, v) for k, v in said if isinstance(v, str))
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
