@@ -113,6 +113,52 @@ async def test_a_guarded_call_inside_the_stage_gets_the_stages_deadline() -> Non
     assert seen == [pytest.approx(0.5)]
 
 
+@pytest.mark.parametrize("reserve", [None, 0], ids=["with-reserve", "reserve-off"])
+async def test_the_fallback_serves_under_the_stages_share(reserve: float | None) -> None:
+    """The share stands outside the fallback (docs/layers.md): the fallback, as much as the
+    primary, sees the stage's share of the deadline, and the caller the request's again after
+    (with a fallback, the share is fused into the reserve's gate: the fallback applies it itself)."""
+    stage = StagePolicy(deadline_share=0.5) if reserve is None else StagePolicy(deadline_share=0.5, reserve=0)
+    guard, _ = _guard(s=stage)
+    seen: dict[str, float | None] = {}
+
+    async def fallback(x: int) -> int:
+        seen["fallback"] = ragguard.remaining()
+        return -x
+
+    @guard.guard("s", fallback=fallback)
+    async def primary(x: int) -> int:
+        seen["primary"] = ragguard.remaining()
+        raise ConnectionRefusedError("down")
+
+    async with guard.deadline(1.0):
+        assert await primary(1) == -1
+        seen["after"] = ragguard.remaining()
+    primary = seen["primary"]
+    assert primary is not None
+    kept = 0.5 - primary  # what the reserve keeps of the share for the fallback
+    assert (kept > 0.0) is (reserve is None) and (kept == pytest.approx(0.0)) is (reserve == 0)
+    assert seen["fallback"] == pytest.approx(0.5) and seen["after"] == pytest.approx(1.0)
+
+
+async def test_a_streams_fallback_reads_its_first_item_under_the_share() -> None:
+    guard, _ = _guard(s=StagePolicy(deadline_share=0.5))
+    seen: list[float | None] = []
+
+    async def fallback(x: int) -> AsyncIterator[int]:
+        seen.append(ragguard.remaining())
+        yield -x
+
+    @guard.guard("s", fallback=fallback)
+    async def primary(x: int) -> AsyncIterator[int]:
+        raise ConnectionRefusedError("down")
+        yield x
+
+    async with guard.deadline(1.0):
+        assert [item async for item in primary(1)] == [-1]
+    assert seen == [pytest.approx(0.5)]
+
+
 async def test_retries_and_their_backoff_stay_within_the_share() -> None:
     retry = RetryPolicy(
         attempts=20, initial_backoff_s=0.1, multiplier=1.0, jitter_s=0.0, budget_min_per_s=100
