@@ -65,7 +65,7 @@ def load(
         module = importlib.import_module(name)
     finally:
         sys.path.remove(str(root))
-    return module, f"{what}: commit {commit}, extracted to {root}"
+    return module, f"{what}: commit {commit}, extracted with git archive (imported as {name})"
 
 
 def _own_names(package: Path, name: str) -> None:

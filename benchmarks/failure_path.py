@@ -4,6 +4,9 @@ stock libraries, in one interleaved run.
 
     .venv/bin/python benchmarks/failure_path.py [--ops 1000] [--rounds 15] [--against 9b27c28]
 
+The bare hand-written loop does less than the full stack (no quota, deadline, attempt timer,
+breaker or classification): ``hand_equal`` writes the full stack's work by hand, and the target
+compares the full stack with it (and, stricter, with its variant that arms one timer per call).
 Every contender makes 3 attempts at a coroutine raising ConnectionRefusedError (the full stack once
 more with httpx's ConnectError, which its package's classifier reads), with a zero backoff
 (one ``asyncio.sleep(0)`` between attempts), and ends with the error (no fallback); breakers are
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import sys
+import time
 from typing import Any
 
 import aiobreaker
@@ -84,6 +89,106 @@ async def hand_loop() -> None:
             await asyncio.sleep(0)
 
 
+_KINDS = {ConnectionRefusedError: "failure", ConnectionResetError: "failure", TimeoutError: "timeout"}
+"""The hand-written classification: an outcome per error type (as ragguard's table reads a
+built-in error), the error's class hierarchy walked once for a type the table has not seen."""
+
+
+def _kind_of(exc: BaseException) -> str:
+    kind = _KINDS.get(type(exc))
+    if kind is None:
+        kind = next((_KINDS[k] for k in type(exc).__mro__ if k in _KINDS), "unknown")
+        _KINDS[type(exc)] = kind
+    return kind
+
+
+class _Window:
+    """The hand-written breaker's count: calls and failures in the current second."""
+
+    __slots__ = ("calls", "failures", "open", "second")
+
+    def __init__(self) -> None:
+        self.second, self.calls, self.failures, self.open = -1, 0, 0, False
+
+    def count(self, now: float, failed: bool, min_calls: int, threshold: float) -> None:
+        second = int(now)
+        if second != self.second:
+            self.second, self.calls, self.failures = second, 0, 0
+        self.calls += 1
+        if failed:
+            self.failures += 1
+        if self.calls >= min_calls and self.failures >= threshold * self.calls:
+            self.open = True
+
+
+def hand_equal(*, timer_per_attempt: bool = True) -> Any:
+    """The full stack's work written by hand, as lean as a careful engineer would write it: the
+    tenant's concurrency slot and rate token (GCRA) and its 0.8 s deadline in a context variable
+    (the tenant in another); a retry budget counting calls and retries per second; per attempt, a
+    breaker permit, an attempt timer (``loop.call_at`` cancelling the task at min(2 s, the
+    deadline), cancelled after), the error classified by its type, the breaker's count of calls
+    and failures in its one-second window (judged once it has seen its minimum of calls), then the
+    retry's decision: a retryable kind, attempts left, the deadline's time left, the budget;
+    sleep(0) between attempts. ``timer_per_attempt=False``: one timer for the whole call, at the
+    deadline (what bounds every attempt here, the deadline being shorter than the attempt
+    timeout: a shortcut the stage cannot take in general)."""
+    clock = time.monotonic
+    deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("deadline", default=None)
+    tenant_of: contextvars.ContextVar[str | None] = contextvars.ContextVar("tenant", default=None)
+    interval, burst, max_slots = 1 / 1e7, 1.0, 64
+    slots, tat = [0], [0.0]
+    window, spent = _Window(), _Window()  # the breaker's, and the retry budget's (calls, retries)
+
+    async def attempts(at: float, cancel: Any) -> None:
+        loop = asyncio.get_running_loop()
+        spent.count(clock(), False, 1 << 62, 1.0)
+        for attempt in range(1, 4):
+            if window.open:
+                raise RuntimeError("breaker open")
+            timer = loop.call_at(min(clock() + 2.0, at), cancel) if timer_per_attempt else None
+            try:
+                await refused(1)
+                if timer is not None:
+                    timer.cancel()
+                window.count(clock(), False, 1_000_000, 0.5)
+                return
+            except ConnectionRefusedError as exc:
+                if timer is not None:
+                    timer.cancel()
+                kind = _kind_of(exc)
+                now = clock()
+                window.count(now, kind in ("failure", "timeout"), 1_000_000, 0.5)
+                if kind != "failure" or attempt == 3 or at - now < 0.001:
+                    raise
+                if spent.failures + 1 > 0.2 * spent.calls + 1e6:  # (failures: the retries taken)
+                    raise
+                spent.failures += 1
+            await asyncio.sleep(0)
+
+    async def body() -> None:
+        now = clock()
+        if slots[0] >= max_slots or max(tat[0], now) - now > burst:
+            raise RuntimeError("over quota")
+        tat[0] = max(tat[0], now) + interval
+        slots[0] += 1
+        at = now + 0.8
+        token, who = deadline.set(at), tenant_of.set("acme")
+        cancel = asyncio.current_task().cancel  # type: ignore[union-attr]
+        timer = None if timer_per_attempt else asyncio.get_running_loop().call_at(at, cancel)
+        try:
+            await attempts(at, cancel)
+        except ConnectionRefusedError:
+            pass
+        finally:
+            if timer is not None:
+                timer.cancel()
+            tenant_of.reset(who)
+            deadline.reset(token)
+            slots[0] -= 1
+
+    return body
+
+
 async def tenacity_loop() -> None:
     try:
         async for attempt in tenacity.AsyncRetrying(
@@ -125,6 +230,10 @@ async def main(ops: int, rounds: int, against: str | None = None) -> int:
     full, _ = _stage(ragguard, full=True)
     contenders = [
         Contender("hand-written loop", "for attempt in range(3): try/except, sleep(0)", hand_loop),
+        Contender("hand-written, equal work", "the full stack's work by hand (hand_equal): quota, "
+                  "deadline, budget, a timer, breaker count and classification per attempt", hand_equal()),
+        Contender("hand-written, equal work, one timer", "the same, one timer per call at the deadline",
+                  hand_equal(timer_per_attempt=False)),
         Contender("tenacity AsyncRetrying", "one per call, stop after 3, sleep(0)", tenacity_loop),
         Contender("ragguard retry stage", "a stage with retries only (3 attempts)", retry_only),
         Contender("ragguard full stack", "tenant quota+deadline, retry, breaker, 2 s attempt timeout",
@@ -136,7 +245,7 @@ async def main(ops: int, rounds: int, against: str | None = None) -> int:
     if old is not None:
         old_retry, _ = _stage(old, full=False)
         old_full, _ = _stage(old, full=True)
-        contenders[5:5] = [
+        contenders[7:7] = [
             Contender("pre-redesign retry stage", "commit ba06c64, retries only", old_retry),
             Contender("pre-redesign full stack", "commit ba06c64, the same full stack", old_full),
         ]
@@ -149,12 +258,17 @@ async def main(ops: int, rounds: int, against: str | None = None) -> int:
         contenders += [Contender(_against.named(name, against), f"at {against}", _stage(newer, **how)[0])
                        for name, how in mine.items()]  # fmt: skip
     results = await _bench.run_async(contenders, ops=ops, rounds=rounds, yield_every=0)
-    _bench.print_table(results, "failure path: 3 failed attempts per call", against=["hand-written loop"],
-                       unit="failed call")  # fmt: skip
+    _bench.print_table(results, "failure path: 3 failed attempts per call",
+                       against=["hand-written loop", "hand-written, equal work"], unit="failed call")  # fmt: skip
     targets = [
         _bench.ratio_target(results, "retry stage vs a hand-written loop", "ragguard retry stage",
                             "hand-written loop", 2.0),
-        _bench.ratio_target(results, "full stack failing vs a hand-written loop", "ragguard full stack",
+        _bench.ratio_target(results, "full stack failing vs a hand-written loop doing equal work",
+                            "ragguard full stack", "hand-written, equal work", 2.0),
+        _bench.ratio_target(results, "full stack failing vs the same with one timer per call",
+                            "ragguard full stack", "hand-written, equal work, one timer", 2.0),
+        _bench.ratio_target(results, "full stack failing vs the bare loop (it does less: no quota, "
+                            "deadline, timer, breaker or classification)", "ragguard full stack",
                             "hand-written loop", 2.0),
     ]  # fmt: skip
     if old is not None:

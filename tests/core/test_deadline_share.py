@@ -113,6 +113,52 @@ async def test_a_guarded_call_inside_the_stage_gets_the_stages_deadline() -> Non
     assert seen == [pytest.approx(0.5)]
 
 
+@pytest.mark.parametrize("reserve", [None, 0], ids=["with-reserve", "reserve-off"])
+async def test_the_fallback_serves_under_the_stages_share(reserve: float | None) -> None:
+    """The share stands outside the fallback (docs/layers.md): the fallback, as much as the
+    primary, sees the stage's share of the deadline, and the caller the request's again after
+    (with a fallback, the share is fused into the reserve's gate: the fallback applies it itself)."""
+    stage = StagePolicy(deadline_share=0.5) if reserve is None else StagePolicy(deadline_share=0.5, reserve=0)
+    guard, _ = _guard(s=stage)
+    seen: dict[str, float | None] = {}
+
+    async def fallback(x: int) -> int:
+        seen["fallback"] = ragguard.remaining()
+        return -x
+
+    @guard.guard("s", fallback=fallback)
+    async def primary(x: int) -> int:
+        seen["primary"] = ragguard.remaining()
+        raise ConnectionRefusedError("down")
+
+    async with guard.deadline(1.0):
+        assert await primary(1) == -1
+        seen["after"] = ragguard.remaining()
+    primary = seen["primary"]
+    assert primary is not None
+    kept = 0.5 - primary  # what the reserve keeps of the share for the fallback
+    assert (kept > 0.0) is (reserve is None) and (kept == pytest.approx(0.0)) is (reserve == 0)
+    assert seen["fallback"] == pytest.approx(0.5) and seen["after"] == pytest.approx(1.0)
+
+
+async def test_a_streams_fallback_reads_its_first_item_under_the_share() -> None:
+    guard, _ = _guard(s=StagePolicy(deadline_share=0.5))
+    seen: list[float | None] = []
+
+    async def fallback(x: int) -> AsyncIterator[int]:
+        seen.append(ragguard.remaining())
+        yield -x
+
+    @guard.guard("s", fallback=fallback)
+    async def primary(x: int) -> AsyncIterator[int]:
+        raise ConnectionRefusedError("down")
+        yield x
+
+    async with guard.deadline(1.0):
+        assert [item async for item in primary(1)] == [-1]
+    assert seen == [pytest.approx(0.5)]
+
+
 async def test_retries_and_their_backoff_stay_within_the_share() -> None:
     retry = RetryPolicy(
         attempts=20, initial_backoff_s=0.1, multiplier=1.0, jitter_s=0.0, budget_min_per_s=100
@@ -226,7 +272,10 @@ def test_a_stage_with_the_whole_deadline_has_no_share_layer() -> None:
 
     whole = guard.stage("all").chain(Bound("all", fn, stream=False))
     shared = guard.stage("rerank").chain(Bound("rerank", fn, stream=False))
-    assert "ShareLayer" not in repr(whole) and "ShareLayer" in repr(shared)
+    # the share's gate: a ShareLayer, or (a stage with a fallback) the reserve's gate it is fused into
+    assert [getattr(layer, "share", 1.0) for layer in whole.layers] == [1.0] * len(whole.layers)
+    assert "ShareLayer" not in repr(whole)
+    assert [layer.share for layer in shared.layers if getattr(layer, "share", 1.0) < 1.0] == [0.3]
 
 
 async def test_with_every_earlier_stage_hung_the_generation_keeps_39_percent() -> None:

@@ -38,8 +38,10 @@ from typing import Any, ClassVar, ParamSpec, TypeVar, Unpack
 
 from .. import _validate, events
 from .._errors import BreakerOpen, ConfigError
+from ..outcomes import Kind, Outcome, outcome_of
+from ..outcomes._classify import RECORDED
 from ._aiobreaker import AiobreakerListenerAdapter
-from ._classify import judge
+from ._classify import is_timeout, judge, kinds_counted
 from ._live import register_breaker
 from ._options import MAX_DURATION_S, BreakerConfig, BreakerOptions, Classifier
 from ._outcome import OUTCOMES, BreakerCallOutcome
@@ -58,6 +60,7 @@ T = TypeVar("T")
 _CLOSED = BreakerState.CLOSED
 _OPEN = BreakerState.OPEN
 _HALF_OPEN = BreakerState.HALF_OPEN
+_TIMEOUT, _REJECTION = Kind.TIMEOUT, Kind.REJECTION
 _FORCED_OPEN = BreakerState.FORCED_OPEN
 _DISABLED = BreakerState.DISABLED
 
@@ -134,6 +137,7 @@ class CircuitBreaker:
         "_config",
         "_consecutive",
         "_consecutive_threshold",
+        "_counted_kinds",
         "_epoch",
         "_error_class",
         "_failure_threshold",
@@ -154,6 +158,7 @@ class CircuitBreaker:
         "_slow_classifier",
         "_slow_s",
         "_slow_threshold",
+        "_slow_timeouts",
         "_state",
         "_trial_calls",
         "_trial_failures",
@@ -210,6 +215,13 @@ class CircuitBreaker:
         self._rng = rng if rng is not None else random.Random()
         self._classifier: Classifier = config.classifier
         self._slow_classifier = config.slow_classifier
+        # ragguard's own classifiers, read off the error's recorded outcome inline (_error): the
+        # kinds counted as failures (None: a classifier of the user's, called), and whether the
+        # slow classifier is ``is_timeout`` (None: none)
+        counted = kinds_counted(config.classifier)
+        slow_of = config.slow_classifier
+        self._counted_kinds = counted if slow_of is None or slow_of is is_timeout else None
+        self._slow_timeouts = slow_of is is_timeout
         self.clock = clock
         self._error_class = config.error_class
         # A rejection while open skips a Python __init__ for the classes that keep BreakerOpen's
@@ -473,17 +485,21 @@ class CircuitBreaker:
             return
         # classify_outcome(self._config, exc, duration_s), inlined: it runs
         # once per failed attempt, and a dependency that is down fails every attempt
-        try:
-            counted, rejected = judge(self._classifier, exc, self._rejection_threshold is not None)
-            if not counted:
-                code = REJECTED if rejected else -1  # or IGNORED
-            else:
-                slow_of = self._slow_classifier
-                slow = duration_s > self._slow_s or (slow_of is not None and bool(slow_of(exc)))
+        kinds = self._counted_kinds
+        if kinds is not None:  # ragguard's own classifiers: judge() and is_timeout, inlined
+            said = getattr(exc, RECORDED, None)
+            if type(said) is not Outcome:
+                said = outcome_of(exc)
+            kind = said.kind
+            if kind in kinds:
+                slow = duration_s > self._slow_s or (self._slow_timeouts and kind is _TIMEOUT)
                 code = FAILED | SLOW if slow else FAILED
-        except Exception:  # a broken classifier never trips a breaker (as classify_outcome)
-            log.exception("classifier of breaker %r raised on %r; the error is not counted", self.name, exc)
-            code = -1
+            elif self._rejection_threshold is not None and kind is _REJECTION and said.status != 429:
+                code = REJECTED
+            else:
+                code = -1
+        else:
+            code = self._judged(exc, duration_s)
         if self.bus.active:
             outcome = OUTCOMES[code] if code >= 0 else "ignored"
             self.bus.emit(BreakerCallOutcome(self.name, outcome, duration_s, type(exc).__name__, exc))
@@ -505,6 +521,19 @@ class CircuitBreaker:
                 self._check(now)
         elif state is _HALF_OPEN:
             self._trial(code, now)
+
+    def _judged(self, exc: Exception, duration_s: float) -> int:
+        """The window code of ``exc`` as the breaker's classifiers judge it (-1: not counted)."""
+        try:
+            counted, rejected = judge(self._classifier, exc, self._rejection_threshold is not None)
+            if not counted:
+                return REJECTED if rejected else -1  # or IGNORED
+            slow_of = self._slow_classifier
+            slow = duration_s > self._slow_s or (slow_of is not None and bool(slow_of(exc)))
+            return FAILED | SLOW if slow else FAILED
+        except Exception:  # a broken classifier never trips a breaker (as classify_outcome)
+            log.exception("classifier of breaker %r raised on %r; the error is not counted", self.name, exc)
+            return -1
 
     def _record(self, code: int, now: float) -> CountWindow | TimeWindow:
         """Record one outcome in the closed window, after the fast successes counted before it."""

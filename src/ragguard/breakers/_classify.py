@@ -83,6 +83,13 @@ _KINDS_OF: dict[Callable[[BaseException], bool], frozenset[Kind]] = {
 }
 
 
+def kinds_counted(classifier: Callable[[BaseException], bool]) -> frozenset[Kind] | None:
+    """The outcome kinds ``classifier`` counts as failures when it is one of ragguard's own
+    (:func:`counts_outages`, :func:`counts_by_default`), else None: a breaker reads them off the
+    outcome the chain recorded, with no call of the classifier."""
+    return _KINDS_OF.get(classifier)
+
+
 def judge(
     classifier: Callable[[BaseException], bool], exc: BaseException, rejections: bool
 ) -> tuple[bool, bool]:

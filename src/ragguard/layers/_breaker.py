@@ -15,11 +15,12 @@ or the one given to ``@guard(breaker=...)``, shared across replicas when the Gua
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .._clock import Clock
 from .._errors import BreakerOpen, ConfigError, DeadlineExceeded
-from ..breakers import AsyncBreaker, Breaker, from_aiobreaker
+from ..breakers import AsyncBreaker, Breaker, CircuitBreaker, from_aiobreaker
 from ..options._breaker import BREAKER_KINDS
 from ..pipeline import WAIT, Call, Scope
 
@@ -38,12 +39,19 @@ class BreakerLayer:
     """
 
     scope: ClassVar[Scope] = "attempt"
-    __slots__ = ("_asks_async", "breaker", "clock")
+    __slots__ = ("_asks_async", "_failed", "breaker", "clock")
 
     def __init__(self, breaker: Breaker, clock: Clock) -> None:
         self.breaker = breaker
         self.clock = clock
         self._asks_async = isinstance(breaker, AsyncBreaker)
+        # a ragguard CircuitBreaker's record of a failed attempt, what its ``on_result`` does with
+        # an ``Exception`` (one frame less on the failure path); None for any other breaker
+        self._failed: Callable[[int, float, Exception, float], None] | None = (
+            breaker._error
+            if isinstance(breaker, CircuitBreaker) and type(breaker).on_result is CircuitBreaker.on_result
+            else None
+        )
 
     def enter(self, call: Call) -> Any:
         try:
@@ -75,7 +83,11 @@ class BreakerLayer:
                 breaker.release(token)
             else:
                 now = self.clock()
-                breaker.on_result(token, now - call.started, exc, now)
+                failed = self._failed
+                if failed is not None:
+                    failed(token, now - call.started, exc, now)
+                else:
+                    breaker.on_result(token, now - call.started, exc, now)
         return None
 
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._clock import Clock, monotonic
 from .._context import current_tenant, mark_degraded
+from .._deadline import Expiry, current_expiry, restore, shorten
 from .._errors import ConfigError, QuotaExceeded
 from .._validate import bounded
 from ..events import EventBus, FallbackServed, bus
@@ -178,10 +179,16 @@ class FallbackLayer:
         return self.fallbacks if self._applies(exc, outcome) else ()
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
+        token = None
         try:
             chain = self.chain_for(exc, call.outcome or outcome_of(exc))
             if not chain:
                 raise exc
+            share_at = call.share_at  # the stage's share of the deadline (the gate inside it set
+            if share_at is not None:  # it, the share fused into the reserve): the fallbacks serve under it
+                current = current_expiry()
+                if current is not None and share_at < current.at:
+                    token = shorten(Expiry(share_at, current.clock))
             learn = self._learn
             started = self._clock() if learn is not None else 0.0
             for fallback in chain:
@@ -200,11 +207,17 @@ class FallbackLayer:
                 if learn is not None:
                     if call.stream and not isinstance(result, Head):  # an opened stream is not timed
                         # a stream's fallback has answered once its first item is there
-                        return _FirstItem(result, learn, self._clock, started)
-                    learn(self._clock() - started)
+                        result = _FirstItem(result, learn, self._clock, started)
+                    else:
+                        learn(self._clock() - started)
+                if token is not None and call.stream and not isinstance(result, Head):
+                    # its first item read under the share, as the stream driver would read it
+                    result = await Head.of_fallback(result)
                 return result
             raise exc
         finally:
+            if token is not None:
+                restore(token)
             # this frame lets go of the error it raises: the error's traceback holds the frame, and
             # the two would otherwise be a reference cycle only the garbage collector frees
             del exc

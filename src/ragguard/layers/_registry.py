@@ -127,6 +127,25 @@ def build_layers(stage: Stage, bound: Bound, *, observed: bool = False) -> list[
             layers.extend(made)
         else:
             layers.append(made)
+    return _fused(layers)
+
+
+def _fused(layers: list[Layer]) -> list[Layer]:
+    """``layers`` with a stage's share, its fallback and its reserve (adjacent, in that order, the
+    reserve optional) made one gate just inside the fallback: the share's deadline and the
+    reserve's in one :class:`~ragguard.layers._reserve.ReserveLayer`, and the fallback serving
+    under the share's deadline itself (from ``Call.share_at``). Every layer reads the deadline
+    it read before; a call pays one gate and one context variable instead of two, and no coroutine
+    frame for a node of the share's own (a gate outside a recovery needs one: a node's recoveries
+    come first). benchmarks/deadline_budget.py measures it."""
+    for i in range(len(layers) - 1):
+        outer, fallen = layers[i], layers[i + 1]
+        if type(outer) is share.ShareLayer and type(fallen) is fallback.FallbackLayer:
+            after = layers[i + 2] if i + 2 < len(layers) else None
+            kept = after if type(after) is reserve.ReserveLayer and after.share == 1.0 else None
+            gate = reserve.ReserveLayer(outer.stage, None if kept is None else kept.reserve, outer.share)
+            layers[i : i + 2 + (kept is not None)] = [fallen, gate]
+            break
     return layers
 
 

@@ -23,9 +23,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._deadline import Expiry, current_expiry, shorten
+from .._deadline import Expiry, current_expiry, restore, shorten
+from .._errors import DeadlineExceeded
 from ..pipeline import NO_EXIT, Call
 from ._earlier import EarlierDeadline
+from ._share import note_share
 
 if TYPE_CHECKING:
     from ..options import ReservePolicy
@@ -85,32 +87,59 @@ class Reserve:
 
 
 class ReserveLayer(EarlierDeadline):
-    """Runs what is inside it under the request's deadline less ``reserve.seconds(left)``."""
+    """Runs what is inside it under the request's deadline less ``reserve.seconds(left)``; with
+    ``share`` below 1 (the share layer fused in, see :mod:`ragguard.layers._registry`), under the
+    stage's share of the deadline less the reserve, the share's deadline left on the call
+    (``Call.share_at``) for the fallback outside it to serve under."""
 
-    __slots__ = ("reserve", "stage")
+    __slots__ = ("_rest", "reserve", "share", "stage")
 
-    def __init__(self, stage: str, reserve: Reserve) -> None:
+    def __init__(self, stage: str, reserve: Reserve | None, share: float = 1.0) -> None:
         self.stage = stage
-        self.reserve = reserve
+        self.reserve = reserve  # None: the stage's share alone (no reserve kept)
+        self.share = share
+        self._rest = 1.0 - share
 
     def enter(self, call: Call) -> Any:
-        if call.items:  # past a stream's commit point no fallback serves it: nothing to keep
-            return NO_EXIT
         expiry = current_expiry()
         if expiry is None:
             return NO_EXIT
+        if call.items:  # a stream's later item: no fallback serves it, only its share holds
+            own = call.share_expiry
+            if own is None or own.at >= expiry.at:
+                return NO_EXIT
+            return shorten(own)
         at = expiry.at
-        left = at - expiry.clock()
+        clock = expiry.clock
+        left = at - clock()
         if left <= 0.0:
-            return NO_EXIT
+            return NO_EXIT  # spent: the layers inside refuse the call themselves
+        rest = self._rest
+        if rest:  # ShareLayer.enter's deadline, which the fallback serves under too
+            cut = rest * left
+            at -= cut
+            left -= cut
+            call.share_at = at
+            if call.stream:
+                call.share_expiry = Expiry(at, clock)
         reserve = self.reserve
-        keep, cap = reserve.keep_s, reserve.max_share * left  # reserve.seconds(left), inlined
-        if cap < keep:
-            keep = cap
-        if keep <= 0.0:
+        if reserve is not None:
+            keep, cap = reserve.keep_s, reserve.max_share * left  # reserve.seconds(left), inlined
+            if cap < keep:
+                keep = cap
+            if keep > 0.0:
+                return shorten(Expiry(at - keep, clock))
+        if not rest:
             return NO_EXIT
-        return shorten(Expiry(at - keep, expiry.clock))
+        return shorten(call.share_expiry if call.stream else Expiry(at, clock))
 
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        restore(token)
+        if self._rest and exc is not None and isinstance(exc, DeadlineExceeded):
+            outer = current_expiry()
+            if outer is not None and outer.left() > 0.0:  # the share ran out, not the request
+                note_share(exc, self.stage, self.share)
+        return None
 
 
 def _reserve(stage: Stage) -> Reserve:

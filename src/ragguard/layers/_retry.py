@@ -461,8 +461,8 @@ class RetryLayer:
                     # the stop (attempts, deadline, budget: short-circuited, so the budget is
                     # charged only for a retry that happens). First retryable(exc), with the
                     # outcome the chain recorded (exc is an Exception here).
-                    if not _not_a_rejection(exc):
-                        raise exc
+                    if isinstance(exc, RagguardError) and not isinstance(exc, StageTimeout):
+                        raise exc  # ragguard's own refusal (_not_a_rejection, inlined: exc is an Exception)
                     outcome = call.outcome or outcome_of(exc)
                     outer = call.recoverable
                     if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
@@ -479,7 +479,7 @@ class RetryLayer:
                         raise exc
                     expiry = current_expiry()
                     if expiry is not None:
-                        left = expiry.left()
+                        left = expiry.at - expiry.clock()  # expiry.left(), inlined (and below)
                         if wait > left - min_left:
                             wait = left - min_left if left > min_left else 0.0
                     if after > wait:  # the wait the dependency stated
@@ -487,10 +487,11 @@ class RetryLayer:
                     if expiry is not None:
                         # the time left read again, as _DeadlineStop does after _CutWait: a wait
                         # cut to leave exactly min_left is stopped once any time has passed since
-                        left = expiry.left()
+                        left = expiry.at - expiry.clock()
                         if (left if left > 0.0 else 0.0) - wait < min_left:
                             raise exc
-                    if not self._spend():
+                    if not self.budget.try_spend():  # self._spend(), inlined
+                        self._exhausted()
                         raise exc
                 if self._bus.active:
                     tenant = current_tenant()
@@ -533,9 +534,12 @@ class RetryLayer:
         # the budget is charged for retries that really happen, never for a call's last attempt.
         if self.budget.try_spend():
             return True
+        self._exhausted()
+        return False
+
+    def _exhausted(self) -> None:
         if self._bus.active:
             self._bus.emit(RetryBudgetExhausted(self.stage, current_tenant()))
-        return False
 
 
 def make_budget(stage: Stage) -> RetryBudget | None:

@@ -24,7 +24,7 @@ from ._earlier import EarlierDeadline
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
 
-__all__ = ["ShareLayer", "build"]
+__all__ = ["ShareLayer", "build", "note_share"]
 
 
 class ShareLayer(EarlierDeadline):
@@ -60,14 +60,14 @@ class ShareLayer(EarlierDeadline):
         if exc is not None and isinstance(exc, DeadlineExceeded):
             outer = current_expiry()
             if outer is not None and outer.left() > 0.0:  # the share ran out, not the request
-                _note(exc, self.stage, self.share)
+                note_share(exc, self.stage, self.share)
         return None
 
 
 _NOTE = "ragguard: stage "
 
 
-def _note(exc: DeadlineExceeded, stage: str, share: float) -> None:
+def note_share(exc: DeadlineExceeded, stage: str, share: float) -> None:
     """Say on ``exc`` that the stage's share ran out (once: an error that crosses several stages
     names the first share it hit)."""
     notes = getattr(exc, "__notes__", ())

@@ -56,7 +56,7 @@ class TimeoutLayer:
                 return NO_EXIT  # no timer to arm
             by_deadline = False
         else:
-            left = expiry.left()
+            left = expiry.at - expiry.clock()  # expiry.left(), inlined: once per attempt
             if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
                 whole = expiry.budget_s
                 if call.items:  # mid-stream: the stream ran under the request's budget

@@ -42,6 +42,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .._compat import current_task, running_loop
+from ..outcomes import Outcome
+from ..outcomes._classify import RECORDED
 from ._contract import NO_EXIT, WAIT
 
 if TYPE_CHECKING:
@@ -53,7 +55,11 @@ _HANDLER = """\
     except BaseException as exc:
         replaced = None
         error = exc
-        classified(call, exc, classify)
+        outcome = getattr(exc, RECORDED, None)  # classified(call, exc, classify), inlined
+        if type(outcome) is not Outcome:
+            outcome = classify(exc)
+            exc.__dict__[RECORDED] = outcome
+        call.outcome = outcome
 {exits}
         i = n_recoveries
         if i <= skip or not isinstance(error, Exception):
@@ -95,6 +101,8 @@ def compiled_run(
         "running_loop": running_loop,
         "current_task": current_task,
         "CancelledError": asyncio.CancelledError,
+        "RECORDED": RECORDED,
+        "Outcome": Outcome,
     }
     body = ["entered = 0", "try:"]
     for i, gate in enumerate(gates):

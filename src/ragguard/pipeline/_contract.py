@@ -66,7 +66,8 @@ class Call:
 
     - ``started``: the clock time the breaker admitted the attempt;
     - ``budget_s``, ``by_deadline``: the attempt's time budget and whether the deadline (rather
-      than the stage timeout) set it (the timeout layer's);
+      than the stage timeout) set it (the timeout layer's, set as it arms a timer and read only
+      after: not set before, so a call that arms none pays nothing for them);
     - ``outcome``: the :class:`~ragguard.outcomes.Outcome` of the error a gate's ``exit`` or a
       recovery is handed (and of the one a recovery's ``again`` raised), classified once by the
       chain's classifier (the Guard's) before any layer sees the error: the driver's. The chain
@@ -86,6 +87,9 @@ class Call:
     - ``share_expiry``: a stream's own deadline (an :class:`~ragguard._deadline.Expiry`) when its
       stage draws a share of the request's (``deadline_share``), set as it opens and made current
       again for each later item by the share layer (:mod:`ragguard.layers._share`);
+    - ``share_at``: in a stage with a fallback, the clock time its share of the request's
+      deadline ends (None: no share), set by the reserve's gate the share is fused into
+      (:mod:`ragguard.layers._reserve`): the fallback serves under it;
     - ``ending``: how a stream ended (:class:`ragguard.StreamEnding`), None until it has: set by
       the stream driver before the layers it held exit (the observe layer reports it).
     """
@@ -98,8 +102,11 @@ class Call:
         # the current attempt's
         "started", "budget_s", "by_deadline", "outcome",
         # the running call's
-        "task", "loop", "items", "threads", "meter", "share_expiry", "ending",
+        "task", "loop", "items", "threads", "meter", "share_expiry", "share_at", "ending",
     )  # fmt: skip
+
+    budget_s: float | None  # (set by the timeout layer before any read, see above)
+    by_deadline: bool
 
     def __init__(
         self,
@@ -117,8 +124,6 @@ class Call:
         self.attempt = 1
         self.recoverable: Callable[[BaseException], bool] | None = None
         self.started = 0.0
-        self.budget_s: float | None = None
-        self.by_deadline = False
         self.outcome: Outcome | None = None
         self.task: Any = None
         self.loop: Any = None
@@ -126,6 +131,7 @@ class Call:
         self.threads: Any = None
         self.meter: Any = None
         self.share_expiry: Any = None
+        self.share_at: float | None = None
         self.ending: Any = None
 
     def __repr__(self) -> str:
