@@ -25,9 +25,10 @@ from wire import Fault, OpenAIWire
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import StatusCode  # noqa: E402
+
+from otel_helpers import traced  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -37,14 +38,8 @@ RETRY = {"attempts": 2, "initial_backoff_s": 0, "jitter_s": 0}
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    tracer_provider = sdk_trace.TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    metrics.enable_tracing(tracer_provider)
-    try:
+    with traced() as (_, exporter):
         yield exporter
-    finally:
-        metrics.disable_tracing()
 
 
 @pytest.fixture

@@ -11,21 +11,16 @@ import pytest
 from ragguard import events, metrics
 
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import StatusCode  # noqa: E402
+
+from otel_helpers import traced  # noqa: E402
 
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = sdk_trace.TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    metrics.enable_tracing(provider)
-    try:
+    with traced() as (_, exporter):
         yield exporter
-    finally:
-        metrics.disable_tracing()
 
 
 def test_span_carries_stage_tenant_breaker_state_and_fallback(spans: InMemorySpanExporter) -> None:

@@ -28,6 +28,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import StatusCode  # noqa: E402
 
+from otel_helpers import traced  # noqa: E402
+
 pytestmark = pytest.mark.anyio
 
 
@@ -38,14 +40,8 @@ def _isolated(isolated_registry: None) -> None:
 
 @pytest.fixture
 def provider() -> Iterator[tuple[Any, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    tracer_provider = sdk_trace.TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    metrics.enable_tracing(tracer_provider)
-    try:
-        yield tracer_provider, exporter
-    finally:
-        metrics.disable_tracing()
+    with traced() as both:
+        yield both
 
 
 @pytest.fixture
