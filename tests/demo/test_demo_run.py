@@ -72,7 +72,8 @@ async def test_tiny_demo_run(tmp_path: Path) -> None:
     assert unguarded["requests"] == guarded["requests"] > 50, "both runs replay the same arrivals"
     assert guarded["success_rate"] > unguarded["success_rate"]
     assert guarded["success_rate_well_behaved"] > unguarded["success_rate_well_behaved"]
-    assert guarded["latency_ms"]["p99"] < unguarded["latency_ms"]["p99"]
+    # (not the P99: in a 5 s run it is the slowest few answers, and a loaded machine's stall decides it)
+    assert guarded["goodput_per_s"] > unguarded["goodput_per_s"]
     # Only the greedy tenant is shed; the unguarded service has no quotas at all.
     assert sum(unguarded["quota_rejections"].values()) == 0
     assert all(n == 0 for t, n in guarded["quota_rejections"].items() if t != options.greedy_tenant)
