@@ -113,6 +113,8 @@ class Guard:
             _log.warning("ragguard policy: %s", unreachable)
         for stage in self.policy.stages:  # a misspelt layer is refused here, not at a first call
             self.policy.stage(stage)
+        if self.policy.default_stage.pending:
+            self.policy.default_stage.check_layers("default_stage")
 
     # -- stages -----------------------------------------------------------------------------------
 

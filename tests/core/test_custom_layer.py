@@ -158,6 +158,9 @@ def test_the_options_are_validated_when_the_policy_loads(example: ModuleType) ->
     with pytest.raises(ConfigError, match="did you mean 'retry'") as near:
         Guard(misspelt)
     assert near.value.field == "stages.s.layers.retyr"
+    with pytest.raises(ConfigError, match="unknown layer 'nope'") as default:
+        Guard(Policy.parse({"default_stage": {"layers": {"nope": {}}}}))
+    assert default.value.field == "default_stage.layers.nope"
 
 
 def test_register_layer_refuses_bad_registrations() -> None:

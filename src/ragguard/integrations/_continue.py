@@ -27,7 +27,7 @@ from ragguard.rag import FallbackMiss, Partial
 
 from ._common import Stages, sdk_options
 
-__all__ = ["ClientContinuation"]
+__all__ = ["ClientContinuation", "continuation_options"]
 
 
 class ClientContinuation:
@@ -110,6 +110,22 @@ class ClientContinuation:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+def continuation_options(
+    continuation: ClientContinuation | None,
+    stages: Stages,
+    stage: str,
+    tenant_header: str | None,
+    own: Any,
+    *,
+    structured: bool,
+    text: Callable[[Any], str | None],
+) -> dict[str, Any]:
+    """:meth:`ClientContinuation.options`, or none without a continuation."""
+    if continuation is None:
+        return {}
+    return continuation.options(stages, stage, tenant_header, own, structured=structured, text=text)
 
 
 def _stage_of(client: Any) -> str | None:

@@ -42,7 +42,7 @@ from ragguard import Guard
 from ragguard.rag import Partial, Usage
 
 from ._common import Stages, count_text, header_option, needs, prompt_tokens, usage_of
-from ._continue import ClientContinuation
+from ._continue import ClientContinuation, continuation_options
 from ._llm import Fallback, Generation, GuardedClient, Resource
 
 __all__ = ["continue_message", "guard_anthropic", "prefill_messages"]
@@ -112,12 +112,10 @@ class GuardedAnthropic(GuardedClient):
             continuation=continuation,
             continue_structured=continue_structured,
         )
-        continues: dict[str, Any] = {}
-        if continuation is not None:
-            continues = continuation.options(
-                stages, generation_stage, tenant_header, self.client,
-                structured=continue_structured, text=_message_text,
-            )  # fmt: skip
+        continues = continuation_options(
+            continuation, stages, generation_stage, tenant_header, self.client,
+            structured=continue_structured, text=_message_text,
+        )  # fmt: skip
         self.messages = Resource(
             self.client.messages,
             create=Generation(

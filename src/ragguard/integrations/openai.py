@@ -75,7 +75,7 @@ from ._common import (
     sdk_options,
     usage_of,
 )
-from ._continue import ClientContinuation
+from ._continue import ClientContinuation, continuation_options
 from ._llm import Fallback, Generation, GuardedClient, Resource
 
 __all__ = ["CONTINUE_INSTRUCTION", "continuation_messages", "continue_chat", "guard_openai"]
@@ -167,12 +167,10 @@ class GuardedOpenAI(GuardedClient):
             continuation=continuation,
             continue_structured=continue_structured,
         )
-        continues: dict[str, Any] = {}
-        if continuation is not None:
-            continues = continuation.options(
-                stages, generation_stage, tenant_header, self.client,
-                structured=continue_structured, text=_chat_text,
-            )  # fmt: skip
+        continues = continuation_options(
+            continuation, stages, generation_stage, tenant_header, self.client,
+            structured=continue_structured, text=_chat_text,
+        )  # fmt: skip
         self._stages = stages
         self.embeddings = _Embeddings(self.client, stages, embedding_stage, tenant_header, keyed)
         completions = Generation(

@@ -39,15 +39,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._compat import current_task, running_loop
 from ..outcomes import Outcome
 from ..outcomes._classify import RECORDED
-from ._contract import NO_EXIT, WAIT
+from ._contract import NO_EXIT, WAIT, Gate, Recovery, Wrapper
 
-if TYPE_CHECKING:
-    from ._drivers import Node
+
+class Node(Protocol):
+    """What this module reads of a chain node (:class:`ragguard.pipeline._drivers.Node`, which
+    imports this module: the shape is named here, so the two do not import each other)."""
+
+    classify: Callable[[BaseException], Outcome]
+    gates: tuple[Gate, ...]
+    recoveries: tuple[Recovery, ...]
+    wrapper: Wrapper | None
+    forks: bool
+    inner: Any
 
 __all__ = ["compiled_run"]
 
