@@ -21,7 +21,7 @@ from types import TracebackType
 
 from . import _default
 from ._clock import Clock
-from ._errors import ConfigError
+from ._errors import SET_BY, ConfigError
 from ._validate import shown
 
 __all__ = ["MAX_DEADLINE_S", "current_deadline", "deadline", "remaining"]
@@ -32,18 +32,27 @@ MAX_DEADLINE_S = 10 * 365 * 24 * 3600.0
 
 class Expiry:
     """A deadline: the time ``at`` on ``clock`` (monotonic seconds), set ``budget_s`` seconds
-    ahead (the request's whole budget, for the errors that report it; None: not known)."""
+    ahead (the request's whole budget, for the errors that report it; None: not known) by
+    ``set_by`` (a key of :data:`SET_BY`; None: not known)."""
 
-    __slots__ = ("at", "budget_s", "clock")
+    __slots__ = ("at", "budget_s", "clock", "set_by")
 
-    def __init__(self, at: float, clock: Clock, budget_s: float | None = None) -> None:
+    def __init__(
+        self, at: float, clock: Clock, budget_s: float | None = None, set_by: str | None = None
+    ) -> None:
         self.at = at
         self.clock = clock
         self.budget_s = budget_s
+        self.set_by = set_by
 
     def left(self) -> float:
         """Seconds left, negative once passed."""
         return self.at - self.clock()
+
+    def sooner(self, at: float) -> Expiry:
+        """A deadline at ``at`` (no later than this one) inside this one: a stage's share, the
+        time kept for a fallback. It keeps the request's budget and what set it, for the errors."""
+        return Expiry(at, self.clock, self.budget_s, self.set_by)
 
     def __repr__(self) -> str:
         return f"Expiry(at={self.at}, clock={self.clock!r})"
@@ -79,15 +88,16 @@ def current_deadline() -> float | None:
     return None if expiry is None else expiry.at
 
 
-def narrow(seconds: float, clock: Clock) -> Token[Expiry | None] | None:
-    """Set the deadline to ``seconds`` from now on ``clock`` unless the current one is sooner.
+def narrow(seconds: float, clock: Clock, set_by: str | None = None) -> Token[Expiry | None] | None:
+    """Set the deadline to ``seconds`` from now on ``clock`` unless the current one is sooner;
+    ``set_by`` (a key of :data:`SET_BY`) says what set it.
 
     ``seconds`` must be a finite float >= 0 below :data:`MAX_DEADLINE_S`. Returns the token to
     reset, or None when the current deadline was kept."""
     outer = _deadline.get()
     if outer is not None and outer.left() <= seconds:
         return None
-    return _deadline.set(Expiry(clock() + seconds, clock, seconds))
+    return _deadline.set(Expiry(clock() + seconds, clock, seconds, set_by))
 
 
 def seconds_of(value: object, what: str = "deadline: seconds") -> float | None:
@@ -118,16 +128,24 @@ class deadline:
     Usable as ``with`` and ``async with``. A nested deadline never extends an outer one; None, or
     a budget above ten years (:data:`MAX_DEADLINE_S`), keeps the outer deadline unchanged.
     ``clock`` (monotonic seconds) defaults to the default registry's clock
-    (``ragguard.configure(clock=...)``). Raises :class:`~ragguard.ConfigError` (a ValueError) for a
-    negative, NaN or non-number value.
+    (``ragguard.configure(clock=...)``). ``set_by`` says what set this deadline, as a
+    :class:`~ragguard.DeadlineExceeded` and the front doors' answers tell it: ``"handler"`` (the
+    default: the code's own), ``"client"`` (a budget the caller sent, as a front door reads it)
+    or ``"tenant"``. Raises :class:`~ragguard.ConfigError` (a ValueError) for a negative, NaN or
+    non-number value, or another ``set_by``.
     """
 
-    __slots__ = ("_clock", "_expiry", "_seconds", "_token")
+    __slots__ = ("_clock", "_expiry", "_seconds", "_set_by", "_token")
 
-    def __init__(self, seconds: float | None, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, seconds: float | None, *, clock: Clock | None = None, set_by: str = "handler"
+    ) -> None:
         self._seconds = seconds_of(seconds)
         if clock is not None and not callable(clock):
             raise ConfigError(f"deadline: clock must be a callable returning seconds, got {shown(clock)}")
+        if not isinstance(set_by, str) or set_by not in SET_BY:
+            raise ConfigError(f"deadline: set_by must be one of {', '.join(SET_BY)}, got {shown(set_by)}")
+        self._set_by = set_by
         self._clock = clock
         self._token: Token[Expiry | None] | None = None
         self._expiry: Expiry | None = None
@@ -139,7 +157,7 @@ class deadline:
             clock = self._clock
             if clock is None:
                 clock = self._clock = _default.clock()
-            self._token = narrow(self._seconds, clock)
+            self._token = narrow(self._seconds, clock, self._set_by)
         self._expiry = _deadline.get()
         if self._token is None:
             self._token = _deadline.set(self._expiry)  # so exit restores exactly what was there

@@ -270,8 +270,11 @@ class DeadlineExceeded(RagguardError):
     ``budget_s`` is the budget the stage was given, in seconds (None when it was already spent
     on arrival): for a stream cut after its first item, the request's (the stream runs under the
     request's deadline, not under what one item had left); ``deadline_s``: the request's whole
-    budget, the seconds its deadline was set to (None when not known); ``items``: for a stream cut
-    by the deadline, how many items had been handed to the caller (None for a call).
+    budget, the seconds its deadline was set to (None when not known); ``set_by``: what set that
+    deadline, ``"client"`` (the caller's own deadline), ``"tenant"`` (the tenant's
+    ``timeout_s``, shorter than the caller's) or ``"handler"`` (a ``deadline(...)`` block of the
+    code, shorter still); None when not known. ``items``: for a stream cut by the deadline, how
+    many items had been handed to the caller (None for a call).
     """
 
     def __init__(
@@ -282,23 +285,58 @@ class DeadlineExceeded(RagguardError):
         deadline_s: float | None = None,
         *,
         items: int | None = None,
+        set_by: str | None = None,
     ) -> None:
         self.stage = stage
         self.budget_s = budget_s
         self.items = items
         self.detail = detail
         self.deadline_s = deadline_s
-        msg = f"deadline exceeded in stage {stage!r}"
+        self.set_by = set_by
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        budget_s, deadline_s = self.budget_s, self.deadline_s
+        msg = f"deadline exceeded in stage {self.stage!r}"
         if budget_s is not None:
             msg += f" after a budget of {budget_s:.3f}s"
+        told = SET_BY.get(self.set_by) if isinstance(self.set_by, str) else None
         if deadline_s is not None and deadline_s != budget_s:
-            msg += f" (the request's {deadline_s:.3f}s)"
-        if detail:
-            msg += f": {detail}"
-        super().__init__(msg)
+            by = f", set by {told}" if told else ""
+            msg += f" (the request's {deadline_s:.3f}s{by})"
+        elif told:
+            msg += f" (the request's deadline, set by {told})"
+        if self.detail:
+            msg += f": {self.detail}"
+        return msg
+
+    def told_by(self, deadline_s: float | None, set_by: str | None) -> None:
+        """Fill in the request's budget and what set it, when the error did not know them (a
+        front door knows its request's deadline)."""
+        if self.set_by is None and set_by is not None:
+            self.set_by = set_by
+            if self.deadline_s is None:
+                self.deadline_s = deadline_s
+            self.args = (self._message(),)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.stage, self.budget_s, self.detail, self.deadline_s), self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any] | None) -> None:
+        self.__dict__.update(state or {})
+        self.args = (self._message(),)  # with what the keyword-only fields add
+
+
+SET_BY: dict[str, str] = {
+    "client": "the client",
+    "tenant": "the tenant's timeout_s",
+    "handler": "the handler",
+}
+"""What can set a request's deadline (a :class:`DeadlineExceeded`'s ``set_by``), and how an error
+says it: ``client``, the deadline the caller sent (a gRPC deadline, the HTTP timeout field, as a
+front door reads it); ``tenant``, the tenant's ``TenantQuota.timeout_s``, when shorter;
+``handler``, a ``deadline(...)`` block of the code itself (:func:`ragguard.deadline`,
+:meth:`ragguard.Guard.deadline`), when shorter still."""
 
 
 class StageTimeout(RagguardError, TimeoutError):

@@ -234,9 +234,10 @@ class Guard:
         """``async with guard.tenant("acme"):`` admits one request of the tenant (see :func:`tenant`)."""
         return TenantContext(tenant_id, self.quotas, self.policy.quota(tenant_id), self.clock)
 
-    def deadline(self, seconds: float | None) -> _deadline_block:
-        """``async with guard.deadline(0.8):`` a :func:`ragguard.deadline` on this Guard's clock."""
-        return _deadline_block(seconds, clock=self.clock)
+    def deadline(self, seconds: float | None, *, set_by: str = "handler") -> _deadline_block:
+        """``async with guard.deadline(0.8):`` a :func:`ragguard.deadline` on this Guard's clock
+        (``set_by``: what set it, as there)."""
+        return _deadline_block(seconds, clock=self.clock, set_by=set_by)
 
     def guard(self, stage: str, **options: Any) -> GuardDecorator:
         """``@g.guard("stage", fallback=...)``: like :func:`ragguard.guard`, bound to this Guard.

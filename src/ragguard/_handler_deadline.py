@@ -43,7 +43,7 @@ class handler_deadline:
     def __enter__(self) -> handler_deadline:
         budget = self._budget = self._expiry.left()
         if budget <= 0.0:
-            raise DeadlineExceeded(self._stage, None, "no time left for the handler")
+            raise self._exceeded(None, "no time left for the handler")
         loop = running_loop()
         task = None if loop is None else current_task(loop)
         if task is None:  # trio (or no task): a cancel scope on the deadline's clock
@@ -65,14 +65,18 @@ class handler_deadline:
         if scope is not None:
             swallowed = bool(scope.__exit__(exc_type, exc, tb))
             if scope.cancelled_caught:
-                raise DeadlineExceeded(self._stage, self._budget, _PAST) from None
+                raise self._exceeded(self._budget, _PAST) from None
             return swallowed
         task, timers = self._task, self._timers
         if task is None or timers is None or not timers.disarm(self._handle):
             return False
         if isinstance(exc, asyncio.CancelledError):
             if task.uncancel() == 0:
-                raise DeadlineExceeded(self._stage, self._budget, _PAST) from None
+                raise self._exceeded(self._budget, _PAST) from None
             return False  # somebody else cancelled the task too: theirs goes on
         task.uncancel()  # fired as the block ended: its cancellation was never delivered
         return False
+
+    def _exceeded(self, budget_s: float | None, detail: str) -> DeadlineExceeded:
+        expiry = self._expiry
+        return DeadlineExceeded(self._stage, budget_s, detail, expiry.budget_s, set_by=expiry.set_by)

@@ -22,7 +22,8 @@ stage) come from a :class:`StatusCounts` listener, when one is given.
      "quotas": {"backend": "local" | "redis" | <class name>, "shared": bool | None,
                 "tenants": {tenant: {"in_flight", "waiting", "max_concurrency", "rate_per_s"}},
                 "others": {"in_flight", "waiting"}},
-     "links": [{"component": "quotas" | "breaker:<name>", "shared": bool}],
+     "links": [{"component": "quotas" | "breaker:<stage>" | "breaker:<stage>[<key>]", "shared": bool,
+                "pending": True?}],
      "counts": {"fallbacks": {stage: n}, "shed": {stage: n}, "throttled": {stage: n},
                 "rejected": {breaker: n}, "quota_rejected": {tenant: n}, "since_s": float}?}
 
@@ -36,6 +37,9 @@ ones, so no caller's keys grow the snapshot; ``keyed`` counts them, the calls th
 stage's own instance for want of room (``overflowed``: the stage's own entry is that overflow
 instance) and the keys forgotten (``evicted``). ``groups``: each model group bound on the Guard
 (:meth:`ragguard.Guard.group`), its deployments with their keys and their breakers' states.
+``links``: each link to Redis (the shared quotas, each shared breaker: a stage's and each key's
+the stage keeps, bounded as ``keys``), on Redis (``shared``) or on its local fallback;
+``pending`` marks a breaker no call has used yet (so it has not read Redis: not a lost link).
 ``tenants`` lists the tenants the policy names;
 ``others`` adds up every other tenant (so a leaked slot shows as an ``in_flight`` that does not
 come back to 0). ``in_flight`` and ``waiting`` are this process's requests (for shared quotas too:
@@ -227,15 +231,38 @@ def quotas(guard: Guard) -> dict[str, Any]:
 
 
 def links(guard: Guard) -> list[dict[str, Any]]:
-    """Each Redis link of ``guard`` (its shared quotas, each shared breaker): on shared state or not."""
+    """Each Redis link of ``guard`` (its shared quotas, each shared breaker: a stage's, and each
+    key's of a keyed stage, ``breaker:stage[key]``, for the keys the stage keeps now, as under
+    ``keys``, and the deployments of its model groups): on shared state or not."""
     out: list[dict[str, Any]] = []
     shared = getattr(guard.quotas, "shared", None)
     if isinstance(shared, bool):
         out.append({"component": "quotas", "shared": shared})
-    for breaker in guard.breakers().values():
+    seen: set[str] = set()
+
+    def add(breaker: Any) -> None:
         flag = getattr(breaker, "shared", None)
         if isinstance(flag, bool):
-            out.append({"component": f"breaker:{breaker.name}", "shared": flag})
+            component = f"breaker:{breaker.name}"
+            if component not in seen:
+                seen.add(component)
+                link = {"component": component, "shared": flag}
+                if getattr(breaker, "synced", True) is False:
+                    link["pending"] = True  # no call used it yet: not on Redis, not cut off
+                out.append(link)
+
+    for breaker in guard.breakers().values():
+        add(breaker)
+    for name in guard.stage_names():
+        held = getattr(guard.stage(name), "keys", None)
+        if held is not None:
+            for _, runtime in held.items():
+                add(runtime.breaker)
+    bound = getattr(guard, "groups", None)
+    if callable(bound):
+        for group in bound().values():
+            for _, runtime in group.deployments():
+                add(runtime.breaker)
     return out
 
 

@@ -557,8 +557,8 @@ class _StateCollector:
                 add(gauges["ragguard_tenant_waiting"], (tenant,), got["waiting"])
             add(gauges["ragguard_tenant_in_flight"], (OTHER,), q["others"]["in_flight"] or 0)
             add(gauges["ragguard_tenant_waiting"], (OTHER,), q["others"]["waiting"] or 0)
-            for link in guard_links:
-                shared[link["component"]] = 0.0 if link["shared"] else 1.0
+            for link in guard_links:  # a breaker no call used yet (pending) has lost nothing
+                shared[link["component"]] = 0.0 if link["shared"] or link.get("pending") else 1.0
             for name, counts, runtimes in stages_keyed:
                 stage = (self._stage(name),)
                 add(keyed["ragguard_keys"], stage, counts["kept"])

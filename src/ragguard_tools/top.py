@@ -40,6 +40,35 @@ _STATE_STYLE = {"closed": "green", "open": "bold red", "forced_open": "bold red"
                 "disabled": "dim"}  # fmt: skip
 _MAX_ROWS = 12  # per table: a terminal is short
 _MAX_KEY_ROWS = 4  # per keyed stage: its keys not closed first, then the busiest
+_MAX_LINKS = 6  # Redis links named: those on local state first
+
+
+def _links_line(links: list[dict[str, Any]]) -> Text:
+    """The Redis links: those on local state first (a key's breaker, ``breaker:stage[key]``, as a
+    stage's), at most :data:`_MAX_LINKS`, then how many more and how many of those are local."""
+    links = sorted(links, key=lambda link: not _lost(link))  # stable: the endpoint's order
+    words = [Text.assemble(_plain(link.get("component")), ": ", _LINK_WORDS[_link_state(link)])
+             for link in links[:_MAX_LINKS]]  # fmt: skip
+    rest = links[_MAX_LINKS:]
+    if rest:
+        local = sum(1 for link in rest if _lost(link))
+        more = f"+{len(rest)} more" + (f" ({local} LOCAL)" if local else ", none lost")
+        words.append(Text(more, style="bold red" if local else "dim"))
+    return Text("Links  ", style="bold") + Text("  ").join(words)
+
+
+_LINK_WORDS = {"redis": ("redis", "green"), "pending": ("not used yet", "dim"),
+               "lost": ("LOCAL (redis lost)", "bold red")}  # fmt: skip
+
+
+def _link_state(link: Mapping[str, Any]) -> str:
+    if link.get("shared"):
+        return "redis"
+    return "pending" if link.get("pending") else "lost"
+
+
+def _lost(link: Mapping[str, Any]) -> bool:
+    return _link_state(link) == "lost"
 
 
 def fetch(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
@@ -187,14 +216,9 @@ def render(
                 for d, info in list((deployments or {}).items())[:6] if isinstance(info, dict)
             ]  # fmt: skip
             parts.append(Text(f"  {_plain(group)}: ") + Text(", ").join(words))
-    links = status.get("links") or []
+    links = [link for link in status.get("links") or [] if isinstance(link, dict)]
     if links:
-        words = [
-            Text.assemble(_plain(link.get("component")), ": ",
-                          ("redis", "green") if link.get("shared") else ("LOCAL (redis lost)", "bold red"))
-            for link in links[:6]
-        ]  # fmt: skip
-        parts += [Text(""), Text("Links  ", style="bold") + Text("  ").join(words)]
+        parts += [Text(""), _links_line(links)]
     if not counted:
         parts += [Text(""), Text("(no counts: the endpoint does not count fallbacks and sheds)", style="dim")]
     elif counts is None:

@@ -5,8 +5,12 @@ model's faults never refusing another model's."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -219,10 +223,12 @@ async def test_the_model_group_recipe_runs_as_the_page_shows_it(
 ) -> None:
     (tmp_path / "ragguard.yaml").write_text(_block("## A model group", "yaml"))
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {
-        "azure_url": f"{openai_wire.url}/v1", "azure_key": "k",
-        "openai_url": f"{backup_wire.url}/v1", "openai_key": "k",
-    }  # fmt: skip
+    for name, value in {
+        "AZURE_OPENAI_URL": f"{openai_wire.url}/v1", "AZURE_OPENAI_KEY": "k",
+        "OPENAI_URL": f"{backup_wire.url}/v1", "OPENAI_KEY": "k",
+    }.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    namespace: dict[str, Any] = {"__name__": "chat"}  # imported, not run as a script
     exec(_block("executed by tests/integrations/test_deployments.py", "python"), namespace)
     closing.extend(c for name in ("azure", "openai") for c in (namespace[name].client,))
     ask = [{"role": "user", "content": "hi"}]
@@ -233,6 +239,23 @@ async def test_the_model_group_recipe_runs_as_the_page_shows_it(
     assert openai_wire.faults.seen["chat"] == 3  # an answer, two 500s: half of 3 calls failed, it opened
     assert [r["json"]["model"] for r in backup_wire.requests] == ["gpt-4o-mini"] * 5
     assert backup_wire.requests[0]["json"]["max_tokens"] == 512
+
+
+def test_the_model_group_recipe_runs_as_a_script_as_the_page_says(
+    tmp_path: Path, openai_wire: OpenAIWire, backup_wire: OpenAIWire
+) -> None:
+    """``python chat.py`` beside ragguard.yaml, with the four variables set, as a new user runs it:
+    the primary down (500s), the answer comes from the backup, named."""
+    (tmp_path / "ragguard.yaml").write_text(_block("## A model group", "yaml"))
+    (tmp_path / "chat.py").write_text(_block("executed by tests/integrations/test_deployments.py", "python"))
+    openai_wire.faults.always("chat", Fault(status=500))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAGGUARD_", "PYTEST_"))}
+    env |= {"AZURE_OPENAI_URL": f"{openai_wire.url}/v1", "AZURE_OPENAI_KEY": "k",
+            "OPENAI_URL": f"{backup_wire.url}/v1", "OPENAI_KEY": "k"}  # fmt: skip
+    done = subprocess.run([sys.executable, "chat.py"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["Backup answer", "served by chat/backup"], done.stdout
 
 
 async def test_the_litellm_configuration_translated_means_what_the_table_says() -> None:
@@ -283,3 +306,23 @@ async def test_a_deployment_whose_limits_are_spent_is_skipped_and_nothing_is_sen
     assert answers == ["Hello from the wire", "Backup answer", "Backup answer"]
     assert openai_wire.faults.seen["chat"] == 1  # the spent deployment was sent nothing
     assert ragguard.degraded() == ("chat/b",)
+
+
+def test_what_served_a_request_is_read_inside_asyncio_run_not_after_it() -> None:
+    """As the page says: ``asyncio.run()`` runs its coroutine in a copy of the context, so the
+    fallbacks named inside it are gone once it returns."""
+    g = Guard(Policy())
+
+    async def keyword(query: str) -> str:
+        return "keyword"
+
+    @g.guard("search", fallback=keyword)
+    async def search(query: str) -> str:
+        raise ConnectionRefusedError("down")
+
+    async def main() -> tuple[str, ...]:
+        assert await search("q") == "keyword"
+        return ragguard.degraded()
+
+    assert asyncio.run(main()) == ("keyword",)
+    assert ragguard.degraded() == ()

@@ -484,7 +484,8 @@ async def test_a_stream_cut_mid_stream_by_the_deadline_reports_the_requests_budg
                 got.append(chunk.choices[0].delta.content)
     assert got == ["", "Hello", " from"] and cut.value.items == 3
     assert cut.value.budget_s == cut.value.deadline_s == 0.4
-    assert "after a budget of 0.400s: stream cut after 3 items" in str(cut.value)
+    said = "after a budget of 0.400s (the request's deadline, set by the handler): stream cut after 3 items"
+    assert said in str(cut.value)
     assert g.breaker("generation").state is BreakerState.CLOSED  # the caller's budget: not counted
 
 

@@ -296,3 +296,72 @@ async def test_a_failover_is_an_event_on_the_callers_span_and_an_otel_count() ->
     assert [(dict(p.attributes), p.value) for p in points] == [({
         "ragguard.group": "chat", "ragguard.deployment": "primary", "ragguard.reason": "failure",
         "ragguard.to": "backup"}, 1)]  # fmt: skip
+
+
+async def test_the_links_name_each_keys_shared_breaker_bounded_as_the_keys(redis_server: Any) -> None:
+    """``links`` lists each Redis link: the stage's breaker and each key's the stage keeps now (a
+    model group's deployments, declared, and a caller's keys, at most ``max_keys``), no more."""
+    client = aioredis.Redis(host=redis_server.host, port=redis_server.port, socket_timeout=2.0)
+    policy = Policy.parse({
+        "stages": {"chat": {"breaker": BREAKER, "retry": {"attempts": 1}, "max_keys": 4}},
+        "groups": {"chat": {"deployments": [{"name": "primary"}, {"name": "backup", "priority": 1}]}},
+    })  # fmt: skip
+    g = Guard(policy, backend=RedisBackend(client, prefix="key-links"))
+    exporter = PrometheusExporter(guards=g)
+
+    async def answer(question: str) -> str:
+        return "ok"
+
+    chat = g.group("chat", {"primary": answer, "backup": answer})
+
+    @g.guard("chat", key="model")
+    async def direct(model: str) -> str:
+        return model
+
+    try:
+        assert await chat("hi") == "ok"
+        for i in range(40):  # a caller naming many models: the stage keeps at most max_keys
+            assert await direct(f"m{i}") == f"m{i}"
+        pending = {"component": "breaker:chat[backup]", "shared": False, "pending": True}
+        for _ in range(300):  # a shared breaker joins Redis with its first sync, in the background
+            now = g.status()
+            if all(link["shared"] for link in now["links"] if link != pending):
+                break
+            await asyncio.sleep(0.01)
+        kept = set(now["stages"]["chat"]["keys"])
+        assert {"primary", "backup"} <= kept and len(kept) <= 4 + 2
+        named = [link["component"] for link in now["links"]]
+        assert len(named) == len(set(named)), named  # each once
+        assert set(named) == {"quotas", "breaker:chat", *(f"breaker:chat[{key}]" for key in kept)}, named
+        # the backup deployment never ran: its breaker has not read Redis, and has not lost it either
+        assert pending in now["links"]
+        assert all(link["shared"] is True for link in now["links"] if link != pending), now["links"]
+        assert _samples(exporter, "ragguard_shared_state_degraded") == {
+            (("component", link["component"]),): 0.0 for link in now["links"]
+        }  # nothing was lost: no alarm for the key never used
+
+        out = io.StringIO()
+        Console(file=out, width=1000, color_system=None).print(
+            Top("http://x/status", fetcher=lambda url: now).frame()
+        )
+        drawn = out.getvalue()
+        assert "breaker:chat[primary]: redis" in drawn, drawn
+        assert "breaker:chat[backup]: not used yet" in drawn, drawn
+        assert f"+{len(named) - 6} more, none lost" in drawn, drawn  # 6 named, the rest counted
+    finally:
+        await g.aclose()
+        await client.aclose()
+
+
+def test_top_names_the_links_on_local_state_first_and_counts_the_rest() -> None:
+    links = [{"component": f"breaker:gen[m{i}]", "shared": True} for i in range(20)]
+    links.append({"component": "breaker:gen[m-lost]", "shared": False})
+    links.append({"component": "breaker:gen[m-lost-too]", "shared": False})
+    snapshot: dict[str, Any] = {"ok": True, "open": [], "stages": {}, "links": links}
+    out = io.StringIO()
+    Console(file=out, width=1000, color_system=None).print(
+        Top("http://x/status", fetcher=lambda url: snapshot).frame()
+    )
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("Links"))
+    assert line.index("breaker:gen[m-lost]: LOCAL") < line.index("breaker:gen[m0]: redis"), line
+    assert "breaker:gen[m-lost-too]: LOCAL" in line and "+16 more, none lost" in line, line

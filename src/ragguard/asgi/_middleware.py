@@ -188,7 +188,7 @@ class RagguardMiddleware:
                     budget = parse_timeout_ms(raw_timeout, self.timeout_header)
             registry = self._guard if self._guard is not None else _default_guard()
             request = registry.tenant(identity.tenant)  # a bad id raises InvalidInput here
-            limit = registry.deadline(budget)  # on the Guard's clock
+            limit = registry.deadline(budget, set_by="client")  # on the Guard's clock
             priority = request_priority(caller, identity, registry.policy)
         except (Unauthenticated, PermissionDenied, InvalidInput) as exc:
             await exchange.finish(exc)  # 401 (with the challenge), 403 or 400: see _status
@@ -266,7 +266,8 @@ class _BodyReader:
             return exc
         self._cut = True
         self._exchange._send = _closing(self._exchange._send)
-        return DeadlineExceeded("request body", exc.budget_s, "the client had not sent all of it")
+        cut = "the client had not sent all of it"
+        return DeadlineExceeded("request body", exc.budget_s, cut, exc.deadline_s, set_by=exc.set_by)
 
 
 def _closing(send: Send) -> Send:
@@ -375,18 +376,21 @@ class _Exchange:
         self, scope: Scope, request: TenantContext, limit: deadline, receive: Receive
     ) -> Exception | None:
         body = _BodyReader(self, receive, self._middleware.body_timeout_s)
+        expiry = None
         try:
             with limit:
                 async with request:
                     self.request = request
                     if self._middleware.ending_events:
                         self.ended_in = request
-                    expiry = current_expiry() if self._middleware.enforce_deadline else None
-                    if expiry is None:
+                    expiry = current_expiry()  # the client's deadline, or the tenant's if sooner
+                    if expiry is None or not self._middleware.enforce_deadline:
                         await self._middleware.app(scope, body, self.send)
                     else:
                         await self._bounded(scope, body, expiry)
         except DeadlineExceeded as exc:
+            if expiry is not None:
+                exc.told_by(expiry.budget_s, expiry.set_by)
             return body.unread(exc)
         except Exception as exc:
             return exc

@@ -30,8 +30,11 @@ its own errors and a general sentence for a dependency's ("a dependency of this 
 body names an upstream URL, host or port. An error that cut a stream adds ``"items"`` (how many
 items the caller had been sent) and, for :class:`~ragguard.StreamTimeout`, ``"budget"``
 (``first_item``, ``idle`` or ``total``); in an SSE stream they reach the client in the
-``ragguard-error`` event. Every wait is clamped (a day at most; ``1e308`` or infinity included):
-formatting one never raises.
+``ragguard-error`` event. A :class:`~ragguard.DeadlineExceeded` adds what set the request's
+deadline, ``"deadline_set_by"`` (``"client"``: the timeout field the caller sent; ``"tenant"``:
+the tenant's ``timeout_s``, shorter; ``"handler"``: a ``deadline(...)`` block of the app, shorter
+still), and ``"deadline_s"``, that deadline's budget in seconds, when known. Every wait is
+clamped (a day at most; ``1e308`` or infinity included): formatting one never raises.
 
 ``RateLimit`` follows the IETF draft "RateLimit header fields for HTTP"
 (draft-ietf-httpapi-ratelimit-headers, -08 onwards): on a 429 refused by the tenant's concurrency
@@ -47,7 +50,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._errors import QuotaExceeded, StreamTimeout, Unauthenticated
+from .._errors import DeadlineExceeded, QuotaExceeded, StreamTimeout, Unauthenticated
 from .._http import (
     RETRY_AFTER_HEADER,
     RETRY_AFTER_MS_HEADER,
@@ -55,7 +58,7 @@ from .._http import (
     format_retry_after_ms,
 )
 from ..outcomes import outcome_of
-from ..outcomes._doors import door_answer
+from ..outcomes._doors import deadline_told, door_answer
 
 __all__ = ["HttpStatus", "http_status_for"]
 
@@ -99,6 +102,12 @@ def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> Htt
         body["retry_after_s"] = round(wait, 6)
     if isinstance(exc, StreamTimeout):
         body["budget"] = exc.budget
+    elif isinstance(exc, DeadlineExceeded):
+        by, seconds = deadline_told(exc)
+        if by is not None:
+            body["deadline_set_by"] = by
+        if seconds is not None:
+            body["deadline_s"] = round(seconds, 6)
     items = getattr(exc, "items", None) if status == 504 else None
     if isinstance(items, int):
         body["items"] = items

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _inject
 from .._context import current_tenant, mark_degraded
-from .._deadline import remaining
+from .._deadline import current_expiry, remaining
 from .._errors import BreakerOpen, DeadlineExceeded, NoDeploymentAvailable, Overloaded, QuotaExceeded
 from ..events import EventBus, FailedOver
 from ..options import GroupPolicy
@@ -159,7 +159,10 @@ class ModelGroup:
                     left = remaining()
                     if left is not None and left <= 0.0:
                         spent = "spent before a deployment answered"
-                        raise DeadlineExceeded(self.name, detail=spent) from last
+                        expiry = current_expiry()
+                        by = None if expiry is None else expiry.set_by
+                        whole = None if expiry is None else expiry.budget_s
+                        raise DeadlineExceeded(self.name, None, spent, whole, set_by=by) from last
                     try:
                         result = await run(deployment, args, kwargs)
                     except Exception as exc:

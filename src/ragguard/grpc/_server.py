@@ -13,7 +13,7 @@ from grpc import aio
 
 from .._context import DEFAULT_TENANT
 from .._deadline import current_expiry
-from .._errors import ConfigError, InvalidInput, PermissionDenied, Unauthenticated
+from .._errors import ConfigError, DeadlineExceeded, InvalidInput, PermissionDenied, Unauthenticated
 from .._handler_deadline import handler_deadline
 from .._identity import (
     GrpcCaller,
@@ -196,13 +196,13 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         registry = self._guard if self._guard is not None else _default_guard()
         identity, priority = await self._identify(context, method, metadata, registry)
         token = None if priority is None else set_priority(priority)
-        request = None
+        request = expiry = None
         try:
-            with registry.deadline(client_budget(context)):
+            with registry.deadline(client_budget(context), set_by="client"):
                 request = registry.tenant(identity.tenant)
                 async with request:
-                    expiry = current_expiry() if self.enforce_deadline else None
-                    if expiry is None:
+                    expiry = current_expiry()  # the client's deadline, or the tenant's if sooner
+                    if expiry is None or not self.enforce_deadline:
                         yield
                     else:
                         with handler_deadline(expiry):
@@ -210,6 +210,8 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         except aio.AbortError:
             raise  # the handler set its own status
         except Exception as exc:
+            if expiry is not None and isinstance(exc, DeadlineExceeded):
+                exc.told_by(expiry.budget_s, expiry.set_by)
             status = status_for(exc)
             ending = ending_trailers(request)
             if status is None:

@@ -10,7 +10,10 @@ QuotaExceeded (ragguard's quota)   RESOURCE_EXHAUSTED   ``retry-after``: seconds
 QuotaExceeded (deadline)           DEADLINE_EXCEEDED    (the wait for a slot or token outlasted it)
 BreakerOpen                        UNAVAILABLE          both, when the breaker knows the wait
 Overloaded                         UNAVAILABLE          both (shed by an adaptive limit or throttle)
-DeadlineExceeded                   DEADLINE_EXCEEDED
+DeadlineExceeded                   DEADLINE_EXCEEDED    ``ragguard-deadline-set-by``: what set the
+                                                        request's deadline (``client``, ``tenant``:
+                                                        its ``timeout_s``, ``handler``) and
+                                                        ``ragguard-deadline-s``: its budget, seconds
 StageTimeout, a dependency's       DEADLINE_EXCEEDED    (a dependency was slower than its stage allows)
 timeout
 StreamTimeout                      DEADLINE_EXCEEDED    ``ragguard-stream-budget``: ``first_item``,
@@ -44,7 +47,7 @@ from .._context import RequestScope
 from .._errors import DeadlineExceeded, StageTimeout, StreamTimeout
 from .._waits import clamp_wait, clamped
 from ..outcomes import outcome_of
-from ..outcomes._doors import ANSWERS, door_answer
+from ..outcomes._doors import ANSWERS, deadline_told, door_answer
 from ..outcomes._grpc import (
     PUSHBACK_KEY,
     RETRY_AFTER_KEY,
@@ -54,6 +57,8 @@ from ..outcomes._grpc import (
 )
 
 __all__ = [
+    "DEADLINE_BY_KEY",
+    "DEADLINE_S_KEY",
     "PUSHBACK_KEY",
     "RETRY_AFTER_KEY",
     "STREAM_AFTER_KEY",
@@ -78,6 +83,8 @@ STREAM_ENDING_KEY = "ragguard-stream-ending"
 STREAM_BY_KEY = "ragguard-stream-continued-by"
 STREAM_AFTER_KEY = "ragguard-stream-continued-after"
 STREAM_ERROR_KEY = "ragguard-stream-error"
+DEADLINE_BY_KEY = "ragguard-deadline-set-by"
+DEADLINE_S_KEY = "ragguard-deadline-s"
 
 Status = tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]
 
@@ -102,13 +109,21 @@ def retry_trailers(seconds: float | None) -> tuple[tuple[str, str], ...]:
 
 
 def _stream_trailers(exc: DeadlineExceeded | StageTimeout) -> tuple[tuple[str, str], ...]:
-    """What a timeout that cut a stream says in trailing metadata: its budget and the messages sent."""
+    """What a timeout says in trailing metadata: what set the request's deadline and its budget
+    (when known); for one that cut a stream, its budget and the messages sent."""
+    told: tuple[tuple[str, str], ...] = ()
+    if isinstance(exc, DeadlineExceeded):
+        by, seconds = deadline_told(exc)
+        if by is not None:
+            told = ((DEADLINE_BY_KEY, by),)
+        if seconds is not None:
+            told = (*told, (DEADLINE_S_KEY, f"{seconds:.3f}"))
     if exc.items is None:
-        return ()
+        return told
     items = (STREAM_ITEMS_KEY, str(exc.items))
     if isinstance(exc, StreamTimeout):
-        return ((STREAM_BUDGET_KEY, exc.budget), items)
-    return (items,)
+        return (*told, (STREAM_BUDGET_KEY, exc.budget), items)
+    return (*told, items)
 
 
 def ending_trailers(request: RequestScope | None) -> tuple[tuple[str, str], ...]:

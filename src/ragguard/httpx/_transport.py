@@ -92,7 +92,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
         what = f"http {request.method}"  # no host: a front door shows this stage name to callers
         left = at.left()
         if left <= 0.0:
-            raise DeadlineExceeded(what, None, "no time left to send the request")
+            raise _exceeded(what, None, at, "no time left to send the request")
         if self.timeout_header is not None:
             sent = request.headers.get(self.timeout_header)
             mine = format_timeout_ms(left)
@@ -108,7 +108,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
                 response = await self._transport.handle_async_request(request)
         except (TimeoutError, httpx.TimeoutException):
             if _spent(at):
-                raise DeadlineExceeded(what, left) from None  # see _not_a_timeout
+                raise _exceeded(what, left, at) from None  # see _not_a_timeout
             raise
         if isinstance(response.stream, httpx.AsyncByteStream):
             response.stream = _DeadlineStream(response.stream, at, what, left)
@@ -121,6 +121,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
 # _not_a_timeout: a DeadlineExceeded raised here keeps the httpx timeout as ``__context__``, not
 # ``__cause__``: the breakers' classifiers follow ``__cause__``, and would count the caller's
 # spent budget as a timeout of the server.
+
+
+def _exceeded(what: str, budget_s: float | None, at: Expiry, detail: str = "") -> DeadlineExceeded:
+    return DeadlineExceeded(what, budget_s, detail, at.budget_s, set_by=at.set_by)
 
 
 def _spent(at: Expiry) -> bool:
@@ -142,7 +146,7 @@ class _DeadlineStream(httpx.AsyncByteStream):
         while True:
             left = self._at.left()
             if left <= 0.0:
-                raise DeadlineExceeded(self._what, self._budget_s, "response body cut")
+                raise _exceeded(self._what, self._budget_s, self._at, "response body cut")
             try:
                 with anyio.fail_after(left):
                     chunk = await chunks.__anext__()
@@ -150,7 +154,7 @@ class _DeadlineStream(httpx.AsyncByteStream):
                 return
             except (TimeoutError, httpx.TimeoutException):
                 if _spent(self._at):
-                    raise DeadlineExceeded(self._what, self._budget_s, "response body cut") from None
+                    raise _exceeded(self._what, self._budget_s, self._at, "response body cut") from None
                 raise
             yield chunk
 

@@ -37,7 +37,9 @@ class DeadlineLayer:
             left = expiry.left()
             if left <= 0.0 or left < self._min_left:
                 budget = None if left <= 0.0 else left
-                raise DeadlineExceeded(self.stage, budget, "no budget left", expiry.budget_s)
+                raise DeadlineExceeded(
+                    self.stage, budget, "no budget left", expiry.budget_s, set_by=expiry.set_by
+                )
         return NO_EXIT
 
     async def enter_async(self, call: Call) -> Any:  # pragma: no cover - enter never waits

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._clock import Clock, monotonic
 from .._context import current_tenant, mark_degraded
-from .._deadline import Expiry, current_expiry, restore, shorten
+from .._deadline import current_expiry, restore, shorten
 from .._errors import ConfigError, QuotaExceeded
 from .._validate import bounded
 from ..events import EventBus, FallbackServed, bus
@@ -188,7 +188,7 @@ class FallbackLayer:
             if share_at is not None:  # it, the share fused into the reserve): the fallbacks serve under it
                 current = current_expiry()
                 if current is not None and share_at < current.at:
-                    token = shorten(Expiry(share_at, current.clock))
+                    token = shorten(current.sooner(share_at))
             learn = self._learn
             started = self._clock() if learn is not None else 0.0
             for fallback in chain:

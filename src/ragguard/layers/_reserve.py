@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._deadline import Expiry, current_expiry, restore, shorten
+from .._deadline import current_expiry, restore, shorten
 from .._errors import DeadlineExceeded
 from ..pipeline import NO_EXIT, Call
 from ._earlier import EarlierDeadline
@@ -110,8 +110,7 @@ class ReserveLayer(EarlierDeadline):
                 return NO_EXIT
             return shorten(own)
         at = expiry.at
-        clock = expiry.clock
-        left = at - clock()
+        left = at - expiry.clock()
         if left <= 0.0:
             return NO_EXIT  # spent: the layers inside refuse the call themselves
         rest = self._rest
@@ -121,17 +120,17 @@ class ReserveLayer(EarlierDeadline):
             left -= cut
             call.share_at = at
             if call.stream:
-                call.share_expiry = Expiry(at, clock)
+                call.share_expiry = expiry.sooner(at)
         reserve = self.reserve
         if reserve is not None:
             keep, cap = reserve.keep_s, reserve.max_share * left  # reserve.seconds(left), inlined
             if cap < keep:
                 keep = cap
             if keep > 0.0:
-                return shorten(Expiry(at - keep, clock))
+                return shorten(expiry.sooner(at - keep))
         if not rest:
             return NO_EXIT
-        return shorten(call.share_expiry if call.stream else Expiry(at, clock))
+        return shorten(call.share_expiry if call.stream else expiry.sooner(at))
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
         restore(token)

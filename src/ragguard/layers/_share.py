@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._deadline import Expiry, current_expiry, restore, shorten
+from .._deadline import current_expiry, restore, shorten
 from .._errors import DeadlineExceeded
 from ..pipeline import NO_EXIT, Call
 from ._earlier import EarlierDeadline
@@ -50,7 +50,7 @@ class ShareLayer(EarlierDeadline):
         left = at - expiry.clock()
         if left <= 0.0:
             return NO_EXIT  # spent: the layers inside refuse the call themselves
-        own = Expiry(at - self._rest * left, expiry.clock)
+        own = expiry.sooner(at - self._rest * left)
         if call.stream:
             call.share_expiry = own
         return shorten(own)

@@ -58,11 +58,12 @@ class TimeoutLayer:
         else:
             left = expiry.at - expiry.clock()  # expiry.left(), inlined: once per attempt
             if left <= 0.0 or left < self._min_left:  # exactly min_attempt_s left may still start
-                whole = expiry.budget_s
+                whole, by = expiry.budget_s, expiry.set_by
                 if call.items:  # mid-stream: the stream ran under the request's budget
-                    raise DeadlineExceeded(self.stage, whole, f"stream cut after {call.items} items", whole)
+                    cut = f"stream cut after {call.items} items"
+                    raise DeadlineExceeded(self.stage, whole, cut, whole, set_by=by)
                 budget = None if left <= 0.0 else left
-                raise DeadlineExceeded(self.stage, budget, "no budget left for an attempt", whole)
+                raise DeadlineExceeded(self.stage, budget, "no budget left for an attempt", whole, set_by=by)
             if timeout is None or left < timeout:
                 timeout, by_deadline = left, True
             else:
@@ -115,12 +116,12 @@ class TimeoutLayer:
         error: BaseException
         if call.by_deadline:
             expiry = current_expiry()
-            whole = None if expiry is None else expiry.budget_s
+            whole, by = (None, None) if expiry is None else (expiry.budget_s, expiry.set_by)
             if call.items:  # mid-stream: the stream ran under the request's budget, not this item's
                 detail, given = f"stream cut after {call.items} items", whole
             else:
                 detail, given = "", budget
-            error = DeadlineExceeded(self.stage, given, detail, whole)
+            error = DeadlineExceeded(self.stage, given, detail, whole, set_by=by)
             error.__cause__ = AttemptTimeout(f"attempt timed out after {budget:.3f}s")
         else:
             error = StageTimeout(self.stage, budget)

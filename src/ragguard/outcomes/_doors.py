@@ -37,10 +37,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._errors import InvalidInput, PermissionDenied, QuotaExceeded, RagguardError, Unauthenticated
+from .._errors import (
+    SET_BY,
+    DeadlineExceeded,
+    InvalidInput,
+    PermissionDenied,
+    QuotaExceeded,
+    RagguardError,
+    Unauthenticated,
+)
 from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, Kind, Outcome
 
-__all__ = ["ANSWERS", "DEFAULT_REJECTION_WAIT_S", "Answer", "DoorAnswer", "door_answer"]
+__all__ = ["ANSWERS", "DEFAULT_REJECTION_WAIT_S", "Answer", "DoorAnswer", "deadline_told", "door_answer"]
 
 DEFAULT_REJECTION_WAIT_S = 1.0
 """The wait told to the caller for a dependency's rejection that stated none (seconds)."""
@@ -125,3 +133,16 @@ def door_answer(exc: BaseException, outcome: Outcome) -> DoorAnswer | None:
             return ANSWERS["invalid"], None, _DETAILS[outcome.reason]
         return ANSWERS["precondition"], None, _DETAILS["precondition"]
     return None
+
+
+_MAX_TOLD_S = 10 * 365 * 24 * 3600.0  # ragguard._deadline.MAX_DEADLINE_S: no deadline is longer
+
+
+def deadline_told(exc: DeadlineExceeded) -> tuple[str | None, float | None]:
+    """What both doors tell of ``exc``'s deadline: what set it (a key of ``SET_BY``, else None)
+    and its budget in seconds (finite, in [0, ten years], else None)."""
+    by = exc.set_by if isinstance(exc.set_by, str) and exc.set_by in SET_BY else None
+    seconds = exc.deadline_s
+    if not isinstance(seconds, (int, float)) or not 0.0 <= seconds <= _MAX_TOLD_S:
+        seconds = None  # NaN and infinity fail the range too
+    return by, None if seconds is None else float(seconds)

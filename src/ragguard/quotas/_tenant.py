@@ -86,7 +86,7 @@ class TenantContext(RequestScope):
         self._lease = lease
         timeout_s = self._quota.timeout_s
         if timeout_s is not None:
-            self._deadline_token = narrow(timeout_s, self._clock)
+            self._deadline_token = narrow(timeout_s, self._clock, "tenant")
         self._token = open_scope(self)
         return self
 

@@ -354,6 +354,12 @@ class SharedCircuitBreaker:
         return self._mode is _SHARED
 
     @property
+    def synced(self) -> bool:
+        """False until this replica first read the shared state or fell back to local state (a
+        breaker no call has used yet): not on Redis, but not cut off from it either."""
+        return self._mode is not _UNSYNCED
+
+    @property
     def retry_after_s(self) -> float | None:
         """Seconds left open (>= 0) while open; None in any other state."""
         if self._mode is not _SHARED:

@@ -1,0 +1,196 @@
+"""A 504 / DEADLINE_EXCEEDED says which bound set the request's deadline (the client's, the
+tenant's ``timeout_s``, the handler's own ``deadline(...)``) and its budget in seconds, at both
+front doors, for calls and for streams: a real uvicorn server (httpx client) and a real grpc.aio
+server (stock grpcio client) on loopback.
+
+The Guard runs on a FakeClock: what hangs sleeps on it, so the deadline's timer fires at once.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+from grpc import aio
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "http"))  # the HTTP tests' uvicorn runner
+from http_helpers import running
+
+import ragguard
+from ragguard import FakeClock, Policy, TenantQuota
+from ragguard.asgi import RagguardMiddleware
+from ragguard.grpc import GuardServerInterceptor
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+HANDLER_S = 0.05
+CASES = [
+    # tenant, the client's budget (s), what hangs -> what set the deadline, its budget (s)
+    ("acme", 9.0, "stage", "tenant", 0.3),  # the tenant's timeout_s cut the client's 9 s
+    ("acme", 9.0, "code", "tenant", 0.3),  # ... and bounds unguarded handler code too
+    ("acme", 9.0, "own", "handler", HANDLER_S),  # the handler's own deadline, shorter still
+    ("roomy", 1.0, "stage", "client", 1.0),  # the client's, shorter than the tenant's 5 s
+    ("plain", 2.0, "code", "client", 2.0),  # no tenant timeout_s: the client's
+]
+
+
+def make_guard() -> tuple[ragguard.Guard, FakeClock]:
+    clock = FakeClock()
+    tenants = {"acme": TenantQuota(timeout_s=0.3), "roomy": TenantQuota(timeout_s=5.0)}
+    return ragguard.Guard(Policy(tenants=tenants), clock=clock), clock
+
+
+def hangs(guard: ragguard.Guard, clock: FakeClock) -> Any:
+    """``await hang(mode)``: a guarded stage that hangs, unguarded code that hangs, or the stage
+    under the handler's own shorter deadline."""
+
+    @guard.guard("search")
+    async def search() -> str:
+        await clock.sleep(30)
+        return "unreachable"
+
+    async def hang(mode: str) -> None:
+        if mode == "stage":
+            await search()
+        elif mode == "code":
+            await clock.sleep(30)
+        else:
+            async with guard.deadline(HANDLER_S):
+                await search()
+
+    return hang
+
+
+def check(told: dict[str, Any], detail: str, set_by: str, budget_s: float) -> None:
+    assert told["set_by"] == set_by, (told, detail)
+    # the client's budget is what was left when the request arrived, as its transport rounds it
+    # (grpc's timeout field has 8 digits and a unit: 1 s may arrive as 1.009 s)
+    assert budget_s - 0.5 < told["deadline_s"] <= budget_s * 1.02, (told, detail)
+    words = {"tenant": "the tenant's timeout_s", "client": "the client", "handler": "the handler"}[set_by]
+    assert f"set by {words}" in detail, detail
+    assert len(detail) < 300
+
+
+# --- HTTP -------------------------------------------------------------------------------------
+
+
+def http_app(guard: ragguard.Guard, clock: FakeClock) -> Any:
+    app = FastAPI()
+    hang = hangs(guard, clock)
+
+    @app.get("/call/{mode}")
+    async def call(mode: str) -> dict[str, Any]:
+        await hang(mode)
+        return {}
+
+    @app.get("/stream/{mode}")
+    async def stream(mode: str) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            yield "data: first\n\n"
+            await hang(mode)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app.add_middleware(RagguardMiddleware, guard=guard)
+    return app
+
+
+def sse_error(text: str) -> dict[str, Any]:
+    for block in text.split("\n\n"):
+        lines = block.splitlines()
+        if lines and lines[0] == "event: ragguard-error":
+            return dict(json.loads(lines[1].removeprefix("data: ")))
+    raise AssertionError(f"no ragguard-error event in {text!r}")
+
+
+@pytest.mark.parametrize("kind", ["call", "stream"])
+async def test_http_504_says_what_set_the_deadline(kind: str) -> None:
+    guard, clock = make_guard()
+    with running(http_app(guard, clock)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            for tenant, client_s, mode, set_by, budget_s in CASES:
+                headers = {"x-tenant-id": tenant, "x-request-timeout-ms": str(int(client_s * 1000))}
+                reply = await client.get(f"/{kind}/{mode}", headers=headers)
+                if kind == "call":
+                    assert reply.status_code == 504, reply.text
+                    body = reply.json()
+                else:
+                    assert reply.status_code == 200 and reply.text.startswith("data: first")
+                    body = sse_error(reply.text)
+                    assert body["status"] == 504
+                assert body["error"] == "DeadlineExceeded", body
+                told = {"set_by": body["deadline_set_by"], "deadline_s": body["deadline_s"]}
+                check(told, body["detail"], set_by, budget_s)
+
+
+# --- gRPC -------------------------------------------------------------------------------------
+
+
+async def grpc_server(guard: ragguard.Guard, clock: FakeClock) -> tuple[aio.Server, int]:
+    hang = hangs(guard, clock)
+
+    async def call(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        await hang(request.decode())
+        return b""
+
+    async def stream(request: bytes, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        yield b"first"
+        await hang(request.decode())
+        yield b"unreachable"
+
+    server = aio.server(interceptors=[GuardServerInterceptor(guard=guard)])
+    handlers = {
+        "Call": grpc.unary_unary_rpc_method_handler(call),
+        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+@pytest.mark.parametrize("kind", ["call", "stream"])
+async def test_grpc_deadline_exceeded_says_what_set_the_deadline(kind: str) -> None:
+    guard, clock = make_guard()
+    server, port = await grpc_server(guard, clock)
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for tenant, client_s, mode, set_by, budget_s in CASES:
+                sent = {"timeout": client_s, "metadata": (("x-tenant-id", tenant),)}
+                got: list[bytes] = []
+                with pytest.raises(aio.AioRpcError) as info:
+                    if kind == "call":
+                        await channel.unary_unary("/t.S/Call")(mode.encode(), **sent)
+                    else:
+                        async for item in channel.unary_stream("/t.S/Stream")(mode.encode(), **sent):
+                            got.append(item)
+                error = info.value
+                assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED, error
+                assert got == ([] if kind == "call" else [b"first"])
+                trailers = dict(error.trailing_metadata() or ())
+                told = {
+                    "set_by": trailers["ragguard-deadline-set-by"],
+                    "deadline_s": float(trailers["ragguard-deadline-s"]),
+                }
+                check(told, error.details() or "", set_by, budget_s)
+    finally:
+        await server.stop(None)
+
+
+def test_a_deadline_says_who_set_it_and_refuses_an_unknown_source() -> None:
+    error = ragguard.DeadlineExceeded("search", 0.1, "", 0.3, set_by="tenant")
+    assert "the request's 0.300s, set by the tenant's timeout_s" in str(error)
+    restored = pickle.loads(pickle.dumps(error))
+    assert restored.set_by == "tenant" and str(restored) == str(error)
+    with pytest.raises(ragguard.ConfigError, match="set_by"):
+        ragguard.deadline(1.0, set_by="the moon")
