@@ -65,6 +65,35 @@ def test_an_explicit_kind_still_replaces_the_standard_breaker() -> None:
     assert Guard(p).breaker("rerank") is None
 
 
+@pytest.mark.parametrize(
+    ("policy", "where", "told"),
+    [
+        ({"stages": {"generation": {"breaker": {"window_size": 5}}}}, "stages.generation", True),
+        ({"stages": {"openai": {"breaker": {"window_size": 5}}}}, "stages.openai", True),
+        ({"stages": {"b": {"preset": "generation", "breaker": {"window_size": 5}}}}, "stages.b", True),
+        ({"default_stage": {"preset": "generation", "breaker": {"window_size": 5}}}, "default_stage", True),
+        ({"stages": {"generation": {"breaker": {"window_size": 5, "minimum_calls": 7}}}},
+         "stages.generation", False),
+    ],
+)
+def test_a_standard_stages_value_the_user_never_wrote_is_named_as_such_when_refused(
+    policy: dict[str, object], where: str, told: bool
+) -> None:
+    """The generation stage judges its breaker from 10 calls; a count window of 5 set without a
+    minimum refuses that 10, and the error says it is the standard stage's value, not the user's."""
+    with pytest.raises(ConfigError) as caught:
+        Policy.parse(policy)
+    assert caught.value.field is not None and caught.value.field.endswith(f"{where}.breaker.minimum_calls")
+    assert ("the standard generation stage's value" in str(caught.value)) is told
+
+
+def test_the_generation_stage_judges_its_breaker_from_ten_calls_and_the_provider_stages_too() -> None:
+    p = Policy()
+    for name in ("generation", "openai", "anthropic"):
+        config = p.stage(name).breaker.config()
+        assert config is not None and config.minimum_calls == 10 and config.window_size == 100
+
+
 def test_a_stage_naming_a_standard_preset_starts_from_that_standard_stage() -> None:
     p = Policy.parse({
         "stages": {

@@ -263,6 +263,24 @@ async def test_the_breaker_in_front_of_the_provider_opens_and_stops_the_calls(
     assert openai_wire.faults.seen["chat"] == 4  # the open breaker sent nothing
 
 
+async def test_with_the_default_policy_a_dead_provider_opens_the_breaker_after_ten_attempts(
+    client_of: Any, openai_wire: OpenAIWire, sleeps: Sleeps
+) -> None:
+    """A low-traffic LLM service with nothing configured: the generation stage (and the provider
+    stages that start from it) judges its breaker once 10 calls are in its window, not after the
+    generic breaker's 100, so a dead provider stops being called after a handful of requests."""
+    g = Guard(sleep=sleeps)
+    client = client_of(openai_wire, g)
+    openai_wire.faults.always("chat", Fault(status=500))
+    for _ in range(5):  # two attempts each (the standard generation stage's retry)
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert deployment_breaker(client.chat.completions.create, "m").state is BreakerState.OPEN
+    with pytest.raises(ragguard.BreakerOpen):
+        await client.chat.completions.create(model="m", messages=ASK, stream=True)
+    assert openai_wire.faults.seen["chat"] == 10  # then nothing more reached the provider
+
+
 def _small_breaker() -> Policy:
     breaker = BreakerPolicy(kind="generic", minimum_calls=4, window_size=4, open_for_s=60)
     retry = RetryPolicy(attempts=2, initial_backoff_s=0, jitter_s=0)

@@ -702,7 +702,7 @@ STANDARD_STAGE_OPTIONS: dict[str, dict[str, Any]] = {
         "preset": "generation",
         "deadline_share": 1.0,
         "timeout_s": None,
-        "breaker": {"kind": "generic"},
+        "breaker": {"kind": "generic", "minimum_calls": 10},
         "retry": {"attempts": 2, "retry_on": ("connection", "timeout", "rejection")},
     },
 }
@@ -727,6 +727,15 @@ PROVIDER_STAGES = ("openai", "anthropic")
 starts from the policy's ``generation`` stage (the standard one with what you set for it), and
 the fields you set for it replace those; each has its own runtime, so one provider's faults never
 refuse another's calls."""
+
+
+def _standard_origin(name: str, stage: StagePolicy) -> str | None:
+    """The standard stage whose values the stage ``name`` started from, or None."""
+    if name in STANDARD_STAGE_OPTIONS:
+        return name
+    if name in PROVIDER_STAGES:
+        return "generation"
+    return stage.preset if stage.preset in STANDARD_STAGE_OPTIONS else None
 
 
 def _overlay(base: _M, given: _M) -> _M:
@@ -800,11 +809,13 @@ class Policy(Options):
         # names a standard stage's preset (``backup: {preset: generation}`` retries as the
         # standard ``generation`` stage does), and ``default_stage`` when it names one.
         stages = _standard_stages()
-        for name, given in self.stages.items():
+        given = {f"stages.{name}": own for name, own in self.stages.items()}  # as written, for errors
+        given["default_stage"] = self.default_stage
+        for name, stage in self.stages.items():
             if name in PROVIDER_STAGES:
                 continue
             base = stages.get(name)
-            stages[name] = _with_preset_defaults(given) if base is None else _overlay(base, given)
+            stages[name] = _with_preset_defaults(stage) if base is None else _overlay(base, stage)
         for name in PROVIDER_STAGES:  # after generation, as you set it
             own = self.stages.get(name)
             stages[name] = stages["generation"] if own is None else _overlay(stages["generation"], own)
@@ -818,7 +829,14 @@ class Policy(Options):
                 try:
                     options.breaker.config()
                 except ConfigError as exc:
-                    raise ConfigError(str(exc), field=f"{at}.breaker.{exc.field}") from None
+                    written = given.get(where)
+                    origin = _standard_origin(where.removeprefix("stages."), stage)
+                    message = str(exc)
+                    if origin is not None and exc.field in STANDARD_STAGE_OPTIONS[origin]["breaker"] and (
+                        written is None or exc.field not in written.breaker.model_fields_set
+                    ):  # a value the user never wrote: say where it came from
+                        message += f" (the standard {origin} stage's value)"
+                    raise ConfigError(message, field=f"{at}.breaker.{exc.field}") from None
                 if options.hedge is not None and not options.is_idempotent:
                     raise ConfigError(_HEDGE_NOT_IDEMPOTENT, field=f"{at}.hedge")
         for name in self.groups:
