@@ -199,22 +199,31 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
             g = fixed if fixed is not None else get_guard()
             c = slot
             observed = bus.active or events.tracer is not None
+            entry = None
             if c.guard is g and c.epoch == _inject.epoch:
                 if not observed:
                     run = c.run
                     if run is not None:
                         return await run(Call(stage, fn, args, kwargs))
+                    keyed = c.keyed
+                    if keyed is not None:  # its key's entry when ready (see KeyedChains.ready), inline
+                        at = keyed.at
+                        try:
+                            entry = keyed.ready.get(args[at] if at < len(args) else kwargs.get(keyed.name))
+                        except TypeError:  # an unhashable key: none
+                            pass
                 elif c.observed is not None and c.keyed is None:  # observed: its chain is compiled already
                     return await c.observed.run(Call(stage, fn, args, kwargs))
             else:
                 c = compiled(g)
             call = Call(stage, fn, args, kwargs)
-            keyed = c.keyed
-            entry = None if keyed is None else keyed.entry(call, observed)
-            if entry is None:  # not keyed, no key, or past the bound: the stage's own chain
-                return await c.own(observed).run(call)
-            if entry[3]:  # its KeyGate counts the call (and times it)
-                return await entry[2 if observed else 1].run(call)
+            if entry is None or not entry[0].alive:
+                keyed = c.keyed
+                entry = None if keyed is None else keyed.entry(call, observed)
+                if entry is None:  # not keyed, no key, or past the bound: the stage's own chain
+                    return await c.own(observed).run(call)
+                if entry[3]:  # its KeyGate counts the call (and times it)
+                    return await entry[2 if observed else 1].run(call)
             # the key's chain; the call counts itself, as a KeyGate would (a gate cost a fifth of it)
             runtime = entry[0]
             runtime.in_flight += 1

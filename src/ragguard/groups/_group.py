@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
-from .. import _inject
+from .. import _inject, events
 from .._context import current_tenant, mark_degraded
 from .._deadline import remaining
 from .._errors import BreakerOpen, DeadlineExceeded, NoDeploymentAvailable, Overloaded, QuotaExceeded
-from ..events import EventBus, FailedOver
+from ..events import EventBus, FailedOver, bus
 from ..options import GroupPolicy
 from ..outcomes import CONTEXT_LENGTH, Kind, classify, context_overflow
+from ..pipeline import Call
 from ._deployments import Deployment, bind, check_bindings
 
 if TYPE_CHECKING:
@@ -74,7 +75,15 @@ class ModelGroup:
         self._strategy = policy.strategy
         self._fixed_order = self._ordered if policy.strategy == "ordered" else None
         self._max_tries = policy.max_tries or len(bound)
+        # what ``group.__call__`` is to whoever asks (``guard()``, LangChain's RunnableLambda ask
+        # inspect.iscoroutinefunction): a coroutine function, while calling the group runs the
+        # class's __call__ (Python looks special methods up on the type), which returns one
+        self.__dict__["__call__"] = self.create
         counted = policy.strategy in ("least_busy", "latency")
+        first = self._ordered[0]
+        self._quick: _Quick | None = None  # the ordered strategy's first choice's chain (see __call__)
+        if self._fixed_order is not None and first.fn is not None:
+            self._quick = _Quick(-1, first.runtime(), None, stage, first.fn, first.model)
         for deployment in bound:
             runtime = deployment.runtime()  # declared now: a bad limit fails here, and status lists it
             if policy.strategy == "latency" and not runtime.timed:
@@ -89,19 +98,58 @@ class ModelGroup:
 
     # -- calls and streams -------------------------------------------------------------------
 
-    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The answer of the first deployment that answers (see the module docstring).
+    def __call__(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        """The answer of the first deployment that answers (see the module docstring): a
+        coroutine (``await group(...)``).
 
         Raises NoDeploymentAvailable (every deployment out: ``retry_after_s``, ``out``),
         DeadlineExceeded, a context-length refusal none of the larger deployments could take, or
-        a deployment's caller's error as it is."""
+        a deployment's caller's error as it is.
+
+        The ``ordered`` strategy's first choice, a coroutine function the group guarded itself,
+        unobserved: the coroutine is its key's chain itself, whose outermost layer hands a
+        failure to the failover loop (:class:`_Failover`), so the group adds no frame of its own."""
+        quick = self._quick
+        if quick is not None:
+            if quick.epoch != _inject.epoch or not quick.runtime.alive:
+                quick = self._requick(quick)
+            run = quick.run
+            if run is not None and not bus.active and events.tracer is None:
+                model = quick.model
+                if model is None:
+                    return run(Call(quick.stage, quick.fn, args, kwargs))
+                if "model" not in kwargs:  # kwargs is this call's own dict
+                    kwargs["model"] = model
+                    return run(Call(quick.stage, quick.fn, args, kwargs))
+        return self._call(args, kwargs)
+
+    async def create(self, *args: Any, **kwargs: Any) -> Any:
+        """``await group.create(...)``: a call to the group, as a client's ``create`` is called;
+        a coroutine function to whoever asks (``inspect.iscoroutinefunction``), and so is
+        ``group.__call__`` (see ``__init__``)."""
+        return await self(*args, **kwargs)
+
+    async def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         order = self._fixed_order or self._order()
         try:  # the common case, inline: the first answers (an open breaker refuses without a call)
             return await order[0].invoke(args, kwargs)
         except Exception as exc:
             return await self._serve(args, kwargs, _call, order, exc)
 
-    create = __call__
+    def _requick(self, stale: _Quick) -> _Quick:
+        """The first choice's chain with the failover layer, compiled anew (the injection epoch
+        moved, or its key was forgotten); ``run`` None: :meth:`_call` runs its calls."""
+        first = self._ordered[0]
+        model = first.model
+        made = first.chain_with(_Failover(self, model is not None))
+        if made is None:
+            quick = _Quick(_inject.epoch, first.runtime(), None, stale.stage, stale.fn, model)
+        else:
+            epoch, runtime, chain = made
+            run = cast(Callable[[Call], Coroutine[Any, Any, Any]], chain.run)  # an ``async def``'s
+            quick = _Quick(epoch, runtime, run, stale.stage, stale.fn, model)
+        self._quick = quick
+        return quick
 
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         """The items of the first deployment whose stream gives its first item (failing over
@@ -232,6 +280,52 @@ class ModelGroup:
 
     def __repr__(self) -> str:
         return f"<ModelGroup {self.name!r} {self._strategy} {[d.name for d in self._ordered]}>"
+
+
+class _Quick:
+    """How :meth:`ModelGroup.__call__` runs its first choice's calls while the injection
+    ``epoch`` holds and its key's ``runtime`` is alive: ``run`` (its chain's, None for the
+    failover loop's way), with ``Call(stage, fn, args, kwargs)``, ``model`` put in ``kwargs``."""
+
+    __slots__ = ("epoch", "fn", "model", "run", "runtime", "stage")
+
+    def __init__(
+        self,
+        epoch: int,
+        runtime: Stage,
+        run: Callable[[Call], Coroutine[Any, Any, Any]] | None,
+        stage: str,
+        fn: Callable[..., Any],
+        model: str | None,
+    ) -> None:
+        self.epoch = epoch
+        self.runtime = runtime
+        self.run = run
+        self.stage = stage
+        self.fn = fn
+        self.model = model
+
+
+class _Failover:
+    """The outermost layer (a recovery) of the chain :meth:`ModelGroup.__call__` runs its first
+    choice on: the chain's failure goes to the group's failover loop, as the first deployment's
+    failure (``put_model``: the deployment put its ``model`` in the call's kwargs, taken out for
+    the next ones, which put their own)."""
+
+    __slots__ = ("group", "put_model")
+
+    def __init__(self, group: ModelGroup, put_model: bool) -> None:
+        self.group = group
+        self.put_model = put_model
+
+    def recover(
+        self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]
+    ) -> Coroutine[Any, Any, Any]:
+        kwargs = call.kwargs
+        if self.put_model:
+            kwargs = {name: value for name, value in kwargs.items() if name != "model"}
+        group = self.group
+        return group._serve(call.args, kwargs, _call, group._ordered, exc)
 
 
 def _tiers(deployments: list[Deployment]) -> list[list[Deployment]]:
