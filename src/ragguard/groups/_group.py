@@ -77,8 +77,9 @@ class ModelGroup:
         self._max_tries = policy.max_tries or len(bound)
         # what ``group.__call__`` is to whoever asks (``guard()``, LangChain's RunnableLambda ask
         # inspect.iscoroutinefunction): a coroutine function, while calling the group runs the
-        # class's __call__ (Python looks special methods up on the type), which returns one
-        self.__dict__["__call__"] = self.create
+        # class's __call__ (Python looks special methods up on the type), which returns one.
+        # setattr, not self.__dict__[...]: reading __dict__ would make every attribute slower
+        setattr(self, "__call__", self.create)  # noqa: B010 - mypy refuses assigning a method
         counted = policy.strategy in ("least_busy", "latency")
         first = self._ordered[0]
         self._quick: _Quick | None = None  # the ordered strategy's first choice's chain (see __call__)
