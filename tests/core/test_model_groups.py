@@ -429,3 +429,25 @@ async def test_a_fault_injected_after_the_first_calls_reaches_the_first_choice(b
     clock.advance(31)  # a's breaker opened (a success and a failure: 50%); its trial now
     assert await group("q") == "a:model-a:q"
     assert (a.calls, b.calls) == (2, 0)  # the faults answered in their place
+
+
+async def test_a_group_no_longer_used_leaves_the_guards_groups_at_once(bound: Bind) -> None:
+    """Nothing a call leaves behind (the first choice's chain, ``group.__call__``) holds the
+    group in a cycle: Guard.groups() lists only the groups still in use, without waiting for
+    the garbage collector."""
+    import gc
+
+    g = _guard(_two())
+    a = Model("a")
+    a.down = ConnectionResetError()  # the failover loop runs too
+    group = g.group("chat", bound({"a": a, "b": Model("b")}))
+    assert await group("q") == "b:model-b:q"
+    assert await group.create("q") == "b:model-b:q"
+    assert list(g.groups()) == ["chat"]
+    a.down = None  # its traceback's frames: the calls'
+    gc.disable()
+    try:
+        del group
+        assert g.groups() == {}
+    finally:
+        gc.enable()

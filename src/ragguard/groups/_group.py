@@ -67,23 +67,17 @@ class ModelGroup:
         self.policy = policy
         stage = policy.stage or name
         self.stage = stage
-        self._rng: random.Random = guard.rng
-        self._bus: EventBus = guard.context.bus
         bound = [bind(guard, stage, d, i, targets[d.name]) for i, d in enumerate(policy.deployments)]
-        self._tiers = _tiers(bound)
-        self._ordered = [d for tier in self._tiers for d in tier]
-        self._strategy = policy.strategy
-        self._fixed_order = self._ordered if policy.strategy == "ordered" else None
-        self._max_tries = policy.max_tries or len(bound)
+        self._router = router = _Router(name, policy, bound, guard.rng, guard.context.bus)
         # what ``group.__call__`` is to whoever asks (``guard()``, LangChain's RunnableLambda ask
         # inspect.iscoroutinefunction): a coroutine function, while calling the group runs the
         # class's __call__ (Python looks special methods up on the type), which returns one.
         # setattr, not self.__dict__[...]: reading __dict__ would make every attribute slower
-        setattr(self, "__call__", self.create)  # noqa: B010 - mypy refuses assigning a method
+        setattr(self, "__call__", router.call)  # noqa: B010 - mypy refuses assigning a method
         counted = policy.strategy in ("least_busy", "latency")
-        first = self._ordered[0]
+        first = router.ordered[0]
         self._quick: _Quick | None = None  # the ordered strategy's first choice's chain (see __call__)
-        if self._fixed_order is not None and first.fn is not None:
+        if router.fixed_order is not None and first.fn is not None:
             self._quick = _Quick(-1, first.runtime(), None, stage, first.fn, first.model)
         for deployment in bound:
             runtime = deployment.runtime()  # declared now: a bad limit fails here, and status lists it
@@ -95,7 +89,7 @@ class ModelGroup:
 
     def deployments(self) -> list[tuple[str, Stage]]:
         """``(name, runtime)`` of each deployment, in declared priority order."""
-        return [(d.name, d.runtime()) for d in self._ordered]
+        return [(d.name, d.runtime()) for d in self._router.ordered]
 
     # -- calls and streams -------------------------------------------------------------------
 
@@ -122,7 +116,7 @@ class ModelGroup:
                 if "model" not in kwargs:  # kwargs is this call's own dict
                     kwargs["model"] = model
                     return run(Call(quick.stage, quick.fn, args, kwargs))
-        return self._call(args, kwargs)
+        return self._router.run(args, kwargs)
 
     async def create(self, *args: Any, **kwargs: Any) -> Any:
         """``await group.create(...)``: a call to the group, as a client's ``create`` is called;
@@ -130,19 +124,13 @@ class ModelGroup:
         ``group.__call__`` (see ``__init__``)."""
         return await self(*args, **kwargs)
 
-    async def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        order = self._fixed_order or self._order()
-        try:  # the common case, inline: the first answers (an open breaker refuses without a call)
-            return await order[0].invoke(args, kwargs)
-        except Exception as exc:
-            return await self._serve(args, kwargs, _call, order, exc)
-
     def _requick(self, stale: _Quick) -> _Quick:
         """The first choice's chain with the failover layer, compiled anew (the injection epoch
-        moved, or its key was forgotten); ``run`` None: :meth:`_call` runs its calls."""
-        first = self._ordered[0]
+        moved, or its key was forgotten); ``run`` None: the router runs its calls."""
+        router = self._router
+        first = router.ordered[0]
         model = first.model
-        made = first.chain_with(_Failover(self, model is not None))
+        made = first.chain_with(_Failover(router, model is not None))
         if made is None:
             quick = _Quick(_inject.epoch, first.runtime(), None, stale.stage, stale.fn, model)
         else:
@@ -157,8 +145,8 @@ class ModelGroup:
         before it only); raises as :meth:`__call__`, and after the first item what the stream
         raises. An async generator: closing it (``aclose()``, ``contextlib.aclosing``) closes the
         deployment's stream there and then."""
-        order = self._fixed_order or self._order()
-        items, first = await self._serve(args, kwargs, _open, order)
+        router = self._router
+        items, first = await router.serve(args, kwargs, _open, router.fixed_order or router.order())
         try:
             if first is _EMPTY:
                 return
@@ -168,9 +156,41 @@ class ModelGroup:
         finally:
             await _close(items)
 
-    # -- the failover loop -------------------------------------------------------------------
+    def __repr__(self) -> str:
+        router = self._router
+        return f"<ModelGroup {self.name!r} {router.strategy} {[d.name for d in router.ordered]}>"
 
-    async def _serve(
+
+class _Router:
+    """Group ``name``'s deployments in order and its failover loop: what a call needs, and no
+    reference to the :class:`ModelGroup` (the chain of its first choice holds the router through
+    :class:`_Failover`: a group no longer used is freed at once, as :meth:`Guard.groups
+    <ragguard.Guard.groups>` expects)."""
+
+    def __init__(
+        self, name: str, policy: GroupPolicy, bound: list[Deployment], rng: random.Random, bus: EventBus
+    ) -> None:
+        self.name = name
+        self.rng = rng
+        self.bus = bus
+        self.tiers = _tiers(bound)
+        self.ordered = [d for tier in self.tiers for d in tier]
+        self.strategy = policy.strategy
+        self.fixed_order = self.ordered if policy.strategy == "ordered" else None
+        self.max_tries = policy.max_tries or len(bound)
+
+    async def call(self, *args: Any, **kwargs: Any) -> Any:
+        """A call to the group (``group.__call__`` to whoever asks: see ``ModelGroup.__init__``)."""
+        return await self.run(args, kwargs)
+
+    async def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        order = self.fixed_order or self.order()
+        try:  # the common case, inline: the first answers (an open breaker refuses without a call)
+            return await order[0].invoke(args, kwargs)
+        except Exception as exc:
+            return await self.serve(args, kwargs, _call, order, exc)
+
+    async def serve(
         self,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -190,7 +210,7 @@ class ModelGroup:
         tried = 0
         try:
             for deployment in order:
-                if tried >= self._max_tries:
+                if tried >= self.max_tries:
                     break
                 tried += 1
                 if failed is None:
@@ -219,7 +239,7 @@ class ModelGroup:
                             answered = deployment.name
                         return result
                 error, failed = failed, None
-                verdict = self._judge(error, deployment, out)
+                verdict = self.judge(error, deployment, out)
                 if verdict is None:
                     raise error
                 errors[deployment.name] = type(error).__name__
@@ -232,22 +252,22 @@ class ModelGroup:
                 raise refusal  # no deployment could take a request this long
             raise NoDeploymentAvailable(self.name, soonest, out=out) from last
         finally:
-            if out and self._bus.active:
-                self._said(out, errors, answered)
+            if out and self.bus.active:
+                self.said(out, errors, answered)
 
-    def _said(self, out: dict[str, str], errors: dict[str, str], answered: str) -> None:
+    def said(self, out: dict[str, str], errors: dict[str, str], answered: str) -> None:
         """A :class:`~ragguard.events.FailedOver` per deployment ``out`` names."""
         tenant = current_tenant()
-        named = {d.name: d for d in self._ordered}
+        named = {d.name: d for d in self.ordered}
         for left, reason in out.items():  # in the order they were left
             deployment = named[left]
             breaker = deployment.runtime().breaker
             name = "" if breaker is None else str(getattr(breaker, "name", ""))
-            self._bus.emit(FailedOver(self.name, deployment.name, reason, answered,
-                                      errors.get(deployment.name, ""), name, tenant))  # fmt: skip
+            self.bus.emit(FailedOver(self.name, deployment.name, reason, answered,
+                                     errors.get(deployment.name, ""), name, tenant))  # fmt: skip
 
     @staticmethod
-    def _judge(
+    def judge(
         exc: Exception, deployment: Deployment, out: dict[str, str]
     ) -> tuple[float | None, int | None] | None:
         """What ``deployment``'s failure ``exc`` means for the call: None to raise it, else (when
@@ -262,13 +282,13 @@ class ModelGroup:
         out[deployment.name] = _why(exc, outcome.kind)
         return _comes_back(outcome.retry_after_s, runtime), None
 
-    def _order(self) -> list[Deployment]:
-        strategy = self._strategy
+    def order(self) -> list[Deployment]:
+        strategy = self.strategy
         if strategy == "ordered":
-            return self._ordered
-        rng = self._rng
+            return self.ordered
+        rng = self.rng
         ordered: list[Deployment] = []
-        for tier in self._tiers:
+        for tier in self.tiers:
             if len(tier) == 1:
                 ordered.append(tier[0])
             elif strategy == "weighted":
@@ -278,9 +298,6 @@ class ModelGroup:
             else:
                 ordered += sorted(tier, key=lambda d: _latency(d.runtime()))
         return ordered
-
-    def __repr__(self) -> str:
-        return f"<ModelGroup {self.name!r} {self._strategy} {[d.name for d in self._ordered]}>"
 
 
 class _Quick:
@@ -313,10 +330,10 @@ class _Failover:
     failure (``put_model``: the deployment put its ``model`` in the call's kwargs, taken out for
     the next ones, which put their own)."""
 
-    __slots__ = ("group", "put_model")
+    __slots__ = ("put_model", "router")
 
-    def __init__(self, group: ModelGroup, put_model: bool) -> None:
-        self.group = group
+    def __init__(self, router: _Router, put_model: bool) -> None:
+        self.router = router
         self.put_model = put_model
 
     def recover(
@@ -325,8 +342,8 @@ class _Failover:
         kwargs = call.kwargs
         if self.put_model:
             kwargs = {name: value for name, value in kwargs.items() if name != "model"}
-        group = self.group
-        return group._serve(call.args, kwargs, _call, group._ordered, exc)
+        router = self.router
+        return router.serve(call.args, kwargs, _call, router.ordered, exc)
 
 
 def _tiers(deployments: list[Deployment]) -> list[list[Deployment]]:
