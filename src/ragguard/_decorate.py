@@ -206,7 +206,7 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
                     if run is not None:
                         return await run(Call(stage, fn, args, kwargs))
                     keyed = c.keyed
-                    if keyed is not None:  # its key's entry when ready (see KeyedChains.ready), inline
+                    if keyed is not None and keyed.key_of is None:  # its key's entry when ready, inline
                         at = keyed.at
                         try:
                             entry = keyed.ready.get(args[at] if at < len(args) else kwargs.get(keyed.name))

@@ -74,6 +74,7 @@ class ModelGroup:
         # class's __call__ (Python looks special methods up on the type), which returns one.
         # setattr, not self.__dict__[...]: reading __dict__ would make every attribute slower
         setattr(self, "__call__", router.call)  # noqa: B010 - mypy refuses assigning a method
+        self._run = router.run
         counted = policy.strategy in ("least_busy", "latency")
         first = router.ordered[0]
         self._quick: _Quick | None = None  # the ordered strategy's first choice's chain (see __call__)
@@ -116,7 +117,7 @@ class ModelGroup:
                 if "model" not in kwargs:  # kwargs is this call's own dict
                     kwargs["model"] = model
                     return run(Call(quick.stage, quick.fn, args, kwargs))
-        return self._router.run(args, kwargs)
+        return self._run(args, kwargs)
 
     async def create(self, *args: Any, **kwargs: Any) -> Any:
         """``await group.create(...)``: a call to the group, as a client's ``create`` is called;

@@ -238,11 +238,12 @@ class KeyedChains:
         self._chains: dict[str, list[Any]] = {}  # key -> [runtime, plain chain, observed chain, gated]
         self.ready: dict[Any, list[Any]] = {}
         """The entries of the keys whose plain chain is compiled, without a gate: what an
-        unobserved call of a coroutine function finds inline (``_decorate``), its key its
-        argument at position ``at`` (``sys.maxsize`` for none: a keyword-only parameter, a
-        :class:`Fixed` key, a key function) or named ``name`` (None: none, which no keyword
-        argument is); it checks
-        ``entry[0].alive``, as :meth:`entry` does."""
+        unobserved call of a coroutine function keyed by a parameter or a :class:`Fixed` key (no
+        ``key_of``) finds inline (``_decorate``), by its argument at position ``at``
+        (``sys.maxsize`` for none: a keyword-only parameter, a :class:`Fixed` key) or named
+        ``name`` (None: none, as no keyword argument is); a :class:`Fixed` key's entry is kept
+        under None, what that look-up finds for it. The caller checks ``entry[0].alive``, as
+        :meth:`entry` does."""
         self.at = sys.maxsize if self._position is None else self._position
         self.name: Any = self._name
         self._limit = 2 * (self.keys.max_keys + len(root.policy.keys)) + 8
@@ -298,13 +299,13 @@ class KeyedChains:
             st = entry[0]
             entry[at] = st.chain(self.bound, observed=observed, first=KeyGate(st) if entry[3] else None)
         if entry[1] is not None and not entry[3]:
-            self.ready[key] = entry
+            self.ready[None if self._fixed is not None else key] = entry
         return entry
 
     def _prune(self) -> None:
         for key in [k for k, entry in self._chains.items() if not entry[0].alive]:
             del self._chains[key]
-            self.ready.pop(key, None)
+            self.ready.pop(None if self._fixed is not None else key, None)
 
 
 def key_getter(stage: Stage, bound: Bound, given: Any) -> KeyOf | ArgRef | Fixed | None:
