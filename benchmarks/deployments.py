@@ -7,7 +7,8 @@ Every contender calls the same coroutine (it answers at once) through a stage wi
 one attempt: unkeyed; keyed by its ``model`` argument, one model or 64 in turn (each key its own
 breaker and chain); 64 unkeyed stages in turn (the equal work of 64 keys without keys: 64 breakers
 and chains); and a model group of two deployments (the first answers), whose deployments are keys
-of its stage. CPU time of the loop's thread per call, median over rounds. The promise measured: a
+of its stage (the ordered strategy's first choice: the group's call is that key's chain, with the
+failover loop as its outermost layer). CPU time of the loop's thread per call, median over rounds. The promise measured: a
 key, and a group's choice of deployment, cost at most 20% more than the unkeyed stage doing the
 same work (one key against one stage, 64 keys against 64 stages).
 

@@ -49,9 +49,13 @@ class _Compiled:
 
     ``keyed``: the function's chains per key when its stage is keyed for it (``plain`` and
     ``observed`` are then those of the stage's own instance: calls without a key, or past the
-    bound); ``run`` is the plain chain's driver, awaited directly, for a function that is not."""
+    bound); ``inline``: the same when its key is an argument or fixed, so that a call finds it
+    inline (``KeyedChains.ready``), else None (a key function's); ``run`` is the plain chain's
+    driver, awaited directly, for a function that is not."""
 
-    __slots__ = ("__weakref__", "bound", "epoch", "guard", "keyed", "observed", "plain", "run", "stage")
+    __slots__ = (
+        "__weakref__", "bound", "epoch", "guard", "inline", "keyed", "observed", "plain", "run", "stage",
+    )  # fmt: skip
 
     def __init__(
         self, guard: Any, stage: Stage | None, bound: Bound | None, keyed: KeyedChains | None = None
@@ -61,6 +65,7 @@ class _Compiled:
         self.bound = bound
         self.plain: Chain | None = None if stage is None or bound is None else stage.chain(bound)
         self.keyed = keyed
+        self.inline = None if keyed is None or keyed.key_of is not None else keyed
         self.run: Callable[..., Awaitable[Any]] | None = (
             None if self.plain is None or keyed is not None else self.plain.run
         )
@@ -199,22 +204,31 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
             g = fixed if fixed is not None else get_guard()
             c = slot
             observed = bus.active or events.tracer is not None
+            entry = None
             if c.guard is g and c.epoch == _inject.epoch:
                 if not observed:
                     run = c.run
                     if run is not None:
                         return await run(Call(stage, fn, args, kwargs))
+                    keyed = c.inline
+                    if keyed is not None:  # its key's entry when ready (see KeyedChains.ready), inline
+                        at = keyed.at
+                        try:
+                            entry = keyed.ready.get(args[at] if at < len(args) else kwargs.get(keyed.name))
+                        except TypeError:  # an unhashable key: none
+                            pass
                 elif c.observed is not None and c.keyed is None:  # observed: its chain is compiled already
                     return await c.observed.run(Call(stage, fn, args, kwargs))
             else:
                 c = compiled(g)
             call = Call(stage, fn, args, kwargs)
-            keyed = c.keyed
-            entry = None if keyed is None else keyed.entry(call, observed)
-            if entry is None:  # not keyed, no key, or past the bound: the stage's own chain
-                return await c.own(observed).run(call)
-            if entry[3]:  # its KeyGate counts the call (and times it)
-                return await entry[2 if observed else 1].run(call)
+            if entry is None or not entry[0].alive:
+                keyed = c.keyed
+                entry = None if keyed is None else keyed.entry(call, observed)
+                if entry is None:  # not keyed, no key, or past the bound: the stage's own chain
+                    return await c.own(observed).run(call)
+                if entry[3]:  # its KeyGate counts the call (and times it)
+                    return await entry[2 if observed else 1].run(call)
             # the key's chain; the call counts itself, as a KeyGate would (a gate cost a fifth of it)
             runtime = entry[0]
             runtime.in_flight += 1

@@ -45,6 +45,8 @@ async def test_one_keys_failures_open_its_breaker_and_no_other_keys() -> None:
     with pytest.raises(BreakerOpen) as refused:
         await call("q", "bad-a")
     assert refused.value.breaker == "gen[bad-a]"
+    with pytest.raises(BreakerOpen):  # the key passed by name: the same key
+        await call("q", model="bad-a")
     assert await call("q", "good") == "good"  # another key of the same stage and function
     keys = dict(g.stage("gen").keys.items())  # type: ignore[union-attr]
     assert keys["bad-a"].breaker.state is BreakerState.OPEN
@@ -83,6 +85,8 @@ async def test_a_call_whose_key_is_not_a_str_runs_on_the_stages_own_instance() -
 
     assert await call() is None
     assert await call(model=7) == 7
+    assert await call(["unhashable"]) == ["unhashable"]
+    assert await call(model={"un": "hashable"}) == {"un": "hashable"}
     assert len(g.stage("gen").keys) == 0  # type: ignore[arg-type]
 
 

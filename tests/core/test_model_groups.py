@@ -5,6 +5,7 @@ group configured in YAML and TOML bound by name in code."""
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,26 @@ class Model:
         return f"{self.name}:{model}:{question}"
 
 
-async def test_a_storm_on_one_deployment_is_answered_by_the_other_and_cools_it_down() -> None:
+Bind = Callable[[Mapping[str, Model]], dict[str, Any]]
+
+
+@pytest.fixture(params=["callable object", "coroutine function"])
+def bound(request: pytest.FixtureRequest) -> Bind:
+    """How a test binds its models: each :class:`Model` itself (a callable object: its calls go
+    through the function the group guarded), or its ``__call__`` method (a coroutine function:
+    the ordered strategy's first choice runs its key's chain with no frame of the group's, a
+    failure handed to the failover loop by the chain's outermost layer)."""
+    if request.param == "callable object":
+        return dict
+    return lambda models: {name: model.__call__ for name, model in models.items()}
+
+
+async def test_a_storm_on_one_deployment_is_answered_by_the_other_and_cools_it_down(bound: Bind) -> None:
     clock = FakeClock()
     g = _guard(_two(), clock)
     a, b = Model("a"), Model("b")
     a.down = ConnectionResetError("a is down")
-    group = g.group("chat", {"a": a, "b": b})
+    group = g.group("chat", bound({"a": a, "b": b}))
     answers = [await group(f"q{i}") for i in range(10)]
     assert answers == [f"b:model-b:q{i}" for i in range(10)]
     assert a.calls == 2  # two failures opened its breaker: the next eight never reached it
@@ -74,12 +89,12 @@ async def test_a_storm_on_one_deployment_is_answered_by_the_other_and_cools_it_d
     assert a.calls == 3
 
 
-async def test_when_every_deployment_is_out_one_error_says_when_the_first_comes_back() -> None:
+async def test_when_every_deployment_is_out_one_error_says_when_the_first_comes_back(bound: Bind) -> None:
     clock = FakeClock()
     g = _guard(_two(), clock)
     a, b = Model("a"), Model("b")
     a.down = b.down = ConnectionResetError("down")
-    group = g.group("chat", {"a": a, "b": b})
+    group = g.group("chat", bound({"a": a, "b": b}))
     with pytest.raises(NoDeploymentAvailable) as first:
         await group("q")
     assert first.value.out == {"a": "failure", "b": "failure"}
@@ -100,11 +115,11 @@ async def test_when_every_deployment_is_out_one_error_says_when_the_first_comes_
     assert "no deployment of model group 'chat'" in str(out.value)
 
 
-async def test_a_callers_error_and_the_tenants_quota_are_not_failed_over() -> None:
+async def test_a_callers_error_and_the_tenants_quota_are_not_failed_over(bound: Bind) -> None:
     g = _guard(_two(), tenants={"acme": TenantQuota(max_concurrency=1)})
     a, b = Model("a"), Model("b")
     a.down = ValueError("bad request")
-    group = g.group("chat", {"a": a, "b": b})
+    group = g.group("chat", bound({"a": a, "b": b}))
     with pytest.raises(ValueError, match="bad request"):
         await group("q")
     assert b.calls == 0
@@ -114,16 +129,16 @@ async def test_a_callers_error_and_the_tenants_quota_are_not_failed_over() -> No
     assert b.calls == 0
 
 
-async def test_each_deployment_gets_its_own_model_and_one_without_keeps_the_callers() -> None:
+async def test_each_deployment_gets_its_own_model_and_one_without_keeps_the_callers(bound: Bind) -> None:
     g = _guard({"deployments": [{"name": "a", "model": "model-a"}, {"name": "b"}]})
     a, b = Model("a"), Model("b")
     a.down = ConnectionResetError()
-    group = g.group("chat", {"a": a, "b": b})
+    group = g.group("chat", bound({"a": a, "b": b}))
     assert await group("q", model="callers") == "b:callers:q"  # a's model never leaks to b
     assert await group("q") == "b:None:q"
 
 
-async def test_priorities_come_first_and_ordered_keeps_the_declared_order() -> None:
+async def test_priorities_come_first_and_ordered_keeps_the_declared_order(bound: Bind) -> None:
     deployments = [
         {"name": "backup", "priority": 1},
         {"name": "second"},
@@ -131,7 +146,7 @@ async def test_priorities_come_first_and_ordered_keeps_the_declared_order() -> N
     ]
     g = _guard({"deployments": deployments})
     models = {name: Model(name) for name in ("backup", "second", "first")}
-    group = g.group("chat", models)
+    group = g.group("chat", bound(models))
     assert (await group("q")).startswith("second:")
     models["second"].down = ConnectionResetError()
     assert (await group("q")).startswith("first:")
@@ -192,12 +207,12 @@ async def test_latency_prefers_the_faster_deployment_once_measured() -> None:
     assert [await group("q") for _ in range(5)] == ["b"] * 5
 
 
-async def test_a_deployment_whose_limits_are_spent_is_skipped_until_they_refill() -> None:
+async def test_a_deployment_whose_limits_are_spent_is_skipped_until_they_refill(bound: Bind) -> None:
     clock = FakeClock()
     deployments = [{"name": "a", "limits": {"rpm": 2}}, {"name": "b", "limits": {"rpm": 1}}]
     g = _guard({"deployments": deployments}, clock)
     a, b = Model("a"), Model("b")
-    group = g.group("chat", {"a": a, "b": b})
+    group = g.group("chat", bound({"a": a, "b": b}))
     answers = [(await group("q")).split(":")[0] for _ in range(3)]
     assert answers == ["a", "a", "b"]
     with pytest.raises(NoDeploymentAvailable) as out:
@@ -329,10 +344,10 @@ async def test_bad_group_policies_are_refused_naming_the_field() -> None:
         assert caught.value.field == field
 
 
-async def test_degraded_names_the_deployment_that_answered_after_a_failover() -> None:
+async def test_degraded_names_the_deployment_that_answered_after_a_failover(bound: Bind) -> None:
     g = _guard(_two())
     a, b = Model("a"), Model("b")
-    group = g.group("chat", {"a": a, "b": b})
+    group = g.group("chat", bound({"a": a, "b": b}))
     async with g.tenant("acme"):
         await group("q")
         assert ragguard.degraded() == ()
@@ -369,3 +384,70 @@ async def test_a_streams_early_close_closes_the_deployments_stream_at_once() -> 
     assert closed == ["a"]
     assert g.breaker("chat", "a").state is BreakerState.CLOSED
     assert g.breaker("chat", "a").metrics().failed_calls == 0
+
+
+async def test_a_group_is_a_coroutine_function_to_whoever_asks(anyio_backend: str) -> None:
+    """``guard()`` and LangChain's RunnableLambda ask ``inspect.iscoroutinefunction`` of a
+    callable's ``__call__``: a group wrapped by either is awaited, not run in a worker thread."""
+    import inspect
+
+    from langchain_core.runnables import RunnableLambda
+
+    g = _guard(_two())
+
+    async def a(question: str, *, model: str | None = None) -> str:
+        return f"a:{model}:{question}"
+
+    group = g.group("chat", {"a": a, "b": Model("b")})
+    assert inspect.iscoroutinefunction(group.__call__)
+    assert inspect.iscoroutinefunction(group.create)
+    assert await group.create("q") == await group.__call__("q") == "a:model-a:q"
+    outer = g.guard("outer", breaker=False)(group)
+    assert await outer("q") == "a:model-a:q"
+    if anyio_backend == "asyncio":  # LangChain's callbacks run on asyncio
+        assert await RunnableLambda(group).ainvoke("q") == "a:model-a:q"
+
+
+async def test_a_fault_injected_after_the_first_calls_reaches_the_first_choice(bound: Bind) -> None:
+    """Injecting faults rebuilds the chains (the injection epoch): the first choice's too."""
+    from ragguard.chaos import Chaos, Error
+
+    clock = FakeClock()
+    g = _guard(_two(), clock)
+    a, b = Model("a"), Model("b")
+    group = g.group("chat", bound({"a": a, "b": b}))
+    assert await group("q") == "a:model-a:q"
+    chaos = Chaos(rng=__import__("random").Random(1))
+    chaos.inject(Error(ConnectionResetError), stage="chat")
+    chaos.install()
+    try:
+        with pytest.raises(NoDeploymentAvailable) as out:
+            await group("q")
+        assert out.value.out == {"a": "failure", "b": "failure"}
+    finally:
+        chaos.close()
+    clock.advance(31)  # a's breaker opened (a success and a failure: 50%); its trial now
+    assert await group("q") == "a:model-a:q"
+    assert (a.calls, b.calls) == (2, 0)  # the faults answered in their place
+
+
+async def test_a_group_no_longer_used_leaves_the_guards_groups_at_once(bound: Bind) -> None:
+    """Nothing a call leaves behind (the first choice's chain, ``group.__call__``) holds the
+    group in a cycle: Guard.groups() lists only the groups still in use, without waiting for
+    the garbage collector."""
+    import gc
+
+    g = _guard(_two())
+    a = Model("a")
+    a.down = ConnectionResetError()  # the failover loop runs too
+    group = g.group("chat", bound({"a": a, "b": Model("b")}))
+    assert await group("q") == "b:model-b:q"
+    assert await group.create("q") == "b:model-b:q"
+    assert list(g.groups()) == ["chat"]
+    a.down = None  # its traceback's frames: the calls'
+    gc.disable()
+    try:
+        del group
+        assert g.groups() == {}
+    finally:
+        gc.enable()

@@ -31,6 +31,7 @@ from ..pipeline import Call
 
 if TYPE_CHECKING:
     from ..layers import Stage
+    from ..pipeline._chain import Chain
 
 __all__ = ["Deployment", "bind"]
 
@@ -119,6 +120,22 @@ class Deployment:
         entry = None if keyed is None else keyed.for_key(self._key, False)
         self._chain, self._epoch = entry, epoch
         return entry
+
+    def chain_with(self, first: Any) -> tuple[int, Stage, Chain] | None:
+        """``(epoch, runtime, chain)``: its key's chain compiled now with the layer ``first``
+        outermost, for the injection ``epoch`` (None: its calls must run as :meth:`invoke` runs
+        them: a target the group did not guard itself, or a key whose calls are counted by a gate)."""
+        compiled = self._compiled
+        if compiled is None or self.fn is None:
+            return None
+        epoch = _inject.epoch
+        made = compiled()
+        keyed = made.keyed
+        entry = None if keyed is None else keyed.for_key(self._key, False)
+        if entry is None or entry[3]:
+            return None
+        runtime = entry[0]
+        return epoch, runtime, runtime.chain(made.bound, first=first)
 
     def open(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Start the target's stream (an async iterator, or an awaitable of one)."""

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
-from .. import _inject
+from .. import _inject, events
 from .._context import current_tenant, mark_degraded
 from .._deadline import current_expiry, remaining
 from .._errors import BreakerOpen, DeadlineExceeded, NoDeploymentAvailable, Overloaded, QuotaExceeded
-from ..events import EventBus, FailedOver
+from ..events import EventBus, FailedOver, bus
 from ..options import GroupPolicy
 from ..outcomes import CONTEXT_LENGTH, Kind, classify, context_overflow
+from ..pipeline import Call
 from ._deployments import Deployment, bind, check_bindings
 
 if TYPE_CHECKING:
@@ -66,15 +67,19 @@ class ModelGroup:
         self.policy = policy
         stage = policy.stage or name
         self.stage = stage
-        self._rng: random.Random = guard.rng
-        self._bus: EventBus = guard.context.bus
         bound = [bind(guard, stage, d, i, targets[d.name]) for i, d in enumerate(policy.deployments)]
-        self._tiers = _tiers(bound)
-        self._ordered = [d for tier in self._tiers for d in tier]
-        self._strategy = policy.strategy
-        self._fixed_order = self._ordered if policy.strategy == "ordered" else None
-        self._max_tries = policy.max_tries or len(bound)
+        self._router = router = _Router(name, policy, bound, guard.rng, guard.context.bus)
+        # what ``group.__call__`` is to whoever asks (``guard()``, LangChain's RunnableLambda ask
+        # inspect.iscoroutinefunction): a coroutine function, while calling the group runs the
+        # class's __call__ (Python looks special methods up on the type), which returns one.
+        # setattr, not self.__dict__[...]: reading __dict__ would make every attribute slower
+        setattr(self, "__call__", router.call)  # noqa: B010 - mypy refuses assigning a method
+        self._run = router.run
         counted = policy.strategy in ("least_busy", "latency")
+        first = router.ordered[0]
+        self._quick: _Quick | None = None  # the ordered strategy's first choice's chain (see __call__)
+        if router.fixed_order is not None and first.fn is not None:
+            self._quick = _Quick(-1, first.runtime(), None, stage, first.fn, first.model)
         for deployment in bound:
             runtime = deployment.runtime()  # declared now: a bad limit fails here, and status lists it
             if policy.strategy == "latency" and not runtime.timed:
@@ -85,31 +90,64 @@ class ModelGroup:
 
     def deployments(self) -> list[tuple[str, Stage]]:
         """``(name, runtime)`` of each deployment, in declared priority order."""
-        return [(d.name, d.runtime()) for d in self._ordered]
+        return [(d.name, d.runtime()) for d in self._router.ordered]
 
     # -- calls and streams -------------------------------------------------------------------
 
-    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The answer of the first deployment that answers (see the module docstring).
+    def __call__(self, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        """The answer of the first deployment that answers (see the module docstring): a
+        coroutine (``await group(...)``).
 
         Raises NoDeploymentAvailable (every deployment out: ``retry_after_s``, ``out``),
         DeadlineExceeded, a context-length refusal none of the larger deployments could take, or
-        a deployment's caller's error as it is."""
-        order = self._fixed_order or self._order()
-        try:  # the common case, inline: the first answers (an open breaker refuses without a call)
-            return await order[0].invoke(args, kwargs)
-        except Exception as exc:
-            return await self._serve(args, kwargs, _call, order, exc)
+        a deployment's caller's error as it is.
 
-    create = __call__
+        The ``ordered`` strategy's first choice, a coroutine function the group guarded itself,
+        unobserved: the coroutine is its key's chain itself, whose outermost layer hands a
+        failure to the failover loop (:class:`_Failover`), so the group adds no frame of its own."""
+        quick = self._quick
+        if quick is not None:
+            if quick.epoch != _inject.epoch or not quick.runtime.alive:
+                quick = self._requick(quick)
+            run = quick.run
+            if run is not None and not bus.active and events.tracer is None:
+                model = quick.model
+                if model is None:
+                    return run(Call(quick.stage, quick.fn, args, kwargs))
+                if "model" not in kwargs:  # kwargs is this call's own dict
+                    kwargs["model"] = model
+                    return run(Call(quick.stage, quick.fn, args, kwargs))
+        return self._run(args, kwargs)
+
+    async def create(self, *args: Any, **kwargs: Any) -> Any:
+        """``await group.create(...)``: a call to the group, as a client's ``create`` is called;
+        a coroutine function to whoever asks (``inspect.iscoroutinefunction``), and so is
+        ``group.__call__`` (see ``__init__``)."""
+        return await self(*args, **kwargs)
+
+    def _requick(self, stale: _Quick) -> _Quick:
+        """The first choice's chain with the failover layer, compiled anew (the injection epoch
+        moved, or its key was forgotten); ``run`` None: the router runs its calls."""
+        router = self._router
+        first = router.ordered[0]
+        model = first.model
+        made = first.chain_with(_Failover(router, model is not None))
+        if made is None:
+            quick = _Quick(_inject.epoch, first.runtime(), None, stale.stage, stale.fn, model)
+        else:
+            epoch, runtime, chain = made
+            run = cast(Callable[[Call], Coroutine[Any, Any, Any]], chain.run)  # an ``async def``'s
+            quick = _Quick(epoch, runtime, run, stale.stage, stale.fn, model)
+        self._quick = quick
+        return quick
 
     async def stream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         """The items of the first deployment whose stream gives its first item (failing over
         before it only); raises as :meth:`__call__`, and after the first item what the stream
         raises. An async generator: closing it (``aclose()``, ``contextlib.aclosing``) closes the
         deployment's stream there and then."""
-        order = self._fixed_order or self._order()
-        items, first = await self._serve(args, kwargs, _open, order)
+        router = self._router
+        items, first = await router.serve(args, kwargs, _open, router.fixed_order or router.order())
         try:
             if first is _EMPTY:
                 return
@@ -119,9 +157,41 @@ class ModelGroup:
         finally:
             await _close(items)
 
-    # -- the failover loop -------------------------------------------------------------------
+    def __repr__(self) -> str:
+        router = self._router
+        return f"<ModelGroup {self.name!r} {router.strategy} {[d.name for d in router.ordered]}>"
 
-    async def _serve(
+
+class _Router:
+    """Group ``name``'s deployments in order and its failover loop: what a call needs, and no
+    reference to the :class:`ModelGroup` (the chain of its first choice holds the router through
+    :class:`_Failover`: a group no longer used is freed at once, as :meth:`Guard.groups
+    <ragguard.Guard.groups>` expects)."""
+
+    def __init__(
+        self, name: str, policy: GroupPolicy, bound: list[Deployment], rng: random.Random, bus: EventBus
+    ) -> None:
+        self.name = name
+        self.rng = rng
+        self.bus = bus
+        self.tiers = _tiers(bound)
+        self.ordered = [d for tier in self.tiers for d in tier]
+        self.strategy = policy.strategy
+        self.fixed_order = self.ordered if policy.strategy == "ordered" else None
+        self.max_tries = policy.max_tries or len(bound)
+
+    async def call(self, *args: Any, **kwargs: Any) -> Any:
+        """A call to the group (``group.__call__`` to whoever asks: see ``ModelGroup.__init__``)."""
+        return await self.run(args, kwargs)
+
+    async def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        order = self.fixed_order or self.order()
+        try:  # the common case, inline: the first answers (an open breaker refuses without a call)
+            return await order[0].invoke(args, kwargs)
+        except Exception as exc:
+            return await self.serve(args, kwargs, _call, order, exc)
+
+    async def serve(
         self,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -141,7 +211,7 @@ class ModelGroup:
         tried = 0
         try:
             for deployment in order:
-                if tried >= self._max_tries:
+                if tried >= self.max_tries:
                     break
                 tried += 1
                 if failed is None:
@@ -173,7 +243,7 @@ class ModelGroup:
                             answered = deployment.name
                         return result
                 error, failed = failed, None
-                verdict = self._judge(error, deployment, out)
+                verdict = self.judge(error, deployment, out)
                 if verdict is None:
                     raise error
                 errors[deployment.name] = type(error).__name__
@@ -186,22 +256,22 @@ class ModelGroup:
                 raise refusal  # no deployment could take a request this long
             raise NoDeploymentAvailable(self.name, soonest, out=out) from last
         finally:
-            if out and self._bus.active:
-                self._said(out, errors, answered)
+            if out and self.bus.active:
+                self.said(out, errors, answered)
 
-    def _said(self, out: dict[str, str], errors: dict[str, str], answered: str) -> None:
+    def said(self, out: dict[str, str], errors: dict[str, str], answered: str) -> None:
         """A :class:`~ragguard.events.FailedOver` per deployment ``out`` names."""
         tenant = current_tenant()
-        named = {d.name: d for d in self._ordered}
+        named = {d.name: d for d in self.ordered}
         for left, reason in out.items():  # in the order they were left
             deployment = named[left]
             breaker = deployment.runtime().breaker
             name = "" if breaker is None else str(getattr(breaker, "name", ""))
-            self._bus.emit(FailedOver(self.name, deployment.name, reason, answered,
-                                      errors.get(deployment.name, ""), name, tenant))  # fmt: skip
+            self.bus.emit(FailedOver(self.name, deployment.name, reason, answered,
+                                     errors.get(deployment.name, ""), name, tenant))  # fmt: skip
 
     @staticmethod
-    def _judge(
+    def judge(
         exc: Exception, deployment: Deployment, out: dict[str, str]
     ) -> tuple[float | None, int | None] | None:
         """What ``deployment``'s failure ``exc`` means for the call: None to raise it, else (when
@@ -216,13 +286,13 @@ class ModelGroup:
         out[deployment.name] = _why(exc, outcome.kind)
         return _comes_back(outcome.retry_after_s, runtime), None
 
-    def _order(self) -> list[Deployment]:
-        strategy = self._strategy
+    def order(self) -> list[Deployment]:
+        strategy = self.strategy
         if strategy == "ordered":
-            return self._ordered
-        rng = self._rng
+            return self.ordered
+        rng = self.rng
         ordered: list[Deployment] = []
-        for tier in self._tiers:
+        for tier in self.tiers:
             if len(tier) == 1:
                 ordered.append(tier[0])
             elif strategy == "weighted":
@@ -233,8 +303,51 @@ class ModelGroup:
                 ordered += sorted(tier, key=lambda d: _latency(d.runtime()))
         return ordered
 
-    def __repr__(self) -> str:
-        return f"<ModelGroup {self.name!r} {self._strategy} {[d.name for d in self._ordered]}>"
+
+class _Quick:
+    """How :meth:`ModelGroup.__call__` runs its first choice's calls while the injection
+    ``epoch`` holds and its key's ``runtime`` is alive: ``run`` (its chain's, None for the
+    failover loop's way), with ``Call(stage, fn, args, kwargs)``, ``model`` put in ``kwargs``."""
+
+    __slots__ = ("epoch", "fn", "model", "run", "runtime", "stage")
+
+    def __init__(
+        self,
+        epoch: int,
+        runtime: Stage,
+        run: Callable[[Call], Coroutine[Any, Any, Any]] | None,
+        stage: str,
+        fn: Callable[..., Any],
+        model: str | None,
+    ) -> None:
+        self.epoch = epoch
+        self.runtime = runtime
+        self.run = run
+        self.stage = stage
+        self.fn = fn
+        self.model = model
+
+
+class _Failover:
+    """The outermost layer (a recovery) of the chain :meth:`ModelGroup.__call__` runs its first
+    choice on: the chain's failure goes to the group's failover loop, as the first deployment's
+    failure (``put_model``: the deployment put its ``model`` in the call's kwargs, taken out for
+    the next ones, which put their own)."""
+
+    __slots__ = ("put_model", "router")
+
+    def __init__(self, router: _Router, put_model: bool) -> None:
+        self.router = router
+        self.put_model = put_model
+
+    def recover(
+        self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]
+    ) -> Coroutine[Any, Any, Any]:
+        kwargs = call.kwargs
+        if self.put_model:
+            kwargs = {name: value for name, value in kwargs.items() if name != "model"}
+        router = self.router
+        return router.serve(call.args, kwargs, _call, router.ordered, exc)
 
 
 def _tiers(deployments: list[Deployment]) -> list[list[Deployment]]:

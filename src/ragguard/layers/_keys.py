@@ -24,6 +24,7 @@ Bounded, because keys come from callers (:class:`KeyedStages`):
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -220,7 +221,8 @@ class KeyedChains:
     forgotten keys are dropped once they pass twice the number the map may hold."""
 
     __slots__ = (
-        "_chains", "_fixed", "_limit", "_name", "_position", "bound", "gated", "key_of", "keys", "root",
+        "_chains", "_fixed", "_limit", "_name", "_position", "at", "bound", "gated", "key_of", "keys", "name",
+        "ready", "root",
     )  # fmt: skip
 
     def __init__(self, root: Stage, bound: Bound, key_of: KeyOf | ArgRef | Fixed) -> None:
@@ -233,7 +235,17 @@ class KeyedChains:
         self.keys = root.keyed()
         self.gated = bound.stream or bound.threaded
         """Whether its key chains start with a :class:`KeyGate` (else a call counts itself)."""
-        self._chains: dict[str, list[Any]] = {}  # key -> [runtime, plain chain, observed chain]
+        self._chains: dict[str, list[Any]] = {}  # key -> [runtime, plain chain, observed chain, gated]
+        self.ready: dict[Any, list[Any]] = {}
+        """The entries of the keys whose plain chain is compiled, without a gate: what an
+        unobserved call of a coroutine function keyed by a parameter or a :class:`Fixed` key (no
+        ``key_of``) finds inline (``_decorate``), by its argument at position ``at``
+        (``sys.maxsize`` for none: a keyword-only parameter, a :class:`Fixed` key) or named
+        ``name`` (None: none, as no keyword argument is); a :class:`Fixed` key's entry is kept
+        under None, what that look-up finds for it. The caller checks ``entry[0].alive``, as
+        :meth:`entry` does."""
+        self.at = sys.maxsize if self._position is None else self._position
+        self.name: Any = self._name
         self._limit = 2 * (self.keys.max_keys + len(root.policy.keys)) + 8
 
     def key(self, call: Call) -> Any:
@@ -286,11 +298,14 @@ class KeyedChains:
         if entry[at] is None:
             st = entry[0]
             entry[at] = st.chain(self.bound, observed=observed, first=KeyGate(st) if entry[3] else None)
+        if entry[1] is not None and not entry[3]:
+            self.ready[None if self._fixed is not None else key] = entry
         return entry
 
     def _prune(self) -> None:
         for key in [k for k, entry in self._chains.items() if not entry[0].alive]:
             del self._chains[key]
+            self.ready.pop(None if self._fixed is not None else key, None)
 
 
 def key_getter(stage: Stage, bound: Bound, given: Any) -> KeyOf | ArgRef | Fixed | None:
