@@ -173,6 +173,15 @@ class Recovery(Protocol):
     does not apply). ``again()`` runs the inner layers once more and returns their result. For a
     stream the result is the opened stream (the driver's), and a fallback returns an async
     iterable of items instead.
+
+    ``repeats`` (optional, default False) says the recovery does nothing but run the inner layers
+    again after a wait, up to a limit (the retry layer with its policy's own strategies): it then
+    has ``next_wait(call, exc, attempt) -> float | None`` (the seconds to wait before the next
+    attempt after ``exc`` ended attempt number ``attempt``, None to stop: ``recover`` raises
+    ``exc`` then) and ``sleep(seconds)``. For the innermost recovery of a node, a chain's driver
+    may run that loop in its own frame instead of awaiting ``recover``: after a failed attempt,
+    ``next_wait``; then ``sleep``, ``call.attempt`` raised by one, the next attempt (an error
+    not repeated goes to the recoveries outside it, as one ``recover`` raised would).
     """
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any: ...
