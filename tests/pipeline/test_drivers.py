@@ -478,3 +478,58 @@ async def test_the_written_out_driver_runs_a_repeating_recoverys_attempts_in_the
         assert depths[0] == depths[1] == depths[2]  # no frame per attempt
     else:
         assert depths[0] < depths[1] == depths[2]  # recover() and the re-run's frame
+
+
+# -- the outcome each error is recorded with -------------------------------------------------------
+
+
+class _OutcomeGate(LogGate):
+    """Logs the outcome the chain put on the call for the error its exit is handed."""
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        self.log.append(("outcome", call.outcome))
+        return None
+
+
+class _Waits(ConnectionRefusedError):
+    retry_after_s = 3.0  # a class of the user's that states its wait
+
+
+@pytest.mark.parametrize("own_classifier", [False, True], ids=["ragguard's", "a Guard's own"])
+async def test_a_plain_os_error_and_one_carrying_a_wait_are_recorded_as_classify_says(
+    own_classifier: bool,
+) -> None:
+    from ragguard.outcomes import Kind, Outcome, classify, outcome_of
+    from ragguard.outcomes._classify import classify_with
+
+    asked = classify_with(lambda exc: Outcome(Kind.UNKNOWN, reason="asked"))
+    classifier = asked if own_classifier else classify
+    stated = ConnectionRefusedError("down")
+    stated.retry_after_s = 2.0  # type: ignore[attr-defined]  # an instance with its wait
+    for error, wait in [
+        (ConnectionRefusedError("down"), None), (TimeoutError("slow"), None), (stated, 2.0), (_Waits("x"), 3.0),
+    ]:  # fmt: skip
+        log: list[Any] = []
+        chain = Chain([_OutcomeGate("g", log)], classifier)
+        with pytest.raises(type(error)):
+            await chain.run(_call(_fn(log, error)))
+        recorded = [entry[1] for entry in log if entry[0] == "outcome"]
+        expected = classifier(type(error)(*error.args))
+        assert recorded == [outcome_of(error)]
+        assert recorded[0].kind is expected.kind and recorded[0].retry_after_s == wait
+
+
+async def test_a_classifier_not_ragguards_is_asked_about_every_error() -> None:
+    from ragguard.outcomes import Kind, Outcome
+
+    asked: list[BaseException] = []
+
+    def mine(exc: BaseException) -> Outcome:
+        asked.append(exc)
+        return Outcome(Kind.CALLER_ERROR)
+
+    log: list[Any] = []
+    error = ConnectionRefusedError("down")
+    with pytest.raises(ConnectionRefusedError):
+        await Chain([_OutcomeGate("g", log)], mine).run(_call(_fn(log, error)))
+    assert asked == [error] and log[-1] == ("outcome", Outcome(Kind.CALLER_ERROR))
