@@ -507,7 +507,8 @@ async def test_a_plain_os_error_and_one_carrying_a_wait_are_recorded_as_classify
     stated = ConnectionRefusedError("down")
     stated.retry_after_s = 2.0  # type: ignore[attr-defined]  # an instance with its wait
     for error, wait in [
-        (ConnectionRefusedError("down"), None), (TimeoutError("slow"), None), (stated, 2.0), (_Waits("x"), 3.0),
+        (ConnectionRefusedError("down"), None), (TimeoutError("slow"), None),
+        (stated, 2.0), (_Waits("x"), 3.0),
     ]:  # fmt: skip
         log: list[Any] = []
         chain = Chain([_OutcomeGate("g", log)], classifier)
