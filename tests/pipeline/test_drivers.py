@@ -534,3 +534,19 @@ async def test_a_classifier_not_ragguards_is_asked_about_every_error() -> None:
     with pytest.raises(ConnectionRefusedError):
         await Chain([_OutcomeGate("g", log)], mine).run(_call(_fn(log, error)))
     assert asked == [error] and log[-1] == ("outcome", Outcome(Kind.CALLER_ERROR))
+
+
+async def test_an_error_a_repeating_recoverys_decision_raises_goes_to_the_recoveries_outside_it() -> None:
+    log: list[Any] = []
+
+    class Broken(RepeatLike):
+        def next_wait(self, call: Call, exc: Exception, attempt: int) -> float | None:
+            raise KeyError("broken decision")
+
+    async def catch(call: Call, exc: Exception, again: Any) -> Any:
+        return f"outer got {exc!r}"
+
+    chain = Chain([LogRecovery("fallback", log, catch), Broken("retry", log), LogGate("g", log)])
+    assert await chain.run(_call(_failing([ConnectionError("1")]))) == "outer got KeyError('broken decision')"
+    with pytest.raises(KeyError, match="broken decision"):
+        await Chain([Broken("retry", log)]).run(_call(_failing([ConnectionError("1")])))

@@ -114,7 +114,11 @@ while True:
         error = raised"""
 
 _REPEAT = """\
-wait = next_wait(call, error, attempt)
+try:
+    wait = next_wait(call, error, attempt)
+except Exception as raised:  # for the recoveries outside it, as one its recover() raised
+    classified(call, raised, classify)
+    wait, error = None, raised
 if wait is None:
     first = None
     i -= 1  # not repeated: the recoveries outside it, as if its recover() had raised the error
