@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 
 from ragguard.pipeline import NO_EXIT, WAIT, Call
+from ragguard.pipeline._contract import repeat
 
 
 def outcome_name(exc: BaseException | None) -> str | None:
@@ -132,18 +133,7 @@ class RepeatLike(LogGate):
         await asyncio.sleep(seconds)
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
-        attempt = 1
-        while True:
-            wait = self.next_wait(call, exc, attempt)
-            if wait is None:
-                raise exc
-            await self.sleep(wait)
-            attempt += 1
-            call.attempt += 1
-            try:
-                return await again()
-            except Exception as failed:
-                exc = failed
+        return await repeat(self, call, exc, again)
 
 
 class MaybeTokenGate(LogGate):

@@ -48,6 +48,7 @@ from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
 from ..options import HedgePolicy, RetryPolicy
 from ..outcomes import Kind, Outcome, outcome_of
 from ..pipeline import NO_EXIT, Call, Scope
+from ..pipeline._contract import repeat
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -292,6 +293,25 @@ class _CallState(tenacity.RetryCallState):
         self.upcoming_sleep = 0.0
 
 
+class _Asking:
+    """A retry layer's loop for one call, asking the layer's tenacity strategies with the call's
+    own retry state (:meth:`RetryLayer._next_wait_of_strategies`)."""
+
+    __slots__ = ("layer", "sleep", "state")
+
+    def __init__(self, layer: RetryLayer, call: Call) -> None:
+        self.layer = layer
+        self.sleep = layer.sleep
+        self.state = _CallState(call, layer.clock)
+
+    def next_wait(self, call: Call, exc: Exception, attempt: int) -> float | None:
+        layer = self.layer
+        wait = layer._next_wait_of_strategies(call, exc, self.state)
+        if wait is not None and layer._bus.active:
+            layer._scheduled(attempt, wait, exc)
+        return wait
+
+
 class RetryLayer:
     """Retries a failed attempt of stage ``stage`` (see the module docstring).
 
@@ -448,34 +468,15 @@ class RetryLayer:
         return None  # pragma: no cover - enter answers NO_EXIT
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
-        """The retry loop: after each failed attempt, decide whether and how long to wait (the
-        policy's strategies, :meth:`next_wait`; or the layer's tenacity strategies,
-        :meth:`_next_wait_of_strategies`), say so (RetryScheduled), sleep, and run the next
-        attempt; the error of the attempt not retried is raised."""
-        state = None if self._native else _CallState(call, self.clock)
-        attempt = 1  # the number of the attempt that failed with ``exc``
+        """The retry loop (:func:`~ragguard.pipeline._contract.repeat`): after each failed
+        attempt, decide whether and how long to wait (the policy's strategies, :meth:`next_wait`;
+        or the layer's tenacity strategies, with a retry state of the call's own), say so
+        (RetryScheduled), sleep, and run the next attempt; the error of the attempt not retried
+        is raised."""
         try:
-            while True:
-                if state is None:
-                    wait = self.next_wait(call, exc, attempt)
-                else:
-                    wait = self._next_wait_of_strategies(call, exc, state)
-                    if wait is not None and self._bus.active:
-                        self._scheduled(attempt, wait, exc)
-                if wait is None:
-                    raise exc
-                await self.sleep(wait)
-                attempt += 1
-                call.attempt += 1
-                try:
-                    return await again()
-                except Exception as failed:  # a cancellation is never retried: it propagates
-                    exc = failed
+            return await repeat(self if self._native else _Asking(self, call), call, exc, again)
         finally:
-            # this frame lets go of the error it raises: the error's traceback holds the frame, and
-            # the two would otherwise be a reference cycle only the garbage collector frees (25
-            # objects per failed call, traceback and frames included)
-            del exc, state
+            del exc  # (see repeat: no reference cycle between the error and this frame)
 
     def next_wait(self, call: Call, exc: Exception, attempt: int) -> float | None:
         """The seconds to sleep before the next attempt after ``exc`` ended attempt number
