@@ -550,3 +550,34 @@ async def test_an_error_a_repeating_recoverys_decision_raises_goes_to_the_recove
     assert await chain.run(_call(_failing([ConnectionError("1")]))) == "outer got KeyError('broken decision')"
     with pytest.raises(KeyError, match="broken decision"):
         await Chain([Broken("retry", log)]).run(_call(_failing([ConnectionError("1")])))
+
+
+async def test_what_raises_in_a_repeating_recoverys_wait_leaves_as_from_its_recover() -> None:
+    log: list[Any] = []
+    first = ConnectionError("1")
+
+    class BrokenSleep(RepeatLike):
+        async def sleep(self, seconds: float) -> None:
+            raise KeyError("no sleep")
+
+    async def catch(call: Call, exc: Exception, again: Any) -> Any:
+        return f"outer got {exc!r}, context {exc.__context__!r}"
+
+    chain = Chain([LogRecovery("fallback", log, catch), BrokenSleep("retry", log), LogGate("g", log)])
+    got = await chain.run(_call(_failing([first])))
+    assert got == "outer got KeyError('no sleep'), context ConnectionError('1')"
+
+    class Parked(RepeatLike):
+        async def sleep(self, seconds: float) -> None:
+            await asyncio.sleep(10)
+
+    errors = [ConnectionError("2")]
+    task = asyncio.ensure_future(Chain([LogRecovery("fallback", log, catch), Parked("retry", log)]).run(
+        _call(_failing(list(errors)))
+    ))  # fmt: skip
+    for _ in range(3):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError) as cancelled:
+        await task
+    assert cancelled.value.__context__ is errors[0]  # cancelled in the wait: never recovered

@@ -137,6 +137,25 @@ _FIRST = """\
 """A later attempt's error has the first one as its context, as when ``recover`` ran the attempt
 inside the handler of the first (``first`` is let go of before the error leaves the frame)."""
 
+_SLEEP = """\
+try:
+    await sleep(wait)
+except BaseException as exc:  # what raises in the wait is what its recover() would have raised
+    if exc.__context__ is None and exc is not first:
+        exc.__context__ = first
+    first = None
+    i = n_recoveries - 1
+    if i == skip or not isinstance(exc, Exception):
+        raise
+    classified(call, exc, classify)
+    error = exc
+{recover}
+attempt += 1
+call.attempt += 1"""
+"""The wait before the next attempt: a cancellation or an error in it leaves as one from the
+repeating recovery's ``recover`` would (for the recoveries outside it, the first error its
+context)."""
+
 
 def compiled_run(
     node: Node, steps: Mapping[str, Callable[..., Any]], lost_cancel: str | None
@@ -207,7 +226,7 @@ def compiled_run(
     body += [line for line in handler.splitlines() if line]
     if repeats:
         body = ["attempt = 1", "first = None", "while True:", *("    " + line for line in body)]
-        body += ["    await sleep(wait)", "    attempt += 1", "    call.attempt += 1"]
+        body += _indent(_SLEEP.format(recover=_indent(_RECOVER, 4)), 4).splitlines()
     source = "async def run(call, skip=0):\n" + "\n".join("    " + line for line in body) + "\n"
     names = " > ".join(type(layer).__name__ for layer in (*node.recoveries, *gates)) or "call"
     exec(compile(source, f"<ragguard chain node: {names}>", "exec"), ns)
