@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
 from ragguard.pipeline import NO_EXIT, WAIT, Call
+from ragguard.pipeline._contract import repeat
 
 
 def outcome_name(exc: BaseException | None) -> str | None:
@@ -81,7 +83,6 @@ class LogRecovery:
 
 
 class LogWrapper:
-
     def __init__(self, name: str, log: list[Any]) -> None:
         self.name = name
         self.log = log
@@ -111,6 +112,28 @@ class RetryLike(LogGate):
                 self.log.append(("recover", self.name, outcome_name(failed)))
         call.attempt += 1
         return await again()
+
+
+class RepeatLike(LogGate):
+    """A recovery that ``repeats`` (the retry layer's shape): ``attempts`` in all, ``waits``
+    logged; its ``recover`` is the loop a driver may run itself (see Recovery)."""
+
+    repeats = True
+
+    def __init__(self, name: str, log: list[Any], attempts: int = 3) -> None:
+        super().__init__(name, log)
+        self.attempts = attempts
+
+    def next_wait(self, call: Call, exc: Exception, attempt: int) -> float | None:
+        self.log.append(("next_wait", self.name, outcome_name(exc), attempt, call.attempt))
+        return None if attempt >= self.attempts or isinstance(exc, KeyError) else 0.0
+
+    async def sleep(self, seconds: float) -> None:
+        self.log.append(("sleep", self.name, seconds))
+        await asyncio.sleep(seconds)
+
+    async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
+        return await repeat(self, call, exc, again)
 
 
 class MaybeTokenGate(LogGate):

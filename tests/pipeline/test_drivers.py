@@ -9,7 +9,15 @@ from typing import Any
 
 import anyio
 import pytest
-from pipeline_helpers import LogGate, LogRecovery, LogWrapper, MaybeTokenGate, NoExitGate, RetryLike
+from pipeline_helpers import (
+    LogGate,
+    LogRecovery,
+    LogWrapper,
+    MaybeTokenGate,
+    NoExitGate,
+    RepeatLike,
+    RetryLike,
+)
 
 from ragguard.pipeline import NO_EXIT, Call
 from ragguard.pipeline._chain import Chain
@@ -356,3 +364,220 @@ async def test_the_retry_shape_counts_attempts_and_re_enters_its_gates() -> None
     assert await Chain([retry, LogGate("breaker", log, scope="attempt")]).run(call) == "ok"
     assert call.attempt == 3
     assert [e for e in log if e[0] == "enter"] == [("enter", "retry"), ("enter", "breaker")] * 3
+
+
+# -- a recovery that repeats (the retry layer's shape) ---------------------------------------------
+
+
+def _failing(results: list[Any]) -> Callable[..., Awaitable[Any]]:
+    async def fn() -> Any:
+        r = results.pop(0)
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    return fn
+
+
+async def test_a_repeating_recovery_re_enters_the_gates_until_a_success() -> None:
+    log: list[Any] = []
+    repeat = RepeatLike("retry", log, attempts=3)
+    call = _call(_failing([ConnectionError("1"), TimeoutError("2"), "ok"]))
+    assert await Chain([repeat, LogGate("breaker", log, scope="attempt")]).run(call) == "ok"
+    assert call.attempt == 3
+    assert [e for e in log if e[0] in ("enter", "next_wait", "sleep")] == [
+        ("enter", "retry"), ("enter", "breaker"),
+        ("next_wait", "retry", "ConnectionError", 1, 1), ("sleep", "retry", 0.0),
+        ("enter", "retry"), ("enter", "breaker"),
+        ("next_wait", "retry", "TimeoutError", 2, 2), ("sleep", "retry", 0.0),
+        ("enter", "retry"), ("enter", "breaker"),
+    ]  # fmt: skip
+    exits = [(e[1], e[3]) for e in log if e[0] == "exit"]
+    assert exits == [
+        ("breaker", "ConnectionError"), ("retry", "ConnectionError"),
+        ("breaker", "TimeoutError"), ("retry", "TimeoutError"),
+        ("breaker", None), ("retry", None),
+    ]  # fmt: skip
+
+
+async def test_an_error_a_repeating_recovery_stops_at_goes_to_the_recoveries_outside_it() -> None:
+    log: list[Any] = []
+
+    async def catch(call: Call, exc: Exception, again: Any) -> Any:
+        return f"outer got {exc!r} at attempt {call.attempt}"
+
+    outer, repeat = LogRecovery("fallback", log, catch), RepeatLike("retry", log, attempts=2)
+    chain = Chain([outer, repeat, LogGate("g", log)])
+    got = await chain.run(_call(_failing([ConnectionError("1"), ConnectionError("2")])))
+    assert got == "outer got ConnectionError('2') at attempt 2"
+    got = await chain.run(_call(_failing([KeyError("not repeated")])))  # declined at once
+    assert got == "outer got KeyError('not repeated') at attempt 1"
+    with pytest.raises(ConnectionError, match="3"):  # with nothing outside it, the last error is raised
+        await Chain([RepeatLike("retry", log, attempts=3)]).run(
+            _call(_failing([ConnectionError("1"), ConnectionError("2"), ConnectionError("3")]))
+        )
+
+
+async def test_a_recovery_outside_a_repeating_one_re_runs_it_from_its_first_attempt() -> None:
+    log: list[Any] = []
+
+    async def once_more(call: Call, exc: Exception, again: Any) -> Any:
+        return await again()
+
+    results: list[Any] = [ConnectionError("1"), ConnectionError("2"), ConnectionError("3"), "ok"]
+    outer, repeat = LogRecovery("outer", log, once_more), RepeatLike("retry", log, attempts=2)
+    chain = Chain([outer, repeat, LogGate("g", log)])
+    call = _call(_failing(results))
+    assert await chain.run(call) == "ok"
+    asked = [(e[3], e[4]) for e in log if e[0] == "next_wait"]
+    assert asked == [(1, 1), (2, 2), (1, 2)]  # the re-run counts its own attempts from 1 again
+    assert call.attempt == 3
+
+
+async def test_a_repeating_recoverys_later_errors_have_the_first_as_context_and_it_is_cancellable() -> None:
+    log: list[Any] = []
+    errors = [ConnectionError("1"), ConnectionError("2"), ConnectionError("3")]
+    with pytest.raises(ConnectionError) as raised:
+        await Chain([RepeatLike("retry", log, attempts=3)]).run(_call(_failing(list(errors))))
+    assert raised.value is errors[2]
+    # as when recover() runs each later attempt inside the handler of the first error
+    assert errors[2].__context__ is errors[0] and errors[1].__context__ is errors[0]
+    assert errors[0].__context__ is None
+    gate = LogGate("g", log)
+    task = asyncio.ensure_future(Chain([RepeatLike("retry", log, attempts=99), gate]).run(
+        _call(_failing([ConnectionError(str(n)) for n in range(99)]))
+    ))  # fmt: skip
+    for _ in range(3):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    entered = [e for e in log if e[0] == "enter" and e[1] == "g"]
+    assert len(entered) == len([e for e in log if e[0] == "exit" and e[1] == "g"])  # nothing left held
+
+
+async def test_the_written_out_driver_runs_a_repeating_recoverys_attempts_in_the_nodes_frame(
+    generated: bool,
+) -> None:
+    import sys
+
+    depths: list[int] = []
+
+    async def fn() -> str:
+        depth, frame = 0, sys._getframe(1)
+        while frame is not None:
+            depth, frame = depth + 1, frame.f_back
+        depths.append(depth)
+        if len(depths) < 3:
+            raise ConnectionError(len(depths))
+        return "ok"
+
+    log: list[Any] = []
+    assert await Chain([RepeatLike("retry", log, attempts=3), LogGate("g", log)]).run(_call(fn)) == "ok"
+    if generated:
+        assert depths[0] == depths[1] == depths[2]  # no frame per attempt
+    else:
+        assert depths[0] < depths[1] == depths[2]  # recover() and the re-run's frame
+
+
+# -- the outcome each error is recorded with -------------------------------------------------------
+
+
+class _OutcomeGate(LogGate):
+    """Logs the outcome the chain put on the call for the error its exit is handed."""
+
+    def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
+        self.log.append(("outcome", call.outcome))
+        return None
+
+
+class _Waits(ConnectionRefusedError):
+    retry_after_s = 3.0  # a class of the user's that states its wait
+
+
+@pytest.mark.parametrize("own_classifier", [False, True], ids=["ragguard's", "a Guard's own"])
+async def test_a_plain_os_error_and_one_carrying_a_wait_are_recorded_as_classify_says(
+    own_classifier: bool,
+) -> None:
+    from ragguard.outcomes import Kind, Outcome, classify, outcome_of
+    from ragguard.outcomes._classify import classify_with
+
+    asked = classify_with(lambda exc: Outcome(Kind.UNKNOWN, reason="asked"))
+    classifier = asked if own_classifier else classify
+    stated = ConnectionRefusedError("down")
+    stated.retry_after_s = 2.0  # type: ignore[attr-defined]  # an instance with its wait
+    for error, wait in [
+        (ConnectionRefusedError("down"), None), (TimeoutError("slow"), None),
+        (stated, 2.0), (_Waits("x"), 3.0),
+    ]:  # fmt: skip
+        log: list[Any] = []
+        chain = Chain([_OutcomeGate("g", log)], classifier)
+        with pytest.raises(type(error)):
+            await chain.run(_call(_fn(log, error)))
+        recorded = [entry[1] for entry in log if entry[0] == "outcome"]
+        expected = classifier(type(error)(*error.args))
+        assert recorded == [outcome_of(error)]
+        assert recorded[0].kind is expected.kind and recorded[0].retry_after_s == wait
+
+
+async def test_a_classifier_not_ragguards_is_asked_about_every_error() -> None:
+    from ragguard.outcomes import Kind, Outcome
+
+    asked: list[BaseException] = []
+
+    def mine(exc: BaseException) -> Outcome:
+        asked.append(exc)
+        return Outcome(Kind.CALLER_ERROR)
+
+    log: list[Any] = []
+    error = ConnectionRefusedError("down")
+    with pytest.raises(ConnectionRefusedError):
+        await Chain([_OutcomeGate("g", log)], mine).run(_call(_fn(log, error)))
+    assert asked == [error] and log[-1] == ("outcome", Outcome(Kind.CALLER_ERROR))
+
+
+async def test_an_error_a_repeating_recoverys_decision_raises_goes_to_the_recoveries_outside_it() -> None:
+    log: list[Any] = []
+
+    class Broken(RepeatLike):
+        def next_wait(self, call: Call, exc: Exception, attempt: int) -> float | None:
+            raise KeyError("broken decision")
+
+    async def catch(call: Call, exc: Exception, again: Any) -> Any:
+        return f"outer got {exc!r}"
+
+    chain = Chain([LogRecovery("fallback", log, catch), Broken("retry", log), LogGate("g", log)])
+    assert await chain.run(_call(_failing([ConnectionError("1")]))) == "outer got KeyError('broken decision')"
+    with pytest.raises(KeyError, match="broken decision"):
+        await Chain([Broken("retry", log)]).run(_call(_failing([ConnectionError("1")])))
+
+
+async def test_what_raises_in_a_repeating_recoverys_wait_leaves_as_from_its_recover() -> None:
+    log: list[Any] = []
+    first = ConnectionError("1")
+
+    class BrokenSleep(RepeatLike):
+        async def sleep(self, seconds: float) -> None:
+            raise KeyError("no sleep")
+
+    async def catch(call: Call, exc: Exception, again: Any) -> Any:
+        return f"outer got {exc!r}, context {exc.__context__!r}"
+
+    chain = Chain([LogRecovery("fallback", log, catch), BrokenSleep("retry", log), LogGate("g", log)])
+    got = await chain.run(_call(_failing([first])))
+    assert got == "outer got KeyError('no sleep'), context ConnectionError('1')"
+
+    class Parked(RepeatLike):
+        async def sleep(self, seconds: float) -> None:
+            await asyncio.sleep(10)
+
+    errors = [ConnectionError("2")]
+    task = asyncio.ensure_future(Chain([LogRecovery("fallback", log, catch), Parked("retry", log)]).run(
+        _call(_failing(list(errors)))
+    ))  # fmt: skip
+    for _ in range(3):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError) as cancelled:
+        await task
+    assert cancelled.value.__context__ is errors[0]  # cancelled in the wait: never recovered

@@ -48,6 +48,7 @@ from ..events import EventBus, RetryBudgetExhausted, RetryScheduled, bus
 from ..options import HedgePolicy, RetryPolicy
 from ..outcomes import Kind, Outcome, outcome_of
 from ..pipeline import NO_EXIT, Call, Scope
+from ..pipeline._contract import repeat
 
 if TYPE_CHECKING:
     from ._stage import Bound, Stage
@@ -292,11 +293,33 @@ class _CallState(tenacity.RetryCallState):
         self.upcoming_sleep = 0.0
 
 
+class _Asking:
+    """A retry layer's loop for one call, asking the layer's tenacity strategies with the call's
+    own retry state (:meth:`RetryLayer._next_wait_of_strategies`)."""
+
+    __slots__ = ("layer", "sleep", "state")
+
+    def __init__(self, layer: RetryLayer, call: Call) -> None:
+        self.layer = layer
+        self.sleep = layer.sleep
+        self.state = _CallState(call, layer.clock)
+
+    def next_wait(self, call: Call, exc: Exception, attempt: int) -> float | None:
+        layer = self.layer
+        wait = layer._next_wait_of_strategies(call, exc, self.state)
+        if wait is not None and layer._bus.active:
+            layer._scheduled(attempt, wait, exc)
+        return wait
+
+
 class RetryLayer:
     """Retries a failed attempt of stage ``stage`` (see the module docstring).
 
     Also a gate of call scope, so that every call (not only the failing ones) counts towards the
-    retry budget's ratio."""
+    retry budget's ratio. With the policy's own strategies it ``repeats`` (see
+    :class:`~ragguard.pipeline.Recovery`): a chain asks :meth:`next_wait` after each failed
+    attempt, sleeps with :attr:`sleep` and runs the next one in its own frame, as :meth:`recover`
+    would."""
 
     scope: ClassVar[Scope] = "call"
     __slots__ = (
@@ -318,6 +341,7 @@ class RetryLayer:
         "clock",
         "min_attempt_s",
         "policy",
+        "repeats",
         "retry",
         "rng",
         "sleep",
@@ -380,6 +404,7 @@ class RetryLayer:
         # wait tenacity's exponential backoff for the attempt (computed once here, by tenacity),
         # plus jitter, cut to the deadline, at least the error's retry_after_s (see _CutWait).
         self._native = stop is None and wait is None and retry is None
+        self.repeats = self._native  # a chain runs recover()'s loop itself, asking next_wait
         self._attempts = policy.attempts
         self._min_left = max(min_attempt_s, 0.001)
         self._jitter_s = policy.jitter_s
@@ -443,71 +468,63 @@ class RetryLayer:
         return None  # pragma: no cover - enter answers NO_EXIT
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
-        """The retry loop: after each failed attempt, decide whether and how long to wait (the
-        policy's strategies, asked inline: the failure path's cost; or the layer's tenacity
-        strategies, :meth:`_next_wait_of_strategies`), say so (RetryScheduled), sleep, and run the
-        next attempt; the error of the attempt not retried is raised."""
-        state = None if self._native else _CallState(call, self.clock)
-        attempt = 1  # the number of the attempt that failed with ``exc``
-        backoffs, jitter_s, min_left = self._backoffs, self._jitter_s, self._min_left
+        """The retry loop (:func:`~ragguard.pipeline._contract.repeat`): after each failed
+        attempt, decide whether and how long to wait (the policy's strategies, :meth:`next_wait`;
+        or the layer's tenacity strategies, with a retry state of the call's own), say so
+        (RetryScheduled), sleep, and run the next attempt; the error of the attempt not retried
+        is raised."""
         try:
-            while True:
-                if state is not None:
-                    wait = self._next_wait_of_strategies(call, exc, state)
-                    if wait is None:
-                        raise exc
-                else:
-                    # The policy's strategies, in tenacity's order: the retry predicate, the wait,
-                    # the stop (attempts, deadline, budget: short-circuited, so the budget is
-                    # charged only for a retry that happens). First retryable(exc), with the
-                    # outcome the chain recorded (exc is an Exception here).
-                    if isinstance(exc, RagguardError) and not isinstance(exc, StageTimeout):
-                        raise exc  # ragguard's own refusal (_not_a_rejection, inlined: exc is an Exception)
-                    outcome = call.outcome or outcome_of(exc)
-                    outer = call.recoverable
-                    if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
-                        raise exc
-                    after = outcome.retry_after_s or 0.0
-                    if after > self._max_after_s:
-                        raise exc  # the dependency asks for more than this stage would ever wait
-                    wait = backoffs[attempt - 1]
-                    if jitter_s:
-                        wait += self.rng.uniform(0.0, jitter_s)
-                    if attempt >= self._attempts:
-                        # the last attempt failed: stop (the deadline and Retry-After below only
-                        # shape the wait, which no retry will sleep; the jitter is drawn as before)
-                        raise exc
-                    expiry = current_expiry()
-                    if expiry is not None:
-                        left = expiry.at - expiry.clock()  # expiry.left(), inlined (and below)
-                        if wait > left - min_left:
-                            wait = left - min_left if left > min_left else 0.0
-                    if after > wait:  # the wait the dependency stated
-                        wait = after
-                    if expiry is not None:
-                        # the time left read again, as _DeadlineStop does after _CutWait: a wait
-                        # cut to leave exactly min_left is stopped once any time has passed since
-                        left = expiry.at - expiry.clock()
-                        if (left if left > 0.0 else 0.0) - wait < min_left:
-                            raise exc
-                    if not self.budget.try_spend():  # self._spend(), inlined
-                        self._exhausted()
-                        raise exc
-                if self._bus.active:
-                    tenant = current_tenant()
-                    self._bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__, tenant))
-                await self.sleep(wait)
-                attempt += 1
-                call.attempt += 1
-                try:
-                    return await again()
-                except Exception as failed:  # a cancellation is never retried: it propagates
-                    exc = failed
+            return await repeat(self if self._native else _Asking(self, call), call, exc, again)
         finally:
-            # this frame lets go of the error it raises: the error's traceback holds the frame, and
-            # the two would otherwise be a reference cycle only the garbage collector frees (25
-            # objects per failed call, traceback and frames included)
-            del exc, state
+            del exc  # (see repeat: no reference cycle between the error and this frame)
+
+    def next_wait(self, call: Call, exc: Exception, attempt: int) -> float | None:
+        """The seconds to sleep before the next attempt after ``exc`` ended attempt number
+        ``attempt`` (RetryScheduled said), or None: not retried (the budget is charged only for
+        a retry that happens). The policy's own strategies, asked inline in tenacity's order: the
+        retry predicate (with the outcome the chain recorded, ``call.outcome``), the wait, the
+        stop (attempts, deadline, budget). Only for a layer that :attr:`repeats`."""
+        if isinstance(exc, RagguardError) and not isinstance(exc, StageTimeout):
+            return None  # ragguard's own refusal (_not_a_rejection, inlined: exc is an Exception)
+        outcome = call.outcome or outcome_of(exc)
+        outer = call.recoverable
+        if not self._retries(exc, outcome) or (outer is not None and outer(exc)):
+            return None
+        after = outcome.retry_after_s or 0.0
+        if after > self._max_after_s:
+            return None  # the dependency asks for more than this stage would ever wait
+        wait = self._backoffs[attempt - 1]
+        jitter_s = self._jitter_s
+        if jitter_s:
+            wait += self.rng.uniform(0.0, jitter_s)
+        if attempt >= self._attempts:
+            # the last attempt failed: stop (the deadline and Retry-After below only shape the
+            # wait, which no retry will sleep; the jitter is drawn as before)
+            return None
+        expiry = current_expiry()
+        if expiry is not None:
+            min_left = self._min_left
+            left = expiry.at - expiry.clock()  # expiry.left(), inlined (and below)
+            if wait > left - min_left:
+                wait = left - min_left if left > min_left else 0.0
+            if after > wait:  # the wait the dependency stated
+                wait = after
+            # the time left read again, as _DeadlineStop does after _CutWait: a wait cut to leave
+            # exactly min_left is stopped once any time has passed since
+            left = expiry.at - expiry.clock()
+            if (left if left > 0.0 else 0.0) - wait < min_left:
+                return None
+        elif after > wait:
+            wait = after
+        if not self.budget.try_spend():  # self._spend(), inlined
+            self._exhausted()
+            return None
+        if self._bus.active:
+            self._scheduled(attempt, wait, exc)
+        return wait
+
+    def _scheduled(self, attempt: int, wait: float, exc: BaseException) -> None:
+        self._bus.emit(RetryScheduled(self.stage, attempt + 1, wait, type(exc).__name__, current_tenant()))
 
     def _next_wait_of_strategies(self, call: Call, exc: Exception, state: _CallState) -> float | None:
         """The seconds to wait before the next attempt after ``exc``, or None to stop, asking the

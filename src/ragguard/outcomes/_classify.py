@@ -121,6 +121,24 @@ _OWN: dict[type[BaseException], Outcome] = {
 the failure path's usual errors in one look-up (subclasses are found by isinstance in
 :func:`_own` and :func:`~ragguard.outcomes._builtin.builtin`)."""
 
+_PLAIN: dict[type[BaseException], Outcome] = {
+    cls: outcome
+    for cls, outcome in _OWN.items()
+    if outcome.retry_after_s is None and not hasattr(cls, "retry_after_s")
+}
+"""The types of :data:`_OWN` whose outcome an error of exactly that type has unless it carries a
+``retry_after_s`` of its own (the standard library's failures; ragguard's refusals carry one)."""
+
+
+def plain_outcomes(classifier: Callable[[BaseException], Outcome]) -> dict[type[BaseException], Outcome]:
+    """What ``classifier`` answers for an error of one of these exact types that carries no
+    attribute of its own (an empty ``__dict__``): ragguard's :func:`classify`, or a Guard's
+    (:func:`classify_with`), asks nothing else about them; empty for any other classifier.
+    The failure path's one look-up (:mod:`ragguard.pipeline._compiled`)."""
+    ours = classifier is classify or (isinstance(classifier, partial) and classifier.func is _classify)
+    return _PLAIN if ours else {}
+
+
 # -- the registry -----------------------------------------------------------------------------
 
 _users: list[OutcomeClassifier] = []

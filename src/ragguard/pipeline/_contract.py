@@ -173,9 +173,55 @@ class Recovery(Protocol):
     does not apply). ``again()`` runs the inner layers once more and returns their result. For a
     stream the result is the opened stream (the driver's), and a fallback returns an async
     iterable of items instead.
+
+    ``repeats`` (optional, default False) says the recovery does nothing but run the inner layers
+    again after a wait, up to a limit (the retry layer with its policy's own strategies): it then
+    has ``next_wait(call, exc, attempt) -> float | None`` (the seconds to wait before the next
+    attempt after ``exc`` ended attempt number ``attempt``, None to stop: ``recover`` raises
+    ``exc`` then) and ``sleep(seconds)``. For the innermost recovery of a node, a chain's driver
+    may run that loop in its own frame instead of awaiting ``recover``: after a failed attempt,
+    ``next_wait``; then ``sleep``, ``call.attempt`` raised by one, the next attempt (an error
+    not repeated goes to the recoveries outside it, as one ``recover`` raised would). Its
+    ``recover`` is then :func:`repeat` (that loop, awaited).
     """
 
     async def recover(self, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any: ...
+
+
+class Repeating(Protocol):
+    """What :func:`repeat` asks of a recovery that ``repeats`` (see :class:`Recovery`)."""
+
+    def next_wait(self, call: Call, exc: Exception, attempt: int) -> float | None: ...
+
+    def sleep(self, seconds: float) -> Awaitable[Any]: ...
+
+
+async def repeat(
+    recovery: Repeating, call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]
+) -> Any:
+    """The loop of a recovery that ``repeats``, as its ``recover`` runs it: after the attempt
+    that failed with ``exc``, ``recovery.next_wait``; None raises the error, a wait is slept
+    (``recovery.sleep``), ``call.attempt`` raised by one and ``again()`` awaited (a cancellation
+    is never repeated: it propagates). A chain's written-out driver runs the same loop in its
+    own frame."""
+    attempt = 1  # the number of the attempt that failed with ``exc``
+    try:
+        while True:
+            wait = recovery.next_wait(call, exc, attempt)
+            if wait is None:
+                raise exc
+            await recovery.sleep(wait)
+            attempt += 1
+            call.attempt += 1
+            try:
+                return await again()
+            except Exception as failed:
+                exc = failed
+    finally:
+        # this frame lets go of the error it raises (and of the recovery, which may hold it): the
+        # error's traceback holds the frame, and the two would otherwise be a reference cycle only
+        # the garbage collector frees
+        del exc, recovery
 
 
 @runtime_checkable
