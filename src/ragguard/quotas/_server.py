@@ -36,6 +36,7 @@ only tenants with calls held, so a flood of tenant ids cannot grow it.
 
 from __future__ import annotations
 
+import asyncio
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -169,9 +170,10 @@ class ServerBulkhead:
         self.shed += 1
         seat.shed = True
         self._stop_waiting(seat)
-        scope = seat.scope
-        if scope is not None:
-            scope.cancel()
+        if seat.victim is not None:
+            seat.victim.cancel("shed by the server bulkhead")
+        elif seat.scope is not None:
+            seat.scope.cancel()
 
     def _stop_waiting(self, seat: _Seat) -> None:
         """``seat``'s call waits no more in its quota (admitted, shed, refused or cancelled): it
@@ -219,6 +221,8 @@ class ServerBulkhead:
             seat.task = None
             if self._ending.get(task) is seat:
                 del self._ending[task]
+            if not task.done():
+                task.remove_done_callback(seat.leave)
         self.held -= 1
         holder.held -= 1
         if seat.started is not None:
@@ -251,7 +255,8 @@ class _Seat:
     """One call's seat at the door (``async with``): counted, then admitted by its tenant's quota
     under a cancel scope the bulkhead may cancel to shed it while it waits there."""
 
-    __slots__ = ("bulkhead", "holder", "request", "scope", "shed", "started", "task", "tenant", "waits")
+    __slots__ = ("bulkhead", "holder", "request", "scope", "shed", "started", "task", "tenant", "victim",
+                 "waits")
 
     def __init__(self, bulkhead: ServerBulkhead, request: TenantContext) -> None:
         self.bulkhead = bulkhead
@@ -263,28 +268,52 @@ class _Seat:
         self.shed = False
         self.waits = False
         self.task: Any = None  # the task whose end gives the seat back
+        self.victim: asyncio.Task[Any] | None = None  # the task to cancel to shed it (asyncio)
 
     def leave(self, _task: object = None) -> None:
         self.bulkhead._leave(self)
 
     async def __aenter__(self) -> TenantContext:
         bulkhead = self.bulkhead
+        loop = running_loop()
+        task = None if loop is None else current_task(loop)
         try:
             bulkhead._take(self, self.request._quota.weight)
-            with anyio.CancelScope() as scope:
-                self.scope = scope
-                await self.request.__aenter__()
-            self.scope = None
-            if self.shed:
-                if not scope.cancelled_caught:  # admitted before the cancellation landed
-                    await self.request.__aexit__(None, None, None)
-                raise bulkhead._refusal(self.tenant)
+            if task is not None:
+                await self._admit_asyncio(task)
+            else:
+                await self._admit_anyio()
         except BaseException:
             bulkhead._leave_later(self)
             raise
         bulkhead._stop_waiting(self)
         self.started = bulkhead.clock()
         return self.request
+
+    async def _admit_asyncio(self, task: asyncio.Task[Any]) -> None:
+        """The quota's admission, which the bulkhead sheds by cancelling ``task`` (no cancel scope:
+        a seat costs a few dict operations). The task is suspended in the admission whenever it
+        can be shed, so the cancellation lands there, never after it."""
+        self.victim = task
+        try:
+            await self.request.__aenter__()
+        except asyncio.CancelledError:
+            if self.shed and task.uncancel() == 0:  # ours alone: the call is refused, not cancelled
+                raise self.bulkhead._refusal(self.tenant) from None
+            raise
+        finally:
+            self.victim = None
+
+    async def _admit_anyio(self) -> None:
+        """The quota's admission under trio: shed through a cancel scope."""
+        with anyio.CancelScope() as scope:
+            self.scope = scope
+            await self.request.__aenter__()
+        self.scope = None
+        if self.shed:
+            if not scope.cancelled_caught:  # admitted before the cancellation landed
+                await self.request.__aexit__(None, None, None)
+            raise self.bulkhead._refusal(self.tenant)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
