@@ -113,18 +113,12 @@ async def test_local_quotas_cancelled_gives_back_everything() -> None:
     await cancelled_gives_back_everything(guard, _nothing)
 
 
-async def test_redis_quotas_heaviest_gives_way(client: Any) -> None:
-    guard = Guard(POLICY, backend=RedisBackend(client, prefix="t-door", **PATIENT))
+@pytest.mark.parametrize("scenario", [heaviest_gives_way, cancelled_gives_back_everything])
+async def test_redis_quotas(client: Any, scenario: Callable[..., Awaitable[None]]) -> None:
+    prefix = f"t-{scenario.__name__}"
+    guard = Guard(POLICY, backend=RedisBackend(client, prefix=prefix, **PATIENT))
     try:
-        await heaviest_gives_way(guard, _no_leases(client, "t-door"))
-    finally:
-        await guard.aclose()
-
-
-async def test_redis_quotas_cancelled_gives_back_everything(client: Any) -> None:
-    guard = Guard(POLICY, backend=RedisBackend(client, prefix="t-door2", **PATIENT))
-    try:
-        await cancelled_gives_back_everything(guard, _no_leases(client, "t-door2"))
+        await scenario(guard, _no_leases(client, prefix))
     finally:
         await guard.aclose()
 

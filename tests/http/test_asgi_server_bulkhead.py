@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -99,10 +101,15 @@ async def test_the_calm_tenant_keeps_its_requests_and_the_service_its_bound() ->
     assert await eventually(lambda: door.bulkhead is not None and door.bulkhead.held == 0)
 
 
-async def test_a_waiting_request_of_the_heaviest_tenant_is_shed_for_a_lighter_arrival() -> None:
+@asynccontextmanager
+async def one_holding_one_waiting(capacity: int) -> AsyncIterator[Any]:
+    """A door of ``capacity`` in front of the RAG app: tenant flood (quota: 1 call) holds one
+    request inside the app and has a second waiting in its quota. Yields the client, the guard,
+    the bulkhead, the gate holding the first and the waiting request's task; the first request
+    is let go and answered 200 at the end, and every seat and slot is given back after."""
     gate = Gate()
     guard = ragguard.Guard(Policy(tenants={"flood": TenantQuota(max_concurrency=1, max_wait_s=10.0)}))
-    door = RagguardMiddleware(rag_app(guard, gate), guard=guard, max_concurrent_requests=2)
+    door = RagguardMiddleware(rag_app(guard, gate), guard=guard, max_concurrent_requests=capacity)
     bulkhead = door.bulkhead
     assert bulkhead is not None
     with running(door) as url:
@@ -111,39 +118,29 @@ async def test_a_waiting_request_of_the_heaviest_tenant_is_shed_for_a_lighter_ar
             assert await asyncio.to_thread(wait_for, gate.entered)
             waiting = asyncio.ensure_future(client.get("/whoami", headers=FLOOD))
             assert await eventually(lambda: bulkhead.waiting("flood") == 1)
-            calm = await client.get("/whoami", headers=CALM)
-            assert calm.status_code == 200 and calm.json()["tenant"] == "calm"
-            shed = await waiting
-            assert shed.status_code == 429
-            assert int(shed.headers["retry-after"]) >= 1
-            assert "server" in shed.text
+            yield client, guard, bulkhead, waiting
             gate.release.set()
             assert (await holding).status_code == 200
     assert await eventually(lambda: bulkhead.held == 0)
-    assert bulkhead.shed == 1
     assert guard.quotas.in_flight("flood") == 0 and guard.quotas.waiting("flood") == 0
 
 
+async def test_a_waiting_request_of_the_heaviest_tenant_is_shed_for_a_lighter_arrival() -> None:
+    async with one_holding_one_waiting(2) as (client, _, bulkhead, waiting):
+        calm = await client.get("/whoami", headers=CALM)
+        assert calm.status_code == 200 and calm.json()["tenant"] == "calm"
+        shed = await waiting
+        assert shed.status_code == 429
+        assert int(shed.headers["retry-after"]) >= 1
+        assert "server" in shed.text
+    assert bulkhead.shed == 1
+
+
 async def test_a_client_that_leaves_while_waiting_gives_back_its_seat() -> None:
-    gate = Gate()
-    guard = ragguard.Guard(Policy(tenants={"flood": TenantQuota(max_concurrency=1, max_wait_s=10.0)}))
-    door = RagguardMiddleware(rag_app(guard, gate), guard=guard, max_concurrent_requests=4)
-    bulkhead = door.bulkhead
-    assert bulkhead is not None
-    with running(door) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-            holding = asyncio.ensure_future(client.get("/hold", headers=FLOOD))
-            assert await asyncio.to_thread(wait_for, gate.entered)
-            waiting = asyncio.ensure_future(client.get("/whoami", headers=FLOOD))
-            assert await eventually(lambda: bulkhead.waiting("flood") == 1)
-            waiting.cancel()  # the client goes away
-            assert await eventually(
-                lambda: bulkhead.holding("flood") == 1 and guard.quotas.waiting("flood") == 0
-            )
-            gate.release.set()
-            assert (await holding).status_code == 200
-    assert await eventually(lambda: bulkhead.held == 0)
-    assert guard.quotas.in_flight("flood") == 0
+    async with one_holding_one_waiting(4) as (_, guard, bulkhead, waiting):
+        waiting.cancel()  # the client goes away
+        assert await eventually(lambda: bulkhead.holding("flood") == 1 and guard.quotas.waiting("flood") == 0)
+    assert bulkhead.shed == 0
 
 
 @pytest.mark.parametrize(
