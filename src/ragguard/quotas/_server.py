@@ -72,11 +72,11 @@ class _Holder:
 class ServerBulkhead:
     """Bound the calls a server door holds at once to ``capacity``, shedding the heaviest tenant.
 
-    ``capacity``: the calls the server serves at once (give the same number as the server's own
-    limit, e.g. grpc.aio's ``maximum_concurrent_rpcs``), >= 1. ``headroom``: of those, kept free
-    for arrivals not yet counted, taken only by a tenant lighter than the heaviest (default
-    ``capacity // 8``), 0 <= headroom < capacity. ``clock``: monotonic seconds, for the hold times
-    behind ``retry_after_s``. Raises :class:`~ragguard.ConfigError` naming the field.
+    ``capacity``: the calls the server serves at once, >= 1 (keep the server's own limit, e.g.
+    grpc.aio's ``maximum_concurrent_rpcs``, above it: twice it, or none). ``headroom``: of those,
+    kept for tenants lighter than the heaviest (default 0), 0 <= headroom < capacity. ``clock``:
+    monotonic seconds, for the hold times behind ``retry_after_s``. Raises
+    :class:`~ragguard.ConfigError` naming the field.
 
     ``seat(request)`` wraps a request's :class:`~ragguard.quotas.TenantContext` (``async with``):
     entering counts the call (or raises QuotaExceeded, reason ``server``), then admits it to its
@@ -252,8 +252,8 @@ def server_bulkhead(
 
 
 class _Seat:
-    """One call's seat at the door (``async with``): counted, then admitted by its tenant's quota
-    under a cancel scope the bulkhead may cancel to shed it while it waits there."""
+    """One call's seat at the door (``async with``): counted, then admitted by its tenant's quota,
+    where the bulkhead may cancel its wait to shed it."""
 
     __slots__ = ("bulkhead", "holder", "request", "scope", "shed", "started", "task", "tenant", "victim",
                  "waits")
@@ -303,6 +303,10 @@ class _Seat:
             raise
         finally:
             self.victim = None
+        if self.shed:  # admitted, the cancellation taken in on the way (a backend's bug): undo both
+            task.uncancel()
+            await self.request.__aexit__(None, None, None)
+            raise self.bulkhead._refusal(self.tenant)
 
     async def _admit_anyio(self) -> None:
         """The quota's admission under trio: shed through a cancel scope."""
