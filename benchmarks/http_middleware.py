@@ -14,6 +14,8 @@ per request, with the spread (min-max) beside it. Variants:
 - RagguardMiddleware without watching for disconnects (``cancel_on_disconnect=False``).
 - RagguardMiddleware as shipped (the disconnect watcher starts only once the app waits or reads:
   this app answers at once, so it pays only for the bookkeeping).
+- RagguardMiddleware with the server bound (``max_concurrent_requests=64``: a seat per request,
+  docs/http.md), never full here: what the seat costs.
 
 Target (issue 19): the shipped configuration costs at most 1.5x the one without the watcher,
 paired per round, printed as a MET/GAP line.
@@ -113,6 +115,9 @@ async def run(requests: int, rounds: int) -> None:
             app, guard=GUARD, cancel_on_disconnect=False
         ),
         "RagguardMiddleware (as shipped)": RagguardMiddleware(app, guard=GUARD),
+        "RagguardMiddleware, max_concurrent_requests=64": RagguardMiddleware(
+            app, guard=GUARD, max_concurrent_requests=64
+        ),
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for target in variants.values():  # warm up

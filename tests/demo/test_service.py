@@ -152,3 +152,8 @@ async def test_the_load_generator_times_each_answers_words(stack: Stack) -> None
     with pytest.raises(InvalidInput, match="rpc"):
         await run_load({"acme": stack.client}, arrivals, questions, timeout_s=5, max_in_flight=2,
                        rpc="stream")
+
+
+def test_grpc_limit_below_the_capacity_is_refused(demo_passages: list[Passage]) -> None:
+    with pytest.raises(InvalidInput, match="grpc_limit"):
+        RetrievalServer(Any, demo_passages, capacity=4, grpc_limit=3)  # refused before the pipeline is read

@@ -124,10 +124,11 @@ class Behaviors:
 
 @asynccontextmanager
 async def serving(
-    behaviors: Behaviors, interceptors: Sequence[aio.ServerInterceptor] = ()
+    behaviors: Behaviors, interceptors: Sequence[aio.ServerInterceptor] = (), **options: Any
 ) -> AsyncIterator[str]:
-    """Run a server for ``behaviors`` on a free loopback port; yields its target."""
-    server = aio.server(interceptors=list(interceptors))
+    """Run a server for ``behaviors`` on a free loopback port (``options``: grpc.aio.server's, e.g.
+    ``maximum_concurrent_rpcs``); yields its target."""
+    server = aio.server(interceptors=list(interceptors), **options)
     server.add_generic_rpc_handlers((behaviors.handler(),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

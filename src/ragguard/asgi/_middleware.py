@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._clock import monotonic
 from .._compat import current_task, running_loop
 from .._context import DEFAULT_TENANT
 from .._deadline import Expiry, current_expiry, deadline, remaining
@@ -29,6 +30,7 @@ from .._identity import (
 )
 from .._validate import seconds
 from ..overload._priority import reset_priority, set_priority
+from ..quotas._server import server_bulkhead
 from ._status import Headers, http_status_for, json_body
 
 if TYPE_CHECKING:
@@ -112,6 +114,16 @@ class RagguardMiddleware:
     app that raises after responding. A response with a declared Content-Length cannot end early:
     the error is re-raised and the server aborts it.
 
+    ``max_concurrent_requests``: the requests the service serves at once, all tenants together
+    (None, the default: no such bound here). A request holds one from the moment its tenant is
+    known until the server's task for it ends, waiting in its tenant's quota or running; once
+    ``max_concurrent_requests - headroom`` are held (``headroom`` default 0: kept for tenants
+    lighter than the heaviest), the waiting request of the tenant holding the most per unit of
+    its ``weight`` is shed for a lighter tenant's arrival, or the arrival refused when its own
+    tenant holds the most: 429 with ``Retry-After`` (:class:`~ragguard.QuotaExceeded`, reason
+    ``server``; docs/http.md). Use it instead of the server's tenant-blind limit (uvicorn's
+    ``--limit-concurrency``, which counts connections too), or below it.
+
     ``exempt_paths`` (default ``("/health", "/metrics")``) and everything below them pass through
     with no tenant, deadline or quota, as do lifespan and websocket scopes.
     ``ratelimit_fields``: send the draft ``RateLimit`` field on quota 429s (default True).
@@ -134,6 +146,8 @@ class RagguardMiddleware:
         cancel_on_disconnect: bool = True,
         enforce_deadline: bool = True,
         ending_events: bool = True,
+        max_concurrent_requests: int | None = None,
+        headroom: int | None = None,
     ) -> None:
         if not callable(app):
             raise ConfigError(f"RagguardMiddleware: app must be an ASGI callable, got {app!r}")
@@ -163,6 +177,10 @@ class RagguardMiddleware:
         self.cancel_on_disconnect = bool(cancel_on_disconnect)
         self.enforce_deadline = bool(enforce_deadline)
         self.ending_events = bool(ending_events)
+        self.bulkhead = server_bulkhead(
+            "max_concurrent_requests", max_concurrent_requests, headroom,
+            monotonic if guard is None else guard.clock,
+        )
         self._later: _WatchLater | None = None
 
     def _watch_later(self, loop: asyncio.AbstractEventLoop) -> _WatchLater:
@@ -379,7 +397,8 @@ class _Exchange:
         expiry = None
         try:
             with limit:
-                async with request:
+                bulkhead = self._middleware.bulkhead
+                async with request if bulkhead is None else bulkhead.seat(request):
                     self.request = request
                     if self._middleware.ending_events:
                         self.ended_in = request

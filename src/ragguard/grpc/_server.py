@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from grpc import aio
 
+from .._clock import monotonic
 from .._context import DEFAULT_TENANT
 from .._deadline import current_expiry
 from .._errors import ConfigError, DeadlineExceeded, InvalidInput, PermissionDenied, Unauthenticated
@@ -26,6 +27,7 @@ from .._identity import (
     resolve_identity,
 )
 from ..overload._priority import reset_priority, set_priority
+from ..quotas._server import server_bulkhead
 from ._handlers import Behavior, rebuild
 from ._status import ending_trailers, status_for
 
@@ -108,6 +110,16 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     ``ragguard-stream-continued-by`` and ``ragguard-stream-continued-after``; the last guarded
     stream that ended in the call is the one told.
 
+    ``max_concurrent_rpcs``: the server's own ``maximum_concurrent_rpcs`` (give the same number;
+    None, the default: no server-wide bound here). gRPC counts a call from its arrival, waiting in
+    its tenant's quota included, and refuses the excess before the tenant is known; with this
+    option the interceptor keeps ``headroom`` of those slots free (default 1/8 of them) and, once
+    the server is that full, sheds the waiting call of the tenant holding the most calls per unit
+    of its ``weight``, or refuses the arrival when its own tenant holds the most, so that gRPC's
+    tenant-blind limit refuses none (:class:`~ragguard.quotas.ServerBulkhead`; docs/grpc.md). A
+    call refused or shed so fails with RESOURCE_EXHAUSTED and ``retry-after``
+    (:class:`~ragguard.QuotaExceeded`, reason ``server``).
+
     A cancelled call (the client went away, or its deadline passed) releases its slot at once,
     streams included: a streaming handler written as an async generator is driven from the call's
     own task, so it is closed there on cancellation rather than left to the garbage collector.
@@ -122,6 +134,8 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         tenant_key: str = TENANT_KEY,
         exempt_services: Iterable[str] = EXEMPT_SERVICES,
         enforce_deadline: bool = True,
+        max_concurrent_rpcs: int | None = None,
+        headroom: int | None = None,
     ) -> None:
         if (
             not isinstance(tenant_key, str)
@@ -142,6 +156,9 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         self._anonymous = check_anonymous(anonymous)
         self.exempt_services = _service_names(exempt_services)
         self.enforce_deadline = bool(enforce_deadline)
+        self.bulkhead = server_bulkhead(
+            "max_concurrent_rpcs", max_concurrent_rpcs, headroom, monotonic if guard is None else guard.clock
+        )
 
     async def intercept_service(
         self,
@@ -200,7 +217,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         try:
             with registry.deadline(client_budget(context), set_by="client"):
                 request = registry.tenant(identity.tenant)
-                async with request:
+                async with request if self.bulkhead is None else self.bulkhead.seat(request):
                     expiry = current_expiry()  # the client's deadline, or the tenant's if sooner
                     if expiry is None or not self.enforce_deadline:
                         yield

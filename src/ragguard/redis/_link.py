@@ -343,11 +343,11 @@ class RedisLink:
         """
         if self.degraded:
             raise SharedStateUnavailable(f"{self.component}: Redis unreachable")
-        return await self._run(False, fn, args, kwargs)
+        return await _cancellable(self._run(False, fn, args, kwargs))
 
     async def call_restoring(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """:meth:`call` for the ``restore`` step: runs while the link is still degraded."""
-        return await self._run(True, fn, args, kwargs)
+        return await _cancellable(self._run(True, fn, args, kwargs))
 
     async def start(self, *, strict: bool = False) -> None:
         """:meth:`check`, as a component's ``start()``: Redis unreachable or misconfigured leaves it
@@ -489,3 +489,25 @@ class RedisLink:
                 await probe
             except asyncio.CancelledError:
                 pass
+
+
+async def _cancellable(command: Awaitable[T]) -> T:
+    """Await ``command``; a cancellation of the task that redis-py took in and did not re-raise
+    (the command then completes, or fails otherwise, as if nobody had cancelled it:
+    redis/redis-py#2028, #2551; seen with redis-py 8.2 on a plain GET cancelled in flight) is
+    raised once the command is over, so that a cancelled caller gives back what it holds."""
+    task = asyncio.current_task()
+    if task is None:  # pragma: no cover - awaited outside a task
+        return await command
+    before = task.cancelling()
+    try:
+        result = await command
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        if task.cancelling() > before:
+            raise asyncio.CancelledError("cancelled during a Redis command") from exc
+        raise
+    if task.cancelling() > before:
+        raise asyncio.CancelledError("cancelled during a Redis command")
+    return result

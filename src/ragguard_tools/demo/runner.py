@@ -64,7 +64,8 @@ class DemoOptions:
 
     - ``duration_s``: seconds of load per run (each of the two runs); None: 40, or 9 with ``quick``.
     - ``concurrency``: the load generator's cap on requests in flight (>= 1).
-    - ``capacity``: RPCs the retrieval service serves at once; gRPC refuses the excess (>= 1).
+    - ``capacity``: RPCs the retrieval service serves at once (>= 1): unguarded, gRPC refuses the
+      excess; guarded, the interceptor does, the tenant holding the most first.
     - ``scenario``: a :mod:`ragguard.chaos` scenario YAML file (None: the toolkit's default,
       ``ragguard/chaos/scenarios/default.yaml``); its phases are stretched over ``duration_s``.
     - ``redis_url``: keep the guarded run's tenant quotas and breakers in this Redis, shared by
@@ -550,9 +551,13 @@ def _guarded_service(
         guard, closers = _shared_guard(policy, redis, rng)
     clients = BackendClients(shared.addresses, interceptors=client_interceptors(), snappy=True)
     pipeline = GuardedPipeline(clients, shared.reranker, shared.passages, shared.keyword, guard)
+    # The interceptor bounds the RPCs in flight to the capacity, the tenant holding the most
+    # giving way first; gRPC's tenant-blind limit sits above it, a backstop that refuses none of
+    # the well-behaved tenants' calls (its refusals come before the tenant is known).
+    door = GuardServerInterceptor(guard=guard, max_concurrent_rpcs=options.capacity)
     server = RetrievalServer(
-        pipeline, shared.passages, capacity=options.capacity,
-        interceptors=[GuardServerInterceptor(guard=guard), SnappyServerInterceptor()],
+        pipeline, shared.passages, capacity=options.capacity, grpc_limit=2 * options.capacity,
+        interceptors=[door, SnappyServerInterceptor()],
     )
     return server, [clients.close, *closers], guard
 
