@@ -240,7 +240,7 @@ async def main():
     assert [item async for item in answer("a question")] == ["an", "answer"]
 
 asyncio.run(main())
-assert "embedding" in ragguard.layers._registry.PRESETS and "generation" in ragguard.layers._registry.PRESETS
+assert "embedding" in ragguard.layers._presets.PRESETS and "generation" in ragguard.layers._presets.PRESETS
 print("\\n".join(sorted(m for m in sys.modules if m.split(".")[0] in ("ragguard", "ragguard_tools"))))
 """
 
