@@ -21,7 +21,7 @@ from .layers import Bound, Stage
 from .layers._breaker import adapt_breaker
 from .layers._fallback import ROUTES, user_fallbacks, user_routes
 from .layers._keys import KeyedChains, key_getter
-from .layers._registry import PRESETS, preset
+from .layers._presets import PRESETS, preset
 from .pipeline import Call
 from .pipeline._chain import Chain, GuardedStream
 from .pipeline._threads import limiter_for, thread_call

@@ -26,7 +26,7 @@ from ._status import snapshot
 from .breakers import Breaker
 from .groups import ModelGroup
 from .layers import Stage
-from .layers._registry import preset
+from .layers._presets import preset
 from .layers._stage import forget_idle
 from .options import GroupPolicy, Policy
 from .options._keyed import key_id

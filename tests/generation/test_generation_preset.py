@@ -10,7 +10,7 @@ from gen_helpers import collect
 
 import ragguard
 from ragguard import ConfigError, GenerationPolicy, Guard, Policy, StagePolicy, StreamTimeout, TenantQuota
-from ragguard.layers._registry import PRESETS
+from ragguard.layers._presets import PRESETS
 from ragguard.rag._presets import GenerationPreset
 
 pytestmark = pytest.mark.timeout(20)

@@ -31,7 +31,7 @@ from ..overload._priority import current_priority
 from ..pipeline import WAIT, Call, Scope
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["AdaptiveLayer", "build", "limiter_for"]
 

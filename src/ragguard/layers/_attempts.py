@@ -27,7 +27,7 @@ from ..pipeline import Call, Scope
 from ._observe import span_attributes, where
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["AttemptSpans", "build"]
 

@@ -25,7 +25,7 @@ from ..options._breaker import BREAKER_KINDS
 from ..pipeline import WAIT, Call, Scope
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["BreakerLayer", "adapt_breaker", "build", "make_breaker"]
 

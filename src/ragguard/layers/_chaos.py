@@ -18,7 +18,7 @@ from .._inject import Injector
 from ..pipeline import Call
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["ChaosLayer", "build"]
 

@@ -16,7 +16,7 @@ from .._errors import DeadlineExceeded
 from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["DeadlineLayer", "build"]
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from .._clock import Clock, monotonic
 from .._context import current_tenant, mark_degraded
@@ -45,9 +45,10 @@ from ..outcomes import Kind, Outcome, outcome_of
 from ..pipeline import Call
 from ..pipeline._drivers import Head
 from . import _reserve as reserve
+from ._shapes import Fallback
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = [
     "ROUTES",
@@ -68,16 +69,6 @@ _MAX_NOTES = 8
 
 class FallbackMiss(Exception):
     """Raised by a fallback that has no answer for this call: the next fallback is tried."""
-
-
-@runtime_checkable
-class Fallback(Protocol):
-    """One way to answer a failed call: ``name`` (reported by :func:`ragguard.degraded`) and
-    ``serve(call, exc)``, which returns the answer or raises (:class:`FallbackMiss` to pass)."""
-
-    name: str
-
-    async def serve(self, call: Call, exc: Exception) -> Any: ...
 
 
 class UserFallback:

@@ -42,7 +42,7 @@ from ..pipeline import Call
 from ._retry import RetryBudget
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 Proceed = Callable[[Call], Awaitable[Any]]
 """A forking wrapper's ``proceed``: the inner layers run with the record given."""

@@ -36,7 +36,7 @@ from ..pipeline import Call, Scope
 from ..pipeline._chain import Chain
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["Fixed", "KeyGate", "KeyedChains", "KeyedStages", "key_getter"]
 

@@ -27,7 +27,7 @@ from ..quotas import TokenAccounts
 from ..quotas._tokens import NOTHING, Reservation, TokenAccount
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["Ledger", "LimitsGate", "build", "ledger_of"]
 

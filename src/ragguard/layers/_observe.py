@@ -29,7 +29,7 @@ from ..pipeline import Call, Gate, Scope
 if TYPE_CHECKING:
     from ..breakers import Breaker
     from ..pipeline._drivers import Head
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["OPERATIONS", "ObserveLayer", "ObserveStream", "build", "span_attributes", "where"]
 

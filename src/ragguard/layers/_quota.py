@@ -17,7 +17,7 @@ from ..pipeline import NO_EXIT, Call, Scope
 from ..quotas import QuotaBackend
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["QuotaLayer", "build"]
 

@@ -1,13 +1,11 @@
-"""The layers' builders by name, in the chain order the options keep, and the stage presets by name.
+"""The layers' builders by name, in the chain order the options keep.
 
 The options side (:mod:`ragguard.options._layers`: each layer's name, chain position and options
 model) is data the policy reads; this side is the code that builds the layers: the built-in
 layers' ``build(stage, bound)`` functions, imported here from their files, and those given to
 :func:`register_layer`. :data:`REGISTRY` is the chain as (name, builder) pairs, outermost first.
 
-The stage presets (:class:`~ragguard.layers.StagePreset`) register themselves here by name
-(:func:`register_preset`: the RAG presets of :mod:`ragguard.rag` when ``ragguard`` is imported);
-a stage finds its preset with :func:`preset`.
+The stage presets have a registry of their own (:mod:`ragguard.layers._presets`).
 """
 
 from __future__ import annotations
@@ -36,17 +34,9 @@ from . import _timeout as timeout
 
 if TYPE_CHECKING:
     from ..pipeline import Layer
-    from ._stage import Bound, Stage, StagePreset
+    from ._shapes import Bound, Stage
 
-__all__ = [
-    "PRESETS",
-    "REGISTRY",
-    "build_layers",
-    "preset",
-    "register_layer",
-    "register_preset",
-    "unregister_layer",
-]
+__all__ = ["REGISTRY", "build_layers", "register_layer", "unregister_layer"]
 
 Builder = Callable[[Any, Any], Any]
 
@@ -201,30 +191,3 @@ def unregister_layer(name: str) -> None:
         _options.remove(name)
         del _builds[name]
         _inject.epoch += 1
-
-
-PRESETS: dict[str, StagePreset] = {}
-"""The stage presets by name (those of :mod:`ragguard.rag` and those registered)."""
-
-
-def preset(name: str | None) -> StagePreset | None:
-    """The preset called ``name`` (None for None); ConfigError naming the known ones otherwise."""
-    if name is None:
-        return None
-    found = PRESETS.get(name)
-    if found is None:
-        raise ConfigError(f"unknown stage preset {name!r:.60}; known: {', '.join(sorted(PRESETS))}")
-    return found
-
-
-def register_preset(new: StagePreset) -> None:
-    """Add ``new`` to the registry under ``new.name`` (replacing one of that name): stage policies
-    may name it (``StagePolicy.preset``). ConfigError when ``new`` lacks part of the contract."""
-    needed = ("name", "streams", "option_names", "resolve", "state", "layers", "attempt_layers", "fallbacks")
-    for attr in needed:
-        if not hasattr(new, attr):
-            raise ConfigError(f"register_preset: {type(new).__name__} has no {attr!r} (see StagePreset)")
-    if not isinstance(new.name, str) or not new.name:
-        raise ConfigError(f"register_preset: name must be a non-empty str, got {new.name!r:.40}")
-    PRESETS[new.name] = new
-    _options.add_preset(new.name)  # stage policies may name it

@@ -31,7 +31,7 @@ from ._share import note_share
 
 if TYPE_CHECKING:
     from ..options import ReservePolicy
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["Reserve", "ReserveLayer", "build", "learner"]
 

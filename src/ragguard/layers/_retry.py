@@ -51,7 +51,7 @@ from ..pipeline import NO_EXIT, Call, Scope
 from ..pipeline._contract import repeat
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Budget, Stage
 
 __all__ = ["RetryBudget", "RetryLayer", "build", "make_budget"]
 
@@ -355,7 +355,7 @@ class RetryLayer:
         stage: str,
         policy: RetryPolicy,
         *,
-        budget: RetryBudget,
+        budget: Budget,
         counts: Callable[[BaseException], bool],
         min_attempt_s: float,
         clock: Callable[[], float],

@@ -22,7 +22,7 @@ from ..pipeline import NO_EXIT, Call
 from ._earlier import EarlierDeadline
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["ShareLayer", "build", "note_share"]
 

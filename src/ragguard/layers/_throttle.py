@@ -23,7 +23,7 @@ from ..overload._throttle import AdaptiveThrottle, rejects
 from ..pipeline import Call, Scope
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["ThrottleLayer", "build", "throttle_for"]
 

@@ -22,7 +22,7 @@ from .._timeouts import MAX_TIMEOUT_S, AttemptTimeout, wheel_for
 from ..pipeline import NO_EXIT, Call, Scope
 
 if TYPE_CHECKING:
-    from ._stage import Bound, Stage
+    from ._shapes import Bound, Stage
 
 __all__ = ["TimeoutLayer", "build"]
 

@@ -11,7 +11,7 @@ framework's cached memory after an out-of-memory error (the CrossEncoder recipe 
 """
 
 from ..layers._fallback import FallbackMiss
-from ..layers._registry import register_preset
+from ..layers._presets import register_preset
 from . import _presets  # noqa: F401 - the presets register themselves into the core
 from ._continuation import MAX_OVERLAP_CHARS, Overlap, Partial
 from ._counting import Usage, count_tokens, token_accounts

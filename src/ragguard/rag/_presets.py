@@ -47,7 +47,7 @@ from .._clock import timers_of
 from .._errors import ConfigError
 from ..layers import Bound, Stage
 from ..layers._fallback import Fallback, applies_for
-from ..layers._registry import register_preset
+from ..layers._presets import register_preset
 from ..layers._timeout import build as timeout_layer
 from ..outcomes import Kind, outcome_of
 from ..pipeline import Layer
