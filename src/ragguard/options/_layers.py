@@ -68,7 +68,7 @@ DEFAULT_ON = frozenset({"retry", "breaker"})
 """The layers a stage gets with their model's defaults when it does not configure them."""
 PRESETS: set[str] = {"embedding", "vector_store", "rerank", "generation"}
 """The names a stage policy's ``preset`` may take: the standard stages' (:data:`STANDARD_STAGES
-<ragguard.options.STANDARD_STAGES>`) and those registered (:func:`ragguard.layers.register_preset`)."""
+<ragguard.options.STANDARD_STAGES>`) and those registered (:func:`ragguard.rag.register_preset`)."""
 
 
 def names() -> tuple[str, ...]:
@@ -113,5 +113,5 @@ def unknown(name: str) -> str:
 
 
 def add_preset(name: str) -> None:
-    """Let stage policies name the preset ``name`` (see :func:`ragguard.layers.register_preset`)."""
+    """Let stage policies name the preset ``name`` (see :func:`ragguard.rag.register_preset`)."""
     PRESETS.add(name)

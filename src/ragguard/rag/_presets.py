@@ -32,7 +32,7 @@ stage called ``rerank_v2``). Arguments are declared, never guessed from keyword 
   None) reads an item's text for it, ``continue_structured=True`` lets it continue items that are
   not text (:mod:`ragguard.rag._continuation`).
 
-:func:`ragguard.layers.register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the
+:func:`ragguard.rag.register_preset` adds one (see :class:`ragguard.layers.StagePreset` for the
 contract); these four register themselves when ``ragguard`` is imported.
 """
 
