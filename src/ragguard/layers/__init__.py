@@ -13,7 +13,7 @@ before or after a policy naming it is loaded; the stage's options live under ``l
 the builder (see ``examples/custom_layer.py``).
 
 The stage presets (:class:`StagePreset`: ``ragguard.rag``'s embedding, vector_store, rerank and
-generation) register themselves with :func:`register_preset`.
+generation) register themselves with :func:`ragguard.rag.register_preset`.
 """
 
 from __future__ import annotations
