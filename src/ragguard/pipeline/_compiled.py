@@ -270,10 +270,11 @@ def compiled_run(
         body += _indent(_SLEEP.format(recover=_indent(_RECOVER, 4)), 4).splitlines()
     names = " > ".join(type(layer).__name__ for layer in (*node.recoveries, *gates)) or "call"
     inside = getattr(node.inner, "run", None)
-    if n == 1 and not node.recoveries and node.wrapper is None and hasattr(inside, "__ragguard_body__"):
+    if n == 1 and not node.recoveries and node.wrapper is None and hasattr(inside, "__ragguard_source__"):
         # one gate around a written-out node (the observe layer, outside a stage's recoveries):
         # the node inside written in too, one coroutine where ``await inner_run(call)`` made two
-        inner_body, inner_ns = inside.__ragguard_body__  # type: ignore[union-attr]
+        inner_body = [line[4:] for line in inside.__ragguard_source__.splitlines()[1:]]  # type: ignore[union-attr]
+        inner_ns = inside.__globals__  # type: ignore[union-attr]
         gate = gates[0]
         ns = {**inner_ns, "oenter": gate.enter, "oenter_async": gate.enter_async, "oexit": gate.exit}
         body = _OUTER.format(inside=_indent("\n".join(inner_body), 4)).splitlines()
@@ -283,7 +284,6 @@ def compiled_run(
     run: Callable[..., Awaitable[Any]] = ns["run"]
     ns.setdefault("self_run", run)  # a recovery's ``again``: this node once more, with fewer recoveries
     run.__ragguard_source__ = source  # type: ignore[attr-defined]  # for reading in a debugger
-    run.__ragguard_body__ = body, ns  # type: ignore[attr-defined]  # for the node outside it
     return run
 
 
