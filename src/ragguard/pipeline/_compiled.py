@@ -14,7 +14,8 @@ and carrying no attribute of its own gets that outcome at once (``plain_outcomes
 us, the retry stage 12.2 -> 11.5 us).
 And a node of one gate and no recovery around a written-out node (the observe layer outside a stage's
 recoveries, with a listener) is written into that node (:data:`_OUTER`): one coroutine per call
-where ``await inner_run(call)`` made two (full stack + listener 1.07x -> 1.04x of 9b27c28).
+where ``await inner_run(call)`` made two (overhead.py, full stack + listener: 1.06-1.07x of
+9b27c28 before, 0.99-1.03x after).
 Nothing else differs; tests/pipeline runs its driver tests against both, and
 ``benchmarks/overhead.py`` measures both in every run (``_drivers.GENERATED`` switches). In CPython
 3.11 a loop over a node's gates cost 9-14% of a guarded call (nothing configured 1.10x, the failure
@@ -282,7 +283,8 @@ def compiled_run(
     source = "async def run(call, skip=0):\n" + "\n".join("    " + line for line in body) + "\n"
     exec(compile(source, f"<ragguard chain node: {names}>", "exec"), ns)
     run: Callable[..., Awaitable[Any]] = ns["run"]
-    ns.setdefault("self_run", run)  # a recovery's ``again``: this node once more, with fewer recoveries
+    # a recovery's ``again``: this node once more, with fewer recoveries (written in, the node inside's own)
+    ns.setdefault("self_run", run)
     run.__ragguard_source__ = source  # type: ignore[attr-defined]  # for reading in a debugger
     return run
 

@@ -109,8 +109,8 @@ class Call:
     by_deadline: bool
 
     # The running call's that a plain call never sets (a stream's, a preset's, a fallback's share):
-    # read from here until the one that writes it does, so making a call stores none of them (a
-    # call is made on every guarded call: five stores fewer are 4% of a call with nothing configured).
+    # read from here until the one that writes it does, so making a call stores none of them (one
+    # is made per guarded call: 15 ns less of the 1.1 us a stage with nothing configured costs).
     loop: Any = None
     meter: Any = None
     share_expiry: Any = None

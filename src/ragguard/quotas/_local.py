@@ -261,7 +261,7 @@ class LocalQuotas:
         now = self._clock()
         rate = bucket.rate
         tat = 0.0
-        if rate is not None:  # rate.take(bucket.tat, now), inlined: a call frame is a tenth of this
+        if rate is not None:  # rate.take(bucket.tat, now), inlined: once per request
             tat = bucket.tat
             tat = (tat if tat > now else now) + rate.interval_s
             if tat - now - rate.tolerance_s > EPSILON_S:
