@@ -203,13 +203,13 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
         async def guarded(*args: Any, **kwargs: Any) -> Any:
             g = fixed if fixed is not None else get_guard()
             c = slot
-            observed = bus.active or events.tracer is not None
             entry = None
             if c.guard is g and c.epoch == _inject.epoch:
-                if not observed:
+                if not bus.active and events.tracer is None:
                     run = c.run
-                    if run is not None:
+                    if run is not None:  # the hot path: an unkeyed stage, nobody observing
                         return await run(Call(stage, fn, args, kwargs))
+                    observed = False
                     keyed = c.inline
                     if keyed is not None:  # its key's entry when ready (see KeyedChains.ready), inline
                         at = keyed.at
@@ -217,10 +217,13 @@ def decorator(stage: str, registry: Any, options: Mapping[str, Any]) -> Any:
                             entry = keyed.ready.get(args[at] if at < len(args) else kwargs.get(keyed.name))
                         except TypeError:  # an unhashable key: none
                             pass
-                elif c.observed is not None and c.keyed is None:  # observed: its chain is compiled already
-                    return await c.observed.run(Call(stage, fn, args, kwargs))
+                else:
+                    if c.observed is not None and c.keyed is None:  # observed: its chain is compiled already
+                        return await c.observed.run(Call(stage, fn, args, kwargs))
+                    observed = True
             else:
                 c = compiled(g)
+                observed = bus.active or events.tracer is not None
             call = Call(stage, fn, args, kwargs)
             if entry is None or not entry[0].alive:
                 keyed = c.keyed

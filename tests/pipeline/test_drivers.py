@@ -62,7 +62,7 @@ def test_a_chain_compiles_into_nodes_one_per_recovery_level() -> None:
     assert third.stream_gates == (retry, breaker)  # call and attempt gates hold for a whole stream
 
 
-async def test_a_call_runs_in_one_driver_frame_per_node() -> None:
+async def test_a_call_runs_in_one_driver_frame_per_node(generated: bool) -> None:
     import sys
 
     log: list[Any] = []
@@ -91,7 +91,12 @@ async def test_a_call_runs_in_one_driver_frame_per_node() -> None:
 
     assert await test_body() == "ok"
     drivers = [f for f in frames[0] if f.endswith("_drivers.py") or f.startswith("<ragguard chain")]
-    assert len(drivers) == len(frames[0]) == 3  # one per node, nothing else between caller and function
+    # one per node, nothing else between caller and function; written out, the node of the one gate
+    # outside the recoveries (the observe layer's) is written into the node inside it: one frame less
+    assert len(drivers) == len(frames[0]) == (2 if generated else 3)
+    exits = [entry for entry in log if entry[0] == "exit"]
+    assert [name for _, name, *_ in exits] == ["breaker", "retry", "deadline", "observe"]  # innermost first
+    assert all(entry[-1] is None for entry in exits)  # each with the success
 
 
 def test_recoveries_without_gates_between_share_a_node_and_wrappers_nest() -> None:
@@ -581,3 +586,71 @@ async def test_what_raises_in_a_repeating_recoverys_wait_leaves_as_from_its_reco
     with pytest.raises(asyncio.CancelledError) as cancelled:
         await task
     assert cancelled.value.__context__ is errors[0]  # cancelled in the wait: never recovered
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Replaced(Exception):
+    pass
+
+
+def _outer_gate(mode: str, log: list[Any]) -> LogGate:
+    """The one gate outside the recoveries, doing ``mode``."""
+
+    def replace(exc: BaseException | None) -> BaseException | None:
+        if mode == "raises in exit":
+            raise _Replaced("exit raised")
+        wanted = {"replaces a success": exc is None, "replaces an error": exc is not None}.get(mode, False)
+        return _Replaced("replaced") if wanted else None
+
+    return LogGate("observe", log, replace=replace, wait=mode == "waits",
+                   refuse=_Refused("refused") if mode == "refuses" else None)  # fmt: skip
+
+
+async def _outer_case(generated: bool, gate: str, recovery: str, attempt: str) -> tuple[Any, ...]:
+    from ragguard.pipeline import _drivers
+
+    async def fallback(call: Call, exc: Exception, again: Callable[[], Awaitable[Any]]) -> Any:
+        if recovery == "raises":
+            raise exc
+        return "fallback" if recovery == "recovers" else await again()
+
+    runs = 0
+
+    async def fn() -> str:
+        nonlocal runs
+        runs += 1
+        if attempt == "cancelled":
+            raise asyncio.CancelledError()
+        if attempt == "fails" or (attempt == "fails once" and runs == 1):
+            raise _Refused(f"attempt {runs}")
+        return "ok"
+
+    log: list[Any] = []
+    _drivers.GENERATED = generated
+    chain = Chain([_outer_gate(gate, log), LogRecovery("fallback", log, fallback), LogGate("inner", log)])
+    call = _call(fn)
+    try:
+        result: tuple[Any, ...] = ("returned", await chain.run(call))
+    except BaseException as exc:  # what left the chain, its context and the outcome it carries
+        context = exc.__context__
+        result = ("raised", type(exc), str(exc), type(context), str(context), call.outcome)
+    return result, log
+
+
+_GATE_MODES = [
+    "lets through", "replaces a success", "replaces an error", "refuses", "waits", "raises in exit",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("gate", _GATE_MODES)
+async def test_one_gate_around_a_node_runs_written_in_as_in_its_own_node(gate: str) -> None:
+    # written out, the node of one gate around a node with recoveries is written into that node's
+    # frame (_compiled._OUTER): every outcome, exit and error is Node.drive's
+    for recovery in ("recovers", "runs again", "raises"):
+        for attempt in ("succeeds", "fails", "fails once", "cancelled"):
+            written = await _outer_case(True, gate, recovery, attempt)
+            plain = await _outer_case(False, gate, recovery, attempt)
+            assert written == plain, (recovery, attempt)

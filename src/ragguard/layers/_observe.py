@@ -96,7 +96,10 @@ class ObserveLayer(_Observe):
     __slots__ = ()
 
     def enter(self, call: Call) -> Any:
-        state = self._state()
+        breaker = self.breaker  # self._state(), inlined: every observed call pays it
+        state = (
+            "" if breaker is None else _STATE_NAMES.get(st := breaker.state) or str(getattr(st, "value", st))
+        )
         tracer = events.tracer
         if tracer is None:
             # listeners only: no span object, the StageCompleted is made on exit from this token;
@@ -117,15 +120,31 @@ class ObserveLayer(_Observe):
 
     def exit(self, call: Call, token: Any, exc: BaseException | None) -> BaseException | None:
         traced, tenant, state, started, before, expiry = token
-        fallback = _served_since(before)
+        scope = current_scope()
+        if scope is not None:  # _served_since(before), inlined for a call inside a request
+            served = scope.fallbacks
+            fallback = served[-1] if served is not None and len(served) > before else ""
+        else:
+            fallback = _served_since(before)
         if traced is not None:
             tracer, span, attached = traced
             tracer.detach(attached)
             tracer.end(span, _outcome(exc, fallback), exc, fallback, None)
-        if self._bus.active:
-            took = self.clock() - started
-            left = _left(expiry, started, self.clock)
-            _completed(self._bus, self.stage, self.where, tenant, exc, fallback, state, took, None, left)
+        event_bus = self._bus
+        if event_bus.active:  # every observed call: _left and, for a success, _completed inlined
+            clock = self.clock
+            took = clock() - started
+            left = None
+            if expiry is not None:
+                left = expiry.at - started if expiry.clock is clock else expiry.left()
+                left = left if left > 0.0 else 0.0
+            if exc is None:
+                outcome = "fallback" if fallback else "success"
+                completed = StageCompleted(self.stage, tenant, outcome, took, fallback, state, "", None, left,
+                                           self.where)  # fmt: skip
+                event_bus.emit(completed)
+            else:
+                _completed(event_bus, self.stage, self.where, tenant, exc, fallback, state, took, None, left)
         return None
 
 

@@ -12,6 +12,10 @@ The error of an attempt is classified as ``Node.drive`` does it, with one look-u
 error of a type whose outcome ragguard's classifier knows by its type alone (a refused connection)
 and carrying no attribute of its own gets that outcome at once (``plain_outcomes``: 24.4 -> 23.2
 us, the retry stage 12.2 -> 11.5 us).
+And a node of one gate and no recovery around a written-out node (the observe layer outside a stage's
+recoveries, with a listener) is written into that node (:data:`_OUTER`): one coroutine per call
+where ``await inner_run(call)`` made two (overhead.py, full stack + listener: 1.06-1.07x of
+9b27c28 before, 0.99-1.03x after).
 Nothing else differs; tests/pipeline runs its driver tests against both, and
 ``benchmarks/overhead.py`` measures both in every run (``_drivers.GENERATED`` switches). In CPython
 3.11 a loop over a node's gates cost 9-14% of a guarded call (nothing configured 1.10x, the failure
@@ -157,6 +161,44 @@ repeating recovery's ``recover`` would (for the recoveries outside it, the first
 context)."""
 
 
+_OUTER = """\
+outer = NO_EXIT
+failed = False
+try:
+    outer = oenter(call)
+    if outer is WAIT:
+        outer = NO_EXIT
+        outer = await oenter_async(call)
+    skip = 0  # the node inside runs as ``inner_run(call)`` would: from its innermost recovery
+{inside}
+except BaseException as outer_exc:  # Node.drive's handler for the one gate, no recoveries
+    failed = True
+    classified(call, outer_exc, classify)
+    if outer is not NO_EXIT:
+        outer_error = oexit(call, outer, outer_exc)
+        if outer_error is not None:
+            classified(call, outer_error, classify)
+            outer_exc, outer_error = outer_error, None
+            raise outer_exc
+    raise
+finally:
+    if not failed and outer is not NO_EXIT:  # the node inside returned: the gate exits with success
+        try:
+            outer_error = oexit(call, outer, None)
+        except BaseException as outer_exc:
+            classified(call, outer_exc, classify)
+            raise
+        if outer_error is not None:
+            classified(call, outer_error, classify)
+            try:
+                raise outer_error
+            finally:
+                outer_error = None  # (no name of the frame keeps the error its traceback holds)"""
+"""A node of one gate and no recovery around a written-out node (``{inside}``, its body): both in
+one frame. Every ``return`` of the body inside passes the ``finally``, which exits the gate with
+success (an error it puts in place of the result is raised there, as Node.drive raises it)."""
+
+
 def compiled_run(
     node: Node, steps: Mapping[str, Callable[..., Any]], lost_cancel: str | None
 ) -> Callable[..., Awaitable[Any]]:
@@ -227,11 +269,22 @@ def compiled_run(
     if repeats:
         body = ["attempt = 1", "first = None", "while True:", *("    " + line for line in body)]
         body += _indent(_SLEEP.format(recover=_indent(_RECOVER, 4)), 4).splitlines()
-    source = "async def run(call, skip=0):\n" + "\n".join("    " + line for line in body) + "\n"
     names = " > ".join(type(layer).__name__ for layer in (*node.recoveries, *gates)) or "call"
+    inside = getattr(node.inner, "run", None)
+    if n == 1 and not node.recoveries and node.wrapper is None and hasattr(inside, "__ragguard_source__"):
+        # one gate around a written-out node (the observe layer, outside a stage's recoveries):
+        # the node inside written in too, one coroutine where ``await inner_run(call)`` made two
+        inner_body = [line[4:] for line in inside.__ragguard_source__.splitlines()[1:]]  # type: ignore[union-attr]
+        inner_ns = inside.__globals__  # type: ignore[union-attr]
+        gate = gates[0]
+        ns = {**inner_ns, "oenter": gate.enter, "oenter_async": gate.enter_async, "oexit": gate.exit}
+        body = _OUTER.format(inside=_indent("\n".join(inner_body), 4)).splitlines()
+        names += " > " + inside.__code__.co_filename.removeprefix("<ragguard chain node: ")[:-1]  # type: ignore[union-attr]
+    source = "async def run(call, skip=0):\n" + "\n".join("    " + line for line in body) + "\n"
     exec(compile(source, f"<ragguard chain node: {names}>", "exec"), ns)
     run: Callable[..., Awaitable[Any]] = ns["run"]
-    ns["self_run"] = run  # a recovery's ``again``: this node once more, with fewer recoveries
+    # a recovery's ``again``: this node once more, with fewer recoveries (written in, the node inside's own)
+    ns.setdefault("self_run", run)
     run.__ragguard_source__ = source  # type: ignore[attr-defined]  # for reading in a debugger
     return run
 

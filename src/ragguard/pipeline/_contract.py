@@ -101,12 +101,21 @@ class Call:
         "attempt", "recoverable",
         # the current attempt's
         "started", "budget_s", "by_deadline", "outcome",
-        # the running call's
-        "task", "loop", "items", "threads", "meter", "share_expiry", "share_at", "ending",
+        # the running call's (the rest of them, below, only once set: in ``__dict__``)
+        "task", "items", "threads", "__dict__",
     )  # fmt: skip
 
     budget_s: float | None  # (set by the timeout layer before any read, see above)
     by_deadline: bool
+
+    # The running call's that a plain call never sets (a stream's, a preset's, a fallback's share):
+    # read from here until the one that writes it does, so making a call stores none of them (one
+    # is made per guarded call: 15 ns less of the 1.1 us a stage with nothing configured costs).
+    loop: Any = None
+    meter: Any = None
+    share_expiry: Any = None
+    share_at: float | None = None
+    ending: Any = None
 
     def __init__(
         self,
@@ -126,13 +135,8 @@ class Call:
         self.started = 0.0
         self.outcome: Outcome | None = None
         self.task: Any = None
-        self.loop: Any = None
         self.items = 0
         self.threads: Any = None
-        self.meter: Any = None
-        self.share_expiry: Any = None
-        self.share_at: float | None = None
-        self.ending: Any = None
 
     def __repr__(self) -> str:
         return f"<Call {self.stage!r} attempt={self.attempt} stream={self.stream}>"

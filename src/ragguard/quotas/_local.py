@@ -261,11 +261,11 @@ class LocalQuotas:
         now = self._clock()
         rate = bucket.rate
         tat = 0.0
-        if rate is not None:
-            taken = rate.take(bucket.tat, now)
-            if taken is None:
+        if rate is not None:  # rate.take(bucket.tat, now), inlined: once per request
+            tat = bucket.tat
+            tat = (tat if tat > now else now) + rate.interval_s
+            if tat - now - rate.tolerance_s > EPSILON_S:
                 return WAIT
-            tat = taken
         pool = bucket.pool
         if pool is not None:
             if not self._pool_admits(pool, now):
