@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 from http_helpers import Gate, eventually, rag_app, running, wait_for
 
 import ragguard
@@ -141,6 +142,52 @@ async def test_a_client_that_leaves_while_waiting_gives_back_its_seat() -> None:
         waiting.cancel()  # the client goes away
         assert await eventually(lambda: bulkhead.holding("flood") == 1 and guard.quotas.waiting("flood") == 0)
     assert bulkhead.shed == 0
+
+
+async def test_a_streamed_response_holds_its_seat_until_its_last_chunk_or_its_client_leaves() -> None:
+    """A streaming response runs inside the app's call: its seat is held while its chunks are
+    sent, refuses an arrival the server has no room for, and is given back when the stream ends
+    and when its client leaves mid-stream."""
+    gate = Gate()
+    app = FastAPI()
+
+    @app.get("/stream")
+    async def stream() -> StreamingResponse:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"first "
+            await gate.wait()
+            yield b"last"
+
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    @app.get("/whoami")
+    async def whoami() -> dict[str, Any]:
+        return {"tenant": ragguard.current_tenant()}
+
+    door = RagguardMiddleware(app, guard=flood_guard(), max_concurrent_requests=1)
+    bulkhead = door.bulkhead
+    assert bulkhead is not None
+    with running(door) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            async with client.stream("GET", "/stream", headers=FLOOD) as reply:
+                chunks = reply.aiter_bytes()
+                assert await chunks.__anext__() == b"first "
+                assert await asyncio.to_thread(wait_for, gate.entered)
+                assert bulkhead.holding("flood") == 1
+                refused = await client.get("/whoami", headers=CALM)  # no room: the stream holds it
+                assert refused.status_code == 429 and "server" in refused.text
+                gate.release.set()
+                assert b"".join([part async for part in chunks]) == b"last"
+            assert await eventually(lambda: bulkhead.held == 0)
+            assert (await client.get("/whoami", headers=CALM)).status_code == 200
+
+            gate = Gate()  # the same, the client leaving mid-stream
+            async with client.stream("GET", "/stream", headers=FLOOD) as reply:
+                assert await reply.aiter_bytes().__anext__() == b"first "
+                assert await asyncio.to_thread(wait_for, gate.entered)
+                assert bulkhead.holding("flood") == 1
+            assert await eventually(lambda: bulkhead.held == 0)
+    assert await asyncio.to_thread(wait_for, gate.cancelled)  # the app's stream was cancelled
 
 
 @pytest.mark.parametrize(
