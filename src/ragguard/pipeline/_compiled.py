@@ -211,7 +211,35 @@ def compiled_run(
     failed attempt asks ``next_wait`` in the handler; a wait leaves the handler, sleeps, raises
     ``call.attempt`` and goes round again, where ``await recover(...)`` would run the node once
     more in a frame of its own per attempt (and the error back up through it)."""
+    body, ns, names = _written(node, steps, lost_cancel)
+    source = "async def run(call, skip=0):\n" + "\n".join("    " + line for line in body) + "\n"
+    exec(compile(source, f"<ragguard chain node: {names}>", "exec"), ns)
+    run: Callable[..., Awaitable[Any]] = ns["run"]
+    # a recovery's ``again``: this node once more, with fewer recoveries (written in, the node inside's own)
+    ns.setdefault("self_run", run)
+    run.__ragguard_source__ = source  # type: ignore[attr-defined]  # for reading in a debugger
+    return run
+
+
+def _written(
+    node: Node, steps: Mapping[str, Callable[..., Any]], lost_cancel: str | None
+) -> tuple[list[str], dict[str, Any], str]:
+    """The lines of ``node``'s ``run`` under its ``def``, the names they read, and the names of its
+    layers (for the code's file name). A node of one gate and no recovery around a written-out node
+    (the observe layer, outside a stage's recoveries) writes the node inside in too, from that node
+    itself (:data:`_OUTER`): one coroutine where ``await inner_run(call)`` made two."""
     gates, n = node.gates, len(node.gates)
+    inner = node.inner
+    if (
+        n == 1 and not node.recoveries and node.wrapper is None
+        and inner is not None and hasattr(inner.run, "__ragguard_source__")
+    ):  # fmt: skip
+        inner_body, inner_ns, inner_names = _written(inner, steps, lost_cancel)
+        inner_ns.setdefault("self_run", inner.run)  # a recovery's ``again`` inside: that node once more
+        gate = gates[0]
+        inner_ns.update(oenter=gate.enter, oenter_async=gate.enter_async, oexit=gate.exit)
+        outer = _OUTER.format(inside=_indent("\n".join(inner_body), 4)).splitlines()
+        return outer, inner_ns, f"{type(gate).__name__} > {inner_names}"
     ns: dict[str, Any] = {
         **steps,
         "WAIT": WAIT,
@@ -270,23 +298,7 @@ def compiled_run(
         body = ["attempt = 1", "first = None", "while True:", *("    " + line for line in body)]
         body += _indent(_SLEEP.format(recover=_indent(_RECOVER, 4)), 4).splitlines()
     names = " > ".join(type(layer).__name__ for layer in (*node.recoveries, *gates)) or "call"
-    inside = getattr(node.inner, "run", None)
-    if n == 1 and not node.recoveries and node.wrapper is None and hasattr(inside, "__ragguard_source__"):
-        # one gate around a written-out node (the observe layer, outside a stage's recoveries):
-        # the node inside written in too, one coroutine where ``await inner_run(call)`` made two
-        inner_body = [line[4:] for line in inside.__ragguard_source__.splitlines()[1:]]  # type: ignore[union-attr]
-        inner_ns = inside.__globals__  # type: ignore[union-attr]
-        gate = gates[0]
-        ns = {**inner_ns, "oenter": gate.enter, "oenter_async": gate.enter_async, "oexit": gate.exit}
-        body = _OUTER.format(inside=_indent("\n".join(inner_body), 4)).splitlines()
-        names += " > " + inside.__code__.co_filename.removeprefix("<ragguard chain node: ")[:-1]  # type: ignore[union-attr]
-    source = "async def run(call, skip=0):\n" + "\n".join("    " + line for line in body) + "\n"
-    exec(compile(source, f"<ragguard chain node: {names}>", "exec"), ns)
-    run: Callable[..., Awaitable[Any]] = ns["run"]
-    # a recovery's ``again``: this node once more, with fewer recoveries (written in, the node inside's own)
-    ns.setdefault("self_run", run)
-    run.__ragguard_source__ = source  # type: ignore[attr-defined]  # for reading in a debugger
-    return run
+    return body, ns, names
 
 
 def _indent(text: str, spaces: int) -> str:
