@@ -94,7 +94,8 @@ async def test_disconnect_cancels_an_app_that_does_not_watch_for_it(gate: Gate) 
     with running(RagguardMiddleware(raw_streaming_app(gate), guard=guard)) as url:
         async with httpx.AsyncClient(base_url=url, headers=ACME) as client:
             async with client.stream("GET", "/") as reply:
-                assert await anext(reply.aiter_lines()) == "first"
+                lines = reply.aiter_lines()  # kept: a dropped iterator's finalizer closes the response
+                assert await anext(lines) == "first"
                 assert await asyncio.to_thread(wait_for, gate.entered)
                 assert guard.quotas.in_flight("acme") == 1
             assert await eventually(lambda: guard.quotas.in_flight("acme") == 0), "slot still held"
