@@ -154,6 +154,6 @@ async def test_the_load_generator_times_each_answers_words(stack: Stack) -> None
                        rpc="stream")
 
 
-def test_grpc_limit_below_the_capacity_is_refused(demo_passages: list[Passage]) -> None:
-    with pytest.raises(InvalidInput, match="grpc_limit"):
-        RetrievalServer(Any, demo_passages, capacity=4, grpc_limit=3)  # refused before the pipeline is read
+def test_a_capacity_below_one_is_refused(demo_passages: list[Passage]) -> None:
+    with pytest.raises(InvalidInput, match="capacity"):
+        RetrievalServer(Any, demo_passages, capacity=0)  # refused before the pipeline is read

@@ -23,6 +23,7 @@ POLICY = Policy(tenants={
     "flood": TenantQuota(max_concurrency=1, max_wait_s=60.0),
     "calm": TenantQuota(max_concurrency=4, max_wait_s=60.0),
     "heavy": TenantQuota(max_concurrency=4, max_wait_s=60.0, weight=2.0),
+    "eager": TenantQuota(max_concurrency=1, max_wait_s=0.0),  # no queue: its excess refused at once
 })
 
 
@@ -103,6 +104,50 @@ async def cancelled_gives_back_everything(guard: Guard, settled: Callable[[], Aw
     await settled()
 
 
+async def refusals_give_back_their_seats(guard: Guard, settled: Callable[[], Awaitable[None]]) -> None:
+    """A refused call's task lives on while the server sends its refusal (gRPC and uvicorn count
+    it until then); the door gives its seat back at once, so a tenant sending again the moment it
+    is refused cannot fill the door with its refusals and turn the others away."""
+    bulkhead = ServerBulkhead(2)
+    calls = Calls(guard, bulkhead)
+    running = calls.start("eager")
+    await until(lambda: bulkhead.holding("eager") == 1 and bulkhead.waiting("eager") == 0)
+    sending = asyncio.Event()  # the refusals' statuses still being sent
+    told: list[str] = []
+
+    async def refused(tenant: str) -> str:
+        try:
+            async with bulkhead.seat(guard.tenant(tenant)):
+                return "admitted"
+        except QuotaExceeded as exc:
+            told.append(exc.reason)
+            await sending.wait()
+            return exc.reason
+
+    refusals = []
+    for n in range(1, 4):  # one after another: each refused by its quota, its task still sending
+        refusals.append(asyncio.ensure_future(refused("eager")))
+        await until(lambda: len(told) == n)  # noqa: B023 (awaited before n changes)
+    assert bulkhead.held == 1 and bulkhead.holding("eager") == 1  # the running call alone
+
+    calm = calls.start("calm")  # one call running: room for it
+    await until(lambda: bulkhead.holding("calm") == 1)
+    more = asyncio.ensure_future(refused("eager"))  # the server full: eager holds the most
+    sending.set()
+    assert [await t for t in refusals] == ["concurrency"] * 3 and await more == "server"
+    calls.go.set()
+    assert await running == "ok" and await calm == "ok"
+    await asyncio.sleep(0)
+    assert bulkhead.held == 0 and not bulkhead._holders and not bulkhead._ending
+    quiet(guard)
+    await settled()
+
+
+async def test_local_quotas_refusals_give_back_their_seats() -> None:
+    guard = Guard(POLICY, clock=FakeClock())
+    await refusals_give_back_their_seats(guard, _nothing)
+
+
 async def test_local_quotas_heaviest_gives_way() -> None:
     guard = Guard(POLICY, clock=FakeClock())
     await heaviest_gives_way(guard, _nothing)
@@ -113,7 +158,9 @@ async def test_local_quotas_cancelled_gives_back_everything() -> None:
     await cancelled_gives_back_everything(guard, _nothing)
 
 
-@pytest.mark.parametrize("scenario", [heaviest_gives_way, cancelled_gives_back_everything])
+@pytest.mark.parametrize(
+    "scenario", [heaviest_gives_way, cancelled_gives_back_everything, refusals_give_back_their_seats]
+)
 async def test_redis_quotas(client: Any, scenario: Callable[..., Awaitable[None]]) -> None:
     prefix = f"t-{scenario.__name__}"
     guard = Guard(POLICY, backend=RedisBackend(client, prefix=prefix, **PATIENT))

@@ -27,10 +27,10 @@ FLOOD = (("x-tenant-id", "flood"),)
 CALM = (("x-tenant-id", "calm"),)
 
 
-def flood_guard() -> ragguard.Guard:
+def flood_guard(flood_wait_s: float = 2.0) -> ragguard.Guard:
     # the real clock: the handlers hold their calls for real time
     return ragguard.Guard(Policy(tenants={
-        "flood": TenantQuota(max_concurrency=2, max_wait_s=2.0),  # a long queue in its quota
+        "flood": TenantQuota(max_concurrency=2, max_wait_s=flood_wait_s),  # 2 s: a long queue in its quota
         "calm": TenantQuota(max_concurrency=4, max_wait_s=0.5),
     }))
 
@@ -85,11 +85,14 @@ async def test_without_a_door_bound_the_flood_costs_the_calm_tenant_its_calls(gr
     assert calm_success(counts) < 0.99, counts
 
 
-async def test_the_calm_tenant_keeps_its_calls_while_the_flood_is_refused() -> None:
-    """The door holds at most CAPACITY calls, and the flood gives way first; gRPC's own limit
-    sits at twice that (a backstop: the flood's refusals hold its slots while they are sent)."""
-    interceptor = GuardServerInterceptor(guard=flood_guard(), max_concurrent_rpcs=CAPACITY)
-    async with serving(Behaviors(), [interceptor], maximum_concurrent_rpcs=2 * CAPACITY) as target:
+@pytest.mark.parametrize("flood_wait_s", [2.0, 0.0], ids=["flood-queues", "flood-refused-at-once"])
+async def test_the_calm_tenant_keeps_its_calls_while_the_flood_is_refused(flood_wait_s: float) -> None:
+    """The door holds at most CAPACITY calls, and the flood gives way first, whether its excess
+    queues in its quota (shed by the door) or its quota refuses it at once: a refusal gives its
+    seat back at once, so the flood's refusals in flight (as many as its callers) never fill the
+    door. gRPC's own limit is unset, as docs/grpc.md says: it would count those refusals too."""
+    interceptor = GuardServerInterceptor(guard=flood_guard(flood_wait_s), max_concurrent_rpcs=CAPACITY)
+    async with serving(Behaviors(), [interceptor], maximum_concurrent_rpcs=None) as target:
         counts = await flood_and_calm(target)
     calm = sum(n for key, n in counts.items() if key[0] == "calm")
     assert calm >= 15
@@ -108,7 +111,7 @@ async def test_a_waiting_call_of_the_heaviest_tenant_is_shed_for_a_lighter_arriv
     behaviors = Behaviors()
     bulkhead = interceptor.bulkhead
     assert bulkhead is not None
-    async with serving(behaviors, [interceptor], maximum_concurrent_rpcs=4) as target, \
+    async with serving(behaviors, [interceptor]) as target, \
             aio.insecure_channel(target) as ch:
         running = asyncio.ensure_future(call_kind(ch, kind, b"hold", metadata=FLOOD, timeout=10))
         await asyncio.wait_for(behaviors.entered.wait(), 5)
@@ -138,7 +141,7 @@ async def test_a_cancelled_call_gives_back_its_seat_and_its_quota_slot() -> None
     behaviors = Behaviors()
     bulkhead = interceptor.bulkhead
     assert bulkhead is not None
-    async with serving(behaviors, [interceptor], maximum_concurrent_rpcs=4) as target, \
+    async with serving(behaviors, [interceptor]) as target, \
             aio.insecure_channel(target) as ch:
         stub = method(ch, "Unary")
         running = stub(b"hold", metadata=FLOOD, timeout=10)

@@ -110,15 +110,16 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     ``ragguard-stream-continued-by`` and ``ragguard-stream-continued-after``; the last guarded
     stream that ended in the call is the one told.
 
-    ``max_concurrent_rpcs``: the server's own ``maximum_concurrent_rpcs`` (give the same number;
-    None, the default: no server-wide bound here). gRPC counts a call from its arrival, waiting in
-    its tenant's quota included, and refuses the excess before the tenant is known; with this
-    option the interceptor keeps ``headroom`` of those slots free (default 1/8 of them) and, once
-    the server is that full, sheds the waiting call of the tenant holding the most calls per unit
-    of its ``weight``, or refuses the arrival when its own tenant holds the most, so that gRPC's
-    tenant-blind limit refuses none (:class:`~ragguard.quotas.ServerBulkhead`; docs/grpc.md). A
-    call refused or shed so fails with RESOURCE_EXHAUSTED and ``retry-after``
-    (:class:`~ragguard.QuotaExceeded`, reason ``server``).
+    ``max_concurrent_rpcs``: the calls the server serves at once, all tenants together (None, the
+    default: no server-wide bound here). Give it here instead of as the server's own
+    ``maximum_concurrent_rpcs``, and leave that one unset: gRPC counts a call from its arrival and
+    refuses the excess before the tenant is known. The interceptor counts a call from the moment
+    its tenant is known, waiting in its tenant's quota or running, until its task ends; once the
+    server is full (less ``headroom``, default 0), it sheds the waiting call of the tenant holding
+    the most calls per unit of its ``weight``, or refuses the arrival when its own tenant holds the
+    most (:class:`~ragguard.quotas.ServerBulkhead`; docs/grpc.md). A call refused or shed so fails
+    with RESOURCE_EXHAUSTED and ``retry-after`` (:class:`~ragguard.QuotaExceeded`, reason
+    ``server``), and gives its seat back at once: a refusal does no work.
 
     A cancelled call (the client went away, or its deadline passed) releases its slot at once,
     streams included: a streaming handler written as an async generator is driven from the call's

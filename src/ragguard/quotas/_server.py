@@ -8,8 +8,10 @@ which then refuses well-behaved tenants' calls, blindly.
 
 :class:`ServerBulkhead` makes the door the server's limit, tenant-aware. It counts the calls the
 door holds against ``capacity``: each from the moment the door knows its tenant until the task
-serving it ends (as the server counts it), waiting in its tenant's quota or running, and a call
-the door refuses too, while its refusal is answered. Once the calls held reach
+serving it ends (as the server counts it), waiting in its tenant's quota or running. A call
+refused (by the door or by its tenant's quota), shed or cancelled gives its seat back at once: a
+refusal does no work, and a tenant that sends again the moment it is refused would otherwise
+fill the door with its refusals in flight. Once the calls held reach
 ``capacity - headroom``, an arrival is judged by how many calls each tenant holds per unit of its
 ``weight`` (its load), counting the arrival:
 
@@ -25,10 +27,10 @@ flow holding the most gives way), applied to a server's slots: a tenant may use 
 while others leave it idle (the bulkhead acts only when it is full), and when it is full, the
 tenant holding the most gives way first. A running call is never cut.
 
-A refused call still holds one of the server's own slots while its status is sent: under a tenant
-that sends again the moment it is refused, those refusals in flight are many. The server's own
-limit should therefore sit above ``capacity`` (twice it, or none), so that only the door refuses
-(docs/grpc.md measures it).
+The server's own limit, if it has one, still counts a refused call while its status is sent, and
+refuses whoever arrives next, blind to the tenant: under a tenant that sends again the moment it
+is refused, those refusals in flight are as many as its callers. Leave the server's own limit
+unset when the door bounds it (docs/grpc.md measures it).
 
 Every operation is O(tenants holding calls) at most (no more than the calls held): the map holds
 only tenants with calls held, so a flood of tenant ids cannot grow it.
@@ -73,7 +75,7 @@ class ServerBulkhead:
     """Bound the calls a server door holds at once to ``capacity``, shedding the heaviest tenant.
 
     ``capacity``: the calls the server serves at once, >= 1 (keep the server's own limit, e.g.
-    grpc.aio's ``maximum_concurrent_rpcs``, above it: twice it, or none). ``headroom``: of those,
+    grpc.aio's ``maximum_concurrent_rpcs``, unset: it refuses blind). ``headroom``: of those,
     kept for tenants lighter than the heaviest (default 0), 0 <= headroom < capacity. ``clock``:
     monotonic seconds, for the hold times behind ``retry_after_s``. Raises
     :class:`~ragguard.ConfigError` naming the field.
@@ -133,7 +135,7 @@ class ServerBulkhead:
 
     def _take(self, seat: _Seat, weight: float) -> None:
         """Count ``seat`` in, shedding a heavier tenant's waiting call when full; or refuse it
-        (counted all the same: it holds the server's slot until its call ends)."""
+        (not counted: a refusal does no work)."""
         self._moved_on()
         tenant = seat.tenant
         holder = self._holders.get(tenant)
@@ -155,14 +157,14 @@ class ServerBulkhead:
                 self._shed(victim.waiting[-1])  # the newest: it has waited least
             elif not heavier or self.held >= self.capacity:
                 refuse = True
+        if refuse:
+            self.refused += 1
+            raise self._refusal(tenant)
         if holder is None:
             holder = self._holders[tenant] = _Holder(weight)
         holder.held += 1
         self.held += 1
         seat.holder = holder
-        if refuse:
-            self.refused += 1
-            raise self._refusal(tenant)
         holder.waiting.append(seat)
         seat.waits = True
 
@@ -283,8 +285,8 @@ class _Seat:
                 await self._admit_asyncio(task)
             else:
                 await self._admit_anyio()
-        except BaseException:
-            bulkhead._leave_later(self)
+        except BaseException:  # refused, shed or cancelled: its task sends no answer of ours
+            bulkhead._leave(self)
             raise
         bulkhead._stop_waiting(self)
         self.started = bulkhead.clock()

@@ -551,13 +551,12 @@ def _guarded_service(
         guard, closers = _shared_guard(policy, redis, rng)
     clients = BackendClients(shared.addresses, interceptors=client_interceptors(), snappy=True)
     pipeline = GuardedPipeline(clients, shared.reranker, shared.passages, shared.keyword, guard)
-    # The interceptor bounds the RPCs in flight to the capacity, the tenant holding the most
-    # giving way first; gRPC's tenant-blind limit sits above it, a backstop that refuses none of
-    # the well-behaved tenants' calls (its refusals come before the tenant is known).
+    # The interceptor alone bounds the RPCs in flight to the capacity, the tenant holding the
+    # most giving way first: gRPC's own limit, tenant-blind, would count the refusals in flight
+    # and refuse the well-behaved tenants' calls before their tenant is known.
     door = GuardServerInterceptor(guard=guard, max_concurrent_rpcs=options.capacity)
     server = RetrievalServer(
-        pipeline, shared.passages, capacity=options.capacity, grpc_limit=2 * options.capacity,
-        interceptors=[door, SnappyServerInterceptor()],
+        pipeline, shared.passages, capacity=None, interceptors=[door, SnappyServerInterceptor()]
     )
     return server, [clients.close, *closers], guard
 

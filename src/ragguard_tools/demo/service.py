@@ -16,10 +16,10 @@ whatever the interceptor maps them to (:func:`ragguard.grpc.status_for`), a back
 ragguard's client interceptors classify it too; a dependency's own
 UNAVAILABLE or DEADLINE_EXCEEDED passes through (the unguarded service meets those); anything else
 is INTERNAL. An Answer that fails after its first word ends with that status after the words
-sent. The server's ``capacity`` caps the RPCs in flight, like any real service's limit: gRPC's
+sent. The RPCs in flight are capped like any real service's: the unguarded service by gRPC's
 ``maximum_concurrent_rpcs`` (rejecting the excess with RESOURCE_EXHAUSTED before the tenant is
-known), or for the guarded service the interceptor's ``max_concurrent_rpcs`` (the tenant holding
-the most gives way first), with gRPC's own limit at twice it behind.
+known), the guarded one by the interceptor's ``max_concurrent_rpcs`` alone (the tenant holding the
+most gives way first).
 """
 
 from __future__ import annotations
@@ -46,28 +46,25 @@ _PASSED_THROUGH = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABL
 class RetrievalServer:
     """Serves ``pipeline`` on 127.0.0.1; ``interceptors`` (the guarded service:
     ``GuardServerInterceptor``) and ``compression`` are passed to ``grpc.aio.server``, and
-    ``grpc_limit`` (default ``capacity``) as its ``maximum_concurrent_rpcs``: the guarded service
-    bounds its RPCs to ``capacity`` in the interceptor, by tenant, with gRPC's own tenant-blind
-    limit above it as a backstop."""
+    ``capacity`` as its ``maximum_concurrent_rpcs``. None: no limit of gRPC's own, for the guarded
+    service, whose interceptor bounds its RPCs by tenant (gRPC's limit, tenant-blind, would count
+    the refusals it sends and refuse the other tenants' calls)."""
 
     def __init__(
         self,
         pipeline: Pipeline,
         passages: Sequence[Passage],
         *,
-        capacity: int,
+        capacity: int | None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         compression: grpc.Compression | None = None,
-        grpc_limit: int | None = None,
     ) -> None:
-        if capacity < 1:
-            raise InvalidInput(f"RetrievalServer: capacity must be >= 1, got {capacity}")
-        if grpc_limit is not None and grpc_limit < capacity:
-            raise InvalidInput(f"RetrievalServer: grpc_limit must be >= capacity, got {grpc_limit}")
+        if capacity is not None and capacity < 1:
+            raise InvalidInput(f"RetrievalServer: capacity must be >= 1 or None, got {capacity}")
         self._pipeline = pipeline
         self._passages = passages
         self._server = grpc.aio.server(
-            maximum_concurrent_rpcs=capacity if grpc_limit is None else grpc_limit,
+            maximum_concurrent_rpcs=capacity,
             interceptors=list(interceptors) or None,
             compression=compression,
         )
