@@ -67,7 +67,8 @@ async def test_client_disconnect_mid_stream_releases_the_slot(style: str, gate: 
     with serve(guard, gate, style) as url:
         async with httpx.AsyncClient(base_url=url, headers=ACME) as client:
             async with client.stream("GET", "/stream", params={"hold": "true"}) as reply:
-                assert await anext(reply.aiter_lines()) == "data: token 0 for acme"
+                lines = reply.aiter_lines()  # kept: a dropped iterator's finalizer closes the response
+                assert await anext(lines) == "data: token 0 for acme"
                 assert await asyncio.to_thread(wait_for, gate.entered)
             # leaving the block closes the half-read response's connection
             assert await eventually(lambda: guard.quotas.in_flight("acme") == 0), "slot still held"
