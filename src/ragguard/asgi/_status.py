@@ -50,7 +50,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._errors import DeadlineExceeded, QuotaExceeded, StreamTimeout, Unauthenticated
+from .._errors import QuotaExceeded, StreamTimeout, TellsDeadline, Unauthenticated
 from .._http import (
     RETRY_AFTER_HEADER,
     RETRY_AFTER_MS_HEADER,
@@ -102,7 +102,7 @@ def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> Htt
         body["retry_after_s"] = round(wait, 6)
     if isinstance(exc, StreamTimeout):
         body["budget"] = exc.budget
-    elif isinstance(exc, DeadlineExceeded):
+    elif isinstance(exc, TellsDeadline):
         by, seconds = deadline_told(exc)
         if by is not None:
             body["deadline_set_by"] = by
