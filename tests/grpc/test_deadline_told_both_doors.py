@@ -28,7 +28,7 @@ from http_helpers import running
 import ragguard
 from ragguard import FakeClock, Policy, TenantQuota
 from ragguard.asgi import RagguardMiddleware
-from ragguard.grpc import GuardServerInterceptor
+from ragguard.grpc import GuardServerInterceptor, RemoteDeadlineExceeded, client_interceptors
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -194,3 +194,86 @@ def test_a_deadline_says_who_set_it_and_refuses_an_unknown_source() -> None:
     assert restored.set_by == "tenant" and str(restored) == str(error)
     with pytest.raises(ragguard.ConfigError, match="set_by"):
         ragguard.deadline(1.0, set_by="the moon")
+
+
+# --- the gRPC client interceptor reads it back --------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["call", "stream"])
+async def test_grpc_client_error_says_what_set_the_servers_deadline(kind: str) -> None:
+    guard, clock = make_guard()
+    server, port = await grpc_server(guard, clock)
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}", interceptors=client_interceptors()) as channel:
+            for tenant, client_s, mode, set_by, budget_s in CASES:
+                sent = {"timeout": client_s, "metadata": (("x-tenant-id", tenant),)}
+                with pytest.raises(RemoteDeadlineExceeded) as info:
+                    if kind == "call":
+                        await channel.unary_unary("/t.S/Call")(mode.encode(), **sent)
+                    else:
+                        async for _ in channel.unary_stream("/t.S/Stream")(mode.encode(), **sent):
+                            pass
+                error = info.value
+                told = {"set_by": error.set_by, "deadline_s": error.deadline_s}
+                check(told, error.details() or "", set_by, budget_s)
+    finally:
+        await server.stop(None)
+
+
+JUNK = [
+    # (ragguard-deadline-set-by, ragguard-deadline-s) a server sends -> what the error says
+    (("client", "0.250"), ("client", 0.25)),
+    (("the moon", "1.5"), (None, 1.5)),  # an unknown word
+    (("CLIENT", "nan"), (None, None)),  # words are exact; NaN is no budget
+    (("tenant", "inf"), ("tenant", None)),
+    (("handler", "1e400"), ("handler", None)),  # a float's infinity
+    (("handler", "1e300"), ("handler", None)),  # finite, past ten years
+    (("client", "-1"), ("client", None)),
+    (("client", "9" * 400), ("client", None)),  # huge, and past 64 characters
+    (("x" * 10_000, "1.0"), (None, 1.0)),  # a 10 KB word (the client takes 16 KB of metadata)
+    (("client", "1" * 10_000), ("client", None)),  # a 10 KB number
+    (("", ""), (None, None)),
+    (("client", "0x10"), ("client", None)),
+]
+
+
+@pytest.mark.parametrize("kind", ["call", "stream"])
+async def test_grpc_client_ignores_junk_in_the_deadline_trailers(kind: str) -> None:
+    """A server that is not ragguard, or is hostile, may put anything in those trailers: the
+    error says None for what it cannot read, and nothing raises but the RemoteDeadlineExceeded."""
+
+    async def abort(context: aio.ServicerContext[Any, Any], request: bytes) -> None:
+        by, seconds = JUNK[int(request)][0]
+        told = (("ragguard-deadline-set-by", by), ("ragguard-deadline-s", seconds))
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "junk", trailing_metadata=told)
+
+    async def call(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        await abort(context, request)
+        return b""
+
+    async def stream(request: bytes, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        yield b"first"
+        await abort(context, request)
+
+    server = aio.server()
+    methods = {
+        "Call": grpc.unary_unary_rpc_method_handler(call),
+        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.J", methods),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}", interceptors=client_interceptors()) as channel:
+            for i, (_, said) in enumerate(JUNK):
+                with pytest.raises(RemoteDeadlineExceeded) as info:
+                    if kind == "call":
+                        await channel.unary_unary("/t.J/Call")(str(i).encode(), timeout=10)
+                    else:
+                        async for _ in channel.unary_stream("/t.J/Stream")(str(i).encode(), timeout=10):
+                            pass
+                error = info.value
+                assert (error.set_by, error.deadline_s) == said, (i, error.trailing_metadata())
+                assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        await server.stop(None)
