@@ -190,19 +190,25 @@ async def test_http_a_token_wait_past_the_deadline_says_what_set_it(kind: str) -
     assert clock() == 0.0  # refused at once: the wait would outlast the deadline
 
 
+FORGED = {"nan": float("nan"), "inf": float("inf"), "huge": 1e300, "neg": -1.0}
+
+
+def forged(junk: str) -> ragguard.QuotaExceeded:
+    return ragguard.QuotaExceeded("acme", 0.1, "deadline", deadline_s=FORGED[junk], set_by="tenant acme")
+
+
 async def test_http_a_forged_telling_is_not_repeated() -> None:
     """What the doors tell is bounded whatever the error holds: a word of SET_BY, a finite
-    number; the app's own QuotaExceeded with junk in them tells neither."""
+    number; the app's own QuotaExceeded with junk in them tells neither (nor its tenant id)."""
     app = FastAPI()
 
     @app.get("/forged/{junk}")
-    async def forged(junk: str) -> None:
-        seconds = {"nan": float("nan"), "inf": float("inf"), "huge": 1e300, "neg": -1.0}[junk]
-        raise ragguard.QuotaExceeded("acme", 0.1, "deadline", deadline_s=seconds, set_by="tenant acme")
+    async def raises(junk: str) -> None:
+        raise forged(junk)
 
     with running(RagguardMiddleware(app, guard=ragguard.Guard(Policy()))) as url:
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
-            for junk in ("nan", "inf", "huge", "neg"):
+            for junk in FORGED:
                 reply = await client.get(f"/forged/{junk}", headers=sent("acme", 5.0))
                 assert reply.status_code == 504
                 body = reply.json()
@@ -293,6 +299,27 @@ async def test_grpc_a_token_wait_past_the_deadline_says_what_set_it(kind: str) -
                 told_grpc(info.value, want_by, want_s)
                 assert got == ([] if kind == "call" else [b"first"])  # the error came after it
         assert clock() == 0.0
+    finally:
+        await server.stop(None)
+
+
+async def test_grpc_a_forged_telling_is_not_repeated() -> None:
+    async def raises(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        raise forged(request.decode())
+
+    server = aio.server(interceptors=[GuardServerInterceptor(guard=ragguard.Guard(Policy()))])
+    methods = {"Call": grpc.unary_unary_rpc_method_handler(raises)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.F", methods),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for junk in FORGED:
+                with pytest.raises(aio.AioRpcError) as info:
+                    await channel.unary_unary("/t.F/Call")(junk.encode(), timeout=5.0)
+                assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                keys = {key for key, _ in info.value.trailing_metadata() or ()}
+                assert not keys & {"ragguard-deadline-set-by", "ragguard-deadline-s"}, keys
     finally:
         await server.stop(None)
 
