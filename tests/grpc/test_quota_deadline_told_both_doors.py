@@ -21,7 +21,6 @@ queued request's deadline timer fires at once; a token refusal needs no time at 
 from __future__ import annotations
 
 import asyncio
-import json
 import pickle
 import sys
 from collections.abc import AsyncIterator
@@ -32,8 +31,9 @@ import grpc
 import httpx
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
 from grpc import aio
+from grpc_helpers import serving_methods
+from told_helpers import WORDS, Run, answer_504, grpc_server, http_app, rpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "http"))  # the HTTP tests' uvicorn runner
 from http_helpers import running
@@ -53,7 +53,6 @@ TOKEN_CASES = [
     ("acme", 9.0, True, "handler", HANDLER_S),  # the handler's own deadline, shorter still
     ("roomy", 1.0, False, "client", 1.0),  # the client's, shorter than the tenant's 5 s
 ]
-WORDS = {"tenant": "the tenant's timeout_s", "client": "the client", "handler": "the handler"}
 
 
 def make_guard() -> tuple[ragguard.Guard, FakeClock]:
@@ -69,7 +68,7 @@ def make_guard() -> tuple[ragguard.Guard, FakeClock]:
     return ragguard.Guard(policy, clock=clock), clock
 
 
-def handlers(guard: ragguard.Guard, clock: FakeClock) -> Any:
+def handlers(guard: ragguard.Guard, clock: FakeClock) -> Run:
     """``await run(mode)``: ``hold`` the tight tenant's slot until another request queues for it;
     ``warm``: spend 40 of the tenant's 50 tokens; ``tokens``/``own``: open a generation stream
     whose tokens cannot come in time (``own``: under the handler's own shorter deadline)."""
@@ -117,36 +116,6 @@ def check(set_by: str | None, deadline_s: float | None, detail: str, want_by: st
 # --- HTTP -------------------------------------------------------------------------------------
 
 
-def http_app(guard: ragguard.Guard, clock: FakeClock) -> Any:
-    app = FastAPI()
-    run = handlers(guard, clock)
-
-    @app.get("/call/{mode}")
-    async def call(mode: str) -> dict[str, Any]:
-        await run(mode)
-        return {}
-
-    @app.get("/stream/{mode}")
-    async def stream(mode: str) -> StreamingResponse:
-        async def events() -> AsyncIterator[str]:
-            yield "data: first\n\n"
-            await run(mode)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    app.add_middleware(RagguardMiddleware, guard=guard)
-    return app
-
-
-def sse_error(text: str) -> dict[str, Any]:
-    for block in text.split("\n\n"):
-        lines = block.splitlines()
-        if lines and lines[0] == "event: ragguard-error":
-            return dict(json.loads(lines[1].removeprefix("data: ")))
-    raise AssertionError(f"no ragguard-error event in {text!r}")
-
-
 def told_http(body: dict[str, Any], want_by: str, want_s: float) -> None:
     assert body["error"] == "QuotaExceeded", body
     check(body.get("deadline_set_by"), body.get("deadline_s"), body["detail"], want_by, want_s)
@@ -158,7 +127,7 @@ def sent(tenant: str, seconds: float) -> dict[str, str]:
 
 async def test_http_a_queue_wait_cut_by_the_clients_deadline_says_so() -> None:
     guard, clock = make_guard()
-    with running(http_app(guard, clock)) as url:
+    with running(http_app(guard, handlers(guard, clock))) as url:
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
             holder = asyncio.ensure_future(client.get("/call/hold", headers={"x-tenant-id": "tight"}))
             assert await held(guard)
@@ -172,20 +141,12 @@ async def test_http_a_queue_wait_cut_by_the_clients_deadline_says_so() -> None:
 @pytest.mark.parametrize("kind", ["call", "stream"])
 async def test_http_a_token_wait_past_the_deadline_says_what_set_it(kind: str) -> None:
     guard, clock = make_guard()
-    with running(http_app(guard, clock)) as url:
+    with running(http_app(guard, handlers(guard, clock))) as url:
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
             for tenant in ("acme", "roomy"):
                 assert (await client.get("/call/warm", headers={"x-tenant-id": tenant})).status_code == 200
             for tenant, client_s, own, want_by, want_s in TOKEN_CASES:
-                path = f"/{kind}/{'own' if own else 'tokens'}"
-                reply = await client.get(path, headers=sent(tenant, client_s))
-                if kind == "call":
-                    assert reply.status_code == 504, reply.text
-                    body = reply.json()
-                else:
-                    assert reply.status_code == 200 and reply.text.startswith("data: first")
-                    body = sse_error(reply.text)
-                    assert body["status"] == 504
+                body = await answer_504(client, kind, "own" if own else "tokens", sent(tenant, client_s))
                 told_http(body, want_by, want_s)
     assert clock() == 0.0  # refused at once: the wait would outlast the deadline
 
@@ -218,41 +179,6 @@ async def test_http_a_forged_telling_is_not_repeated() -> None:
 # --- gRPC -------------------------------------------------------------------------------------
 
 
-async def grpc_server(guard: ragguard.Guard, clock: FakeClock) -> tuple[aio.Server, int]:
-    run = handlers(guard, clock)
-
-    async def call(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
-        await run(request.decode())
-        return b""
-
-    async def stream(request: bytes, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
-        yield b"first"
-        await run(request.decode())
-        yield b"unreachable"
-
-    server = aio.server(interceptors=[GuardServerInterceptor(guard=guard)])
-    methods = {
-        "Call": grpc.unary_unary_rpc_method_handler(call),
-        "Stream": grpc.unary_stream_rpc_method_handler(stream),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", methods),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    return server, port
-
-
-async def rpc(
-    channel: aio.Channel, kind: str, mode: str, tenant: str, timeout: float | None, got: list[bytes]
-) -> None:
-    """Make the call; a stream's messages go to ``got``."""
-    options: dict[str, Any] = {"timeout": timeout, "metadata": (("x-tenant-id", tenant),)}
-    if kind == "call":
-        await channel.unary_unary("/t.S/Call")(mode.encode(), **options)
-    else:
-        async for item in channel.unary_stream("/t.S/Stream")(mode.encode(), **options):
-            got.append(item)
-
-
 def told_grpc(error: aio.AioRpcError, want_by: str, want_s: float) -> None:
     assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED, error
     trailers = dict(error.trailing_metadata() or ())
@@ -265,63 +191,56 @@ def told_grpc(error: aio.AioRpcError, want_by: str, want_s: float) -> None:
     check(error.set_by, error.deadline_s, details, want_by, want_s)
 
 
+def tenant(name: str) -> tuple[tuple[str, str]]:
+    return (("x-tenant-id", name),)
+
+
 @pytest.mark.parametrize("kind", ["call", "stream"])
 async def test_grpc_a_queue_wait_cut_by_the_clients_deadline_says_so(kind: str) -> None:
     guard, clock = make_guard()
-    server, port = await grpc_server(guard, clock)
-    try:
-        async with aio.insecure_channel(f"127.0.0.1:{port}", interceptors=client_interceptors()) as channel:
-            holder = asyncio.ensure_future(rpc(channel, "call", "hold", "tight", None, []))
+    async with grpc_server(guard, handlers(guard, clock)) as target:
+        async with aio.insecure_channel(target, interceptors=client_interceptors()) as channel:
+            holder = asyncio.ensure_future(rpc(channel, "call", "hold", [], metadata=tenant("tight")))
             assert await held(guard)
             got: list[bytes] = []
             with pytest.raises(aio.AioRpcError) as info:
-                await rpc(channel, kind, "hold", "tight", 5.0, got)  # queues, then refused
+                await rpc(channel, kind, "hold", got, timeout=5.0, metadata=tenant("tight"))  # queues
             await holder
-            assert got == []  # refused before the handler ran
-        told_grpc(info.value, "client", 5.0)
-        assert guard.quotas.in_flight("tight") == 0 and guard.quotas.waiting("tight") == 0
-    finally:
-        await server.stop(None)
+    assert got == []  # refused before the handler ran
+    told_grpc(info.value, "client", 5.0)
+    assert guard.quotas.in_flight("tight") == 0 and guard.quotas.waiting("tight") == 0
 
 
 @pytest.mark.parametrize("kind", ["call", "stream"])
 async def test_grpc_a_token_wait_past_the_deadline_says_what_set_it(kind: str) -> None:
     guard, clock = make_guard()
-    server, port = await grpc_server(guard, clock)
-    try:
-        async with aio.insecure_channel(f"127.0.0.1:{port}", interceptors=client_interceptors()) as channel:
-            for tenant in ("acme", "roomy"):
-                await rpc(channel, "call", "warm", tenant, None, [])
-            for tenant, client_s, own, want_by, want_s in TOKEN_CASES:
+    async with grpc_server(guard, handlers(guard, clock)) as target:
+        async with aio.insecure_channel(target, interceptors=client_interceptors()) as channel:
+            for name in ("acme", "roomy"):
+                await rpc(channel, "call", "warm", [], metadata=tenant(name))
+            for name, client_s, own, want_by, want_s in TOKEN_CASES:
                 got: list[bytes] = []
                 with pytest.raises(aio.AioRpcError) as info:
-                    await rpc(channel, kind, "own" if own else "tokens", tenant, client_s, got)
+                    mode = "own" if own else "tokens"
+                    await rpc(channel, kind, mode, got, timeout=client_s, metadata=tenant(name))
                 told_grpc(info.value, want_by, want_s)
                 assert got == ([] if kind == "call" else [b"first"])  # the error came after it
-        assert clock() == 0.0
-    finally:
-        await server.stop(None)
+    assert clock() == 0.0
 
 
 async def test_grpc_a_forged_telling_is_not_repeated() -> None:
     async def raises(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
         raise forged(request.decode())
 
-    server = aio.server(interceptors=[GuardServerInterceptor(guard=ragguard.Guard(Policy()))])
     methods = {"Call": grpc.unary_unary_rpc_method_handler(raises)}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.F", methods),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            for junk in FORGED:
-                with pytest.raises(aio.AioRpcError) as info:
-                    await channel.unary_unary("/t.F/Call")(junk.encode(), timeout=5.0)
-                assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                keys = {key for key, _ in info.value.trailing_metadata() or ()}
-                assert not keys & {"ragguard-deadline-set-by", "ragguard-deadline-s"}, keys
-    finally:
-        await server.stop(None)
+    door = [GuardServerInterceptor(guard=ragguard.Guard(Policy()))]
+    async with serving_methods("t.S", methods, door) as target, aio.insecure_channel(target) as channel:
+        for junk in FORGED:
+            with pytest.raises(aio.AioRpcError) as info:
+                await rpc(channel, "call", junk, [], timeout=5.0)
+            assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            keys = {key for key, _ in info.value.trailing_metadata() or ()}
+            assert not keys & {"ragguard-deadline-set-by", "ragguard-deadline-s"}, keys
 
 
 def test_the_error_tells_and_keeps_what_set_the_deadline() -> None:
