@@ -33,7 +33,8 @@ items the caller had been sent) and, for :class:`~ragguard.StreamTimeout`, ``"bu
 ``ragguard-error`` event. A :class:`~ragguard.DeadlineExceeded` adds what set the request's
 deadline, ``"deadline_set_by"`` (``"client"``: the timeout field the caller sent; ``"tenant"``:
 the tenant's ``timeout_s``, shorter; ``"handler"``: a ``deadline(...)`` block of the app, shorter
-still), and ``"deadline_s"``, that deadline's budget in seconds, when known. Every wait is
+still), and ``"deadline_s"``, that deadline's budget in seconds, when known; so does a
+:class:`~ragguard.QuotaExceeded` whose wait that deadline cut. Every wait is
 clamped (a day at most; ``1e308`` or infinity included): formatting one never raises.
 
 ``RateLimit`` follows the IETF draft "RateLimit header fields for HTTP"

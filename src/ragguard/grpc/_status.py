@@ -8,6 +8,7 @@ error (its outcome)                status               trailing metadata
 QuotaExceeded (ragguard's quota)   RESOURCE_EXHAUSTED   ``retry-after``: seconds, e.g. ``"0.250"``, and
                                                         ``grpc-retry-pushback-ms``: ``"250"``
 QuotaExceeded (deadline)           DEADLINE_EXCEEDED    (the wait for a slot or token outlasted it)
+                                                        the two ``ragguard-deadline-*`` below
 BreakerOpen                        UNAVAILABLE          both, when the breaker knows the wait
 Overloaded                         UNAVAILABLE          both (shed by an adaptive limit or throttle)
 DeadlineExceeded                   DEADLINE_EXCEEDED    ``ragguard-deadline-set-by``: what set the
