@@ -140,7 +140,7 @@ async def test_grpc_client_error_says_what_set_the_servers_deadline(kind: str) -
                 check(told, error.details() or "", set_by, budget_s)
 
 
-JUNK = [
+JUNK: list[tuple[tuple[str | None, str | None], tuple[str | None, float | None]]] = [
     # (ragguard-deadline-set-by, ragguard-deadline-s) a server sends -> what the error says
     (("client", "0.250"), ("client", 0.25)),
     (("the moon", "1.5"), (None, 1.5)),  # an unknown word
@@ -153,6 +153,7 @@ JUNK = [
     (("x" * 10_000, "1.0"), (None, 1.0)),  # a 10 KB word
     (("client", "1" * 10_000), ("client", None)),  # a 10 KB number
     (("", ""), (None, None)),
+    ((None, None), (None, None)),  # a server that says nothing
     (("client", "0x10"), ("client", None)),
 ]
 
@@ -164,7 +165,7 @@ async def test_grpc_client_ignores_junk_in_the_deadline_trailers(kind: str) -> N
 
     async def abort(context: aio.ServicerContext[Any, Any], request: bytes) -> None:
         by, seconds = JUNK[int(request)][0]
-        told = (("ragguard-deadline-set-by", by), ("ragguard-deadline-s", seconds))
+        told = (("ragguard-deadline-set-by", by), ("ragguard-deadline-s", seconds)) if by is not None else ()
         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "junk", trailing_metadata=told)
 
     async def call(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
