@@ -157,20 +157,77 @@ class NoDeploymentAvailable(BreakerOpen):
         return f"no deployment of model group {self.group!r} is available ({why or 'none'}){after}"
 
 
-class QuotaExceeded(RagguardError):
+class TellsDeadline:
+    """What an error says of the request's deadline it ran into (:class:`DeadlineExceeded`, a
+    :class:`QuotaExceeded` of reason ``"deadline"``): ``deadline_s``, its whole budget in seconds,
+    and ``set_by``, what set it (a key of :data:`SET_BY`); None when not known. The one way both
+    phrase it in their message, are told it by a front door, and keep it through pickling."""
+
+    deadline_s: float | None
+    set_by: str | None
+    args: tuple[Any, ...]
+
+    def _message(self) -> str:
+        raise NotImplementedError
+
+    def _told(self, budget_s: float | None) -> str:
+        """`` (the request's 0.300s, set by the client)``, or as much of it as is known ("" for
+        nothing); the seconds are left out when they equal ``budget_s`` (said already)."""
+        deadline_s = self.deadline_s
+        told = SET_BY.get(self.set_by) if isinstance(self.set_by, str) else None
+        by = f", set by {told}" if told else ""
+        if deadline_s is not None and deadline_s != budget_s:
+            return f" (the request's {deadline_s:.3f}s{by})"
+        return f" (the request's deadline{by})" if told else ""
+
+    def told_by(self, deadline_s: float | None, set_by: str | None) -> None:
+        """Fill in the request's budget and what set it, when the error did not know them (a
+        front door knows its request's deadline)."""
+        if self.set_by is None and set_by is not None:
+            self.set_by = set_by
+            if self.deadline_s is None:
+                self.deadline_s = deadline_s
+            self.args = (self._message(),)
+
+    def __setstate__(self, state: dict[str, Any] | None) -> None:
+        self.__dict__.update(state or {})
+        self.args = (self._message(),)  # with what the keyword-only fields add
+
+
+class QuotaExceeded(TellsDeadline, RagguardError):
     """Tenant ``tenant`` is over its quota.
 
     ``reason`` is ``"concurrency"``, ``"rate"``, ``"tokens"`` (the tenant's token quota, for a
     stream of the generation stage) or ``"deadline"`` (the wait would outlast the
     request's deadline); ``retry_after_s`` is an honest estimate, in seconds, of when a retry
-    could be admitted.
+    could be admitted. For reason ``"deadline"``, ``deadline_s`` and ``set_by`` tell that
+    deadline as :class:`DeadlineExceeded` does (its budget in seconds, and what set it); None
+    when not known (ragguard tells them for this reason only).
     """
 
-    def __init__(self, tenant: str, retry_after_s: float, reason: str) -> None:
+    def __init__(
+        self,
+        tenant: str,
+        retry_after_s: float,
+        reason: str,
+        *,
+        deadline_s: float | None = None,
+        set_by: str | None = None,
+    ) -> None:
         self.tenant = tenant
         self.retry_after_s = retry_after_s
         self.reason = reason
-        super().__init__(f"tenant {tenant!r} is over its {reason} quota; retry after {retry_after_s:.3f}s")
+        self.deadline_s = deadline_s
+        self.set_by = set_by
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        msg = f"tenant {self.tenant!r} is over its {self.reason} quota; retry after {self.retry_after_s:.3f}s"
+        return msg + self._told(None)
+
+    def told_by(self, deadline_s: float | None, set_by: str | None) -> None:
+        if self.reason == "deadline":
+            super().told_by(deadline_s, set_by)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.tenant, self.retry_after_s, self.reason), self.__dict__)
@@ -264,7 +321,7 @@ def _cut(detail: object) -> str:
     return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 3] + "..."
 
 
-class DeadlineExceeded(RagguardError):
+class DeadlineExceeded(TellsDeadline, RagguardError):
     """The request's time budget was spent before or during stage ``stage``.
 
     ``budget_s`` is the budget the stage was given, in seconds (None when it was already spent
@@ -296,35 +353,17 @@ class DeadlineExceeded(RagguardError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        budget_s, deadline_s = self.budget_s, self.deadline_s
+        budget_s = self.budget_s
         msg = f"deadline exceeded in stage {self.stage!r}"
         if budget_s is not None:
             msg += f" after a budget of {budget_s:.3f}s"
-        told = SET_BY.get(self.set_by) if isinstance(self.set_by, str) else None
-        if deadline_s is not None and deadline_s != budget_s:
-            by = f", set by {told}" if told else ""
-            msg += f" (the request's {deadline_s:.3f}s{by})"
-        elif told:
-            msg += f" (the request's deadline, set by {told})"
+        msg += self._told(budget_s)
         if self.detail:
             msg += f": {self.detail}"
         return msg
 
-    def told_by(self, deadline_s: float | None, set_by: str | None) -> None:
-        """Fill in the request's budget and what set it, when the error did not know them (a
-        front door knows its request's deadline)."""
-        if self.set_by is None and set_by is not None:
-            self.set_by = set_by
-            if self.deadline_s is None:
-                self.deadline_s = deadline_s
-            self.args = (self._message(),)
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.stage, self.budget_s, self.detail, self.deadline_s), self.__dict__)
-
-    def __setstate__(self, state: dict[str, Any] | None) -> None:
-        self.__dict__.update(state or {})
-        self.args = (self._message(),)  # with what the keyword-only fields add
 
 
 SET_BY: dict[str, str] = {

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from distributed_helpers import PATIENT_S, leases_in
 
-from ragguard import ConfigError, FakeClock, Guard, InvalidInput, Policy, QuotaExceeded, TenantQuota
+from ragguard import ConfigError, FakeClock, Guard, InvalidInput, Policy, QuotaExceeded, TenantQuota, deadline
 from ragguard.redis import RedisQuotas
 from ragguard.redis._keys import quota_keys
 from ragguard.redis._quotas import SharedLease
@@ -176,3 +176,18 @@ async def test_bad_input_is_rejected(client: Any) -> None:
         RedisQuotas(lambda t: TenantQuota(), client, holder_id="x}")
     with pytest.raises(ConfigError, match="quota_for"):
         RedisQuotas(None, client)  # type: ignore[arg-type]
+
+
+async def test_a_wait_cut_by_the_deadline_says_what_set_it_across_replicas(client: Any) -> None:
+    a, b = rs = replicas(client, TenantQuota(max_concurrency=1, max_wait_s=10.0))
+    try:
+        held = await a.acquire("acme")
+        with pytest.raises(QuotaExceeded) as info:
+            with deadline(0.05, set_by="client"):  # b waits for the slot a holds
+                await b.acquire("acme")
+        error = info.value
+        assert (error.reason, error.set_by, error.deadline_s) == ("deadline", "client", 0.05)
+        assert "(the request's 0.050s, set by the client)" in str(error)
+        a.release(held)
+    finally:
+        await close_all(rs)

@@ -128,8 +128,26 @@ async def serving(
 ) -> AsyncIterator[str]:
     """Run a server for ``behaviors`` on a free loopback port (``options``: grpc.aio.server's, e.g.
     ``maximum_concurrent_rpcs``); yields its target."""
+    async with _serving(behaviors.handler(), interceptors, **options) as target:
+        yield target
+
+
+@asynccontextmanager
+async def serving_methods(
+    service: str, methods: dict[str, Any], interceptors: Sequence[aio.ServerInterceptor] = ()
+) -> AsyncIterator[str]:
+    """Run a server of ``service`` whose ``methods`` (name -> ``grpc.*_rpc_method_handler(...)``)
+    are given, on a free loopback port; yields its target."""
+    async with _serving(grpc.method_handlers_generic_handler(service, methods), interceptors) as target:
+        yield target
+
+
+@asynccontextmanager
+async def _serving(
+    handler: Any, interceptors: Sequence[aio.ServerInterceptor], **options: Any
+) -> AsyncIterator[str]:
     server = aio.server(interceptors=list(interceptors), **options)
-    server.add_generic_rpc_handlers((behaviors.handler(),))
+    server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

@@ -8,7 +8,6 @@ The Guard runs on a FakeClock: what hangs sleeps on it, so the deadline's timer 
 
 from __future__ import annotations
 
-import json
 import pickle
 import sys
 from collections.abc import AsyncIterator
@@ -18,17 +17,16 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
 from grpc import aio
+from grpc_helpers import serving_methods
+from told_helpers import WORDS, Run, answer_504, grpc_server, http_app, rpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "http"))  # the HTTP tests' uvicorn runner
 from http_helpers import running
 
 import ragguard
 from ragguard import FakeClock, Policy, TenantQuota
-from ragguard.asgi import RagguardMiddleware
-from ragguard.grpc import GuardServerInterceptor
+from ragguard.grpc import RemoteDeadlineExceeded, client_interceptors
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -49,7 +47,7 @@ def make_guard() -> tuple[ragguard.Guard, FakeClock]:
     return ragguard.Guard(Policy(tenants=tenants), clock=clock), clock
 
 
-def hangs(guard: ragguard.Guard, clock: FakeClock) -> Any:
+def hangs(guard: ragguard.Guard, clock: FakeClock) -> Run:
     """``await hang(mode)``: a guarded stage that hangs, unguarded code that hangs, or the stage
     under the handler's own shorter deadline."""
 
@@ -75,59 +73,21 @@ def check(told: dict[str, Any], detail: str, set_by: str, budget_s: float) -> No
     # the client's budget is what was left when the request arrived, as its transport rounds it
     # (grpc's timeout field has 8 digits and a unit: 1 s may arrive as 1.009 s)
     assert budget_s - 0.5 < told["deadline_s"] <= budget_s * 1.02, (told, detail)
-    words = {"tenant": "the tenant's timeout_s", "client": "the client", "handler": "the handler"}[set_by]
-    assert f"set by {words}" in detail, detail
+    assert f"set by {WORDS[set_by]}" in detail, detail
     assert len(detail) < 300
 
 
 # --- HTTP -------------------------------------------------------------------------------------
 
 
-def http_app(guard: ragguard.Guard, clock: FakeClock) -> Any:
-    app = FastAPI()
-    hang = hangs(guard, clock)
-
-    @app.get("/call/{mode}")
-    async def call(mode: str) -> dict[str, Any]:
-        await hang(mode)
-        return {}
-
-    @app.get("/stream/{mode}")
-    async def stream(mode: str) -> StreamingResponse:
-        async def events() -> AsyncIterator[str]:
-            yield "data: first\n\n"
-            await hang(mode)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    app.add_middleware(RagguardMiddleware, guard=guard)
-    return app
-
-
-def sse_error(text: str) -> dict[str, Any]:
-    for block in text.split("\n\n"):
-        lines = block.splitlines()
-        if lines and lines[0] == "event: ragguard-error":
-            return dict(json.loads(lines[1].removeprefix("data: ")))
-    raise AssertionError(f"no ragguard-error event in {text!r}")
-
-
 @pytest.mark.parametrize("kind", ["call", "stream"])
 async def test_http_504_says_what_set_the_deadline(kind: str) -> None:
     guard, clock = make_guard()
-    with running(http_app(guard, clock)) as url:
+    with running(http_app(guard, hangs(guard, clock))) as url:
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
             for tenant, client_s, mode, set_by, budget_s in CASES:
                 headers = {"x-tenant-id": tenant, "x-request-timeout-ms": str(int(client_s * 1000))}
-                reply = await client.get(f"/{kind}/{mode}", headers=headers)
-                if kind == "call":
-                    assert reply.status_code == 504, reply.text
-                    body = reply.json()
-                else:
-                    assert reply.status_code == 200 and reply.text.startswith("data: first")
-                    body = sse_error(reply.text)
-                    assert body["status"] == 504
+                body = await answer_504(client, kind, mode, headers)
                 assert body["error"] == "DeadlineExceeded", body
                 told = {"set_by": body["deadline_set_by"], "deadline_s": body["deadline_s"]}
                 check(told, body["detail"], set_by, budget_s)
@@ -136,55 +96,23 @@ async def test_http_504_says_what_set_the_deadline(kind: str) -> None:
 # --- gRPC -------------------------------------------------------------------------------------
 
 
-async def grpc_server(guard: ragguard.Guard, clock: FakeClock) -> tuple[aio.Server, int]:
-    hang = hangs(guard, clock)
-
-    async def call(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
-        await hang(request.decode())
-        return b""
-
-    async def stream(request: bytes, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
-        yield b"first"
-        await hang(request.decode())
-        yield b"unreachable"
-
-    server = aio.server(interceptors=[GuardServerInterceptor(guard=guard)])
-    handlers = {
-        "Call": grpc.unary_unary_rpc_method_handler(call),
-        "Stream": grpc.unary_stream_rpc_method_handler(stream),
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.S", handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    return server, port
-
-
 @pytest.mark.parametrize("kind", ["call", "stream"])
 async def test_grpc_deadline_exceeded_says_what_set_the_deadline(kind: str) -> None:
     guard, clock = make_guard()
-    server, port = await grpc_server(guard, clock)
-    try:
-        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            for tenant, client_s, mode, set_by, budget_s in CASES:
-                sent = {"timeout": client_s, "metadata": (("x-tenant-id", tenant),)}
-                got: list[bytes] = []
-                with pytest.raises(aio.AioRpcError) as info:
-                    if kind == "call":
-                        await channel.unary_unary("/t.S/Call")(mode.encode(), **sent)
-                    else:
-                        async for item in channel.unary_stream("/t.S/Stream")(mode.encode(), **sent):
-                            got.append(item)
-                error = info.value
-                assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED, error
-                assert got == ([] if kind == "call" else [b"first"])
-                trailers = dict(error.trailing_metadata() or ())
-                told = {
-                    "set_by": trailers["ragguard-deadline-set-by"],
-                    "deadline_s": float(trailers["ragguard-deadline-s"]),
-                }
-                check(told, error.details() or "", set_by, budget_s)
-    finally:
-        await server.stop(None)
+    async with grpc_server(guard, hangs(guard, clock)) as target, aio.insecure_channel(target) as channel:
+        for tenant, client_s, mode, set_by, budget_s in CASES:
+            got: list[bytes] = []
+            with pytest.raises(aio.AioRpcError) as info:
+                await rpc(channel, kind, mode, got, timeout=client_s, metadata=(("x-tenant-id", tenant),))
+            error = info.value
+            assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED, error
+            assert got == ([] if kind == "call" else [b"first"])
+            trailers = dict(error.trailing_metadata() or ())
+            told = {
+                "set_by": trailers["ragguard-deadline-set-by"],
+                "deadline_s": float(trailers["ragguard-deadline-s"]),
+            }
+            check(told, error.details() or "", set_by, budget_s)
 
 
 def test_a_deadline_says_who_set_it_and_refuses_an_unknown_source() -> None:
@@ -194,3 +122,71 @@ def test_a_deadline_says_who_set_it_and_refuses_an_unknown_source() -> None:
     assert restored.set_by == "tenant" and str(restored) == str(error)
     with pytest.raises(ragguard.ConfigError, match="set_by"):
         ragguard.deadline(1.0, set_by="the moon")
+
+
+# --- the gRPC client interceptor reads it back --------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["call", "stream"])
+async def test_grpc_client_error_says_what_set_the_servers_deadline(kind: str) -> None:
+    guard, clock = make_guard()
+    async with grpc_server(guard, hangs(guard, clock)) as target:
+        async with aio.insecure_channel(target, interceptors=client_interceptors()) as channel:
+            for tenant, client_s, mode, set_by, budget_s in CASES:
+                with pytest.raises(RemoteDeadlineExceeded) as info:
+                    await rpc(channel, kind, mode, [], timeout=client_s, metadata=(("x-tenant-id", tenant),))
+                error = info.value
+                told = {"set_by": error.set_by, "deadline_s": error.deadline_s}
+                check(told, error.details() or "", set_by, budget_s)
+
+
+JUNK: list[tuple[tuple[str | None, str | None], tuple[str | None, float | None]]] = [
+    # (ragguard-deadline-set-by, ragguard-deadline-s) a server sends -> what the error says
+    (("client", "0.250"), ("client", 0.25)),
+    (("the moon", "1.5"), (None, 1.5)),  # an unknown word
+    (("CLIENT", "nan"), (None, None)),  # words are exact; NaN is no budget
+    (("tenant", "inf"), ("tenant", None)),
+    (("handler", "1e400"), ("handler", None)),  # a float's infinity
+    (("handler", "1e300"), ("handler", None)),  # finite, past ten years
+    (("client", "-1"), ("client", None)),
+    (("client", "9" * 400), ("client", None)),  # huge, and past 64 characters
+    (("x" * 10_000, "1.0"), (None, 1.0)),  # a 10 KB word
+    (("client", "1" * 10_000), ("client", None)),  # a 10 KB number
+    (("", ""), (None, None)),
+    ((None, None), (None, None)),  # a server that says nothing
+    (("client", "0x10"), ("client", None)),
+]
+
+
+@pytest.mark.parametrize("kind", ["call", "stream"])
+async def test_grpc_client_ignores_junk_in_the_deadline_trailers(kind: str) -> None:
+    """A server that is not ragguard, or is hostile, may put anything in those trailers: the
+    error says None for what it cannot read, and nothing raises but the RemoteDeadlineExceeded."""
+
+    async def abort(context: aio.ServicerContext[Any, Any], request: bytes) -> None:
+        by, seconds = JUNK[int(request)][0]
+        told = (("ragguard-deadline-set-by", by), ("ragguard-deadline-s", seconds)) if by is not None else ()
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "junk", trailing_metadata=told)
+
+    async def call(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        await abort(context, request)
+        return b""
+
+    async def stream(request: bytes, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+        yield b"first"
+        await abort(context, request)
+
+    methods = {
+        "Call": grpc.unary_unary_rpc_method_handler(call),
+        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+    }
+    # a client that takes 64 KB of metadata (grpc's default refuses more than 8 KB at random)
+    roomy = [("grpc.max_metadata_size", 64 * 1024), ("grpc.absolute_max_metadata_size", 64 * 1024)]
+    async with serving_methods("t.S", methods) as target:
+        async with aio.insecure_channel(target, options=roomy, interceptors=client_interceptors()) as channel:
+            for i, (_, said) in enumerate(JUNK):
+                with pytest.raises(RemoteDeadlineExceeded) as info:
+                    await rpc(channel, kind, str(i), [], timeout=10)
+                error = info.value
+                assert (error.set_by, error.deadline_s) == said, (i, error.trailing_metadata())
+                assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED

@@ -65,7 +65,8 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     ),
     "ragguard.groups": ("ModelGroup",),
     "ragguard.grpc": (
-        "APIKeyResolver", "Caller", "EXEMPT_SERVICES", "GuardServerInterceptor", "HeaderResolver", "Identity",
+        "APIKeyResolver", "Caller", "DEADLINE_BY_KEY", "DEADLINE_S_KEY", "EXEMPT_SERVICES",
+        "GuardServerInterceptor", "HeaderResolver", "Identity",
         "PermissionDenied", "RETRY_AFTER_KEY", "RemoteDeadlineExceeded", "RemoteQuotaExceeded",
         "RemoteUnavailable", "STREAM_AFTER_KEY", "STREAM_BUDGET_KEY", "STREAM_BY_KEY", "STREAM_ENDING_KEY",
         "STREAM_ERROR_KEY", "STREAM_ITEMS_KEY", "SnappyServerInterceptor", "SnappyWire", "TENANT_KEY",

@@ -15,7 +15,14 @@ from .._clock import monotonic
 from .._compat import current_task, running_loop
 from .._context import DEFAULT_TENANT
 from .._deadline import Expiry, current_expiry, deadline, remaining
-from .._errors import ConfigError, DeadlineExceeded, InvalidInput, PermissionDenied, Unauthenticated
+from .._errors import (
+    ConfigError,
+    DeadlineExceeded,
+    InvalidInput,
+    PermissionDenied,
+    TellsDeadline,
+    Unauthenticated,
+)
 from .._handler_deadline import handler_deadline
 from .._http import DEGRADED_HEADER, TENANT_HEADER, TIMEOUT_HEADER, check_field_name, parse_timeout_ms
 from .._identity import (
@@ -407,12 +414,10 @@ class _Exchange:
                         await self._middleware.app(scope, body, self.send)
                     else:
                         await self._bounded(scope, body, expiry)
-        except DeadlineExceeded as exc:
-            if expiry is not None:
-                exc.told_by(expiry.budget_s, expiry.set_by)
-            return body.unread(exc)
         except Exception as exc:
-            return exc
+            if expiry is not None and isinstance(exc, TellsDeadline):
+                exc.told_by(expiry.budget_s, expiry.set_by)
+            return body.unread(exc) if isinstance(exc, DeadlineExceeded) else exc
         finally:
             self.request = None
         return None

@@ -33,7 +33,8 @@ items the caller had been sent) and, for :class:`~ragguard.StreamTimeout`, ``"bu
 ``ragguard-error`` event. A :class:`~ragguard.DeadlineExceeded` adds what set the request's
 deadline, ``"deadline_set_by"`` (``"client"``: the timeout field the caller sent; ``"tenant"``:
 the tenant's ``timeout_s``, shorter; ``"handler"``: a ``deadline(...)`` block of the app, shorter
-still), and ``"deadline_s"``, that deadline's budget in seconds, when known. Every wait is
+still), and ``"deadline_s"``, that deadline's budget in seconds, when known; so does a
+:class:`~ragguard.QuotaExceeded` whose wait that deadline cut. Every wait is
 clamped (a day at most; ``1e308`` or infinity included): formatting one never raises.
 
 ``RateLimit`` follows the IETF draft "RateLimit header fields for HTTP"
@@ -50,7 +51,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .._errors import DeadlineExceeded, QuotaExceeded, StreamTimeout, Unauthenticated
+from .._errors import QuotaExceeded, StreamTimeout, TellsDeadline, Unauthenticated
 from .._http import (
     RETRY_AFTER_HEADER,
     RETRY_AFTER_MS_HEADER,
@@ -102,7 +103,7 @@ def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> Htt
         body["retry_after_s"] = round(wait, 6)
     if isinstance(exc, StreamTimeout):
         body["budget"] = exc.budget
-    elif isinstance(exc, DeadlineExceeded):
+    elif isinstance(exc, TellsDeadline):
         by, seconds = deadline_told(exc)
         if by is not None:
             body["deadline_set_by"] = by

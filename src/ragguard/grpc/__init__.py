@@ -22,6 +22,8 @@ from ._compression import SnappyServerInterceptor, SnappyWire, snappy_channel
 from ._errors import RemoteDeadlineExceeded, RemoteQuotaExceeded, RemoteUnavailable
 from ._server import EXEMPT_SERVICES, TENANT_KEY, GuardServerInterceptor
 from ._status import (
+    DEADLINE_BY_KEY,
+    DEADLINE_S_KEY,
     RETRY_AFTER_KEY,
     STREAM_AFTER_KEY,
     STREAM_BUDGET_KEY,
@@ -33,6 +35,8 @@ from ._status import (
 )
 
 __all__ = [
+    "DEADLINE_BY_KEY",
+    "DEADLINE_S_KEY",
     "EXEMPT_SERVICES",
     "RETRY_AFTER_KEY",
     "STREAM_AFTER_KEY",

@@ -27,7 +27,8 @@ def client_interceptors(*, tenant_key: str = TENANT_KEY) -> list[aio.ClientInter
     - Failures come back classified: UNAVAILABLE as :class:`RemoteUnavailable` (a
       ConnectionError), DEADLINE_EXCEEDED as :class:`RemoteDeadlineExceeded` (a TimeoutError;
       ``request_deadline`` True when the call's timeout was the request's deadline, which then
-      ran out: classified as the request's deadline, not as the server's slowness),
+      ran out: classified as the request's deadline, not as the server's slowness; ``set_by``
+      and ``deadline_s``: what a ragguard server said set the deadline and its budget),
       RESOURCE_EXHAUSTED as :class:`RemoteQuotaExceeded` (a ragguard QuotaExceeded); each is
       still an ``AioRpcError`` with the original as ``__cause__``. Other statuses pass unchanged.
 

@@ -9,7 +9,8 @@ and ``except grpc.aio.AioRpcError`` still catches it) and also a class the break
           |                                               rejection when it states a wait)
           +-- RemoteDeadlineExceeded   (TimeoutError)     DEADLINE_EXCEEDED: a timeout (the
           |                                               request's deadline when it was the
-          |                                               call's timeout: request_deadline)
+          |                                               call's timeout: request_deadline;
+          |                                               what set the server's: set_by)
           +-- RemoteQuotaExceeded                         RESOURCE_EXHAUSTED: a rejection
 
 Each carries ``retry_after_s``: the seconds the server asked the client to wait, read from the
@@ -29,7 +30,7 @@ from __future__ import annotations
 import grpc
 from grpc.aio import AioRpcError
 
-from ._status import retry_after_of
+from ._status import deadline_told_of, retry_after_of
 
 __all__ = [
     "RemoteCallError",
@@ -74,11 +75,20 @@ class RemoteDeadlineExceeded(RemoteCallError, TimeoutError):
     ``request_deadline``: the timeout was the request's own deadline (the client interceptors
     propagated it), so what ran out is the request's time, as :class:`ragguard.DeadlineExceeded`
     says: classified ``Kind.DEADLINE`` (never counted by a breaker, never retried, never
-    continued) rather than as the server's slowness (``Kind.TIMEOUT``)."""
+    continued) rather than as the server's slowness (``Kind.TIMEOUT``).
+
+    ``set_by`` and ``deadline_s``: what a ragguard server said set the deadline that ran out on
+    its side, and that deadline's budget in seconds (its ``ragguard-deadline-set-by`` and
+    ``ragguard-deadline-s`` trailers, as :class:`ragguard.DeadlineExceeded` names them):
+    ``"client"`` (the call's own timeout), ``"tenant"`` (the tenant's ``timeout_s`` there) or
+    ``"handler"`` (the server code's own ``deadline(...)``); None when the server said nothing,
+    or anything else (an unknown word; not a finite number in [0, ten years]; more than 64
+    characters)."""
 
     def __init__(self, err: AioRpcError, *, request_deadline: bool = False) -> None:
         super().__init__(err)
         self.request_deadline = request_deadline
+        self.set_by, self.deadline_s = deadline_told_of(self._trailing_metadata)
 
 
 class RemoteQuotaExceeded(RemoteCallError):

@@ -14,7 +14,7 @@ from grpc import aio
 from .._clock import monotonic
 from .._context import DEFAULT_TENANT
 from .._deadline import current_expiry
-from .._errors import ConfigError, DeadlineExceeded, InvalidInput, PermissionDenied, Unauthenticated
+from .._errors import ConfigError, InvalidInput, PermissionDenied, TellsDeadline, Unauthenticated
 from .._handler_deadline import handler_deadline
 from .._identity import (
     GrpcCaller,
@@ -228,7 +228,7 @@ class GuardServerInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         except aio.AbortError:
             raise  # the handler set its own status
         except Exception as exc:
-            if expiry is not None and isinstance(exc, DeadlineExceeded):
+            if expiry is not None and isinstance(exc, TellsDeadline):
                 exc.told_by(expiry.budget_s, expiry.set_by)
             status = status_for(exc)
             ending = ending_trailers(request)

@@ -8,6 +8,7 @@ error (its outcome)                status               trailing metadata
 QuotaExceeded (ragguard's quota)   RESOURCE_EXHAUSTED   ``retry-after``: seconds, e.g. ``"0.250"``, and
                                                         ``grpc-retry-pushback-ms``: ``"250"``
 QuotaExceeded (deadline)           DEADLINE_EXCEEDED    (the wait for a slot or token outlasted it)
+                                                        the two ``ragguard-deadline-*`` below
 BreakerOpen                        UNAVAILABLE          both, when the breaker knows the wait
 Overloaded                         UNAVAILABLE          both (shed by an adaptive limit or throttle)
 DeadlineExceeded                   DEADLINE_EXCEEDED    ``ragguard-deadline-set-by``: what set the
@@ -44,10 +45,10 @@ import math
 import grpc
 
 from .._context import RequestScope
-from .._errors import DeadlineExceeded, StageTimeout, StreamTimeout
+from .._errors import DeadlineExceeded, StageTimeout, StreamTimeout, TellsDeadline
 from .._waits import clamp_wait, clamped
 from ..outcomes import outcome_of
-from ..outcomes._doors import ANSWERS, deadline_told, door_answer
+from ..outcomes._doors import ANSWERS, deadline_told, door_answer, told_deadline
 from ..outcomes._grpc import (
     PUSHBACK_KEY,
     RETRY_AFTER_KEY,
@@ -68,6 +69,8 @@ __all__ = [
     "STREAM_ERROR_KEY",
     "STREAM_ITEMS_KEY",
     "Status",
+    "deadline_told_of",
+    "deadline_trailers",
     "ending_trailers",
     "format_retry_after",
     "parse_pushback_ms",
@@ -108,16 +111,48 @@ def retry_trailers(seconds: float | None) -> tuple[tuple[str, str], ...]:
     return ((RETRY_AFTER_KEY, format_retry_after(seconds)), (PUSHBACK_KEY, _pushback_ms(seconds)))
 
 
+def deadline_trailers(exc: TellsDeadline) -> tuple[tuple[str, str], ...]:
+    """What the error ``exc`` (a DeadlineExceeded, a QuotaExceeded of reason deadline) says in
+    trailing metadata of the request's deadline: what set it and its budget, when known."""
+    by, seconds = deadline_told(exc)
+    told: tuple[tuple[str, str], ...] = () if by is None else ((DEADLINE_BY_KEY, by),)
+    return told if seconds is None else (*told, (DEADLINE_S_KEY, f"{seconds:.3f}"))
+
+
+def deadline_told_of(metadata: object) -> tuple[str | None, float | None]:
+    """What trailing ``metadata`` says of the deadline that ended a call (a ragguard server's
+    ``ragguard-deadline-set-by``, ``ragguard-deadline-s``): what set it (``client``, ``tenant``,
+    ``handler``; None for anything else) and its budget in seconds (None unless a finite number
+    in [0, ten years]). Never raises; a value longer than 64 characters is None."""
+    by: object = None
+    seconds: object = None
+    try:
+        for key, value in metadata or ():  # type: ignore[attr-defined]
+            if isinstance(value, bytes) or not isinstance(value, str) or len(value) > _MAX_TOLD:
+                continue
+            if key == DEADLINE_BY_KEY and by is None:
+                by = value
+            elif key == DEADLINE_S_KEY and seconds is None:
+                seconds = _number(value)
+    except (TypeError, ValueError):  # not (key, value) pairs
+        return None, None
+    return told_deadline(by, seconds)
+
+
+_MAX_TOLD = 64
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def _stream_trailers(exc: DeadlineExceeded | StageTimeout) -> tuple[tuple[str, str], ...]:
     """What a timeout says in trailing metadata: what set the request's deadline and its budget
     (when known); for one that cut a stream, its budget and the messages sent."""
-    told: tuple[tuple[str, str], ...] = ()
-    if isinstance(exc, DeadlineExceeded):
-        by, seconds = deadline_told(exc)
-        if by is not None:
-            told = ((DEADLINE_BY_KEY, by),)
-        if seconds is not None:
-            told = (*told, (DEADLINE_S_KEY, f"{seconds:.3f}"))
+    told = deadline_trailers(exc) if isinstance(exc, DeadlineExceeded) else ()
     if exc.items is None:
         return told
     items = (STREAM_ITEMS_KEY, str(exc.items))
@@ -164,4 +199,6 @@ def status_for(exc: BaseException) -> Status | None:
     row, wait, detail = answer
     if row.name == "deadline" and isinstance(exc, (DeadlineExceeded, StageTimeout)):
         return _CODES[row.name], detail, _stream_trailers(exc)
+    if row.name == "quota_deadline" and isinstance(exc, TellsDeadline):
+        return _CODES[row.name], detail, deadline_trailers(exc)
     return _CODES[row.name], detail, retry_trailers(wait)

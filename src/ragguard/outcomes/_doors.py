@@ -39,16 +39,19 @@ from dataclasses import dataclass
 
 from .._errors import (
     SET_BY,
-    DeadlineExceeded,
     InvalidInput,
     PermissionDenied,
     QuotaExceeded,
     RagguardError,
+    TellsDeadline,
     Unauthenticated,
 )
 from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, Kind, Outcome
 
-__all__ = ["ANSWERS", "DEFAULT_REJECTION_WAIT_S", "Answer", "DoorAnswer", "deadline_told", "door_answer"]
+__all__ = [
+    "ANSWERS", "DEFAULT_REJECTION_WAIT_S", "Answer", "DoorAnswer", "deadline_told", "door_answer",
+    "told_deadline",
+]  # fmt: skip
 
 DEFAULT_REJECTION_WAIT_S = 1.0
 """The wait told to the caller for a dependency's rejection that stated none (seconds)."""
@@ -138,11 +141,19 @@ def door_answer(exc: BaseException, outcome: Outcome) -> DoorAnswer | None:
 _MAX_TOLD_S = 10 * 365 * 24 * 3600.0  # ragguard._deadline.MAX_DEADLINE_S: no deadline is longer
 
 
-def deadline_told(exc: DeadlineExceeded) -> tuple[str | None, float | None]:
-    """What both doors tell of ``exc``'s deadline: what set it (a key of ``SET_BY``, else None)
-    and its budget in seconds (finite, in [0, ten years], else None)."""
-    by = exc.set_by if isinstance(exc.set_by, str) and exc.set_by in SET_BY else None
-    seconds = exc.deadline_s
-    if not isinstance(seconds, (int, float)) or not 0.0 <= seconds <= _MAX_TOLD_S:
-        seconds = None  # NaN and infinity fail the range too
-    return by, None if seconds is None else float(seconds)
+def deadline_told(exc: TellsDeadline) -> tuple[str | None, float | None]:
+    """What both doors tell of the request's deadline that ``exc`` (a DeadlineExceeded, a
+    QuotaExceeded of reason deadline) ran into: see :func:`told_deadline`."""
+    return told_deadline(exc.set_by, exc.deadline_s)
+
+
+def told_deadline(set_by: object, seconds: object) -> tuple[str | None, float | None]:
+    """What set a deadline (a key of ``SET_BY``, else None) and its budget in seconds (finite, in
+    [0, ten years], else None), read from anything: what the doors tell, and what a client
+    takes from a server's answer."""
+    by = set_by if isinstance(set_by, str) and set_by in SET_BY else None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return by, None
+    if not 0.0 <= seconds <= _MAX_TOLD_S:
+        return by, None  # NaN and infinity fail the range too
+    return by, float(seconds)

@@ -32,11 +32,10 @@ from .. import _validate as v
 from .._admission import WAIT  # a quota backend's admit_now answers as a gate's enter does
 from .._clock import Clock, monotonic, move_on_after, sleep_of
 from .._deadline import remaining
-from .._errors import QuotaExceeded
-from ..events import QuotaRejected, bus
 from ..options import Policy, PoolQuota, TenantQuota
 from ..options._policy import burst_of
 from ._gcra import EPSILON_S, Rate
+from ._refusal import refusal
 
 __all__ = ["WAIT", "Lease", "LocalQuotas", "QuotaBackend"]
 
@@ -626,11 +625,7 @@ class LocalQuotas:
         eta = (ends[0] if ends else now + hold) - now
         return max(0.001, eta)
 
-    @staticmethod
-    def _reject(tenant: str, retry_after_s: float, reason: str) -> QuotaExceeded:
-        if bus.active:
-            bus.emit(QuotaRejected(tenant, reason, retry_after_s))
-        return QuotaExceeded(tenant, retry_after_s, reason)
+    _reject = staticmethod(refusal)
 
 
 def policy_pool_of(quota_for: Callable[[str], TenantQuota]) -> Callable[[str], PoolQuota | None] | None:

@@ -33,11 +33,10 @@ from typing import Any
 
 from .._clock import Clock
 from .._deadline import remaining
-from .._errors import QuotaExceeded
-from ..events import QuotaRejected, bus
 from ..options import TenantQuota, TokenLimits
 from ..options._policy import burst_of
 from ._gcra import EPSILON_S, Rate
+from ._refusal import refusal
 
 __all__ = [
     "Bucket",
@@ -227,10 +226,7 @@ def refuse_or_wait(tenant: str, wait: float, quota: TenantQuota) -> float:
     if by_deadline:
         budget = left  # type: ignore[assignment]
     if wait > budget:
-        reason = "deadline" if by_deadline else "tokens"
-        if bus.active:
-            bus.emit(QuotaRejected(tenant, reason, wait))
-        raise QuotaExceeded(tenant, wait, reason)
+        raise refusal(tenant, wait, "deadline" if by_deadline else "tokens")
     return wait
 
 

@@ -53,13 +53,13 @@ from typing import TYPE_CHECKING, Any, cast
 from .._clock import Clock, monotonic
 from .._context import validate_tenant_id
 from .._deadline import remaining
-from .._errors import ConfigError, QuotaExceeded
-from ..events import QuotaRejected, bus
+from .._errors import ConfigError
 from ..options import PoolQuota, TenantQuota
 from ..options._policy import burst_of
 from ..quotas import LocalQuotas
 from ..quotas._gcra import Rate
 from ..quotas._local import WAIT, Lease, policy_pool_of
+from ..quotas._refusal import refusal
 from ._keys import pool_keys, quota_keys
 from ._link import LinkBusy, Probe, RedisLink, Script, SharedStateUnavailable
 from ._outbox import Outbox
@@ -559,11 +559,7 @@ class RedisQuotas:
         hold = self._hold_ewma_s.get(tenant) or 0.01
         return max(0.001, hold / max(1, max_concurrency))
 
-    @staticmethod
-    def _reject(tenant: str, retry_after_s: float, reason: str) -> QuotaExceeded:
-        if bus.active:
-            bus.emit(QuotaRejected(tenant, reason, retry_after_s))
-        return QuotaExceeded(tenant, retry_after_s, reason)
+    _reject = staticmethod(refusal)
 
     # -- internals: what a replica owes Redis ---------------------------------------------------
 
