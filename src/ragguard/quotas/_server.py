@@ -48,7 +48,7 @@ from .. import _validate as v
 from .._clock import Clock, monotonic
 from .._compat import current_task, running_loop
 from .._errors import ConfigError, QuotaExceeded
-from ..events import QuotaRejected, bus
+from ._refusal import refusal
 
 if TYPE_CHECKING:
     from ._tenant import TenantContext
@@ -234,10 +234,7 @@ class ServerBulkhead:
             del self._holders[seat.tenant]
 
     def _refusal(self, tenant: str) -> QuotaExceeded:
-        retry_after_s = self.retry_after_s()
-        if bus.active:
-            bus.emit(QuotaRejected(tenant, REASON, retry_after_s))
-        return QuotaExceeded(tenant, retry_after_s, REASON)
+        return refusal(tenant, self.retry_after_s(), REASON)
 
 
 def server_bulkhead(
