@@ -631,7 +631,12 @@ class RedisQuotas:
             self._arm_flush(self._release_delay_s if ok else max(self._release_delay_s, 0.05))
 
     async def _flush_all(self, before: float = math.inf) -> bool:
-        due = set(self._outbox.due(before)) | set(self._unadopted)
+        """Send what the replica owes Redis; True once Redis acknowledged it all. ``before``: only
+        releases queued before then that no command carries (the background's turn); without it,
+        every release, those another command is carrying too (resent: Redis applies releases
+        idempotently), so that on return Redis has applied each one, whatever is still in flight."""
+        queued = self._outbox.tenants() if before == math.inf else self._outbox.due(before)
+        due = set(queued) | set(self._unadopted)
         results = await asyncio.gather(*(self._sync_tenant(t) for t in due))
         return all(results)
 
