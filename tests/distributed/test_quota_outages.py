@@ -55,7 +55,8 @@ async def test_a_burst_that_fills_the_pool_never_over_admits(redis_server: Any, 
     # its commands wait for a CPU, which is not an outage; the switch has tests of its own (below)
     client = make_client(redis_server.host, redis_server.port, max_connections=64,
                          socket_timeout=PATIENT_S, socket_connect_timeout=PATIENT_S)
-    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), backend=RedisBackend(client, **PATIENT))
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}),
+              backend=RedisBackend(client, **PATIENT))
     flight = InFlight()
     try:
         results = await asyncio.gather(*(flight.run(g, "acme", 0.05) for _ in range(100)),

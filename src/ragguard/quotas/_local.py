@@ -392,7 +392,7 @@ class LocalQuotas:
         elif bucket.in_flight == 0:
             bucket.holders = None  # every lease it held is released: drop the list
 
-    def take_slot(self, tenant: str, *, free: bool = False) -> Lease | None | Any:
+    def take_slot(self, tenant: str, *, free: bool = False) -> Lease | Any | None:
         """Count one running request of ``tenant`` that was admitted elsewhere (the Redis quotas,
         whose fallback this is), without waiting and without spending rate; None when neither the
         tenant nor its pool has a concurrency limit. It may take the tenant (or its pool) past its

@@ -502,7 +502,8 @@ class RedisQuotas:
                             rated=plan.rated)
         if plan.counted:
             fallback = self.fallback
-            if self._link.degraded or fallback.in_flight(tenant) or (plan.pooled and fallback.pool_in_flight()):
+            counting = fallback.in_flight(tenant) or (plan.pooled and fallback.pool_in_flight())
+            if self._link.degraded or counting:
                 local = fallback.take_slot(tenant, free=True)
                 if local is WAIT:
                     return None
