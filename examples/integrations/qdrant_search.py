@@ -24,11 +24,11 @@ def keyword_search(collection_name: str, **search: Any) -> list[str]:
     return [f"keyword hit in {collection_name}"]  # yours: BM25 over the same documents
 
 
-async def main(client: AsyncQdrantClient, queries: int) -> None:
+async def main(client: AsyncQdrantClient, queries: int, deadline_s: float = 1.0) -> None:
     store = guard_qdrant(client, fallback=keyword_search)
     try:
         for i in range(queries):
-            async with ragguard.tenant("acme"), ragguard.deadline(1.0):
+            async with ragguard.tenant("acme"), ragguard.deadline(deadline_s):
                 hits = await store.query_points("docs", query=[0.1, 0.2, 0.3], limit=5)
                 served = ragguard.degraded()
             shown = hits if served else [p.id for p in hits.points]
@@ -44,6 +44,8 @@ if __name__ == "__main__":
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--grpc-port", type=int, help="gRPC instead of REST")
     parser.add_argument("--queries", type=int, default=3)
+    parser.add_argument("--deadline-s", type=float, default=1.0,
+                        help="each request's deadline; the store's share is a quarter of it")
     args = parser.parse_args()
     if args.grpc_port:
         raw = AsyncQdrantClient(
@@ -51,4 +53,4 @@ if __name__ == "__main__":
         )
     else:
         raw = AsyncQdrantClient(url=args.url or "http://127.0.0.1:6333", check_compatibility=False)
-    asyncio.run(main(raw, args.queries))
+    asyncio.run(main(raw, args.queries, args.deadline_s))

@@ -14,9 +14,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from distributed_helpers import PATIENT_S, leases_in, make_client, until
+from distributed_helpers import PATIENT, PATIENT_S, leases_in, make_client, until
 
-from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota
+from ragguard import FakeClock, Guard, Policy, QuotaExceeded, TenantQuota, events
 from ragguard.redis import RedisBackend, RedisQuotas, SharedStateDegraded
 from ragguard.redis._keys import quota_keys
 from ragguard.redis._link import SharedStateUnavailable
@@ -51,8 +51,12 @@ class InFlight:
 
 
 async def test_a_burst_that_fills_the_pool_never_over_admits(redis_server: Any, seen: list[Any]) -> None:
-    client = make_client(redis_server.host, redis_server.port, max_connections=64)
-    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}), backend=RedisBackend(client))
+    # patient sockets and link (PATIENT_S): on a loaded machine the burst's 32 new connections and
+    # its commands wait for a CPU, which is not an outage; the switch has tests of its own (below)
+    client = make_client(redis_server.host, redis_server.port, max_connections=64,
+                         socket_timeout=PATIENT_S, socket_connect_timeout=PATIENT_S)
+    g = Guard(Policy(tenants={"acme": TenantQuota(max_concurrency=4)}),
+              backend=RedisBackend(client, **PATIENT))
     flight = InFlight()
     try:
         results = await asyncio.gather(*(flight.run(g, "acme", 0.05) for _ in range(100)),
@@ -71,6 +75,44 @@ async def admitted(q: RedisQuotas, tenant: str = "acme") -> Any:
         return await q.acquire(tenant)
     except QuotaExceeded:
         return None
+
+
+async def test_an_admission_redis_answers_after_the_switch_waits_for_a_free_slot_of_the_fallback(
+    redis_server: Any, fault_proxy: Any, seen: list[Any]
+) -> None:
+    # Redis admits a request, its reply comes back late: the link has switched to the fallback
+    # meanwhile (two other commands timed out), and the fallback has admitted a request of the
+    # tenant in the one slot. The late admission must not run as well (it ran: 2 for a limit of 1).
+    proxy = fault_proxy(redis_server)
+    client = make_client(proxy.host, proxy.port, socket_timeout=5.0)
+    quota = TenantQuota(max_concurrency=1)
+    q = RedisQuotas(lambda t: quota, client, redis_timeout_s=1.0, probe_every_s=60.0)
+    at_switch: list[Any] = []
+
+    def admit_at_the_switch(event: Any) -> None:
+        if isinstance(event, SharedStateDegraded):
+            at_switch.append(q.admit_now("acme"))  # a request arriving then: the fallback admits it
+
+    unsubscribe = events.bus.subscribe(admit_at_the_switch)
+    try:
+        # three connections open and the script loaded: one round trip per command from now on
+        for lease in await asyncio.gather(*(q.acquire(f"warm{i}") for i in range(3))):
+            q.release(lease)
+        await q._flush_all()
+        proxy.set_latency(to_client_s=2.0)
+        lost = [asyncio.create_task(admitted(q, "other")) for _ in range(2)]  # time out at ~1 s
+        await asyncio.sleep(0.5)
+        proxy.set_latency(to_client_s=0.75)
+        late = asyncio.create_task(admitted(q, "acme"))  # admitted by Redis, answered at ~1.25 s
+        await asyncio.gather(*lost)
+        assert not q.shared and len(at_switch) == 1 and at_switch[0] is not None
+        assert await late is None  # refused: the fallback's one slot is taken
+        assert q.in_flight("acme") == 1
+        q.release(at_switch[0])
+    finally:
+        unsubscribe()
+        await q.aclose()
+        await client.aclose()
 
 
 async def test_the_fallback_counts_the_requests_redis_admitted(redis_server: Any, fault_proxy: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from typing import Any
 
 import pytest
@@ -62,6 +63,33 @@ async def test_rotating_ids_across_replicas_share_one_default_quota(client: Any)
         assert await leases_in(client, pool_keys()[0]) == 0
     finally:
         await close(guards)
+
+
+async def test_a_flush_returns_once_redis_applied_a_release_another_command_is_carrying(
+    client: Any, redis_server: Any, fault_proxy: Any
+) -> None:
+    # The background flusher carries a release over a slow link; a flush of everything (aclose's,
+    # the tests') must not count it as sent before Redis acknowledged it.
+    proxy = fault_proxy(redis_server)
+    slow = make_client(proxy.host, proxy.port, socket_timeout=PATIENT_S, socket_connect_timeout=PATIENT_S)
+    policy = Policy(default_quota=TenantQuota(max_concurrency=2))
+    q = RedisQuotas(policy.quota, slow, redis_timeout_s=PATIENT_S, release_delay_s=60.0)
+    try:
+        q.release(await q.acquire("evil0"))
+        assert await leases_in(client, pool_keys()[0]) == 1
+        proxy.set_latency(to_server_s=0.3)
+        carrying = asyncio.create_task(q._flush_all())
+        for _ in range(100):  # until the release is on its way (bounded: a few loop turns)
+            if not q._outbox.due(math.inf):
+                break
+            await asyncio.sleep(0)
+        assert q.pending_releases() == 1 and not q._outbox.due(math.inf)
+        await q._flush_all()
+        assert await leases_in(client, pool_keys()[0]) == 0
+        await carrying
+    finally:
+        await q.aclose()
+        await slow.aclose()
 
 
 async def test_a_larger_pool_still_holds_each_tenant_to_its_own_quota(client: Any) -> None:

@@ -392,11 +392,13 @@ class LocalQuotas:
         elif bucket.in_flight == 0:
             bucket.holders = None  # every lease it held is released: drop the list
 
-    def take_slot(self, tenant: str) -> Lease | None:
+    def take_slot(self, tenant: str, *, free: bool = False) -> Lease | Any | None:
         """Count one running request of ``tenant`` that was admitted elsewhere (the Redis quotas,
         whose fallback this is), without waiting and without spending rate; None when neither the
         tenant nor its pool has a concurrency limit. It may take the tenant (or its pool) past its
-        limit: new requests then wait. Give it back with :meth:`give_slot`."""
+        limit: new requests then wait. With ``free``, only a free slot is taken (the tenant and
+        its pool below their limits, nobody queued): :data:`WAIT` when there is none. Give it back
+        with :meth:`give_slot`."""
         quota = self._quota_for(tenant)
         now = self._clock()
         bucket = self._buckets.get(tenant)
@@ -404,6 +406,9 @@ class LocalQuotas:
             if quota.max_concurrency is None and not self._pooled(tenant):
                 return None
             bucket = self._bucket(tenant, quota, now)
+        if free and any(b is not None and b.limit is not None and (b.in_flight >= b.limit or b.waiters)
+                        for b in (bucket, bucket.pool)):
+            return WAIT
         pool = bucket.pool
         if pool is not None and pool.limit is not None:
             pool.in_flight += 1

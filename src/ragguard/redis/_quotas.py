@@ -417,13 +417,31 @@ class RedisQuotas:
                 raise
             self._acked(tenant, ops, adopted)
             if reply == b"ok 0" or reply == "ok 0":  # admitted, to start now: the common case
-                return self._admitted(tenant, plan, lease_id, loop)
+                admitted = self._admitted(tenant, plan, lease_id, loop)
+                if admitted is not None:
+                    return admitted
+                verdict, number = "over", "0"
+            else:
+                verdict, number = (reply.decode() if isinstance(reply, bytes) else str(reply)).split()
             taken_over = None  # the script gave its slot back, or this request holds it now
-            verdict, number = (reply.decode() if isinstance(reply, bytes) else str(reply)).split()
             if verdict == "ok":
-                lease = self._admitted(tenant, plan, lease_id, loop)
-                await self._start_after(lease, float(number), loop)
-                return lease
+                admitted = self._admitted(tenant, plan, lease_id, loop)
+                if admitted is not None:
+                    await self._start_after(admitted, float(number), loop)
+                    return admitted
+                verdict = "over"
+            if verdict == "over":
+                # Redis admitted without the requests the fallback admitted on this replica (after a
+                # timed-out command, or across the switch to it): that slot is not free here
+                self._queue_release(tenant, lease_id, _REFUND if plan.rated else 0)
+                if self._link.degraded:
+                    return await self._acquire_local(tenant, plan, give_up, by_deadline, outage=True)
+                lease_id = f"{self.holder_id}:{next(self._ids)}"
+                if give_up - loop.time() <= 0:
+                    raise self._reject(tenant, self._slot_eta(tenant, plan.maxc),
+                                       "deadline" if by_deadline else "concurrency")
+                await self._wait_turn(tenant, min(self._max_poll_s, give_up - loop.time()))
+                continue
             if verdict == "rate":
                 raise self._reject(tenant, float(number), "deadline" if by_deadline else "rate")
             if verdict != "queued":
@@ -476,12 +494,20 @@ class RedisQuotas:
         return plan if plan is not None and plan.quota is quota else self._plan(tenant, quota)
 
     def _admitted(self, tenant: str, plan: _Plan, lease_id: str,
-                  loop: asyncio.AbstractEventLoop) -> SharedLease:
+                  loop: asyncio.AbstractEventLoop) -> SharedLease | None:
+        """The lease of a request Redis admitted; None when this replica may not run it: the
+        fallback counts what the replica runs (Redis is away, or the fallback admitted some of the
+        tenant's requests Redis may not have counted) and has no free slot."""
         lease = SharedLease(tenant, lease_id, monotonic(), shared=True, counted=plan.counted,
                             rated=plan.rated)
         if plan.counted:
-            if self._link.degraded:  # the reply came after the switch: the fallback counts it too
-                lease.local = self.fallback.take_slot(tenant)
+            fallback = self.fallback
+            counting = fallback.in_flight(tenant) or (plan.pooled and fallback.pool_in_flight())
+            if self._link.degraded or counting:
+                local = fallback.take_slot(tenant, free=True)
+                if local is WAIT:
+                    return None
+                lease.local = local
             running = self._running.get(tenant)
             if running is None:
                 running = self._running[tenant] = {}
@@ -631,7 +657,12 @@ class RedisQuotas:
             self._arm_flush(self._release_delay_s if ok else max(self._release_delay_s, 0.05))
 
     async def _flush_all(self, before: float = math.inf) -> bool:
-        due = set(self._outbox.due(before)) | set(self._unadopted)
+        """Send what the replica owes Redis; True once Redis acknowledged it all. ``before``: only
+        releases queued before then that no command carries (the background's turn); without it,
+        every release, those another command is carrying too (resent: Redis applies releases
+        idempotently), so that on return Redis has applied each one, whatever is still in flight."""
+        queued = self._outbox.tenants() if before == math.inf else self._outbox.due(before)
+        due = set(queued) | set(self._unadopted)
         results = await asyncio.gather(*(self._sync_tenant(t) for t in due))
         return all(results)
 
