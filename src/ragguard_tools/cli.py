@@ -167,7 +167,7 @@ def demo(
 @app.command(short_help="Stepped load, four contenders: unguarded to ragguard adaptive.")
 def bench(
     quick: Annotated[
-        bool, typer.Option("--quick", show_default="off", help="A CI run, under 60 s: 4 steps, 1 round.")
+        bool, typer.Option("--quick", show_default="off", help="A CI run, about a minute: 4 steps, 1 round.")
     ] = False,
     steps: Annotated[
         str | None,

@@ -219,7 +219,7 @@ def render(
     links = [link for link in status.get("links") or [] if isinstance(link, dict)]
     if links:
         parts += [Text(""), _links_line(links)]
-    if not counted:
+    if not counted and stages:  # no stages (yet): nothing to count, nothing to say of counting
         parts += [Text(""), Text("(no counts: the endpoint does not count fallbacks and sheds)", style="dim")]
     elif counts is None:
         parts += [Text(""), Text("(rates per second from the next poll on: they need two)", style="dim")]

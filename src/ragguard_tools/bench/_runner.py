@@ -56,7 +56,7 @@ WELL_BEHAVED_SHARE = 0.3
 class BenchOptions:
     """Options of a bench run.
 
-    - ``quick``: a CI run (under 60 s): 4 steps of 1.2 s, one round, a 3.6 s capacity-change run.
+    - ``quick``: a CI run (about a minute): 4 steps of 1.2 s, one round, a 3.6 s capacity-change run.
     - ``steps``: offered loads as multiples of the dependency's capacity (default: 0.4 to 3.0).
     - ``warmup_s``, ``steady_s``: seconds of load per contender and step before and during the
       measured window; ``rounds``: how many times each step is run per contender (medians).

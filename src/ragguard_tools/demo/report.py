@@ -22,6 +22,7 @@ __all__ = [
     "RunResult",
     "TenantStreams",
     "Transition",
+    "print_table",
     "summarize",
 ]
 
@@ -585,3 +586,23 @@ def _span(ax: Any, state: str, start: float, end: float, row: int) -> None:
     colour = _BAND_COLOURS.get(state)
     if colour is not None and end > start:
         ax.barh(row, end - start, left=start, height=0.7, color=colour, alpha=0.6, lw=0, zorder=2)
+
+
+_PIPE_MAX_WIDTH = 200
+"""The widest a table is printed in a pipe or a log (columns); the demo's needs about 90."""
+
+
+def print_table(console: Any, table: Any) -> None:
+    """Print ``table`` on ``console``: in a terminal at the terminal's width, in a pipe or a log
+    (where rich assumes 80 columns) at the table's own width, each row on one line as the docs show
+    it."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update_width(_PIPE_MAX_WIDTH)).maximum
+    width = console.width
+    console.width = max(width, natural)  # print(width=...) cannot go past the console's width
+    try:
+        console.print(table)
+    finally:
+        console.width = width

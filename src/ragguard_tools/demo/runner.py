@@ -39,7 +39,7 @@ from .keyword import KeywordIndex
 from .loadgen import Arrival, TenantLoad, plan_arrivals, run_load
 from .pipeline import BackendClients, PipelineSettings, UnguardedPipeline
 from .progress import RunProgress, say
-from .report import DemoReport, GenerationTally, RunResult, Transition, summarize
+from .report import DemoReport, GenerationTally, RunResult, Transition, print_table, summarize
 from .rerank import Reranker
 from .service import RetrievalClient, RetrievalServer
 
@@ -236,7 +236,7 @@ async def _demo(
         report.write_json(options.out_dir / "report.json")
         await anyio.to_thread.run_sync(report.write_chart, options.out_dir / "latency.png")
     if console is not None:
-        console.print(report.table())
+        print_table(console, report.table())
         if report.json_path is not None:
             console.print(f"report: {report.json_path}   chart: {report.chart_path}")
         if recorder is not None and options.out_dir is not None:
