@@ -98,16 +98,18 @@ async def test_two_replicas_crowding_share_the_permits(redis_server: Any) -> Non
 
 
 async def test_a_full_client_pool_is_backpressure_not_an_outage(redis_server: Any, seen: list[Any]) -> None:
-    client = make_client(redis_server.host, redis_server.port, max_connections=4)
+    # socket_timeout: the application's blocking pops below wait for as long as the test needs
+    client = make_client(redis_server.host, redis_server.port, max_connections=4, socket_timeout=10)
     hog = make_client(redis_server.host, redis_server.port)
     dependency = Dependency()
     g, guarded = await tripped_guard(client, dependency, "pool")
     breaker = g.breaker("search")
     try:
         await asyncio.sleep(0.35)
-        # the application takes every connection of the shared pool (blocking pops, 0.4 s)
-        blockers = [asyncio.create_task(client.blpop(["nothing"], timeout=0.4)) for _ in range(4)]
-        await asyncio.sleep(0.05)
+        # the application takes every connection of the shared pool (blocking pops, held until the
+        # test pushes: a loaded machine cannot end them before the crowd has been refused)
+        blockers = [asyncio.create_task(client.blpop(["pool-held"], timeout=0)) for _ in range(4)]
+        assert await until(lambda: len(client.connection_pool._in_use_connections) == 4, 5.0) < 5.0
         dependency.reached = 0
         results = await asyncio.gather(*(guarded() for _ in range(50)), return_exceptions=True)
         assert dependency.reached == 0  # no permit could be fetched: every caller was refused
@@ -116,6 +118,7 @@ async def test_a_full_client_pool_is_backpressure_not_an_outage(redis_server: An
             await breaker.refresh()  # syncs find no connection either ...
         assert breaker.shared  # ... and that is not an outage
         assert not [e for e in seen if isinstance(e, SharedStateDegraded)]
+        await hog.rpush("pool-held", *["go"] * len(blockers))
         await asyncio.gather(*blockers)
         await asyncio.gather(*(guarded() for _ in range(50)), return_exceptions=True)
         assert dependency.reached <= 2  # the pool is back: the trials run, and only they
