@@ -27,6 +27,9 @@ from http_helpers import running
 import ragguard
 from ragguard import FakeClock, Policy, TenantQuota
 from ragguard.grpc import RemoteDeadlineExceeded, client_interceptors
+from ragguard.httpx import GuardTransport
+from ragguard.httpx import RemoteDeadlineExceeded as HttpRemoteDeadlineExceeded
+from ragguard.outcomes import Kind, classify
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -190,3 +193,24 @@ async def test_grpc_client_ignores_junk_in_the_deadline_trailers(kind: str) -> N
                 error = info.value
                 assert (error.set_by, error.deadline_s) == said, (i, error.trailing_metadata())
                 assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+# --- the httpx transport reads it back ----------------------------------------------------------
+
+
+async def test_httpx_transport_error_says_what_set_the_servers_deadline() -> None:
+    """A 504 through GuardTransport raises RemoteDeadlineExceeded, which carries what the body
+    said; the client's own deadline goes out through the transport (what is left of it)."""
+    guard, clock = make_guard()
+    with running(http_app(guard, hangs(guard, clock))) as url:
+        async with httpx.AsyncClient(base_url=url, transport=GuardTransport()) as client:
+            for tenant, client_s, mode, set_by, budget_s in CASES:
+                with ragguard.deadline(client_s), pytest.raises(HttpRemoteDeadlineExceeded) as info:
+                    await client.get(f"/call/{mode}", headers={"x-tenant-id": tenant})
+                error = info.value
+                assert error.response.status_code == 504 and isinstance(error, httpx.HTTPStatusError)
+                body = error.response.json()  # the body was read, and is whole
+                assert (error.set_by, error.deadline_s) == (body["deadline_set_by"], body["deadline_s"])
+                told = {"set_by": error.set_by, "deadline_s": error.deadline_s}
+                check(told, body["detail"], set_by, budget_s)
+                assert classify(error).kind is Kind.TIMEOUT  # by its status, as any 504
