@@ -26,6 +26,7 @@ from http_helpers import running
 
 import ragguard
 from ragguard import FakeClock, Policy, TenantQuota
+from ragguard.breakers import EmbeddingTimeoutBreaker
 from ragguard.grpc import RemoteDeadlineExceeded, client_interceptors
 from ragguard.httpx import GuardTransport
 from ragguard.httpx import RemoteDeadlineExceeded as HttpRemoteDeadlineExceeded
@@ -213,4 +214,29 @@ async def test_httpx_transport_error_says_what_set_the_servers_deadline() -> Non
                 assert (error.set_by, error.deadline_s) == (body["deadline_set_by"], body["deadline_s"])
                 told = {"set_by": error.set_by, "deadline_s": error.deadline_s}
                 check(told, body["detail"], set_by, budget_s)
-                assert classify(error).kind is Kind.TIMEOUT  # by its status, as any 504
+                # the request's own deadline (the transport sent it) ran out there: not the
+                # server's slowness; a bound of the server's own cut it: a timeout, as any 504
+                assert error.request_deadline is (set_by == "client")
+                assert classify(error).kind is (Kind.DEADLINE if set_by == "client" else Kind.TIMEOUT)
+
+
+async def test_httpx_transport_a_timeout_field_the_caller_set_keeps_the_504_a_timeout() -> None:
+    """Only the deadline the transport sent makes a 504 the request's deadline: a breaker counts
+    the 504 of a timeout field the caller set itself (no ragguard deadline), and of a tenant's
+    timeout_s, and not the one of the request's deadline."""
+    guard, clock = make_guard()
+    breaker = EmbeddingTimeoutBreaker(minimum_calls=10, window_size=10, clock=FakeClock())
+    with running(http_app(guard, hangs(guard, clock))) as url:
+        async with httpx.AsyncClient(base_url=url, transport=GuardTransport()) as client:
+            own = {"x-tenant-id": "plain", "x-request-timeout-ms": "2000"}
+            with pytest.raises(HttpRemoteDeadlineExceeded) as info:
+                await breaker.call(client.get, "/call/stage", headers=own)
+            assert (info.value.set_by, info.value.request_deadline) == ("client", False)
+            with ragguard.deadline(2.0), pytest.raises(HttpRemoteDeadlineExceeded) as info:
+                await breaker.call(client.get, "/call/stage", headers={"x-tenant-id": "plain"})
+            assert (info.value.set_by, info.value.request_deadline) == ("client", True)
+            with ragguard.deadline(2.0), pytest.raises(HttpRemoteDeadlineExceeded) as info:
+                await breaker.call(client.get, "/call/stage", headers={"x-tenant-id": "acme"})
+            assert (info.value.set_by, info.value.request_deadline) == ("tenant", False)
+    metrics = breaker.metrics()
+    assert (metrics.calls, metrics.failed_calls) == (2, 2)  # the request's deadline is not counted

@@ -9,7 +9,8 @@ its status, as any ``HTTPStatusError``::
           +-- RemoteUnavailable     (ConnectionError)  503: a dependency failure (every breaker
           |                                            counts it), a rejection when it states a wait
           +-- RemoteDeadlineExceeded   (TimeoutError)  504: a timeout (what a ragguard server said
-          |                                            set its deadline: set_by, deadline_s)
+          |                                            set its deadline: set_by, deadline_s; the
+          |                                            request's deadline: request_deadline)
           +-- RemoteQuotaExceeded                      429: a dependency rejection
 
 A 429 is the dependency's rejection, not ragguard's own quota refusal (it is no longer a
@@ -76,7 +77,13 @@ class RemoteUnavailable(RemoteStatusError, ConnectionError):
 
 class RemoteDeadlineExceeded(RemoteStatusError, TimeoutError):
     """504: the server's deadline ran out before it could answer (a TimeoutError, classified by
-    its status as any 504: ``Kind.TIMEOUT``).
+    its status as any 504: ``Kind.TIMEOUT``, unless ``request_deadline``).
+
+    ``request_deadline``: the server said the client's deadline ran out, and the timeout field
+    the request carried was the request's own ragguard deadline (the transport sent it): what
+    ran out is the request's time, as :class:`ragguard.DeadlineExceeded` says, classified
+    ``Kind.DEADLINE`` (never counted by a breaker, never retried) rather than as the server's
+    slowness. A timeout field the caller set itself keeps the 504 a timeout.
 
     ``set_by`` and ``deadline_s``: what a ragguard server said set the deadline that ran out on
     its side, and that deadline's budget in seconds (the ``deadline_set_by`` and ``deadline_s``
@@ -86,9 +93,10 @@ class RemoteDeadlineExceeded(RemoteStatusError, TimeoutError):
     nothing readable (see :func:`deadline_told_of`). ``response.content`` holds the first
     :data:`TOLD_BODY_BYTES` of the body at most."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, *, request_deadline: bool = False) -> None:
         super().__init__(response)
         self.set_by, self.deadline_s = deadline_told_of(response)
+        self.request_deadline = request_deadline and self.set_by == "client"
 
 
 def deadline_told_of(response: httpx.Response) -> tuple[str | None, float | None]:

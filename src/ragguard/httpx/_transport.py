@@ -16,6 +16,7 @@ from ._errors import TOLD_BODY_BYTES, RemoteDeadlineExceeded, RemoteQuotaExceede
 __all__ = ["GuardTransport"]
 
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+_SENT_DEADLINE = "ragguard.sent_deadline"  # a request extension: the timeout field is the deadline's
 
 
 class GuardTransport(httpx.AsyncBaseTransport):
@@ -45,7 +46,10 @@ class GuardTransport(httpx.AsyncBaseTransport):
     - a 504 answer raises :class:`RemoteDeadlineExceeded`, with ``set_by`` and ``deadline_s``:
       what a ragguard server's JSON body said set the deadline that ran out there. At most
       ``TOLD_BODY_BYTES`` (8 KiB) of its body are read (``exc.response.text`` holds them); a
-      body that fails to arrive or decode leaves both None.
+      body that fails to arrive or decode leaves both None. When the server says the client's
+      deadline ran out and the timeout field it got was this request's deadline (sent by the
+      transport), the error is the request's deadline (``request_deadline``), not the server's
+      slowness: no breaker counts it.
     - ``raise_statuses=False`` hands every response back unchanged.
 
     The field names are the ones :class:`ragguard.asgi.RagguardMiddleware` reads, so two ragguard
@@ -84,7 +88,8 @@ class GuardTransport(httpx.AsyncBaseTransport):
         if self.raise_statuses and response.status_code == 504:
             response.request = request
             await _read_capped(response, TOLD_BODY_BYTES)
-            raise RemoteDeadlineExceeded(response)
+            sent = request.extensions.get(_SENT_DEADLINE) is True
+            raise RemoteDeadlineExceeded(response, request_deadline=sent)
         if self.raise_statuses and response.status_code in (429, 503):
             response.request = request
             try:
@@ -106,6 +111,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             mine = format_timeout_ms(left)
             if sent is None or not sent.isdigit() or int(sent) > int(mine):
                 request.headers[self.timeout_header] = mine
+                request.extensions[_SENT_DEADLINE] = True
         timeouts = dict(request.extensions.get("timeout") or {})
         for key in _TIMEOUT_KEYS:
             given = timeouts.get(key)
