@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from fastapi import FastAPI
 from grpc import aio
 from grpc_helpers import serving_methods
 from told_helpers import WORDS, Run, answer_504, grpc_server, http_app, rpc
@@ -26,6 +27,7 @@ from http_helpers import running
 
 import ragguard
 from ragguard import FakeClock, Policy, TenantQuota
+from ragguard.asgi import RagguardMiddleware
 from ragguard.breakers import EmbeddingTimeoutBreaker
 from ragguard.grpc import RemoteDeadlineExceeded, client_interceptors
 from ragguard.httpx import GuardTransport
@@ -240,3 +242,28 @@ async def test_httpx_transport_a_timeout_field_the_caller_set_keeps_the_504_a_ti
             assert (info.value.set_by, info.value.request_deadline) == ("tenant", False)
     metrics = breaker.metrics()
     assert (metrics.calls, metrics.failed_calls) == (2, 2)  # the request's deadline is not counted
+
+
+async def test_a_chained_service_answers_the_504_of_its_dependency_in_general_words() -> None:
+    """Service A calls B through GuardTransport and lets B's 504 escape: A answers 504 itself,
+    naming no upstream URL, host or port, whether the request's deadline (sent on by A) or B's
+    own bound (the tenant's timeout_s there) ran out at B."""
+    guard, clock = make_guard()
+    up = FastAPI()
+    with running(http_app(guard, hangs(guard, clock))) as down_url:
+
+        @up.get("/ask")
+        async def ask() -> dict[str, Any]:
+            async with httpx.AsyncClient(base_url=down_url, transport=GuardTransport()) as down:
+                await down.get("/call/stage")  # the tenant goes on from A's request
+            return {}
+
+        up.add_middleware(RagguardMiddleware, guard=ragguard.Guard(Policy()))
+        with running(up) as up_url:
+            async with httpx.AsyncClient(base_url=up_url, timeout=20) as http:
+                for tenant, outcome in (("plain", "deadline"), ("acme", "timeout")):
+                    headers = {"x-tenant-id": tenant, "x-request-timeout-ms": "9000"}
+                    reply = await http.get("/ask", headers=headers)
+                    assert reply.status_code == 504, reply.text
+                    assert reply.json()["outcome"] == outcome, reply.text
+                    assert "127.0.0.1" not in reply.text and down_url not in reply.text, reply.text
