@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from fastapi import FastAPI
 from grpc import aio
 from grpc_helpers import serving_methods
 from told_helpers import WORDS, Run, answer_504, grpc_server, http_app, rpc
@@ -26,7 +27,12 @@ from http_helpers import running
 
 import ragguard
 from ragguard import FakeClock, Policy, TenantQuota
+from ragguard.asgi import RagguardMiddleware
+from ragguard.breakers import EmbeddingTimeoutBreaker
 from ragguard.grpc import RemoteDeadlineExceeded, client_interceptors
+from ragguard.httpx import GuardTransport
+from ragguard.httpx import RemoteDeadlineExceeded as HttpRemoteDeadlineExceeded
+from ragguard.outcomes import Kind, classify
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -190,3 +196,74 @@ async def test_grpc_client_ignores_junk_in_the_deadline_trailers(kind: str) -> N
                 error = info.value
                 assert (error.set_by, error.deadline_s) == said, (i, error.trailing_metadata())
                 assert error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+# --- the httpx transport reads it back ----------------------------------------------------------
+
+
+async def test_httpx_transport_error_says_what_set_the_servers_deadline() -> None:
+    """A 504 through GuardTransport raises RemoteDeadlineExceeded, which carries what the body
+    said; the client's own deadline goes out through the transport (what is left of it)."""
+    guard, clock = make_guard()
+    with running(http_app(guard, hangs(guard, clock))) as url:
+        async with httpx.AsyncClient(base_url=url, transport=GuardTransport()) as client:
+            for tenant, client_s, mode, set_by, budget_s in CASES:
+                with ragguard.deadline(client_s), pytest.raises(HttpRemoteDeadlineExceeded) as info:
+                    await client.get(f"/call/{mode}", headers={"x-tenant-id": tenant})
+                error = info.value
+                assert error.response.status_code == 504 and isinstance(error, httpx.HTTPStatusError)
+                body = error.response.json()  # the body was read, and is whole
+                assert (error.set_by, error.deadline_s) == (body["deadline_set_by"], body["deadline_s"])
+                told = {"set_by": error.set_by, "deadline_s": error.deadline_s}
+                check(told, body["detail"], set_by, budget_s)
+                # the request's own deadline (the transport sent it) ran out there: not the
+                # server's slowness; a bound of the server's own cut it: a timeout, as any 504
+                assert error.request_deadline is (set_by == "client")
+                assert classify(error).kind is (Kind.DEADLINE if set_by == "client" else Kind.TIMEOUT)
+
+
+async def test_httpx_transport_a_timeout_field_the_caller_set_keeps_the_504_a_timeout() -> None:
+    """Only the deadline the transport sent makes a 504 the request's deadline: a breaker counts
+    the 504 of a timeout field the caller set itself (no ragguard deadline), and of a tenant's
+    timeout_s, and not the one of the request's deadline."""
+    guard, clock = make_guard()
+    breaker = EmbeddingTimeoutBreaker(minimum_calls=10, window_size=10, clock=FakeClock())
+    with running(http_app(guard, hangs(guard, clock))) as url:
+        async with httpx.AsyncClient(base_url=url, transport=GuardTransport()) as client:
+            own = {"x-tenant-id": "plain", "x-request-timeout-ms": "2000"}
+            with pytest.raises(HttpRemoteDeadlineExceeded) as info:
+                await breaker.call(client.get, "/call/stage", headers=own)
+            assert (info.value.set_by, info.value.request_deadline) == ("client", False)
+            with ragguard.deadline(2.0), pytest.raises(HttpRemoteDeadlineExceeded) as info:
+                await breaker.call(client.get, "/call/stage", headers={"x-tenant-id": "plain"})
+            assert (info.value.set_by, info.value.request_deadline) == ("client", True)
+            with ragguard.deadline(2.0), pytest.raises(HttpRemoteDeadlineExceeded) as info:
+                await breaker.call(client.get, "/call/stage", headers={"x-tenant-id": "acme"})
+            assert (info.value.set_by, info.value.request_deadline) == ("tenant", False)
+    metrics = breaker.metrics()
+    assert (metrics.calls, metrics.failed_calls) == (2, 2)  # the request's deadline is not counted
+
+
+async def test_a_chained_service_answers_the_504_of_its_dependency_in_general_words() -> None:
+    """Service A calls B through GuardTransport and lets B's 504 escape: A answers 504 itself,
+    naming no upstream URL, host or port, whether the request's deadline (sent on by A) or B's
+    own bound (the tenant's timeout_s there) ran out at B."""
+    guard, clock = make_guard()
+    up = FastAPI()
+    with running(http_app(guard, hangs(guard, clock))) as down_url:
+
+        @up.get("/ask")
+        async def ask() -> dict[str, Any]:
+            async with httpx.AsyncClient(base_url=down_url, transport=GuardTransport()) as down:
+                await down.get("/call/stage")  # the tenant goes on from A's request
+            return {}
+
+        up.add_middleware(RagguardMiddleware, guard=ragguard.Guard(Policy()))
+        with running(up) as up_url:
+            async with httpx.AsyncClient(base_url=up_url, timeout=20) as http:
+                for tenant, outcome in (("plain", "deadline"), ("acme", "timeout")):
+                    headers = {"x-tenant-id": tenant, "x-request-timeout-ms": "9000"}
+                    reply = await http.get("/ask", headers=headers)
+                    assert reply.status_code == 504, reply.text
+                    assert reply.json()["outcome"] == outcome, reply.text
+                    assert "127.0.0.1" not in reply.text and down_url not in reply.text, reply.text

@@ -42,6 +42,8 @@ import ragguard
 from ragguard import FakeClock, GenerationPolicy, Policy, StagePolicy, TenantQuota
 from ragguard.asgi import RagguardMiddleware
 from ragguard.grpc import GuardServerInterceptor, RemoteDeadlineExceeded, client_interceptors
+from ragguard.httpx import GuardTransport
+from ragguard.httpx import RemoteDeadlineExceeded as HttpRemoteDeadlineExceeded
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -149,6 +151,23 @@ async def test_http_a_token_wait_past_the_deadline_says_what_set_it(kind: str) -
                 body = await answer_504(client, kind, "own" if own else "tokens", sent(tenant, client_s))
                 told_http(body, want_by, want_s)
     assert clock() == 0.0  # refused at once: the wait would outlast the deadline
+
+
+async def test_httpx_transport_error_says_what_set_the_deadline_a_token_wait_ran_into() -> None:
+    """Through GuardTransport, the 504 is a RemoteDeadlineExceeded carrying what the body said
+    (the client's deadline goes out through the transport: what is left of it)."""
+    guard, clock = make_guard()
+    with running(http_app(guard, handlers(guard, clock))) as url:
+        async with httpx.AsyncClient(base_url=url, transport=GuardTransport()) as client:
+            for tenant in ("acme", "roomy"):
+                assert (await client.get("/call/warm", headers={"x-tenant-id": tenant})).status_code == 200
+            for tenant, client_s, own, want_by, want_s in TOKEN_CASES:
+                path = "/call/own" if own else "/call/tokens"
+                with ragguard.deadline(client_s), pytest.raises(HttpRemoteDeadlineExceeded) as info:
+                    await client.get(path, headers={"x-tenant-id": tenant})
+                error = info.value
+                assert error.response.json()["error"] == "QuotaExceeded"
+                check(error.set_by, error.deadline_s, error.response.json()["detail"], want_by, want_s)
 
 
 FORGED = {"nan": float("nan"), "inf": float("inf"), "huge": 1e300, "neg": -1.0}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import gzip
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +14,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from http_helpers import ERRORS, running
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 import ragguard
 from ragguard import DeadlineExceeded, FakeClock, Policy, QuotaExceeded, TenantQuota
@@ -23,8 +29,8 @@ from ragguard.breakers import (
     is_connection_error,
     is_timeout,
 )
-from ragguard.httpx import GuardTransport, RemoteQuotaExceeded, RemoteUnavailable
-from ragguard.httpx._errors import retry_after_of
+from ragguard.httpx import GuardTransport, RemoteDeadlineExceeded, RemoteQuotaExceeded, RemoteUnavailable
+from ragguard.httpx._errors import TOLD_BODY_BYTES, retry_after_of
 from ragguard.outcomes import Kind, classify
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -209,6 +215,108 @@ async def test_two_ragguard_services_chain() -> None:
     assert refused.status_code == 503
     assert refused.headers["retry-after-ms"] == "250" and refused.headers["retry-after"] == "1"
     assert refused.json()["outcome"] == "rejection" and "127.0.0.1" not in refused.text
+
+
+JSON = "application/json"
+TOLD = {"deadline_set_by": "client", "deadline_s": 0.25}
+ENDLESS = 50_000  # 1 KiB chunks a streamed 504 body would send (50 MiB), were it all read
+JUNK_504: list[tuple[str, bytes | None, dict[str, str], tuple[str | None, float | None]]] = [
+    # content-type, body (None: streamed, ENDLESS KiB), other headers -> (set_by, deadline_s)
+    (JSON, json.dumps(TOLD).encode(), {}, ("client", 0.25)),
+    (JSON + "; charset=utf-8", b'{"deadline_set_by": "tenant", "deadline_s": 3}', {}, ("tenant", 3.0)),
+    (JSON, b'{"deadline_set_by": "the moon", "deadline_s": 1.5}', {}, (None, 1.5)),  # an unknown word
+    (JSON, b'{"deadline_set_by": "CLIENT", "deadline_s": "0.25"}', {}, (None, None)),  # exact; a number
+    (JSON, b'{"deadline_set_by": "handler", "deadline_s": NaN}', {}, ("handler", None)),
+    (JSON, b'{"deadline_set_by": "handler", "deadline_s": Infinity}', {}, ("handler", None)),
+    (JSON, b'{"deadline_set_by": "client", "deadline_s": 1e400}', {}, ("client", None)),  # a float's infinity
+    (JSON, b'{"deadline_set_by": "client", "deadline_s": 1e300}', {}, ("client", None)),  # past ten years
+    (JSON, b'{"deadline_set_by": "client", "deadline_s": -1}', {}, ("client", None)),
+    (JSON, b'{"deadline_set_by": "client", "deadline_s": true}', {}, ("client", None)),
+    (JSON, b'{"deadline_set_by": ["client"], "deadline_s": {"s": 1}}', {}, (None, None)),
+    (JSON, b'{"deadline_s": ' + b"1" * 5000 + b"}", {}, (None, None)),  # past the int digits limit
+    (JSON, b'["client", 1.0]', {}, (None, None)),  # JSON, not an object
+    (JSON, b"[" * 8000, {}, (None, None)),  # nested past the parser's recursion limit
+    (JSON, b"not json", {}, (None, None)),
+    (JSON, b"\xff\xfe{", {}, (None, None)),  # not UTF-8
+    (JSON, b"", {}, (None, None)),
+    ("text/plain", json.dumps(TOLD).encode(), {}, (None, None)),  # only a JSON body is read
+    ("text/html", b"<html><body><h1>504 Gateway Time-out</h1></body></html>", {}, (None, None)),
+    (JSON, gzip.compress(json.dumps(TOLD).encode()), {"content-encoding": "gzip"}, ("client", 0.25)),
+    (JSON, gzip.compress(b" " * 10_000_000), {"content-encoding": "gzip"}, (None, None)),  # a bomb, cut
+    (JSON, b"not gzip", {"content-encoding": "gzip"}, (None, None)),  # undecodable
+    (JSON, json.dumps(TOLD | {"pad": "x" * 1_000_000}).encode(), {}, (None, None)),  # 1 MB, cut
+    (JSON, None, {}, (None, None)),  # a streamed body that never ends, cut
+]
+
+
+def junk_504_server() -> Starlette:
+    """``/junk/{i}`` answers 504 with ``JUNK_504[i]``; ``/sent`` the KiB its streamed bodies sent."""
+    sent: list[int] = []
+
+    async def junk(request: Request) -> Response:
+        media, body, headers, _ = JUNK_504[int(request.path_params["i"])]
+        if body is not None:
+            return Response(body, status_code=504, headers={"content-type": media, **headers})
+
+        async def endless() -> AsyncIterator[bytes]:
+            yield b'{"deadline_set_by": "client", "deadline_s": 0.25, "pad": "'
+            for _ in range(ENDLESS):
+                sent.append(1)
+                yield b"x" * 1024
+                await asyncio.sleep(0)
+
+        return StreamingResponse(endless(), status_code=504, media_type=media)
+
+    async def sent_kib(request: Request) -> Response:
+        return Response(str(len(sent)))
+
+    async def stall(request: Request) -> Response:
+        async def stalled() -> AsyncIterator[bytes]:
+            yield json.dumps(TOLD).encode()[:10]
+            await asyncio.sleep(5)
+
+        return StreamingResponse(stalled(), status_code=504, media_type=JSON)
+
+    routes = [Route("/junk/{i}", junk), Route("/sent", sent_kib), Route("/stall", stall)]
+    return Starlette(routes=routes)
+
+
+async def test_a_504_body_that_is_junk_tells_nothing_and_is_read_only_so_far() -> None:
+    """A server that is not ragguard, or is hostile, may answer 504 with any body: the error says
+    None for what it cannot read, never raises otherwise, and at most TOLD_BODY_BYTES of the body
+    are read (a huge, compressed or endless one included)."""
+    with running(junk_504_server()) as url:
+        async with client(url) as http:
+            for i, (*_, said) in enumerate(JUNK_504):
+                with pytest.raises(RemoteDeadlineExceeded) as info:
+                    await http.get(f"/junk/{i}")
+                error = info.value
+                assert (error.set_by, error.deadline_s) == said, (i, error.response.content[:80])
+                assert error.response.status_code == 504 and error.response.is_closed
+                raw = error.response.num_bytes_downloaded
+                assert raw <= TOLD_BODY_BYTES, (i, raw)
+                assert classify(error).kind is Kind.TIMEOUT and is_timeout(error)
+            sent = int((await http.get("/sent")).text)
+    assert sent < ENDLESS  # the client hung up: the server stopped sending
+
+
+async def test_a_504_body_that_breaks_off_still_raises_the_504() -> None:
+    """The caller's own read timeout cutting a 504's body is not what the caller sees: the 504 is."""
+    with running(junk_504_server()) as url:
+        async with httpx.AsyncClient(base_url=url, transport=GuardTransport(), timeout=0.3) as http:
+            with pytest.raises(RemoteDeadlineExceeded) as info:
+                await http.get("/stall")
+    assert (info.value.set_by, info.value.deadline_s) == (None, None)
+    assert info.value.response.is_closed
+
+
+async def test_raise_statuses_false_hands_a_504_back_whole() -> None:
+    with running(junk_504_server()) as url:
+        async with client(url, raise_statuses=False) as http:
+            big = len(JUNK_504) - 2  # the 1 MB body
+            reply = await http.get(f"/junk/{big}")
+    assert reply.status_code == 504 and reply.json()["deadline_set_by"] == "client"
+    assert len(reply.content) > 1_000_000
 
 
 def test_retry_after_fields() -> None:

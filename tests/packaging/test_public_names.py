@@ -72,7 +72,9 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "STREAM_ERROR_KEY", "STREAM_ITEMS_KEY", "SnappyServerInterceptor", "SnappyWire", "TENANT_KEY",
         "TenantResolver", "Unauthenticated", "client_interceptors", "ending_trailers", "snappy_channel",
     ),
-    "ragguard.httpx": ("GuardTransport", "RemoteQuotaExceeded", "RemoteUnavailable"),
+    "ragguard.httpx": (
+        "GuardTransport", "RemoteDeadlineExceeded", "RemoteQuotaExceeded", "RemoteUnavailable",
+    ),
     "ragguard.integrations": ("send_tenant_header", "tenant_headers"),
     "ragguard.integrations.anthropic": ("continue_message", "guard_anthropic", "prefill_messages"),
     "ragguard.integrations.langchain": ("GuardedRunnable", "TenantRateLimiter", "deployment_key"),

@@ -10,7 +10,8 @@ another ragguard service).
 
 The transport forwards the tenant and the remaining deadline (the fields
 :class:`ragguard.asgi.RagguardMiddleware` reads), bounds each request by the deadline, and turns
-429 and 503 answers into errors that carry ``retry_after_s`` and that the typed breakers classify.
+429 and 503 answers into errors that carry ``retry_after_s`` and that the typed breakers classify,
+and 504 answers into one that says what set the server's deadline (``set_by``, ``deadline_s``).
 Needs httpx: install ragguard's ``http`` extra (``pip install '/path/to/ragguard[http]'``; from a
 checkout ``pip install '.[http]'``).
 """
@@ -24,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without httpx in
 
     raise ImportError(f"ragguard.httpx needs httpx: {install_hint('http')}") from exc
 
-from ._errors import RemoteQuotaExceeded, RemoteUnavailable
+from ._errors import RemoteDeadlineExceeded, RemoteQuotaExceeded, RemoteUnavailable
 from ._transport import GuardTransport
 
-__all__ = ["GuardTransport", "RemoteQuotaExceeded", "RemoteUnavailable"]
+__all__ = ["GuardTransport", "RemoteDeadlineExceeded", "RemoteQuotaExceeded", "RemoteUnavailable"]

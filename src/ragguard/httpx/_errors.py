@@ -1,4 +1,4 @@
-"""Errors the transport raises for throttled and unavailable answers.
+"""Errors the transport raises for throttled, unavailable and timed-out answers.
 
 Each is an :class:`httpx.HTTPStatusError` (``request``, ``response`` work, and
 ``except httpx.HTTPStatusError`` still catches it); :func:`ragguard.outcomes.classify` reads it by
@@ -8,6 +8,9 @@ its status, as any ``HTTPStatusError``::
      +-- RemoteStatusError
           +-- RemoteUnavailable     (ConnectionError)  503: a dependency failure (every breaker
           |                                            counts it), a rejection when it states a wait
+          +-- RemoteDeadlineExceeded   (TimeoutError)  504: a timeout (what a ragguard server said
+          |                                            set its deadline: set_by, deadline_s; the
+          |                                            request's deadline: request_deadline)
           +-- RemoteQuotaExceeded                      429: a dependency rejection
 
 A 429 is the dependency's rejection, not ragguard's own quota refusal (it is no longer a
@@ -23,11 +26,25 @@ a 429 (whose ``retry_after_s`` is always a float).
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from .._http import stated_wait
+from ..outcomes._doors import told_deadline
 
-__all__ = ["RemoteQuotaExceeded", "RemoteStatusError", "RemoteUnavailable", "retry_after_of"]
+__all__ = [
+    "TOLD_BODY_BYTES",
+    "RemoteDeadlineExceeded",
+    "RemoteQuotaExceeded",
+    "RemoteStatusError",
+    "RemoteUnavailable",
+    "deadline_told_of",
+    "retry_after_of",
+]
+
+TOLD_BODY_BYTES = 8 * 1024
+"""The most of a 504's body the transport reads, in bytes as sent (a ragguard door's is < 1 KB)."""
 
 
 def retry_after_of(headers: httpx.Headers) -> float | None:
@@ -56,6 +73,51 @@ class RemoteStatusError(httpx.HTTPStatusError):
 
 class RemoteUnavailable(RemoteStatusError, ConnectionError):
     """503: the server is up but cannot serve now (a ConnectionError)."""
+
+
+class RemoteDeadlineExceeded(RemoteStatusError, TimeoutError):
+    """504: the server's deadline ran out before it could answer (a TimeoutError, classified by
+    its status as any 504: ``Kind.TIMEOUT``, unless ``request_deadline``).
+
+    ``request_deadline``: the server said the client's deadline ran out, and the timeout field
+    the request carried was the request's own ragguard deadline (the transport sent it): what
+    ran out is the request's time, as :class:`ragguard.DeadlineExceeded` says, classified
+    ``Kind.DEADLINE`` (never counted by a breaker, never retried) rather than as the server's
+    slowness. A timeout field the caller set itself keeps the 504 a timeout.
+
+    ``set_by`` and ``deadline_s``: what a ragguard server said set the deadline that ran out on
+    its side, and that deadline's budget in seconds (the ``deadline_set_by`` and ``deadline_s``
+    of its JSON body, as :class:`ragguard.DeadlineExceeded` names them): ``"client"`` (the
+    ``x-request-timeout-ms`` the request carried), ``"tenant"`` (the tenant's ``timeout_s``
+    there) or ``"handler"`` (the server code's own ``deadline(...)``); None when the server said
+    nothing readable (see :func:`deadline_told_of`). ``response.content`` holds the first
+    :data:`TOLD_BODY_BYTES` of the body at most."""
+
+    def __init__(self, response: httpx.Response, *, request_deadline: bool = False) -> None:
+        super().__init__(response)
+        self.set_by, self.deadline_s = deadline_told_of(response)
+        self.request_deadline = request_deadline and self.set_by == "client"
+
+
+def deadline_told_of(response: httpx.Response) -> tuple[str | None, float | None]:
+    """What the read body of ``response`` (a 504 of a ragguard server) says of the deadline that
+    ran out: what set it (``client``, ``tenant``, ``handler``; None for anything else) and its
+    budget in seconds (None unless a JSON number, finite, in [0, ten years]). Only a JSON object
+    (``content-type: application/json``) of at most :data:`TOLD_BODY_BYTES` is read; never
+    raises."""
+    content_type = response.headers.get("content-type", "")
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        return None, None
+    try:
+        content = response.content
+        if len(content) > TOLD_BODY_BYTES:
+            return None, None
+        body = json.loads(content)
+    except (httpx.ResponseNotRead, ValueError, RecursionError):  # not JSON, too deep, huge ints
+        return None, None
+    if not isinstance(body, dict):
+        return None, None
+    return told_deadline(body.get("deadline_set_by"), body.get("deadline_s"))
 
 
 class RemoteQuotaExceeded(RemoteStatusError):

@@ -11,11 +11,12 @@ from .._context import DEFAULT_TENANT, current_tenant
 from .._deadline import Expiry, current_expiry
 from .._errors import ConfigError, DeadlineExceeded
 from .._http import TENANT_HEADER, TIMEOUT_HEADER, check_field_name, format_timeout_ms
-from ._errors import RemoteQuotaExceeded, RemoteUnavailable
+from ._errors import TOLD_BODY_BYTES, RemoteDeadlineExceeded, RemoteQuotaExceeded, RemoteUnavailable
 
 __all__ = ["GuardTransport"]
 
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+_SENT_DEADLINE = "ragguard.sent_deadline"  # a request extension: the timeout field is the deadline's
 
 
 class GuardTransport(httpx.AsyncBaseTransport):
@@ -42,7 +43,14 @@ class GuardTransport(httpx.AsyncBaseTransport):
       :class:`RemoteUnavailable` (a failure, or a rejection when it states a wait), both with
       ``retry_after_s`` from ``retry-after-ms``, ``Retry-After`` or the rate-limit resets (see
       :mod:`ragguard.httpx._errors`); their body is read first, so ``exc.response.text`` works.
-      ``raise_statuses=False`` hands every response back unchanged.
+    - a 504 answer raises :class:`RemoteDeadlineExceeded`, with ``set_by`` and ``deadline_s``:
+      what a ragguard server's JSON body said set the deadline that ran out there. At most
+      ``TOLD_BODY_BYTES`` (8 KiB) of its body are read (``exc.response.text`` holds them); a
+      body that fails to arrive or decode leaves both None. When the server says the client's
+      deadline ran out and the timeout field it got was this request's deadline (sent by the
+      transport), the error is the request's deadline (``request_deadline``), not the server's
+      slowness: no breaker counts it.
+    - ``raise_statuses=False`` hands every response back unchanged.
 
     The field names are the ones :class:`ragguard.asgi.RagguardMiddleware` reads, so two ragguard
     services chain. ``transport`` default: ``httpx.AsyncHTTPTransport()``. Raises
@@ -77,6 +85,11 @@ class GuardTransport(httpx.AsyncBaseTransport):
             response = await self._transport.handle_async_request(request)
         else:
             response = await self._within(request, expiry)
+        if self.raise_statuses and response.status_code == 504:
+            response.request = request
+            await _read_capped(response, TOLD_BODY_BYTES)
+            sent = request.extensions.get(_SENT_DEADLINE) is True
+            raise RemoteDeadlineExceeded(response, request_deadline=sent)
         if self.raise_statuses and response.status_code in (429, 503):
             response.request = request
             try:
@@ -98,6 +111,7 @@ class GuardTransport(httpx.AsyncBaseTransport):
             mine = format_timeout_ms(left)
             if sent is None or not sent.isdigit() or int(sent) > int(mine):
                 request.headers[self.timeout_header] = mine
+                request.extensions[_SENT_DEADLINE] = True
         timeouts = dict(request.extensions.get("timeout") or {})
         for key in _TIMEOUT_KEYS:
             given = timeouts.get(key)
@@ -130,6 +144,45 @@ def _exceeded(what: str, budget_s: float | None, at: Expiry, detail: str = "") -
 def _spent(at: Expiry) -> bool:
     # timers may fire a hair before the deadline they were set for
     return at.left() <= 0.001
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> None:
+    """Read at most ``limit`` bytes (as sent) of ``response``'s body into ``response.content``
+    and close it. A body that breaks off or does not decode is left unread: the status is the
+    news, so its httpx error is not raised (the deadline's own DeadlineExceeded is)."""
+    try:
+        if isinstance(response.stream, httpx.AsyncByteStream):
+            response.stream = _Capped(response.stream, limit)
+            await response.aread()
+    except (httpx.TransportError, httpx.DecodingError):
+        pass
+    finally:
+        await response.aclose()
+
+
+class _Capped(httpx.AsyncByteStream):
+    """The first ``limit`` bytes of a body; what comes after is never read."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        left = self._limit
+        chunks = self._inner.__aiter__()
+        try:
+            async for chunk in chunks:
+                yield chunk[:left]
+                left -= len(chunk)
+                if left <= 0:
+                    return
+        finally:
+            close = getattr(chunks, "aclose", None)  # an async generator: end it now, not at GC
+            if close is not None:
+                await close()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class _DeadlineStream(httpx.AsyncByteStream):

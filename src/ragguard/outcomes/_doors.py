@@ -93,6 +93,7 @@ _DETAILS = {
     "out_of_memory": "a dependency of this service ran out of memory",
     "rejection": "a dependency of this service is overloaded and rejected the call",
     "timeout": "a dependency of this service timed out",
+    "deadline": "the request's deadline ran out at a dependency of this service",
     "invalid": "a dependency of this service refused the request as invalid",
     "context_length": "a dependency of this service refused the request as longer than its context window",
     "content_policy": "a dependency of this service refused the request under its content policy",
@@ -112,7 +113,7 @@ def door_answer(exc: BaseException, outcome: Outcome) -> DoorAnswer | None:
             return ANSWERS["quota"], outcome.retry_after_s or 0.0, str(exc)
         return ANSWERS["unavailable"], outcome.retry_after_s, str(exc)
     if kind is Kind.DEADLINE:
-        return ANSWERS["deadline"], None, str(exc)
+        return ANSWERS["deadline"], None, str(exc) if own else _DETAILS["deadline"]
     if kind is Kind.TIMEOUT:
         return ANSWERS["deadline"], None, str(exc) if own else _DETAILS["timeout"]
     if kind is Kind.FAILURE:

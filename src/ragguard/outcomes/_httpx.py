@@ -1,6 +1,7 @@
 """httpx (and httpx2, httpcore, the OpenAI/Anthropic SDKs' transport): by class name, so one
 classifier serves every package that shares httpx's exception tree; ragguard's own
-``RemoteStatusError`` s are ``HTTPStatusError`` s and are read by their status. A caller's
+``RemoteStatusError`` s are ``HTTPStatusError`` s and are read by their status (but a 504 that
+ran out the request's own deadline, ``request_deadline``: ``Kind.DEADLINE``). A caller's
 error whose body (when it was read) says the request is longer than the model's context window
 or was refused under a content policy (vLLM's 400, TGI's 422: :mod:`._refusal`) has that reason."""
 
@@ -37,6 +38,9 @@ _BY_NAME: dict[str, Outcome] = {
 }
 
 
+_REQUEST_DEADLINE = Outcome(Kind.DEADLINE)
+
+
 def transport_outcome(exc: BaseException) -> Outcome | None:
     """The outcome of an httpx-family transport error, by the first class name that says one."""
     for cls in type(exc).__mro__:
@@ -49,7 +53,10 @@ def transport_outcome(exc: BaseException) -> Outcome | None:
 def classify(exc: BaseException) -> Outcome | None:
     response = getattr(exc, "response", None)
     if response is not None and any(c.__name__ == "HTTPStatusError" for c in type(exc).__mro__):
-        found = from_http_status(getattr(response, "status_code", None), getattr(response, "headers", None))
+        status = getattr(response, "status_code", None)
+        if status == 504 and getattr(exc, "request_deadline", False) is True:
+            return _REQUEST_DEADLINE  # the request's own deadline ran out at the server
+        found = from_http_status(status, getattr(response, "headers", None))
         return None if found is None else refined(found, exc)
     found = transport_outcome(exc)
     if found is not None and found.kind is Kind.FAILURE and found.reason == "connection":
