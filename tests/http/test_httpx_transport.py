@@ -30,7 +30,7 @@ from ragguard.breakers import (
     is_timeout,
 )
 from ragguard.httpx import GuardTransport, RemoteDeadlineExceeded, RemoteQuotaExceeded, RemoteUnavailable
-from ragguard.httpx._errors import TOLD_BODY_BYTES, retry_after_of
+from ragguard.httpx._errors import ERROR_BODY_BYTES, retry_after_of
 from ragguard.outcomes import Kind, classify
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -283,7 +283,7 @@ def junk_504_server() -> Starlette:
 
 async def test_a_504_body_that_is_junk_tells_nothing_and_is_read_only_so_far() -> None:
     """A server that is not ragguard, or is hostile, may answer 504 with any body: the error says
-    None for what it cannot read, never raises otherwise, and at most TOLD_BODY_BYTES of the body
+    None for what it cannot read, never raises otherwise, and at most ERROR_BODY_BYTES of the body
     are read (a huge, compressed or endless one included)."""
     with running(junk_504_server()) as url:
         async with client(url) as http:
@@ -294,8 +294,56 @@ async def test_a_504_body_that_is_junk_tells_nothing_and_is_read_only_so_far() -
                 assert (error.set_by, error.deadline_s) == said, (i, error.response.content[:80])
                 assert error.response.status_code == 504 and error.response.is_closed
                 raw = error.response.num_bytes_downloaded
-                assert raw <= TOLD_BODY_BYTES, (i, raw)
+                assert raw <= ERROR_BODY_BYTES, (i, raw)
                 assert classify(error).kind is Kind.TIMEOUT and is_timeout(error)
+            sent = int((await http.get("/sent")).text)
+    assert sent < ENDLESS  # the client hung up: the server stopped sending
+
+
+def endless_error_server() -> Starlette:
+    """``/{status}/endless`` and ``/{status}/bomb`` answer ``status`` with a wait stated and a body
+    that never ends or inflates to 10 MB; ``/sent`` the KiB the endless ones sent."""
+    sent: list[int] = []
+    wait = {"retry-after-ms": "250"}
+
+    async def endless(request: Request) -> Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b'{"error": {"message": "'
+            for _ in range(ENDLESS):
+                sent.append(1)
+                yield b"x" * 1024
+                await asyncio.sleep(0)
+
+        status = int(request.path_params["status"])
+        return StreamingResponse(chunks(), status_code=status, media_type=JSON, headers=wait)
+
+    async def bomb(request: Request) -> Response:
+        body = gzip.compress(b" " * 10_000_000)
+        headers = {"content-type": JSON, "content-encoding": "gzip", **wait}
+        return Response(body, status_code=int(request.path_params["status"]), headers=headers)
+
+    async def sent_kib(request: Request) -> Response:
+        return Response(str(len(sent)))
+
+    routes = [Route("/{status:int}/endless", endless), Route("/{status:int}/bomb", bomb),
+              Route("/sent", sent_kib)]
+    return Starlette(routes=routes)
+
+
+@pytest.mark.parametrize(("status", "error"), [(429, RemoteQuotaExceeded), (503, RemoteUnavailable)])
+async def test_a_429_or_503_body_is_read_only_so_far(status: int, error: type[Exception]) -> None:
+    """A dependency's 429 or 503 with an endless or inflating body: the error is raised, its wait
+    read from the headers, and no more than ERROR_BODY_BYTES of the body is read."""
+    with running(endless_error_server()) as url:
+        async with client(url) as http:
+            for kind in ("endless", "bomb"):
+                with pytest.raises(error) as info:
+                    await http.get(f"/{status}/{kind}")
+                raised = info.value
+                assert isinstance(raised, httpx.HTTPStatusError) and raised.retry_after_s == 0.25
+                assert raised.response.status_code == status and raised.response.is_closed
+                assert raised.response.num_bytes_downloaded <= ERROR_BODY_BYTES, kind
+                assert len(raised.response.content) <= ERROR_BODY_BYTES, kind
             sent = int((await http.get("/sent")).text)
     assert sent < ENDLESS  # the client hung up: the server stopped sending
 

@@ -34,7 +34,7 @@ from .._http import stated_wait
 from ..outcomes._doors import told_deadline
 
 __all__ = [
-    "TOLD_BODY_BYTES",
+    "ERROR_BODY_BYTES",
     "RemoteDeadlineExceeded",
     "RemoteQuotaExceeded",
     "RemoteStatusError",
@@ -43,8 +43,10 @@ __all__ = [
     "retry_after_of",
 ]
 
-TOLD_BODY_BYTES = 8 * 1024
-"""The most of a 504's body the transport reads, in bytes as sent (a ragguard door's is < 1 KB)."""
+ERROR_BODY_BYTES = 8 * 1024
+"""The most of a 429's, 503's or 504's body the transport reads, in bytes as sent (a ragguard
+door's is under 1 KB, a provider's error JSON a few hundred bytes): a body past it, however large,
+compressed or endless, is cut there and never read on."""
 
 
 def retry_after_of(headers: httpx.Headers) -> float | None:
@@ -91,7 +93,7 @@ class RemoteDeadlineExceeded(RemoteStatusError, TimeoutError):
     ``x-request-timeout-ms`` the request carried), ``"tenant"`` (the tenant's ``timeout_s``
     there) or ``"handler"`` (the server code's own ``deadline(...)``); None when the server said
     nothing readable (see :func:`deadline_told_of`). ``response.content`` holds the first
-    :data:`TOLD_BODY_BYTES` of the body at most."""
+    :data:`ERROR_BODY_BYTES` of the body at most."""
 
     def __init__(self, response: httpx.Response, *, request_deadline: bool = False) -> None:
         super().__init__(response)
@@ -103,14 +105,14 @@ def deadline_told_of(response: httpx.Response) -> tuple[str | None, float | None
     """What the read body of ``response`` (a 504 of a ragguard server) says of the deadline that
     ran out: what set it (``client``, ``tenant``, ``handler``; None for anything else) and its
     budget in seconds (None unless a JSON number, finite, in [0, ten years]). Only a JSON object
-    (``content-type: application/json``) of at most :data:`TOLD_BODY_BYTES` is read; never
+    (``content-type: application/json``) of at most :data:`ERROR_BODY_BYTES` is read; never
     raises."""
     content_type = response.headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
         return None, None
     try:
         content = response.content
-        if len(content) > TOLD_BODY_BYTES:
+        if len(content) > ERROR_BODY_BYTES:
             return None, None
         body = json.loads(content)
     except (httpx.ResponseNotRead, ValueError, RecursionError):  # not JSON, too deep, huge ints

@@ -11,7 +11,7 @@ from .._context import DEFAULT_TENANT, current_tenant
 from .._deadline import Expiry, current_expiry
 from .._errors import ConfigError, DeadlineExceeded
 from .._http import TENANT_HEADER, TIMEOUT_HEADER, check_field_name, format_timeout_ms
-from ._errors import TOLD_BODY_BYTES, RemoteDeadlineExceeded, RemoteQuotaExceeded, RemoteUnavailable
+from ._errors import ERROR_BODY_BYTES, RemoteDeadlineExceeded, RemoteQuotaExceeded, RemoteUnavailable
 
 __all__ = ["GuardTransport"]
 
@@ -42,10 +42,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
     - a 429 answer raises :class:`RemoteQuotaExceeded` (a dependency's rejection) and a 503
       :class:`RemoteUnavailable` (a failure, or a rejection when it states a wait), both with
       ``retry_after_s`` from ``retry-after-ms``, ``Retry-After`` or the rate-limit resets (see
-      :mod:`ragguard.httpx._errors`); their body is read first, so ``exc.response.text`` works.
+      :mod:`ragguard.httpx._errors`); their body is read first, at most ``ERROR_BODY_BYTES``
+      (8 KiB) of it, so ``exc.response.text`` works (a body that fails to arrive or decode is
+      left unread: the status is the news).
     - a 504 answer raises :class:`RemoteDeadlineExceeded`, with ``set_by`` and ``deadline_s``:
       what a ragguard server's JSON body said set the deadline that ran out there. At most
-      ``TOLD_BODY_BYTES`` (8 KiB) of its body are read (``exc.response.text`` holds them); a
+      ``ERROR_BODY_BYTES`` (8 KiB) of its body are read (``exc.response.text`` holds them); a
       body that fails to arrive or decode leaves both None. When the server says the client's
       deadline ran out and the timeout field it got was this request's deadline (sent by the
       transport), the error is the request's deadline (``request_deadline``), not the server's
@@ -87,15 +89,12 @@ class GuardTransport(httpx.AsyncBaseTransport):
             response = await self._within(request, expiry)
         if self.raise_statuses and response.status_code == 504:
             response.request = request
-            await _read_capped(response, TOLD_BODY_BYTES)
+            await _read_capped(response, ERROR_BODY_BYTES)
             sent = request.extensions.get(_SENT_DEADLINE) is True
             raise RemoteDeadlineExceeded(response, request_deadline=sent)
         if self.raise_statuses and response.status_code in (429, 503):
             response.request = request
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
+            await _read_capped(response, ERROR_BODY_BYTES)
             if response.status_code == 429:
                 raise RemoteQuotaExceeded(response, tenant)
             raise RemoteUnavailable(response)
@@ -147,21 +146,38 @@ def _spent(at: Expiry) -> bool:
 
 
 async def _read_capped(response: httpx.Response, limit: int) -> None:
-    """Read at most ``limit`` bytes (as sent) of ``response``'s body into ``response.content``
-    and close it. A body that breaks off or does not decode is left unread: the status is the
-    news, so its httpx error is not raised (the deadline's own DeadlineExceeded is)."""
+    """Read at most ``limit`` bytes of ``response``'s body, as sent and as decoded, into
+    ``response.content``, and close it. A body that breaks off or does not decode keeps what was
+    read of it: the status is the news, so its httpx error is not raised (for a 504, the
+    deadline's own DeadlineExceeded is). The body is fed to httpx's decoder 1 KiB at a time, so a
+    compressed one inflates no further than what one KiB decodes to before it is cut (gzip:
+    about 1 MB)."""
+    if not isinstance(response.stream, httpx.AsyncByteStream):
+        await response.aclose()
+        return
+    response.stream = _Capped(response.stream, limit)
+    parts: list[bytes] = []
+    size = 0
     try:
-        if isinstance(response.stream, httpx.AsyncByteStream):
-            response.stream = _Capped(response.stream, limit)
-            await response.aread()
+        async for part in response.aiter_bytes():
+            parts.append(part)
+            size += len(part)
+            if size >= limit:
+                break
     except (httpx.TransportError, httpx.DecodingError):
         pass
     finally:
+        # what aread() would have stored, cut: httpx keeps a read body there
+        response._content = b"".join(parts)[:limit]
         await response.aclose()
 
 
+_FEED = 1024  # raw bytes handed to the decoder at a time
+
+
 class _Capped(httpx.AsyncByteStream):
-    """The first ``limit`` bytes of a body; what comes after is never read."""
+    """The first ``limit`` bytes of a body, in pieces of at most 1 KiB; what comes after is never
+    read."""
 
     def __init__(self, inner: httpx.AsyncByteStream, limit: int) -> None:
         self._inner = inner
@@ -172,8 +188,10 @@ class _Capped(httpx.AsyncByteStream):
         chunks = self._inner.__aiter__()
         try:
             async for chunk in chunks:
-                yield chunk[:left]
+                chunk = chunk[:left]
                 left -= len(chunk)
+                for at in range(0, len(chunk), _FEED):
+                    yield chunk[at : at + _FEED]
                 if left <= 0:
                     return
         finally:
