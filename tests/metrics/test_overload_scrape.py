@@ -158,7 +158,9 @@ def _troubled_guard(redis_url: str) -> tuple[Guard, MonitoredBlockingConnectionP
         },
         groups={"chat": GroupPolicy(deployments=[DeploymentPolicy(name="primary"),
                                                  DeploymentPolicy(name="backup", priority=1)])},
-        tenants={"acme": TenantQuota(max_concurrency=4, tokens_per_s=1000.0, token_burst=5)},
+        # a stream of 6 words through a burst of 5 at 2 a second: its last word is paced 0.5 s,
+        # however slowly a loaded machine runs the stream (at 1000 a second it refilled meanwhile)
+        tenants={"acme": TenantQuota(max_concurrency=4, tokens_per_s=2.0, token_burst=5)},
     )
     return Guard(policy, backend=RedisBackend(aioredis.Redis(connection_pool=pool), prefix="scrape")), pool
 
