@@ -165,7 +165,7 @@ def _troubled_guard(redis_url: str) -> tuple[Guard, MonitoredBlockingConnectionP
     return Guard(policy, backend=RedisBackend(aioredis.Redis(connection_pool=pool), prefix="scrape")), pool
 
 
-_MOST_RUNS = 6  # runs of 1.6 s at 3x the capacity; one is enough on a quiet machine
+_MOST_RUNS = 10  # runs of 1.6 s at 3x the capacity; one is enough on a quiet machine
 
 
 def _overload_seen(scrapes: list[Scrape]) -> bool:
