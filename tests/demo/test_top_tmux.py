@@ -37,6 +37,16 @@ def _tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True, timeout=10).stdout
 
 
+def _screen_until(session: str, text: str, *, within_s: float) -> str:
+    """The pane's screen once it shows ``text``, or its last one after ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while True:
+        screen = _tmux("capture-pane", "-p", "-t", session)
+        if text in screen or time.monotonic() > deadline:
+            return screen
+        time.sleep(0.1)
+
+
 def _breakers(screen: str) -> dict[str, str]:
     """stage -> state, from the Breakers table of one captured screen."""
     out: dict[str, str] = {}
@@ -61,17 +71,22 @@ def test_top_shows_a_breaker_of_the_demo_opening_and_closing(tmp_path: Path) -> 
         pytest.skip("tmux is not installed (scripts/setup dev installs it)")
     port = _free_port()
     url = f"http://127.0.0.1:{port}/status"
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "ragguard_tools.cli", "demo", "--quick", "--status-port", str(port),
-         "--out", str(tmp_path / "report")],
-        stdout=(tmp_path / "demo.log").open("w"), stderr=subprocess.STDOUT, cwd=tmp_path,
-    )  # fmt: skip
     session = f"ragguard-top-{uuid.uuid4().hex[:8]}"
     top = f"{sys.executable} -m ragguard_tools.cli top {url} --interval 0.25"
     _tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT), top)
     frames: list[str] = []
     colour = ""
+    demo: subprocess.Popen[bytes] | None = None
     try:
+        # top first, on a port nobody serves yet: it says so (however long its start-up takes on a
+        # loaded machine), then the demo, whose endpoint answers from its own start-up on
+        before = _screen_until(session, "waiting for the status endpoint", within_s=60)
+        assert "waiting for the status endpoint" in before, before
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "ragguard_tools.cli", "demo", "--quick", "--status-port", str(port),
+             "--out", str(tmp_path / "report")],
+            stdout=(tmp_path / "demo.log").open("w"), stderr=subprocess.STDOUT, cwd=tmp_path,
+        )  # fmt: skip
         deadline = time.monotonic() + 200
         while demo.poll() is None and time.monotonic() < deadline:
             screen = _tmux("capture-pane", "-p", "-t", session)
@@ -80,14 +95,17 @@ def test_top_shows_a_breaker_of_the_demo_opening_and_closing(tmp_path: Path) -> 
                 colour = _tmux("capture-pane", "-p", "-e", "-t", session)
             time.sleep(0.15)
         assert demo.wait(timeout=30) == 0, (tmp_path / "demo.log").read_text()[-2000:]
-        final = _tmux("capture-pane", "-p", "-t", session)
+        # top sees the demo's end at its next poll, a quarter second on, later on a loaded machine
+        final = _screen_until(session, "waiting for the status endpoint", within_s=30)
+        frames.append(final)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
-        if demo.poll() is None:
+        if demo is not None and demo.poll() is None:
             demo.kill()
             demo.wait(timeout=10)
-    assert any("waiting for the status endpoint" in f for f in frames[:20]), "the unguarded run has no status"
     states = [_breakers(f) for f in frames]
+    first_table = next((i for i, s in enumerate(states) if s), len(frames))
+    assert any("nothing is guarded yet" in f for f in frames[:first_table]), "the unguarded run has no status"
     assert sum(1 for s in states if s) >= 10, "the guarded run was watched"
     opened_then_closed = {
         stage
@@ -96,7 +114,7 @@ def test_top_shows_a_breaker_of_the_demo_opening_and_closing(tmp_path: Path) -> 
         if state == "open" and any(later.get(stage) == "closed" for later in states[i + 1 :])
     }
     assert opened_then_closed, "no breaker was seen opening, then closing"
-    for screen in frames:
+    for screen in [before, *frames]:
         lines = screen.splitlines()
         assert len(lines) <= HEIGHT and all(len(line) <= WIDTH for line in lines)
         # redrawn in place: one header per screen, never a scrolled-up copy of an older frame

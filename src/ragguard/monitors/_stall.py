@@ -42,7 +42,8 @@ library, else of ragguard's own code, else the innermost frame of Python's own (
 says which: a stall whose stack holds only the standard library and asyncio ran no code of the
 user's, and usually means the loop thread was starved of CPU or paused by the garbage
 collector). A reported duration is
-at most one ``check_interval_s`` short of the true stall; every stall longer than ``threshold_s +
+at most one ``check_interval_s`` short of the true stall (plus, on a loaded host, what the watchdog
+thread waited for a CPU before it looked); every stall longer than ``threshold_s +
 check_interval_s`` is caught, a shorter one only when a heartbeat falls in its first part. When a
 loop turns busy, busy mode starts at its next heartbeat (within 0.25 s); until then a busy loop
 can keep the watchdog from looking, and costs it a few % of a core. A busy-mode beat that finds
