@@ -249,6 +249,15 @@ JUNK_504: list[tuple[str, bytes | None, dict[str, str], tuple[str | None, float 
 ]
 
 
+async def endless_body(head: bytes, sent: list[int]) -> AsyncIterator[bytes]:
+    """``head``, then ENDLESS KiB (were it all read), each counted in ``sent`` as it goes."""
+    yield head
+    for _ in range(ENDLESS):
+        sent.append(1)
+        yield b"x" * 1024
+        await asyncio.sleep(0)
+
+
 def junk_504_server() -> Starlette:
     """``/junk/{i}`` answers 504 with ``JUNK_504[i]``; ``/sent`` the KiB its streamed bodies sent."""
     sent: list[int] = []
@@ -258,14 +267,8 @@ def junk_504_server() -> Starlette:
         if body is not None:
             return Response(body, status_code=504, headers={"content-type": media, **headers})
 
-        async def endless() -> AsyncIterator[bytes]:
-            yield b'{"deadline_set_by": "client", "deadline_s": 0.25, "pad": "'
-            for _ in range(ENDLESS):
-                sent.append(1)
-                yield b"x" * 1024
-                await asyncio.sleep(0)
-
-        return StreamingResponse(endless(), status_code=504, media_type=media)
+        head = b'{"deadline_set_by": "client", "deadline_s": 0.25, "pad": "'
+        return StreamingResponse(endless_body(head, sent), status_code=504, media_type=media)
 
     async def sent_kib(request: Request) -> Response:
         return Response(str(len(sent)))
@@ -307,15 +310,9 @@ def endless_error_server() -> Starlette:
     wait = {"retry-after-ms": "250"}
 
     async def endless(request: Request) -> Response:
-        async def chunks() -> AsyncIterator[bytes]:
-            yield b'{"error": {"message": "'
-            for _ in range(ENDLESS):
-                sent.append(1)
-                yield b"x" * 1024
-                await asyncio.sleep(0)
-
         status = int(request.path_params["status"])
-        return StreamingResponse(chunks(), status_code=status, media_type=JSON, headers=wait)
+        body = endless_body(b'{"error": {"message": "', sent)
+        return StreamingResponse(body, status_code=status, media_type=JSON, headers=wait)
 
     async def bomb(request: Request) -> Response:
         body = gzip.compress(b" " * 10_000_000)
