@@ -51,11 +51,15 @@ class Behaviors:
         self.release = asyncio.Event()
         self.calls = 0
 
+    async def _hold(self) -> None:
+        """Say the call is in, and hold it until released (at most 10 s)."""
+        self.entered.set()
+        await asyncio.wait_for(self.release.wait(), 10)
+
     async def unary(self, request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
         self.calls += 1
         if request == b"hold":
-            self.entered.set()
-            await asyncio.wait_for(self.release.wait(), 10)
+            await self._hold()
         await _maybe_fail(request, context)
         if request.startswith(b"big:"):
             return b"x" * int(request[4:])
@@ -68,8 +72,7 @@ class Behaviors:
         for i in range(2):
             yield snapshot(b"%d" % i)
         if request == b"hold":
-            self.entered.set()
-            await asyncio.wait_for(self.release.wait(), 10)
+            await self._hold()
         await _maybe_fail(request, context)
         yield b"x" * 4000  # big enough to compress
         yield b"tail"
@@ -87,6 +90,8 @@ class Behaviors:
     ) -> bytes:
         self.calls += 1
         got = [r async for r in requests]
+        if got and got[-1] == b"hold":
+            await self._hold()
         await _maybe_fail(got[-1] if got else b"", context)
         return b"|".join(got) + b"#" + snapshot()
 
@@ -97,6 +102,8 @@ class Behaviors:
         n = 0
         async for request in requests:
             n += 1
+            if request == b"hold":
+                await self._hold()
             await _maybe_fail(request, context)
             yield request + b"!" + snapshot()
 

@@ -110,7 +110,10 @@ async def test_the_calm_tenant_keeps_its_calls_while_the_flood_is_refused(flood_
     assert interceptor.bulkhead is not None and interceptor.bulkhead.held == 0  # every seat given back
 
 
-@pytest.mark.parametrize("kind", ["Unary", "StreamGen"])
+KINDS = ["Unary", "StreamGen", "ClientStream", "BidiGen"]  # the four kinds of RPC
+
+
+@pytest.mark.parametrize("kind", KINDS)
 async def test_a_waiting_call_of_the_heaviest_tenant_is_shed_for_a_lighter_arrival(kind: str) -> None:
     """Server full (capacity 2, no headroom): flood holds one running call and one waiting in its
     quota; a calm arrival sheds the waiting one (RESOURCE_EXHAUSTED, retry-after) and runs."""
@@ -143,7 +146,8 @@ async def test_a_waiting_call_of_the_heaviest_tenant_is_shed_for_a_lighter_arriv
     assert guard.quotas.in_flight("flood") == 0 and guard.quotas.waiting("flood") == 0
 
 
-async def test_a_cancelled_call_gives_back_its_seat_and_its_quota_slot() -> None:
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_cancelled_call_gives_back_its_seat_and_its_quota_slot(kind: str) -> None:
     guard = ragguard.Guard(Policy(tenants={"flood": TenantQuota(max_concurrency=1, max_wait_s=10.0)}))
     interceptor = GuardServerInterceptor(guard=guard, max_concurrent_rpcs=4)
     behaviors = Behaviors()
@@ -151,21 +155,23 @@ async def test_a_cancelled_call_gives_back_its_seat_and_its_quota_slot() -> None
     assert bulkhead is not None
     async with serving(behaviors, [interceptor]) as target, \
             aio.insecure_channel(target) as ch:
-        stub = method(ch, "Unary")
-        running = stub(b"hold", metadata=FLOOD, timeout=10)
+        running = asyncio.ensure_future(call_kind(ch, kind, b"hold", metadata=FLOOD, timeout=10))
         await asyncio.wait_for(behaviors.entered.wait(), 5)
-        waiting = stub(b"queued", metadata=FLOOD, timeout=10)
+        waiting = asyncio.ensure_future(call_kind(ch, kind, b"queued", metadata=FLOOD, timeout=10))
         for _ in range(200):
             if bulkhead.waiting("flood"):
                 break
             await asyncio.sleep(0.005)
         assert bulkhead.holding("flood") == 2
-        waiting.cancel()  # the queued one
+        waiting.cancel()  # the queued one (its client leaves)
         running.cancel()  # and the running one
         for _ in range(200):
             if bulkhead.held == 0:
                 break
             await asyncio.sleep(0.005)
+        for call in (waiting, running):
+            with pytest.raises(asyncio.CancelledError):
+                await call
     assert bulkhead.held == 0 and bulkhead.holding("flood") == 0
     assert guard.quotas.in_flight("flood") == 0 and guard.quotas.waiting("flood") == 0
 
