@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -113,17 +115,19 @@ async def test_the_calm_tenant_keeps_its_calls_while_the_flood_is_refused(flood_
 KINDS = ["Unary", "StreamGen", "ClientStream", "BidiGen"]  # the four kinds of RPC
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_a_waiting_call_of_the_heaviest_tenant_is_shed_for_a_lighter_arrival(kind: str) -> None:
-    """Server full (capacity 2, no headroom): flood holds one running call and one waiting in its
-    quota; a calm arrival sheds the waiting one (RESOURCE_EXHAUSTED, retry-after) and runs."""
-    guard = ragguard.Guard(Policy(tenants={"flood": TenantQuota(max_concurrency=1, max_wait_s=10.0)}))
-    interceptor = GuardServerInterceptor(guard=guard, max_concurrent_rpcs=2, headroom=0)
-    behaviors = Behaviors()
+ONE_AT_A_TIME = Policy(tenants={"flood": TenantQuota(max_concurrency=1, max_wait_s=10.0)})
+
+
+@asynccontextmanager
+async def one_running_one_waiting(
+    kind: str, interceptor: GuardServerInterceptor, behaviors: Behaviors
+) -> AsyncIterator[tuple[Any, asyncio.Future[Any], asyncio.Future[Any]]]:
+    """A server behind ``interceptor`` where tenant ``flood`` (one call at a time) runs one call
+    of ``kind``, held in its handler, and has a second waiting in its quota: yields the channel
+    and the two calls."""
     bulkhead = interceptor.bulkhead
     assert bulkhead is not None
-    async with serving(behaviors, [interceptor]) as target, \
-            aio.insecure_channel(target) as ch:
+    async with serving(behaviors, [interceptor]) as target, aio.insecure_channel(target) as ch:
         running = asyncio.ensure_future(call_kind(ch, kind, b"hold", metadata=FLOOD, timeout=10))
         await asyncio.wait_for(behaviors.entered.wait(), 5)
         waiting = asyncio.ensure_future(call_kind(ch, kind, b"second", metadata=FLOOD, timeout=10))
@@ -132,6 +136,17 @@ async def test_a_waiting_call_of_the_heaviest_tenant_is_shed_for_a_lighter_arriv
                 break
             await asyncio.sleep(0.005)
         assert bulkhead.holding("flood") == 2 and bulkhead.waiting("flood") == 1
+        yield ch, running, waiting
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_waiting_call_of_the_heaviest_tenant_is_shed_for_a_lighter_arrival(kind: str) -> None:
+    """Server full (capacity 2, no headroom): flood holds one running call and one waiting in its
+    quota; a calm arrival sheds the waiting one (RESOURCE_EXHAUSTED, retry-after) and runs."""
+    guard = ragguard.Guard(ONE_AT_A_TIME)
+    interceptor = GuardServerInterceptor(guard=guard, max_concurrent_rpcs=2, headroom=0)
+    behaviors = Behaviors()
+    async with one_running_one_waiting(kind, interceptor, behaviors) as (ch, running, waiting):
         got = await call_kind(ch, kind, b"calm", metadata=CALM, timeout=5)
         assert b'"tenant": "calm"' in got[0]
         with pytest.raises(aio.AioRpcError) as info:
@@ -142,27 +157,18 @@ async def test_a_waiting_call_of_the_heaviest_tenant_is_shed_for_a_lighter_arriv
         assert "server" in (info.value.details() or "")
         behaviors.release.set()
         await running
-    assert bulkhead.held == 0 and bulkhead.shed == 1 and bulkhead.refused == 0
+    bulkhead = interceptor.bulkhead
+    assert bulkhead is not None and bulkhead.held == 0 and bulkhead.shed == 1 and bulkhead.refused == 0
     assert guard.quotas.in_flight("flood") == 0 and guard.quotas.waiting("flood") == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_cancelled_call_gives_back_its_seat_and_its_quota_slot(kind: str) -> None:
-    guard = ragguard.Guard(Policy(tenants={"flood": TenantQuota(max_concurrency=1, max_wait_s=10.0)}))
+    guard = ragguard.Guard(ONE_AT_A_TIME)
     interceptor = GuardServerInterceptor(guard=guard, max_concurrent_rpcs=4)
-    behaviors = Behaviors()
     bulkhead = interceptor.bulkhead
     assert bulkhead is not None
-    async with serving(behaviors, [interceptor]) as target, \
-            aio.insecure_channel(target) as ch:
-        running = asyncio.ensure_future(call_kind(ch, kind, b"hold", metadata=FLOOD, timeout=10))
-        await asyncio.wait_for(behaviors.entered.wait(), 5)
-        waiting = asyncio.ensure_future(call_kind(ch, kind, b"queued", metadata=FLOOD, timeout=10))
-        for _ in range(200):
-            if bulkhead.waiting("flood"):
-                break
-            await asyncio.sleep(0.005)
-        assert bulkhead.holding("flood") == 2
+    async with one_running_one_waiting(kind, interceptor, Behaviors()) as (_, running, waiting):
         waiting.cancel()  # the queued one (its client leaves)
         running.cancel()  # and the running one
         for _ in range(200):
