@@ -59,7 +59,7 @@ from .._http import (
     format_retry_after_ms,
 )
 from ..outcomes import outcome_of
-from ..outcomes._doors import deadline_told, door_answer
+from ..outcomes._doors import door_answer, told_deadline
 
 __all__ = ["HttpStatus", "http_status_for"]
 
@@ -104,7 +104,7 @@ def http_status_for(exc: BaseException, *, ratelimit_fields: bool = True) -> Htt
     if isinstance(exc, StreamTimeout):
         body["budget"] = exc.budget
     elif isinstance(exc, TellsDeadline):
-        by, seconds = deadline_told(exc)
+        by, seconds = told_deadline(exc.set_by, exc.deadline_s)
         if by is not None:
             body["deadline_set_by"] = by
         if seconds is not None:

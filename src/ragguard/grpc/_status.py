@@ -48,7 +48,7 @@ from .._context import RequestScope
 from .._errors import DeadlineExceeded, StageTimeout, StreamTimeout, TellsDeadline
 from .._waits import clamp_wait, clamped
 from ..outcomes import outcome_of
-from ..outcomes._doors import ANSWERS, deadline_told, door_answer, told_deadline
+from ..outcomes._doors import ANSWERS, door_answer, told_deadline
 from ..outcomes._grpc import (
     PUSHBACK_KEY,
     RETRY_AFTER_KEY,
@@ -114,7 +114,7 @@ def retry_trailers(seconds: float | None) -> tuple[tuple[str, str], ...]:
 def deadline_trailers(exc: TellsDeadline) -> tuple[tuple[str, str], ...]:
     """What the error ``exc`` (a DeadlineExceeded, a QuotaExceeded of reason deadline) says in
     trailing metadata of the request's deadline: what set it and its budget, when known."""
-    by, seconds = deadline_told(exc)
+    by, seconds = told_deadline(exc.set_by, exc.deadline_s)
     told: tuple[tuple[str, str], ...] = () if by is None else ((DEADLINE_BY_KEY, by),)
     return told if seconds is None else (*told, (DEADLINE_S_KEY, f"{seconds:.3f}"))
 

@@ -43,14 +43,12 @@ from .._errors import (
     PermissionDenied,
     QuotaExceeded,
     RagguardError,
-    TellsDeadline,
     Unauthenticated,
 )
 from ._kinds import CONTENT_POLICY, CONTEXT_LENGTH, Kind, Outcome
 
 __all__ = [
-    "ANSWERS", "DEFAULT_REJECTION_WAIT_S", "Answer", "DoorAnswer", "deadline_told", "door_answer",
-    "told_deadline",
+    "ANSWERS", "DEFAULT_REJECTION_WAIT_S", "Answer", "DoorAnswer", "door_answer", "told_deadline",
 ]  # fmt: skip
 
 DEFAULT_REJECTION_WAIT_S = 1.0
@@ -140,12 +138,6 @@ def door_answer(exc: BaseException, outcome: Outcome) -> DoorAnswer | None:
 
 
 _MAX_TOLD_S = 10 * 365 * 24 * 3600.0  # ragguard._deadline.MAX_DEADLINE_S: no deadline is longer
-
-
-def deadline_told(exc: TellsDeadline) -> tuple[str | None, float | None]:
-    """What both doors tell of the request's deadline that ``exc`` (a DeadlineExceeded, a
-    QuotaExceeded of reason deadline) ran into: see :func:`told_deadline`."""
-    return told_deadline(exc.set_by, exc.deadline_s)
 
 
 def told_deadline(set_by: object, seconds: object) -> tuple[str | None, float | None]:
